@@ -1,0 +1,58 @@
+/* Private: what an mlx_array handle points to.
+ *
+ * An array is immutable once ready. A pending array is produced by a task
+ * queued on a stream; mlxd_array_wait blocks until the task completes it
+ * (ready or failed). The wait is bounded by the task itself: every task
+ * has a bounded run time (network waits use MLXDIST_TIMEOUT). */
+#ifndef MLXD_ARRAY_IMPL_H
+#define MLXD_ARRAY_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/status.h"
+#include "mlx/c/array.h"
+
+#define MLXD_ALIGN 64
+
+typedef enum { MLXD_ARRAY_READY, MLXD_ARRAY_PENDING, MLXD_ARRAY_FAILED } mlxd_array_state;
+
+typedef struct mlxd_array {
+  atomic_int refs;
+  mlx_dtype dtype;
+  int ndim;
+  int* shape;        /* ndim entries (NULL when ndim == 0) */
+  size_t* strides;   /* ndim entries, in elements, row-major */
+  size_t size;       /* elements */
+  size_t nbytes;
+  void* data;        /* MLXD_ALIGN-aligned when owned; may be NULL when nbytes == 0 */
+  void (*dtor)(void*); /* managed data: dtor(dtor_arg) once at the end; NULL: free(data) */
+  void* dtor_arg;
+  /* completion */
+  atomic_int state;  /* mlxd_array_state */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  mlxd_status error; /* when FAILED */
+} mlxd_array;
+
+/* Allocate an array with owned, aligned, uninitialised data.
+ * pending: the array starts PENDING (a task will complete it). */
+mlxd_array* mlxd_array_alloc(const int* shape, int ndim, mlx_dtype dtype,
+                             bool pending, mlxd_status* st);
+mlxd_array* mlxd_array_retain(mlxd_array* a);
+void mlxd_array_release(mlxd_array* a);
+/* Block until a is not pending. 0 if ready; else copies the failure to st (may be NULL) and returns its code. */
+int mlxd_array_wait(mlxd_array* a, mlxd_status* st);
+/* Mark a pending array ready (st == NULL or st->code == 0) or failed; wakes waiters. */
+void mlxd_array_complete(mlxd_array* a, const mlxd_status* st);
+
+static inline mlxd_array* mlxd_array_of(mlx_array h) { return (mlxd_array*)h.ctx; }
+static inline mlx_array mlxd_array_handle(mlxd_array* a) { mlx_array h = {a}; return h; }
+
+/* Validate a dtype value; 0 if known. */
+int mlxd_dtype_check(int dtype, mlxd_status* st);
+const char* mlxd_dtype_name(mlx_dtype dtype);
+
+#endif

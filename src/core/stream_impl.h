@@ -1,0 +1,44 @@
+/* Private: streams and the tasks queued on them.
+ *
+ * Each stream has one worker thread that runs its tasks in queue order.
+ * An idle worker blocks on a condition variable (uses no CPU) after
+ * spinning for at most MLXDIST_SPIN_US. */
+#ifndef MLXD_STREAM_IMPL_H
+#define MLXD_STREAM_IMPL_H
+
+#include <stdbool.h>
+
+#include "core/array_impl.h"
+#include "core/status.h"
+#include "mlx/c/device.h"
+#include "mlx/c/stream.h"
+
+typedef struct mlxd_stream mlxd_stream;
+
+/* A task: run(arg, st) does the work and sets st on failure.
+ * cleanup(arg) (may be NULL) runs after, whatever happened. */
+typedef void (*mlxd_task_fn)(void* arg, mlxd_status* st);
+
+/* Queue a task. The worker first waits for every input to be ready (a failed
+ * input fails the task with the input's message, run is not called), then
+ * calls run, then completes every output (ready or failed with st), then
+ * calls cleanup. Inputs and outputs are retained by the task until then.
+ * Returns 0, or non-zero with st set (then nothing was queued and cleanup
+ * was NOT called). */
+int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
+                       void* arg, mlxd_array* const* inputs, int n_inputs,
+                       mlxd_array* const* outputs, int n_outputs, mlxd_status* st);
+
+/* The default stream of a device type (created on first use, lives until exit).
+ * GPU: NULL with st set when no GPU backend is available. Not retained. */
+mlxd_stream* mlxd_default_stream(mlx_device_type type, mlxd_status* st);
+mlxd_stream* mlxd_stream_retain(mlxd_stream* s);
+void mlxd_stream_release(mlxd_stream* s);
+mlx_device_type mlxd_stream_device_type(const mlxd_stream* s);
+int mlxd_stream_index(const mlxd_stream* s);
+/* Wait until every task queued so far has finished. */
+void mlxd_stream_sync(mlxd_stream* s);
+
+static inline mlxd_stream* mlxd_stream_of(mlx_stream h) { return (mlxd_stream*)h.ctx; }
+
+#endif

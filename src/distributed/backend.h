@@ -1,0 +1,91 @@
+/* Private: the interface every backend implements (ring, mpi, size-one, ...).
+ *
+ * A backend instance is one group. The front-end (distributed/group.c)
+ * owns instances and calls them from stream worker threads; several
+ * workers may call one instance concurrently, so ops are told their
+ * sequence number: collectives (and split) get consecutive numbers from
+ * the group's counter in the order the caller queued them (the same on
+ * every rank); send/recv get consecutive numbers per peer and direction
+ * (the k-th send to dst matches the k-th recv from src on dst). Backends
+ * use them to keep concurrent ops apart (tags) or to order them.
+ *
+ * Every op returns 0, or a non-zero mlxd_code with st->msg set
+ * ("[ring] lost connection to rank 2 (...)"). No op blocks without a bound. */
+#ifndef MLXD_BACKEND_H
+#define MLXD_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "mlx/c/array.h"
+#include "mlx/c/device.h"
+#include "reduce/reduce.h"
+
+typedef struct mlxd_backend mlxd_backend;
+
+typedef struct mlxd_backend_ops {
+  const char* name; /* "ring", "mpi", "single" ... */
+  /* out[i] = OP over ranks of in[i]; in == out allowed. */
+  int (*all_reduce)(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                    size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+  /* out = concat over ranks of in (nbytes each). */
+  int (*all_gather)(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                    size_t nbytes, mlxd_status* st);
+  /* in has size*count elements; out (count) = block `rank` of the all_reduce. */
+  int (*reduce_scatter)(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                        size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+  int (*send)(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+              mlxd_status* st);
+  int (*recv)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+              mlxd_status* st);
+  /* Collective over b: ranks with the same color form *out, ordered by
+   * (key, parent rank); the front-end passes key = parent rank when the
+   * caller's key is negative. */
+  int (*split)(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
+               mlxd_status* st);
+  /* Release everything (sockets, threads, communicators). Never blocks unbounded. */
+  void (*destroy)(mlxd_backend* b);
+} mlxd_backend_ops;
+
+/* Implementations embed this as their first member. */
+struct mlxd_backend {
+  const mlxd_backend_ops* ops;
+  int rank;
+  int size;
+  mlx_device_type comm_device; /* where the backend's ops run: MLX_CPU for ring/mpi */
+};
+
+/* An out-of-band all-gather used to bootstrap a backend (the caller's
+ * callback for init_with_all_gather). The backend sets rank and size
+ * before its first call; every rank must call it in the same sequence
+ * with the same n. dst receives size*n bytes, rank r's src at r*n. */
+typedef struct mlxd_bootstrap mlxd_bootstrap;
+struct mlxd_bootstrap {
+  int rank;
+  int size;
+  int (*all_gather)(mlxd_bootstrap* bs, void* dst, const void* src, size_t n,
+                    mlxd_status* st);
+};
+
+/* A backend kind, as the registry sees it. */
+typedef struct mlxd_backend_kind {
+  const char* name;
+  /* Can it be used in this process at all? If not, why (a sentence). */
+  bool (*is_available)(char* why, size_t why_len);
+  /* Is its launch configuration present (e.g. MLX_RANK + MLX_HOSTFILE)? */
+  bool (*is_configured)(bool with_bootstrap);
+  /* Start it. bs == NULL: the built-in side channel. Returns MLXD_EUNAVAIL
+   * with a message naming what is missing when not configured. */
+  int (*create)(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st);
+  /* Whether create accepts a non-NULL bootstrap. */
+  bool supports_bootstrap;
+} mlxd_backend_kind;
+
+/* Built-in kinds. */
+extern const mlxd_backend_kind mlxd_ring_kind;  /* backends/ring/ring.c */
+/* The size-one group (rank 0, size 1); never fails. */
+mlxd_backend* mlxd_single_backend_new(void);
+
+#endif

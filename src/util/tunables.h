@@ -1,0 +1,49 @@
+/* Private: every MLXDIST_* tunable, declared once.
+ *
+ * X(ID, "ENV_NAME", "default", "what it does") — the default is a string,
+ * parsed like a value from the environment. docs/environment.md and
+ * `mlxdist-info --env` are generated from / print this list. */
+#ifndef MLXD_TUNABLES_H
+#define MLXD_TUNABLES_H
+
+#include <stdbool.h>
+
+#define MLXD_TUNABLES(X)                                                        \
+  X(TIMEOUT, "MLXDIST_TIMEOUT", "60",                                           \
+    "Seconds a blocking network wait may make no progress before the op "       \
+    "fails with a timeout (and the group is marked failed).")                   \
+  X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30",                           \
+    "Seconds init keeps retrying connections to peers (with back-off).")        \
+  X(SPIN_US, "MLXDIST_SPIN_US", "50",                                           \
+    "Microseconds a waiting thread polls before it blocks.")                    \
+  X(TRANSPORT, "MLXDIST_TRANSPORT", "auto",                                     \
+    "Ring transport: auto (shared memory between ranks on one host, tcp "       \
+    "otherwise), tcp, or shm.")                                                 \
+  X(RING_ADDR, "MLXDIST_RING_ADDR", "",                                         \
+    "Address this rank listens on when bootstrapped by a caller's "             \
+    "all-gather (default: the address of the host name, else 127.0.0.1).")     \
+  X(RING_CONNECTIONS, "MLXDIST_RING_CONNECTIONS", "1",                          \
+    "Connections per peer when bootstrapped by a caller's all-gather.")         \
+  X(SMALL_BYTES, "MLXDIST_SMALL_BYTES", "65536",                                \
+    "Reductions up to this many bytes use the low-latency algorithm.")          \
+  X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "",                                     \
+    "Colon-separated directories searched first for backend plugins "           \
+    "(libmlxdist-<name>.so).")
+
+typedef enum mlxd_tunable {
+#define MLXD_TUNABLE_ENUM(id, env, def, doc) MLXD_T_##id,
+  MLXD_TUNABLES(MLXD_TUNABLE_ENUM)
+#undef MLXD_TUNABLE_ENUM
+  MLXD_T_COUNT
+} mlxd_tunable;
+
+/* The raw value: the environment's if set and non-empty, else the default. */
+const char* mlxd_tunable_str(mlxd_tunable t);
+/* Parsed as a number; an unparsable value prints one warning to stderr and gives the default. */
+double mlxd_tunable_double(mlxd_tunable t);
+long mlxd_tunable_long(mlxd_tunable t);
+const char* mlxd_tunable_env_name(mlxd_tunable t);
+const char* mlxd_tunable_default(mlxd_tunable t);
+const char* mlxd_tunable_doc(mlxd_tunable t);
+
+#endif
