@@ -1,0 +1,24 @@
+# Installation: headers, shared + static library, pkg-config file, CMake package.
+include(CMakePackageConfigHelpers)
+
+install(TARGETS mlxdist mlxdist_static
+  EXPORT mlxdistTargets
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mlx DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+install(EXPORT mlxdistTargets
+  NAMESPACE mlxdist::
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mlxdist)
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/mlxdistConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/mlxdistConfig.cmake
+  INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mlxdist)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/mlxdistConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/mlxdistConfig.cmake
+  ${PROJECT_BINARY_DIR}/mlxdistConfigVersion.cmake
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mlxdist)
+
+configure_file(${PROJECT_SOURCE_DIR}/cmake/mlxdist.pc.in ${PROJECT_BINARY_DIR}/mlxdist.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/mlxdist.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

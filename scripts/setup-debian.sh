@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install everything mlxdist needs to build, test and benchmark on Debian 12.
+# Run as root (or with sudo). Safe to run again.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config clang libcjson-dev openmpi-bin libopenmpi-dev
+      valgrind gnuplot-nox iproute2 nftables procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "setup: all build and test dependencies are installed"

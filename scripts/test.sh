@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The whole test suite: set up, then build and run every test three times —
+# a normal build (warnings are errors, gcc), AddressSanitizer +
+# UndefinedBehaviorSanitizer, and ThreadSanitizer — plus a warnings-as-errors
+# build with clang. MLXDIST_TEST_QUICK=1 runs only the normal build.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+[ "${MLXDIST_SKIP_SETUP:-0}" = 1 ] || bash "$root/scripts/setup-debian.sh"
+jobs=$(nproc)
+out=${MLXDIST_TEST_BUILD_ROOT:-$root}
+
+configure_build() {
+  local dir=$1
+  shift
+  cmake -S "$root" -B "$out/$dir" -DMLXDIST_WERROR=ON "$@" >/dev/null
+  cmake --build "$out/$dir" -j"$jobs" 2>&1 | grep -v '^\[' || true
+  # grep swallows the build's status: check the build really finished.
+  cmake --build "$out/$dir" -j"$jobs" >/dev/null
+}
+run_ctest() {
+  local dir=$1
+  shift
+  (cd "$out/$dir" && ctest --output-on-failure --timeout 600 "$@")
+}
+
+echo "== build + tests (gcc, -Werror) =="
+configure_build build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo
+run_ctest build-test
+[ "${MLXDIST_TEST_QUICK:-0}" = 1 ] && exit 0
+
+echo "== clang build (-Werror) =="
+CC=clang configure_build build-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLXDIST_BUILD_TESTS=ON
+
+echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer =="
+configure_build build-asan -DCMAKE_BUILD_TYPE=Debug -DMLXDIST_SANITIZE=address,undefined
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  LSAN_OPTIONS=suppressions=$root/tests/lsan.supp \
+  run_ctest build-asan -LE 'install'
+
+echo "== tests under ThreadSanitizer =="
+configure_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DMLXDIST_SANITIZE=thread
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  run_ctest build-tsan -LE 'install|mpi'
+echo "== all test runs passed =="

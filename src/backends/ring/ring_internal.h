@@ -1,0 +1,79 @@
+/* Private to the ring backend: hostfile parsing, connection set-up and the
+ * bootstrap address records. See docs/ring.md and docs/bootstrap.md. */
+#ifndef MLXD_RING_INTERNAL_H
+#define MLXD_RING_INTERNAL_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "core/status.h"
+#include "distributed/backend.h"
+#include "transport/transport.h"
+
+/* One peer address: what a rank listens on for one of its connections. */
+typedef struct mlxd_ring_addr {
+  struct sockaddr_storage sa;
+  socklen_t len;
+  char text[80]; /* "ip:port" as written / as formatted, for messages */
+} mlxd_ring_addr;
+
+/* The whole group's addresses: addrs[r * nconn + c] is rank r's address for connection c. */
+typedef struct mlxd_ring_hosts {
+  int size;
+  int nconn;
+  mlxd_ring_addr* addrs;
+} mlxd_ring_hosts;
+
+void mlxd_ring_hosts_free(mlxd_ring_hosts* h);
+
+/* hostfile.c: parse MLX_HOSTFILE-style JSON from path. Errors name the file. */
+int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status* st);
+/* Parse "ip:port" (also "[v6]:port", "host:port"); port 0 allowed only if allow_port0. */
+int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out,
+                         char* why, size_t why_len);
+void mlxd_ring_format_addr(const struct sockaddr* sa, char* buf, size_t n);
+
+/* connect.c */
+bool mlxd_ring_verbose(void);
+void mlxd_ring_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Listen on addr (port 0: an ephemeral port; addr is updated with the port chosen). */
+int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st);
+/* Build the full mesh: rank connects to every lower rank (connection c goes to
+ * peer's address c) and accepts every higher rank on listen_fds (nconn of them).
+ * fds (size * nconn entries) receives the connected sockets, -1 for self.
+ * Bounded by MLXDIST_CONNECT_TIMEOUT. Closes nothing of listen_fds. */
+int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds, int* fds,
+                   mlxd_status* st);
+
+/* bootstrap.c: the 64-byte address record exchanged through an all-gather. */
+#define MLXD_RING_REC_BYTES 64
+void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int nconn,
+                          const mlxd_ring_addr* a);
+/* Validate rank r's record c and decode it into out; on error st names rank r. */
+int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, int nconn,
+                         const char* via, mlxd_ring_addr* out, mlxd_status* st);
+/* The address to listen on when bootstrapped (MLXDIST_RING_ADDR or a default). */
+int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st);
+/* Create with a caller's all-gather. */
+int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st);
+
+/* ring.c: the backend proper. */
+typedef struct mlxd_ring {
+  mlxd_backend base;
+  int nconn;
+  mlxd_ring_addr self; /* the address this rank listens on (port 0 form is reused by split) */
+  mlxd_transport* t;   /* NULL when size == 1 */
+} mlxd_ring;
+
+/* Finish a group from connected fds (takes ownership of fds; closes them on failure). */
+int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self, int* fds,
+                          mlxd_backend** out, mlxd_status* st);
+/* Listen on nconn ephemeral ports on host (port ignored); fills recs' addresses. */
+int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds,
+                          mlxd_ring_addr* addrs, mlxd_status* st);
+void mlxd_ring_close_all(int* fds, int n);
+
+#endif
