@@ -1,21 +1,317 @@
-/* Placeholder until the ring backend lands: configured nowhere, never starts. */
+/* The ring backend: MLX's "ring" distributed backend over TCP.
+ *
+ * Configuration (as MLX's launcher writes it): MLX_RANK and MLX_HOSTFILE
+ * (hostfile.c), or MLX_RANK and MLX_WORLD_SIZE with a caller's all-gather
+ * (bootstrap.c). Connections form a full mesh (connect.c), handed to the TCP
+ * transport; every op maps to the collective algorithms in src/algo.
+ * split() bootstraps the child group's connections over the parent's
+ * transport. See docs/ring.md. */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-#include "distributed/backend.h"
+#include "algo/algo.h"
+#include "backends/ring/ring_internal.h"
+#include "transport/tcp.h"
+
+/* Messages from the layers below carry their own tag; the user sees the ring backend. */
+static int ring_err(int rc, mlxd_status* st) {
+  if (rc == 0) return 0;
+  if (st->code == 0) st->code = rc;
+  if (st->msg[0] == '\0') {
+    snprintf(st->msg, sizeof st->msg, "[ring] operation failed (code %d)", rc);
+  } else if (strncmp(st->msg, "[ring]", 6) != 0 && st->msg[0] == '[') {
+    const char* close = strchr(st->msg, ']');
+    if (close) {
+      char tmp[MLXD_MSG_MAX];
+      const char* rest = close + 1;
+      while (*rest == ' ') rest++;
+      snprintf(tmp, sizeof tmp, "[ring] %s", rest);
+      memcpy(st->msg, tmp, sizeof tmp);
+    }
+  }
+  return rc;
+}
+
+static size_t dsize(mlx_dtype d) { return mlx_dtype_size(d); }
+
+static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                           size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+  mlxd_ring* r = (mlxd_ring*)b;
+  if (!r->t) {
+    if (in != out && count) memmove(out, in, count * dsize(dtype));
+    return 0;
+  }
+  return ring_err(mlxd_algo_all_reduce(r->t, seq, in, out, count, dtype, op, st), st);
+}
+
+static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                           size_t nbytes, mlxd_status* st) {
+  mlxd_ring* r = (mlxd_ring*)b;
+  if (!r->t) {
+    if (in != out && nbytes) memmove(out, in, nbytes);
+    return 0;
+  }
+  return ring_err(mlxd_algo_all_gather(r->t, seq, in, out, nbytes, st), st);
+}
+
+static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                               size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                               mlxd_status* st) {
+  mlxd_ring* r = (mlxd_ring*)b;
+  if (!r->t) {
+    if (in != out && count) memmove(out, in, count * dsize(dtype));
+    return 0;
+  }
+  return ring_err(mlxd_algo_reduce_scatter(r->t, seq, in, out, count, dtype, op, st), st);
+}
+
+static int ring_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                     mlxd_status* st) {
+  mlxd_ring* r = (mlxd_ring*)b;
+  if (!r->t || dst < 0 || dst >= b->size || dst == b->rank)
+    return mlxd_fail(st, MLXD_EINVAL, "[ring] cannot send to rank %d (group of %d, this is rank %d)",
+                     dst, b->size, b->rank);
+  return ring_err(mlxd_algo_send(r->t, seq, buf, nbytes, dst, st), st);
+}
+
+static int ring_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                     mlxd_status* st) {
+  mlxd_ring* r = (mlxd_ring*)b;
+  if (!r->t || src < 0 || src >= b->size || src == b->rank)
+    return mlxd_fail(st, MLXD_EINVAL,
+                     "[ring] cannot receive from rank %d (group of %d, this is rank %d)", src,
+                     b->size, b->rank);
+  return ring_err(mlxd_algo_recv(r->t, seq, buf, nbytes, src, st), st);
+}
+
+static void ring_destroy(mlxd_backend* b) {
+  mlxd_ring* r = (mlxd_ring*)b;
+  if (!r) return;
+  if (r->t) r->t->ops->destroy(r->t);
+  free(r);
+}
+
+/* ---- split: all-gather (color, key, address records) over the parent ---- */
+
+typedef struct {
+  int color, key, prank;
+} split_ent;
+
+static int split_cmp(const void* a, const void* b) {
+  const split_ent* x = a;
+  const split_ent* y = b;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  return (x->prank > y->prank) - (x->prank < y->prank);
+}
+
+static void put32(unsigned char* p, uint32_t v) {
+  p[0] = (unsigned char)(v >> 24);
+  p[1] = (unsigned char)(v >> 16);
+  p[2] = (unsigned char)(v >> 8);
+  p[3] = (unsigned char)v;
+}
+static uint32_t get32(const unsigned char* p) {
+  return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
+                      mlxd_status* st) {
+  mlxd_ring* r = (mlxd_ring*)b;
+  *out = NULL;
+  const int n = b->size, k = r->nconn;
+  if (!r->t) {
+    int none = -1;
+    return mlxd_ring_backend_new(0, 1, k, &r->self, &none, out, st);
+  }
+  const size_t per = 8 + (size_t)k * MLXD_RING_REC_BYTES;
+  int* lfds = malloc(sizeof(int) * (size_t)k);
+  mlxd_ring_addr* mine = calloc((size_t)k, sizeof *mine);
+  unsigned char* src = calloc(1, per);
+  unsigned char* all = calloc((size_t)n, per);
+  split_ent* ents = calloc((size_t)n, sizeof *ents);
+  int* fds = NULL;
+  mlxd_ring_hosts hosts = {0, k, NULL};
+  int rc = 0;
+  if (lfds)
+    for (int c = 0; c < k; c++) lfds[c] = -1;
+  if (!lfds || !mine || !src || !all || !ents) {
+    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory in split");
+    goto done;
+  }
+  if ((rc = mlxd_ring_listen_many(&r->self, k, lfds, mine, st))) goto done;
+  put32(src, (uint32_t)color);
+  put32(src + 4, (uint32_t)key);
+  for (int c = 0; c < k; c++)
+    mlxd_ring_rec_encode(src + 8 + (size_t)c * MLXD_RING_REC_BYTES, b->rank, n, c, k, &mine[c]);
+  if ((rc = ring_err(mlxd_algo_all_gather(r->t, seq, src, all, per, st), st))) goto done;
+
+  int m = 0;
+  for (int p = 0; p < n; p++) {
+    const unsigned char* e = all + (size_t)p * per;
+    if ((int)get32(e) != color) continue;
+    ents[m].color = color;
+    ents[m].key = (int)get32(e + 4);
+    ents[m].prank = p;
+    m++;
+  }
+  qsort(ents, (size_t)m, sizeof *ents, split_cmp);
+  int me = -1;
+  for (int i = 0; i < m; i++)
+    if (ents[i].prank == b->rank) me = i;
+  if (me < 0) {
+    rc = mlxd_fail(st, MLXD_EINVAL, "[ring] split: this rank is missing from its own group");
+    goto done;
+  }
+  mlxd_ring_log("split: parent rank %d, color %d, key %d -> rank %d of %d", b->rank, color, key,
+                me, m);
+  if (m == 1) {
+    int none = -1;
+    rc = mlxd_ring_backend_new(0, 1, k, &r->self, &none, out, st);
+    goto done;
+  }
+  hosts.size = m;
+  hosts.addrs = calloc((size_t)m * (size_t)k, sizeof *hosts.addrs);
+  fds = malloc(sizeof(int) * (size_t)m * (size_t)k);
+  if (!hosts.addrs || !fds) {
+    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory in split");
+    goto done;
+  }
+  for (int i = 0; i < m; i++) {
+    int p = ents[i].prank;
+    for (int c = 0; c < k; c++)
+      if ((rc = mlxd_ring_rec_decode(all + (size_t)p * per + 8 + (size_t)c * MLXD_RING_REC_BYTES,
+                                     p, n, c, k, "split's exchange", &hosts.addrs[i * k + c],
+                                     st)))
+        goto done;
+  }
+  if ((rc = mlxd_ring_mesh(me, &hosts, lfds, fds, st))) goto done;
+  rc = mlxd_ring_backend_new(me, m, k, &r->self, fds, out, st);
+done:
+  if (lfds) mlxd_ring_close_all(lfds, k);
+  free(lfds);
+  free(mine);
+  free(src);
+  free(all);
+  free(ents);
+  free(fds);
+  mlxd_ring_hosts_free(&hosts);
+  return rc;
+}
+
+static const mlxd_backend_ops ring_ops = {
+    "ring",    ring_all_reduce, ring_all_gather, ring_reduce_scatter, ring_send, ring_recv,
+    ring_split, ring_destroy,
+};
+
+int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self, int* fds,
+                          mlxd_backend** out, mlxd_status* st) {
+  *out = NULL;
+  mlxd_ring* r = calloc(1, sizeof *r);
+  if (!r) {
+    if (size > 1) mlxd_ring_close_all(fds, size * nconn);
+    return mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory creating the group");
+  }
+  r->base.ops = &ring_ops;
+  r->base.rank = rank;
+  r->base.size = size;
+  r->base.comm_device = MLX_CPU;
+  r->nconn = nconn;
+  r->self = *self;
+  if (size > 1) {
+    r->t = mlxd_tcp_transport_new(rank, size, fds, nconn, st);
+    for (int i = 0; i < size * nconn; i++) fds[i] = -1; /* owned (or closed) by the transport */
+    if (!r->t) {
+      free(r);
+      if (!st->code) mlxd_fail(st, MLXD_ESYS, "[ring] cannot create the TCP transport");
+      return ring_err(st->code, st);
+    }
+  }
+  mlxd_ring_log("rank %d of %d ready (%d connection(s) per peer)", rank, size, nconn);
+  *out = &r->base;
+  return 0;
+}
+
+/* ---- the kind ---- */
 
 static bool ring_available(char* why, size_t n) {
   (void)why;
   (void)n;
   return true;
 }
+
+static bool env_set(const char* name) {
+  const char* v = getenv(name);
+  return v && *v;
+}
+
 static bool ring_configured(bool with_bootstrap) {
-  (void)with_bootstrap;
-  return false;
+  if (with_bootstrap) return env_set("MLX_RANK") && env_set("MLX_WORLD_SIZE");
+  return env_set("MLX_RANK") && env_set("MLX_HOSTFILE");
 }
+
+static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
+  const char* rs = getenv("MLX_RANK");
+  const char* path = getenv("MLX_HOSTFILE");
+  if (!rs || !*rs || !path || !*path)
+    return mlxd_fail(st, MLXD_EUNAVAIL,
+                     "[ring] not configured: MLX_RANK and MLX_HOSTFILE must be set (MLX_RANK=%s, "
+                     "MLX_HOSTFILE=%s)",
+                     rs && *rs ? rs : "(unset)", path && *path ? path : "(unset)");
+  char* end = NULL;
+  errno = 0;
+  long rank = strtol(rs, &end, 10);
+  if (*end != '\0' || errno || rank < 0 || rank > (1 << 20))
+    return mlxd_fail(st, MLXD_EINVAL, "[ring] MLX_RANK='%s' is not a non-negative integer", rs);
+  mlxd_ring_hosts hosts;
+  if (mlxd_ring_hostfile_load(path, &hosts, st)) return st->code;
+  const int n = hosts.size, k = hosts.nconn;
+  int rc = 0;
+  int* lfds = NULL;
+  int* fds = NULL;
+  if (rank >= n) {
+    rc = mlxd_fail(st, MLXD_EINVAL,
+                   "[ring] MLX_RANK=%ld is outside the hostfile '%s', which lists %d rank(s) "
+                   "(expected a rank in [0, %d))",
+                   rank, path, n, n);
+    goto done;
+  }
+  mlxd_ring_log("rank %ld of %d from hostfile '%s', %d connection(s) per peer", rank, n, path,
+                k);
+  mlxd_ring_addr self = hosts.addrs[rank * k];
+  if (n == 1) {
+    int none = -1;
+    rc = mlxd_ring_backend_new(0, 1, k, &self, &none, out, st);
+    goto done;
+  }
+  lfds = malloc(sizeof(int) * (size_t)k);
+  fds = malloc(sizeof(int) * (size_t)n * (size_t)k);
+  if (lfds)
+    for (int c = 0; c < k; c++) lfds[c] = -1;
+  if (!lfds || !fds) {
+    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory connecting %d ranks", n);
+    goto done;
+  }
+  for (int c = 0; c < k; c++) {
+    mlxd_ring_addr a = hosts.addrs[rank * k + c];
+    if ((rc = mlxd_ring_listen(&a, &lfds[c], st))) goto done;
+  }
+  if ((rc = mlxd_ring_mesh((int)rank, &hosts, lfds, fds, st))) goto done;
+  rc = mlxd_ring_backend_new((int)rank, n, k, &self, fds, out, st);
+done:
+  if (lfds) mlxd_ring_close_all(lfds, k);
+  free(lfds);
+  free(fds);
+  mlxd_ring_hosts_free(&hosts);
+  return rc;
+}
+
 static int ring_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
-  (void)bs;
   *out = NULL;
-  return mlxd_fail(st, MLXD_EUNAVAIL, "[ring] not implemented yet");
+  if (bs) return mlxd_ring_create_bootstrap(bs, out, st);
+  return ring_create_hostfile(out, st);
 }
+
 const mlxd_backend_kind mlxd_ring_kind = {"ring", ring_available, ring_configured, ring_create,
                                           true};

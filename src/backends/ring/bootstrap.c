@@ -1,0 +1,245 @@
+/* Bootstrapping the ring through a caller's all-gather (init_with_all_gather)
+ * and the address records it exchanges.
+ *
+ * Every rank listens on MLXDIST_RING_CONNECTIONS ephemeral ports on its
+ * address (MLXDIST_RING_ADDR, default: the first non-loopback IPv4 address
+ * of the host name, else 127.0.0.1), encodes one 64-byte record per port and
+ * all-gathers them. Every record that comes back is validated (magic,
+ * version, checksum, rank, size, connection index) before it is used: a
+ * callback that returns garbage gives an error naming the rank whose record
+ * is bad, never a crash. Then the mesh is built as with a hostfile.
+ *
+ * Record layout (integers big-endian):
+ *   0  magic "MXRB"        4  version (u16)      6  conn (u16)
+ *   8  nconn (u16)        10  family (4 or 6)   12  rank (u32)
+ *  16  size (u32)         20  port (u16)        22  zero (u16)
+ *  24  address (16 bytes; IPv4 uses the first 4) 40  zero (20 bytes)
+ *  60  FNV-1a checksum of bytes 0..59 */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backends/ring/ring_internal.h"
+#include "util/tunables.h"
+
+#define REC_MAGIC 0x4D585242u /* "MXRB" */
+#define REC_VERSION 1u
+
+static void put16(unsigned char* p, unsigned v) {
+  p[0] = (unsigned char)(v >> 8);
+  p[1] = (unsigned char)v;
+}
+static void put32(unsigned char* p, uint32_t v) {
+  put16(p, v >> 16);
+  put16(p + 2, v & 0xFFFF);
+}
+static unsigned get16(const unsigned char* p) { return ((unsigned)p[0] << 8) | p[1]; }
+static uint32_t get32(const unsigned char* p) {
+  return ((uint32_t)get16(p) << 16) | get16(p + 2);
+}
+static uint32_t fnv1a(const unsigned char* p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
+void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int nconn,
+                          const mlxd_ring_addr* a) {
+  memset(rec, 0, MLXD_RING_REC_BYTES);
+  put32(rec, REC_MAGIC);
+  put16(rec + 4, REC_VERSION);
+  put16(rec + 6, (unsigned)conn);
+  put16(rec + 8, (unsigned)nconn);
+  put32(rec + 12, (uint32_t)rank);
+  put32(rec + 16, (uint32_t)size);
+  if (a->sa.ss_family == AF_INET) {
+    const struct sockaddr_in* in = (const void*)&a->sa;
+    put16(rec + 10, 4);
+    put16(rec + 20, ntohs(in->sin_port));
+    memcpy(rec + 24, &in->sin_addr, 4);
+  } else {
+    const struct sockaddr_in6* in6 = (const void*)&a->sa;
+    put16(rec + 10, 6);
+    put16(rec + 20, ntohs(in6->sin6_port));
+    memcpy(rec + 24, &in6->sin6_addr, 16);
+  }
+  put32(rec + 60, fnv1a(rec, 60));
+}
+
+int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, int nconn,
+                         const char* via, mlxd_ring_addr* out, mlxd_status* st) {
+  const char* what = NULL;
+  char detail[96] = "";
+  unsigned fam = get16(rec + 10);
+  if (get32(rec) != REC_MAGIC)
+    what = "bad magic";
+  else if (get16(rec + 4) != REC_VERSION)
+    snprintf(detail, sizeof detail, "unsupported version %u (expected %u)", get16(rec + 4),
+             REC_VERSION);
+  else if (get32(rec + 60) != fnv1a(rec, 60))
+    what = "bad checksum";
+  else if (get32(rec + 12) != (uint32_t)r)
+    snprintf(detail, sizeof detail, "it claims to be from rank %u", (unsigned)get32(rec + 12));
+  else if (get32(rec + 16) != (uint32_t)size)
+    snprintf(detail, sizeof detail, "it says the group has %u ranks, this rank says %d",
+             (unsigned)get32(rec + 16), size);
+  else if (get16(rec + 8) != (unsigned)nconn)
+    snprintf(detail, sizeof detail, "it has %u connections per peer, this rank %d",
+             get16(rec + 8), nconn);
+  else if (get16(rec + 6) != (unsigned)conn)
+    snprintf(detail, sizeof detail, "it is for connection %u, expected %d", get16(rec + 6),
+             conn);
+  else if (fam != 4 && fam != 6)
+    snprintf(detail, sizeof detail, "unknown address family %u", fam);
+  else if (get16(rec + 20) == 0)
+    what = "port 0";
+  if (what || detail[0])
+    return mlxd_fail(st, MLXD_EINVAL,
+                     "[ring] %s returned a malformed address record for rank %d (connection "
+                     "%d: %s); it must place rank r's %d bytes at offset r * n_bytes of dst",
+                     via, r, conn, what ? what : detail, MLXD_RING_REC_BYTES * nconn);
+  memset(out, 0, sizeof *out);
+  if (fam == 4) {
+    struct sockaddr_in* in = (void*)&out->sa;
+    in->sin_family = AF_INET;
+    in->sin_port = htons((uint16_t)get16(rec + 20));
+    memcpy(&in->sin_addr, rec + 24, 4);
+    out->len = sizeof *in;
+  } else {
+    struct sockaddr_in6* in6 = (void*)&out->sa;
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons((uint16_t)get16(rec + 20));
+    memcpy(&in6->sin6_addr, rec + 24, 16);
+    out->len = sizeof *in6;
+  }
+  mlxd_ring_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
+  return 0;
+}
+
+int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
+  const char* env = mlxd_tunable_str(MLXD_T_RING_ADDR);
+  char why[300];
+  if (env && *env) {
+    char tmp[300];
+    snprintf(tmp, sizeof tmp, strchr(env, ':') && env[0] != '[' ? "[%s]:0" : "%s:0", env);
+    if (mlxd_ring_parse_addr(tmp, true, out, why, sizeof why) != 0)
+      return mlxd_fail(st, MLXD_EINVAL,
+                       "[ring] MLXDIST_RING_ADDR='%s' is not a usable address (%s); expected "
+                       "this host's IP address",
+                       env, why);
+    return 0;
+  }
+  char host[256];
+  if (gethostname(host, sizeof host) == 0) {
+    host[sizeof host - 1] = '\0';
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host, NULL, &hints, &res) == 0) {
+      for (struct addrinfo* ai = res; ai; ai = ai->ai_next) {
+        const struct sockaddr_in* in = (const void*)ai->ai_addr;
+        if ((ntohl(in->sin_addr.s_addr) >> 24) == 127) continue;
+        memset(out, 0, sizeof *out);
+        memcpy(&out->sa, ai->ai_addr, ai->ai_addrlen);
+        out->len = ai->ai_addrlen;
+        ((struct sockaddr_in*)(void*)&out->sa)->sin_port = 0;
+        mlxd_ring_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
+        freeaddrinfo(res);
+        return 0;
+      }
+      freeaddrinfo(res);
+    }
+  }
+  if (mlxd_ring_parse_addr("127.0.0.1:0", true, out, why, sizeof why) != 0)
+    return mlxd_fail(st, MLXD_ESYS, "[ring] cannot form the loopback address: %s", why);
+  return 0;
+}
+
+static int env_int(const char* name, long lo, long hi, long* v, mlxd_status* st) {
+  const char* s = getenv(name);
+  if (!s || !*s)
+    return mlxd_fail(st, MLXD_EUNAVAIL, "[ring] %s is not set (needed with a caller's "
+                     "all-gather: MLX_RANK and MLX_WORLD_SIZE)", name);
+  char* end = NULL;
+  errno = 0;
+  long x = strtol(s, &end, 10);
+  if (*end != '\0' || errno || x < lo || x > hi)
+    return mlxd_fail(st, MLXD_EINVAL, "[ring] %s='%s' is not an integer in [%ld, %ld]", name, s,
+                     lo, hi);
+  *v = x;
+  return 0;
+}
+
+int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
+  long size = 0, rank = 0;
+  if (env_int("MLX_WORLD_SIZE", 1, 1 << 20, &size, st)) return st->code;
+  if (env_int("MLX_RANK", 0, 1 << 20, &rank, st)) return st->code;
+  if (rank >= size)
+    return mlxd_fail(st, MLXD_EINVAL, "[ring] MLX_RANK=%ld is outside [0, MLX_WORLD_SIZE=%ld)",
+                     rank, size);
+  long K = mlxd_tunable_long(MLXD_T_RING_CONNECTIONS);
+  if (K < 1 || K > 64)
+    return mlxd_fail(st, MLXD_EINVAL,
+                     "[ring] MLXDIST_RING_CONNECTIONS=%ld is outside [1, 64]", K);
+  bs->rank = (int)rank;
+  bs->size = (int)size;
+  mlxd_ring_addr host;
+  if (mlxd_ring_default_addr(&host, st)) return st->code;
+  mlxd_ring_log("rank %ld of %ld: bootstrapping through the caller's all-gather, %ld "
+                "connection(s) per peer, address %s",
+                rank, size, K, host.text);
+
+  int n = (int)size, k = (int)K;
+  int* lfds = malloc(sizeof(int) * (size_t)k);
+  int* fds = malloc(sizeof(int) * (size_t)n * (size_t)k);
+  mlxd_ring_addr* mine = calloc((size_t)k, sizeof *mine);
+  unsigned char* src = calloc((size_t)k, MLXD_RING_REC_BYTES);
+  unsigned char* dst = calloc((size_t)n * (size_t)k, MLXD_RING_REC_BYTES);
+  mlxd_ring_hosts hosts = {n, k, calloc((size_t)n * (size_t)k, sizeof(mlxd_ring_addr))};
+  int rc = 0;
+  if (lfds)
+    for (int c = 0; c < k; c++) lfds[c] = -1;
+  if (!lfds || !fds || !mine || !src || !dst || !hosts.addrs) {
+    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory bootstrapping %d ranks", n);
+    goto done;
+  }
+  if (n > 1) {
+    if ((rc = mlxd_ring_listen_many(&host, k, lfds, mine, st))) goto done;
+  } else {
+    for (int c = 0; c < k; c++) mine[c] = host;
+  }
+  for (int c = 0; c < k; c++)
+    mlxd_ring_rec_encode(src + (size_t)c * MLXD_RING_REC_BYTES, (int)rank, n, c, k, &mine[c]);
+  /* Called for size one too, so the callback sees the same sequence on every path. */
+  if ((rc = bs->all_gather(bs, dst, src, (size_t)k * MLXD_RING_REC_BYTES, st))) {
+    if (!st->code) rc = mlxd_fail(st, MLXD_ECALLBACK, "[ring] the all-gather callback failed");
+    goto done;
+  }
+  if (n > 1) {
+    for (int r = 0; r < n; r++)
+      for (int c = 0; c < k; c++)
+        if ((rc = mlxd_ring_rec_decode(dst + ((size_t)r * k + c) * MLXD_RING_REC_BYTES, r, n, c,
+                                       k, "the all-gather callback", &hosts.addrs[r * k + c],
+                                       st)))
+          goto done;
+    if ((rc = mlxd_ring_mesh((int)rank, &hosts, lfds, fds, st))) goto done;
+  } else {
+    fds[0] = -1;
+  }
+  rc = mlxd_ring_backend_new((int)rank, n, k, &host, fds, out, st);
+done:
+  if (lfds) mlxd_ring_close_all(lfds, k);
+  free(lfds);
+  free(fds);
+  free(mine);
+  free(src);
+  free(dst);
+  mlxd_ring_hosts_free(&hosts);
+  return rc;
+}
