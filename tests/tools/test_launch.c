@@ -1,0 +1,419 @@
+/* mlxdist-launch with real processes: output prefixes, the ring environment
+ * and hostfile, exit status propagation, timeouts, signal forwarding and
+ * argument errors.
+ *
+ * Usage: test_launch PATH_TO_MLXDIST_LAUNCH
+ * The same program is also the rank of some launches ("--rank-check"). */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static const char* launcher;
+static char self_exe[PATH_MAX];
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------------- */
+/* rank mode: validate the environment the launcher gave this rank        */
+
+static int rank_check(int want_size, int want_conns) {
+  int rank = t_env_int("MLX_RANK", -1);
+  int size = t_env_int("MLX_WORLD_SIZE", -1);
+  const char* path = getenv("MLX_HOSTFILE");
+  if (rank < 0 || rank >= want_size) T_FAIL("MLX_RANK=%d, expected 0..%d", rank, want_size - 1);
+  T_EQ_INT(size, want_size);
+  T_ASSERT(path != NULL && path[0] != '\0');
+  FILE* f = fopen(path, "r");
+  if (!f) T_FAIL("cannot open MLX_HOSTFILE '%s'", path);
+  static char text[65536];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = '\0';
+  cJSON* root = cJSON_Parse(text);
+  if (!root) T_FAIL("hostfile is not valid JSON: %s", text);
+  T_ASSERT(cJSON_IsArray(root));
+  T_EQ_INT(cJSON_GetArraySize(root), want_size);
+  int ports[4096];
+  int np = 0;
+  const cJSON* list;
+  cJSON_ArrayForEach(list, root) {
+    T_ASSERT(cJSON_IsArray(list));
+    T_EQ_INT(cJSON_GetArraySize(list), want_conns);
+    const cJSON* s;
+    cJSON_ArrayForEach(s, list) {
+      const char* a = cJSON_GetStringValue(s);
+      T_ASSERT(a != NULL);
+      int port = -1;
+      char tail = 0;
+      if (sscanf(a, "127.0.0.1:%d%c", &port, &tail) != 1)
+        T_FAIL("hostfile entry '%s' is not 127.0.0.1:port", a);
+      T_ASSERT(port > 0 && port < 65536);
+      for (int i = 0; i < np; i++)
+        if (ports[i] == port) T_FAIL("port %d appears twice in the hostfile", port);
+      ports[np++] = port;
+    }
+  }
+  cJSON_Delete(root);
+  const char* foo = getenv("LAUNCH_TEST_FOO");
+  const char* verbose = getenv("MLX_RING_VERBOSE");
+  printf("rank %d ok foo=%s verbose=%s file=%s\n", rank, foo ? foo : "(unset)",
+         verbose ? verbose : "(unset)", path);
+  return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* running the launcher                                                    */
+
+typedef struct result {
+  int status; /* exit code, or 128+signal */
+  double seconds;
+  char out[65536];
+  char err[65536];
+} result;
+
+static result R;
+
+/* Run argv (argv[0] == launcher) with optional "K=V" env additions; bounded to 30 s. */
+static void run(const char* const* argv, const char* env_kv) {
+  memset(&R, 0, sizeof R);
+  int po[2], pe[2];
+  T_ASSERT(pipe(po) == 0 && pipe(pe) == 0);
+  double t0 = now_s();
+  pid_t pid = fork();
+  T_ASSERT(pid >= 0);
+  if (pid == 0) {
+    dup2(po[1], 1);
+    dup2(pe[1], 2);
+    close(po[0]);
+    close(pe[0]);
+    if (env_kv) putenv((char*)env_kv);
+    execv(argv[0], (char* const*)argv);
+    _exit(99);
+  }
+  close(po[1]);
+  close(pe[1]);
+  size_t no = 0, ne = 0;
+  int fds[2] = {po[0], pe[0]};
+  bool open_[2] = {true, true};
+  while (open_[0] || open_[1]) {
+    struct pollfd p[2];
+    int k = 0, map[2];
+    for (int i = 0; i < 2; i++)
+      if (open_[i]) {
+        p[k] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+        map[k++] = i;
+      }
+    int left = (int)((t0 + 30.0 - now_s()) * 1000);
+    if (left <= 0) {
+      kill(pid, SIGKILL);
+      T_FAIL("the launcher did not finish within 30 s (argv[1]=%s)", argv[1]);
+    }
+    int pr = poll(p, (nfds_t)k, left);
+    if (pr < 0 && errno == EINTR) continue;
+    for (int j = 0; j < k; j++) {
+      if (!p[j].revents) continue;
+      int i = map[j];
+      char* buf = i == 0 ? R.out : R.err;
+      size_t* len = i == 0 ? &no : &ne;
+      char tmp[4096];
+      ssize_t got = read(fds[i], tmp, sizeof tmp);
+      if (got <= 0) {
+        open_[i] = false;
+        close(fds[i]);
+        continue;
+      }
+      size_t room = sizeof R.out - 1 - *len;
+      size_t c = (size_t)got < room ? (size_t)got : room;
+      memcpy(buf + *len, tmp, c);
+      *len += c;
+      buf[*len] = '\0';
+    }
+  }
+  int st;
+  T_ASSERT(waitpid(pid, &st, 0) == pid);
+  R.seconds = now_s() - t0;
+  R.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int count_lines(const char* text) {
+  int n = 0;
+  for (const char* p = text; *p; p++) n += *p == '\n';
+  return n;
+}
+
+/* Is `line` (without newline) a whole line of text? */
+static bool has_line(const char* text, const char* line) {
+  size_t n = strlen(line);
+  for (const char* p = text; (p = strstr(p, line)) != NULL; p++)
+    if ((p == text || p[-1] == '\n') && p[n] == '\n') return true;
+  return false;
+}
+
+#define ARGV(...) ((const char* const[]){launcher, __VA_ARGS__, NULL})
+
+/* ---------------------------------------------------------------------- */
+
+static void test_prefixes(void) {
+  run(ARGV("-n", "3", "--", "/bin/sh", "-c",
+           "echo out$MLX_RANK; echo err$MLX_RANK >&2; echo two$MLX_RANK; printf tail$MLX_RANK"),
+      NULL);
+  T_EQ_INT(R.status, 0);
+  for (int r = 0; r < 3; r++) {
+    char want[64];
+    snprintf(want, sizeof want, "[%d] out%d", r, r);
+    if (!has_line(R.out, want)) T_FAIL("stdout lacks '%s':\n%s", want, R.out);
+    snprintf(want, sizeof want, "[%d] two%d", r, r);
+    if (!has_line(R.out, want)) T_FAIL("stdout lacks '%s':\n%s", want, R.out);
+    snprintf(want, sizeof want, "[%d] tail%d", r, r); /* partial last line, flushed */
+    if (!has_line(R.out, want)) T_FAIL("stdout lacks '%s':\n%s", want, R.out);
+    snprintf(want, sizeof want, "[%d] err%d", r, r);
+    if (!has_line(R.err, want)) T_FAIL("stderr lacks '%s':\n%s", want, R.err);
+  }
+  T_EQ_INT(count_lines(R.out), 9);
+  T_ASSERT(strstr(R.out, "err") == NULL);
+  T_ASSERT(strstr(R.err, "out") == NULL);
+  /* a rank's order of lines is kept */
+  T_ASSERT(strstr(R.out, "[1] out1") < strstr(R.out, "[1] two1"));
+}
+
+static void test_long_output(void) {
+  /* many lines from every rank: none lost, none interleaved inside a line */
+  run(ARGV("-n", "2", "--", "/bin/sh", "-c",
+           "i=0; while [ $i -lt 500 ]; do echo line-$MLX_RANK-$i-abcdefghijklmnop; i=$((i+1)); "
+           "done"),
+      NULL);
+  T_EQ_INT(R.status, 0);
+  T_EQ_INT(count_lines(R.out), 1000);
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 500; i += 37) {
+      char want[96];
+      snprintf(want, sizeof want, "[%d] line-%d-%d-abcdefghijklmnop", r, r, i);
+      if (!has_line(R.out, want)) T_FAIL("stdout lacks '%s'", want);
+    }
+}
+
+static void check_rank_lines(int n, const char* foo, const char* verbose, char* file_out) {
+  for (int r = 0; r < n; r++) {
+    char want[128];
+    snprintf(want, sizeof want, "[%d] rank %d ok foo=%s verbose=%s file=", r, r, foo, verbose);
+    const char* p = strstr(R.out, want);
+    if (!p) T_FAIL("stdout lacks '%s':\n%s\nstderr:\n%s", want, R.out, R.err);
+    if (file_out) {
+      p += strlen(want);
+      size_t len = strcspn(p, "\n");
+      T_ASSERT(len < PATH_MAX);
+      memcpy(file_out, p, len);
+      file_out[len] = '\0';
+    }
+  }
+}
+
+static void test_ring_env(void) {
+  char file[PATH_MAX];
+  run(ARGV("-n", "3", "--connections", "2", "--env", "LAUNCH_TEST_FOO=a=b", "--", self_exe,
+           "--rank-check", "3", "2"),
+      NULL);
+  if (R.status != 0) T_FAIL("status %d, stderr:\n%s", R.status, R.err);
+  check_rank_lines(3, "a=b", "(unset)", file);
+  /* the generated hostfile and its directory are gone after the run */
+  T_ASSERT(access(file, F_OK) != 0);
+  char* slash = strrchr(file, '/');
+  T_ASSERT(slash != NULL);
+  *slash = '\0';
+  T_ASSERT(access(file, F_OK) != 0);
+
+  run(ARGV("-n", "2", "--verbose", "--", self_exe, "--rank-check", "2", "1"), NULL);
+  if (R.status != 0) T_FAIL("status %d, stderr:\n%s", R.status, R.err);
+  check_rank_lines(2, "(unset)", "1", NULL);
+
+  /* a single rank works too */
+  run(ARGV("-n", "1", "--", self_exe, "--rank-check", "1", "1"), NULL);
+  T_EQ_INT(R.status, 0);
+  check_rank_lines(1, "(unset)", "(unset)", NULL);
+}
+
+static void test_given_hostfile(void) {
+  char path[] = "/tmp/test_launch_hostfile_XXXXXX";
+  int fd = mkstemp(path);
+  T_ASSERT(fd >= 0);
+  const char* text = "[[\"127.0.0.1:40001\", \"127.0.0.1:40002\"],\n"
+                     " [\"127.0.0.1:40003\", \"127.0.0.1:40004\"]]\n";
+  T_ASSERT(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+  close(fd);
+  run(ARGV("--hostfile", path, "--", self_exe, "--rank-check", "2", "2"), NULL);
+  if (R.status != 0) T_FAIL("status %d, stderr:\n%s", R.status, R.err);
+  char file[PATH_MAX];
+  check_rank_lines(2, "(unset)", "(unset)", file);
+  T_ASSERT(strcmp(file, path) == 0);
+  T_ASSERT(access(path, F_OK) == 0); /* a user's hostfile is not removed */
+
+  /* -n must agree with the file */
+  run(ARGV("-n", "3", "--hostfile", path, "--", "/bin/true"), NULL);
+  T_EQ_INT(R.status, 2);
+  T_ASSERT(strstr(R.err, "-n 3") && strstr(R.err, path));
+
+  /* invalid JSON is named */
+  FILE* f = fopen(path, "w");
+  T_ASSERT(f != NULL);
+  fputs("[[\"127.0.0.1:1\"", f);
+  fclose(f);
+  run(ARGV("--hostfile", path, "--", "/bin/true"), NULL);
+  T_EQ_INT(R.status, 2);
+  T_ASSERT(strstr(R.err, "JSON") && strstr(R.err, path));
+  unlink(path);
+}
+
+static void test_exit_status(void) {
+  /* rank 2 exits 3 while the others (rank 0 included) sleep: exit 3, promptly */
+  run(ARGV("-n", "3", "--", "/bin/sh", "-c",
+           "if [ \"$MLX_RANK\" = 2 ]; then sleep 0.2; exit 3; fi; sleep 30"),
+      NULL);
+  T_EQ_INT(R.status, 3);
+  if (R.seconds > 5.0) T_FAIL("took %.1f s to stop the sleeping ranks", R.seconds);
+  T_ASSERT(strstr(R.err, "rank 2") && strstr(R.err, "status 3"));
+
+  /* a rank killed by a signal: 128 + signal */
+  run(ARGV("-n", "2", "--", "/bin/sh", "-c",
+           "if [ \"$MLX_RANK\" = 1 ]; then kill -KILL $$; fi; sleep 30"),
+      NULL);
+  T_EQ_INT(R.status, 128 + SIGKILL);
+  if (R.seconds > 5.0) T_FAIL("took %.1f s", R.seconds);
+
+  /* a rank that ignores SIGTERM is killed after the grace period */
+  run(ARGV("-n", "2", "--", "/bin/sh", "-c",
+           "trap '' TERM; if [ \"$MLX_RANK\" = 1 ]; then sleep 0.2; exit 4; fi; "
+           "while :; do sleep 0.1; done"),
+      NULL);
+  T_EQ_INT(R.status, 4);
+  if (R.seconds > 10.0) T_FAIL("took %.1f s", R.seconds);
+
+  /* all ranks succeed: 0; a missing program: 127 */
+  run(ARGV("-n", "4", "--", "/bin/true"), NULL);
+  T_EQ_INT(R.status, 0);
+  run(ARGV("-n", "2", "--", "/nonexistent/program"), NULL);
+  T_EQ_INT(R.status, 127);
+  T_ASSERT(strstr(R.err, "/nonexistent/program") != NULL);
+}
+
+static void test_timeout(void) {
+  run(ARGV("-n", "2", "--timeout", "1", "--", "/bin/sh", "-c", "sleep 30"), NULL);
+  T_EQ_INT(R.status, 124);
+  T_ASSERT(R.seconds >= 0.9 && R.seconds < 6.0);
+  T_ASSERT(strstr(R.err, "timeout") != NULL);
+
+  run(ARGV("-n", "2", "--", "/bin/sh", "-c", "sleep 30"), "MLXDIST_LAUNCH_TIMEOUT=0.5");
+  T_EQ_INT(R.status, 124);
+  T_ASSERT(R.seconds < 6.0);
+  T_ASSERT(strstr(R.err, "MLXDIST_LAUNCH_TIMEOUT") != NULL);
+
+  /* a run that finishes in time is not affected */
+  run(ARGV("-n", "2", "--timeout", "20", "--", "/bin/true"), NULL);
+  T_EQ_INT(R.status, 0);
+}
+
+static void test_sigint_forwarded(void) {
+  int pe[2];
+  T_ASSERT(pipe(pe) == 0);
+  double t0 = now_s();
+  pid_t pid = fork();
+  T_ASSERT(pid >= 0);
+  if (pid == 0) {
+    dup2(pe[1], 2);
+    close(pe[0]);
+    execl(launcher, launcher, "-n", "2", "--", "/bin/sh", "-c", "echo started >&2; sleep 30",
+          (char*)NULL);
+    _exit(99);
+  }
+  close(pe[1]);
+  /* wait until both ranks have started */
+  char buf[4096];
+  size_t n = 0;
+  while (n < sizeof buf - 1) {
+    ssize_t got = read(pe[0], buf + n, sizeof buf - 1 - n);
+    if (got <= 0) break;
+    n += (size_t)got;
+    buf[n] = '\0';
+    if (strstr(buf, "[0] started") && strstr(buf, "[1] started")) break;
+    if (now_s() - t0 > 10) break;
+  }
+  kill(pid, SIGINT);
+  int st;
+  T_ASSERT(waitpid(pid, &st, 0) == pid);
+  close(pe[0]);
+  T_ASSERT(WIFEXITED(st));
+  T_EQ_INT(WEXITSTATUS(st), 128 + SIGINT);
+  T_ASSERT(now_s() - t0 < 10.0);
+}
+
+static void expect_usage_error(const char* const* argv, const char* must_contain) {
+  run(argv, NULL);
+  if (R.status != 2) T_FAIL("'%s': status %d, expected 2", argv[1], R.status);
+  if (strncmp(R.err, "[launch] ", 9) != 0) T_FAIL("message lacks the [launch] tag: %s", R.err);
+  if (!strstr(R.err, must_contain)) T_FAIL("message does not name '%s': %s", must_contain, R.err);
+}
+
+static void test_bad_arguments(void) {
+  expect_usage_error(ARGV("-n", "0", "--", "/bin/true"), "'0'");
+  expect_usage_error(ARGV("-n", "abc", "--", "/bin/true"), "'abc'");
+  expect_usage_error(ARGV("-n"), "-n");
+  expect_usage_error(ARGV("-n", "2", "--bogus", "--", "/bin/true"), "--bogus");
+  expect_usage_error(ARGV("-n", "2", "--env", "NOEQUALS", "--", "/bin/true"), "NOEQUALS");
+  expect_usage_error(ARGV("-n", "2", "--env", "1X=2", "--", "/bin/true"), "1X=2");
+  expect_usage_error(ARGV("-n", "2", "--backend", "carrier-pigeon", "--", "/bin/true"),
+                     "carrier-pigeon");
+  expect_usage_error(ARGV("-n", "2", "--connections", "0", "--", "/bin/true"), "--connections");
+  expect_usage_error(ARGV("-n", "2", "--timeout", "-1", "--", "/bin/true"), "--timeout");
+  expect_usage_error(ARGV("-n", "2", "--"), "program");
+  expect_usage_error(ARGV("--", "/bin/true"), "-n");
+  expect_usage_error(ARGV("--hostfile", "/nonexistent/hosts.json", "--", "/bin/true"),
+                     "/nonexistent/hosts.json");
+  expect_usage_error(ARGV("-n", "2", "--backend", "mpi", "--connections", "2", "--", "/bin/true"),
+                     "--connections");
+  run(ARGV("-n", "2", "--", "/bin/true"), "MLXDIST_LAUNCH_TIMEOUT=soon");
+  T_EQ_INT(R.status, 2);
+  T_ASSERT(strstr(R.err, "MLXDIST_LAUNCH_TIMEOUT") && strstr(R.err, "soon"));
+  run(ARGV("--help"), NULL);
+  T_EQ_INT(R.status, 0);
+  T_ASSERT(strstr(R.out, "Usage: mlxdist-launch") != NULL);
+}
+
+int main(int argc, char** argv) {
+  if (argc == 4 && strcmp(argv[1], "--rank-check") == 0)
+    return rank_check(atoi(argv[2]), atoi(argv[3]));
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s PATH_TO_MLXDIST_LAUNCH\n", argv[0]);
+    return 2;
+  }
+  launcher = argv[1];
+  ssize_t n = readlink("/proc/self/exe", self_exe, sizeof self_exe - 1);
+  T_ASSERT(n > 0);
+  self_exe[n] = '\0';
+  signal(SIGPIPE, SIG_IGN);
+
+  test_prefixes();
+  test_long_output();
+  test_ring_env();
+  test_given_hostfile();
+  test_exit_status();
+  test_timeout();
+  test_sigint_forwarded();
+  test_bad_arguments();
+  printf("test_launch: all passed\n");
+  return 0;
+}
