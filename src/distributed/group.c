@@ -1,0 +1,539 @@
+/* Groups and the backend registry: init, init_with_all_gather,
+ * clear_backends, the getters, split and is_available.
+ *
+ * Registry locking. Two mutexes:
+ *  - g_cache_mu guards the cache (one group per backend name plus "any");
+ *    it is only held for a few pointer moves, never while a backend starts.
+ *  - g_init_mu serialises the starting of backends: one init at a time in
+ *    the process, so two threads asking for the same backend get one group
+ *    (the second finds it cached). It is held while a backend starts, and
+ *    so while the caller's all_gather callback runs (on the init thread).
+ *    A callback (or anything it calls) that calls init again on the same
+ *    thread gets an error instead of a deadlock.
+ *  - clear_backends takes only g_cache_mu: it does not wait for an init in
+ *    progress on another thread; that init caches its group when it ends.
+ * A group released by clear_backends is destroyed there only if no handle
+ * or queued op still holds it; otherwise by whoever drops the last reference. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "distributed/group_impl.h"
+#include "distributed/plugin_abi.h"
+
+enum { BK_ANY, BK_RING, BK_MPI, BK_NCCL, BK_JACCL, BK_COUNT };
+static const char* const k_names[BK_COUNT] = {"any", "ring", "mpi", "nccl", "jaccl"};
+#define VALID_NAMES "\"any\" (or NULL), \"ring\", \"mpi\", \"nccl\" or \"jaccl\""
+
+#define BIG_MSG 4096
+
+/* ------------------------------------------------------------------ */
+/* small helpers                                                       */
+
+typedef struct text {
+  char* buf;
+  size_t len, used;
+} text;
+
+__attribute__((format(printf, 2, 3))) static void text_add(text* t, const char* fmt, ...) {
+  if (t->used + 1 >= t->len) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int w = vsnprintf(t->buf + t->used, t->len - t->used, fmt, ap);
+  va_end(ap);
+  if (w < 0) return;
+  t->used += (size_t)w;
+  if (t->used >= t->len) t->used = t->len - 1;
+}
+
+/* -1 for an unknown name; NULL means "any". */
+static int name_index(const char* bk) {
+  if (bk == NULL) return BK_ANY;
+  for (int i = 0; i < BK_COUNT; i++)
+    if (strcmp(bk, k_names[i]) == 0) return i;
+  return -1;
+}
+
+/* The kind for a backend name (not "any"); NULL with why set if it cannot be loaded. */
+static const mlxd_backend_kind* kind_of(int idx, char* why, size_t len) {
+  switch (idx) {
+    case BK_RING: return &mlxd_ring_kind;
+    case BK_MPI: return mlxd_plugin_load("mpi", why, len);
+    case BK_NCCL: return &mlxd_nccl_kind;
+    case BK_JACCL: return &mlxd_jaccl_kind;
+    default: snprintf(why, len, "[distributed] no backend kind %d", idx); return NULL;
+  }
+}
+
+/* ------------------------------------------------------------------ */
+/* the caller's all-gather, kept as an mlxd_bootstrap                  */
+
+struct mlxd_user_gather {
+  mlxd_bootstrap bs; /* first member: the backend sees only this */
+  atomic_int refs;
+  int (*fn)(void* dst, const void* src, size_t n, int rank, int size, void* payload);
+  void* payload;
+  void (*dtor)(void* payload);
+};
+
+/* The callback may only run on the thread that is inside init or split for it. */
+static _Thread_local mlxd_user_gather* t_gather;
+static _Thread_local int t_in_init;
+
+static int user_gather_call(mlxd_bootstrap* bs, void* dst, const void* src, size_t n,
+                            mlxd_status* st) {
+  mlxd_user_gather* u = (mlxd_user_gather*)bs;
+  if (t_gather != u)
+    return mlxd_fail(st, MLXD_EINVAL,
+                     "[distributed] the all_gather callback can only be called on the thread "
+                     "that called init or split, while it runs (the backend called it from "
+                     "elsewhere)");
+  if (bs->size <= 0 || bs->rank < 0 || bs->rank >= bs->size)
+    return mlxd_fail(st, MLXD_EINVAL,
+                     "[distributed] the all_gather bootstrap has rank %d and size %d (expected "
+                     "0 <= rank < size)",
+                     bs->rank, bs->size);
+  if (n > 0 && (dst == NULL || src == NULL))
+    return mlxd_fail(st, MLXD_EINVAL, "[distributed] the all_gather bootstrap got a NULL buffer");
+  int rc = u->fn(dst, src, n, bs->rank, bs->size, u->payload);
+  if (rc != 0)
+    return mlxd_fail(st, MLXD_ECALLBACK, "[distributed] the all_gather callback returned %d", rc);
+  return 0;
+}
+
+static mlxd_user_gather* user_gather_new(int (*fn)(void*, const void*, size_t, int, int, void*),
+                                         void* payload, void (*dtor)(void*)) {
+  mlxd_user_gather* u = calloc(1, sizeof *u);
+  if (!u) return NULL;
+  u->bs.rank = -1;
+  u->bs.size = 0;
+  u->bs.all_gather = user_gather_call;
+  atomic_init(&u->refs, 1);
+  u->fn = fn;
+  u->payload = payload;
+  u->dtor = dtor;
+  return u;
+}
+
+static mlxd_user_gather* user_gather_retain(mlxd_user_gather* u) {
+  if (u) atomic_fetch_add(&u->refs, 1);
+  return u;
+}
+
+static void user_gather_release(mlxd_user_gather* u) {
+  if (!u || atomic_fetch_sub(&u->refs, 1) != 1) return;
+  if (u->dtor) u->dtor(u->payload);
+  free(u);
+}
+
+/* ------------------------------------------------------------------ */
+/* groups                                                              */
+
+/* Takes ownership of b (destroyed on failure); retains u and parent. */
+static mlxd_group* group_new(mlxd_backend* b, const char* kind, mlxd_user_gather* u,
+                             mlxd_group* parent, mlxd_status* st) {
+  if (b->size <= 0 || b->rank < 0 || b->rank >= b->size) {
+    mlxd_fail(st, MLXD_EINVAL, "[distributed] the %s backend reported rank %d of size %d", kind,
+              b->rank, b->size);
+    b->ops->destroy(b);
+    return NULL;
+  }
+  mlxd_group* g = calloc(1, sizeof *g);
+  uint64_t* seqs = calloc(2 * (size_t)b->size, sizeof *seqs);
+  if (!g || !seqs) {
+    free(g);
+    free(seqs);
+    b->ops->destroy(b);
+    mlxd_fail(st, MLXD_ENOMEM, "[distributed] out of memory creating a group of %d", b->size);
+    return NULL;
+  }
+  atomic_init(&g->refs, 1);
+  g->backend = b;
+  g->kind = kind;
+  g->gather = user_gather_retain(u);
+  g->parent = mlxd_group_retain(parent);
+  mlxd_status ignore;
+  mlxd_status_clear(&ignore);
+  g->comm_stream = mlxd_default_stream(b->comm_device, &ignore);
+  pthread_mutex_init(&g->mu, NULL);
+  g->send_seq = seqs;
+  g->recv_seq = seqs + b->size;
+  return g;
+}
+
+static mlxd_group* single_group(mlxd_status* st) {
+  mlxd_backend* b = mlxd_single_backend_new();
+  if (!b) {
+    mlxd_fail(st, MLXD_ENOMEM, "[distributed] out of memory creating a size-one group");
+    return NULL;
+  }
+  return group_new(b, "single", NULL, NULL, st);
+}
+
+mlxd_group* mlxd_group_retain(mlxd_group* g) {
+  if (g) atomic_fetch_add(&g->refs, 1);
+  return g;
+}
+
+void mlxd_group_release(mlxd_group* g) {
+  if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
+  g->backend->ops->destroy(g->backend);
+  mlxd_group_release(g->parent);
+  user_gather_release(g->gather);
+  pthread_mutex_destroy(&g->mu);
+  free(g->send_seq);
+  free(g);
+}
+
+/* *res = g (a reference the caller passes on), releasing what *res held. */
+static void set_result(mlx_distributed_group* res, mlxd_group* g) {
+  mlxd_group* old = mlxd_group_of(*res);
+  res->ctx = g;
+  mlxd_group_release(old);
+}
+
+/* ------------------------------------------------------------------ */
+/* the registry                                                        */
+
+static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+static mlxd_group* g_cache[BK_COUNT];
+
+static mlxd_group* cache_get(int idx) {
+  pthread_mutex_lock(&g_cache_mu);
+  mlxd_group* g = mlxd_group_retain(g_cache[idx]);
+  pthread_mutex_unlock(&g_cache_mu);
+  return g;
+}
+
+/* Cache g under idx and, if nothing is there yet, under "any". */
+static void cache_put(int idx, mlxd_group* g) {
+  pthread_mutex_lock(&g_cache_mu);
+  if (!g_cache[idx]) g_cache[idx] = mlxd_group_retain(g);
+  if (!g_cache[BK_ANY]) g_cache[BK_ANY] = mlxd_group_retain(g);
+  pthread_mutex_unlock(&g_cache_mu);
+}
+
+/* Try one backend. Returns a new group, or NULL with the reason in why. */
+static mlxd_group* try_start(int idx, mlxd_user_gather* u, char* why, size_t why_len,
+                             int* code) {
+  const mlxd_backend_kind* kind = kind_of(idx, why, why_len);
+  if (!kind) {
+    *code = MLXD_EUNAVAIL;
+    return NULL;
+  }
+  if (!kind->is_available(why, why_len)) {
+    if (!why[0]) snprintf(why, why_len, "[%s] not available in this process", k_names[idx]);
+    *code = MLXD_EUNAVAIL;
+    return NULL;
+  }
+  if (u && !kind->supports_bootstrap) {
+    snprintf(why, why_len, "[%s] this backend cannot be started with a caller's all_gather",
+             k_names[idx]);
+    *code = MLXD_EINVAL;
+    return NULL;
+  }
+  /* An unconfigured kind's create only reports what is missing (backend.h). */
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  mlxd_backend* b = NULL;
+  mlxd_user_gather* saved = t_gather;
+  t_gather = u;
+  int rc = kind->create(u ? &u->bs : NULL, &b, &st);
+  t_gather = saved;
+  if (rc != 0 || !b) {
+    if (b) b->ops->destroy(b);
+    snprintf(why, why_len, "%s", st.msg[0] ? st.msg : "(the backend gave no reason)");
+    *code = rc ? rc : MLXD_EUNAVAIL;
+    return NULL;
+  }
+  mlxd_group* g = group_new(b, kind->name, u, NULL, &st);
+  if (!g) {
+    snprintf(why, why_len, "%s", st.msg);
+    *code = st.code;
+  }
+  return g;
+}
+
+/* The heart of init / init_with_all_gather / the default group.
+ * Returns a new reference, or NULL with msg/code set (strict failure, or
+ * out of memory, or a recursive call). A cached group is returned as is
+ * (u is then not used). */
+static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg, size_t len,
+                           int* code) {
+  text t = {msg, len, 0};
+  msg[0] = '\0';
+  mlxd_group* g = cache_get(idx);
+  if (g) return g;
+  if (t_in_init) {
+    text_add(&t,
+             "[distributed] init was called again while an init is running on this thread (from "
+             "inside an all_gather callback?); that would deadlock");
+    *code = MLXD_EINVAL;
+    return NULL;
+  }
+  pthread_mutex_lock(&g_init_mu);
+  t_in_init = 1;
+  g = cache_get(idx);
+  if (g) goto done;
+
+  int cand[4], n = 0;
+  if (idx != BK_ANY) {
+    cand[n++] = idx;
+  } else if (u) {
+    cand[n++] = mlxd_jaccl_kind.is_available(NULL, 0) ? BK_JACCL : BK_RING;
+  } else {
+    cand[n++] = BK_NCCL; /* skipped unless available (needs a GPU) */
+    cand[n++] = BK_RING;
+    cand[n++] = BK_MPI;
+    cand[n++] = BK_JACCL;
+  }
+
+  char why[BIG_MSG];
+  int why_code = MLXD_EUNAVAIL;
+  if (idx == BK_ANY)
+    text_add(&t, "[distributed] init: no backend could be started (tried %s: ",
+             n == 1 ? "one" : "in order");
+  for (int i = 0; i < n; i++) { /* a backend already started under its own name */
+    g = cache_get(cand[i]);
+    if (g) {
+      cache_put(cand[i], g);
+      goto done;
+    }
+  }
+  for (int i = 0; i < n; i++) {
+    int c = cand[i];
+    why[0] = '\0';
+    g = try_start(c, u, why, sizeof why, &why_code);
+    if (g) {
+      cache_put(c, g);
+      goto done;
+    }
+    if (idx == BK_ANY)
+      text_add(&t, "%s%s: %s", i ? "; " : "", k_names[c], why);
+    else
+      text_add(&t, "[distributed] init: could not start the %s backend: %s", k_names[c], why);
+  }
+  if (idx == BK_ANY) text_add(&t, ")");
+
+  if (strict) {
+    *code = idx == BK_ANY ? MLXD_EUNAVAIL : why_code;
+  } else {
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    g = single_group(&st); /* not cached: a later init tries again */
+    if (!g) {
+      msg[0] = '\0';
+      snprintf(msg, len, "%s", st.msg);
+      *code = st.code;
+    }
+  }
+done:
+  t_in_init = 0;
+  pthread_mutex_unlock(&g_init_mu);
+  return g;
+}
+
+mlxd_group* mlxd_group_default(mlxd_status* st) {
+  char msg[BIG_MSG];
+  int code = MLXD_EUNAVAIL;
+  mlxd_group* g = do_init(false, BK_ANY, NULL, msg, sizeof msg, &code);
+  if (!g) mlxd_fail(st, code ? code : MLXD_EUNAVAIL, "%s", msg);
+  return g;
+}
+
+/* ------------------------------------------------------------------ */
+/* public API                                                          */
+
+mlx_distributed_group mlx_distributed_group_new(void) {
+  mlx_distributed_group g = {NULL};
+  return g;
+}
+
+int mlx_distributed_group_free(mlx_distributed_group group) {
+  mlxd_group_release(mlxd_group_of(group));
+  return 0;
+}
+
+int mlx_distributed_init(mlx_distributed_group* res, bool strict, const char* bk) {
+  if (!res) {
+    mlxd_error("[distributed] init: res is NULL (expected a pointer to an mlx_distributed_group)");
+    return MLXD_EINVAL;
+  }
+  int idx = name_index(bk);
+  if (idx < 0) {
+    mlxd_error("[distributed] init: unknown backend \"%s\" (expected " VALID_NAMES ")", bk);
+    return MLXD_EINVAL;
+  }
+  char msg[BIG_MSG];
+  int code = MLXD_EUNAVAIL;
+  mlxd_group* g = do_init(strict, idx, NULL, msg, sizeof msg, &code);
+  if (!g) {
+    mlxd_error("%s", msg);
+    return code ? code : MLXD_EUNAVAIL;
+  }
+  set_result(res, g);
+  return 0;
+}
+
+int mlx_distributed_init_with_all_gather(
+    mlx_distributed_group* res, bool strict, const char* bk,
+    int (*all_gather)(void* dst, const void* src, size_t n_bytes, int rank, int size,
+                      void* payload),
+    void* payload, void (*dtor)(void* payload)) {
+  /* Every early return runs dtor(payload) once: the callback is not kept. */
+  if (!res) {
+    if (dtor) dtor(payload);
+    mlxd_error(
+        "[distributed] init_with_all_gather: res is NULL (expected a pointer to an "
+        "mlx_distributed_group)");
+    return MLXD_EINVAL;
+  }
+  if (!all_gather) {
+    if (dtor) dtor(payload);
+    mlxd_error("[distributed] init_with_all_gather: all_gather is NULL (expected a callback)");
+    return MLXD_EINVAL;
+  }
+  int idx = name_index(bk);
+  if (idx < 0) {
+    if (dtor) dtor(payload);
+    mlxd_error("[distributed] init_with_all_gather: unknown backend \"%s\" (expected " VALID_NAMES
+               ")",
+               bk);
+    return MLXD_EINVAL;
+  }
+  if (idx != BK_ANY && idx != BK_RING && idx != BK_JACCL) {
+    if (dtor) dtor(payload);
+    mlxd_error(
+        "[distributed] init_with_all_gather: backend \"%s\" cannot be started with a caller's "
+        "all_gather (supported: \"ring\", \"jaccl\" and \"any\")",
+        k_names[idx]);
+    return MLXD_EINVAL;
+  }
+  mlxd_user_gather* u = user_gather_new(all_gather, payload, dtor);
+  if (!u) {
+    if (dtor) dtor(payload);
+    mlxd_error("[distributed] init_with_all_gather: out of memory");
+    return MLXD_ENOMEM;
+  }
+  char msg[BIG_MSG];
+  int code = MLXD_EUNAVAIL;
+  mlxd_group* g = do_init(strict, idx, u, msg, sizeof msg, &code);
+  /* Drop our reference: a group started with u keeps its own; otherwise
+   * (cached group, failure, size-one fallback) this runs dtor now. */
+  user_gather_release(u);
+  if (!g) {
+    mlxd_error("%s", msg);
+    return code ? code : MLXD_EUNAVAIL;
+  }
+  set_result(res, g);
+  return 0;
+}
+
+int mlx_distributed_clear_backends(void) {
+  mlxd_group* drop[BK_COUNT];
+  pthread_mutex_lock(&g_cache_mu);
+  for (int i = 0; i < BK_COUNT; i++) {
+    drop[i] = g_cache[i];
+    g_cache[i] = NULL;
+  }
+  pthread_mutex_unlock(&g_cache_mu);
+  for (int i = 0; i < BK_COUNT; i++) mlxd_group_release(drop[i]);
+  return 0;
+}
+
+static int get_value(int* res, mlx_distributed_group group, bool rank, const char* fn) {
+  if (!res) {
+    mlxd_error("[distributed] %s: res is NULL (expected a pointer to an int)", fn);
+    return MLXD_EINVAL;
+  }
+  mlxd_group* g = mlxd_group_of(group);
+  if (!g) {
+    mlxd_error("[distributed] %s: the group is an empty handle (expected one from "
+               "mlx_distributed_init)",
+               fn);
+    return MLXD_EINVAL;
+  }
+  *res = rank ? g->backend->rank : g->backend->size;
+  return 0;
+}
+
+int mlx_distributed_group_get_rank(int* res, mlx_distributed_group group) {
+  return get_value(res, group, true, "group_get_rank");
+}
+
+int mlx_distributed_group_get_size(int* res, mlx_distributed_group group) {
+  return get_value(res, group, false, "group_get_size");
+}
+
+int mlx_distributed_group_rank(mlx_distributed_group group) {
+  int v = 0;
+  if (get_value(&v, group, true, "group_rank") != 0) return 0;
+  return v;
+}
+
+int mlx_distributed_group_size(mlx_distributed_group group) {
+  int v = 0;
+  if (get_value(&v, group, false, "group_size") != 0) return 0;
+  return v;
+}
+
+int mlx_distributed_group_split(mlx_distributed_group* res, mlx_distributed_group group,
+                                int color, int key) {
+  if (!res) {
+    mlxd_error("[distributed] group_split: res is NULL (expected a pointer to an "
+               "mlx_distributed_group)");
+    return MLXD_EINVAL;
+  }
+  mlxd_group* g = mlxd_group_of(group);
+  if (!g) {
+    mlxd_error("[distributed] group_split: the group is an empty handle (expected one from "
+               "mlx_distributed_init)");
+    return MLXD_EINVAL;
+  }
+  if (color < 0) {
+    mlxd_error("[distributed] group_split: color is %d (expected a color >= 0)", color);
+    return MLXD_EINVAL;
+  }
+  mlxd_backend* b = g->backend;
+  if (key < 0) key = b->rank;
+
+  pthread_mutex_lock(&g->mu);
+  uint64_t seq = g->coll_seq++;
+  pthread_mutex_unlock(&g->mu);
+
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  mlxd_backend* nb = NULL;
+  mlxd_user_gather* saved = t_gather;
+  t_gather = g->gather; /* the kept callback may be used, on this thread */
+  int rc = b->ops->split(b, seq, color, key, &nb, &st);
+  t_gather = saved;
+  if (rc != 0 || !nb) {
+    if (nb) nb->ops->destroy(nb);
+    if (!st.msg[0]) mlxd_fail(&st, MLXD_EINVAL, "[%s] split failed", g->kind);
+    return mlxd_error_status(&st);
+  }
+  mlxd_group* ng = group_new(nb, g->kind, g->gather, g, &st);
+  if (!ng) return mlxd_error_status(&st);
+  set_result(res, ng);
+  return 0;
+}
+
+bool mlx_distributed_is_available(const char* bk) {
+  int idx = name_index(bk);
+  if (idx < 0) return false;
+  char why[BIG_MSG];
+  if (idx == BK_ANY) {
+    for (int i = 1; i < BK_COUNT; i++) {
+      const mlxd_backend_kind* k = kind_of(i, why, sizeof why);
+      if (k && k->is_available(why, sizeof why)) return true;
+    }
+    return false;
+  }
+  const mlxd_backend_kind* k = kind_of(idx, why, sizeof why);
+  return k && k->is_available(why, sizeof why);
+}

@@ -1,0 +1,386 @@
+/* The eight distributed ops: check the arguments on the caller's thread,
+ * pick the group (empty: the default group) and stream (empty: the group's
+ * communication stream), take a sequence number and queue a task that runs
+ * the backend op and completes the pending result.
+ *
+ * On a size-one group the collectives return x itself (a new reference;
+ * MLX does the same) and send/recv are errors. */
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/array_impl.h"
+#include "core/error.h"
+#include "core/stream_impl.h"
+#include "distributed/group_impl.h"
+#include "mlx/c/distributed.h"
+
+#define MAX_NDIM 1024
+
+typedef enum { OP_REDUCE, OP_GATHER, OP_SCATTER, OP_SEND, OP_RECV } op_kind;
+
+typedef struct op_task {
+  mlxd_group* g;
+  op_kind kind;
+  mlxd_reduce_op rop;
+  uint64_t seq;
+  int peer;
+  mlxd_array* in;  /* held by the stream task (its input); NULL for recv */
+  mlxd_array* out; /* held by the stream task (its output) */
+} op_task;
+
+static const char* dev_name(mlx_device_type t) { return t == MLX_GPU ? "gpu" : "cpu"; }
+
+static void op_run(void* arg, mlxd_status* st) {
+  op_task* t = arg;
+  mlxd_backend* b = t->g->backend;
+  int rc = 0;
+  switch (t->kind) {
+    case OP_REDUCE:
+      rc = b->ops->all_reduce(b, t->seq, t->in->data, t->out->data, t->in->size, t->in->dtype,
+                              t->rop, st);
+      break;
+    case OP_GATHER:
+      rc = b->ops->all_gather(b, t->seq, t->in->data, t->out->data, t->in->nbytes, st);
+      break;
+    case OP_SCATTER:
+      rc = b->ops->reduce_scatter(b, t->seq, t->in->data, t->out->data, t->out->size,
+                                  t->in->dtype, MLXD_SUM, st);
+      break;
+    case OP_SEND: rc = b->ops->send(b, t->seq, t->in->data, t->in->nbytes, t->peer, st); break;
+    case OP_RECV: rc = b->ops->recv(b, t->seq, t->out->data, t->out->nbytes, t->peer, st); break;
+  }
+  if (rc != 0 && st->code == 0)
+    mlxd_fail(st, rc, "[%s] the operation failed without a message (code %d)", b->ops->name, rc);
+  else if (rc == 0 && st->code != 0)
+    mlxd_status_clear(st);
+}
+
+static void op_cleanup(void* arg) {
+  op_task* t = arg;
+  mlxd_group_release(t->g);
+  free(t);
+}
+
+/* *res = a (passed on), releasing what *res held. */
+static void set_result(mlx_array* res, mlxd_array* a) {
+  mlxd_array* old = mlxd_array_of(*res);
+  res->ctx = a;
+  if (old) mlxd_array_release(old);
+}
+
+/* Group and stream for an op. On success *g is a new reference. */
+static int resolve(const char* op, mlx_distributed_group group, mlx_stream s, mlxd_group** gout,
+                   mlxd_stream** sout) {
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  mlxd_group* g = mlxd_group_of(group);
+  if (g) {
+    mlxd_group_retain(g);
+  } else {
+    g = mlxd_group_default(&st);
+    if (!g) return mlxd_error_status(&st);
+  }
+  mlxd_stream* str = mlxd_stream_of(s);
+  mlx_device_type want = g->backend->comm_device;
+  if (!str) {
+    str = g->comm_stream;
+    if (!str) {
+      mlxd_error("[distributed] %s: the %s backend communicates on the %s, which is not "
+                 "available in this process",
+                 op, g->kind, dev_name(want));
+      mlxd_group_release(g);
+      return MLXD_EUNAVAIL;
+    }
+  } else if (mlxd_stream_device_type(str) != want) {
+    mlxd_error("[distributed] %s: the stream is on the %s but the group's %s backend "
+               "communicates on the %s (pass a %s stream, or the null stream)",
+               op, dev_name(mlxd_stream_device_type(str)), g->kind, dev_name(want),
+               dev_name(want));
+    mlxd_group_release(g);
+    return MLXD_EINVAL;
+  }
+  *gout = g;
+  *sout = str;
+  return 0;
+}
+
+static int check_res_x(const char* op, mlx_array* res, const mlx_array* x) {
+  if (!res) {
+    mlxd_error("[distributed] %s: res is NULL (expected a pointer to an mlx_array handle)", op);
+    return MLXD_EINVAL;
+  }
+  if (x && !mlxd_array_of(*x)) {
+    mlxd_error("[distributed] %s: x is an empty array handle (expected an array)", op);
+    return MLXD_EINVAL;
+  }
+  return 0;
+}
+
+static int check_peer(const char* op, const char* what, int peer, const mlxd_group* g) {
+  const mlxd_backend* b = g->backend;
+  if (b->size < 2) {
+    mlxd_error("[distributed] %s: send/recv need a group of at least two processes (this group "
+               "has one)",
+               op);
+    return MLXD_EINVAL;
+  }
+  if (peer < 0 || peer >= b->size) {
+    mlxd_error("[distributed] %s: %s is %d, not a rank of this group (expected 0 <= %s < %d)",
+               op, what, peer, what, b->size);
+    return MLXD_EINVAL;
+  }
+  if (peer == b->rank) {
+    mlxd_error("[distributed] %s: %s is %d, this process's own rank (expected another rank)", op,
+               what, peer);
+    return MLXD_EINVAL;
+  }
+  return 0;
+}
+
+/* Take the sequence number and queue the task; on success *res = out. Consumes out. */
+static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind,
+                  mlxd_reduce_op rop, int peer, mlxd_array* in, mlxd_array* out,
+                  mlx_array* res) {
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  op_task* t = calloc(1, sizeof *t);
+  if (!t) {
+    mlxd_array_release(out);
+    mlxd_error("[distributed] %s: out of memory", op);
+    return MLXD_ENOMEM;
+  }
+  t->g = mlxd_group_retain(g);
+  t->kind = kind;
+  t->rop = rop;
+  t->peer = peer;
+  t->in = in;
+  t->out = out;
+
+  pthread_mutex_lock(&g->mu);
+  uint64_t* counter = kind == OP_SEND   ? &g->send_seq[peer]
+                      : kind == OP_RECV ? &g->recv_seq[peer]
+                                        : &g->coll_seq;
+  t->seq = (*counter)++;
+  int rc = mlxd_stream_submit(s, op_run, op_cleanup, t, in ? &in : NULL, in ? 1 : 0, &out, 1,
+                              &st);
+  if (rc != 0) (*counter)--; /* nothing was queued: the number is unused */
+  pthread_mutex_unlock(&g->mu);
+
+  if (rc != 0) {
+    mlxd_group_release(g);
+    free(t);
+    mlxd_array_release(out);
+    if (!st.msg[0]) mlxd_fail(&st, rc, "[distributed] %s: could not queue the operation", op);
+    return mlxd_error_status(&st);
+  }
+  set_result(res, out);
+  return 0;
+}
+
+static mlxd_array* alloc_pending(const char* op, const int* shape, int ndim, mlx_dtype dtype) {
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  mlxd_array* a = mlxd_array_alloc(shape, ndim, dtype, true, &st);
+  if (!a) {
+    if (!st.msg[0])
+      mlxd_fail(&st, MLXD_ENOMEM, "[distributed] %s: could not allocate the result", op);
+    mlxd_error_status(&st);
+  }
+  return a;
+}
+
+/* ------------------------------------------------------------------ */
+
+static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_array* res,
+                      const mlx_array x, const mlx_distributed_group group, const mlx_stream s) {
+  int rc = check_res_x(op, res, &x);
+  if (rc) return rc;
+  mlxd_array* in = mlxd_array_of(x);
+  if (kind == OP_SCATTER && in->ndim < 1) {
+    mlxd_error("[distributed] %s: x is 0-dimensional (expected at least one axis to scatter "
+               "along)",
+               op);
+    return MLXD_EINVAL;
+  }
+  mlxd_group* g;
+  mlxd_stream* str;
+  rc = resolve(op, group, s, &g, &str);
+  if (rc) return rc;
+  int size = g->backend->size;
+
+  int ndim = in->ndim;
+  int* oshape = malloc(sizeof(int) * (size_t)(ndim > 0 ? ndim : 1));
+  if (!oshape) {
+    mlxd_group_release(g);
+    mlxd_error("[distributed] %s: out of memory", op);
+    return MLXD_ENOMEM;
+  }
+  if (ndim > 0) memcpy(oshape, in->shape, sizeof(int) * (size_t)ndim);
+
+  if (kind == OP_SCATTER && in->shape[0] % size != 0) {
+    mlxd_error("[distributed] %s: x's axis 0 has %d entries, which does not divide by the group "
+               "size %d (expected a multiple of %d)",
+               op, in->shape[0], size, size);
+    rc = MLXD_EINVAL;
+    goto out;
+  }
+  if (size == 1) { /* the input unchanged */
+    set_result(res, mlxd_array_retain(in));
+    goto out;
+  }
+  if (kind == OP_GATHER) {
+    if (ndim == 0) {
+      ndim = 1;
+      oshape[0] = size;
+    } else if (oshape[0] > INT_MAX / size) {
+      mlxd_error("[distributed] %s: the result's axis 0 (%d x %d ranks) does not fit in an int",
+                 op, oshape[0], size);
+      rc = MLXD_EINVAL;
+      goto out;
+    } else {
+      oshape[0] *= size;
+    }
+  } else if (kind == OP_SCATTER) {
+    oshape[0] /= size;
+  }
+  mlxd_array* o = alloc_pending(op, oshape, ndim, in->dtype);
+  if (!o) {
+    rc = MLXD_ENOMEM;
+    goto out;
+  }
+  rc = submit(op, g, str, kind, rop, -1, in, o, res);
+out:
+  free(oshape);
+  mlxd_group_release(g);
+  return rc;
+}
+
+int mlx_distributed_all_sum(mlx_array* res, const mlx_array x, const mlx_distributed_group group,
+                            const mlx_stream s) {
+  return collective("all_sum", OP_REDUCE, MLXD_SUM, res, x, group, s);
+}
+
+int mlx_distributed_all_max(mlx_array* res, const mlx_array x, const mlx_distributed_group group,
+                            const mlx_stream s) {
+  return collective("all_max", OP_REDUCE, MLXD_MAX, res, x, group, s);
+}
+
+int mlx_distributed_all_min(mlx_array* res, const mlx_array x, const mlx_distributed_group group,
+                            const mlx_stream s) {
+  return collective("all_min", OP_REDUCE, MLXD_MIN, res, x, group, s);
+}
+
+int mlx_distributed_all_gather(mlx_array* res, const mlx_array x,
+                               const mlx_distributed_group group, const mlx_stream S) {
+  return collective("all_gather", OP_GATHER, MLXD_SUM, res, x, group, S);
+}
+
+int mlx_distributed_sum_scatter(mlx_array* res, const mlx_array x,
+                                const mlx_distributed_group group, const mlx_stream s) {
+  return collective("sum_scatter", OP_SCATTER, MLXD_SUM, res, x, group, s);
+}
+
+/* ------------------------------------------------------------------ */
+
+static void release_array(void* a) { mlxd_array_release(a); }
+
+int mlx_distributed_send(mlx_array* res, const mlx_array x, int dst,
+                         const mlx_distributed_group group, const mlx_stream s) {
+  const char* op = "send";
+  int rc = check_res_x(op, res, &x);
+  if (rc) return rc;
+  mlxd_array* in = mlxd_array_of(x);
+  mlxd_group* g;
+  mlxd_stream* str;
+  rc = resolve(op, group, s, &g, &str);
+  if (rc) return rc;
+  rc = check_peer(op, "dst", dst, g);
+  if (rc) goto out;
+
+  /* The result is x itself: a pending array over x's data that keeps x
+   * alive, completed when the data has left. */
+  mlx_array h = mlx_array_new_data_managed_payload(in->data, in->shape, in->ndim, in->dtype,
+                                                   mlxd_array_retain(in), release_array);
+  mlxd_array* o = mlxd_array_of(h);
+  if (!o) { /* the constructor reported why; it did not take the reference */
+    mlxd_array_release(in);
+    rc = MLXD_ENOMEM;
+    goto out;
+  }
+  atomic_store(&o->state, MLXD_ARRAY_PENDING);
+  rc = submit(op, g, str, OP_SEND, MLXD_SUM, dst, in, o, res);
+out:
+  mlxd_group_release(g);
+  return rc;
+}
+
+static int recv_impl(const char* op, mlx_array* res, const int* shape, size_t shape_num,
+                     mlx_dtype dtype, int src, const mlx_distributed_group group,
+                     const mlx_stream s) {
+  int rc = check_res_x(op, res, NULL);
+  if (rc) return rc;
+  if (shape_num > MAX_NDIM) {
+    mlxd_error("[distributed] %s: shape_num is %zu (expected at most %d dimensions)", op,
+               shape_num, MAX_NDIM);
+    return MLXD_EINVAL;
+  }
+  if (shape_num > 0 && !shape) {
+    mlxd_error("[distributed] %s: shape is NULL but shape_num is %zu (expected %zu dimensions)",
+               op, shape_num, shape_num);
+    return MLXD_EINVAL;
+  }
+  size_t count = 1;
+  bool overflow = false;
+  for (size_t i = 0; i < shape_num; i++) {
+    if (shape[i] < 0) {
+      mlxd_error("[distributed] %s: shape[%zu] is %d (expected dimensions >= 0)", op, i,
+                 shape[i]);
+      return MLXD_EINVAL;
+    }
+    if (shape[i] != 0 && count > SIZE_MAX / (size_t)shape[i]) overflow = true;
+    count *= (size_t)shape[i];
+  }
+  mlxd_status dst;
+  if (mlxd_dtype_check((int)dtype, &dst) != 0 || mlx_dtype_size(dtype) == 0) {
+    mlxd_error("[distributed] %s: dtype %d is not a valid mlx_dtype (expected MLX_BOOL .. "
+               "MLX_COMPLEX64)",
+               op, (int)dtype);
+    return MLXD_EINVAL;
+  }
+  bool has_zero = false;
+  for (size_t i = 0; i < shape_num; i++) has_zero |= shape[i] == 0;
+  if (!has_zero && (overflow || count > SIZE_MAX / mlx_dtype_size(dtype))) {
+    mlxd_error("[distributed] %s: the shape has more elements than fit in memory", op);
+    return MLXD_EINVAL;
+  }
+  mlxd_group* g;
+  mlxd_stream* str;
+  rc = resolve(op, group, s, &g, &str);
+  if (rc) return rc;
+  rc = check_peer(op, "src", src, g);
+  if (rc) goto out;
+  mlxd_array* o = alloc_pending(op, shape, (int)shape_num, dtype);
+  if (!o) {
+    rc = MLXD_ENOMEM;
+    goto out;
+  }
+  rc = submit(op, g, str, OP_RECV, MLXD_SUM, src, NULL, o, res);
+out:
+  mlxd_group_release(g);
+  return rc;
+}
+
+int mlx_distributed_recv(mlx_array* res, const int* shape, size_t shape_num, mlx_dtype dtype,
+                         int src, const mlx_distributed_group group, const mlx_stream s) {
+  return recv_impl("recv", res, shape, shape_num, dtype, src, group, s);
+}
+
+int mlx_distributed_recv_like(mlx_array* res, const mlx_array x, int src,
+                              const mlx_distributed_group group, const mlx_stream s) {
+  int rc = check_res_x("recv_like", res, &x);
+  if (rc) return rc;
+  mlxd_array* a = mlxd_array_of(x);
+  return recv_impl("recv_like", res, a->shape, (size_t)a->ndim, a->dtype, src, group, s);
+}

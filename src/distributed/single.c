@@ -1,0 +1,75 @@
+/* The size-one backend: rank 0 of a group of one. Collectives copy their
+ * input to their output; send/recv have no peer and fail. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "distributed/backend.h"
+
+static void copy_bytes(const void* in, void* out, size_t n) {
+  if (n && in != out) memmove(out, in, n);
+}
+
+static int single_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                             size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+  (void)b, (void)seq, (void)op, (void)st;
+  copy_bytes(in, out, count * mlx_dtype_size(dtype));
+  return 0;
+}
+
+static int single_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                             size_t nbytes, mlxd_status* st) {
+  (void)b, (void)seq, (void)st;
+  copy_bytes(in, out, nbytes);
+  return 0;
+}
+
+static int single_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                                 size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                                 mlxd_status* st) {
+  (void)b, (void)seq, (void)op, (void)st;
+  copy_bytes(in, out, count * mlx_dtype_size(dtype));
+  return 0;
+}
+
+static int single_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                       mlxd_status* st) {
+  (void)b, (void)seq, (void)buf, (void)nbytes;
+  return mlxd_fail(st, MLXD_EINVAL,
+                   "[distributed] send/recv need a group of at least two processes (send to "
+                   "rank %d in a group of one)",
+                   dst);
+}
+
+static int single_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                       mlxd_status* st) {
+  (void)b, (void)seq, (void)buf, (void)nbytes;
+  return mlxd_fail(st, MLXD_EINVAL,
+                   "[distributed] send/recv need a group of at least two processes (recv from "
+                   "rank %d in a group of one)",
+                   src);
+}
+
+static int single_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
+                        mlxd_status* st) {
+  (void)b, (void)seq, (void)color, (void)key;
+  *out = mlxd_single_backend_new();
+  if (!*out) return mlxd_fail(st, MLXD_ENOMEM, "[distributed] out of memory in split");
+  return 0;
+}
+
+static void single_destroy(mlxd_backend* b) { free(b); }
+
+static const mlxd_backend_ops k_single_ops = {
+    "single",    single_all_reduce, single_all_gather, single_reduce_scatter, single_send,
+    single_recv, single_split,      single_destroy,
+};
+
+mlxd_backend* mlxd_single_backend_new(void) {
+  mlxd_backend* b = calloc(1, sizeof *b);
+  if (!b) return NULL;
+  b->ops = &k_single_ops;
+  b->rank = 0;
+  b->size = 1;
+  b->comm_device = MLX_CPU;
+  return b;
+}
