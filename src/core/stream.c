@@ -1,0 +1,607 @@
+/* Streams: one worker thread per stream runs its tasks in queue order.
+ *
+ * Queue: a singly linked FIFO under the stream's mutex. The worker pops a
+ * task, runs it without the lock, then looks for the next one; when the
+ * queue is empty it polls the `submitted` counter for at most
+ * MLXDIST_SPIN_US (so a task queued right after another starts within
+ * microseconds), then sleeps on a condition variable (no CPU when idle).
+ *
+ * Lifetime: the default CPU stream (index 0) is created on first use and
+ * lives in static storage; a stream made by mlx_stream_new_device is freed
+ * when its last reference goes, after its queue has drained and its worker
+ * has been joined. At process exit the default streams (and any stream
+ * made default with mlx_set_default_stream) are drained and joined, within
+ * MLXDIST_TIMEOUT; exit() from a worker thread or from a forked child skips
+ * this (there is nothing it could wait for safely). */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/core_internal.h"
+#include "core/error.h"
+#include "core/stream_impl.h"
+#include "util/clock.h"
+#include "util/tunables.h"
+
+#define INLINE_ARRAYS 6
+
+typedef struct task {
+  struct task* next;
+  mlxd_task_fn run;
+  void (*cleanup)(void*);
+  void* arg;
+  int n_in, n_out;
+  mlxd_array** arrays; /* n_in inputs, then n_out outputs */
+  mlxd_array* inline_arrays[INLINE_ARRAYS];
+} task;
+
+struct mlxd_stream {
+  atomic_int refs;
+  mlx_device_type type;
+  int index;
+  bool is_static; /* the built-in default stream: never freed */
+  pthread_t thread;
+  double spin_s;
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv; /* worker: a task arrived or stop */
+  pthread_cond_t done_cv; /* sync waiters and shutdown: a task finished or the worker ended */
+  task* head;
+  task* tail;
+  atomic_uint_fast64_t submitted; /* written under mu; polled without it by the idle worker */
+  uint64_t finished;              /* under mu */
+  int sync_waiters;               /* under mu */
+  bool sleeping;                  /* under mu: the worker waits on work_cv */
+  bool stop;                      /* under mu: accept no more tasks; worker ends when empty */
+  bool dead;                      /* under mu: the worker has ended */
+  bool joined;                    /* the worker thread has been joined */
+  bool free_on_exit;              /* under mu: last reference dropped on the worker itself */
+};
+
+static _Thread_local mlxd_stream* tls_current; /* the stream whose worker this thread is */
+
+/* ---------- tasks ---------- */
+
+static void task_free(task* t) {
+  for (int i = 0; i < t->n_in + t->n_out; i++) mlxd_array_release(t->arrays[i]);
+  if (t->arrays != t->inline_arrays) free(t->arrays);
+  free(t);
+}
+
+static void task_run(task* t) {
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  for (int i = 0; i < t->n_in; i++)
+    if (t->arrays[i] && mlxd_array_wait(t->arrays[i], &st)) break;
+  if (!st.code) t->run(t->arg, &st);
+  if (st.code && !st.msg[0])
+    mlxd_fail(&st, st.code, "[stream] a task failed with code %d and no message", st.code);
+  for (int i = 0; i < t->n_out; i++) {
+    mlxd_array* out = t->arrays[t->n_in + i];
+    if (out) mlxd_array_complete(out, st.code ? &st : NULL);
+  }
+  if (t->cleanup) t->cleanup(t->arg);
+  task_free(t);
+}
+
+/* ---------- worker ---------- */
+
+static void stream_free(mlxd_stream* s) {
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->work_cv);
+  pthread_cond_destroy(&s->done_cv);
+  if (!s->is_static) free(s);
+}
+
+static void* worker_main(void* p) {
+  mlxd_stream* s = p;
+  tls_current = s;
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (!s->head) {
+      if (s->stop) goto out;
+      uint64_t seen = atomic_load_explicit(&s->submitted, memory_order_relaxed);
+      pthread_mutex_unlock(&s->mu);
+      if (s->spin_s > 0) {
+        double deadline = mlxd_now() + s->spin_s;
+        for (unsigned i = 1; atomic_load_explicit(&s->submitted, memory_order_relaxed) == seen;
+             i++) {
+          mlxd_cpu_relax();
+          if ((i & 63) == 0 && mlxd_now() >= deadline) break;
+        }
+      }
+      pthread_mutex_lock(&s->mu);
+      if (s->head || s->stop) continue;
+      s->sleeping = true;
+      while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
+      s->sleeping = false;
+    }
+    task* t = s->head;
+    s->head = t->next;
+    if (!s->head) s->tail = NULL;
+    pthread_mutex_unlock(&s->mu);
+    task_run(t);
+    pthread_mutex_lock(&s->mu);
+    s->finished++;
+    if (s->sync_waiters) pthread_cond_broadcast(&s->done_cv);
+  }
+out:
+  s->dead = true;
+  pthread_cond_broadcast(&s->done_cv);
+  bool self_free = s->free_on_exit;
+  pthread_mutex_unlock(&s->mu);
+  tls_current = NULL;
+  if (self_free) stream_free(s);
+  return NULL;
+}
+
+static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_static,
+                       mlxd_status* st) {
+  atomic_init(&s->refs, 1);
+  s->type = type;
+  s->index = index;
+  s->is_static = is_static;
+  s->spin_s = mlxd_core_spin_s();
+  s->head = s->tail = NULL;
+  atomic_init(&s->submitted, 0);
+  s->finished = 0;
+  s->sync_waiters = 0;
+  s->sleeping = s->stop = s->dead = s->joined = s->free_on_exit = false;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->work_cv, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->done_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  /* Workers take no signals: they go to the application's threads. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&s->thread, NULL, worker_main, s);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc) {
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_cond_destroy(&s->done_cv);
+    return mlxd_fail(st, MLXD_ESYS, "[stream] cannot start the worker thread of stream %d: %s",
+                     index, strerror(rc));
+  }
+  return 0;
+}
+
+/* Ask the worker to finish its queue and end. */
+static void stream_stop(mlxd_stream* s) {
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_signal(&s->work_cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Wait (at most until deadline, if > 0) for the worker to end, then join it. */
+static bool stream_join(mlxd_stream* s, double deadline) {
+  if (s->joined) return true;
+  if (deadline > 0) {
+    pthread_mutex_lock(&s->mu);
+    while (!s->dead) {
+      double left = deadline - mlxd_now();
+      if (left <= 0) break;
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      double w = left > 1.0 ? 1.0 : left;
+      ts.tv_sec += (time_t)w;
+      ts.tv_nsec += (long)((w - (double)(time_t)w) * 1e9);
+      if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&s->done_cv, &s->mu, &ts);
+    }
+    bool dead = s->dead;
+    pthread_mutex_unlock(&s->mu);
+    if (!dead) return false;
+  }
+  pthread_join(s->thread, NULL);
+  s->joined = true;
+  return true;
+}
+
+/* ---------- default streams ---------- */
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static mlxd_stream g_cpu_static; /* the default CPU stream, index 0 */
+static mlxd_status g_init_status;
+static _Atomic(mlxd_stream*) g_cpu_default; /* what mlxd_default_stream(MLX_CPU) returns */
+static pid_t g_pid;
+static atomic_int g_next_index = 1;
+
+/* Streams made default with mlx_set_default_stream: retained until exit so a
+ * pointer handed out by mlxd_default_stream stays valid. */
+static pthread_mutex_t g_kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static mlxd_stream** g_kept;
+static size_t g_kept_n, g_kept_cap;
+static atomic_bool g_exiting;
+
+static void at_exit_teardown(void) {
+  atomic_store(&g_exiting, true);
+  if (tls_current) return; /* exit() from a worker: it cannot wait for itself */
+  if (getpid() != g_pid) return; /* a forked child has no worker threads */
+  pthread_mutex_lock(&g_kept_mu);
+  mlxd_stream** kept = g_kept;
+  size_t n = g_kept_n;
+  g_kept = NULL;
+  g_kept_n = g_kept_cap = 0;
+  pthread_mutex_unlock(&g_kept_mu);
+
+  double timeout = mlxd_tunable_double(MLXD_T_TIMEOUT);
+  if (!(timeout > 0)) timeout = 60;
+  double deadline = mlxd_now() + timeout;
+  bool all_joined = true;
+  if (g_init_status.code == 0) {
+    stream_stop(&g_cpu_static);
+    for (size_t i = 0; i < n; i++) stream_stop(kept[i]);
+    if (stream_join(&g_cpu_static, deadline)) {
+      /* The struct stays valid (static); later submits fail cleanly. */
+    } else {
+      all_joined = false;
+    }
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (stream_join(kept[i], deadline))
+      mlxd_stream_release(kept[i]);
+    else
+      all_joined = false;
+  }
+  free(kept);
+  if (!all_joined)
+    fprintf(stderr,
+            "mlxdist: warning: a stream's queued work did not finish within MLXDIST_TIMEOUT "
+            "(%g s) at exit; exiting without it\n",
+            timeout);
+}
+
+static void default_init(void) {
+  g_pid = getpid();
+  mlxd_status_clear(&g_init_status);
+  if (stream_init(&g_cpu_static, MLX_CPU, 0, true, &g_init_status) == 0) {
+    atomic_store(&g_cpu_default, &g_cpu_static);
+    atexit(at_exit_teardown);
+  }
+}
+
+static int no_gpu(mlxd_status* st) {
+  return mlxd_fail(st, MLXD_EUNAVAIL,
+                   "[stream] no GPU backend is available in this build; use a CPU stream "
+                   "(Device(cpu, 0))");
+}
+
+mlxd_stream* mlxd_default_stream(mlx_device_type type, mlxd_status* st) {
+  if (type == MLX_GPU) {
+    no_gpu(st);
+    return NULL;
+  }
+  if (type != MLX_CPU) {
+    mlxd_fail(st, MLXD_EINVAL, "[stream] unknown device type %d (expected MLX_CPU or MLX_GPU)",
+              (int)type);
+    return NULL;
+  }
+  pthread_once(&g_once, default_init);
+  if (g_init_status.code) {
+    if (st) *st = g_init_status;
+    return NULL;
+  }
+  return atomic_load_explicit(&g_cpu_default, memory_order_acquire);
+}
+
+/* ---------- streams ---------- */
+
+mlxd_stream* mlxd_stream_retain(mlxd_stream* s) {
+  if (s) atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+  return s;
+}
+
+void mlxd_stream_release(mlxd_stream* s) {
+  if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1) return;
+  if (s->is_static) return; /* never freed (over-release of the default stream) */
+  stream_stop(s);
+  if (!s->joined && pthread_equal(pthread_self(), s->thread)) {
+    /* The last reference went from one of this stream's own tasks: the worker
+     * frees the stream once its queue is empty. */
+    pthread_mutex_lock(&s->mu);
+    s->free_on_exit = true;
+    pthread_mutex_unlock(&s->mu);
+    pthread_detach(s->thread);
+    return;
+  }
+  stream_join(s, 0);
+  stream_free(s);
+}
+
+mlx_device_type mlxd_stream_device_type(const mlxd_stream* s) { return s->type; }
+int mlxd_stream_index(const mlxd_stream* s) { return s->index; }
+
+void mlxd_stream_sync(mlxd_stream* s) {
+  if (!s || tls_current == s) return; /* a task cannot wait for itself */
+  pthread_mutex_lock(&s->mu);
+  uint64_t target = atomic_load_explicit(&s->submitted, memory_order_relaxed);
+  s->sync_waiters++;
+  /* Bounded by the queued tasks themselves (each has a bounded run time). */
+  while (s->finished < target && !s->dead) pthread_cond_wait(&s->done_cv, &s->mu);
+  s->sync_waiters--;
+  pthread_mutex_unlock(&s->mu);
+}
+
+int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*), void* arg,
+                       mlxd_array* const* inputs, int n_inputs, mlxd_array* const* outputs,
+                       int n_outputs, mlxd_status* st_out) {
+  mlxd_status local;
+  mlxd_status* st = st_out ? st_out : &local;
+  int code = 0;
+  if (!s)
+    code = mlxd_fail(st, MLXD_EINVAL, "[stream] cannot queue a task on a NULL stream");
+  else if (!run)
+    code = mlxd_fail(st, MLXD_EINVAL, "[stream] cannot queue a task without a run function");
+  else if (n_inputs < 0 || n_outputs < 0 || (n_inputs > 0 && !inputs) ||
+           (n_outputs > 0 && !outputs))
+    code = mlxd_fail(st, MLXD_EINVAL,
+                     "[stream] bad task arrays (%d inputs, %d outputs; expected counts >= 0 "
+                     "with non-NULL lists)",
+                     n_inputs, n_outputs);
+  task* t = NULL;
+  if (!code) {
+    t = malloc(sizeof *t);
+    int n = n_inputs + n_outputs;
+    if (t) {
+      t->arrays = n <= INLINE_ARRAYS ? t->inline_arrays : malloc((size_t)n * sizeof(mlxd_array*));
+      if (!t->arrays) {
+        free(t);
+        t = NULL;
+      }
+    }
+    if (!t) code = mlxd_fail(st, MLXD_ENOMEM, "[stream] out of memory queueing a task");
+  }
+  if (!code) {
+    t->next = NULL;
+    t->run = run;
+    t->cleanup = cleanup;
+    t->arg = arg;
+    t->n_in = n_inputs;
+    t->n_out = n_outputs;
+    for (int i = 0; i < n_inputs; i++) t->arrays[i] = mlxd_array_retain(inputs[i]);
+    for (int i = 0; i < n_outputs; i++) t->arrays[n_inputs + i] = mlxd_array_retain(outputs[i]);
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+      pthread_mutex_unlock(&s->mu);
+      code = mlxd_fail(st, MLXD_EUNAVAIL,
+                       "[stream] stream %d has shut down (the process is exiting or the stream "
+                       "was released); the task was not queued",
+                       s->index);
+      task_free(t);
+    } else {
+      if (s->tail)
+        s->tail->next = t;
+      else
+        s->head = t;
+      s->tail = t;
+      atomic_store_explicit(&s->submitted,
+                            atomic_load_explicit(&s->submitted, memory_order_relaxed) + 1,
+                            memory_order_relaxed);
+      if (s->sleeping) pthread_cond_signal(&s->work_cv);
+      pthread_mutex_unlock(&s->mu);
+      return 0;
+    }
+  }
+  /* Nothing was queued: fail the outputs too, so nobody waits on them forever. */
+  if (outputs && n_outputs > 0)
+    for (int i = 0; i < n_outputs; i++)
+      if (outputs[i] && atomic_load(&outputs[i]->state) == MLXD_ARRAY_PENDING)
+        mlxd_array_complete(outputs[i], st);
+  return code;
+}
+
+static mlxd_stream* stream_new(mlx_device_type type, mlxd_status* st) {
+  mlxd_stream* s = malloc(sizeof *s);
+  if (!s) {
+    mlxd_fail(st, MLXD_ENOMEM, "[stream] out of memory creating a stream");
+    return NULL;
+  }
+  int index = atomic_fetch_add(&g_next_index, 1);
+  if (stream_init(s, type, index, false, st)) {
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+/* ---------- public API ---------- */
+
+static mlx_stream handle(mlxd_stream* s) {
+  mlx_stream h = {s};
+  return h;
+}
+
+static int read_stream(mlx_stream stream, const char* fn, mlxd_status* st) {
+  if (stream.ctx) return 0;
+  return mlxd_fail(st, MLXD_EINVAL,
+                   "[stream] %s got the null stream handle (expected a stream from "
+                   "mlx_stream_new_device or mlx_get_default_stream)",
+                   fn);
+}
+
+mlx_stream mlx_stream_new(void) { return handle(NULL); }
+
+mlx_stream mlx_stream_new_device(mlx_device dev) {
+  mlxd_status st;
+  mlx_device_type type;
+  int index;
+  if (mlxd_device_read(dev, &type, &index, &st)) {
+    mlxd_error_status(&st);
+    return handle(NULL);
+  }
+  if (type == MLX_GPU) {
+    no_gpu(&st);
+    mlxd_error_status(&st);
+    return handle(NULL);
+  }
+  if (mlxd_device_check_available(type, index, &st)) {
+    mlxd_error_status(&st);
+    return handle(NULL);
+  }
+  mlxd_stream* s = stream_new(type, &st);
+  if (!s) mlxd_error_status(&st);
+  return handle(s);
+}
+
+int mlx_stream_set(mlx_stream* stream, const mlx_stream src) {
+  if (!stream) {
+    mlxd_error("[stream] mlx_stream_set got a NULL destination pointer");
+    return 1;
+  }
+  mlxd_stream_retain(mlxd_stream_of(src));
+  mlxd_stream_release(mlxd_stream_of(*stream));
+  *stream = src;
+  return 0;
+}
+
+int mlx_stream_free(mlx_stream stream) {
+  mlxd_stream_release(mlxd_stream_of(stream));
+  return 0;
+}
+
+int mlx_stream_tostring(mlx_string* str, mlx_stream stream) {
+  mlxd_status st;
+  if (read_stream(stream, "mlx_stream_tostring", &st)) return mlxd_error_status(&st);
+  mlxd_stream* s = mlxd_stream_of(stream);
+  char buf[96];
+  snprintf(buf, sizeof buf, "Stream(Device(%s, 0), %d)", mlxd_device_type_name(s->type),
+           s->index);
+  return mlxd_string_put(str, buf, "[stream] mlx_stream_tostring");
+}
+
+bool mlx_stream_equal(mlx_stream lhs, mlx_stream rhs) { return lhs.ctx == rhs.ctx; }
+
+int mlx_stream_get_device(mlx_device* dev, mlx_stream stream) {
+  mlxd_status st;
+  if (!dev) {
+    mlxd_error("[stream] mlx_stream_get_device got a NULL result pointer");
+    return 1;
+  }
+  if (read_stream(stream, "mlx_stream_get_device", &st)) return mlxd_error_status(&st);
+  mlx_device d = mlxd_device_make(mlxd_stream_of(stream)->type, 0, &st);
+  if (!d.ctx) return mlxd_error_status(&st);
+  mlx_device_free(*dev);
+  *dev = d;
+  return 0;
+}
+
+int mlx_stream_get_index(int* index, mlx_stream stream) {
+  mlxd_status st;
+  if (!index) {
+    mlxd_error("[stream] mlx_stream_get_index got a NULL result pointer");
+    return 1;
+  }
+  if (read_stream(stream, "mlx_stream_get_index", &st)) return mlxd_error_status(&st);
+  *index = mlxd_stream_of(stream)->index;
+  return 0;
+}
+
+int mlx_synchronize(mlx_stream stream) {
+  mlxd_status st;
+  mlxd_stream* s = mlxd_stream_of(stream);
+  if (!s) {
+    mlx_device dev = mlx_device_new();
+    mlx_device_type type = MLX_CPU;
+    if (mlx_get_default_device(&dev)) return 1;
+    mlxd_device_read(dev, &type, NULL, &st);
+    mlx_device_free(dev);
+    s = mlxd_default_stream(type, &st);
+    if (!s) return mlxd_error_status(&st);
+  }
+  if (tls_current == s) {
+    mlxd_error("[stream] mlx_synchronize was called from a task running on stream %d itself; "
+               "it would wait for itself forever",
+               s->index);
+    return 1;
+  }
+  mlxd_stream_sync(s);
+  return 0;
+}
+
+int mlx_get_default_stream(mlx_stream* stream, mlx_device dev) {
+  mlxd_status st;
+  mlx_device_type type;
+  int index;
+  if (!stream) {
+    mlxd_error("[stream] mlx_get_default_stream got a NULL result pointer");
+    return 1;
+  }
+  if (mlxd_device_read(dev, &type, &index, &st)) return mlxd_error_status(&st);
+  if (type == MLX_CPU && mlxd_device_check_available(type, index, &st))
+    return mlxd_error_status(&st);
+  mlxd_stream* s = mlxd_default_stream(type, &st);
+  if (!s) return mlxd_error_status(&st);
+  mlxd_stream_retain(s);
+  mlxd_stream_release(mlxd_stream_of(*stream));
+  *stream = handle(s);
+  return 0;
+}
+
+int mlx_set_default_stream(mlx_stream stream) {
+  mlxd_status st;
+  if (read_stream(stream, "mlx_set_default_stream", &st)) return mlxd_error_status(&st);
+  mlxd_stream* s = mlxd_stream_of(stream);
+  if (s->type != MLX_CPU) return mlxd_error_status((no_gpu(&st), &st));
+  if (!mlxd_default_stream(MLX_CPU, &st)) return mlxd_error_status(&st);
+  if (!s->is_static) {
+    int err = 0;
+    pthread_mutex_lock(&g_kept_mu);
+    bool found = false;
+    for (size_t i = 0; i < g_kept_n; i++) found = found || g_kept[i] == s;
+    if (!found) {
+      if (atomic_load(&g_exiting)) {
+        err = 2;
+      } else if (g_kept_n == g_kept_cap) {
+        size_t cap = g_kept_cap ? 2 * g_kept_cap : 4;
+        mlxd_stream** p = realloc(g_kept, cap * sizeof *p);
+        if (p) {
+          g_kept = p;
+          g_kept_cap = cap;
+        } else {
+          err = 1;
+        }
+      }
+      if (!err) g_kept[g_kept_n++] = mlxd_stream_retain(s);
+    }
+    pthread_mutex_unlock(&g_kept_mu);
+    if (err == 1) {
+      mlxd_error("[stream] out of memory setting the default stream");
+      return 1;
+    }
+    if (err == 2) {
+      mlxd_error("[stream] cannot change the default stream while the process is exiting");
+      return 1;
+    }
+  }
+  atomic_store_explicit(&g_cpu_default, s, memory_order_release);
+  return 0;
+}
+
+mlx_stream mlx_default_cpu_stream_new(void) {
+  mlxd_status st;
+  mlxd_stream* s = mlxd_default_stream(MLX_CPU, &st);
+  if (!s) mlxd_error_status(&st);
+  return handle(mlxd_stream_retain(s));
+}
+
+mlx_stream mlx_default_gpu_stream_new(void) {
+  mlxd_status st;
+  no_gpu(&st);
+  mlxd_error_status(&st);
+  return handle(NULL);
+}
