@@ -1,0 +1,17 @@
+/* Private: the shared-memory transport (an mlxd_transport between processes
+ * on one host). Design notes at the top of shm.c. */
+#ifndef MLXD_SHM_H
+#define MLXD_SHM_H
+
+#include "transport/transport.h"
+
+/* Join the shared-memory session `name` as `rank` of `size`. Every rank
+ * passes the same name (letters, digits, '-', '_', '.'; at most 200 chars;
+ * unique per session). Rank 0 creates the segment /dev/shm/<name>, the
+ * others open it, retrying for MLXDIST_CONNECT_TIMEOUT seconds; the name is
+ * unlinked as soon as every rank has mapped it. Returns when all ranks have
+ * joined, or NULL with st set (the name is unlinked on failure too). */
+mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name,
+                                       mlxd_status* st);
+
+#endif
