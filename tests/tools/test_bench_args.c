@@ -1,0 +1,152 @@
+/* mlxdist-bench: argument errors exit 2 naming the bad value (before any
+ * backend starts), and the shared benchmark helpers (sizes, dtype encodings,
+ * expected results, busbw factors) behave as documented. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "bench_common.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+
+static int capture(const char* cmd) {
+  FILE* p = popen(cmd, "r");
+  T_ASSERT(p != NULL);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void expect_bad(const char* tool, const char* args, const char* named) {
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "'%s' %s 2>&1", tool, args);
+  int rc = capture(cmd);
+  if (rc != 2) T_FAIL("'%s': exit %d, expected 2; output: %s", args, rc, out);
+  if (strncmp(out, "[bench] ", 8) != 0 || !strstr(out, named))
+    T_FAIL("'%s': message does not start with [bench] or does not name '%s': %s", args, named,
+           out);
+}
+
+static void test_sizes(void) {
+  size_t v = 0;
+  T_ASSERT(mlxd_bench_parse_size("4", &v) && v == 4);
+  T_ASSERT(mlxd_bench_parse_size("64M", &v) && v == 64ull * 1024 * 1024);
+  T_ASSERT(mlxd_bench_parse_size("8K", &v) && v == 8192);
+  T_ASSERT(mlxd_bench_parse_size("1G", &v) && v == 1ull << 30);
+  T_ASSERT(mlxd_bench_parse_size("2kB", &v) && v == 2048);
+  T_ASSERT(!mlxd_bench_parse_size("", &v));
+  T_ASSERT(!mlxd_bench_parse_size("-4", &v));
+  T_ASSERT(!mlxd_bench_parse_size("12Q", &v));
+  T_ASSERT(!mlxd_bench_parse_size("M", &v));
+}
+
+static void test_shapes(void) {
+  mlxd_bench_shape s;
+  /* all_gather: the row is the gathered output, per-rank input is 1/n of it */
+  T_ASSERT(mlxd_bench_shape_for(MLXD_OP_ALL_GATHER, 1024, 4, 4, &s));
+  T_EQ_INT(s.in_count, 64);
+  T_EQ_INT(s.out_count, 256);
+  T_EQ_INT(s.row_bytes, 1024);
+  /* sum_scatter: rounded down to a multiple of n */
+  T_ASSERT(mlxd_bench_shape_for(MLXD_OP_SUM_SCATTER, 40, 4, 3, &s));
+  T_EQ_INT(s.in_count, 9);
+  T_EQ_INT(s.out_count, 3);
+  T_EQ_INT(s.row_bytes, 36);
+  T_ASSERT(!mlxd_bench_shape_for(MLXD_OP_SUM_SCATTER, 8, 4, 4, &s));
+  T_ASSERT(!mlxd_bench_shape_for(MLXD_OP_ALL_SUM, 4, 8, 2, &s));
+  T_ASSERT(mlxd_bench_shape_for(MLXD_OP_ALL_SUM, 4, 4, 2, &s) && s.in_count == 1);
+  T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_ALL_SUM, 4) - 1.5) < 1e-12);
+  T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_ALL_GATHER, 4) - 0.75) < 1e-12);
+  T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_SUM_SCATTER, 2) - 0.5) < 1e-12);
+  T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_SENDRECV, 8) - 1.0) < 1e-12);
+  double m[] = {5, 1, 4, 2, 3};
+  T_ASSERT(mlxd_bench_median(m, 5) == 3.0);
+  double m2[] = {4, 1, 3, 2};
+  T_ASSERT(mlxd_bench_median(m2, 4) == 2.5);
+}
+
+/* For every dtype: the encoding round-trips, the reductions computed here
+ * element by element from the decoded inputs match the expectation, and a
+ * corrupted element is detected. */
+static void test_patterns(void) {
+  static const char* const names[] = {"bool",  "uint8", "uint16", "uint32",  "uint64",
+                                       "int8",  "int16", "int32",  "int64",   "float16",
+                                       "float32", "float64", "bfloat16"};
+  const int n = 4;
+  const size_t count = 40;
+  for (size_t d = 0; d < sizeof names / sizeof names[0]; d++) {
+    const mlxd_bench_dtype* dt = mlxd_bench_find_dtype(names[d]);
+    T_ASSERT(dt != NULL);
+    unsigned char in[4][40 * 8], sum[40 * 8], mx[40 * 8], gath[4 * 40 * 8];
+    for (int r = 0; r < n; r++) mlxd_bench_fill(dt, in[r], count, r);
+    for (size_t i = 0; i < count; i++) {
+      double s = 0, m = -1;
+      for (int r = 0; r < n; r++) {
+        double v = mlxd_bench_load(dt, in[r], i);
+        T_ASSERT(v == mlxd_bench_value(dt, r, i));
+        s = dt->kind == MLXD_K_BOOL ? (s != 0 || v != 0) : s + v;
+        m = v > m ? v : m;
+        mlxd_bench_store(dt, gath, (size_t)r * count + i, v);
+      }
+      mlxd_bench_store(dt, sum, i, s);
+      mlxd_bench_store(dt, mx, i, m);
+    }
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_ALL_SUM, sum, count, 0, n, 0), 0);
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_ALL_MAX, mx, count, 0, n, 0), 0);
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_ALL_GATHER, gath, count * n, 0, n, 0), 0);
+    /* rank 2's block of the sum */
+    size_t blk = count / n;
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_SUM_SCATTER, sum + 2 * blk * dt->size, blk, 2, n, 0),
+             0);
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_SENDRECV, in[0], count, 1, n, 0), 0);
+    /* a wrong element is caught */
+    double v = mlxd_bench_load(dt, sum, 3);
+    mlxd_bench_store(dt, sum, 3, v == 0 ? 1 : 0);
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_ALL_SUM, sum, count, 0, n, 0), 1);
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_ALL_GATHER, in[0], count, 0, 1, 0), 0);
+    T_ASSERT(mlxd_bench_verify(dt, MLXD_OP_ALL_GATHER, gath, count * n, 0, n, 0) == 0);
+    T_ASSERT(mlxd_bench_verify(dt, MLXD_OP_SENDRECV, in[1], count, 0, n, 0) > 0);
+  }
+  /* float16 / bfloat16 bit patterns, known independently */
+  const mlxd_bench_dtype* h = mlxd_bench_find_dtype("float16");
+  const mlxd_bench_dtype* b = mlxd_bench_find_dtype("bfloat16");
+  uint16_t bits;
+  mlxd_bench_store(h, &bits, 0, 1.0);
+  T_EQ_INT(bits, 0x3c00);
+  mlxd_bench_store(h, &bits, 0, 240.0);
+  T_EQ_INT(bits, 0x5b80);
+  mlxd_bench_store(b, &bits, 0, 1.0);
+  T_EQ_INT(bits, 0x3f80);
+  mlxd_bench_store(b, &bits, 0, -2.0);
+  T_EQ_INT(bits, 0xc000);
+}
+
+int main(int argc, char** argv) {
+  T_ASSERT(argc == 2);
+  const char* tool = argv[1];
+  test_sizes();
+  test_shapes();
+  test_patterns();
+  expect_bad(tool, "--op nope", "'nope'");
+  expect_bad(tool, "--op all_sum,bogus", "'bogus'");
+  expect_bad(tool, "-e 12Q", "'12Q'");
+  expect_bad(tool, "-b 0", "-b");
+  expect_bad(tool, "-b 1M -e 1K", "--min-bytes");
+  expect_bad(tool, "-f 1", "-f");
+  expect_bad(tool, "-n 0", "-n");
+  expect_bad(tool, "-w -1", "-w");
+  expect_bad(tool, "--dtype complex64", "'complex64'");
+  expect_bad(tool, "--iters", "--iters");
+  expect_bad(tool, "--frobnicate", "--frobnicate");
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, "'%s' --help", tool);
+  T_EQ_INT(capture(cmd), 0);
+  T_ASSERT(strstr(out, "--min-bytes") && strstr(out, "busbw"));
+  printf("test_bench_args: all passed\n");
+  return 0;
+}

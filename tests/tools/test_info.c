@@ -1,0 +1,68 @@
+/* mlxdist-info: --env lists every tunable with its default, --markdown is a
+ * table with one row per tunable, the summary names the backends, and bad
+ * arguments exit 2. Expected names/defaults come from the tunable getters of
+ * the library (not from the tool's own copy of the list). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "testutil.h"
+#include "util/tunables.h"
+
+static char out[1 << 16];
+
+/* Run a shell command, capture stdout (stderr folded in), return the exit status. */
+static int capture(const char* cmd) {
+  FILE* p = popen(cmd, "r");
+  T_ASSERT(p != NULL);
+  size_t n = fread(out, 1, sizeof out - 1, p);
+  out[n] = '\0';
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+int main(int argc, char** argv) {
+  T_ASSERT(argc == 2);
+  char cmd[4096];
+  const char* tool = argv[1];
+
+  snprintf(cmd, sizeof cmd, "env -u MLXDIST_TIMEOUT '%s' --env", tool);
+  T_EQ_INT(capture(cmd), 0);
+  T_ASSERT(strstr(out, "MLXDIST_TIMEOUT") != NULL);
+  for (int t = 0; t < MLXD_T_COUNT; t++) {
+    char want[512];
+    const char* def = mlxd_tunable_default((mlxd_tunable)t);
+    snprintf(want, sizeof want, "%s (default: %s)", mlxd_tunable_env_name((mlxd_tunable)t),
+             def[0] ? def : "(empty)");
+    if (!strstr(out, want)) T_FAIL("--env output lacks '%s':\n%s", want, out);
+    /* the first words of the description are printed */
+    char doc[24];
+    snprintf(doc, sizeof doc, "%s", mlxd_tunable_doc((mlxd_tunable)t));
+    if (!strstr(out, doc)) T_FAIL("--env output lacks the description '%s...'", doc);
+  }
+
+  /* a value set in the environment is shown */
+  snprintf(cmd, sizeof cmd, "MLXDIST_TIMEOUT=7.5 '%s' --env", tool);
+  T_EQ_INT(capture(cmd), 0);
+  T_ASSERT(strstr(out, "currently set to: 7.5") != NULL);
+
+  snprintf(cmd, sizeof cmd, "'%s' --env --markdown", tool);
+  T_EQ_INT(capture(cmd), 0);
+  T_ASSERT(strncmp(out, "| Variable | Default | Description |\n|---|---|---|\n", 50) == 0);
+  int rows = 0;
+  for (char* p = out; (p = strstr(p, "\n| `MLXDIST_")) != NULL; p++) rows++;
+  T_EQ_INT(rows, MLXD_T_COUNT);
+  T_ASSERT(strstr(out, "| `MLXDIST_TIMEOUT` | `60` |") != NULL);
+
+  snprintf(cmd, sizeof cmd, "'%s'", tool);
+  T_EQ_INT(capture(cmd), 0);
+  T_ASSERT(strstr(out, "mlxdist 0.1.0") != NULL);
+  T_ASSERT(strstr(out, "  ring ") != NULL && strstr(out, "  mpi ") != NULL);
+
+  snprintf(cmd, sizeof cmd, "'%s' --bogus 2>&1", tool);
+  T_EQ_INT(capture(cmd), 2);
+  T_ASSERT(strstr(out, "[info]") && strstr(out, "--bogus"));
+  printf("test_info: all passed\n");
+  return 0;
+}

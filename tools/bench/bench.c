@@ -1,0 +1,207 @@
+/* mlxdist-bench: nccl-tests style measurements of the distributed ops,
+ * through the public mlx-c API only. Run one process per rank, e.g.
+ *   mlxdist-launch -n 4 -- mlxdist-bench --op all --check */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+#include "mlx/c/array.h"
+#include "mlx/c/distributed.h"
+#include "mlx/c/distributed_group.h"
+#include "mlx/c/error.h"
+#include "mlx/c/stream.h"
+
+static int mlxd_bench_rank = -1;
+
+static void mlxd_bench_on_error(const char* msg, void* data) {
+  (void)data;
+  fprintf(stderr, "[bench] rank %d: %s\n", mlxd_bench_rank, msg);
+}
+
+static mlx_dtype mlxd_bench_mlx_dtype(const mlxd_bench_dtype* dt) {
+  static const struct {
+    const char* name;
+    mlx_dtype t;
+  } map[] = {{"bool", MLX_BOOL},       {"uint8", MLX_UINT8},     {"uint16", MLX_UINT16},
+             {"uint32", MLX_UINT32},   {"uint64", MLX_UINT64},   {"int8", MLX_INT8},
+             {"int16", MLX_INT16},     {"int32", MLX_INT32},     {"int64", MLX_INT64},
+             {"float16", MLX_FLOAT16}, {"float32", MLX_FLOAT32}, {"float64", MLX_FLOAT64},
+             {"bfloat16", MLX_BFLOAT16}};
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+    if (strcmp(map[i].name, dt->name) == 0) return map[i].t;
+  return MLX_FLOAT32;
+}
+
+/* The raw bytes of an evaluated array, whatever its dtype. */
+static const void* mlxd_bench_bytes(mlx_array a) {
+  switch (mlx_array_itemsize(a)) {
+    case 1:
+      return mlx_array_data_uint8(a);
+    case 2:
+      return mlx_array_data_uint16(a);
+    case 4:
+      return mlx_array_data_uint32(a);
+    case 8:
+      return mlx_array_data_uint64(a);
+    default:
+      return NULL;
+  }
+}
+
+typedef struct mlxd_bench_ctx {
+  mlx_distributed_group g;
+  mlx_stream s;
+  int rank, n;
+} mlxd_bench_ctx;
+
+/* One op, evaluated. res receives the result (sendrecv: what came back / arrived). */
+static int mlxd_bench_one(const mlxd_bench_ctx* c, mlxd_bench_op op, mlx_array x,
+                          mlx_array* res, mlx_array* tmp) {
+  int rc = 0;
+  switch (op) {
+    case MLXD_OP_ALL_SUM:
+      rc = mlx_distributed_all_sum(res, x, c->g, c->s);
+      break;
+    case MLXD_OP_ALL_MAX:
+      rc = mlx_distributed_all_max(res, x, c->g, c->s);
+      break;
+    case MLXD_OP_ALL_GATHER:
+      rc = mlx_distributed_all_gather(res, x, c->g, c->s);
+      break;
+    case MLXD_OP_SUM_SCATTER:
+      rc = mlx_distributed_sum_scatter(res, x, c->g, c->s);
+      break;
+    case MLXD_OP_SENDRECV:
+      /* ping-pong between ranks 0 and 1; rank 1 echoes what it received */
+      if (c->rank == 0) {
+        if (mlx_distributed_send(tmp, x, 1, c->g, c->s) || mlx_array_eval(*tmp)) return -1;
+        rc = mlx_distributed_recv_like(res, x, 1, c->g, c->s);
+      } else if (c->rank == 1) {
+        if (mlx_distributed_recv_like(res, x, 0, c->g, c->s) || mlx_array_eval(*res)) return -1;
+        rc = mlx_distributed_send(tmp, *res, 0, c->g, c->s);
+        if (rc == 0) rc = mlx_array_eval(*tmp);
+        return rc ? -1 : 0;
+      } else {
+        return 0;
+      }
+      break;
+    default:
+      return -1;
+  }
+  if (rc != 0) return -1;
+  return mlx_array_eval(*res) ? -1 : 0;
+}
+
+int main(int argc, char** argv) {
+  mlxd_bench_opts o;
+  int prc = mlxd_bench_parse(argc, argv, &o, "mlxdist-bench");
+  if (prc == 1) return 0;
+  if (prc == 2) return 2;
+
+  mlx_set_error_handler(mlxd_bench_on_error, NULL, NULL);
+  mlxd_bench_ctx c;
+  c.g = mlx_distributed_group_new();
+  if (mlx_distributed_init(&c.g, true, o.backend) != 0) {
+    fprintf(stderr, "[bench] cannot start the distributed backend '%s' (see the error above).\n",
+            o.backend);
+    return 1;
+  }
+  if (mlx_distributed_group_get_rank(&c.rank, c.g) || mlx_distributed_group_get_size(&c.n, c.g))
+    return 1;
+  mlxd_bench_rank = c.rank;
+  c.s = mlx_stream_new();
+  mlx_dtype mdt = mlxd_bench_mlx_dtype(o.dtype);
+  size_t elt = o.dtype->size;
+
+  char impl[96];
+  snprintf(impl, sizeof impl, "mlxdist-%s", o.backend);
+  if (c.rank == 0) mlxd_bench_print_title(&o, impl, c.n);
+
+  void* host = NULL;
+  size_t host_bytes = (o.max_bytes / elt + 1) * elt;
+  if (posix_memalign(&host, 64, host_bytes) != 0) {
+    fprintf(stderr, "[bench] rank %d: cannot allocate %zu bytes for the input.\n", c.rank,
+            host_bytes);
+    return 1;
+  }
+  memset(host, 0, host_bytes);
+  double* times = calloc((size_t)o.iters, sizeof *times);
+  if (!times) return 1;
+
+  bool any_fail = false;
+  for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
+    if (!o.ops[opi]) continue;
+    mlxd_bench_op op = (mlxd_bench_op)opi;
+    if (op == MLXD_OP_SENDRECV && c.n < 2) {
+      if (c.rank == 0 && !o.csv) printf("#\n# op: sendrecv needs at least 2 ranks; skipped\n");
+      continue;
+    }
+    if (c.rank == 0) mlxd_bench_print_header(&o, op);
+    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
+      mlxd_bench_shape sh;
+      bool fits = mlxd_bench_shape_for(op, bytes, elt, c.n, &sh);
+      size_t next = (size_t)((double)bytes * o.factor);
+      if (next <= bytes) next = bytes + 1;
+      if (!fits) {
+        bytes = next;
+        continue;
+      }
+      bytes = next;
+      if (o.check) mlxd_bench_fill(o.dtype, host, sh.in_count, c.rank);
+      int shape = (int)sh.in_count;
+      mlx_array x = mlx_array_new_data(host, &shape, 1, mdt);
+      mlx_array res = mlx_array_new(), tmp = mlx_array_new();
+      double cpu0 = 0;
+      for (int it = 0; it < o.warmup + o.iters; it++) {
+        if (it == o.warmup) cpu0 = mlxd_bench_cpu();
+        double t0 = mlxd_bench_now();
+        if (mlxd_bench_one(&c, op, x, &res, &tmp) != 0) {
+          fprintf(stderr, "[bench] rank %d: %s of %zu bytes failed; stopping.\n", c.rank,
+                  mlxd_bench_op_name(op), sh.row_bytes);
+          return 1;
+        }
+        double t1 = mlxd_bench_now();
+        if (it >= o.warmup) times[it - o.warmup] = t1 - t0;
+      }
+      double cpu_us = (mlxd_bench_cpu() - cpu0) / o.iters * 1e6;
+      double local[2] = {mlxd_bench_median(times, o.iters) * 1e6, 0.0};
+      if (op == MLXD_OP_SENDRECV) local[0] *= 0.5;
+      if (o.check && (op != MLXD_OP_SENDRECV || c.rank < 2)) {
+        const void* data = mlxd_bench_bytes(res);
+        size_t want = mlx_array_size(res);
+        if (!data || want != sh.out_count ||
+            mlxd_bench_verify(o.dtype, op, data, want, c.rank, c.n, 0) != 0)
+          local[1] = 1.0;
+      }
+      /* max over ranks of the median time and of the failure flag */
+      int two = 2;
+      mlx_array la = mlx_array_new_data(local, &two, 1, MLX_FLOAT64);
+      mlx_array ga = mlx_array_new();
+      if (mlx_distributed_all_max(&ga, la, c.g, c.s) || mlx_array_eval(ga)) {
+        fprintf(stderr, "[bench] rank %d: the all_max of the timings failed; stopping.\n",
+                c.rank);
+        return 1;
+      }
+      const double* g = mlx_array_data_float64(ga);
+      bool fail = g && g[1] != 0.0;
+      any_fail |= fail;
+      if (c.rank == 0)
+        mlxd_bench_print_row(&o, op, c.n, &sh, g ? g[0] : local[0], cpu_us,
+                             o.check ? (fail ? "FAIL" : "ok") : "-");
+      mlx_array_free(la);
+      mlx_array_free(ga);
+      mlx_array_free(x);
+      mlx_array_free(res);
+      mlx_array_free(tmp);
+    }
+  }
+  free(times);
+  free(host);
+  mlx_stream_free(c.s);
+  mlx_distributed_group_free(c.g);
+  if (any_fail && c.rank == 0)
+    fprintf(stderr, "[bench] some results were wrong (check column FAIL).\n");
+  return any_fail ? 1 : 0;
+}

@@ -1,0 +1,133 @@
+/* mpi_ref_bench: the mlxdist-bench measurements with raw MPI, as a reference.
+ * Same options, sizes, iterations, median / max-over-ranks method and output
+ * columns. Run it with mpirun, e.g.
+ *   mpirun -np 2 --mca btl self,tcp mpi_ref_bench --op all --csv */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+
+static MPI_Datatype mlxd_ref_type(const mlxd_bench_dtype* dt) {
+  if (strcmp(dt->name, "float32") == 0) return MPI_FLOAT;
+  if (strcmp(dt->name, "float64") == 0) return MPI_DOUBLE;
+  if (strcmp(dt->name, "int8") == 0) return MPI_INT8_T;
+  if (strcmp(dt->name, "int16") == 0) return MPI_INT16_T;
+  if (strcmp(dt->name, "int32") == 0) return MPI_INT32_T;
+  if (strcmp(dt->name, "int64") == 0) return MPI_INT64_T;
+  if (strcmp(dt->name, "uint8") == 0) return MPI_UINT8_T;
+  if (strcmp(dt->name, "uint16") == 0) return MPI_UINT16_T;
+  if (strcmp(dt->name, "uint32") == 0) return MPI_UINT32_T;
+  if (strcmp(dt->name, "uint64") == 0) return MPI_UINT64_T;
+  return MPI_DATATYPE_NULL;
+}
+
+static int mlxd_ref_one(mlxd_bench_op op, const void* in, void* out, const mlxd_bench_shape* sh,
+                        MPI_Datatype t, int rank) {
+  int cnt = (int)sh->in_count;
+  switch (op) {
+    case MLXD_OP_ALL_SUM:
+      return MPI_Allreduce(in, out, cnt, t, MPI_SUM, MPI_COMM_WORLD);
+    case MLXD_OP_ALL_MAX:
+      return MPI_Allreduce(in, out, cnt, t, MPI_MAX, MPI_COMM_WORLD);
+    case MLXD_OP_ALL_GATHER:
+      return MPI_Allgather(in, cnt, t, out, cnt, t, MPI_COMM_WORLD);
+    case MLXD_OP_SUM_SCATTER:
+      return MPI_Reduce_scatter_block(in, out, (int)sh->out_count, t, MPI_SUM, MPI_COMM_WORLD);
+    case MLXD_OP_SENDRECV:
+      if (rank == 0) {
+        int rc = MPI_Send(in, cnt, t, 1, 7, MPI_COMM_WORLD);
+        return rc ? rc : MPI_Recv(out, cnt, t, 1, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      }
+      if (rank == 1) {
+        int rc = MPI_Recv(out, cnt, t, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        return rc ? rc : MPI_Send(out, cnt, t, 0, 8, MPI_COMM_WORLD);
+      }
+      return MPI_SUCCESS;
+    default:
+      return MPI_ERR_OTHER;
+  }
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  mlxd_bench_opts o;
+  int prc = mlxd_bench_parse(argc, argv, &o, "mpi_ref_bench");
+  if (prc != 0) {
+    MPI_Finalize();
+    return prc == 1 ? 0 : 2;
+  }
+  MPI_Datatype t = mlxd_ref_type(o.dtype);
+  if (t == MPI_DATATYPE_NULL) {
+    if (rank == 0)
+      fprintf(stderr, "[bench] mpi_ref_bench does not support --dtype %s (MPI has no such "
+                      "reduction type); use an integer type, float32 or float64.\n",
+              o.dtype->name);
+    MPI_Finalize();
+    return 2;
+  }
+  size_t elt = o.dtype->size;
+  if (rank == 0) mlxd_bench_print_title(&o, "MPI", n);
+
+  size_t buf_bytes = (o.max_bytes / elt + 1) * elt;
+  void *in = NULL, *out = NULL;
+  double* times = calloc((size_t)o.iters, sizeof *times);
+  if (posix_memalign(&in, 64, buf_bytes) || posix_memalign(&out, 64, buf_bytes) || !times) {
+    fprintf(stderr, "[bench] rank %d: cannot allocate 2 x %zu bytes.\n", rank, buf_bytes);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  memset(in, 0, buf_bytes);
+  memset(out, 0, buf_bytes);
+  int any_fail = 0;
+  for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
+    if (!o.ops[opi]) continue;
+    mlxd_bench_op op = (mlxd_bench_op)opi;
+    if (op == MLXD_OP_SENDRECV && n < 2) {
+      if (rank == 0 && !o.csv) printf("#\n# op: sendrecv needs at least 2 ranks; skipped\n");
+      continue;
+    }
+    if (rank == 0) mlxd_bench_print_header(&o, op);
+    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
+      mlxd_bench_shape sh;
+      bool fits = mlxd_bench_shape_for(op, bytes, elt, n, &sh);
+      size_t next = (size_t)((double)bytes * o.factor);
+      bytes = next <= bytes ? bytes + 1 : next;
+      if (!fits || sh.in_count > (size_t)0x7fffffff) continue;
+      if (o.check) {
+        mlxd_bench_fill(o.dtype, in, sh.in_count, rank);
+        memset(out, 0, sh.out_count * elt);
+      }
+      double cpu0 = 0;
+      for (int it = 0; it < o.warmup + o.iters; it++) {
+        if (it == o.warmup) cpu0 = mlxd_bench_cpu();
+        double t0 = mlxd_bench_now();
+        if (mlxd_ref_one(op, in, out, &sh, t, rank) != MPI_SUCCESS) {
+          fprintf(stderr, "[bench] rank %d: MPI %s failed.\n", rank, mlxd_bench_op_name(op));
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        double t1 = mlxd_bench_now();
+        if (it >= o.warmup) times[it - o.warmup] = t1 - t0;
+      }
+      double cpu_us = (mlxd_bench_cpu() - cpu0) / o.iters * 1e6;
+      double local[2] = {mlxd_bench_median(times, o.iters) * 1e6, 0.0}, global[2];
+      if (op == MLXD_OP_SENDRECV) local[0] *= 0.5;
+      if (o.check && (op != MLXD_OP_SENDRECV || rank < 2) &&
+          mlxd_bench_verify(o.dtype, op, out, sh.out_count, rank, n, 0) != 0)
+        local[1] = 1.0;
+      MPI_Allreduce(local, global, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      any_fail |= global[1] != 0.0;
+      if (rank == 0)
+        mlxd_bench_print_row(&o, op, n, &sh, global[0], cpu_us,
+                             o.check ? (global[1] != 0.0 ? "FAIL" : "ok") : "-");
+    }
+  }
+  free(in);
+  free(out);
+  free(times);
+  MPI_Finalize();
+  return any_fail ? 1 : 0;
+}
