@@ -1,0 +1,430 @@
+/* Ring backend tests that launch their ranks by hand: this program writes an
+ * MLX hostfile itself and forks N ranks with only MLX_RANK and MLX_HOSTFILE
+ * set (no mlxdist tool, no MLX_WORLD_SIZE), as MLX's own launcher does.
+ *
+ *   test_ring basic N K   collectives, split, any-backend, clear + re-init on the same ports
+ *   test_ring kill        a rank dies (SIGKILL); the survivor fails promptly, later ops fail fast
+ *   test_ring exit3       3 ranks; rank 2 _exits mid-collective; survivors fail within a bound
+ *   test_ring stall       a peer stops participating; MLXDIST_TIMEOUT=2 gives a timeout error
+ *   test_ring badhost     malformed hostfiles and MLX_RANK values (strict / non-strict)
+ *   test_ring idle        an idle initialised group uses ~0 CPU (no busy spin) */
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mlx/c/mlx.h"
+#include "testutil.h"
+
+static char g_dir[256];
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  T_ASSERT(fd >= 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  T_ASSERT(bind(fd, (struct sockaddr*)&a, sizeof a) == 0);
+  socklen_t len = sizeof a;
+  T_ASSERT(getsockname(fd, (struct sockaddr*)&a, &len) == 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static void write_text(const char* path, const char* text) {
+  FILE* f = fopen(path, "w");
+  T_ASSERT(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* A hostfile for n ranks with k loopback addresses each. */
+static void write_hostfile(const char* path, int n, int k) {
+  char buf[8192];
+  size_t o = 0;
+  o += (size_t)snprintf(buf + o, sizeof buf - o, "[");
+  for (int r = 0; r < n; r++) {
+    o += (size_t)snprintf(buf + o, sizeof buf - o, "%s[", r ? ", " : "");
+    for (int c = 0; c < k; c++)
+      o += (size_t)snprintf(buf + o, sizeof buf - o, "%s\"127.0.0.1:%d\"", c ? ", " : "",
+                            free_port());
+    o += (size_t)snprintf(buf + o, sizeof buf - o, "]");
+  }
+  snprintf(buf + o, sizeof buf - o, "]\n");
+  write_text(path, buf);
+}
+
+typedef int (*rank_fn)(int rank, int size);
+
+/* Fork n ranks running fn; wait (bounded) and return how many exited 0.
+ * codes[r] receives each rank's exit status (128+signal when killed). */
+static int spawn(int n, int k, rank_fn fn, int* codes, double limit_s) {
+  char path[300];
+  snprintf(path, sizeof path, "%s/hostfile.json", g_dir);
+  write_hostfile(path, n, k);
+  pid_t pids[16];
+  fflush(NULL);
+  for (int r = 0; r < n; r++) {
+    pid_t p = fork();
+    T_ASSERT(p >= 0);
+    if (p == 0) {
+      char rs[16];
+      snprintf(rs, sizeof rs, "%d", r);
+      setenv("MLX_RANK", rs, 1);
+      setenv("MLX_HOSTFILE", path, 1);
+      unsetenv("MLX_WORLD_SIZE");
+      t_capture_errors();
+      int rc = fn(r, n);
+      fflush(NULL);
+      _exit(rc);
+    }
+    pids[r] = p;
+  }
+  double deadline = now_s() + limit_s;
+  int done = 0, ok = 0;
+  for (int r = 0; r < n; r++) codes[r] = -1;
+  while (done < n) {
+    int status;
+    pid_t p = waitpid(-1, &status, WNOHANG);
+    if (p > 0) {
+      for (int r = 0; r < n; r++)
+        if (pids[r] == p) {
+          codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          if (codes[r] == 0) ok++;
+          done++;
+        }
+      continue;
+    }
+    if (now_s() > deadline) {
+      for (int r = 0; r < n; r++)
+        if (codes[r] < 0) kill(pids[r], SIGKILL);
+      while (waitpid(-1, NULL, 0) > 0) {
+      }
+      T_FAIL("ranks did not finish within %.0f s", limit_s);
+    }
+    usleep(10000);
+  }
+  return ok;
+}
+
+static mlx_distributed_group init_ring(void) {
+  mlx_distributed_group g = mlx_distributed_group_new();
+  if (mlx_distributed_init(&g, true, "ring") != 0) T_FAIL("init ring: %s", t_last_error());
+  return g;
+}
+
+/* all_sum of [rank, rank+1, ...] (n int32) must be sum over ranks. */
+static int check_sum(mlx_distributed_group g, int size, int n) {
+  int* v = malloc(sizeof(int) * (size_t)n);
+  int rank = mlx_distributed_group_rank(g);
+  for (int i = 0; i < n; i++) v[i] = rank * 1000 + i;
+  int shape[1] = {n};
+  mlx_array x = mlx_array_new_data(v, shape, 1, MLX_INT32), y = mlx_array_new();
+  T_EQ_INT(mlx_distributed_all_sum(&y, x, g, mlx_stream_new()), 0);
+  int rc = mlx_array_eval(y);
+  if (rc == 0) {
+    const int32_t* d = mlx_array_data_int32(y);
+    for (int i = 0; i < n; i++) T_EQ_INT(d[i], 1000 * size * (size - 1) / 2 + size * i);
+  }
+  mlx_array_free(x);
+  mlx_array_free(y);
+  free(v);
+  return rc;
+}
+
+/* ---- basic ---- */
+static int basic_rank(int rank, int size) {
+  mlx_distributed_group g = init_ring();
+  T_EQ_INT(mlx_distributed_group_rank(g), rank);
+  T_EQ_INT(mlx_distributed_group_size(g), size);
+  T_EQ_INT(check_sum(g, size, 100000), 0);
+  /* any pair may talk: rank 0 <-> rank size-1 */
+  if (size > 2 && (rank == 0 || rank == size - 1)) {
+    int peer = rank == 0 ? size - 1 : 0;
+    mlx_array x = mlx_array_new_int(rank + 40), s = mlx_array_new(), r = mlx_array_new();
+    T_EQ_INT(mlx_distributed_send(&s, x, peer, g, mlx_stream_new()), 0);
+    T_EQ_INT(mlx_distributed_recv_like(&r, x, peer, g, mlx_stream_new()), 0);
+    int32_t got = 0;
+    T_EQ_INT(mlx_array_item_int32(&got, r), 0);
+    T_EQ_INT(got, peer + 40);
+    mlx_array_free(x);
+    mlx_array_free(s);
+    mlx_array_free(r);
+  }
+  /* "any" resolves to the cached ring group */
+  mlx_distributed_group a = mlx_distributed_group_new();
+  T_EQ_INT(mlx_distributed_init(&a, false, NULL), 0);
+  T_EQ_INT(mlx_distributed_group_size(a), size);
+  mlx_distributed_group_free(a);
+  /* split into halves */
+  mlx_distributed_group h = mlx_distributed_group_new();
+  T_EQ_INT(mlx_distributed_group_split(&h, g, rank < size / 2, rank), 0);
+  int hs = mlx_distributed_group_size(h);
+  T_EQ_INT(hs, rank < size / 2 ? size / 2 : size - size / 2);
+  T_EQ_INT(check_sum(h, hs, 1000), 0);
+  mlx_distributed_group_free(h);
+  /* clear + re-init binds the same hostfile ports again (SO_REUSEADDR) */
+  for (int round = 0; round < 2; round++) {
+    mlx_distributed_group_free(g);
+    T_EQ_INT(mlx_distributed_clear_backends(), 0);
+    g = init_ring();
+    T_EQ_INT(mlx_distributed_group_rank(g), rank);
+    T_EQ_INT(check_sum(g, size, 4096), 0);
+  }
+  mlx_distributed_group_free(g);
+  mlx_distributed_clear_backends();
+  T_EXPECT_NO_ERROR();
+  return 0;
+}
+
+/* ---- a rank killed ---- */
+static int kill_rank(int rank, int size) {
+  setenv("MLXDIST_TIMEOUT", "20", 1);
+  mlx_distributed_group g = init_ring();
+  T_EQ_INT(check_sum(g, size, 1000), 0);
+  if (rank == size - 1) raise(SIGKILL);
+  double t0 = now_s();
+  t_clear_errors();
+  int rc = check_sum(g, size, 1 << 20);
+  double dt = now_s() - t0;
+  T_ASSERT(rc != 0);
+  /* every survivor has a connection to the dead rank (full mesh) and sees it go */
+  char want[64];
+  snprintf(want, sizeof want, "[ring] lost connection to rank %d", size - 1);
+  T_EXPECT_ERROR(want);
+  T_ASSERT(dt < 10.0);
+  /* every later op fails fast */
+  t0 = now_s();
+  T_ASSERT(check_sum(g, size, 10) != 0);
+  T_ASSERT(t_error_count() == 1 && strstr(t_last_error(), "[ring]"));
+  T_ASSERT(now_s() - t0 < 1.0);
+  mlx_distributed_group_free(g);
+  mlx_distributed_clear_backends();
+  return 0;
+}
+
+static int kill2_rank(int rank, int size) {
+  setenv("MLXDIST_TIMEOUT", "20", 1);
+  mlx_distributed_group g = init_ring();
+  T_EQ_INT(check_sum(g, size, 1000), 0);
+  if (rank == 1) raise(SIGKILL);
+  double t0 = now_s();
+  t_clear_errors();
+  T_ASSERT(check_sum(g, size, 1 << 20) != 0);
+  T_EXPECT_ERROR("[ring] lost connection to rank 1");
+  T_ASSERT(now_s() - t0 < 5.0);
+  mlx_distributed_group_free(g);
+  return 0;
+}
+
+/* rank 2 of 3 queues a 64 MiB all_sum and _exits while it runs. */
+static int exit3_rank(int rank, int size) {
+  setenv("MLXDIST_TIMEOUT", "4", 1);
+  mlx_distributed_group g = init_ring();
+  T_EQ_INT(check_sum(g, size, 1000), 0);
+  size_t n = (64u << 20) / 4;
+  float* v = calloc(n, sizeof(float));
+  int shape[1] = {(int)n};
+  mlx_array x = mlx_array_new_data(v, shape, 1, MLX_FLOAT32), y = mlx_array_new();
+  free(v);
+  T_EQ_INT(mlx_distributed_all_sum(&y, x, g, mlx_stream_new()), 0);
+  if (rank == 2) {
+    usleep(30000);
+    _exit(0);
+  }
+  double t0 = now_s();
+  t_clear_errors();
+  T_ASSERT(mlx_array_eval(y) != 0);
+  /* rank 2's death, or (for a rank waiting on another survivor) the bounded wait */
+  T_ASSERT(strstr(t_last_error(), "[ring] lost connection to rank") ||
+           strstr(t_last_error(), "[ring] timed out"));
+  T_ASSERT(now_s() - t0 < 10.0);
+  mlx_array_free(x);
+  mlx_array_free(y);
+  mlx_distributed_group_free(g);
+  return 0;
+}
+
+/* ---- a stalled peer ---- */
+static int stall_rank(int rank, int size) {
+  setenv("MLXDIST_TIMEOUT", "2", 1);
+  mlx_distributed_group g = init_ring();
+  T_EQ_INT(check_sum(g, size, 1000), 0);
+  if (rank == 1) {
+    sleep(6); /* alive, connected, but not taking part */
+    return 0;
+  }
+  double t0 = now_s();
+  t_clear_errors();
+  T_ASSERT(check_sum(g, size, 1000) != 0);
+  double dt = now_s() - t0;
+  T_EXPECT_ERROR("[ring] timed out", "rank 1", "MLXDIST_TIMEOUT");
+  T_ASSERT(dt >= 1.5 && dt < 5.0);
+  mlx_distributed_group_free(g);
+  return 0;
+}
+
+/* ---- idle CPU ---- */
+static double cpu_seconds(void) {
+  FILE* f = fopen("/proc/self/stat", "r");
+  T_ASSERT(f);
+  char buf[2048];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char* p = strrchr(buf, ')'); /* fields after the command name */
+  T_ASSERT(p);
+  unsigned long ut = 0, stt = 0;
+  /* after ")": state(3) ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+  T_ASSERT(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stt) == 2);
+  return (double)(ut + stt) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int idle_rank(int rank, int size) {
+  (void)rank;
+  mlx_distributed_group g = init_ring();
+  T_EQ_INT(check_sum(g, size, 1000), 0);
+  usleep(200000);
+  double c0 = cpu_seconds(), t0 = now_s();
+  sleep(3);
+  double used = cpu_seconds() - c0, wall = now_s() - t0;
+  fprintf(stderr, "idle: rank %d used %.3f s CPU in %.2f s\n", rank, used, wall);
+  T_ASSERT(used < 0.05 * wall);
+  T_EQ_INT(check_sum(g, size, 1000), 0); /* still works after idling */
+  mlx_distributed_group_free(g);
+  return 0;
+}
+
+/* ---- bad hostfiles (single process) ---- */
+static void expect_bad(const char* content, const char* rank, const char* want) {
+  char path[300];
+  snprintf(path, sizeof path, "%s/bad.json", g_dir);
+  if (content)
+    write_text(path, content);
+  else
+    unlink(path);
+  setenv("MLX_RANK", rank, 1);
+  setenv("MLX_HOSTFILE", path, 1);
+  t_clear_errors();
+  mlx_distributed_group g = mlx_distributed_group_new();
+  T_ASSERT(mlx_distributed_init(&g, true, "ring") != 0);
+  if (content && strstr(want, "MLX_RANK") == NULL)
+    T_EXPECT_ERROR("[ring]", path, want);
+  else
+    T_EXPECT_ERROR("[ring]", want);
+  /* non-strict: a size-one group, not cached (a later strict init tries again) */
+  T_EQ_INT(mlx_distributed_init(&g, false, "ring"), 0);
+  T_EXPECT_NO_ERROR();
+  T_EQ_INT(mlx_distributed_group_size(g), 1);
+  T_EQ_INT(mlx_distributed_group_rank(g), 0);
+  mlx_distributed_group_free(g);
+  g = mlx_distributed_group_new();
+  T_ASSERT(mlx_distributed_init(&g, true, "ring") != 0);
+  T_EQ_INT(t_error_count(), 1);
+  t_clear_errors();
+}
+
+static void badhost(void) {
+  t_capture_errors();
+  expect_bad(NULL, "0", "No such file");
+  expect_bad("[[\"127.0.0.1:5000\"", "0", "not valid JSON");
+  expect_bad("{\"hosts\": 1}", "0", "not a non-empty JSON list");
+  expect_bad("[]", "0", "not a non-empty JSON list");
+  expect_bad("[[\"127.0.0.1:5000\"], \"127.0.0.1:5001\"]", "0",
+             "rank 1 is not a non-empty list");
+  expect_bad("[[\"127.0.0.1:5000\", 7]]", "0", "not a list of strings");
+  expect_bad("[[\"127.0.0.1\"]]", "0", "no ':port'");
+  expect_bad("[[\"127.0.0.1:99999\"]]", "0", "invalid port");
+  expect_bad("[[\"127.0.0.1:x1\"]]", "0", "invalid port");
+  expect_bad("[[\":5000\"]]", "0", "empty or too long host");
+  expect_bad("[[\"no-such-host.invalid:5000\"]]", "0", "cannot resolve");
+  expect_bad("[[\"127.0.0.1:5000\", \"127.0.0.1:5001\"], [\"127.0.0.1:5002\"]]", "0",
+             "rank 1 lists 1 addresses but rank 0 lists 2");
+  expect_bad("[[\"127.0.0.1:5000\"], [\"127.0.0.1:5001\"]]", "2",
+             "MLX_RANK=2 is outside the hostfile");
+  expect_bad("[[\"127.0.0.1:5000\"], [\"127.0.0.1:5001\"]]", "one", "MLX_RANK='one'");
+  expect_bad("[[\"127.0.0.1:5000\"], [\"127.0.0.1:5001\"]]", "-1", "MLX_RANK='-1'");
+  /* a one-rank hostfile is a valid ring of size one */
+  setenv("MLX_RANK", "0", 1);
+  char path[300];
+  snprintf(path, sizeof path, "%s/one.json", g_dir);
+  write_hostfile(path, 1, 1);
+  setenv("MLX_HOSTFILE", path, 1);
+  mlx_distributed_group g = init_ring();
+  T_EQ_INT(mlx_distributed_group_size(g), 1);
+  mlx_distributed_group_free(g);
+  mlx_distributed_clear_backends();
+  /* an occupied port: the error names the address */
+  int blocker = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  T_ASSERT(bind(blocker, (struct sockaddr*)&a, sizeof a) == 0 && listen(blocker, 1) == 0);
+  socklen_t len = sizeof a;
+  getsockname(blocker, (struct sockaddr*)&a, &len);
+  char text[200], want[64];
+  snprintf(want, sizeof want, "127.0.0.1:%d", ntohs(a.sin_port));
+  snprintf(text, sizeof text, "[[\"%s\"], [\"127.0.0.1:%d\"]]", want, free_port());
+  expect_bad(text, "0", want);
+  close(blocker);
+}
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "basic";
+  snprintf(g_dir, sizeof g_dir, "/tmp/mlxd_ring_test.XXXXXX");
+  T_ASSERT(mkdtemp(g_dir));
+  int codes[16];
+  int ok = 0, n = 0;
+  if (strcmp(mode, "basic") == 0) {
+    n = argc > 2 ? atoi(argv[2]) : 2;
+    int k = argc > 3 ? atoi(argv[3]) : 1;
+    ok = spawn(n, k, basic_rank, codes, 60);
+    T_EQ_INT(ok, n);
+  } else if (strcmp(mode, "kill") == 0) {
+    n = 2;
+    ok = spawn(n, 1, kill2_rank, codes, 30);
+    T_EQ_INT(codes[0], 0);
+    T_EQ_INT(codes[1], 128 + SIGKILL);
+    n = 3;
+    ok = spawn(n, 2, kill_rank, codes, 30);
+    T_EQ_INT(codes[0], 0);
+    T_EQ_INT(codes[1], 0);
+    T_EQ_INT(codes[2], 128 + SIGKILL);
+  } else if (strcmp(mode, "exit3") == 0) {
+    n = 3;
+    ok = spawn(n, 1, exit3_rank, codes, 30);
+    T_EQ_INT(ok, 3);
+  } else if (strcmp(mode, "stall") == 0) {
+    n = 2;
+    ok = spawn(n, 1, stall_rank, codes, 30);
+    T_EQ_INT(ok, 2);
+  } else if (strcmp(mode, "idle") == 0) {
+    n = 2;
+    ok = spawn(n, 1, idle_rank, codes, 30);
+    T_EQ_INT(ok, 2);
+  } else if (strcmp(mode, "badhost") == 0) {
+    badhost();
+  } else {
+    T_FAIL("unknown mode '%s'", mode);
+  }
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+  printf("test_ring %s: passed\n", mode);
+  return 0;
+}
