@@ -1,0 +1,81 @@
+/* The plugin loader, in a fresh process per mode (its outcome is cached):
+ *   libname    MLX_MPI_LIBNAME names a library that does not exist
+ *   emptypath  MLXDIST_PLUGIN_PATH is an empty directory
+ *   badabi     MLXDIST_PLUGIN_PATH holds a libmlxdist-mpi.so of another ABI version
+ * When a real mpi plugin sits next to libmlxdist or in the install directory,
+ * the loader goes on to it, so the last two modes then expect "available". */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "mlx/c/mlx.h"
+#include "testutil.h"
+
+static bool exists(const char* dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/libmlxdist-mpi.so", dir);
+  struct stat sb;
+  return stat(path, &sb) == 0;
+}
+
+static void expect_unavailable(const char* a, const char* b, const char* c) {
+  T_ASSERT(!mlx_distributed_is_available("mpi"));
+  T_EXPECT_NO_ERROR();
+  mlx_distributed_group g = mlx_distributed_group_new();
+  T_ASSERT(mlx_distributed_init(&g, true, "mpi") != 0);
+  T_EXPECT_ERROR("[distributed] init: could not start the mpi backend", "[mpi]", a, b, c);
+  T_ASSERT(g.ctx == NULL);
+  /* "any" says why mpi was skipped */
+  T_ASSERT(mlx_distributed_init(&g, true, "any") != 0);
+  T_EXPECT_ERROR("mpi: [mpi]", a);
+  /* non-strict: a group of one */
+  T_EQ_INT(mlx_distributed_init(&g, false, "mpi"), 0);
+  T_EXPECT_NO_ERROR();
+  T_EQ_INT(mlx_distributed_group_size(g), 1);
+  mlx_distributed_group_free(g);
+  /* the outcome is cached and stays the same */
+  T_ASSERT(!mlx_distributed_is_available("mpi"));
+}
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "";
+  unsetenv("MLX_RANK");
+  unsetenv("MLX_HOSTFILE");
+  unsetenv("MLX_MPI_LIBNAME");
+  unsetenv("MLXDIST_PLUGIN_PATH");
+  t_capture_errors();
+  bool elsewhere = exists(MLXDIST_TEST_LIB_DIR) || exists(MLXDIST_TEST_INSTALL_DIR);
+
+  if (strcmp(mode, "libname") == 0) {
+    const char* lib = "/nonexistent/mlxdist-test/libmpi-missing.so.40";
+    setenv("MLX_MPI_LIBNAME", lib, 1);
+    expect_unavailable("MLX_MPI_LIBNAME", lib, "could not load");
+  } else if (strcmp(mode, "emptypath") == 0) {
+    char dir[] = "/tmp/mlxdist-plugin-XXXXXX";
+    T_ASSERT(mkdtemp(dir) != NULL);
+    setenv("MLXDIST_PLUGIN_PATH", dir, 1);
+    char want[256];
+    snprintf(want, sizeof want, "%s/libmlxdist-mpi.so (no such file)", dir);
+    if (elsewhere)
+      T_ASSERT(mlx_distributed_is_available("mpi"));
+    else
+      expect_unavailable("libmlxdist-mpi.so", want, "MLXDIST_PLUGIN_PATH");
+    rmdir(dir);
+  } else if (strcmp(mode, "badabi") == 0) {
+    setenv("MLXDIST_PLUGIN_PATH", MLXDIST_TEST_BAD_PLUGIN_DIR ":/nonexistent-dir", 1);
+    if (elsewhere)
+      T_ASSERT(mlx_distributed_is_available("mpi"));
+    else
+      expect_unavailable(MLXDIST_TEST_BAD_PLUGIN_DIR "/libmlxdist-mpi.so (plugin ABI version 99",
+                         "/nonexistent-dir/libmlxdist-mpi.so (no such file)",
+                         "expected version 1");
+  } else {
+    T_FAIL("unknown mode '%s' (expected libname, emptypath or badabi)", mode);
+  }
+  T_EXPECT_NO_ERROR();
+  printf("test_dist_plugin %s: ok (plugin elsewhere: %s)\n", mode, elsewhere ? "yes" : "no");
+  return 0;
+}
