@@ -18,7 +18,7 @@
  * chunks in consecutive slots of its ring (so chunks of different messages
  * never interleave on one ring; a zero-byte message is one empty chunk).
  *
- * Large messages (>= SHM_CMA_MIN bytes) use a single copy when cross-memory
+ * Large messages (>= MLXDIST_SHM_CMA_BYTES, default 64 KiB) use a single copy when cross-memory
  * attach works (probed at set-up: each rank reads a value from every peer
  * with process_vm_readv): the sender puts one "ready to send" slot holding
  * its buffer's address, the receiver reads the bytes straight from the
@@ -86,7 +86,6 @@
 #define SHM_CL 64
 #define SHM_SLOT_BYTES ((size_t)64 * 1024)
 #define SHM_NSLOTS 16u
-#define SHM_CMA_MIN ((size_t)64 * 1024)
 #define SHM_CMA_IO_MAX ((size_t)1 << 30)
 #define SHM_NAME_MAX 200
 #define SHM_CHECK_S 0.1 /* liveness checks / longest single sleep */
@@ -195,6 +194,7 @@ typedef struct shm_transport {
   shm_peer* peers;
   size_t slot_stride;
   double timeout_s, spin_s;
+  size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
   bool oversubscribed;
   bool failed;
   mlxd_status err;
@@ -671,7 +671,7 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
   r->tag = tag;
   r->buf = (char*)(uintptr_t)buf;
   r->n = n;
-  r->rndv = p->cma && n >= SHM_CMA_MIN;
+  r->rndv = p->cma && t->cma_min && n >= t->cma_min;
   r->where = W_SENDQ;
   list_push(&p->sq_head, &p->sq_tail, r);
   progress_out(t, peer);
@@ -1059,6 +1059,8 @@ mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlx
   if (!(t->timeout_s > 0)) t->timeout_s = 60;
   t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
   if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
+  long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
+  t->cma_min = cma_min > 0 ? (size_t)cma_min : 0;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   t->oversubscribed = ncpu > 0 && size > ncpu;
   t->peers = calloc((size_t)size, sizeof *t->peers);

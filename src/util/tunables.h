@@ -28,7 +28,12 @@
     "Reductions up to this many bytes use the low-latency algorithm.")          \
   X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "",                                     \
     "Colon-separated directories searched first for backend plugins "           \
-    "(libmlxdist-<name>.so).")
+    "(libmlxdist-<name>.so).")                                                  \
+  X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "65536",                            \
+    "Shared-memory transport: messages of at least this many bytes are read "   \
+    "in one copy from the sender's memory (process_vm_readv) where the "        \
+    "kernel allows it; 0 disables that (every message goes through the "       \
+    "shared rings).")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, doc) MLXD_T_##id,
