@@ -95,7 +95,7 @@ static mlxd_array* array_meta(const int* shape, int ndim, mlx_dtype dtype, size_
   for (int i = ndim - 1; i >= 0; i--) {
     a->shape[i] = shape[i];
     a->strides[i] = stride;
-    stride *= shape[i] ? (size_t)shape[i] : 1;
+    stride *= (size_t)shape[i]; /* as MLX: a zero dimension zeroes the strides before it */
   }
   a->size = size;
   a->nbytes = nbytes;
