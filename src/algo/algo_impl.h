@@ -1,0 +1,70 @@
+/* Private to src/algo: the individual algorithms behind algo.h's dispatchers
+ * (exposed so tests can run each one on any size) and shared helpers. */
+#ifndef MLXD_ALGO_IMPL_H
+#define MLXD_ALGO_IMPL_H
+
+#include "algo/algo.h"
+
+/* Target bytes of one pipelined ring chunk. */
+#define MLXD_RING_CHUNK ((size_t)1 << 20)
+/* Receives posted ahead per ring direction. */
+#define MLXD_RING_WINDOW 8
+/* Use both ring directions from this many ranks and bytes on. */
+#define MLXD_RING_BIDIR_MIN_RANKS 3
+#define MLXD_RING_BIDIR_MIN_BYTES ((size_t)1 << 20)
+
+/* all_reduce: every rank sends its buffer to every other and reduces all
+ * contributions in rank order (low latency; bit-identical results). */
+int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                                 size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                                 mlxd_status* st);
+/* all_reduce: pipelined ring reduce-scatter + all-gather; bidir < 0: choose,
+ * 0: one direction, 1: both directions (each carries half the buffer). */
+int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                              size_t count, mlx_dtype dtype, mlxd_reduce_op op, int bidir,
+                              mlxd_status* st);
+int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                                size_t nbytes, mlxd_status* st);
+int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                              size_t nbytes, int bidir, mlxd_status* st);
+int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                                    size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                                    mlxd_status* st);
+int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                                  size_t count, mlx_dtype dtype, mlxd_reduce_op op, int bidir,
+                                  mlxd_status* st);
+
+/* ---- helpers (common.c) ---- */
+
+/* Element size of dtype, or 0 with st set (names the op). Also checks op. */
+size_t mlxd_algo_check(const char* what, mlx_dtype dtype, mlxd_reduce_op op, bool check_op,
+                       mlxd_status* st);
+/* a * b without overflow, or fail. */
+int mlxd_algo_mul(const char* what, size_t a, size_t b, size_t* res, mlxd_status* st);
+/* Wait for (and free) every non-NULL request in reqs; keeps the first error in st
+ * unless st already holds one. Returns st's code. */
+int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);
+/* Whether to use both ring directions. */
+bool mlxd_algo_bidir(int size, size_t nbytes, int bidir);
+
+/* A ring schedule (ring.c). */
+typedef enum { MLXD_RING_AR, MLXD_RING_AG, MLXD_RING_RS } mlxd_ring_mode;
+typedef struct mlxd_ring_plan {
+  mlxd_ring_mode mode;
+  size_t esz;
+  mlx_dtype dtype;
+  mlxd_reduce_op op;
+  const char* in;  /* AR: input; RS: input (size blocks); AG: unused */
+  char* out;       /* AR: output; AG: output (size blocks); RS: block `rank` */
+  char* work;      /* RS: partial sums (same layout as in) */
+  size_t out_base; /* RS: element offset of block `rank` in `in`; else 0 */
+  int ndir;        /* 1 or 2 */
+  /* Per direction, the element range [boff[b], boff[b] + blen[b]) of block b
+   * in the buffer coordinates (size entries each). */
+  size_t* boff[2];
+  size_t* blen[2];
+} mlxd_ring_plan;
+
+int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd_status* st);
+
+#endif

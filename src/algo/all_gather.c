@@ -1,0 +1,80 @@
+/* all_gather: direct exchange for small payloads, pipelined ring otherwise. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo_impl.h"
+#include "util/tunables.h"
+
+static int gather_prologue(mlxd_transport* t, const void* in, void* out, size_t nbytes,
+                           size_t* total, mlxd_status* st) {
+  mlxd_status_clear(st);
+  if (mlxd_algo_mul("all_gather", nbytes, (size_t)t->size, total, st)) return st->code;
+  if (nbytes > 0 && (!in || !out))
+    return mlxd_fail(st, MLXD_EINVAL, "[ring] all_gather: NULL buffer for %zu bytes", nbytes);
+  char* own = (char*)out + (size_t)t->rank * nbytes;
+  if (nbytes > 0 && own != (const char*)in) memmove(own, in, nbytes);
+  return 0;
+}
+
+/* Every rank sends its block to every other rank. */
+int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                                size_t nbytes, mlxd_status* st) {
+  size_t total;
+  if (gather_prologue(t, in, out, nbytes, &total, st)) return st->code;
+  int n = t->size, r = t->rank;
+  if (n == 1 || nbytes == 0) return 0;
+  mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
+  if (!reqs) return mlxd_fail(st, MLXD_ENOMEM, "[ring] all_gather: out of memory");
+  uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
+  const char* own = (const char*)out + (size_t)r * nbytes;
+  int rc = 0;
+  for (int p = 0; p < n && !rc; p++)
+    if (p != r)
+      rc = t->ops->irecv(t, p, tag, (char*)out + (size_t)p * nbytes, nbytes, &reqs[p], st);
+  for (int k = 1; k < n && !rc; k++) {
+    int p = (r + k) % n;
+    rc = t->ops->isend(t, p, tag, own, nbytes, &reqs[n + p], st);
+  }
+  mlxd_algo_drain(t, reqs, 2 * n, st);
+  free(reqs);
+  return st->code;
+}
+
+int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                              size_t nbytes, int bidir, mlxd_status* st) {
+  size_t total;
+  if (gather_prologue(t, in, out, nbytes, &total, st)) return st->code;
+  int n = t->size;
+  if (n == 1 || nbytes == 0) return 0;
+  size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
+  if (!tab) return mlxd_fail(st, MLXD_ENOMEM, "[ring] all_gather: out of memory");
+  mlxd_ring_plan p;
+  memset(&p, 0, sizeof p);
+  p.mode = MLXD_RING_AG;
+  p.esz = 1;
+  p.out = out;
+  p.ndir = mlxd_algo_bidir(n, total, bidir) && nbytes >= 2 ? 2 : 1;
+  size_t half = p.ndir == 2 ? nbytes / 2 : nbytes;
+  for (int di = 0; di < p.ndir; di++) {
+    p.boff[di] = tab + (size_t)di * 2 * (size_t)n;
+    p.blen[di] = p.boff[di] + n;
+    for (int b = 0; b < n; b++) {
+      p.boff[di][b] = (size_t)b * nbytes + (di == 0 ? 0 : half);
+      p.blen[di][b] = di == 0 ? half : nbytes - half;
+    }
+  }
+  mlxd_ring_run(t, seq, &p, st);
+  free(tab);
+  return st->code;
+}
+
+int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                         size_t nbytes, mlxd_status* st) {
+  mlxd_status_clear(st);
+  size_t total;
+  if (mlxd_algo_mul("all_gather", nbytes, (size_t)t->size, &total, st)) return st->code;
+  long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
+  if (t->size <= 2 || total <= (small > 0 ? (size_t)small : 0))
+    return mlxd_algo_all_gather_direct(t, seq, in, out, nbytes, st);
+  return mlxd_algo_all_gather_ring(t, seq, in, out, nbytes, -1, st);
+}

@@ -1,0 +1,111 @@
+/* all_reduce: one-shot for small payloads, pipelined ring otherwise. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo_impl.h"
+#include "util/tunables.h"
+
+/* Every rank sends its whole buffer to every other rank and then reduces
+ * the size contributions in rank order 0..n-1, so every rank performs the
+ * same operations on the same values: bit-identical results. Cost: one
+ * latency, (n-1) * nbytes sent per rank. */
+int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                                 size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                                 mlxd_status* st) {
+  mlxd_status_clear(st);
+  size_t esz = mlxd_algo_check("all_reduce", dtype, op, true, st), nbytes, all;
+  if (!esz) return st->code;
+  if (mlxd_algo_mul("all_reduce", count, esz, &nbytes, st) ||
+      mlxd_algo_mul("all_reduce", nbytes, (size_t)t->size, &all, st))
+    return st->code;
+  int n = t->size, r = t->rank;
+  if (count == 0) return 0;
+  if (n == 1) {
+    if (in != out) memmove(out, in, nbytes);
+    return 0;
+  }
+  char* tmp = malloc(all);
+  mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
+  if (!tmp || !reqs) {
+    free(tmp);
+    free(reqs);
+    return mlxd_fail(st, MLXD_ENOMEM, "[ring] all_reduce: out of memory for %zu bytes", all);
+  }
+  uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
+  int rc = 0;
+  for (int p = 0; p < n && !rc; p++)
+    if (p != r) rc = t->ops->irecv(t, p, tag, tmp + (size_t)p * nbytes, nbytes, &reqs[p], st);
+  for (int k = 1; k < n && !rc; k++) {
+    int p = (r + k) % n; /* stagger the sends so no rank is hit by everyone first */
+    rc = t->ops->isend(t, p, tag, in, nbytes, &reqs[n + p], st);
+  }
+  mlxd_algo_drain(t, reqs, 2 * n, st);
+  if (!st->code) {
+    memcpy(tmp + (size_t)r * nbytes, in, nbytes); /* in is no longer being sent */
+    memcpy(out, tmp, nbytes);
+    for (int p = 1; p < n; p++) mlxd_reduce(op, dtype, out, tmp + (size_t)p * nbytes, count);
+  }
+  free(reqs);
+  free(tmp);
+  return st->code;
+}
+
+/* Partition elements [base, base + total) into n blocks (the first
+ * total % n get one more element). */
+static void partition(size_t base, size_t total, int n, size_t* off, size_t* len) {
+  size_t q = total / (size_t)n, rem = total % (size_t)n, o = base;
+  for (int b = 0; b < n; b++) {
+    off[b] = o;
+    len[b] = q + ((size_t)b < rem ? 1 : 0);
+    o += len[b];
+  }
+}
+
+int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                              size_t count, mlx_dtype dtype, mlxd_reduce_op op, int bidir,
+                              mlxd_status* st) {
+  mlxd_status_clear(st);
+  size_t esz = mlxd_algo_check("all_reduce", dtype, op, true, st), nbytes;
+  if (!esz) return st->code;
+  if (mlxd_algo_mul("all_reduce", count, esz, &nbytes, st)) return st->code;
+  int n = t->size;
+  if (count == 0) return 0;
+  if (n == 1) {
+    if (in != out) memmove(out, in, nbytes);
+    return 0;
+  }
+  size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
+  if (!tab) return mlxd_fail(st, MLXD_ENOMEM, "[ring] all_reduce: out of memory");
+  mlxd_ring_plan p;
+  memset(&p, 0, sizeof p);
+  p.mode = MLXD_RING_AR;
+  p.esz = esz;
+  p.dtype = dtype;
+  p.op = op;
+  p.in = in;
+  p.out = out;
+  p.ndir = mlxd_algo_bidir(n, nbytes, bidir) ? 2 : 1;
+  size_t half = p.ndir == 2 ? count / 2 : count;
+  for (int di = 0; di < p.ndir; di++) {
+    p.boff[di] = tab + (size_t)di * 2 * (size_t)n;
+    p.blen[di] = p.boff[di] + n;
+  }
+  partition(0, half, n, p.boff[0], p.blen[0]);
+  if (p.ndir == 2) partition(half, count - half, n, p.boff[1], p.blen[1]);
+  mlxd_ring_run(t, seq, &p, st);
+  free(tab);
+  return st->code;
+}
+
+int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                         size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+  mlxd_status_clear(st);
+  size_t esz = mlxd_algo_check("all_reduce", dtype, op, true, st);
+  if (!esz) return st->code;
+  if (count > 0 && (!in || !out))
+    return mlxd_fail(st, MLXD_EINVAL, "[ring] all_reduce: NULL buffer for %zu elements", count);
+  long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
+  if (count <= (small > 0 ? (size_t)small : 0) / esz)
+    return mlxd_algo_all_reduce_oneshot(t, seq, in, out, count, dtype, op, st);
+  return mlxd_algo_all_reduce_ring(t, seq, in, out, count, dtype, op, -1, st);
+}

@@ -1,0 +1,121 @@
+/* reduce_scatter: direct exchange for small payloads, pipelined ring otherwise.
+ * Rank r ends with block r (count elements) of the reduction of every
+ * rank's input (size * count elements). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo_impl.h"
+#include "util/tunables.h"
+
+static size_t rs_prologue(mlxd_transport* t, const void* in, void* out, size_t count,
+                          mlx_dtype dtype, mlxd_reduce_op op, size_t* blk, mlxd_status* st) {
+  mlxd_status_clear(st);
+  size_t esz = mlxd_algo_check("reduce_scatter", dtype, op, true, st), all;
+  if (!esz) return 0;
+  if (mlxd_algo_mul("reduce_scatter", count, esz, blk, st) ||
+      mlxd_algo_mul("reduce_scatter", *blk, (size_t)t->size, &all, st))
+    return 0;
+  if (count > 0 && (!in || !out)) {
+    mlxd_fail(st, MLXD_EINVAL, "[ring] reduce_scatter: NULL buffer for %zu elements", count);
+    return 0;
+  }
+  return esz;
+}
+
+/* Every rank sends block p of its input to rank p, then each rank reduces
+ * the size contributions to its block in rank order. */
+int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                                    size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                                    mlxd_status* st) {
+  size_t blk;
+  if (!rs_prologue(t, in, out, count, dtype, op, &blk, st)) return st->code;
+  int n = t->size, r = t->rank;
+  const char* own = (const char*)in + (size_t)r * blk;
+  if (count == 0) return 0;
+  if (n == 1) {
+    if (own != (const char*)out) memmove(out, own, blk);
+    return 0;
+  }
+  char* tmp = malloc(blk * (size_t)n);
+  mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
+  if (!tmp || !reqs) {
+    free(tmp);
+    free(reqs);
+    return mlxd_fail(st, MLXD_ENOMEM, "[ring] reduce_scatter: out of memory");
+  }
+  uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
+  int rc = 0;
+  for (int p = 0; p < n && !rc; p++)
+    if (p != r) rc = t->ops->irecv(t, p, tag, tmp + (size_t)p * blk, blk, &reqs[p], st);
+  for (int k = 1; k < n && !rc; k++) {
+    int p = (r + k) % n;
+    rc = t->ops->isend(t, p, tag, (const char*)in + (size_t)p * blk, blk, &reqs[n + p], st);
+  }
+  mlxd_algo_drain(t, reqs, 2 * n, st);
+  if (!st->code) {
+    memcpy(tmp + (size_t)r * blk, own, blk);
+    memcpy(out, tmp, blk);
+    for (int p = 1; p < n; p++) mlxd_reduce(op, dtype, out, tmp + (size_t)p * blk, count);
+  }
+  free(reqs);
+  free(tmp);
+  return st->code;
+}
+
+int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                                  size_t count, mlx_dtype dtype, mlxd_reduce_op op, int bidir,
+                                  mlxd_status* st) {
+  size_t blk;
+  size_t esz = rs_prologue(t, in, out, count, dtype, op, &blk, st);
+  if (!esz) return st->code;
+  int n = t->size, r = t->rank;
+  if (count == 0) return 0;
+  if (n == 1) {
+    if (in != out) memmove(out, in, blk);
+    return 0;
+  }
+  size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
+  /* Partial sums of the blocks that pass through this rank; only blocks
+   * other than ours are written, but the layout mirrors `in`. */
+  char* work = n > 2 ? malloc(blk * (size_t)n) : NULL;
+  if (!tab || (n > 2 && !work)) {
+    free(tab);
+    free(work);
+    return mlxd_fail(st, MLXD_ENOMEM, "[ring] reduce_scatter: out of memory");
+  }
+  mlxd_ring_plan p;
+  memset(&p, 0, sizeof p);
+  p.mode = MLXD_RING_RS;
+  p.esz = esz;
+  p.dtype = dtype;
+  p.op = op;
+  p.in = in;
+  p.out = out;
+  p.work = work;
+  p.out_base = (size_t)r * count;
+  p.ndir = mlxd_algo_bidir(n, blk * (size_t)n, bidir) && count >= 2 ? 2 : 1;
+  size_t half = p.ndir == 2 ? count / 2 : count;
+  for (int di = 0; di < p.ndir; di++) {
+    p.boff[di] = tab + (size_t)di * 2 * (size_t)n;
+    p.blen[di] = p.boff[di] + n;
+    for (int b = 0; b < n; b++) {
+      p.boff[di][b] = (size_t)b * count + (di == 0 ? 0 : half);
+      p.blen[di][b] = di == 0 ? half : count - half;
+    }
+  }
+  mlxd_ring_run(t, seq, &p, st);
+  free(tab);
+  free(work);
+  return st->code;
+}
+
+int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                             size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                             mlxd_status* st) {
+  size_t blk;
+  if (!rs_prologue(t, in, out, count, dtype, op, &blk, st)) return st->code;
+  long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
+  if (blk <= ((small > 0 ? (size_t)small : 0)) / (size_t)t->size)
+    return mlxd_algo_reduce_scatter_direct(t, seq, in, out, count, dtype, op, st);
+  return mlxd_algo_reduce_scatter_ring(t, seq, in, out, count, dtype, op, -1, st);
+}
