@@ -214,9 +214,28 @@ static int group_check(mpi_group* g, mlxd_status* st) {
   return rc;
 }
 
-static void mark_abandoned(void) {
+/* Requests given up on (a timeout): MPI may still complete them. The exit
+ * hook waits for them (bounded) before it finalises; if they never complete
+ * it does not finalise (MPI_Finalize could hang). */
+static MPI_Request* g_lost;
+static size_t g_nlost, g_caplost;
+
+static void abandon(const MPI_Request* reqs, int n) {
   pthread_mutex_lock(&g_mu);
-  g_abandoned = true;
+  for (int i = 0; i < n; i++) {
+    if (reqs[i] == MPI_REQUEST_NULL) continue;
+    if (g_nlost == g_caplost) {
+      size_t cap = g_caplost ? 2 * g_caplost : 16;
+      MPI_Request* p = realloc(g_lost, cap * sizeof *p);
+      if (!p) {
+        g_abandoned = true; /* cannot track it: never finalise */
+        continue;
+      }
+      g_lost = p;
+      g_caplost = cap;
+    }
+    g_lost[g_nlost++] = reqs[i];
+  }
   pthread_mutex_unlock(&g_mu);
 }
 
@@ -297,7 +316,7 @@ static int wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuse
   if (!idx || !sts) {
     free(idx);
     free(sts);
-    mark_abandoned();
+    abandon(reqs, n);
     mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory while waiting for %s", what);
     group_fail(g, st);
     return MLXD_ENOMEM;
@@ -341,7 +360,6 @@ static int wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuse
     backoff_wait(&bo);
   }
   if (rc) {
-    bool all_done = true;
     if (cancel_on_timeout) {
       /* Receives can be cancelled; give the cancellation a short, bounded while. */
       call_lock();
@@ -354,19 +372,12 @@ static int wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuse
         call_lock();
         MPI_Testall(n, reqs, &flag, MPI_STATUSES_IGNORE);
         call_unlock();
-        if (flag) break;
-        if (mlxd_now() >= until) {
-          all_done = false;
-          break;
-        }
+        if (flag || mlxd_now() >= until) break;
         struct timespec ts = {0, 1000000L};
         nanosleep(&ts, NULL);
       }
-    } else {
-      for (int i = 0; i < n; i++)
-        if (reqs[i] != MPI_REQUEST_NULL) all_done = false;
     }
-    if (!all_done) mark_abandoned(); /* MPI may still touch those buffers */
+    abandon(reqs, n); /* what is left: MPI may still complete it */
     group_fail(g, st);
   }
   free(idx);
@@ -397,36 +408,39 @@ static MPI_Datatype dtype_mpi(mlx_dtype d) {
   return MPI_DATATYPE_NULL;
 }
 
-/* Native MPI ops give the same results as the core's kernels for integers
- * (two's complement wrap) and float32/float64; the rest use host->reduce. */
-static bool dtype_native(mlx_dtype d) {
-  switch (d) {
-    case MLX_BOOL:
-    case MLX_FLOAT16:
-    case MLX_BFLOAT16:
-    case MLX_COMPLEX64: return false;
-    default: return true;
-  }
+/* Only float32/float64 sums use MPI's own MPI_SUM (an IEEE add is an IEEE
+ * add everywhere). Every other (dtype, op) is a user-defined op calling the
+ * core's kernel, so results equal the ring backend's bit for bit. Native
+ * integer ops are not used on purpose: Open MPI 4.1's AVX op component
+ * saturates 8/16-bit sums instead of wrapping (open-mpi/ompi#8045) and
+ * 4.1.2-4.1.4 get unsigned MPI_MIN wrong (open-mpi/ompi#10525); native
+ * float max/min may treat NaN differently from the core's kernels. */
+static bool op_native(mlx_dtype d, mlxd_reduce_op op) {
+  return op == MLXD_SUM && (d == MLX_FLOAT32 || d == MLX_FLOAT64);
 }
 
 /* MPI's user function computes inout = in OP inout; every op here is commutative. */
-#define MPI_UOP(NAME, OPV, DT)                                                           \
-  static void NAME(void* in, void* inout, int* len, MPI_Datatype* t) {                  \
-    (void)t;                                                                            \
-    if (*len > 0) g_host.reduce(OPV, DT, inout, in, (size_t)*len);                      \
+#define MPI_UOP(DT, OPV, SUFFIX)                                                       \
+  static void uop_##DT##_##SUFFIX(void* in, void* inout, int* len, MPI_Datatype* t) { \
+    (void)t;                                                                          \
+    if (*len > 0) g_host.reduce(OPV, DT, inout, in, (size_t)*len);                    \
   }
-MPI_UOP(uop_bool_sum, MLXD_SUM, MLX_BOOL)
-MPI_UOP(uop_bool_max, MLXD_MAX, MLX_BOOL)
-MPI_UOP(uop_bool_min, MLXD_MIN, MLX_BOOL)
-MPI_UOP(uop_f16_sum, MLXD_SUM, MLX_FLOAT16)
-MPI_UOP(uop_f16_max, MLXD_MAX, MLX_FLOAT16)
-MPI_UOP(uop_f16_min, MLXD_MIN, MLX_FLOAT16)
-MPI_UOP(uop_bf16_sum, MLXD_SUM, MLX_BFLOAT16)
-MPI_UOP(uop_bf16_max, MLXD_MAX, MLX_BFLOAT16)
-MPI_UOP(uop_bf16_min, MLXD_MIN, MLX_BFLOAT16)
-MPI_UOP(uop_c64_sum, MLXD_SUM, MLX_COMPLEX64)
-MPI_UOP(uop_c64_max, MLXD_MAX, MLX_COMPLEX64)
-MPI_UOP(uop_c64_min, MLXD_MIN, MLX_COMPLEX64)
+#define MPI_UOPS(DT) MPI_UOP(DT, MLXD_SUM, sum) MPI_UOP(DT, MLXD_MAX, max) MPI_UOP(DT, MLXD_MIN, min)
+MPI_UOPS(MLX_BOOL)
+MPI_UOPS(MLX_UINT8)
+MPI_UOPS(MLX_UINT16)
+MPI_UOPS(MLX_UINT32)
+MPI_UOPS(MLX_UINT64)
+MPI_UOPS(MLX_INT8)
+MPI_UOPS(MLX_INT16)
+MPI_UOPS(MLX_INT32)
+MPI_UOPS(MLX_INT64)
+MPI_UOPS(MLX_FLOAT16)
+MPI_UOPS(MLX_FLOAT32)
+MPI_UOPS(MLX_FLOAT64)
+MPI_UOPS(MLX_BFLOAT16)
+MPI_UOPS(MLX_COMPLEX64)
+#define MPI_UOP_ROW(DT) {DT, {uop_##DT##_sum, uop_##DT##_max, uop_##DT##_min}}
 
 /* Create the user-defined ops (after MPI is initialised; g_mu held). */
 static int create_user_ops(mlxd_status* st) {
@@ -434,15 +448,17 @@ static int create_user_ops(mlxd_status* st) {
     mlx_dtype d;
     MPI_User_function* f[3];
   } tab[] = {
-      {MLX_BOOL, {uop_bool_sum, uop_bool_max, uop_bool_min}},
-      {MLX_FLOAT16, {uop_f16_sum, uop_f16_max, uop_f16_min}},
-      {MLX_BFLOAT16, {uop_bf16_sum, uop_bf16_max, uop_bf16_min}},
-      {MLX_COMPLEX64, {uop_c64_sum, uop_c64_max, uop_c64_min}},
+      MPI_UOP_ROW(MLX_BOOL),    MPI_UOP_ROW(MLX_UINT8),    MPI_UOP_ROW(MLX_UINT16),
+      MPI_UOP_ROW(MLX_UINT32),  MPI_UOP_ROW(MLX_UINT64),   MPI_UOP_ROW(MLX_INT8),
+      MPI_UOP_ROW(MLX_INT16),   MPI_UOP_ROW(MLX_INT32),    MPI_UOP_ROW(MLX_INT64),
+      MPI_UOP_ROW(MLX_FLOAT16), MPI_UOP_ROW(MLX_FLOAT32),  MPI_UOP_ROW(MLX_FLOAT64),
+      MPI_UOP_ROW(MLX_BFLOAT16), MPI_UOP_ROW(MLX_COMPLEX64),
   };
   for (int o = 0; o < 3; o++)
     for (int d = 0; d < 14; d++) g_uops[o][d] = MPI_OP_NULL;
   for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
     for (int o = 0; o < 3; o++) {
+      if (op_native(tab[i].d, (mlxd_reduce_op)o)) continue;
       int rc = MPI_Op_create(tab[i].f[o], 1, &g_uops[o][tab[i].d]);
       if (rc != MPI_SUCCESS) return mpi_fail_call(st, MLXD_EUNAVAIL, rc, "MPI_Op_create", NULL);
     }
@@ -459,8 +475,7 @@ static void free_user_ops(void) {
 
 static MPI_Op op_mpi(mlx_dtype d, mlxd_reduce_op op) {
   if ((int)op < 0 || (int)op > 2 || (int)d < 0 || (int)d > 13) return MPI_OP_NULL;
-  if (!dtype_native(d)) return g_uops[op][d];
-  return op == MLXD_SUM ? MPI_SUM : op == MLXD_MAX ? MPI_MAX : MPI_MIN;
+  return op_native(d, op) ? MPI_SUM : g_uops[op][d];
 }
 
 static const char* reduce_name(mlxd_reduce_op op) {
@@ -547,8 +562,9 @@ static bool sends_poll_locked(void) {
       if (done) {
         pending_free(p);
       } else {
-        /* MPI may still read the buffer: keep it (a small, deliberate leak). */
-        mark_abandoned();
+        /* MPI may still read the buffer: keep it (a deliberate leak). */
+        abandon(p->reqs, p->nreq);
+        free(p->reqs);
         free(p);
       }
       progressed = true;
@@ -664,14 +680,33 @@ static void mpi_exit_hook(void) {
   pthread_mutex_unlock(&g_send_mu);
   if (started) pthread_join(g_prog_thread, NULL);
 
+  /* Requests given up on may have completed since (a late peer): wait for them, bounded. */
   pthread_mutex_lock(&g_mu);
   bool abandoned = g_abandoned;
+  MPI_Request* lost = g_lost;
+  int nlost = (int)g_nlost;
   pthread_mutex_unlock(&g_mu);
+  if (!abandoned && nlost > 0) {
+    double until = mlxd_now() + t;
+    for (;;) {
+      int flag = 0;
+      call_lock();
+      int mrc = MPI_Testall(nlost, lost, &flag, MPI_STATUSES_IGNORE);
+      call_unlock();
+      if (flag || mrc != MPI_SUCCESS) break;
+      if (mlxd_now() >= until) {
+        abandoned = true;
+        break;
+      }
+      struct timespec ts = {0, 1000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
   if (busy > 0 || abandoned) {
     fprintf(stderr,
             "[mpi] not finalising MPI at exit: %s; MPI may still be using their buffers\n",
             busy > 0 ? "ops are still running on other threads"
-                     : "an op timed out with requests still pending");
+                     : "an op timed out and its requests never completed");
     return;
   }
   if (!mpi_running()) return;
@@ -885,7 +920,7 @@ static int mpi_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* o
   call_unlock();
   turn_done(g);
   if (rc) {
-    if (issued) mark_abandoned();
+    abandon(reqs, issued);
     group_fail(g, st);
   } else {
     rc = wait_reqs(g, reqs, issued, NULL, false, what, st);
@@ -963,7 +998,7 @@ static int mpi_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* o
   call_unlock();
   turn_done(g);
   if (rc) {
-    if (issued) mark_abandoned();
+    abandon(reqs, issued);
     group_fail(g, st);
   } else {
     rc = wait_reqs(g, reqs, issued, NULL, false, what, st);
@@ -1049,18 +1084,13 @@ static int mpi_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, voi
   call_unlock();
   turn_done(g);
   if (rc) {
-    if (issued) mark_abandoned();
+    abandon(reqs, issued);
     group_fail(g, st);
   } else {
     rc = wait_reqs(g, reqs, issued, NULL, false, what, st);
   }
   if (reqs != &one) free(reqs);
-  if (tmp) {
-    pthread_mutex_lock(&g_mu);
-    bool keep = g_abandoned; /* MPI may still read it */
-    pthread_mutex_unlock(&g_mu);
-    if (!keep) free(tmp);
-  }
+  if (tmp && rc == 0) free(tmp); /* after a failure MPI may still read it: keep it */
 out:
   op_end();
   return rc;
@@ -1119,7 +1149,7 @@ static int mpi_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbyte
   call_unlock();
   if (rc) {
     if (issued) {
-      mark_abandoned(); /* the issued pieces may still read p->buf */
+      abandon(p->reqs, issued); /* the issued pieces may still read p->buf */
       free(p->reqs);
       free(p);
     } else {
