@@ -158,12 +158,15 @@ if command -v gnuplot >/dev/null 2>&1; then
       [ -s "$results/mpi-$m-n$n.csv" ] && variants="$variants mpi-$m"
     done
     [ -n "$variants" ] || continue
-    for op in $(cat "$results"/*-n"$n".csv | awk -F, '$4 ~ /^[0-9]+$/ { print $2 }' | sort -u); do
+    awk -F, '$4 ~ /^[0-9]+$/ { print $2 }' "$results"/*-n"$n".csv | sort -u |
+    while read -r op; do
       png=$results/busbw-$op-n$n.png
-      gnuplot -e "dir='$results'; n=$n; op='$op'; out='$png'; variants='$variants'" \
-        "$here/plot.gp" 2> "$results/gnuplot.log" && echo "plot: $png" >&2 || {
+      if gnuplot -e "dir='$results'; n=$n; op='$op'; out='$png'; variants='$variants'" \
+          "$here/plot.gp" 2> "$results/gnuplot.log"; then
+        echo "plot: $png" >&2
+      else
         echo "[bench] gnuplot failed for $op, $n ranks; see $results/gnuplot.log" >&2
-      }
+      fi
     done
   done
 else
