@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "mlx/c/mlx.h"
 #include "testutil.h"
@@ -40,6 +41,17 @@ static const char* dt_name[] = {"bool",  "uint8",   "uint16",  "uint32",  "uint6
 #define NDT 14
 
 static int g_rank, g_size;
+
+/* MLXDIST_TEST_VERBOSE=1: print the time of each phase to stderr. */
+static void phase(const char* name) {
+  static double t0 = -1;
+  if (!getenv("MLXDIST_TEST_VERBOSE")) return;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+  if (t0 < 0) t0 = t;
+  fprintf(stderr, "rank %d: %7.3f s %s\n", g_rank, t - t0, name);
+}
 
 /* ---- 16-bit float encode/decode (round to nearest even; normal numbers and zero) ---- */
 static uint16_t f16_enc(double v) {
@@ -132,6 +144,7 @@ static val gen(mlx_dtype d, int r, size_t i, bool noisy) {
     if (fabs(v.re) < 0.01) v.re = 0.5;
     if (fabs(v.im) < 0.01) v.im = 0.5;
   }
+  if (d != MLX_COMPLEX64) v.im = 0;
   return v;
 }
 
@@ -538,7 +551,9 @@ int main(int argc, char** argv) {
   int members[64];
   for (int i = 0; i < size; i++) members[i] = i;
   const size_t sizes[] = {0, 1, 7, 10, 1024, 1024 * 1024};
+  phase("init");
   run_all_dtypes(g, members, size, rank, sizes, 6);
+  phase("all dtypes");
 
   /* the null group is the default group (what init "any" gives) */
   {
@@ -559,16 +574,20 @@ int main(int argc, char** argv) {
       check_sendrecv(g, rank, (rank + size - dist) % size, (rank + dist) % size, (mlx_dtype)d, 10,
                      d % 2 == 0, false);
     }
+    phase("send/recv");
     check_big_exchange(g, rank);
+    phase("64 MiB exchange");
   }
   check_errors(g, rank, size);
   check_split(g, rank, size);
+  phase("split");
 
   if (big) {
     size_t n = (64u << 20) / 4 + 4097; /* > 64 MiB of float32 */
     check_reduce(g, members, size, rank, MLX_FLOAT32, OP_SUM, n, false);
   }
 
+  phase("big");
   /* clear_backends and init again in the same process */
   mlx_distributed_group_free(g);
   T_EQ_INT(mlx_distributed_clear_backends(), 0);
@@ -580,6 +599,7 @@ int main(int argc, char** argv) {
   check_reduce(g, members, size, rank, MLX_INT64, OP_MIN, 100, false);
   mlx_distributed_group_free(g);
   T_EQ_INT(mlx_distributed_clear_backends(), 0);
+  phase("re-init");
 
   for (int i = 0; i < 3; i++) mlx_stream_free(g_streams[i]);
   mlx_device_free(cpu);
