@@ -202,10 +202,10 @@ static int kill_rank(int rank, int size) {
   int rc = check_sum(g, size, 1 << 20);
   double dt = now_s() - t0;
   T_ASSERT(rc != 0);
-  /* every survivor has a connection to the dead rank (full mesh) and sees it go */
-  char want[64];
-  snprintf(want, sizeof want, "[ring] lost connection to rank %d", size - 1);
-  T_EXPECT_ERROR(want);
+  /* Every survivor has a connection to the dead rank (full mesh). A survivor that
+   * notices first shuts its own sockets down so the others learn at once: a survivor
+   * may therefore report either the dead rank or that survivor. */
+  T_EXPECT_ERROR("[ring] lost connection to rank");
   T_ASSERT(dt < 10.0);
   /* every later op fails fast */
   t0 = now_s();
@@ -231,12 +231,12 @@ static int kill2_rank(int rank, int size) {
   return 0;
 }
 
-/* rank 2 of 3 queues a 64 MiB all_sum and _exits while it runs. */
+/* rank 2 of 3 queues a 16 MiB all_sum and _exits while it runs. */
 static int exit3_rank(int rank, int size) {
   setenv("MLXDIST_TIMEOUT", "4", 1);
   mlx_distributed_group g = init_ring();
   T_EQ_INT(check_sum(g, size, 1000), 0);
-  size_t n = (64u << 20) / 4;
+  size_t n = (16u << 20) / 4;
   float* v = calloc(n, sizeof(float));
   int shape[1] = {(int)n};
   mlx_array x = mlx_array_new_data(v, shape, 1, MLX_FLOAT32), y = mlx_array_new();
@@ -310,7 +310,7 @@ static int idle_rank(int rank, int size) {
 }
 
 /* ---- bad hostfiles (single process) ---- */
-static void expect_bad(const char* content, const char* rank, const char* want) {
+static void expect_bad_ex(const char* content, const char* rank, const char* want, bool names_file) {
   char path[300];
   snprintf(path, sizeof path, "%s/bad.json", g_dir);
   if (content)
@@ -322,7 +322,7 @@ static void expect_bad(const char* content, const char* rank, const char* want) 
   t_clear_errors();
   mlx_distributed_group g = mlx_distributed_group_new();
   T_ASSERT(mlx_distributed_init(&g, true, "ring") != 0);
-  if (content && strstr(want, "MLX_RANK") == NULL)
+  if (names_file)
     T_EXPECT_ERROR("[ring]", path, want);
   else
     T_EXPECT_ERROR("[ring]", want);
@@ -336,6 +336,10 @@ static void expect_bad(const char* content, const char* rank, const char* want) 
   T_ASSERT(mlx_distributed_init(&g, true, "ring") != 0);
   T_EQ_INT(t_error_count(), 1);
   t_clear_errors();
+}
+
+static void expect_bad(const char* content, const char* rank, const char* want) {
+  expect_bad_ex(content, rank, want, content && strstr(want, "MLX_RANK") == NULL);
 }
 
 static void badhost(void) {
@@ -380,7 +384,7 @@ static void badhost(void) {
   char text[200], want[64];
   snprintf(want, sizeof want, "127.0.0.1:%d", ntohs(a.sin_port));
   snprintf(text, sizeof text, "[[\"%s\"], [\"127.0.0.1:%d\"]]", want, free_port());
-  expect_bad(text, "0", want);
+  expect_bad_ex(text, "0", want, false);
   close(blocker);
 }
 
