@@ -33,7 +33,10 @@
     "Shared-memory transport: messages of at least this many bytes are read "   \
     "in one copy from the sender's memory (process_vm_readv) where the "        \
     "kernel allows it; 0 disables that (every message goes through the "       \
-    "shared rings).")
+    "shared rings).")                                                           \
+  X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0",                              \
+    "mlxdist-launch: seconds before every rank is killed and the launcher "     \
+    "exits 124 (0: no limit; --timeout overrides it).")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, doc) MLXD_T_##id,
