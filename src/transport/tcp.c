@@ -110,6 +110,7 @@ struct tcp_imsg {
 typedef struct tcp_conn {
   int fd;
   int peer;
+  bool eof; /* the peer closed this connection (everything before it was read) */
   tcp_frag *qhead, *qtail;
   unsigned char* rbuf;
   size_t rpos, rlen;
@@ -122,6 +123,7 @@ typedef struct tcp_peer {
   struct mlxd_req *posted_head, *posted_tail;
   tcp_imsg *in_head, *in_tail;
   unsigned rr;
+  bool closed; /* every connection reached EOF with nothing pending */
 } tcp_peer;
 
 typedef struct tcp_transport {
@@ -272,6 +274,33 @@ static void fail_lost(tcp_transport* t, int peer, int err) {
            err ? strerror(err) : "peer closed the connection");
 }
 
+/* Whether anything is still in flight with peer p. */
+static bool peer_busy(tcp_transport* t, int p) {
+  tcp_peer* pe = &t->peers[p];
+  if (pe->posted_head) return true;
+  for (tcp_imsg* m = pe->in_head; m; m = m->next)
+    if (!m->complete) return true;
+  for (int c = 0; c < t->nconn; c++)
+    if (t->conns[p * t->nconn + c].qhead) return true;
+  return false;
+}
+
+/* Connection c reached EOF. A peer that closes all its connections after
+ * finishing its work is a normal shutdown: only operations still (or
+ * later) involving it fail. One that closes in the middle of a message or
+ * with operations pending fails the transport. */
+static void conn_eof(tcp_transport* t, tcp_conn* c) {
+  if (c->in_payload) {
+    fail_lost(t, c->peer, 0);
+    return;
+  }
+  c->eof = true;
+  for (int i = 0; i < t->nconn; i++)
+    if (!t->conns[c->peer * t->nconn + i].eof) return;
+  if (peer_busy(t, c->peer)) fail_lost(t, c->peer, 0);
+  else t->peers[c->peer].closed = true;
+}
+
 static void tcp_wake(tcp_transport* t) {
   if (t->in_poll) {
     uint64_t one = 1;
@@ -381,6 +410,13 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
     return code;
   }
   tcp_peer* pe = &t->peers[peer];
+  if (pe->closed) {
+    fail_lost(t, peer, 0);
+    int code = mlxd_fail(st, t->failed, "%s", t->fail_msg);
+    pthread_mutex_unlock(&t->mu);
+    free(r);
+    return code;
+  }
   unsigned start = pe->rr++;
   bool touched[64] = {false};
   for (size_t i = 0; i < nfrag; i++) {
@@ -458,7 +494,8 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
       r->im = m;
       r->done = m->got;
     }
-  } else if (t->failed) {
+  } else if (t->failed || pe->closed) {
+    if (!t->failed) fail_lost(t, peer, 0);
     int code = mlxd_fail(st, t->failed, "%s", t->fail_msg);
     pthread_mutex_unlock(&t->mu);
     free(r);
@@ -646,7 +683,7 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
   int nc = t->base.size * t->nconn;
   for (int i = 0; i < nc; i++) {
     tcp_conn* c = &t->conns[i];
-    if (c->fd < 0) continue;
+    if (c->fd < 0 || c->eof) continue;
     t->pfds[np].fd = c->fd;
     t->pfds[np].events = (short)(POLLIN | (c->qhead ? POLLOUT : 0));
     t->pconn[np] = c;
@@ -679,9 +716,10 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
     }
     if (ev & (POLLIN | POLLHUP | POLLERR)) {
       int err = conn_read(t, c);
-      if (err && !t->failed) fail_lost(t, c->peer, err < 0 ? 0 : err);
+      if (err < 0 && !t->failed) conn_eof(t, c);
+      else if (err && !t->failed) fail_lost(t, c->peer, err);
     }
-    if (!t->failed && c->qhead && (ev & (POLLOUT | POLLERR))) {
+    if (!t->failed && !c->eof && c->qhead && (ev & (POLLOUT | POLLERR))) {
       int err = conn_write(t, c);
       if (err && !t->failed) fail_lost(t, c->peer, err);
     }

@@ -80,6 +80,7 @@ static int connected_pair(bool tcp, int out[2]) {
  * (-signal if killed). */
 static int run_ranks(int n, int nconn, bool tcp, rank_fn fn, void* arg, double limit_s,
                      int* codes) {
+  if (n < 2 || n > 16 || nconn < 1 || nconn > 8) T_FAIL("run_ranks: bad n=%d nconn=%d", n, nconn);
   int total = n * n * nconn;
   int* fds = malloc(sizeof(int) * (size_t)total); /* fds[(r * n + p) * nconn + c] */
   T_ASSERT(fds);
@@ -562,8 +563,10 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
   int peer = (r + 2) % 4;
   for (size_t i = 0; i < big; i += 4096) a[i] = (char)(r * 31 + (int)(i >> 12));
   a[big - 1] = (char)r;
-  bool send_first = r != 1;
   for (int rep = 0; rep < 2; rep++) {
+    /* round 0: 0 and 2 both send first, 1 receives first, 3 sends first;
+     * round 1: 0 receives first, 2 sends first, 1 sends first, 3 receives first */
+    bool send_first = rep == 0 ? r != 1 : (r == 1 || r == 2);
     int rc;
     if (send_first) {
       rc = mlxd_algo_send(t, (uint64_t)rep, a, big, peer, &st);
@@ -579,7 +582,6 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
     for (size_t i = 0; i < big; i += 4096)
       R_CHECK(b[i] == (char)(peer * 31 + (int)(i >> 12)), "64 MiB message: byte %zu wrong", i);
     R_CHECK(b[big - 1] == (char)peer, "64 MiB message: last byte wrong");
-    send_first = !send_first; /* the other posting order on the second round */
   }
 
   /* Messages with different tags received out of order (0 -> 3), with a
