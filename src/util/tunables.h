@@ -29,7 +29,7 @@
   X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "",                                     \
     "Colon-separated directories searched first for backend plugins "           \
     "(libmlxdist-<name>.so).")                                                  \
-  X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "65536",                            \
+  X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "0",                            \
     "Shared-memory transport: messages of at least this many bytes are read "   \
     "in one copy from the sender's memory (process_vm_readv) where the "        \
     "kernel allows it; 0 disables that (every message goes through the "       \

@@ -442,12 +442,14 @@ int main(int argc, char** argv) {
   T_ASSERT(n >= 1 && n <= 16);
   h_rank_fn fn = NULL;
   double limit = 60;
-  if (strcmp(what, "raw") == 0) {
+  if (strcmp(what, "raw") == 0) { /* single-copy (CMA) path from 64 KiB on */
+    setenv("MLXDIST_SHM_CMA_BYTES", "65536", 1);
     fn = rank_raw;
   } else if (strcmp(what, "raw_nocma") == 0) {
     setenv("MLXDIST_SHM_CMA_BYTES", "0", 1);
     fn = rank_raw;
   } else if (strcmp(what, "threads") == 0) {
+    setenv("MLXDIST_SHM_CMA_BYTES", "65536", 1); /* both paths: messages up to 100 KB */
     fn = rank_threads;
   } else if (strcmp(what, "death") == 0) {
     fn = rank_death;

@@ -2,7 +2,7 @@
  * forked processes: all_reduce (every dtype, sum/max/min), all_gather,
  * reduce_scatter and send/recv, for counts {0, 1, 7, 1024, 1024*1024+3};
  * references are computed here from each rank's known inputs.
- * Usage: test_shm_algo <ranks> [nocma]. */
+ * Usage: test_shm_algo <ranks> [cma] (cma: single-copy path from 64 KiB on). */
 #include <stdint.h>
 
 #include "algo/algo.h"
@@ -216,12 +216,12 @@ static int rank_main(int rank, int size, const char* name, void* arg) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s <ranks> [nocma]\n", argv[0]);
+    fprintf(stderr, "usage: %s <ranks> [cma]\n", argv[0]);
     return 2;
   }
   int n = atoi(argv[1]);
   T_ASSERT(n >= 1 && n <= 16);
-  if (argc > 2 && strcmp(argv[2], "nocma") == 0) setenv("MLXDIST_SHM_CMA_BYTES", "0", 1);
+  if (argc > 2 && strcmp(argv[2], "cma") == 0) setenv("MLXDIST_SHM_CMA_BYTES", "65536", 1);
   int codes[64];
   int bad = h_run(n, 240, rank_main, NULL, codes);
   for (int r = 0; r < n; r++)
