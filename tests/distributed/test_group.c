@@ -396,6 +396,7 @@ static void test_gather_kept(void) {
   T_EQ_INT(size_of(s), 1);
   mlx_distributed_group_free(s);
   T_EQ_INT(c.dtor_calls, 1);
+  g = mlx_distributed_group_new(); /* g was freed: *res must not hold a freed group */
 
   /* after clear, a new init starts again (and calls the callback again) */
   memset(&c, 0, sizeof c);
