@@ -1,6 +1,6 @@
 /* Bootstrapping a ring group through a shared directory.
  *
- *   MLX_RANK=r MLX_WORLD_SIZE=n ./bootstrap_shared_dir DIR
+ *   MLX_RANK=r MLX_WORLD_SIZE=n ./bootstrap_shared_dir DIR [TAG]
  *
  * Every rank runs this with the same DIR (a local or network file system).
  * No hostfile is needed: the ring backend listens on ephemeral ports and
@@ -87,11 +87,17 @@ int shared_dir_all_gather(void* dst, const void* src, size_t n, int rank, int si
 #ifndef MLXDIST_EXAMPLE_NO_MAIN
 int main(int argc, char** argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: MLX_RANK=r MLX_WORLD_SIZE=n %s DIR\n", argv[0]);
+    fprintf(stderr, "usage: MLX_RANK=r MLX_WORLD_SIZE=n %s DIR [TAG]\n", argv[0]);
     return 2;
   }
+  /* Every rank of one job uses the same DIR; use a fresh one per job (stale files
+   * from an earlier job with the same tag would be read as this job's). */
+  if (mkdir(argv[1], 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "cannot create %s: %s\n", argv[1], strerror(errno));
+    return 1;
+  }
   shared_dir sd;
-  shared_dir_init(&sd, argv[1], "mlxdist", 60.0);
+  shared_dir_init(&sd, argv[1], argc > 2 ? argv[2] : "mlxdist", 60.0);
   mlx_distributed_group g = mlx_distributed_group_new();
   /* strict: fail loudly (the default error handler prints and exits) */
   mlx_distributed_init_with_all_gather(&g, true, "ring", shared_dir_all_gather, &sd, NULL);
