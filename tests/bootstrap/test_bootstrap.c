@@ -11,6 +11,7 @@
  *   test_bootstrap env             bad MLX_RANK / MLX_WORLD_SIZE, size one, unsupported backend */
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,7 +40,7 @@ typedef struct {
   shared_dir sd;
   int mode;
   int calls;
-  int dtors;
+  atomic_int dtors; /* the dtor may run on a stream worker thread (see dtor_count) */
 } counted;
 
 static int counted_gather(void* dst, const void* src, size_t n, int rank, int size, void* p) {
@@ -77,10 +78,21 @@ static int counted_gather(void* dst, const void* src, size_t n, int rank, int si
     default: return shared_dir_all_gather(dst, src, n, rank, size, &c->sd);
   }
 }
-static void counted_dtor(void* p) { ((counted*)p)->dtors++; }
+static void counted_dtor(void* p) { atomic_fetch_add(&((counted*)p)->dtors, 1); }
+
+/* The dtor runs when the last reference to the group goes. A task that has just
+ * completed an op may still hold one for a moment on its stream's worker thread
+ * after eval returned, so a count expected to become 1 gets a short bounded wait;
+ * then it must be exactly 1 (and stays so: checked again at the end). */
+static int dtor_count(counted* c, int expect) {
+  double deadline = now_s() + 2.0;
+  while (atomic_load(&c->dtors) < expect && now_s() < deadline) usleep(1000);
+  return atomic_load(&c->dtors);
+}
 
 static void counted_init(counted* c, const char* tag, int mode) {
   memset(c, 0, sizeof *c);
+  atomic_init(&c->dtors, 0);
   shared_dir_init(&c->sd, g_dir, tag, 10.0);
   c->mode = mode;
 }
@@ -118,7 +130,7 @@ static int ok_rank(int rank, int size) {
   T_EQ_INT(mlx_distributed_group_rank(g), rank);
   T_EQ_INT(mlx_distributed_group_size(g), size);
   T_ASSERT(c.calls >= 1);
-  T_EQ_INT(c.dtors, 0);
+  T_EQ_INT(dtor_count(&c, 0), 0);
   T_EQ_INT(check_sum(g, 5000), 0);
   /* send/recv between any pair */
   if (size > 1) {
@@ -153,18 +165,18 @@ static int ok_rank(int rank, int size) {
                                                 counted_dtor),
            0);
   T_EQ_INT(c2.calls, 0);
-  T_EQ_INT(c2.dtors, 1);
+  T_EQ_INT(dtor_count(&c2, 1), 1);
   T_EQ_INT(mlx_distributed_group_size(g2), size);
 
   /* the kept callback's dtor waits for clear_backends AND every handle, split groups included */
   mlx_distributed_group_free(g2);
   mlx_distributed_group_free(g);
-  T_EQ_INT(c.dtors, 0);
+  T_EQ_INT(dtor_count(&c, 0), 0);
   T_EQ_INT(mlx_distributed_clear_backends(), 0);
-  T_EQ_INT(c.dtors, 0); /* the split group still holds it */
+  T_EQ_INT(dtor_count(&c, 0), 0); /* the split group still holds it */
   T_EQ_INT(check_sum(sub, 10), 0);
   mlx_distributed_group_free(sub);
-  T_EQ_INT(c.dtors, 1);
+  T_EQ_INT(dtor_count(&c, 1), 1);
   T_EQ_INT(c.calls, calls_before);
 
   /* clear and bootstrap again, with a fresh rendezvous */
@@ -174,11 +186,11 @@ static int ok_rank(int rank, int size) {
     T_FAIL("re-bootstrap: %s", t_last_error());
   T_EQ_INT(check_sum(g, 100), 0);
   mlx_distributed_group_free(g);
-  T_EQ_INT(c3.dtors, 0);
+  T_EQ_INT(dtor_count(&c3, 0), 0);
   T_EQ_INT(mlx_distributed_clear_backends(), 0);
-  T_EQ_INT(c3.dtors, 1);
-  T_EQ_INT(c.dtors, 1);
-  T_EQ_INT(c2.dtors, 1);
+  T_EQ_INT(dtor_count(&c3, 1), 1);
+  T_EQ_INT(dtor_count(&c, 1), 1);
+  T_EQ_INT(dtor_count(&c2, 1), 1);
   T_EXPECT_NO_ERROR();
   return 0;
 }
@@ -194,7 +206,7 @@ static int fail_rank(int rank, int size) {
                                                 counted_dtor);
   double dt = now_s() - t0;
   T_ASSERT(dt < 5.0); /* prompt: nobody waits out a timeout */
-  T_EQ_INT(c.dtors, 1);
+  T_EQ_INT(dtor_count(&c, 1), 1);
   if (strict) {
     T_ASSERT(rc != 0);
     T_EXPECT_ERROR("all_gather callback returned", rank == 1 ? "returned 7" : "returned 2");
@@ -216,9 +228,9 @@ static int fail_rank(int rank, int size) {
     T_EQ_INT(check_sum(g, 10), 0);
     mlx_distributed_group_free(g);
     mlx_distributed_clear_backends();
-    T_EQ_INT(ok.dtors, 1);
+    T_EQ_INT(dtor_count(&ok, 1), 1);
   }
-  T_EQ_INT(c.dtors, 1);
+  T_EQ_INT(dtor_count(&c, 1), 1);
   return 0;
 }
 
@@ -235,14 +247,14 @@ static int garbage_rank(int rank, int size) {
                                                 counted_dtor) != 0);
   T_EXPECT_ERROR("[ring]", "malformed address record for rank",
                  mode == MODE_SWAP ? "claims to be from rank" : "rank 0");
-  T_EQ_INT(c.dtors, 1);
+  T_EQ_INT(dtor_count(&c, 1), 1);
   /* non-strict: a size-one group */
   counted_init(&c, "garbage2", mode);
   T_EQ_INT(mlx_distributed_init_with_all_gather(&g, false, "ring", counted_gather, &c,
                                                 counted_dtor),
            0);
   T_EQ_INT(mlx_distributed_group_size(g), 1);
-  T_EQ_INT(c.dtors, 1);
+  T_EQ_INT(dtor_count(&c, 1), 1);
   mlx_distributed_group_free(g);
   return 0;
 }
@@ -347,7 +359,7 @@ static void expect_env_error(const char* rank, const char* size, const char* wan
                                                 counted_dtor) != 0);
   T_EXPECT_ERROR(want);
   T_EQ_INT(c.calls, 0);
-  T_EQ_INT(c.dtors, 1);
+  T_EQ_INT(dtor_count(&c, 1), 1);
 }
 
 static void env_tests(void) {
@@ -373,7 +385,7 @@ static void env_tests(void) {
                                                 counted_dtor) != 0);
   T_EQ_INT(t_error_count(), 1);
   t_clear_errors();
-  T_EQ_INT(c.dtors, 1);
+  T_EQ_INT(dtor_count(&c, 1), 1);
   /* a world of one: the callback still runs (once), the group has size one */
   setenv("MLX_RANK", "0", 1);
   setenv("MLX_WORLD_SIZE", "1", 1);
@@ -387,7 +399,7 @@ static void env_tests(void) {
   T_EQ_INT(check_sum(g, 10), 0);
   mlx_distributed_group_free(g);
   mlx_distributed_clear_backends();
-  T_EQ_INT(one.dtors, 1);
+  T_EQ_INT(dtor_count(&one, 1), 1);
   T_EXPECT_NO_ERROR();
 }
 
