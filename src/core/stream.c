@@ -12,7 +12,8 @@
  * has been joined. At process exit the default streams (and any stream
  * made default with mlx_set_default_stream) are drained and joined, within
  * MLXDIST_TIMEOUT; exit() from a worker thread or from a forked child skips
- * this (there is nothing it could wait for safely). */
+ * this (there is nothing it could wait for safely). After fork() the child
+ * gets a fresh default CPU stream (see child_after_fork). */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -227,6 +228,7 @@ static pthread_mutex_t g_kept_mu = PTHREAD_MUTEX_INITIALIZER;
 static mlxd_stream** g_kept;
 static size_t g_kept_n, g_kept_cap;
 static atomic_bool g_exiting;
+static mlxd_stream** volatile g_kept_forgotten; /* a forked child's copy of the parent's kept list */
 
 static void at_exit_teardown(void) {
   atomic_store(&g_exiting, true);
@@ -266,12 +268,37 @@ static void at_exit_teardown(void) {
             timeout);
 }
 
+/* In a child made by fork() only the forking thread exists: give the
+ * default CPU stream a fresh, empty queue and a new worker so the child can
+ * use mlxdist. Work queued in the parent is not run again in the child, and
+ * streams other than the built-in default are not usable in the child. */
+static void child_after_fork(void) {
+  mlxd_stream* s = &g_cpu_static;
+  g_pid = getpid();
+  tls_current = NULL;
+  /* the kept streams' workers do not exist here: forget them (not freed) */
+  pthread_mutex_init(&g_kept_mu, NULL);
+  g_kept_forgotten = g_kept; /* stays reachable */
+  g_kept = NULL;
+  g_kept_n = g_kept_cap = 0;
+  atomic_store(&g_cpu_default, s);
+  mlxd_status st;
+  if (stream_init(s, MLX_CPU, 0, true, &st)) {
+    /* no worker: make submits fail with a clear message instead of hanging */
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->work_cv, NULL);
+    pthread_cond_init(&s->done_cv, NULL);
+    s->stop = s->dead = s->joined = true;
+  }
+}
+
 static void default_init(void) {
   g_pid = getpid();
   mlxd_status_clear(&g_init_status);
   if (stream_init(&g_cpu_static, MLX_CPU, 0, true, &g_init_status) == 0) {
     atomic_store(&g_cpu_default, &g_cpu_static);
     atexit(at_exit_teardown);
+    pthread_atfork(NULL, NULL, child_after_fork);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "core/stream_impl.h"
@@ -421,6 +422,49 @@ static void test_concurrent_submit(void) {
   T_EQ_INT(atomic_load(&g_sum), 4 * 500 * 501 / 2);
 }
 
+/* ---- a forked child gets a working default stream ---- */
+
+#if defined(__SANITIZE_THREAD__)
+#define T_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define T_TSAN 1
+#endif
+#endif
+
+#ifndef T_TSAN
+static void fill_task(void* p, mlxd_status* st) {
+  (void)st;
+  mlxd_array* a = p;
+  ((int32_t*)a->data)[0] = 1234;
+}
+#endif
+
+static void test_fork_child(void) {
+#ifndef T_TSAN /* TSan does not support threads started after a multi-threaded fork */
+  mlxd_status st;
+  mlxd_stream* s = mlxd_default_stream(MLX_CPU, &st);
+  T_ASSERT(s);
+  fflush(stdout);
+  pid_t pid = fork();
+  T_ASSERT(pid >= 0);
+  if (pid == 0) {
+    alarm(20);
+    int one = 1;
+    mlxd_array* out = mlxd_array_alloc(&one, 1, MLX_INT32, true, &st);
+    mlxd_stream* cs = mlxd_default_stream(MLX_CPU, &st);
+    if (!cs || mlxd_stream_submit(cs, fill_task, NULL, out, NULL, 0, &out, 1, &st)) _exit(2);
+    if (mlxd_array_wait(out, &st) || ((int32_t*)out->data)[0] != 1234) _exit(3);
+    mlxd_array_release(out);
+    exit(0); /* runs the teardown, which must join the child's own worker */
+  }
+  int status = 0;
+  T_ASSERT(waitpid(pid, &status, 0) == pid);
+  T_ASSERT(WIFEXITED(status));
+  T_EQ_INT(WEXITSTATUS(status), 0);
+#endif
+}
+
 /* queued work at exit is drained: this task's array is checked by nobody,
  * but its cleanup must run (valgrind/ASan see no leak of arg) */
 static void free_cleanup(void* arg) { free(arg); }
@@ -434,6 +478,7 @@ int main(void) {
   test_self_release();
   test_latency_and_idle();
   test_concurrent_submit();
+  test_fork_child();
   mlxd_status st;
   mlxd_stream* s = mlxd_default_stream(MLX_CPU, &st);
   mlxd_stream_submit(s, slow_record_task, free_cleanup, malloc(16), NULL, 0, NULL, 0, &st);
