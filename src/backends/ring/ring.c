@@ -86,49 +86,13 @@ static int ring_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, in
   return ring_err(mlxd_algo_recv(r->t, seq, buf, nbytes, src, st), st);
 }
 
-/* A graceful goodbye before closing: the TCP transport treats a peer's close
- * as a failure of every operation still in flight, so a rank that finished
- * early must not close while its peers are still completing their last
- * operations on this group. Each rank sends a one-byte goodbye to every peer
- * and waits (bounded by MLXDIST_TIMEOUT) for every peer's goodbye; a failed
- * transport skips this at once. */
-static void ring_goodbye(mlxd_ring* r) {
-  mlxd_transport* t = r->t;
-  const int n = r->base.size;
-  mlxd_req** reqs = calloc((size_t)n * 2, sizeof *reqs);
-  unsigned char* in = calloc((size_t)n, 1);
-  unsigned char out = 1;
-  if (!reqs || !in) {
-    free(reqs);
-    free(in);
-    return;
-  }
-  const uint64_t tag = mlxd_tag(MLXD_TAG_BOOT, (1ull << 44) - 1, 0xFFFF);
-  mlxd_status st;
-  mlxd_status_clear(&st);
-  int posted = 0;
-  for (int p = 0; p < n && st.code == 0; p++) {
-    if (p == r->base.rank) continue;
-    if (t->ops->irecv(t, p, tag, &in[p], 1, &reqs[posted], &st) == 0) posted++;
-    if (st.code == 0 && t->ops->isend(t, p, tag, &out, 1, &reqs[posted], &st) == 0) posted++;
-  }
-  mlxd_status st2;
-  mlxd_status_clear(&st2);
-  if (posted) t->ops->waitall(t, reqs, posted, &st2);
-  if (st.code || st2.code)
-    mlxd_ring_log("rank %d: goodbye skipped or incomplete (%s)", r->base.rank,
-                  st.code ? st.msg : st2.msg);
-  free(reqs);
-  free(in);
-}
-
+/* Closing is enough: the TCP transport treats a peer that closes after its
+ * work as a normal shutdown (only operations still involving that peer fail),
+ * so a rank that finishes early does not disturb its peers' last operations. */
 static void ring_destroy(mlxd_backend* b) {
   mlxd_ring* r = (mlxd_ring*)b;
   if (!r) return;
-  if (r->t) {
-    ring_goodbye(r);
-    r->t->ops->destroy(r->t);
-  }
+  if (r->t) r->t->ops->destroy(r->t);
   free(r);
 }
 
