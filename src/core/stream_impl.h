@@ -24,7 +24,8 @@ typedef void (*mlxd_task_fn)(void* arg, mlxd_status* st);
  * calls run, then completes every output (ready or failed with st), then
  * calls cleanup. Inputs and outputs are retained by the task until then.
  * Returns 0, or non-zero with st set (then nothing was queued and cleanup
- * was NOT called). */
+ * was NOT called; outputs that were still pending are completed as failed
+ * with st, so nothing waits on them forever). */
 int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
                        void* arg, mlxd_array* const* inputs, int n_inputs,
                        mlxd_array* const* outputs, int n_outputs, mlxd_status* st);

@@ -33,39 +33,31 @@ static inline float u2f(uint32_t u) {
   return f;
 }
 
+/* Written as selects rather than branches so that loops over them vectorise. */
 static inline float h2f(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t e = (h >> 10) & 0x1fu;
-  uint32_t m = h & 0x3ffu;
-  if (e == 0x1f) return u2f(sign | 0x7f800000u | (m << 13)); /* inf, NaN (payload kept) */
-  if (e == 0) {                                              /* zero, subnormal: m * 2^-24 */
-    float v = (float)m * 0x1p-24f;
-    return u2f(f2u(v) | sign);
-  }
-  return u2f(sign | ((e + 112u) << 23) | (m << 13));
+  uint32_t em = h & 0x7fffu;                       /* exponent and mantissa */
+  uint32_t nrm = (em << 13) + (112u << 23);        /* rebias 15 -> 127 */
+  nrm = em >= 0x7c00u ? nrm + (112u << 23) : nrm;  /* inf / NaN: exponent 255, payload kept */
+  float sub = (float)(int32_t)em * 0x1p-24f;       /* zero / subnormal: exact */
+  return u2f((em < 0x400u ? f2u(sub) : nrm) | sign);
 }
 
 static inline uint16_t f2h(float f) {
   uint32_t x = f2u(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) /* NaN: keep the top payload bits, force quiet */
-    return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
-  if (ax >= 0x47800000u) return (uint16_t)(sign | 0x7c00u); /* >= 65536 (and inf): inf */
-  if (ax < 0x38800000u) {                                    /* below 2^-14: subnormal or 0 */
-    uint32_t e = ax >> 23;
-    if (e < 102) return (uint16_t)sign; /* below 2^-25: rounds to zero */
-    uint32_t m = (ax & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126u - e; /* 14..24 */
-    uint32_t q = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    return (uint16_t)(sign | q);
-  }
-  uint32_t h = (ax >> 13) - (112u << 10);
+  /* normal range: drop 13 mantissa bits, round to nearest even (a carry may
+   * reach the exponent, up to infinity: correct) */
+  uint32_t hn = (ax >> 13) - (112u << 10);
   uint32_t rem = ax & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* may carry into inf: correct */
+  hn += (uint32_t)(rem > 0x1000u) | ((uint32_t)(rem == 0x1000u) & hn & 1u);
+  /* below 2^-14: adding 0.5 makes the FPU round to a multiple of 2^-24
+   * (ties to even); the low bits are then the subnormal's mantissa */
+  uint32_t hs = f2u(u2f(ax) + 0.5f) - f2u(0.5f);
+  /* >= 65536, inf, NaN (kept quiet, top payload bits kept) */
+  uint32_t hi = ax > 0x7f800000u ? (0x7e00u | ((ax >> 13) & 0x3ffu)) : 0x7c00u;
+  uint32_t h = ax >= 0x47800000u ? hi : ax < 0x38800000u ? hs : hn;
   return (uint16_t)(sign | h);
 }
 

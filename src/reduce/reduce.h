@@ -3,7 +3,10 @@
  * Rules: bool sum = or, max = or, min = and. complex64: sum adds,
  * max/min compare the real part, then the imaginary part. float16 and
  * bfloat16: each pairwise operation is done in float32 and rounded back
- * (round to nearest even). Integers wrap (unsigned arithmetic). */
+ * (round to nearest even). Integers wrap (unsigned arithmetic).
+ * Floating max/min (float16/32/64, bfloat16) propagate NaN as MLX does: if
+ * either operand is NaN the result is NaN; complex64 likewise when either
+ * part of an operand is NaN. */
 #ifndef MLXD_REDUCE_H
 #define MLXD_REDUCE_H
 
