@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mlx/c/mlx.h"
@@ -314,6 +315,12 @@ static void test_streams(mlx_distributed_group g) {
   mlx_device_free(cpu);
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static int launcher_int(const char* a, const char* b) {
   const char* v = getenv(a);
   if (!v) v = getenv(b);
@@ -349,10 +356,17 @@ static int run_all(void) {
   T_EQ_INT(mlx_distributed_group_size(ga), g_size);
   T_EQ_INT(mlx_distributed_group_rank(ga), g_rank);
 
+  double t0 = now_s();
   test_reductions(g);
+  double t1 = now_s();
   test_send_recv(g);
+  double t2 = now_s();
   test_split(g);
   test_streams(g);
+  double t3 = now_s();
+  if (g_rank == 0)
+    printf("reductions %.2f s, send/recv %.2f s, split+streams %.2f s\n", t1 - t0, t2 - t1,
+           t3 - t2);
   /* the null group is the cached "any" group */
   int32_t v = 1;
   mlx_array x = mlx_array_new_data(&v, (int[]){1}, 1, MLX_INT32), r = mlx_array_new();

@@ -25,6 +25,7 @@
 #include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -43,9 +44,9 @@
  * accepts (the standard guarantees MPI_TAG_UB >= 32767). */
 #define MPI_P2P_TAG_MOD 32768u
 /* Largest piece handed to one MPI call, in bytes (counts are int). */
+/* Idle staging buffers kept per group. */
+#define MPI_STAGE_POOL 2
 #define MPI_DEFAULT_CHUNK_BYTES ((size_t)1 << 30)
-/* Longest sleep between two polls of a pending request. */
-#define MPI_MAX_SLEEP_NS 250000L
 
 /* ---------------------------------------------------------------------- */
 /* Status messages (the core's mlxd_fail is not ours to call). */
@@ -158,24 +159,40 @@ static struct timespec abs_monotonic(double deadline) {
   return ts;
 }
 
-/* Spin, then sleep with a growing interval. */
+/* How a waiting thread polls MPI. Non-blocking MPI advances only inside MPI
+ * calls (every round of a collective, every fragment of a message), so a
+ * poll that sleeps slows the op down. Three phases since the last completion:
+ * MPI_Test back to back for MLXDIST_SPIN_US; then MPI_Test + sched_yield for
+ * up to MPI_YIELD_S (gives the core to other ranks/threads on a busy host,
+ * costs little latency); then sleeps of elapsed/64 (at most 1 ms), so an op
+ * that has already taken long is slowed by ~2% at most and an idle wait for a
+ * late peer uses almost no CPU. */
+#define MPI_YIELD_S 0.02
 typedef struct backoff {
-  double spin_until;
-  long sleep_ns;
+  double start;
 } backoff;
-static void backoff_reset(backoff* b) {
-  b->spin_until = mlxd_now() + spin_s();
-  b->sleep_ns = 2000;
-}
+static void backoff_reset(backoff* b) { b->start = mlxd_now(); }
 static void backoff_wait(backoff* b) {
-  if (mlxd_now() < b->spin_until) return;
-  struct timespec ts = {0, b->sleep_ns};
+  double el = mlxd_now() - b->start;
+  if (el < spin_s()) return;
+  if (el < MPI_YIELD_S) {
+    sched_yield();
+    return;
+  }
+  double d = el / 64;
+  if (d > 1e-3) d = 1e-3;
+  struct timespec ts = {0, (long)(d * 1e9)};
   nanosleep(&ts, NULL);
-  b->sleep_ns = b->sleep_ns * 2 > MPI_MAX_SLEEP_NS ? MPI_MAX_SLEEP_NS : b->sleep_ns * 2;
 }
 
 /* ---------------------------------------------------------------------- */
 /* Groups. */
+
+/* A staging buffer (see stage_get). */
+typedef struct stage {
+  void* p;
+  size_t cap;
+} stage;
 
 typedef struct mpi_group {
   mlxd_backend base; /* first */
@@ -185,6 +202,7 @@ typedef struct mpi_group {
   uint64_t next_seq;  /* the collective allowed to be issued next */
   bool failed;
   mlxd_status fail_st;
+  stage pool[MPI_STAGE_POOL]; /* idle staging buffers (under mu) */
 } mpi_group;
 
 static const mlxd_backend_ops k_mpi_ops;
@@ -869,6 +887,78 @@ static int mpi_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
 /* ---------------------------------------------------------------------- */
 /* Ops. */
 
+/* Staging buffers. MPI works on the plugin's own memory, never on the
+ * caller's arrays: after a timeout a request may still be pending (MPI has
+ * no way to cancel a collective), and a late peer would then make MPI write
+ * into an array the caller has freed. The staging buffer is simply kept
+ * (leaked) in that case. A few buffers are pooled per group (grow-only). */
+static int stage_get(mpi_group* g, size_t n, stage* out) {
+  out->p = NULL;
+  out->cap = 0;
+  if (n == 0) n = 1;
+  pthread_mutex_lock(&g->mu);
+  int best = -1;
+  for (int i = 0; i < MPI_STAGE_POOL; i++)
+    if (g->pool[i].p && g->pool[i].cap >= n && (best < 0 || g->pool[i].cap < g->pool[best].cap))
+      best = i;
+  if (best >= 0) {
+    *out = g->pool[best];
+    g->pool[best].p = NULL;
+    g->pool[best].cap = 0;
+  }
+  pthread_mutex_unlock(&g->mu);
+  if (out->p) return 0;
+  out->p = malloc(n);
+  out->cap = n;
+  return out->p ? 0 : MLXD_ENOMEM;
+}
+
+static void stage_put(mpi_group* g, stage* sgs) {
+  if (!sgs->p) return;
+  pthread_mutex_lock(&g->mu);
+  int slot = -1;
+  for (int i = 0; i < MPI_STAGE_POOL; i++) {
+    if (!g->pool[i].p) {
+      slot = i;
+      break;
+    }
+    if (g->pool[i].cap < sgs->cap && (slot < 0 || g->pool[i].cap < g->pool[slot].cap)) slot = i;
+  }
+  stage old = {NULL, 0};
+  if (slot >= 0) {
+    old = g->pool[slot];
+    g->pool[slot] = *sgs;
+  } else {
+    old = *sgs;
+  }
+  pthread_mutex_unlock(&g->mu);
+  free(old.p);
+  sgs->p = NULL;
+}
+
+/* Common tail of a collective: after issuing (turn still held), release the
+ * turn, wait, and on success copy the result out of the staging buffer. */
+static int coll_finish(mpi_group* g, MPI_Request* reqs, int issued, int rc, stage* sg,
+                       const void* result, void* out, size_t out_bytes, const char* what,
+                       mlxd_status* st) {
+  turn_done(g);
+  if (rc) {
+    abandon(reqs, issued);
+    group_fail(g, st);
+  } else {
+    rc = wait_reqs(g, reqs, issued, NULL, false, what, st);
+  }
+  if (rc == 0) {
+    if (out_bytes) memcpy(out, result, out_bytes);
+    stage_put(g, sg);
+  } else if (issued == 0) {
+    stage_put(g, sg);
+  } else {
+    sg->p = NULL; /* MPI may still use the staging buffer: keep it (leak) */
+  }
+  return rc;
+}
+
 static int mpi_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out,
                           size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mpi_group* g = (mpi_group*)b;
@@ -878,8 +968,15 @@ static int mpi_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* o
   MPI_Datatype dt = ((int)dtype >= 0 && (int)dtype <= 13) ? dtype_mpi(dtype) : MPI_DATATYPE_NULL;
   MPI_Op mop = dt == MPI_DATATYPE_NULL ? MPI_OP_NULL : op_mpi(dtype, op);
   size_t esz = dt == MPI_DATATYPE_NULL ? 0 : g_host.dtype_size(dtype);
+  size_t ch = chunk_elems(esz ? esz : 1);
+  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
+  int nreq = count == 0 ? 0 : (int)((count + ch - 1) / ch);
+  MPI_Request one = MPI_REQUEST_NULL;
+  MPI_Request* reqs = nreq <= 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
+  stage sg = {NULL, 0};
+  bool nomem = !reqs || (count && esz && stage_get(g, count * esz, &sg) != 0);
   int rc = op_begin(st);
-  if (rc) return rc;
+  if (rc) goto out_free;
   rc = turn_wait(g, seq, what, st);
   if (rc) goto out;
   if (mop == MPI_OP_NULL || esz == 0) {
@@ -894,23 +991,19 @@ static int mpi_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* o
     turn_done(g);
     goto out;
   }
-  size_t ch = chunk_elems(esz);
-  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
-  int nreq = (int)((count + ch - 1) / ch);
-  MPI_Request one = MPI_REQUEST_NULL;
-  MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
-  if (!reqs) {
+  if (nomem) {
     turn_done(g);
     rc = mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
     group_fail(g, st); /* the other ranks issued it: this group is out of step */
     goto out;
   }
+  memcpy(sg.p, in, count * esz);
   int issued = 0;
   call_lock();
   for (size_t off = 0; off < count; off += ch) {
     size_t c = count - off < ch ? count - off : ch;
-    const void* sb = in == out ? MPI_IN_PLACE : (const char*)in + off * esz;
-    int mrc = MPI_Iallreduce(sb, (char*)out + off * esz, (int)c, dt, mop, g->comm, &reqs[issued]);
+    int mrc = MPI_Iallreduce(MPI_IN_PLACE, (char*)sg.p + off * esz, (int)c, dt, mop, g->comm,
+                             &reqs[issued]);
     if (mrc != MPI_SUCCESS) {
       rc = mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallreduce", what);
       break;
@@ -918,16 +1011,12 @@ static int mpi_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* o
     issued++;
   }
   call_unlock();
-  turn_done(g);
-  if (rc) {
-    abandon(reqs, issued);
-    group_fail(g, st);
-  } else {
-    rc = wait_reqs(g, reqs, issued, NULL, false, what, st);
-  }
-  if (reqs != &one) free(reqs);
+  rc = coll_finish(g, reqs, issued, rc, &sg, sg.p, out, count * esz, what, st);
 out:
   op_end();
+out_free:
+  stage_put(g, &sg); /* no-op when kept or already returned */
+  if (reqs && reqs != &one) free(reqs);
   return rc;
 }
 
@@ -937,40 +1026,34 @@ static int mpi_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* o
   char what[128];
   snprintf(what, sizeof what, "all_gather of %zu bytes per rank (collective #%llu)", nbytes,
            (unsigned long long)seq);
+  size_t total = nbytes * (size_t)g->base.size;
+  size_t ch = chunk_bytes();
+  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
+  int nreq = nbytes == 0 ? 0 : (int)((nbytes + ch - 1) / ch);
+  MPI_Request one = MPI_REQUEST_NULL;
+  MPI_Request* reqs = nreq <= 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
+  stage sg = {NULL, 0};
+  bool nomem = !reqs || (nbytes && stage_get(g, total, &sg) != 0);
   int rc = op_begin(st);
-  if (rc) return rc;
+  if (rc) goto out_free;
   rc = turn_wait(g, seq, what, st);
   if (rc) goto out;
   if (nbytes == 0) {
     turn_done(g);
     goto out;
   }
-  /* In place when in is already where our block goes; any other overlap: move it there. */
-  char* mine = (char*)out + (size_t)g->base.rank * nbytes;
-  const char* ic = in;
-  const char* oc = out;
-  size_t total = nbytes * (size_t)g->base.size;
-  bool in_place = ic == mine;
-  if (!in_place && ic < oc + total && oc < ic + nbytes) {
-    memmove(mine, in, nbytes);
-    in_place = true;
-  }
-  size_t ch = chunk_bytes();
-  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
-  int nreq = (int)((nbytes + ch - 1) / ch);
-  MPI_Request one = MPI_REQUEST_NULL;
-  MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
-  if (!reqs) {
+  if (nomem) {
     turn_done(g);
     rc = mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
     group_fail(g, st);
     goto out;
   }
+  memcpy((char*)sg.p + (size_t)g->base.rank * nbytes, in, nbytes);
   int issued = 0;
   call_lock();
   if (nreq == 1) {
-    int mrc = MPI_Iallgather(in_place ? MPI_IN_PLACE : in, (int)nbytes, MPI_BYTE, out,
-                             (int)nbytes, MPI_BYTE, g->comm, &reqs[0]);
+    int mrc = MPI_Iallgather(MPI_IN_PLACE, (int)nbytes, MPI_BYTE, sg.p, (int)nbytes, MPI_BYTE,
+                             g->comm, &reqs[0]);
     if (mrc != MPI_SUCCESS)
       rc = mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallgather", what);
     else
@@ -985,8 +1068,8 @@ static int mpi_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* o
       if (mrc == MPI_SUCCESS) mrc = MPI_Type_create_resized(piece, 0, (MPI_Aint)nbytes, &strided);
       if (mrc == MPI_SUCCESS) mrc = MPI_Type_commit(&strided);
       if (mrc == MPI_SUCCESS)
-        mrc = MPI_Iallgather(in_place ? MPI_IN_PLACE : (const char*)in + off, (int)c, MPI_BYTE,
-                             (char*)out + off, 1, strided, g->comm, &reqs[issued]);
+        mrc = MPI_Iallgather(MPI_IN_PLACE, (int)c, MPI_BYTE, (char*)sg.p + off, 1, strided,
+                             g->comm, &reqs[issued]);
       if (piece != MPI_DATATYPE_NULL) MPI_Type_free(&piece);
       if (strided != MPI_DATATYPE_NULL) MPI_Type_free(&strided);
       if (mrc != MPI_SUCCESS)
@@ -996,16 +1079,12 @@ static int mpi_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* o
     }
   }
   call_unlock();
-  turn_done(g);
-  if (rc) {
-    abandon(reqs, issued);
-    group_fail(g, st);
-  } else {
-    rc = wait_reqs(g, reqs, issued, NULL, false, what, st);
-  }
-  if (reqs != &one) free(reqs);
+  rc = coll_finish(g, reqs, issued, rc, &sg, sg.p, out, total, what, st);
 out:
   op_end();
+out_free:
+  stage_put(g, &sg);
+  if (reqs && reqs != &one) free(reqs);
   return rc;
 }
 
@@ -1020,9 +1099,16 @@ static int mpi_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, voi
   MPI_Op mop = dt == MPI_DATATYPE_NULL ? MPI_OP_NULL : op_mpi(dtype, op);
   size_t esz = dt == MPI_DATATYPE_NULL ? 0 : g_host.dtype_size(dtype);
   int size = g->base.size, rank = g->base.rank;
-  void* tmp = NULL;
+  size_t ch = chunk_elems(esz ? esz : 1);
+  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
+  size_t npieces = count == 0 ? 0 : (count + ch - 1) / ch;
+  int nreq = npieces <= 1 ? 1 : (int)(npieces * (size_t)size);
+  MPI_Request one = MPI_REQUEST_NULL;
+  MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
+  stage sg = {NULL, 0};
+  bool nomem = !reqs || (count && esz && stage_get(g, count * esz * (size_t)size, &sg) != 0);
   int rc = op_begin(st);
-  if (rc) return rc;
+  if (rc) goto out_free;
   rc = turn_wait(g, seq, what, st);
   if (rc) goto out;
   if (mop == MPI_OP_NULL || esz == 0) {
@@ -1037,43 +1123,35 @@ static int mpi_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, voi
     turn_done(g);
     goto out;
   }
-  size_t ch = chunk_elems(esz);
-  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
-  size_t npieces = (count + ch - 1) / ch;
-  int nreq = npieces == 1 ? 1 : (int)(npieces * (size_t)size);
-  MPI_Request one = MPI_REQUEST_NULL;
-  MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
-  const char* src = in;
-  if (reqs && npieces > 1 && in == out) {
-    /* The chunked path reads every block while writing ours: work from a copy. */
-    tmp = malloc(count * esz * (size_t)size);
-    if (tmp) memcpy(tmp, in, count * esz * (size_t)size);
-    src = tmp;
-  }
-  if (!reqs || (npieces > 1 && in == out && !tmp)) {
+  if (nomem) {
     turn_done(g);
     rc = mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
     group_fail(g, st);
-    if (reqs != &one) free(reqs);
     goto out;
   }
+  memcpy(sg.p, in, count * esz * (size_t)size);
+  const char* result = sg.p;
   int issued = 0;
   call_lock();
   if (npieces == 1) {
-    int mrc = MPI_Ireduce_scatter_block(in == out ? MPI_IN_PLACE : in, out, (int)count, dt, mop,
-                                        g->comm, &reqs[0]);
+    /* In place: the result lands at the start of the buffer. */
+    int mrc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, sg.p, (int)count, dt, mop, g->comm,
+                                        &reqs[0]);
     if (mrc != MPI_SUCCESS)
       rc = mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Ireduce_scatter_block", what);
     else
       issued = 1;
   } else {
-    /* Piece by piece: reduce piece [off, off+c) of block r onto rank r. */
+    /* Piece by piece: reduce piece [off, off+c) of block r onto rank r, in
+     * place there, so our result ends up in our own block. */
+    result = (const char*)sg.p + (size_t)rank * count * esz;
     for (size_t off = 0; off < count && rc == 0; off += ch) {
       size_t c = count - off < ch ? count - off : ch;
       for (int r = 0; r < size && rc == 0; r++) {
-        const char* sb = src + ((size_t)r * count + off) * esz;
-        void* rb = r == rank ? (char*)out + off * esz : NULL;
-        int mrc = MPI_Ireduce(sb, rb, (int)c, dt, mop, r, g->comm, &reqs[issued]);
+        char* blk = (char*)sg.p + ((size_t)r * count + off) * esz;
+        int mrc = r == rank
+                      ? MPI_Ireduce(MPI_IN_PLACE, blk, (int)c, dt, mop, r, g->comm, &reqs[issued])
+                      : MPI_Ireduce(blk, NULL, (int)c, dt, mop, r, g->comm, &reqs[issued]);
         if (mrc != MPI_SUCCESS)
           rc = mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Ireduce", what);
         else
@@ -1082,17 +1160,12 @@ static int mpi_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, voi
     }
   }
   call_unlock();
-  turn_done(g);
-  if (rc) {
-    abandon(reqs, issued);
-    group_fail(g, st);
-  } else {
-    rc = wait_reqs(g, reqs, issued, NULL, false, what, st);
-  }
-  if (reqs != &one) free(reqs);
-  if (tmp && rc == 0) free(tmp); /* after a failure MPI may still read it: keep it */
+  rc = coll_finish(g, reqs, issued, rc, &sg, result, out, count * esz, what, st);
 out:
   op_end();
+out_free:
+  stage_put(g, &sg);
+  if (reqs && reqs != &one) free(reqs);
   return rc;
 }
 
@@ -1189,7 +1262,8 @@ static int mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int
   MPI_Status one_st;
   MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
   MPI_Status* sts = nreq == 1 ? &one_st : malloc(sizeof(MPI_Status) * (size_t)nreq);
-  if (!reqs || !sts) {
+  stage sg = {NULL, 0};
+  if (!reqs || !sts || stage_get(g, nbytes, &sg) != 0) {
     rc = mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
     goto done;
   }
@@ -1198,7 +1272,7 @@ static int mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int
   call_lock();
   for (size_t off = 0; issued < nreq; off += ch) {
     size_t c = nbytes - off < ch ? nbytes - off : ch;
-    int mrc = MPI_Irecv((char*)buf + off, (int)c, MPI_BYTE, src, tag, g->comm, &reqs[issued]);
+    int mrc = MPI_Irecv((char*)sg.p + off, (int)c, MPI_BYTE, src, tag, g->comm, &reqs[issued]);
     if (mrc != MPI_SUCCESS) {
       rc = mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Irecv", what);
       break;
@@ -1214,12 +1288,19 @@ static int mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int
       for (int i = 0; i < issued; i++) MPI_Cancel(&reqs[i]);
       call_unlock();
       wait_reqs(g, reqs, issued, NULL, true, what, &ignore);
+      for (int i = 0; i < issued; i++)
+        if (reqs[i] != MPI_REQUEST_NULL) sg.p = NULL; /* keep it */
     }
     group_fail(g, st);
     goto done;
   }
   rc = wait_reqs(g, reqs, issued, sts, true, what, st);
-  if (rc) goto done;
+  if (rc) {
+    /* Cancelled requests are gone; one still pending keeps the staging buffer. */
+    for (int i = 0; i < issued; i++)
+      if (reqs[i] != MPI_REQUEST_NULL) sg.p = NULL;
+    goto done;
+  }
   size_t got = 0;
   for (int i = 0; i < issued; i++) {
     int n = 0;
@@ -1231,7 +1312,10 @@ static int mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int
                   "[mpi] %s: the message from rank %d had %zu bytes, but %zu were expected "
                   "(shape and dtype of send and recv must match)",
                   what, src, got, nbytes);
+  else if (nbytes)
+    memcpy(buf, sg.p, nbytes);
 done:
+  stage_put(g, &sg);
   if (reqs && reqs != &one) free(reqs);
   if (sts && sts != &one_st) free(sts);
   op_end();
@@ -1336,6 +1420,7 @@ static void mpi_destroy(mlxd_backend* b) {
     MPI_Comm_free(&g->comm);
     call_unlock();
   }
+  for (int i = 0; i < MPI_STAGE_POOL; i++) free(g->pool[i].p);
   pthread_mutex_destroy(&g->mu);
   pthread_cond_destroy(&g->cv);
   free(g);
