@@ -804,9 +804,9 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
       for (int i = 0; i < n && waiting_for < 0; i++)
         if (reqs[i] && !reqs[i]->done) waiting_for = reqs[i]->peer;
       shm_fail(t, MLXD_ETIMEDOUT,
-               "[shm] timed out: rank %d made no progress for %g s (MLXDIST_TIMEOUT) while "
-               "waiting for rank %d",
-               t->base.rank, t->timeout_s, waiting_for);
+               "[shm] timed out after %g s waiting for rank %d (rank %d made no progress "
+               "for MLXDIST_TIMEOUT seconds)",
+               t->timeout_s, waiting_for, t->base.rank);
       break;
     }
     if (now - last_check >= SHM_CHECK_S) {

@@ -7,9 +7,14 @@
  *   test_ring exit3       3 ranks; rank 2 _exits mid-collective; survivors fail within a bound
  *   test_ring stall       a peer stops participating; MLXDIST_TIMEOUT=2 gives a timeout error
  *   test_ring badhost     malformed hostfiles and MLX_RANK values (strict / non-strict)
- *   test_ring idle        an idle initialised group uses ~0 CPU (no busy spin) */
+ *   test_ring idle        an idle initialised group uses ~0 CPU (no busy spin)
+ *   test_ring transport   MLXDIST_TRANSPORT: auto picks shm on one host and tcp when a rank
+ *                         is in another IPC namespace (an emulated host); shm with such a
+ *                         rank fails naming it; bad / disagreeing values fail clearly */
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -309,6 +314,118 @@ static int idle_rank(int rank, int size) {
   return 0;
 }
 
+/* ---- transport selection ---- */
+static int g_tmode;           /* 0: one host, 1: rank 2 in its own IPC namespace */
+static const char* g_tsetting; /* MLXDIST_TRANSPORT for every rank (NULL: rank-dependent) */
+
+/* A separate "host": a new IPC namespace (as root, else inside a user namespace). */
+static bool other_host(void) {
+  if (unshare(CLONE_NEWIPC) == 0) return true;
+  return unshare(CLONE_NEWUSER | CLONE_NEWIPC) == 0;
+}
+
+/* init with MLX_RING_VERBOSE=1 and stderr in a file; returns init's rc, log in buf. */
+static int init_logged(mlx_distributed_group* g, int rank, char* buf, size_t n) {
+  char path[300];
+  snprintf(path, sizeof path, "%s/log%d", g_dir, rank);
+  int fd = open(path, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0600);
+  T_ASSERT(fd >= 0);
+  fflush(stderr);
+  int saved = dup(2);
+  T_ASSERT(saved >= 0 && dup2(fd, 2) == 2);
+  setenv("MLX_RING_VERBOSE", "1", 1);
+  int rc = mlx_distributed_init(g, true, "ring");
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  ssize_t k = pread(fd, buf, n - 1, 0);
+  buf[k > 0 ? k : 0] = '\0';
+  close(fd);
+  unsetenv("MLX_RING_VERBOSE");
+  return rc;
+}
+
+static int transport_rank(int rank, int size) {
+  if (g_tmode == 1 && rank == 2) T_ASSERT(other_host());
+  if (g_tsetting)
+    setenv("MLXDIST_TRANSPORT", g_tsetting, 1);
+  else /* disagreeing settings */
+    setenv("MLXDIST_TRANSPORT", rank == 0 ? "tcp" : "auto", 1);
+  static char log[16384];
+  mlx_distributed_group g = mlx_distributed_group_new();
+  t_clear_errors();
+  int rc = init_logged(&g, rank, log, sizeof log);
+  if (!g_tsetting) {
+    T_ASSERT(rc != 0);
+    T_EXPECT_ERROR("[ring] ranks disagree on MLXDIST_TRANSPORT", "tcp", "auto");
+  } else if (g_tmode == 1 && strcmp(g_tsetting, "shm") == 0) {
+    T_ASSERT(rc != 0);
+    T_EXPECT_ERROR("[ring] MLXDIST_TRANSPORT=shm needs every rank on one host", "rank 2 is",
+                   "IPC namespace");
+  } else {
+    if (rc != 0) T_FAIL("init: %s\nlog:\n%s", t_last_error(), log);
+    const char* want = strcmp(g_tsetting, "tcp") == 0 ? "transport tcp (MLXDIST_TRANSPORT=tcp)"
+                       : g_tmode == 1 ? "transport tcp (MLXDIST_TRANSPORT=auto; rank 2 on another"
+                                      : "transport shm (all ";
+    if (!strstr(log, want)) T_FAIL("rank %d: no '%s' in the log:\n%s", rank, want, log);
+    T_EQ_INT(check_sum(g, size, 100000), 0);
+    /* split children choose again: ranks 0 and 1 share the first host in mode 1 */
+    mlx_distributed_group h = mlx_distributed_group_new();
+    T_EQ_INT(mlx_distributed_group_split(&h, g, rank < 2, rank), 0);
+    T_EQ_INT(check_sum(h, rank < 2 ? 2 : size - 2, 1000), 0);
+    mlx_distributed_group_free(h);
+    T_EXPECT_NO_ERROR();
+  }
+  mlx_distributed_group_free(g);
+  mlx_distributed_clear_backends();
+  return 0;
+}
+
+static void transport_modes(void) {
+  int codes[16];
+  /* one host: auto -> shm, tcp -> tcp */
+  g_tmode = 0;
+  g_tsetting = "auto";
+  T_EQ_INT(spawn(3, 1, transport_rank, codes, 60), 3);
+  g_tsetting = "tcp";
+  T_EQ_INT(spawn(2, 1, transport_rank, codes, 60), 2);
+  /* disagreeing settings fail on every rank, without waiting */
+  g_tsetting = NULL;
+  T_EQ_INT(spawn(2, 1, transport_rank, codes, 60), 2);
+  /* an emulated second host (needs an IPC namespace; probe in a child) */
+  pid_t p = fork();
+  T_ASSERT(p >= 0);
+  if (p == 0) _exit(other_host() ? 0 : 1);
+  int status = 0;
+  T_ASSERT(waitpid(p, &status, 0) == p);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    g_tmode = 1;
+    g_tsetting = "shm";
+    T_EQ_INT(spawn(3, 1, transport_rank, codes, 60), 3);
+    g_tsetting = "auto";
+    T_EQ_INT(spawn(3, 1, transport_rank, codes, 60), 3);
+  } else {
+    printf("test_ring transport: no IPC namespace available (unshare: not permitted), "
+           "skipping the two-host cases\n");
+  }
+  /* a bogus value: a clear error before any connection is attempted */
+  t_capture_errors();
+  char path[300];
+  snprintf(path, sizeof path, "%s/two.json", g_dir);
+  write_hostfile(path, 2, 1);
+  setenv("MLX_RANK", "1", 1);
+  setenv("MLX_HOSTFILE", path, 1);
+  setenv("MLXDIST_TRANSPORT", "carrier-pigeon", 1);
+  t_clear_errors();
+  mlx_distributed_group g = mlx_distributed_group_new();
+  double t0 = now_s();
+  T_ASSERT(mlx_distributed_init(&g, true, "ring") != 0);
+  T_EXPECT_ERROR("[ring] MLXDIST_TRANSPORT='carrier-pigeon' is not valid", "auto, tcp or shm");
+  T_ASSERT(now_s() - t0 < 1.0);
+  mlx_distributed_group_free(g);
+  unsetenv("MLXDIST_TRANSPORT");
+}
+
 /* ---- bad hostfiles (single process) ---- */
 static void expect_bad_ex(const char* content, const char* rank, const char* want, bool names_file) {
   char path[300];
@@ -423,6 +540,8 @@ int main(int argc, char** argv) {
     T_EQ_INT(ok, 2);
   } else if (strcmp(mode, "badhost") == 0) {
     badhost();
+  } else if (strcmp(mode, "transport") == 0) {
+    transport_modes();
   } else {
     T_FAIL("unknown mode '%s'", mode);
   }

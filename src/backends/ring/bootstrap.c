@@ -187,6 +187,8 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
   if (K < 1 || K > 64)
     return mlxd_fail(st, MLXD_EINVAL,
                      "[ring] MLXDIST_RING_CONNECTIONS=%ld is outside [1, 64]", K);
+  int mode;
+  if (mlxd_ring_transport_mode(&mode, st)) return st->code;
   bs->rank = (int)rank;
   bs->size = (int)size;
   mlxd_ring_addr host;

@@ -1,9 +1,11 @@
-/* The ring backend: MLX's "ring" distributed backend over TCP.
+/* The ring backend: MLX's "ring" distributed backend.
  *
  * Configuration (as MLX's launcher writes it): MLX_RANK and MLX_HOSTFILE
  * (hostfile.c), or MLX_RANK and MLX_WORLD_SIZE with a caller's all-gather
  * (bootstrap.c). Connections form a full mesh (connect.c), handed to the TCP
- * transport; every op maps to the collective algorithms in src/algo.
+ * transport; when every rank is on one host the group switches to the
+ * shared-memory transport (select.c, MLXDIST_TRANSPORT). Every op maps to
+ * the collective algorithms in src/algo.
  * split() bootstraps the child group's connections over the parent's
  * transport. See docs/ring.md. */
 #include <errno.h>
@@ -16,23 +18,7 @@
 #include "transport/tcp.h"
 
 /* Messages from the layers below carry their own tag; the user sees the ring backend. */
-static int ring_err(int rc, mlxd_status* st) {
-  if (rc == 0) return 0;
-  if (st->code == 0) st->code = rc;
-  if (st->msg[0] == '\0') {
-    snprintf(st->msg, sizeof st->msg, "[ring] operation failed (code %d)", rc);
-  } else if (strncmp(st->msg, "[ring]", 6) != 0 && st->msg[0] == '[') {
-    const char* close = strchr(st->msg, ']');
-    if (close) {
-      char tmp[MLXD_MSG_MAX];
-      const char* rest = close + 1;
-      while (*rest == ' ') rest++;
-      snprintf(tmp, sizeof tmp, "[ring] %s", rest);
-      memcpy(st->msg, tmp, sizeof tmp);
-    }
-  }
-  return rc;
-}
+static int ring_err(int rc, mlxd_status* st) { return mlxd_ring_err(rc, st); }
 
 static size_t dsize(mlx_dtype d) { return mlx_dtype_size(d); }
 
@@ -128,6 +114,8 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
     int none = -1;
     return mlxd_ring_backend_new(0, 1, k, &r->self, &none, out, st);
   }
+  int mode;
+  if (mlxd_ring_transport_mode(&mode, st)) return st->code;
   const size_t per = 8 + (size_t)k * MLXD_RING_REC_BYTES;
   int* lfds = malloc(sizeof(int) * (size_t)k);
   mlxd_ring_addr* mine = calloc((size_t)k, sizeof *mine);
@@ -230,8 +218,14 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
       if (!st->code) mlxd_fail(st, MLXD_ESYS, "[ring] cannot create the TCP transport");
       return ring_err(st->code, st);
     }
+    if (mlxd_ring_select_transport(&r->t, st) != 0) {
+      r->t->ops->destroy(r->t);
+      free(r);
+      return ring_err(st->code ? st->code : MLXD_ESYS, st);
+    }
   }
-  mlxd_ring_log("rank %d of %d ready (%d connection(s) per peer)", rank, size, nconn);
+  mlxd_ring_log("rank %d of %d ready (%s transport, %d TCP connection(s) per peer at set-up)",
+                rank, size, r->t ? r->t->ops->name : "no", nconn);
   *out = &r->base;
   return 0;
 }
@@ -267,6 +261,8 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   long rank = strtol(rs, &end, 10);
   if (*end != '\0' || errno || rank < 0 || rank > (1 << 20))
     return mlxd_fail(st, MLXD_EINVAL, "[ring] MLX_RANK='%s' is not a non-negative integer", rs);
+  int mode;
+  if (mlxd_ring_transport_mode(&mode, st)) return st->code; /* before anyone waits on us */
   mlxd_ring_hosts hosts;
   if (mlxd_ring_hostfile_load(path, &hosts, st)) return st->code;
   const int n = hosts.size, k = hosts.nconn;

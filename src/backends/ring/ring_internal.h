@@ -60,12 +60,25 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st);
 /* Create with a caller's all-gather. */
 int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st);
 
+/* select.c: MLXDIST_TRANSPORT and the transport a group uses (docs/ring.md). */
+enum { MLXD_RING_T_AUTO = 0, MLXD_RING_T_TCP = 1, MLXD_RING_T_SHM = 2 };
+/* Parse MLXDIST_TRANSPORT; an invalid value is an error naming the variable and the choices. */
+int mlxd_ring_transport_mode(int* mode, mlxd_status* st);
+const char* mlxd_ring_mode_name(int mode);
+/* Collective over the fresh TCP transport *t (size >= 2): exchange host records and, when
+ * every rank is on one host and the setting allows it, replace *t by a shared-memory
+ * transport (the TCP one is destroyed). On error *t is left as it was. */
+int mlxd_ring_select_transport(mlxd_transport** t, mlxd_status* st);
+/* Re-tag a lower layer's message as the ring's ("[shm] lost rank N (...)" becomes
+ * "[ring] lost connection to rank N (...)"); returns rc. */
+int mlxd_ring_err(int rc, mlxd_status* st);
+
 /* ring.c: the backend proper. */
 typedef struct mlxd_ring {
   mlxd_backend base;
   int nconn;
   mlxd_ring_addr self; /* the address this rank listens on (port 0 form is reused by split) */
-  mlxd_transport* t;   /* NULL when size == 1 */
+  mlxd_transport* t;   /* tcp or shm (select.c); NULL when size == 1 */
 } mlxd_ring;
 
 /* Finish a group from connected fds (takes ownership of fds; closes them on failure). */

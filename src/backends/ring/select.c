@@ -1,0 +1,357 @@
+/* Transport selection for a ring group (MLXDIST_TRANSPORT) and the ring's
+ * wording of transport errors.
+ *
+ * Every group of two or more ranks first gets a TCP full mesh (connect.c).
+ * Over it, one exchange with tags of kind MLXD_TAG_BOOT (never used by user
+ * operations, so nothing can collide with them) all-gathers a fixed-size
+ * host record: this rank's MLXDIST_TRANSPORT setting, host name, the kernel
+ * boot id (/proc/sys/kernel/random/boot_id) and the inodes of its network
+ * and IPC namespaces (/proc/self/ns/net, /proc/self/ns/ipc), so processes in
+ * different namespaces count as different hosts. Rank 0's record also
+ * carries a fresh shared-memory session name ("mlxdist-<pid>-<16 hex>").
+ *
+ * Every rank sees the same records, so every rank makes the same decision:
+ *   tcp                      keep TCP;
+ *   auto/shm, one host       every rank joins the shared-memory session,
+ *                            then a second tiny exchange over TCP (a status
+ *                            byte and the reason) tells every rank whether
+ *                            all joined: if so the group uses shm and the
+ *                            TCP transport is destroyed (its sockets are
+ *                            freed; every rank has received everything it
+ *                            expects on them, which the TCP transport treats
+ *                            as a normal shutdown); if not, auto keeps TCP
+ *                            (logged with MLX_RING_VERBOSE) and shm fails
+ *                            with the rank and its reason;
+ *   auto, several hosts      TCP (a per-peer mix of shm and tcp is future
+ *                            work); shm fails naming the ranks elsewhere.
+ * Ranks with different MLXDIST_TRANSPORT settings fail with both values. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backends/ring/ring_internal.h"
+#include "transport/shm.h"
+#include "util/tunables.h"
+
+static const char* const k_mode_names[] = {"auto", "tcp", "shm"};
+
+const char* mlxd_ring_mode_name(int mode) {
+  return mode >= 0 && mode <= MLXD_RING_T_SHM ? k_mode_names[mode] : "?";
+}
+
+int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
+  const char* v = mlxd_tunable_str(MLXD_T_TRANSPORT);
+  for (int m = 0; m <= MLXD_RING_T_SHM; m++)
+    if (v && strcasecmp(v, k_mode_names[m]) == 0) {
+      *mode = m;
+      return 0;
+    }
+  return mlxd_fail(st, MLXD_EINVAL,
+                   "[ring] MLXDIST_TRANSPORT='%s' is not valid; expected auto, tcp or shm",
+                   v ? v : "(null)");
+}
+
+/* ---- the ring's wording of lower-layer messages ---- */
+
+static const char* skip_tag(const char* s) {
+  if (s[0] != '[') return s;
+  const char* close = strchr(s, ']');
+  if (!close) return s;
+  s = close + 1;
+  while (*s == ' ') s++;
+  return s;
+}
+
+/* "rank N failed: " at s: returns N and sets *rest, else -1. */
+static int reported_by(const char* s, const char** rest) {
+  int n = -1, used = 0;
+  if (sscanf(s, "rank %d failed: %n", &n, &used) == 1 && used > 0) {
+    *rest = s + used;
+    return n;
+  }
+  return -1;
+}
+
+int mlxd_ring_err(int rc, mlxd_status* st) {
+  if (rc == 0) return 0;
+  if (st->code == 0) st->code = rc;
+  if (st->msg[0] == '\0') {
+    snprintf(st->msg, sizeof st->msg, "[ring] operation failed (code %d)", rc);
+    return rc;
+  }
+  if (strncmp(st->msg, "[ring]", 6) == 0 || st->msg[0] != '[') return rc;
+  /* The shared-memory transport says "[shm] lost rank N (...)" and, for a
+   * failure another rank published, "[shm] rank M failed: <its message>". */
+  const char* body = skip_tag(st->msg);
+  int reporter = -1, r;
+  const char* rest = NULL;
+  while ((r = reported_by(body, &rest)) >= 0) {
+    if (reporter < 0) reporter = r;
+    body = skip_tag(rest);
+  }
+  char tmp[MLXD_MSG_MAX];
+  int n;
+  if (strncmp(body, "lost rank ", 10) == 0)
+    n = snprintf(tmp, sizeof tmp, "[ring] lost connection to rank %s", body + 10);
+  else
+    n = snprintf(tmp, sizeof tmp, "[ring] %s", body);
+  if (reporter >= 0 && n > 0 && (size_t)n < sizeof tmp) {
+    char by[48];
+    size_t len = (size_t)n;
+    if (len > 0 && tmp[len - 1] == ')') {
+      tmp[len - 1] = '\0';
+      snprintf(by, sizeof by, "; reported by rank %d)", reporter);
+    } else {
+      snprintf(by, sizeof by, " (reported by rank %d)", reporter);
+    }
+    size_t have = strlen(tmp);
+    snprintf(tmp + have, sizeof tmp - have, "%s", by);
+  }
+  memcpy(st->msg, tmp, sizeof tmp);
+  return rc;
+}
+
+/* ---- the boot exchange over a fresh transport ---- */
+
+#define ID_BYTES 320
+#define ID_MAGIC 0x4D585248u /* "MXRH" */
+#define ID_VERSION 1u
+/* layout: 0 magic, 4 version, 6 mode, 8 rank, 12 size, 16 netns (u64), 24 ipcns (u64),
+ * 32 boot id (48), 80 host name (128), 208 session name (96, rank 0's only), 304 zero */
+#define ID_HOST_FIRST 16
+#define ID_HOST_END 208
+#define ID_SESSION 208
+#define ID_SESSION_MAX 96
+#define STATUS_BYTES 160
+
+static void put_u(unsigned char* p, uint64_t v, int bytes) {
+  for (int i = bytes - 1; i >= 0; i--) {
+    p[i] = (unsigned char)v;
+    v >>= 8;
+  }
+}
+static uint64_t get_u(const unsigned char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; i++) v = (v << 8) | p[i];
+  return v;
+}
+
+/* All-gather n bytes per rank with tags of kind MLXD_TAG_BOOT. */
+static int boot_exchange(mlxd_transport* t, unsigned step, const unsigned char* in,
+                         unsigned char* out, size_t n, mlxd_status* st) {
+  const int size = t->size, rank = t->rank;
+  memcpy(out + (size_t)rank * n, in, n);
+  mlxd_req** reqs = calloc((size_t)size * 2, sizeof *reqs);
+  if (!reqs) return mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory choosing the transport");
+  const uint64_t tag = mlxd_tag(MLXD_TAG_BOOT, 0x5e1ec7u, step);
+  int rc = 0;
+  for (int p = 0; p < size && rc == 0; p++) {
+    if (p == rank) continue;
+    rc = t->ops->irecv(t, p, tag, out + (size_t)p * n, n, &reqs[2 * p], st);
+    if (rc == 0) rc = t->ops->isend(t, p, tag, in, n, &reqs[2 * p + 1], st);
+  }
+  if (rc != 0) {
+    mlxd_status ignore = {0, ""};
+    t->ops->waitall(t, reqs, size * 2, &ignore); /* frees what was posted */
+  } else {
+    rc = t->ops->waitall(t, reqs, size * 2, st);
+  }
+  free(reqs);
+  return rc;
+}
+
+static uint64_t ns_inode(const char* path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+static void read_boot_id(char* buf, size_t n) {
+  memset(buf, 0, n);
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  ssize_t k = read(fd, buf, n - 1);
+  close(fd);
+  if (k <= 0) {
+    memset(buf, 0, n);
+    return;
+  }
+  for (ssize_t i = 0; i < k; i++)
+    if (buf[i] == '\n') buf[i] = '\0';
+}
+
+static uint64_t random64(void) {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof v, GRND_NONBLOCK) == (ssize_t)sizeof v) return v;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^
+         ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)&ts;
+}
+
+static void make_id(unsigned char* id, int rank, int size, int mode) {
+  memset(id, 0, ID_BYTES);
+  put_u(id, ID_MAGIC, 4);
+  put_u(id + 4, ID_VERSION, 2);
+  put_u(id + 6, (uint64_t)mode, 2);
+  put_u(id + 8, (uint64_t)rank, 4);
+  put_u(id + 12, (uint64_t)size, 4);
+  put_u(id + 16, ns_inode("/proc/self/ns/net"), 8);
+  put_u(id + 24, ns_inode("/proc/self/ns/ipc"), 8);
+  read_boot_id((char*)id + 32, 48);
+  char host[256] = "";
+  if (gethostname(host, sizeof host) != 0) host[0] = '\0';
+  host[sizeof host - 1] = '\0';
+  snprintf((char*)id + 80, 128, "%s", host);
+  if (rank == 0)
+    snprintf((char*)id + ID_SESSION, ID_SESSION_MAX, "mlxdist-%ld-%016llx", (long)getpid(),
+             (unsigned long long)random64());
+}
+
+/* What differs between two host records, for messages. */
+static void host_diff(const unsigned char* a, const unsigned char* b, char* out, size_t n) {
+  if (strncmp((const char*)a + 80, (const char*)b + 80, 128) != 0)
+    snprintf(out, n, "host name '%.60s' vs '%.60s'", (const char*)a + 80, (const char*)b + 80);
+  else if (memcmp(a + 32, b + 32, 48) != 0)
+    snprintf(out, n, "same host name '%.60s' but a different kernel boot id",
+             (const char*)a + 80);
+  else if (memcmp(a + 16, b + 16, 8) != 0)
+    snprintf(out, n, "network namespace %llu vs %llu", (unsigned long long)get_u(a + 16, 8),
+             (unsigned long long)get_u(b + 16, 8));
+  else
+    snprintf(out, n, "IPC namespace %llu vs %llu", (unsigned long long)get_u(a + 24, 8),
+             (unsigned long long)get_u(b + 24, 8));
+}
+
+/* "1, 2, 5" (at most the first 16, then ", ..."). */
+static void rank_list(const int* ranks, int m, char* out, size_t n) {
+  size_t o = 0;
+  out[0] = '\0';
+  for (int i = 0; i < m && o < n; i++) {
+    int w = i < 16 ? snprintf(out + o, n - o, "%s%d", i ? ", " : "", ranks[i])
+                   : snprintf(out + o, n - o, ", ...");
+    if (w < 0) break;
+    o += (size_t)w;
+    if (i >= 16) break;
+  }
+}
+
+int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
+  mlxd_transport* tcp = *tp;
+  const int rank = tcp->rank, size = tcp->size;
+  int mode = MLXD_RING_T_AUTO;
+  if (mlxd_ring_transport_mode(&mode, st)) return st->code;
+
+  unsigned char* ids = calloc((size_t)size, ID_BYTES);
+  unsigned char* stat_all = calloc((size_t)size, STATUS_BYTES);
+  int* other = calloc((size_t)size, sizeof *other);
+  unsigned char mine[ID_BYTES], my_status[STATUS_BYTES];
+  mlxd_transport* shm = NULL;
+  int rc = 0;
+  if (!ids || !stat_all || !other) {
+    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory choosing the transport");
+    goto done;
+  }
+  make_id(mine, rank, size, mode);
+  if ((rc = mlxd_ring_err(boot_exchange(tcp, 1, mine, ids, ID_BYTES, st), st))) goto done;
+
+  /* validate, and agree on the setting */
+  for (int p = 0; p < size; p++) {
+    const unsigned char* id = ids + (size_t)p * ID_BYTES;
+    if (get_u(id, 4) != ID_MAGIC || get_u(id + 4, 2) != ID_VERSION ||
+        get_u(id + 8, 4) != (uint64_t)p || get_u(id + 12, 4) != (uint64_t)size ||
+        get_u(id + 6, 2) > MLXD_RING_T_SHM) {
+      rc = mlxd_fail(st, MLXD_EINVAL,
+                     "[ring] rank %d sent a malformed host record while choosing the transport "
+                     "(is every rank running the same mlxdist version?)",
+                     p);
+      goto done;
+    }
+    int pm = (int)get_u(id + 6, 2);
+    if (pm != mode) {
+      rc = mlxd_fail(st, MLXD_EINVAL,
+                     "[ring] ranks disagree on MLXDIST_TRANSPORT: rank %d has %s, rank %d has "
+                     "%s; expected the same value on every rank",
+                     rank, mlxd_ring_mode_name(mode), p, mlxd_ring_mode_name(pm));
+      goto done;
+    }
+  }
+  if (mode == MLXD_RING_T_TCP) {
+    mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=tcp)", rank, size);
+    goto done;
+  }
+  int m = 0;
+  for (int p = 1; p < size; p++)
+    if (memcmp(ids + ID_HOST_FIRST, ids + (size_t)p * ID_BYTES + ID_HOST_FIRST,
+               ID_HOST_END - ID_HOST_FIRST) != 0)
+      other[m++] = p;
+  if (m > 0) {
+    char list[160], why[200];
+    rank_list(other, m, list, sizeof list);
+    host_diff(ids, ids + (size_t)other[0] * ID_BYTES, why, sizeof why);
+    if (mode == MLXD_RING_T_SHM) {
+      rc = mlxd_fail(st, MLXD_EINVAL,
+                     "[ring] MLXDIST_TRANSPORT=shm needs every rank on one host, but rank%s %s "
+                     "%s on a different host than rank 0 (rank %d: %s); use "
+                     "MLXDIST_TRANSPORT=auto or tcp",
+                     m > 1 ? "s" : "", list, m > 1 ? "are" : "is", other[0], why);
+      goto done;
+    }
+    mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=auto; rank%s %s on another "
+                  "host than rank 0: %s)",
+                  rank, size, m > 1 ? "s" : "", list, why);
+    goto done;
+  }
+
+  /* one host: everyone joins rank 0's session */
+  char session[ID_SESSION_MAX + 1];
+  memcpy(session, ids + ID_SESSION, ID_SESSION_MAX);
+  session[ID_SESSION_MAX] = '\0';
+  mlxd_status sst = {0, ""};
+  shm = mlxd_shm_transport_new(rank, size, session, &sst);
+  memset(my_status, 0, sizeof my_status);
+  my_status[0] = shm ? 1 : 0;
+  if (!shm) {
+    if (!sst.msg[0]) snprintf(sst.msg, sizeof sst.msg, "[shm] failed (code %d)", sst.code);
+    snprintf((char*)my_status + 1, STATUS_BYTES - 1, "%s", skip_tag(sst.msg));
+  }
+  if ((rc = mlxd_ring_err(boot_exchange(tcp, 2, my_status, stat_all, STATUS_BYTES, st), st)))
+    goto done;
+  int bad = -1;
+  for (int p = 0; p < size && bad < 0; p++)
+    if (stat_all[(size_t)p * STATUS_BYTES] != 1) bad = p;
+  if (bad < 0) {
+    mlxd_ring_log("rank %d of %d: transport shm (all %d ranks on host '%s', session %s, "
+                  "MLXDIST_TRANSPORT=%s)",
+                  rank, size, size, (const char*)mine + 80, session, mlxd_ring_mode_name(mode));
+    tcp->ops->destroy(tcp);
+    *tp = shm;
+    shm = NULL;
+    goto done;
+  }
+  char reason[STATUS_BYTES];
+  memcpy(reason, stat_all + (size_t)bad * STATUS_BYTES + 1, STATUS_BYTES - 1);
+  reason[STATUS_BYTES - 1] = '\0';
+  if (mode == MLXD_RING_T_SHM) {
+    rc = mlxd_fail(st, MLXD_ESYS,
+                   "[ring] MLXDIST_TRANSPORT=shm but the shared-memory transport could not "
+                   "start on rank %d: %s",
+                   bad, reason);
+    goto done;
+  }
+  mlxd_ring_log("rank %d of %d: shared memory could not start on rank %d (%s); falling back "
+                "to transport tcp (MLXDIST_TRANSPORT=auto)",
+                rank, size, bad, reason);
+done:
+  if (shm) shm->ops->destroy(shm);
+  free(ids);
+  free(stat_all);
+  free(other);
+  return rc;
+}
