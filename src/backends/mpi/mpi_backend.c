@@ -163,11 +163,11 @@ static struct timespec abs_monotonic(double deadline) {
  * calls (every round of a collective, every fragment of a message), so a
  * poll that sleeps slows the op down. Three phases since the last completion:
  * MPI_Test back to back for MLXDIST_SPIN_US; then MPI_Test + sched_yield for
- * up to MPI_YIELD_S (gives the core to other ranks/threads on a busy host,
+ * up to MPI_YIELD_S = 200 ms (gives the core to other ranks/threads on a busy host,
  * costs little latency); then sleeps of elapsed/64 (at most 1 ms), so an op
  * that has already taken long is slowed by ~2% at most and an idle wait for a
  * late peer uses almost no CPU. */
-#define MPI_YIELD_S 0.02
+#define MPI_YIELD_S 0.2
 typedef struct backoff {
   double start;
 } backoff;
