@@ -20,5 +20,8 @@ install(FILES ${PROJECT_BINARY_DIR}/mlxdistConfig.cmake
   ${PROJECT_BINARY_DIR}/mlxdistConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/mlxdist)
 
+# The .pc file is relocatable: paths are relative to where it is installed, so
+# `cmake --install --prefix P` works for any P.
+file(RELATIVE_PATH MLXDIST_PC_TO_PREFIX "/root/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/root")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/mlxdist.pc.in ${PROJECT_BINARY_DIR}/mlxdist.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/mlxdist.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
