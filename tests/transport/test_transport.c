@@ -117,9 +117,13 @@ static int run_ranks(int n, int nconn, bool tcp, rank_fn fn, void* arg, double l
     if (pid == 0) {
       for (int i = 0; i < total; i++)
         if (i / (n * nconn) != r && fds[i] >= 0) close(fds[i]);
+      int mine[16 * 8];
+      memcpy(mine, fds + (size_t)r * n * nconn, sizeof(int) * (size_t)(n * nconn));
+      free(fds);
+      free(pids);
       mlxd_status st;
       mlxd_status_clear(&st);
-      mlxd_transport* t = mlxd_tcp_transport_new(r, n, fds + (size_t)r * n * nconn, nconn, &st);
+      mlxd_transport* t = mlxd_tcp_transport_new(r, n, mine, nconn, &st);
       if (!t) {
         fprintf(stderr, "rank %d: %s\n", r, st.msg);
         _exit(2);
