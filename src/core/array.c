@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/buffer.h"
 #include "core/core_internal.h"
 #include "core/error.h"
 #include "mlx/c/array.h"
@@ -113,7 +114,7 @@ static void array_destroy(mlxd_array* a) {
   if (a->dtor)
     a->dtor(a->dtor_arg);
   else
-    free(a->data);
+    mlxd_buffer_free(a->data, a->nbytes);
   pthread_mutex_destroy(&a->mu);
   pthread_cond_destroy(&a->cv);
   free(a);
@@ -125,9 +126,8 @@ mlxd_array* mlxd_array_alloc(const int* shape, int ndim, mlx_dtype dtype, bool p
   if (shape_check(shape, ndim, (int)dtype, &size, &nbytes, st)) return NULL;
   mlxd_array* a = array_meta(shape, ndim, dtype, size, nbytes, st);
   if (!a) return NULL;
-  /* Always allocate at least one aligned block, so data is never NULL. */
-  size_t alloc = nbytes ? (nbytes + MLXD_ALIGN - 1) / MLXD_ALIGN * MLXD_ALIGN : MLXD_ALIGN;
-  a->data = aligned_alloc(MLXD_ALIGN, alloc);
+  /* Never NULL, also for zero bytes. */
+  a->data = mlxd_buffer_alloc(nbytes);
   if (!a->data) {
     array_destroy(a);
     mlxd_fail(st, MLXD_ENOMEM, "[array] out of memory allocating %zu bytes for a %s array", nbytes,

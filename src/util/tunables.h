@@ -34,6 +34,9 @@
     "in one copy from the sender's memory (process_vm_readv) where the "        \
     "kernel allows it; 0 disables that (every message goes through the "       \
     "shared rings).")                                                           \
+  X(BUFFER_CACHE_MB, "MLXDIST_BUFFER_CACHE_MB", "1024",                         \
+    "Megabytes of freed large buffers (>= 64 KiB) kept for reuse by later "     \
+    "arrays and transfers (0: give every buffer back at once).")                \
   X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0",                              \
     "mlxdist-launch: seconds before every rank is killed and the launcher "     \
     "exits 124 (0: no limit; --timeout overrides it).")
