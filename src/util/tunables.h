@@ -37,6 +37,9 @@
   X(BUFFER_CACHE_MB, "MLXDIST_BUFFER_CACHE_MB", "1024",                         \
     "Megabytes of freed large buffers (>= 64 KiB) kept for reuse by later "     \
     "arrays and transfers (0: give every buffer back at once).")                \
+  X(MPI_CHUNK_BYTES, "MLXDIST_MPI_CHUNK_BYTES", "1073741824",                   \
+    "mpi backend: the most bytes one MPI call moves; larger ops are split "     \
+    "(read by the plugin; lowered by tests to exercise the split paths).")      \
   X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0",                              \
     "mlxdist-launch: seconds before every rank is killed and the launcher "     \
     "exits 124 (0: no limit; --timeout overrides it).")
