@@ -9,6 +9,7 @@
 #include "core/buffer.h"
 #include "core/core_internal.h"
 #include "core/error.h"
+#include "core/stream_impl.h"
 #include "mlx/c/array.h"
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -107,10 +108,12 @@ static mlxd_array* array_meta(const int* shape, int ndim, mlx_dtype dtype, size_
   pthread_mutex_init(&a->mu, NULL);
   pthread_cond_init(&a->cv, NULL);
   mlxd_status_clear(&a->error);
+  a->producer = NULL;
   return a;
 }
 
 static void array_destroy(mlxd_array* a) {
+  mlxd_stream_release(a->producer); /* NULL unless it died pending */
   if (a->dtor)
     a->dtor(a->dtor_arg);
   else
@@ -154,6 +157,10 @@ static int failed_code(const mlxd_array* a) { return a->error.code ? a->error.co
 int mlxd_array_wait(mlxd_array* a, mlxd_status* st) {
   int s = atomic_load_explicit(&a->state, memory_order_acquire);
   if (s == MLXD_ARRAY_PENDING) {
+    mlxd_stream_help(a);
+    s = atomic_load_explicit(&a->state, memory_order_acquire);
+  }
+  if (s == MLXD_ARRAY_PENDING) {
     double spin = mlxd_core_spin_s();
     if (spin > 0) {
       double deadline = mlxd_now() + spin;
@@ -191,7 +198,20 @@ void mlxd_array_complete(mlxd_array* a, const mlxd_status* st) {
     atomic_store_explicit(&a->state, MLXD_ARRAY_READY, memory_order_release);
   }
   pthread_cond_broadcast(&a->cv);
+  mlxd_stream* producer = a->producer;
+  a->producer = NULL;
   pthread_mutex_unlock(&a->mu);
+  mlxd_stream_release(producer);
+}
+
+void mlxd_array_set_producer(mlxd_array* a, mlxd_stream* s) {
+  pthread_mutex_lock(&a->mu);
+  mlxd_stream* old = a->producer;
+  a->producer = atomic_load_explicit(&a->state, memory_order_acquire) == MLXD_ARRAY_PENDING
+                    ? mlxd_stream_retain(s)
+                    : NULL;
+  pthread_mutex_unlock(&a->mu);
+  mlxd_stream_release(old);
 }
 
 mlxd_array* mlxd_array_readable(mlx_array arr, const char* fn, mlxd_status* st) {

@@ -35,6 +35,10 @@ typedef struct mlxd_array {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   mlxd_status error; /* when FAILED */
+  /* While PENDING: the stream whose queued task will complete this array
+   * (retained; under mu). A thread that waits for the array may run that
+   * task itself if it has not started yet (see mlxd_stream_help). */
+  struct mlxd_stream* producer;
 } mlxd_array;
 
 /* Allocate an array with owned, aligned, uninitialised data.

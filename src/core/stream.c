@@ -1,10 +1,15 @@
 /* Streams: one worker thread per stream runs its tasks in queue order.
  *
- * Queue: a singly linked FIFO under the stream's mutex. The worker pops a
- * task, runs it without the lock, then looks for the next one; when the
- * queue is empty it polls the `submitted` counter for at most
- * MLXDIST_SPIN_US (so a task queued right after another starts within
- * microseconds), then sleeps on a condition variable (no CPU when idle).
+ * Queue: a singly linked FIFO under the stream's mutex. One task runs at a
+ * time (`running`), popped from the head, so tasks run in queue order.
+ * Usually the worker runs it; but a thread that waits for a result whose
+ * task has not started yet runs the queued tasks up to it itself
+ * (mlxd_stream_help) — the common "queue an op, then eval it" costs no
+ * thread hand-off and leaves one busy thread per process, not two (on a
+ * host with as many ranks as cores, a second spinning thread steals the
+ * core the peer needs). An idle worker sleeps on a condition variable (no
+ * CPU when idle); a submit wakes it, so queued work progresses on its own
+ * when nobody waits for it.
  *
  * Lifetime: the default CPU stream (index 0) is created on first use and
  * lives in static storage; a stream made by mlx_stream_new_device is freed
@@ -49,7 +54,6 @@ struct mlxd_stream {
   int index;
   bool is_static; /* the built-in default stream: never freed */
   pthread_t thread;
-  double spin_s;
   pthread_mutex_t mu;
   pthread_cond_t work_cv; /* worker: a task arrived or stop */
   pthread_cond_t done_cv; /* sync waiters and shutdown: a task finished or the worker ended */
@@ -59,6 +63,7 @@ struct mlxd_stream {
   uint64_t finished;              /* under mu */
   int sync_waiters;               /* under mu */
   bool sleeping;                  /* under mu: the worker waits on work_cv */
+  bool running;                   /* under mu: a task of this stream is running (any thread) */
   bool stop;                      /* under mu: accept no more tasks; worker ends when empty */
   bool dead;                      /* under mu: the worker has ended */
   bool joined;                    /* the worker thread has been joined */
@@ -91,6 +96,41 @@ static void task_run(task* t) {
   task_free(t);
 }
 
+/* Pop the head task and run it (s->mu held on entry and on return). */
+static void run_head_locked(mlxd_stream* s) {
+  task* t = s->head;
+  s->head = t->next;
+  if (!s->head) s->tail = NULL;
+  s->running = true;
+  pthread_mutex_unlock(&s->mu);
+  mlxd_stream* prev = tls_current;
+  tls_current = s;
+  task_run(t);
+  tls_current = prev;
+  pthread_mutex_lock(&s->mu);
+  s->running = false;
+  s->finished++;
+  if (s->sync_waiters) pthread_cond_broadcast(&s->done_cv);
+  if (s->sleeping) pthread_cond_signal(&s->work_cv); /* the worker may take over */
+}
+
+void mlxd_stream_help(mlxd_array* a) {
+  pthread_mutex_lock(&a->mu);
+  mlxd_stream* s = mlxd_stream_retain(a->producer);
+  pthread_mutex_unlock(&a->mu);
+  if (!s) return;
+  /* A task of this stream waiting for a later task of the same stream must
+   * not run it (that would break queue order); it just waits. */
+  if (tls_current != s) {
+    pthread_mutex_lock(&s->mu);
+    while (atomic_load_explicit(&a->state, memory_order_acquire) == MLXD_ARRAY_PENDING &&
+           s->head && !s->running)
+      run_head_locked(s);
+    pthread_mutex_unlock(&s->mu);
+  }
+  mlxd_stream_release(s);
+}
+
 /* ---------- worker ---------- */
 
 static void stream_free(mlxd_stream* s) {
@@ -105,32 +145,13 @@ static void* worker_main(void* p) {
   tls_current = s;
   pthread_mutex_lock(&s->mu);
   for (;;) {
-    while (!s->head) {
-      if (s->stop) goto out;
-      uint64_t seen = atomic_load_explicit(&s->submitted, memory_order_relaxed);
-      pthread_mutex_unlock(&s->mu);
-      if (s->spin_s > 0) {
-        double deadline = mlxd_now() + s->spin_s;
-        for (unsigned i = 1; atomic_load_explicit(&s->submitted, memory_order_relaxed) == seen;
-             i++) {
-          mlxd_cpu_relax();
-          if ((i & 63) == 0 && mlxd_now() >= deadline) break;
-        }
-      }
-      pthread_mutex_lock(&s->mu);
-      if (s->head || s->stop) continue;
+    while (!s->head || s->running) {
+      if (s->stop && !s->head && !s->running) goto out;
       s->sleeping = true;
-      while (!s->head && !s->stop) pthread_cond_wait(&s->work_cv, &s->mu);
+      pthread_cond_wait(&s->work_cv, &s->mu);
       s->sleeping = false;
     }
-    task* t = s->head;
-    s->head = t->next;
-    if (!s->head) s->tail = NULL;
-    pthread_mutex_unlock(&s->mu);
-    task_run(t);
-    pthread_mutex_lock(&s->mu);
-    s->finished++;
-    if (s->sync_waiters) pthread_cond_broadcast(&s->done_cv);
+    run_head_locked(s);
   }
 out:
   s->dead = true;
@@ -148,12 +169,11 @@ static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_
   s->type = type;
   s->index = index;
   s->is_static = is_static;
-  s->spin_s = mlxd_core_spin_s();
   s->head = s->tail = NULL;
   atomic_init(&s->submitted, 0);
   s->finished = 0;
   s->sync_waiters = 0;
-  s->sleeping = s->stop = s->dead = s->joined = s->free_on_exit = false;
+  s->sleeping = s->running = s->stop = s->dead = s->joined = s->free_on_exit = false;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_condattr_t ca;
@@ -401,7 +421,10 @@ int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
     t->n_in = n_inputs;
     t->n_out = n_outputs;
     for (int i = 0; i < n_inputs; i++) t->arrays[i] = mlxd_array_retain(inputs[i]);
-    for (int i = 0; i < n_outputs; i++) t->arrays[n_inputs + i] = mlxd_array_retain(outputs[i]);
+    for (int i = 0; i < n_outputs; i++) {
+      t->arrays[n_inputs + i] = mlxd_array_retain(outputs[i]);
+      if (outputs[i]) mlxd_array_set_producer(outputs[i], s);
+    }
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
       pthread_mutex_unlock(&s->mu);

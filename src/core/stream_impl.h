@@ -37,6 +37,14 @@ mlxd_stream* mlxd_stream_retain(mlxd_stream* s);
 void mlxd_stream_release(mlxd_stream* s);
 mlx_device_type mlxd_stream_device_type(const mlxd_stream* s);
 int mlxd_stream_index(const mlxd_stream* s);
+/* Called by a thread about to wait for the pending array a: if the task
+ * that produces a is still queued on its stream and nothing runs on that
+ * stream, run the queued tasks up to it on this thread (in queue order), so
+ * the waiter does the work instead of waking the worker and sleeping. */
+void mlxd_stream_help(mlxd_array* a);
+/* Record s as the producer of the pending array a (retains s); cleared by
+ * mlxd_array_complete. */
+void mlxd_array_set_producer(mlxd_array* a, mlxd_stream* s);
 /* Wait until every task queued so far has finished. */
 void mlxd_stream_sync(mlxd_stream* s);
 
