@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "algo/algo_impl.h"
+#include "core/buffer.h"
 #include "util/tunables.h"
 
 /* Every rank sends its whole buffer to every other rank and then reduces
@@ -24,10 +25,10 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const void* in
     if (in != out) memmove(out, in, nbytes);
     return 0;
   }
-  char* tmp = malloc(all);
+  char* tmp = mlxd_buffer_alloc(all);
   mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
   if (!tmp || !reqs) {
-    free(tmp);
+    mlxd_buffer_free(tmp, all);
     free(reqs);
     return mlxd_fail(st, MLXD_ENOMEM, "[ring] all_reduce: out of memory for %zu bytes", all);
   }
@@ -46,7 +47,7 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const void* in
     for (int p = 1; p < n; p++) mlxd_reduce(op, dtype, out, tmp + (size_t)p * nbytes, count);
   }
   free(reqs);
-  free(tmp);
+  mlxd_buffer_free(tmp, all);
   return st->code;
 }
 

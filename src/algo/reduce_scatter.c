@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "algo/algo_impl.h"
+#include "core/buffer.h"
 #include "util/tunables.h"
 
 static size_t rs_prologue(mlxd_transport* t, const void* in, void* out, size_t count,
@@ -36,10 +37,10 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const void*
     if (own != (const char*)out) memmove(out, own, blk);
     return 0;
   }
-  char* tmp = malloc(blk * (size_t)n);
+  char* tmp = mlxd_buffer_alloc(blk * (size_t)n);
   mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
   if (!tmp || !reqs) {
-    free(tmp);
+    mlxd_buffer_free(tmp, blk * (size_t)n);
     free(reqs);
     return mlxd_fail(st, MLXD_ENOMEM, "[ring] reduce_scatter: out of memory");
   }
@@ -58,7 +59,7 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const void*
     for (int p = 1; p < n; p++) mlxd_reduce(op, dtype, out, tmp + (size_t)p * blk, count);
   }
   free(reqs);
-  free(tmp);
+  mlxd_buffer_free(tmp, blk * (size_t)n);
   return st->code;
 }
 
@@ -77,10 +78,10 @@ int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const void* i
   size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
   /* Partial sums of the blocks that pass through this rank; only blocks
    * other than ours are written, but the layout mirrors `in`. */
-  char* work = n > 2 ? malloc(blk * (size_t)n) : NULL;
+  char* work = n > 2 ? mlxd_buffer_alloc(blk * (size_t)n) : NULL;
   if (!tab || (n > 2 && !work)) {
     free(tab);
-    free(work);
+    mlxd_buffer_free(work, blk * (size_t)n);
     return mlxd_fail(st, MLXD_ENOMEM, "[ring] reduce_scatter: out of memory");
   }
   mlxd_ring_plan p;
@@ -105,7 +106,7 @@ int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const void* i
   }
   mlxd_ring_run(t, seq, &p, st);
   free(tab);
-  free(work);
+  mlxd_buffer_free(work, blk * (size_t)n);
   return st->code;
 }
 

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "algo/algo_impl.h"
+#include "core/buffer.h"
 
 #define RING_MAX_UNITS 32767 /* units per direction fit in 15 tag bits */
 
@@ -174,10 +175,10 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
   mlxd_req** reqs = calloc((size_t)p->ndir * 2 * x.U, sizeof *reqs);
   char* tmp = NULL;
   if (reduces && x.chunk_max > 0)
-    tmp = malloc((size_t)p->ndir * x.W * x.chunk_max * p->esz);
+    tmp = mlxd_buffer_alloc((size_t)p->ndir * x.W * x.chunk_max * p->esz);
   if (!reqs || (reduces && x.chunk_max > 0 && !tmp)) {
     free(reqs);
-    free(tmp);
+    mlxd_buffer_free(tmp, (size_t)p->ndir * x.W * x.chunk_max * p->esz);
     return mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory for a ring schedule of %zu chunks",
                      x.U);
   }
@@ -213,6 +214,6 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
    * drained (it fails fast once the transport has failed). */
   mlxd_algo_drain(t, reqs, (int)((size_t)p->ndir * 2 * x.U), st);
   free(reqs);
-  free(tmp);
+  mlxd_buffer_free(tmp, (size_t)p->ndir * x.W * x.chunk_max * p->esz);
   return st->code;
 }

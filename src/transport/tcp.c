@@ -39,6 +39,8 @@
  * send/recv would be truncated by the kernel) are moved in pieces. */
 #include "transport/tcp.h"
 
+#include "core/buffer.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -213,7 +215,7 @@ static void imsg_append(tcp_peer* p, tcp_imsg* m) {
 }
 
 static void imsg_free(tcp_imsg* m) {
-  if (m->owned) free(m->buf);
+  if (m->owned) mlxd_buffer_free(m->buf, m->total);
   free(m);
 }
 
@@ -478,7 +480,7 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
         imsg_unlink(pe, m);
         imsg_free(m);
       } else {
-        if (m->owned) free(m->buf);
+        if (m->owned) mlxd_buffer_free(m->buf, m->total);
         m->buf = NULL;
         m->owned = false;
         m->discard = true;
@@ -558,7 +560,7 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* h) {
       }
     } else {
       m->owned = true;
-      m->buf = malloc(m->total ? m->total : 1);
+      m->buf = mlxd_buffer_alloc(m->total);
       if (!m->buf) {
         free(m);
         tcp_fail(t, MLXD_ENOMEM,

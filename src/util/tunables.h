@@ -14,7 +14,7 @@
     "fails with a timeout (and the group is marked failed).")                   \
   X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30",                           \
     "Seconds init keeps retrying connections to peers (with back-off).")        \
-  X(SPIN_US, "MLXDIST_SPIN_US", "50",                                           \
+  X(SPIN_US, "MLXDIST_SPIN_US", "1000",                                          \
     "Microseconds a waiting thread polls before it blocks.")                    \
   X(TRANSPORT, "MLXDIST_TRANSPORT", "auto",                                     \
     "Ring transport: auto (shared memory between ranks on one host, tcp "       \
