@@ -84,6 +84,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/buffer.h"
 #include "util/clock.h"
 #include "util/tunables.h"
 
@@ -457,10 +458,10 @@ static int start_message(shm_transport* t, int pi, const shm_slot_hdr* h) {
     return 0;
   }
   shm_unexp* u = calloc(1, sizeof *u);
-  char* buf = len ? malloc(len) : NULL;
+  char* buf = len ? mlxd_buffer_alloc(len) : NULL;
   if (!u || (len && !buf)) {
     free(u);
-    free(buf);
+    mlxd_buffer_free(buf, len);
     shm_fail(t, MLXD_ENOMEM,
              "[shm] out of memory buffering a %zu-byte message from rank %d that arrived "
              "before its receive was posted",
@@ -753,7 +754,7 @@ static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
         r->where = W_CUR;
       }
     }
-    free(u->buf);
+    mlxd_buffer_free(u->buf, u->len);
     free(u);
   } else {
     r->where = W_POSTED;
@@ -882,7 +883,7 @@ static void shm_destroy(mlxd_transport* tt) {
       free_req_list(t, p->posted_head);
       for (shm_unexp* u = p->ux_head; u;) {
         shm_unexp* nx = u->next;
-        free(u->buf);
+        mlxd_buffer_free(u->buf, u->len);
         free(u);
         u = nx;
       }

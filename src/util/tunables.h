@@ -16,6 +16,11 @@
     "Seconds init keeps retrying connections to peers (with back-off).")        \
   X(SPIN_US, "MLXDIST_SPIN_US", "1000",                                          \
     "Microseconds a waiting thread polls before it blocks.")                    \
+  X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1",                                    \
+    "1: stream worker threads run at idle priority (SCHED_IDLE), so queued "    \
+    "work never preempts a busy thread; a thread that waits for a result runs "  \
+    "its task itself. 0: normal priority (more overlap of queued work with a "  \
+    "busy CPU, at the cost of a wake-up per op).")                              \
   X(TRANSPORT, "MLXDIST_TRANSPORT", "auto",                                     \
     "Ring transport: auto (shared memory between ranks on one host, tcp "       \
     "otherwise), tcp, or shm.")                                                 \
