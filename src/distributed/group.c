@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "distributed/group_impl.h"
 #include "distributed/plugin_abi.h"
+#include "util/text.h"
 
 enum { BK_ANY, BK_RING, BK_MPI, BK_NCCL, BK_JACCL, BK_COUNT };
 static const char* const k_names[BK_COUNT] = {"any", "ring", "mpi", "nccl", "jaccl"};
@@ -33,21 +34,6 @@ static const char* const k_names[BK_COUNT] = {"any", "ring", "mpi", "nccl", "jac
 /* ------------------------------------------------------------------ */
 /* small helpers                                                       */
 
-typedef struct text {
-  char* buf;
-  size_t len, used;
-} text;
-
-__attribute__((format(printf, 2, 3))) static void text_add(text* t, const char* fmt, ...) {
-  if (t->used + 1 >= t->len) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int w = vsnprintf(t->buf + t->used, t->len - t->used, fmt, ap);
-  va_end(ap);
-  if (w < 0) return;
-  t->used += (size_t)w;
-  if (t->used >= t->len) t->used = t->len - 1;
-}
 
 /* -1 for an unknown name; NULL means "any". */
 static int name_index(const char* bk) {
@@ -264,12 +250,12 @@ static mlxd_group* try_start(int idx, mlxd_user_gather* u, char* why, size_t why
  * (u is then not used). */
 static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg, size_t len,
                            int* code) {
-  text t = {msg, len, 0};
+  mlxd_text t = {msg, len, 0};
   msg[0] = '\0';
   mlxd_group* g = cache_get(idx);
   if (g) return g;
   if (t_in_init) {
-    text_add(&t,
+    mlxd_text_add(&t,
              "[distributed] init was called again while an init is running on this thread (from "
              "inside an all_gather callback?); that would deadlock");
     *code = MLXD_EINVAL;
@@ -295,7 +281,7 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
   char why[BIG_MSG];
   int why_code = MLXD_EUNAVAIL;
   if (idx == BK_ANY)
-    text_add(&t, "[distributed] init: no backend could be started (tried %s: ",
+    mlxd_text_add(&t, "[distributed] init: no backend could be started (tried %s: ",
              n == 1 ? "one" : "in order");
   for (int i = 0; i < n; i++) { /* a backend already started under its own name */
     g = cache_get(cand[i]);
@@ -313,11 +299,11 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
       goto done;
     }
     if (idx == BK_ANY)
-      text_add(&t, "%s%s: %s", i ? "; " : "", k_names[c], why);
+      mlxd_text_add(&t, "%s%s: %s", i ? "; " : "", k_names[c], why);
     else
-      text_add(&t, "[distributed] init: could not start the %s backend: %s", k_names[c], why);
+      mlxd_text_add(&t, "[distributed] init: could not start the %s backend: %s", k_names[c], why);
   }
-  if (idx == BK_ANY) text_add(&t, ")");
+  if (idx == BK_ANY) mlxd_text_add(&t, ")");
 
   if (strict) {
     *code = idx == BK_ANY ? MLXD_EUNAVAIL : why_code;

@@ -21,6 +21,7 @@
 #include "distributed/plugin_abi.h"
 #include "reduce/reduce.h"
 #include "util/tunables.h"
+#include "util/text.h"
 
 #ifndef MLXDIST_PLUGIN_INSTALL_DIR
 #define MLXDIST_PLUGIN_INSTALL_DIR ""
@@ -47,22 +48,6 @@ static const mlxd_host_api k_host = {
     host_timeout_s,          host_spin_us,
 };
 
-/* A growing text buffer that never overflows (it truncates). */
-typedef struct text {
-  char* buf;
-  size_t len, used;
-} text;
-
-__attribute__((format(printf, 2, 3))) static void text_add(text* t, const char* fmt, ...) {
-  if (t->used + 1 >= t->len) return;
-  va_list ap;
-  va_start(ap, fmt);
-  int w = vsnprintf(t->buf + t->used, t->len - t->used, fmt, ap);
-  va_end(ap);
-  if (w < 0) return;
-  t->used += (size_t)w;
-  if (t->used >= t->len) t->used = t->len - 1;
-}
 
 static bool file_exists(const char* path) {
   struct stat sb;
@@ -84,24 +69,24 @@ static void self_dir(char* dir, size_t len) {
 }
 
 /* Try one candidate file. Returns the kind, or NULL with the reason appended to t. */
-static const mlxd_backend_kind* try_file(const char* path, text* t, int* tried) {
-  if (*tried) text_add(t, "; ");
+static const mlxd_backend_kind* try_file(const char* path, mlxd_text* t, int* tried) {
+  if (*tried) mlxd_text_add(t, "; ");
   (*tried)++;
   if (!file_exists(path)) {
-    text_add(t, "%s (no such file)", path);
+    mlxd_text_add(t, "%s (no such file)", path);
     return NULL;
   }
   dlerror();
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char* e = dlerror();
-    text_add(t, "%s (dlopen failed: %s)", path, e ? e : "unknown error");
+    mlxd_text_add(t, "%s (dlopen failed: %s)", path, e ? e : "unknown error");
     return NULL;
   }
   void* sym = dlsym(h, MLXD_PLUGIN_SYMBOL);
   if (!sym) {
     const char* e = dlerror();
-    text_add(t, "%s (no symbol %s: %s)", path, MLXD_PLUGIN_SYMBOL, e ? e : "not found");
+    mlxd_text_add(t, "%s (no symbol %s: %s)", path, MLXD_PLUGIN_SYMBOL, e ? e : "not found");
     dlclose(h);
     return NULL;
   }
@@ -109,13 +94,13 @@ static const mlxd_backend_kind* try_file(const char* path, text* t, int* tried) 
   memcpy(&entry, &sym, sizeof entry); /* object pointer to function pointer, without a cast warning */
   const mlxd_plugin* p = entry(&k_host);
   if (!p) {
-    text_add(t, "%s (the plugin refused this library's host interface, ABI version %u)", path,
+    mlxd_text_add(t, "%s (the plugin refused this library's host interface, ABI version %u)", path,
              MLXD_PLUGIN_ABI_VERSION);
     dlclose(h);
     return NULL;
   }
   if (p->abi_version != MLXD_PLUGIN_ABI_VERSION || p->struct_size < sizeof(mlxd_plugin)) {
-    text_add(t, "%s (plugin ABI version %u, table size %u; expected version %u, size >= %zu)",
+    mlxd_text_add(t, "%s (plugin ABI version %u, table size %u; expected version %u, size >= %zu)",
              path, p->abi_version, p->struct_size, MLXD_PLUGIN_ABI_VERSION,
              sizeof(mlxd_plugin));
     dlclose(h);
@@ -123,7 +108,7 @@ static const mlxd_backend_kind* try_file(const char* path, text* t, int* tried) 
   }
   const mlxd_backend_kind* k = &p->kind;
   if (!k->name || !k->is_available || !k->is_configured || !k->create) {
-    text_add(t, "%s (the plugin's backend table has a NULL entry)", path);
+    mlxd_text_add(t, "%s (the plugin's backend table has a NULL entry)", path);
     dlclose(h);
     return NULL;
   }
@@ -132,7 +117,7 @@ static const mlxd_backend_kind* try_file(const char* path, text* t, int* tried) 
 }
 
 static const mlxd_backend_kind* load(const char* name, char* why, size_t why_len) {
-  text t = {why, why_len, 0};
+  mlxd_text t = {why, why_len, 0};
   why[0] = '\0';
 
   if (strcmp(name, "mpi") == 0) {
@@ -141,7 +126,7 @@ static const mlxd_backend_kind* load(const char* name, char* why, size_t why_len
       dlerror();
       if (!dlopen(lib, RTLD_NOW | RTLD_GLOBAL)) {
         const char* e = dlerror();
-        text_add(&t, "[mpi] could not load the MPI library MLX_MPI_LIBNAME=%s (%s)", lib,
+        mlxd_text_add(&t, "[mpi] could not load the MPI library MLX_MPI_LIBNAME=%s (%s)", lib,
                  e ? e : "unknown error");
         return NULL;
       }
@@ -150,7 +135,7 @@ static const mlxd_backend_kind* load(const char* name, char* why, size_t why_len
 
   char file[64];
   snprintf(file, sizeof file, "libmlxdist-%s.so", name);
-  text_add(&t, "[%s] the %s backend plugin %s could not be loaded; tried: ", name, name, file);
+  mlxd_text_add(&t, "[%s] the %s backend plugin %s could not be loaded; tried: ", name, name, file);
 
   int tried = 0;
   char path[PATH_MAX + 80];
@@ -184,8 +169,8 @@ static const mlxd_backend_kind* load(const char* name, char* why, size_t why_len
     const mlxd_backend_kind* k = try_file(path, &t, &tried);
     if (k) return k;
   }
-  if (!tried) text_add(&t, "nothing (no directory to search)");
-  text_add(&t, " (set MLXDIST_PLUGIN_PATH to the directory holding %s)", file);
+  if (!tried) mlxd_text_add(&t, "nothing (no directory to search)");
+  mlxd_text_add(&t, " (set MLXDIST_PLUGIN_PATH to the directory holding %s)", file);
   return NULL;
 }
 

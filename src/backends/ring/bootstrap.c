@@ -26,22 +26,11 @@
 
 #include "backends/ring/ring_internal.h"
 #include "util/tunables.h"
+#include "util/bytes.h"
 
 #define REC_MAGIC 0x4D585242u /* "MXRB" */
 #define REC_VERSION 1u
 
-static void put16(unsigned char* p, unsigned v) {
-  p[0] = (unsigned char)(v >> 8);
-  p[1] = (unsigned char)v;
-}
-static void put32(unsigned char* p, uint32_t v) {
-  put16(p, v >> 16);
-  put16(p + 2, v & 0xFFFF);
-}
-static unsigned get16(const unsigned char* p) { return ((unsigned)p[0] << 8) | p[1]; }
-static uint32_t get32(const unsigned char* p) {
-  return ((uint32_t)get16(p) << 16) | get16(p + 2);
-}
 static uint32_t fnv1a(const unsigned char* p, size_t n) {
   uint32_t h = 2166136261u;
   for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
@@ -51,52 +40,52 @@ static uint32_t fnv1a(const unsigned char* p, size_t n) {
 void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int nconn,
                           const mlxd_ring_addr* a) {
   memset(rec, 0, MLXD_RING_REC_BYTES);
-  put32(rec, REC_MAGIC);
-  put16(rec + 4, REC_VERSION);
-  put16(rec + 6, (unsigned)conn);
-  put16(rec + 8, (unsigned)nconn);
-  put32(rec + 12, (uint32_t)rank);
-  put32(rec + 16, (uint32_t)size);
+  mlxd_put32(rec, REC_MAGIC);
+  mlxd_put16(rec + 4, REC_VERSION);
+  mlxd_put16(rec + 6, (unsigned)conn);
+  mlxd_put16(rec + 8, (unsigned)nconn);
+  mlxd_put32(rec + 12, (uint32_t)rank);
+  mlxd_put32(rec + 16, (uint32_t)size);
   if (a->sa.ss_family == AF_INET) {
     const struct sockaddr_in* in = (const void*)&a->sa;
-    put16(rec + 10, 4);
-    put16(rec + 20, ntohs(in->sin_port));
+    mlxd_put16(rec + 10, 4);
+    mlxd_put16(rec + 20, ntohs(in->sin_port));
     memcpy(rec + 24, &in->sin_addr, 4);
   } else {
     const struct sockaddr_in6* in6 = (const void*)&a->sa;
-    put16(rec + 10, 6);
-    put16(rec + 20, ntohs(in6->sin6_port));
+    mlxd_put16(rec + 10, 6);
+    mlxd_put16(rec + 20, ntohs(in6->sin6_port));
     memcpy(rec + 24, &in6->sin6_addr, 16);
   }
-  put32(rec + 60, fnv1a(rec, 60));
+  mlxd_put32(rec + 60, fnv1a(rec, 60));
 }
 
 int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, int nconn,
                          const char* via, mlxd_ring_addr* out, mlxd_status* st) {
   const char* what = NULL;
   char detail[96] = "";
-  unsigned fam = get16(rec + 10);
-  if (get32(rec) != REC_MAGIC)
+  unsigned fam = mlxd_get16(rec + 10);
+  if (mlxd_get32(rec) != REC_MAGIC)
     what = "bad magic";
-  else if (get16(rec + 4) != REC_VERSION)
-    snprintf(detail, sizeof detail, "unsupported version %u (expected %u)", get16(rec + 4),
+  else if (mlxd_get16(rec + 4) != REC_VERSION)
+    snprintf(detail, sizeof detail, "unsupported version %u (expected %u)", mlxd_get16(rec + 4),
              REC_VERSION);
-  else if (get32(rec + 60) != fnv1a(rec, 60))
+  else if (mlxd_get32(rec + 60) != fnv1a(rec, 60))
     what = "bad checksum";
-  else if (get32(rec + 12) != (uint32_t)r)
-    snprintf(detail, sizeof detail, "it claims to be from rank %u", (unsigned)get32(rec + 12));
-  else if (get32(rec + 16) != (uint32_t)size)
+  else if (mlxd_get32(rec + 12) != (uint32_t)r)
+    snprintf(detail, sizeof detail, "it claims to be from rank %u", (unsigned)mlxd_get32(rec + 12));
+  else if (mlxd_get32(rec + 16) != (uint32_t)size)
     snprintf(detail, sizeof detail, "it says the group has %u ranks, this rank says %d",
-             (unsigned)get32(rec + 16), size);
-  else if (get16(rec + 8) != (unsigned)nconn)
+             (unsigned)mlxd_get32(rec + 16), size);
+  else if (mlxd_get16(rec + 8) != (unsigned)nconn)
     snprintf(detail, sizeof detail, "it has %u connections per peer, this rank %d",
-             get16(rec + 8), nconn);
-  else if (get16(rec + 6) != (unsigned)conn)
-    snprintf(detail, sizeof detail, "it is for connection %u, expected %d", get16(rec + 6),
+             mlxd_get16(rec + 8), nconn);
+  else if (mlxd_get16(rec + 6) != (unsigned)conn)
+    snprintf(detail, sizeof detail, "it is for connection %u, expected %d", mlxd_get16(rec + 6),
              conn);
   else if (fam != 4 && fam != 6)
     snprintf(detail, sizeof detail, "unknown address family %u", fam);
-  else if (get16(rec + 20) == 0)
+  else if (mlxd_get16(rec + 20) == 0)
     what = "port 0";
   if (what || detail[0])
     return mlxd_fail(st, MLXD_EINVAL,
@@ -107,13 +96,13 @@ int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, in
   if (fam == 4) {
     struct sockaddr_in* in = (void*)&out->sa;
     in->sin_family = AF_INET;
-    in->sin_port = htons((uint16_t)get16(rec + 20));
+    in->sin_port = htons((uint16_t)mlxd_get16(rec + 20));
     memcpy(&in->sin_addr, rec + 24, 4);
     out->len = sizeof *in;
   } else {
     struct sockaddr_in6* in6 = (void*)&out->sa;
     in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons((uint16_t)get16(rec + 20));
+    in6->sin6_port = htons((uint16_t)mlxd_get16(rec + 20));
     memcpy(&in6->sin6_addr, rec + 24, 16);
     out->len = sizeof *in6;
   }

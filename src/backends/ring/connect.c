@@ -26,6 +26,7 @@
 #include "backends/ring/ring_internal.h"
 #include "util/clock.h"
 #include "util/tunables.h"
+#include "util/bytes.h"
 
 #define HELLO_MAGIC 0x4D4C5852u /* "MLXR" */
 #define HELLO_VERSION 1u
@@ -146,23 +147,14 @@ static int io_all(int fd, void* buf, size_t n, bool wr, double deadline) {
   return 0;
 }
 
-static void put32(unsigned char* p, uint32_t v) {
-  p[0] = (unsigned char)(v >> 24);
-  p[1] = (unsigned char)(v >> 16);
-  p[2] = (unsigned char)(v >> 8);
-  p[3] = (unsigned char)v;
-}
-static uint32_t get32(const unsigned char* p) {
-  return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
 
 static void hello_encode(unsigned char* h, int rank, int size, int conn, int nconn) {
-  put32(h, HELLO_MAGIC);
-  put32(h + 4, HELLO_VERSION);
-  put32(h + 8, (uint32_t)rank);
-  put32(h + 12, (uint32_t)size);
-  put32(h + 16, (uint32_t)conn);
-  put32(h + 20, (uint32_t)nconn);
+  mlxd_put32(h, HELLO_MAGIC);
+  mlxd_put32(h + 4, HELLO_VERSION);
+  mlxd_put32(h + 8, (uint32_t)rank);
+  mlxd_put32(h + 12, (uint32_t)size);
+  mlxd_put32(h + 16, (uint32_t)conn);
+  mlxd_put32(h + 20, (uint32_t)nconn);
 }
 
 /* One attempt-loop to connect to a; returns a connected non-blocking fd or -1 (st set). */
@@ -280,13 +272,13 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
       set_nodelay(fd);
       double hd = mlxd_now() + 5.0;
       if (hd > deadline) hd = deadline;
-      if (io_all(fd, h, HELLO_BYTES, false, hd) != 0 || get32(h) != HELLO_MAGIC ||
-          get32(h + 4) != HELLO_VERSION) {
+      if (io_all(fd, h, HELLO_BYTES, false, hd) != 0 || mlxd_get32(h) != HELLO_MAGIC ||
+          mlxd_get32(h + 4) != HELLO_VERSION) {
         mlxd_ring_log("rank %d: ignored a connection without a valid handshake", rank);
         close(fd);
         continue;
       }
-      uint32_t pr_ = get32(h + 8), ps = get32(h + 12), pc = get32(h + 16), pk = get32(h + 20);
+      uint32_t pr_ = mlxd_get32(h + 8), ps = mlxd_get32(h + 12), pc = mlxd_get32(h + 16), pk = mlxd_get32(h + 20);
       if (ps != (uint32_t)size || pk != (uint32_t)K || pr_ <= (uint32_t)rank ||
           pr_ >= (uint32_t)size || pc >= (uint32_t)K) {
         close(fd);
@@ -327,8 +319,8 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
                   "[ring] no handshake answer from rank %d at %s: %s", j, at, strerror(errno));
         goto fail;
       }
-      if (get32(h) != HELLO_MAGIC || get32(h + 4) != HELLO_VERSION ||
-          get32(h + 8) != (uint32_t)j || get32(h + 16) != (uint32_t)c) {
+      if (mlxd_get32(h) != HELLO_MAGIC || mlxd_get32(h + 4) != HELLO_VERSION ||
+          mlxd_get32(h + 8) != (uint32_t)j || mlxd_get32(h + 16) != (uint32_t)c) {
         mlxd_fail(st, MLXD_EINVAL,
                   "[ring] the process listening on %s is not rank %d of this group (handshake "
                   "mismatch); check the hostfile",

@@ -16,6 +16,7 @@
 #include "algo/algo.h"
 #include "backends/ring/ring_internal.h"
 #include "transport/tcp.h"
+#include "util/bytes.h"
 
 /* Messages from the layers below carry their own tag; the user sees the ring backend. */
 static int ring_err(int rc, mlxd_status* st) { return mlxd_ring_err(rc, st); }
@@ -95,15 +96,6 @@ static int split_cmp(const void* a, const void* b) {
   return (x->prank > y->prank) - (x->prank < y->prank);
 }
 
-static void put32(unsigned char* p, uint32_t v) {
-  p[0] = (unsigned char)(v >> 24);
-  p[1] = (unsigned char)(v >> 16);
-  p[2] = (unsigned char)(v >> 8);
-  p[3] = (unsigned char)v;
-}
-static uint32_t get32(const unsigned char* p) {
-  return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
 
 static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
                       mlxd_status* st) {
@@ -132,8 +124,8 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
     goto done;
   }
   if ((rc = mlxd_ring_listen_many(&r->self, k, lfds, mine, st))) goto done;
-  put32(src, (uint32_t)color);
-  put32(src + 4, (uint32_t)key);
+  mlxd_put32(src, (uint32_t)color);
+  mlxd_put32(src + 4, (uint32_t)key);
   for (int c = 0; c < k; c++)
     mlxd_ring_rec_encode(src + 8 + (size_t)c * MLXD_RING_REC_BYTES, b->rank, n, c, k, &mine[c]);
   if ((rc = ring_err(mlxd_algo_all_gather(r->t, seq, src, all, per, st), st))) goto done;
@@ -141,9 +133,9 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
   int m = 0;
   for (int p = 0; p < n; p++) {
     const unsigned char* e = all + (size_t)p * per;
-    if ((int)get32(e) != color) continue;
+    if ((int)mlxd_get32(e) != color) continue;
     ents[m].color = color;
-    ents[m].key = (int)get32(e + 4);
+    ents[m].key = (int)mlxd_get32(e + 4);
     ents[m].prank = p;
     m++;
   }
