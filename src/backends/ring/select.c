@@ -208,7 +208,7 @@ static void make_id(unsigned char* id, int rank, int size, int mode) {
   char host[256] = "";
   if (gethostname(host, sizeof host) != 0) host[0] = '\0';
   host[sizeof host - 1] = '\0';
-  snprintf((char*)id + 80, 128, "%s", host);
+  snprintf((char*)id + 80, 128, "%.127s", host); /* a longer host name is cut */
   if (rank == 0)
     snprintf((char*)id + ID_SESSION, ID_SESSION_MAX, "mlxdist-%ld-%016llx", (long)getpid(),
              (unsigned long long)random64());
