@@ -33,9 +33,13 @@ CC=clang configure_build build-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLXDIST
 
 echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer =="
 configure_build build-asan -DCMAKE_BUILD_TYPE=Debug -DMLXDIST_SANITIZE=address,undefined
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-  LSAN_OPTIONS=suppressions=$root/tests/lsan.supp \
-  run_ctest build-asan -LE 'install'
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 run_ctest build-asan -LE 'install|mpi'
+# Open MPI unloads its components (dlclose) in MPI_Finalize, so LeakSanitizer
+# cannot tell whose their leftover allocations are (it reports "unknown
+# module" frames). The MPI tests run with every ASan/UBSan check but leak
+# detection; mlxdist's own leaks are checked by the other tests and valgrind.
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 run_ctest build-asan -L mpi
 
 echo "== tests under ThreadSanitizer =="
 configure_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DMLXDIST_SANITIZE=thread
