@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -236,7 +237,13 @@ static int kill2_rank(int rank, int size) {
   return 0;
 }
 
-/* rank 2 of 3 queues a 16 MiB all_sum and _exits while it runs. */
+static void* eval_in_thread(void* p) {
+  mlx_array_eval(*(mlx_array*)p);
+  return NULL;
+}
+
+/* rank 2 of 3 runs a 16 MiB all_sum and _exits while it is inside it: the
+ * others join 100 ms later, so rank 2 cannot have finished when it exits. */
 static int exit3_rank(int rank, int size) {
   setenv("MLXDIST_TIMEOUT", "4", 1);
   mlx_distributed_group g = init_ring();
@@ -246,8 +253,11 @@ static int exit3_rank(int rank, int size) {
   int shape[1] = {(int)n};
   mlx_array x = mlx_array_new_data(v, shape, 1, MLX_FLOAT32), y = mlx_array_new();
   free(v);
+  if (rank != 2) usleep(100000);
   T_EQ_INT(mlx_distributed_all_sum(&y, x, g, mlx_stream_new()), 0);
   if (rank == 2) {
+    pthread_t th;
+    T_EQ_INT(pthread_create(&th, NULL, eval_in_thread, &y), 0);
     usleep(30000);
     _exit(0);
   }
