@@ -47,6 +47,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -143,6 +144,7 @@ typedef struct tcp_transport {
   char fail_msg[MLXD_MSG_MAX];
   double timeout_s;
   double spin_s;
+  bool yield_spin; /* more ranks than CPUs: give the CPU away between spin polls */
   struct pollfd* pfds;
   tcp_conn** pconn;
 } tcp_transport;
@@ -772,7 +774,10 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
         ms = mlxd_ms_left(deadline);
         if (ms > TCP_BLOCK_MS) ms = TCP_BLOCK_MS;
       }
-      if (progress_round(t, ms)) last_event = mlxd_now();
+      if (progress_round(t, ms))
+        last_event = mlxd_now();
+      else if (ms == 0 && t->yield_spin)
+        sched_yield(); /* the rank we wait for may need this CPU */
       t->progressing = false;
       /* Let a sleeping waiter take over if we leave, and tell waiters
        * whose requests completed. */
@@ -959,6 +964,8 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
   t->timeout_s = to > 0 ? to : 60;
   double spin = mlxd_tunable_double(MLXD_T_SPIN_US);
   t->spin_s = spin > 0 ? spin * 1e-6 : 0;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  t->yield_spin = ncpu > 0 && size > ncpu;
   return &t->base;
 }
 
