@@ -158,7 +158,7 @@ static int boot_exchange(mlxd_transport* t, unsigned step, const unsigned char* 
     if (rc == 0) rc = t->ops->isend(t, p, tag, in, n, &reqs[2 * p + 1], st);
   }
   if (rc != 0) {
-    mlxd_status ignore = {0, ""};
+    mlxd_status ignore = {0};
     t->ops->waitall(t, reqs, size * 2, &ignore); /* frees what was posted */
   } else {
     rc = t->ops->waitall(t, reqs, size * 2, st);
@@ -313,13 +313,13 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
   char session[ID_SESSION_MAX + 1];
   memcpy(session, ids + ID_SESSION, ID_SESSION_MAX);
   session[ID_SESSION_MAX] = '\0';
-  mlxd_status sst = {0, ""};
+  mlxd_status sst = {0};
   shm = mlxd_shm_transport_new(rank, size, session, &sst);
   memset(my_status, 0, sizeof my_status);
   my_status[0] = shm ? 1 : 0;
   if (!shm) {
     if (!sst.msg[0]) snprintf(sst.msg, sizeof sst.msg, "[shm] failed (code %d)", sst.code);
-    snprintf((char*)my_status + 1, STATUS_BYTES - 1, "%s", skip_tag(sst.msg));
+    snprintf((char*)my_status + 1, STATUS_BYTES - 1, "%.*s", STATUS_BYTES - 2, skip_tag(sst.msg));
   }
   if ((rc = mlxd_ring_err(boot_exchange(tcp, 2, my_status, stat_all, STATUS_BYTES, st), st)))
     goto done;
