@@ -1,8 +1,8 @@
 /* Private: memory for array data and communication scratch space.
  *
  * Touching fresh memory is the most expensive thing an op can do on a VM
- * (measured here: 64 MiB of new pages take ~200-270 ms to fault in, the
- * same bytes reused ~4 ms). So, like MLX's allocator, large buffers are
+ * (faulting in new pages costs far more than reusing mapped ones; the
+ * figures are in docs/design.md). So, like MLX's allocator, large buffers are
  * kept in a cache when freed and handed out again, up to
  * MLXDIST_BUFFER_CACHE_MB; large mappings also ask for transparent huge
  * pages. Small buffers come from the C heap, which already reuses them. */
