@@ -2,7 +2,7 @@
  *
  * Touching fresh memory is the most expensive thing an op can do on a VM
  * (faulting in new pages costs far more than reusing mapped ones; the
- * figures are in docs/design.md). So, like MLX's allocator, large buffers are
+ * figures are in docs/performance.md). So, like MLX's allocator, large buffers are
  * kept in a cache when freed and handed out again, up to
  * MLXDIST_BUFFER_CACHE_MB; large mappings also ask for transparent huge
  * pages. Small buffers come from the C heap, which already reuses them. */
