@@ -276,6 +276,25 @@ static void test_given_hostfile(void) {
   run(ARGV("--hostfile", path, "--", "/bin/true"), NULL);
   T_EQ_INT(R.status, 2);
   T_ASSERT(strstr(R.err, "JSON") && strstr(R.err, path));
+
+  /* what the ranks' parser refuses is refused before any rank starts, for its reason */
+  f = fopen(path, "w");
+  T_ASSERT(f != NULL);
+  fputs("[[\"127.0.0.1:40001\"], [\"127.0.0.1:port\"]]", f);
+  fclose(f);
+  run(ARGV("--hostfile", path, "--", "/bin/sh", "-c", "echo started"), NULL);
+  T_EQ_INT(R.status, 2);
+  T_ASSERT(strstr(R.err, "rank 1") && strstr(R.err, "invalid port") && strstr(R.err, path));
+  T_ASSERT(strstr(R.out, "started") == NULL);
+
+  /* --connections must agree with the file */
+  f = fopen(path, "w");
+  T_ASSERT(f != NULL);
+  fputs("[[\"127.0.0.1:40001\"], [\"127.0.0.1:40002\"]]", f);
+  fclose(f);
+  run(ARGV("--connections", "2", "--hostfile", path, "--", "/bin/true"), NULL);
+  T_EQ_INT(R.status, 2);
+  T_ASSERT(strstr(R.err, "--connections is 2") && strstr(R.err, path));
   unlink(path);
 }
 

@@ -1,0 +1,195 @@
+/* mlxdist-launch: the command line, the help text and the "[launch]" messages. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "launch.h"
+
+static void usage(FILE* f) {
+  fprintf(f,
+          "Usage: mlxdist-launch -n N [options] [--] PROGRAM [ARGS...]\n"
+          "\n"
+          "Start N ranks of PROGRAM on this host and supervise them.\n"
+          "\n"
+          "Options:\n"
+          "  -n, --np N            number of ranks (1..%d); with --hostfile, taken from the file\n"
+          "  --backend ring|mpi    ring (default): local TCP ring, hostfile in MLX's format;\n"
+          "                        mpi: run the ranks with mpirun\n"
+          "  --connections K       ring: TCP connections per rank (1..%d, default 1)\n"
+          "  --hostfile F          ring: use the JSON hostfile F as is (a list with one list\n"
+          "                        of \"ip:port\" strings per rank); N is its number of lists\n"
+          "  --env K=V             set K=V in every rank's environment (repeatable)\n"
+          "  --verbose             print what is launched; ring: set MLX_RING_VERBOSE=1\n"
+          "  --timeout S           kill all ranks after S seconds and exit 124 (default: none;\n"
+          "                        also read from MLXDIST_LAUNCH_TIMEOUT; 0 means none)\n"
+          "  -h, --help            print this help\n"
+          "\n"
+          "ring: each rank gets MLX_RANK, MLX_WORLD_SIZE and MLX_HOSTFILE. Every complete\n"
+          "line a rank writes is printed with the prefix \"[rank] \", stdout lines on stdout\n"
+          "and stderr lines on stderr.\n"
+          "\n"
+          "mpi: runs `mpirun -np N --oversubscribe [--allow-run-as-root] --tag-output -x K=V\n"
+          "PROGRAM ARGS` for Open MPI (lines are prefixed by Open MPI as \"[1,rank]<stdout>:\"),\n"
+          "or `mpirun -np N -prepend-rank -genv K V PROGRAM ARGS` for MPICH (prefix \"[rank] \");\n"
+          "the flavour is detected from `mpirun --version`.\n"
+          "\n"
+          "Exit status: 0 when every rank succeeds; otherwise the status of the first rank\n"
+          "that failed (128+signal when it was killed by a signal) after the other ranks\n"
+          "were stopped (SIGTERM, then SIGKILL after %.0f s); 124 on timeout; 2 for bad\n"
+          "arguments. SIGINT and SIGTERM are forwarded to the ranks.\n",
+          LAUNCH_MAX_RANKS, LAUNCH_MAX_CONNECTIONS, LAUNCH_GRACE_S);
+}
+
+static void vmsg(const char* fmt, va_list ap) {
+  fputs("[launch] ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+}
+
+void launch_bad_usage(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vmsg(fmt, ap);
+  va_end(ap);
+  fputs("Run 'mlxdist-launch --help' for usage.\n", stderr);
+  exit(2);
+}
+
+void launch_msg(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vmsg(fmt, ap);
+  va_end(ap);
+  fflush(stderr);
+}
+
+static long parse_long(const char* what, const char* s, long lo, long hi) {
+  char* end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end != '\0' || v < lo || v > hi)
+    launch_bad_usage("%s must be an integer from %ld to %ld, got '%s'.", what, lo, hi, s);
+  return v;
+}
+
+static double parse_seconds(const char* what, const char* s) {
+  char* end = NULL;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (errno || end == s || *end != '\0' || !(v >= 0.0) || v > 1e9)
+    launch_bad_usage("%s must be a number of seconds >= 0, got '%s'.", what, s);
+  return v;
+}
+
+static bool valid_env_name(const char* s, size_t n) {
+  if (n == 0 || !(isalpha((unsigned char)s[0]) || s[0] == '_')) return false;
+  for (size_t i = 1; i < n; i++)
+    if (!(isalnum((unsigned char)s[i]) || s[i] == '_')) return false;
+  return true;
+}
+
+/* Match argv[*i] against a long option "--name" (also "--name=value") or a
+ * short one "-c" (also "-cvalue"); on a match return its value and advance *i. */
+static const char* opt_value(int argc, char** argv, int* i, const char* lng, const char* shrt,
+                             bool* matched) {
+  const char* a = argv[*i];
+  const char* inl = NULL;
+  *matched = false;
+  size_t ll = strlen(lng);
+  if (strncmp(a, lng, ll) == 0 && (a[ll] == '\0' || a[ll] == '=')) {
+    *matched = true;
+    if (a[ll] == '=') inl = a + ll + 1;
+  } else if (shrt && strncmp(a, shrt, 2) == 0) {
+    *matched = true;
+    if (a[2] != '\0') inl = a + 2;
+  }
+  if (!*matched) return NULL;
+  if (inl) return inl;
+  if (*i + 1 >= argc) launch_bad_usage("option %s needs a value.", lng);
+  (*i)++;
+  return argv[*i];
+}
+
+/* One option that takes a value, at argv[*i]; false if it is none of them. */
+static bool parse_valued(int argc, char** argv, int* i, launch_opts* o, bool* have_timeout) {
+  bool m = false;
+  const char* v;
+  if ((v = opt_value(argc, argv, i, "--np", "-n", &m)) || m) {
+    o->n = (int)parse_long("-n (the number of ranks)", v, 1, LAUNCH_MAX_RANKS);
+  } else if ((v = opt_value(argc, argv, i, "--backend", NULL, &m)) || m) {
+    if (strcmp(v, "ring") != 0 && strcmp(v, "mpi") != 0)
+      launch_bad_usage("--backend must be 'ring' or 'mpi', got '%s'.", v);
+    o->mpi = strcmp(v, "mpi") == 0;
+  } else if ((v = opt_value(argc, argv, i, "--connections", NULL, &m)) || m) {
+    o->connections = (int)parse_long("--connections", v, 1, LAUNCH_MAX_CONNECTIONS);
+  } else if ((v = opt_value(argc, argv, i, "--hostfile", NULL, &m)) || m) {
+    if (!*v) launch_bad_usage("--hostfile needs a file name, got an empty string.");
+    o->hostfile = v;
+  } else if ((v = opt_value(argc, argv, i, "--env", NULL, &m)) || m) {
+    const char* eq = strchr(v, '=');
+    if (!eq || !valid_env_name(v, (size_t)(eq - v)))
+      launch_bad_usage("--env expects NAME=VALUE with NAME made of letters, digits and '_', "
+                       "got '%s'.", v);
+    o->envs[o->n_envs++] = v;
+  } else if ((v = opt_value(argc, argv, i, "--timeout", NULL, &m)) || m) {
+    o->timeout = parse_seconds("--timeout", v);
+    *have_timeout = true;
+  }
+  return m;
+}
+
+/* What no single option can say: defaults from the environment, options that
+ * do not go together, and what is missing. */
+static void check_combination(launch_opts* o, bool have_timeout) {
+  if (!have_timeout) {
+    const char* e = getenv("MLXDIST_LAUNCH_TIMEOUT");
+    if (e && *e) o->timeout = parse_seconds("MLXDIST_LAUNCH_TIMEOUT", e);
+  }
+  if (o->mpi) {
+    if (o->hostfile)
+      launch_bad_usage("--hostfile applies to the ring backend only (use an mpirun hostfile "
+                       "through your MPI instead).");
+    if (o->connections)
+      launch_bad_usage("--connections applies to the ring backend only.");
+  }
+  if (!o->hostfile && o->n == 0)
+    launch_bad_usage("the number of ranks is missing: give -n N (or --hostfile F).");
+}
+
+void launch_parse_args(int argc, char** argv, launch_opts* o) {
+  memset(o, 0, sizeof *o);
+  o->envs = calloc((size_t)argc, sizeof *o->envs);
+  if (!o->envs) {
+    launch_msg("out of memory");
+    exit(1);
+  }
+  bool have_timeout = false;
+  int i = 1;
+  for (; i < argc; i++) {
+    const char* a = argv[i];
+    if (strcmp(a, "--") == 0) {
+      i++;
+      break;
+    }
+    if (a[0] != '-' || a[1] == '\0') break; /* the program */
+    if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+      usage(stdout);
+      exit(0);
+    }
+    if (strcmp(a, "--verbose") == 0 || strcmp(a, "-v") == 0)
+      o->verbose = true;
+    else if (!parse_valued(argc, argv, &i, o, &have_timeout))
+      launch_bad_usage("unknown option '%s'.", a);
+  }
+  if (i >= argc) launch_bad_usage("no program to launch was given (expected '-- PROGRAM ARGS...').");
+  o->program = argv + i;
+  check_combination(o, have_timeout);
+}
+
+void launch_free_args(launch_opts* o) {
+  free(o->envs);
+  o->envs = NULL;
+}

@@ -1,0 +1,109 @@
+/* mlxdist-launch, shared between its parts:
+ *   args.c      the command line (options, usage, the "[launch]" messages)
+ *   hostfile.c  the ring hostfile: a user's, checked with the ranks' own parser,
+ *               or one written on free local ports
+ *   mpi.c       the mpirun command line for --backend mpi
+ *   relay.c     a child's output, line by line, with the "[rank] " prefix
+ *   supervise.c starting the children, stopping them all on the first failure,
+ *               --timeout, forwarded signals and the exit status
+ *   main.c      the outline. */
+#ifndef MLXD_LAUNCH_H
+#define MLXD_LAUNCH_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define LAUNCH_MAX_RANKS 1024
+#define LAUNCH_MAX_CONNECTIONS 64
+#define LAUNCH_GRACE_S 3.0   /* SIGTERM to SIGKILL */
+#define LAUNCH_DRAIN_S 1.0   /* how long output of orphans is read after the ranks are gone */
+#define LAUNCH_MAX_LINE 65536 /* a longer line is printed in pieces */
+
+/* ---- args.c ---- */
+
+typedef struct launch_opts {
+  int n;             /* 0: not given */
+  bool mpi;
+  int connections;   /* 0: not given */
+  const char* hostfile;
+  const char** envs; /* "K=V" from --env, in order */
+  int n_envs;
+  bool verbose;
+  double timeout;    /* 0: none */
+  char** program;    /* argv of the program, NULL-terminated */
+} launch_opts;
+
+/* Parse the command line into o; prints the help and exits 0 for --help, and
+ * exits 2 with a message naming the problem for bad arguments. */
+void launch_parse_args(int argc, char** argv, launch_opts* o);
+void launch_free_args(launch_opts* o);
+
+/* "[launch] <message>" on stderr. */
+void launch_msg(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "[launch] <message>" and a pointer to --help, then exit 2. */
+_Noreturn void launch_bad_usage(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- hostfile.c ---- */
+
+typedef struct launch_hostfile {
+  char path[PATH_MAX]; /* what MLX_HOSTFILE is set to */
+  int n;               /* number of ranks */
+  char* json;          /* the hostfile as the ranks read it, for --verbose */
+  int* fds;            /* generated: the reserved ports, held until the ranks start */
+  int n_fds;
+} launch_hostfile;
+
+/* The given hostfile (checked; exits 2 when it is bad or disagrees with -n or
+ * --connections) or a new one on free ports of 127.0.0.1 in a private temporary
+ * directory, removed at exit. Returns 0, or 1 after a message. */
+int launch_hostfile_prepare(const launch_opts* o, launch_hostfile* hf);
+/* Close the reserved ports so that the ranks can bind them. */
+void launch_hostfile_release_ports(launch_hostfile* hf);
+void launch_hostfile_free(launch_hostfile* hf);
+
+/* ---- mpi.c ---- */
+
+/* The mpirun command line for o (NULL-terminated; free with launch_mpi_argv_free);
+ * NULL after a message, with *status the exit status to use. */
+char** launch_mpi_argv(const launch_opts* o, int* status);
+void launch_mpi_argv_free(char** av);
+
+/* ---- relay.c ---- */
+
+/* One output pipe of a child: complete lines are written to out_fd (1 or 2)
+ * with the prefix, whatever way the child's writes split them. */
+typedef struct launch_relay {
+  int fd;             /* read end of the child's pipe (non-blocking), -1 when closed */
+  int out_fd;
+  const char* prefix; /* "[r] ", or "" */
+  char* buf;
+  size_t len, cap;
+} launch_relay;
+
+/* Read what is available and print the complete lines; at end of file print
+ * the rest and close the pipe. */
+void launch_relay_read(launch_relay* r);
+/* Print what is left (also a last line without a newline), close, free. */
+void launch_relay_finish(launch_relay* r);
+
+/* ---- supervise.c ---- */
+
+/* Route SIGCHLD, SIGINT, SIGTERM and SIGHUP to a signalfd (returned, -1 on error). */
+int launch_block_signals(void);
+
+typedef struct launch_spawn {
+  char** argv;          /* NULL-terminated */
+  const char** set_env; /* "K=V" strings, applied in order after MLX_RANK */
+  int n_env;
+} launch_spawn;
+
+/* Start n ranks of sp, rank r with MLX_RANK=r and its output prefixed "[r] ",
+ * and supervise them: the first rank to fail stops the others; timeout (0:
+ * none) stops them all. Returns the launcher's exit status. */
+int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout);
+/* Run one child (mpirun) under the same supervision, its output as is. */
+int launch_one(const launch_spawn* sp, int sfd, double timeout);
+
+#endif

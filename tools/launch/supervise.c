@@ -1,0 +1,381 @@
+/* mlxdist-launch: the children and their supervision.
+ *
+ * Each child leads its own process group (so a stop reaches what it started)
+ * and writes into two pipes relayed line by line (relay.c). One poll() loop
+ * waits on those pipes and on a signalfd for SIGCHLD and the user's signals:
+ * the first child to fail stops the others (SIGTERM, then SIGKILL after
+ * LAUNCH_GRACE_S) and gives the exit status; --timeout does the same and
+ * exits 124; SIGINT/SIGTERM/SIGHUP are forwarded, a second one kills. */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "launch.h"
+#include "util/clock.h"
+
+typedef struct child {
+  pid_t pid;
+  bool alive;
+  char prefix[24];
+  launch_relay out, err;
+} child;
+
+typedef struct run {
+  child* kids;
+  int n;
+  int alive;
+  int sfd;               /* the signalfd */
+  bool name_ranks;       /* ring: messages name the rank that failed */
+  int first_fail_rank;   /* -1: none yet */
+  int first_fail_code;
+  bool stopping;         /* SIGTERM (or the user's signal) sent */
+  bool killed;           /* SIGKILL sent */
+  double kill_at;
+  int interrupted;       /* signal forwarded from the user, 0 if none */
+  double timeout;        /* 0: none */
+  double deadline;       /* mlxd_now() when the timeout expires; 0: none */
+  bool timed_out;
+  double drain_until;    /* 0 until every child is gone */
+  struct pollfd* pfd;    /* the signalfd and every open pipe */
+  launch_relay** who;    /* who[i]: the pipe of pfd[i], i >= 1 */
+} run;
+
+/* ---- signals ---- */
+
+static sigset_t old_mask; /* restored in the children */
+
+int launch_block_signals(void) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  if (sigprocmask(SIG_BLOCK, &set, &old_mask) != 0) return -1;
+  signal(SIGPIPE, SIG_IGN);
+  return signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+}
+
+static void signal_all(run* rn, int sig) {
+  for (int i = 0; i < rn->n; i++) {
+    pid_t pid = rn->kids[i].pid;
+    if (pid <= 0) continue;
+    /* Each rank leads its own process group: reach its children too. A dead
+     * rank's group may still hold orphans; its id cannot be reused meanwhile. */
+    if (kill(-pid, sig) != 0 && rn->kids[i].alive) kill(pid, sig);
+  }
+}
+
+static void begin_stop(run* rn) {
+  if (rn->stopping) return;
+  rn->stopping = true;
+  rn->kill_at = mlxd_now() + LAUNCH_GRACE_S;
+  signal_all(rn, SIGTERM);
+}
+
+/* ---- starting a child ---- */
+
+/* In the child: its own process group, default signals, the pipes as stdout
+ * and stderr, MLX_RANK (rank >= 0) and sp's variables; then the program. */
+static _Noreturn void exec_child(const launch_spawn* sp, int rank, int out_fd, int err_fd) {
+  setpgid(0, 0);
+  signal(SIGPIPE, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  sigprocmask(SIG_SETMASK, &old_mask, NULL);
+  if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(127);
+  if (rank >= 0) {
+    char v[16];
+    snprintf(v, sizeof v, "%d", rank);
+    setenv("MLX_RANK", v, 1);
+  }
+  for (int i = 0; i < sp->n_env; i++) {
+    const char* kv = sp->set_env[i];
+    const char* eq = strchr(kv, '=');
+    char name[256];
+    size_t nl = (size_t)(eq - kv);
+    if (nl >= sizeof name) continue;
+    memcpy(name, kv, nl);
+    name[nl] = '\0';
+    setenv(name, eq + 1, 1);
+  }
+  execvp(sp->argv[0], sp->argv);
+  int e = errno;
+  if (rank >= 0)
+    dprintf(2, "[launch] rank %d: cannot run '%s': %s.\n", rank, sp->argv[0], strerror(e));
+  else
+    dprintf(2, "[launch] cannot run '%s': %s.\n", sp->argv[0], strerror(e));
+  _exit(e == ENOENT ? 127 : 126);
+}
+
+static void close_pair(int p[2]) {
+  close(p[0]);
+  close(p[1]);
+}
+
+/* Fork and exec one child with its output relayed; -1 with errno on failure. */
+static int start_child(const launch_spawn* sp, child* c, int rank) {
+  int po[2], pe[2];
+  if (pipe2(po, O_CLOEXEC) != 0) return -1;
+  if (pipe2(pe, O_CLOEXEC) != 0) {
+    int e = errno;
+    close_pair(po);
+    errno = e;
+    return -1;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    close_pair(po);
+    close_pair(pe);
+    errno = e;
+    return -1;
+  }
+  if (pid == 0) exec_child(sp, rank, po[1], pe[1]);
+  setpgid(pid, pid); /* also in the parent, so a signal right away reaches the group */
+  close(po[1]);
+  close(pe[1]);
+  fcntl(po[0], F_SETFL, fcntl(po[0], F_GETFL) | O_NONBLOCK);
+  fcntl(pe[0], F_SETFL, fcntl(pe[0], F_GETFL) | O_NONBLOCK);
+  c->pid = pid;
+  c->alive = true;
+  c->out = (launch_relay){.fd = po[0], .out_fd = 1, .prefix = c->prefix};
+  c->err = (launch_relay){.fd = pe[0], .out_fd = 2, .prefix = c->prefix};
+  return 0;
+}
+
+/* ---- what happened to the children ---- */
+
+/* The launcher's code for a wait status (128+signal when killed), described in how. */
+static int exit_code(int st, char* how, size_t n) {
+  if (WIFEXITED(st)) {
+    snprintf(how, n, "exited with status %d", WEXITSTATUS(st));
+    return WEXITSTATUS(st);
+  }
+  if (WIFSIGNALED(st)) {
+    snprintf(how, n, "was killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    return 128 + WTERMSIG(st);
+  }
+  snprintf(how, n, "stopped");
+  return 0;
+}
+
+static void child_exited(run* rn, int i, int st) {
+  rn->kids[i].alive = false;
+  rn->alive--;
+  char how[96];
+  int code = exit_code(st, how, sizeof how);
+  if (code == 0 || rn->first_fail_rank >= 0) return;
+  rn->first_fail_rank = i;
+  rn->first_fail_code = code;
+  if (rn->stopping) return; /* stopped by us (timeout or forwarded signal) */
+  if (rn->name_ranks) {
+    if (rn->alive > 0)
+      launch_msg("rank %d %s; stopping the other %d rank%s.", i, how, rn->alive,
+                 rn->alive == 1 ? "" : "s");
+    else
+      launch_msg("rank %d %s.", i, how);
+  }
+  begin_stop(rn);
+}
+
+static void reap(run* rn) {
+  for (;;) {
+    int st = 0;
+    pid_t pid = waitpid(-1, &st, WNOHANG);
+    if (pid <= 0) return;
+    for (int i = 0; i < rn->n; i++)
+      if (rn->kids[i].pid == pid && rn->kids[i].alive) child_exited(rn, i, st);
+  }
+}
+
+/* The signalfd is readable: forward the user's signals (a second one kills), reap. */
+static void on_signals(run* rn) {
+  struct signalfd_siginfo si;
+  while (read(rn->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+    int sig = (int)si.ssi_signo;
+    if (sig == SIGCHLD || rn->alive == 0) continue;
+    if (rn->interrupted) {
+      rn->killed = true;
+      signal_all(rn, SIGKILL);
+      continue;
+    }
+    rn->interrupted = sig;
+    if (rn->name_ranks) launch_msg("received %s; forwarding it to the ranks.", strsignal(sig));
+    signal_all(rn, sig);
+    rn->stopping = true;
+    rn->kill_at = mlxd_now() + LAUNCH_GRACE_S;
+  }
+  reap(rn);
+}
+
+/* ---- the supervision loop ---- */
+
+/* Act on the timeout and on the end of the grace period. */
+static void check_timers(run* rn, double now) {
+  if (rn->deadline > 0 && !rn->timed_out && now >= rn->deadline && rn->alive > 0) {
+    rn->timed_out = true;
+    launch_msg("timeout: the ranks ran longer than the %g s limit (--timeout or "
+               "MLXDIST_LAUNCH_TIMEOUT); killing %d rank%s.",
+               rn->timeout, rn->alive, rn->alive == 1 ? "" : "s");
+    begin_stop(rn);
+  }
+  if (rn->stopping && !rn->killed && now >= rn->kill_at && rn->alive > 0) {
+    rn->killed = true;
+    if (rn->name_ranks)
+      launch_msg("%d rank%s still running %.0f s after SIGTERM; sending SIGKILL.", rn->alive,
+                 rn->alive == 1 ? "" : "s", LAUNCH_GRACE_S);
+    signal_all(rn, SIGKILL);
+  }
+}
+
+/* poll()'s timeout: until the next timer, -1 (none) when only events matter. */
+static int poll_ms(const run* rn) {
+  double wake = -1;
+  if (rn->deadline > 0 && !rn->timed_out && rn->alive > 0) wake = rn->deadline;
+  if (rn->stopping && !rn->killed && rn->alive > 0 && (wake < 0 || rn->kill_at < wake))
+    wake = rn->kill_at;
+  if (rn->drain_until > 0 && (wake < 0 || rn->drain_until < wake)) wake = rn->drain_until;
+  return wake < 0 ? -1 : mlxd_ms_left(wake);
+}
+
+/* Wait for output, signals or the next timer, and handle them; -1 when poll fails. */
+static int poll_once(run* rn) {
+  int k = 0;
+  rn->pfd[k++] = (struct pollfd){.fd = rn->sfd, .events = POLLIN};
+  for (int i = 0; i < rn->n; i++) {
+    launch_relay* rs[2] = {&rn->kids[i].out, &rn->kids[i].err};
+    for (int j = 0; j < 2; j++) {
+      if (rs[j]->fd < 0) continue;
+      rn->who[k] = rs[j];
+      rn->pfd[k++] = (struct pollfd){.fd = rs[j]->fd, .events = POLLIN};
+    }
+  }
+  int pr = poll(rn->pfd, (nfds_t)k, poll_ms(rn));
+  if (pr < 0 && errno != EINTR) {
+    launch_msg("poll failed: %s; killing the ranks.", strerror(errno));
+    signal_all(rn, SIGKILL);
+    return -1;
+  }
+  if (pr <= 0) return 0;
+  for (int i = 1; i < k; i++)
+    if (rn->pfd[i].revents) launch_relay_read(rn->who[i]);
+  if (rn->pfd[0].revents & POLLIN) on_signals(rn);
+  return 0;
+}
+
+/* True once every child is gone and its pipes are closed, or the drain time
+ * for pipes kept open by orphaned grandchildren is over. */
+static bool all_done(run* rn, double now) {
+  if (rn->alive > 0) return false;
+  int open = 0;
+  for (int i = 0; i < rn->n; i++) open += (rn->kids[i].out.fd >= 0) + (rn->kids[i].err.fd >= 0);
+  if (open == 0) return true;
+  if (rn->drain_until == 0) rn->drain_until = now + LAUNCH_DRAIN_S;
+  return now >= rn->drain_until;
+}
+
+/* Make sure nothing is left running, reap everything, print what is left. */
+static void finish(run* rn) {
+  if (rn->alive > 0) signal_all(rn, SIGKILL);
+  while (rn->alive > 0) {
+    pid_t pid = waitpid(-1, NULL, 0); /* bounded: every child was sent SIGKILL */
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid < 0) break;
+    for (int i = 0; i < rn->n; i++)
+      if (rn->kids[i].pid == pid && rn->kids[i].alive) {
+        rn->kids[i].alive = false;
+        rn->alive--;
+      }
+  }
+  for (int i = 0; i < rn->n; i++) {
+    launch_relay_finish(&rn->kids[i].out);
+    launch_relay_finish(&rn->kids[i].err);
+  }
+}
+
+/* Run the started children to completion; returns the launcher's exit status. */
+static int supervise(run* rn, double timeout) {
+  rn->timeout = timeout;
+  rn->deadline = timeout > 0 ? mlxd_now() + timeout : 0;
+  for (;;) {
+    double now = mlxd_now();
+    if (all_done(rn, now)) break;
+    check_timers(rn, now);
+    if (poll_once(rn) != 0) break;
+  }
+  finish(rn);
+  if (rn->timed_out) return 124;
+  if (rn->first_fail_rank >= 0) return rn->first_fail_code;
+  if (rn->interrupted) return 128 + rn->interrupted;
+  return 0;
+}
+
+/* ---- entry points ---- */
+
+static int run_init(run* rn, int n, int sfd, bool name_ranks) {
+  *rn = (run){.n = n, .sfd = sfd, .name_ranks = name_ranks, .first_fail_rank = -1};
+  rn->kids = calloc((size_t)n, sizeof *rn->kids);
+  rn->pfd = calloc((size_t)(1 + 2 * n), sizeof *rn->pfd);
+  rn->who = calloc((size_t)(1 + 2 * n), sizeof *rn->who);
+  if (rn->kids && rn->pfd && rn->who) return 0;
+  launch_msg("out of memory");
+  return -1;
+}
+
+static void run_free(run* rn) {
+  free(rn->kids);
+  free(rn->pfd);
+  free(rn->who);
+}
+
+int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
+  run rn;
+  if (run_init(&rn, n, sfd, true) != 0) {
+    run_free(&rn);
+    return 1;
+  }
+  fflush(NULL); /* nothing buffered may be written twice by the children */
+  int rc = -1;
+  for (int r = 0; r < n && rc < 0; r++) {
+    snprintf(rn.kids[r].prefix, sizeof rn.kids[r].prefix, "[%d] ", r);
+    if (start_child(sp, &rn.kids[r], r) == 0) {
+      rn.alive++;
+      continue;
+    }
+    launch_msg("cannot start rank %d: %s; stopping the others.", r, strerror(errno));
+    rn.n = r;
+    rn.name_ranks = false;
+    signal_all(&rn, SIGKILL);
+    supervise(&rn, 0);
+    rc = 1;
+  }
+  if (rc < 0) rc = supervise(&rn, timeout);
+  run_free(&rn);
+  return rc;
+}
+
+int launch_one(const launch_spawn* sp, int sfd, double timeout) {
+  run rn;
+  if (run_init(&rn, 1, sfd, false) != 0) {
+    run_free(&rn);
+    return 1;
+  }
+  fflush(NULL);
+  int rc = 1;
+  if (start_child(sp, &rn.kids[0], -1) != 0) {
+    launch_msg("cannot start %s: %s.", sp->argv[0], strerror(errno));
+  } else {
+    rn.alive = 1;
+    rc = supervise(&rn, timeout);
+  }
+  run_free(&rn);
+  return rc;
+}
