@@ -14,8 +14,9 @@
 # Open MPI ...; every other repeat in the reverse order) so that a slow phase of the
 # machine hits both. RESULTS_DIR (default BUILD_DIR/bench-results; its runs/ is
 # emptied first) receives:
-#   conditions.txt   date, commit, CPU, memory, THP, glibc, Open MPI version, MCA
-#                    options, load average before and after, the exact command
+#   conditions.txt   date, commit, CPU, memory, THP, glibc, the time to fault in a
+#                    fresh 64 MiB buffer, Open MPI version, MCA options, load average
+#                    before and after, the exact command
 #   runs/<variant>-n<N>-r<K>.csv (+ .log)   one run's rows (--csv); variants:
 #                    mlxdist-<transport> for every transport in BENCH_TRANSPORTS
 #                    ("default": MLXDIST_TRANSPORT unset, i.e. shared memory on one
@@ -139,6 +140,10 @@ cond=$results/conditions.txt
     "defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2> /dev/null)"
   echo "glibc:        $(getconf GNU_LIBC_VERSION 2> /dev/null)"
   echo "load before:  $(cat /proc/loadavg)"
+  # what a fresh 64 MiB buffer costs to fault in: Open MPI's large all-reduce pays this
+  # on every call here (see docs/performance.md), so it moves its 64 MiB figure most
+  echo "64 MiB first touch: $(dd if=/dev/zero of=/dev/null bs=64M count=1 2>&1 |
+    sed -n 's/.*copied, \([0-9.]*\) s.*/\1 s (dd bs=64M count=1)/p')"
   if [ $have_mpi = 1 ]; then
     echo "Open MPI:     $(mpirun --version 2> /dev/null | head -n 1)"
     for n in $ranks; do
