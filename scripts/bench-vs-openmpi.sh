@@ -161,6 +161,13 @@ cond=$results/conditions.txt
   echo "repeats:      $repeats, order per repeat:$order (every other repeat reversed)"
 } > "$cond"
 cat "$cond" >&2
+# a busy machine makes the figures noise (and hurts the two sides differently:
+# Open MPI busy-polls, mlxdist spins then blocks), so say so where it is read
+load1=$(cut -d' ' -f1 /proc/loadavg)
+if awk -v l="$load1" -v c="$cpus" 'BEGIN { exit !(l > c / 2) }'; then
+  echo "WARNING:      load average $load1 on $cpus CPUs before the run; not a publication run" |
+    tee -a "$cond" >&2
+fi
 
 # ---- the runs ---------------------------------------------------------------------
 status=0
