@@ -1,33 +1,53 @@
 #!/bin/sh
-# Compare mlxdist (ring backend) with Open MPI on this host.
+# Compare mlxdist (ring backend) with Open MPI on this host, several times over.
 #
 #   scripts/bench-vs-openmpi.sh BUILD_DIR [RESULTS_DIR]
 #
+# The run behind docs/performance.md and the README (build first with
+# cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build -j):
+#   BENCH_OPS=all_sum,all_gather BENCH_MAX_BYTES=64M BENCH_FACTOR=16 \
+#     sh scripts/bench-vs-openmpi.sh build bench-results
+#
 # Builds nothing: BUILD_DIR must hold tools/mlxdist-launch, tools/mlxdist-bench and
-# tools/mpi_ref_bench. For every rank count it runs, each with --csv into RESULTS_DIR
-# (default: BUILD_DIR/bench-results):
-#   mlxdist-<transport>-n<N>.csv  mlxdist-bench under mlxdist-launch, for every transport
-#                                 in BENCH_TRANSPORTS ("default": MLXDIST_TRANSPORT unset,
-#                                 i.e. auto = shared memory on one host; "tcp", "shm")
-#   mpi-tcp-n<N>.csv              mpi_ref_bench under mpirun --mca btl self,tcp
-#   mpi-shm-n<N>.csv              mpi_ref_bench under mpirun --mca btl self,vader
-# then prints a side-by-side table of the times with ratios (mlxdist time / Open MPI
-# time; default and shm are compared with Open MPI's shared memory, tcp with its tcp),
-# and draws busbw-vs-size plots (busbw-<op>-n<N>.png) with gnuplot (scripts/plot.gp).
+# tools/mpi_ref_bench. Each configuration (rank count x implementation) runs
+# BENCH_REPEATS times, mlxdist and Open MPI interleaved (mlxdist, Open MPI, mlxdist,
+# Open MPI ...; every other repeat in the reverse order) so that a slow phase of the
+# machine hits both. RESULTS_DIR (default BUILD_DIR/bench-results; its runs/ is
+# emptied first) receives:
+#   conditions.txt   date, commit, CPU, memory, THP, glibc, the time to fault in a
+#                    fresh 64 MiB buffer, Open MPI version, MCA options, load average
+#                    before and after, the exact command
+#   runs/<variant>-n<N>-r<K>.csv (+ .log)   one run's rows (--csv); variants:
+#                    mlxdist-<transport> for every transport in BENCH_TRANSPORTS
+#                    ("default": MLXDIST_TRANSPORT unset, i.e. shared memory on one
+#                    host; "shm"; "tcp"), mpi-shm (btl self,vader), mpi-tcp (btl self,tcp)
+#   runs/index.txt   when each run started, its load average and how long it took
+#   summary.csv      per variant, op, ranks and size: runs, median/min/max time (us)
+#                    and busbw (GB/s) over the repeats
+#   comparison.txt   side-by-side table: median [min-max] of each side, the ratio of
+#                    the medians (Open MPI / mlxdist: above 1 = mlxdist faster) with
+#                    the range of the per-repeat ratios, and a flag where max/min of
+#                    either side exceeds 2 (such a size is noise-dominated)
+#   busbw-<op>-n<N>.png  busbw vs size from the medians, min-max error bars (gnuplot)
 #
 # Settings (environment):
-#   BENCH_RANKS       rank counts                    (default "2 4")
-#   BENCH_OPS         --op for both benchmarks       (default all)
-#   BENCH_MIN_BYTES   smallest size                  (default 4)
-#   BENCH_MAX_BYTES   largest size                   (default 4M; 64M for a full run)
-#   BENCH_FACTOR      size factor                    (default 4)
-#   BENCH_ITERS       timed iterations               (default 10)
-#   BENCH_WARMUP      warm-up iterations             (default 3)
-#   BENCH_DTYPE       element type                   (default float32)
-#   BENCH_TRANSPORTS  mlxdist transports             (default "default tcp")
-#   BENCH_TIMEOUT     seconds allowed per run        (default 300)
-#   BENCH_CHECK       1: also verify results         (default 0)
-# The defaults take well under 2 minutes on a small machine.
+#   BENCH_REPEATS     runs of every configuration       (default 3, at least 1)
+#   BENCH_RANKS       rank counts                       (default "2 4")
+#   BENCH_OPS         --op for both benchmarks          (default all)
+#   BENCH_MIN_BYTES   smallest size                     (default 4)
+#   BENCH_MAX_BYTES   largest size                      (default 4M)
+#   BENCH_FACTOR      size factor                       (default 4)
+#   BENCH_ITERS       timed iterations per size         (default 20)
+#   BENCH_WARMUP      untimed iterations per size; > 0 also runs one untimed
+#                     pass over every op and size first (default 5)
+#   BENCH_DTYPE       element type                      (default float32)
+#   BENCH_TRANSPORTS  mlxdist transports                (default "default tcp")
+#   BENCH_MPI_MCA     MCA options for every mpirun      (default "--mca pml ob1"; the
+#                     btl is set per variant; "--mca mpi_yield_when_idle 1" is added
+#                     when there are more ranks than CPUs)
+#   BENCH_MPI_ENV     VAR=value ... exported to the Open MPI ranks (default none)
+#   BENCH_TIMEOUT     seconds allowed per run           (default 600)
+#   BENCH_CHECK       1: also verify results            (default 0)
 set -u
 
 if [ $# -lt 1 ] || [ "$1" = "-h" ] || [ "$1" = "--help" ]; then
@@ -37,17 +57,29 @@ fi
 
 build=$1
 results=${2:-$build/bench-results}
+# the command as typed, with the BENCH_ settings that were in effect
+cmdline="$(env | grep '^BENCH_' | sort | sed "s/=\(.*\)/='\1'/" | tr '\n' ' ')sh $0 $*"
 here=$(cd "$(dirname "$0")" && pwd)
 launch=$build/tools/mlxdist-launch
 bench=$build/tools/mlxdist-bench
 ref=$build/tools/mpi_ref_bench
 
+repeats=${BENCH_REPEATS:-3}
 ranks=${BENCH_RANKS:-"2 4"}
-ops=${BENCH_OPS:-all}
 transports=${BENCH_TRANSPORTS:-"default tcp"}
-timeout_s=${BENCH_TIMEOUT:-300}
-set -- --op "$ops" -b "${BENCH_MIN_BYTES:-4}" -e "${BENCH_MAX_BYTES:-4M}" \
-  -f "${BENCH_FACTOR:-4}" -n "${BENCH_ITERS:-10}" -w "${BENCH_WARMUP:-3}" \
+mca=${BENCH_MPI_MCA:-"--mca pml ob1"}
+mpi_env=${BENCH_MPI_ENV:-}
+timeout_s=${BENCH_TIMEOUT:-600}
+case $repeats in '' | *[!0-9]* | 0)
+  echo "[bench] BENCH_REPEATS must be a whole number >= 1, got '$repeats'." >&2; exit 2 ;;
+esac
+for t in $transports; do
+  case $t in default | shm | tcp) ;;
+    *) echo "[bench] BENCH_TRANSPORTS: '$t' is not default, shm or tcp." >&2; exit 2 ;;
+  esac
+done
+set -- --op "${BENCH_OPS:-all}" -b "${BENCH_MIN_BYTES:-4}" -e "${BENCH_MAX_BYTES:-4M}" \
+  -f "${BENCH_FACTOR:-4}" -n "${BENCH_ITERS:-20}" -w "${BENCH_WARMUP:-5}" \
   --dtype "${BENCH_DTYPE:-float32}" --csv
 [ "${BENCH_CHECK:-0}" = 1 ] && set -- "$@" --check
 
@@ -57,120 +89,231 @@ for f in "$launch" "$bench"; do
     exit 2
   fi
 done
+# refuse bad options before spending minutes on the runs
+"$bench" "$@" --help > /dev/null || exit 2
 have_mpi=1
-if [ ! -x "$ref" ] || ! command -v mpirun >/dev/null 2>&1; then
+if [ ! -x "$ref" ] || ! command -v mpirun > /dev/null 2>&1; then
   echo "[bench] '$ref' or mpirun is missing; running mlxdist only." >&2
   have_mpi=0
 fi
 mkdir -p "$results" || exit 1
+rm -rf "$results/runs" && mkdir "$results/runs" || exit 1
+rm -f "$results"/summary.csv "$results"/comparison.txt "$results"/busbw-*.png
 
-mpi_flags="--oversubscribe"
-[ "$(id -u)" = 0 ] && mpi_flags="$mpi_flags --allow-run-as-root"
+cpus=$(nproc 2> /dev/null || getconf _NPROCESSORS_ONLN)
+mpi_base="--oversubscribe"
+[ "$(id -u)" = 0 ] && mpi_base="$mpi_base --allow-run-as-root"
+for kv in $mpi_env; do mpi_base="$mpi_base -x $kv"; done
+# the Open MPI command line of variant $1 with $2 ranks
+mpi_cmd() {
+  if [ "$1" = mpi-tcp ]; then btl=self,tcp; else btl=self,vader; fi
+  yield=""
+  [ "$2" -gt "$cpus" ] && yield="--mca mpi_yield_when_idle 1"
+  echo "mpirun -np $2 $mpi_base $mca --mca btl $btl $yield"
+}
+# the order of one repeat: each mlxdist transport followed by its Open MPI peer
+order=""
+for t in $transports; do
+  order="$order mlxdist-$t"
+  if [ $have_mpi = 1 ]; then
+    if [ "$t" = tcp ]; then m=mpi-tcp; else m=mpi-shm; fi
+    case " $order " in *" $m "*) ;; *) order="$order $m" ;; esac
+  fi
+done
+reverse=""
+for v in $order; do reverse="$v $reverse"; done
+
+# ---- conditions -------------------------------------------------------------------
+cond=$results/conditions.txt
+{
+  echo "command:      $cmdline"
+  echo "started:      $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+  commit=$(git -C "$here/.." rev-parse HEAD 2> /dev/null || echo unknown)
+  [ -n "$(git -C "$here/.." status --porcelain --untracked-files=no 2> /dev/null)" ] &&
+    commit="$commit (with uncommitted changes)"
+  echo "commit:       $commit"
+  echo "host:         $(uname -srm)"
+  echo "cpu:          $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | sort | uniq -c |
+    sed 's/^ *\([0-9]*\) /\1 x /' | tr '\n' ' ')($cpus online)"
+  echo "memory:       $(sed -n 's/^MemTotal: *//p' /proc/meminfo)"
+  echo "THP:          enabled $(cat /sys/kernel/mm/transparent_hugepage/enabled 2> /dev/null)," \
+    "defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2> /dev/null)"
+  echo "glibc:        $(getconf GNU_LIBC_VERSION 2> /dev/null)"
+  echo "load before:  $(cat /proc/loadavg)"
+  # what a fresh 64 MiB buffer costs to fault in: Open MPI's large all-reduce pays this
+  # on every call here (see docs/performance.md), so it moves its 64 MiB figure most
+  echo "64 MiB first touch: $(dd if=/dev/zero of=/dev/null bs=64M count=1 2>&1 |
+    sed -n 's/.*copied, \([0-9.]*\) s.*/\1 s (dd bs=64M count=1)/p')"
+  if [ $have_mpi = 1 ]; then
+    echo "Open MPI:     $(mpirun --version 2> /dev/null | head -n 1)"
+    for n in $ranks; do
+      for m in mpi-shm mpi-tcp; do
+        case " $order " in *" $m "*) echo "$m n=$n:    $(mpi_cmd $m "$n") $ref $*" ;; esac
+      done
+    done
+  fi
+  for n in $ranks; do
+    echo "mlxdist n=$n:  $launch -n $n --timeout $timeout_s [--env MLXDIST_TRANSPORT=shm|tcp]" \
+      "-- $bench --backend ring $*"
+  done
+  echo "environment:  $(env | grep -E '^(OMPI_|MLXDIST_|MLX_|GLIBC_TUNABLES|MALLOC_)' | sort |
+    tr '\n' ' ')"
+  echo "repeats:      $repeats, order per repeat:$order (every other repeat reversed)"
+} > "$cond"
+cat "$cond" >&2
+# a busy machine makes the figures noise (and hurts the two sides differently:
+# Open MPI busy-polls, mlxdist spins then blocks), so say so where it is read
+load1=$(cut -d' ' -f1 /proc/loadavg)
+if awk -v l="$load1" -v c="$cpus" 'BEGIN { exit !(l > c / 2) }'; then
+  echo "WARNING:      load average $load1 on $cpus CPUs before the run; not a publication run" |
+    tee -a "$cond" >&2
+fi
+
+# ---- the runs ---------------------------------------------------------------------
 status=0
 start=$(date +%s)
-
-for n in $ranks; do
-  for t in $transports; do
-    out=$results/mlxdist-$t-n$n.csv
-    echo "== mlxdist, $n ranks, transport $t -> $out" >&2
-    if [ "$t" = default ]; then envopt=""; else envopt="--env MLXDIST_TRANSPORT=$t"; fi
-    # only rank 0 prints; drop the launcher's "[0] " prefix
-    # shellcheck disable=SC2086
-    if "$launch" -n "$n" --timeout "$timeout_s" $envopt -- "$bench" --backend ring "$@" \
-        > "$results/.raw" 2> "$results/mlxdist-$t-n$n.log"; then
-      sed -n 's/^\[0\] //p' "$results/.raw" > "$out"
-    else
-      echo "[bench] mlxdist run ($n ranks, $t) failed; see $results/mlxdist-$t-n$n.log" >&2
-      sed -n 's/^\[0\] //p' "$results/.raw" > "$out"
-      status=1
-    fi
-  done
-  if [ $have_mpi = 1 ]; then
-    for m in tcp shm; do
-      if [ $m = tcp ]; then btl=self,tcp; else btl=self,vader; fi
-      out=$results/mpi-$m-n$n.csv
-      echo "== Open MPI, $n ranks, btl $btl -> $out" >&2
-      # shellcheck disable=SC2086
-      if ! timeout "$timeout_s" mpirun -np "$n" $mpi_flags --mca pml ob1 --mca btl "$btl" \
-          "$ref" "$@" > "$out" 2> "$results/mpi-$m-n$n.log"; then
-        echo "[bench] Open MPI run ($n ranks, $btl) failed; see $results/mpi-$m-n$n.log" >&2
+r=1
+while [ "$r" -le "$repeats" ]; do
+  if [ $((r % 2)) = 1 ]; then variants=$order; else variants=$reverse; fi
+  for n in $ranks; do
+    for v in $variants; do
+      base=$results/runs/$v-n$n-r$r
+      echo "== repeat $r/$repeats, $n ranks, $v -> $base.csv" >&2
+      t0=$(date +%s)
+      load=$(cut -d' ' -f1-3 /proc/loadavg)
+      case $v in
+        mlxdist-*)
+          t=${v#mlxdist-}
+          if [ "$t" = default ]; then envopt=""; else envopt="--env MLXDIST_TRANSPORT=$t"; fi
+          # shellcheck disable=SC2086
+          "$launch" -n "$n" --timeout "$timeout_s" $envopt -- "$bench" --backend ring "$@" \
+            > "$base.raw" 2> "$base.log"
+          rc=$?
+          # only rank 0 prints; drop the launcher's "[0] " prefix
+          sed -n 's/^\[0\] //p' "$base.raw" > "$base.csv"
+          rm -f "$base.raw"
+          ;;
+        *)
+          # shellcheck disable=SC2046
+          timeout "$timeout_s" $(mpi_cmd "$v" "$n") "$ref" "$@" > "$base.csv" 2> "$base.log"
+          rc=$?
+          ;;
+      esac
+      echo "$v n=$n r=$r started $(date -u -d "@$t0" '+%H:%M:%S') load $load took" \
+        "$(($(date +%s) - t0)) s exit $rc" >> "$results/runs/index.txt"
+      if [ $rc != 0 ]; then
+        echo "[bench] $v ($n ranks, repeat $r) failed (exit $rc); see $base.log" >&2
         status=1
       fi
     done
-  fi
+  done
+  r=$((r + 1))
 done
-rm -f "$results/.raw"
+{
+  echo "finished:     $(date -u '+%Y-%m-%d %H:%M:%S UTC') ($(($(date +%s) - start)) s)"
+  echo "load after:   $(cat /proc/loadavg)"
+} >> "$cond"
 
-# ---- side-by-side table -------------------------------------------------------
-# CSV columns: impl,op,ranks,size,count,dtype,time_us,algbw_gbps,busbw_gbps,cpu_us,check
-table=$results/comparison.txt
+# ---- statistics over the repeats ---------------------------------------------------
+# run CSV columns: impl,op,ranks,size,count,dtype,time_us,algbw_gbps,busbw_gbps,cpu_us,check
 (
-  cd "$results" || exit 1
+  cd "$results/runs" || exit 1
   # shellcheck disable=SC2012
-  files=$(ls mlxdist-*-n*.csv mpi-*-n*.csv 2>/dev/null)
+  files=$(ls ./*.csv 2> /dev/null)
   [ -n "$files" ] || exit 0
   # shellcheck disable=SC2086
-  awk -F, -v transports="$transports" '
-    FNR == 1 { v = FILENAME; sub(/-n[0-9]+\.csv$/, "", v); seen[v] = 1; next }
+  awk -F, '
+    FNR == 1 { v = FILENAME; sub(/^.*\//, "", v); rep = v; sub(/-n[0-9]+-r[0-9]+\.csv$/, "", v)
+               sub(/^.*-r/, "", rep); sub(/\.csv$/, "", rep) }
     $4 ~ /^[0-9]+$/ {
-      k = $3 SUBSEP $2 SUBSEP $4
-      if (!(k in known)) { known[k] = 1; keys[++nk] = k }
-      t[k, v] = $7; bw[k, v] = $9
+      k = v SUBSEP $2 SUBSEP $3 SUBSEP $4
+      if (!(k in cnt)) keys[++nk] = k
+      c = ++cnt[k]; t[k, c] = $7; bw[k, c] = $9
+      print v, $2, $3, $4, rep, $7 > "per-repeat.txt"
     }
-    function ratio(a, b) { return (a == "" || b == "" || b + 0 == 0) ? "-" : sprintf("%.2f", a / b) }
-    function cell(x) { return x == "" ? "-" : x }
+    function stat(a, k, n, i, j, x, s) {
+      for (i = 1; i <= n; i++) s[i] = a[k, i] + 0
+      for (i = 2; i <= n; i++) { x = s[i]; for (j = i - 1; j >= 1 && s[j] > x; j--) s[j + 1] = s[j]; s[j + 1] = x }
+      return sprintf("%.3f,%.3f,%.3f", (n % 2) ? s[(n + 1) / 2] : (s[n / 2] + s[n / 2 + 1]) / 2, s[1], s[n])
+    }
     END {
-      nt = split(transports, tr, " ")
-      hdr = sprintf("%-5s %-11s %10s", "ranks", "op", "size(B)")
-      for (i = 1; i <= nt; i++) hdr = hdr sprintf(" %12s", "mlx-" tr[i] "(us)")
-      hdr = hdr sprintf(" %12s %12s", "mpi-shm(us)", "mpi-tcp(us)")
-      for (i = 1; i <= nt; i++) hdr = hdr sprintf(" %11s", tr[i] "/mpi")
-      print hdr
+      print "variant,op,ranks,size,runs,time_med_us,time_min_us,time_max_us,busbw_med,busbw_min,busbw_max"
+      for (i = 1; i <= nk; i++) {
+        k = keys[i]; split(k, p, SUBSEP)
+        print p[1] "," p[2] "," p[3] "," p[4] "," cnt[k] "," stat(t, k, cnt[k]) "," stat(bw, k, cnt[k])
+      }
+    }' $files
+) > "$results/summary.csv"
+
+# ---- side-by-side table -------------------------------------------------------------
+awk -F, -v order="$order" -v repeats="$repeats" '
+  FNR == 1 { file++ }
+  file == 1 && FNR > 1 {
+    k = $1 SUBSEP $3 SUBSEP $2 SUBSEP $4
+    if (!(($3 SUBSEP $2 SUBSEP $4) in sk)) { sk[$3 SUBSEP $2 SUBSEP $4] = 1; sizes[++ns] = $3 SUBSEP $2 SUBSEP $4 }
+    runs[k] = $5; med[k] = $6; lo[k] = $7; hi[k] = $8
+  }
+  file == 2 { split($0, f, " "); pr[f[1], f[3], f[2], f[4], f[5]] = f[6] }
+  function cell(k) {
+    return (k in med) ? sprintf("%10.2f [%.2f-%.2f]", med[k], lo[k], hi[k]) : sprintf("%10s", "-")
+  }
+  function wide(k) { return (k in med) && lo[k] > 0 && hi[k] / lo[k] > 2 }
+  END {
+    nv = split(order, vs, " ")
+    for (i = 1; i <= nv; i++) {
+      if (vs[i] !~ /^mlxdist-/) continue
+      a = vs[i]; b = (a == "mlxdist-tcp") ? "mpi-tcp" : "mpi-shm"
+      printf "== %s vs %s: time per op in us, median [min-max] of %d runs\n", a, b, repeats
+      printf "%-5s %-11s %10s  %-32s %-32s %7s %-13s %s\n", "ranks", "op", "size(B)", a, b,
+        "mpi/mlx", "(per-repeat)", "flag"
       last = ""
-      for (j = 1; j <= nk; j++) {
-        k = keys[j]; split(k, p, SUBSEP)
-        if (p[1] SUBSEP p[2] != last && last != "") print ""
+      for (j = 1; j <= ns; j++) {
+        split(sizes[j], p, SUBSEP)
+        ka = a SUBSEP sizes[j]; kb = b SUBSEP sizes[j]
+        if (!(ka in med)) continue
+        if (last != "" && p[1] SUBSEP p[2] != last) print ""
         last = p[1] SUBSEP p[2]
-        line = sprintf("%-5s %-11s %10s", p[1], p[2], p[3])
-        for (i = 1; i <= nt; i++) line = line sprintf(" %12s", cell(t[k, "mlxdist-" tr[i]]))
-        line = line sprintf(" %12s %12s", cell(t[k, "mpi-shm"]), cell(t[k, "mpi-tcp"]))
-        for (i = 1; i <= nt; i++) {
-          ref = (tr[i] == "tcp") ? "mpi-tcp" : "mpi-shm"
-          line = line sprintf(" %11s", ratio(t[k, "mlxdist-" tr[i]], t[k, ref]))
+        ratio = "-"; range = ""
+        if ((kb in med) && med[ka] > 0) {
+          ratio = sprintf("%.3g", med[kb] / med[ka]); rmin = 1e300; rmax = 0
+          for (r = 1; r <= repeats; r++) {
+            x = pr[a, p[1], p[2], p[3], r]; y = pr[b, p[1], p[2], p[3], r]
+            if (x == "" || y == "" || x + 0 == 0) continue
+            q = y / x; if (q < rmin) rmin = q; if (q > rmax) rmax = q
+          }
+          if (rmax > 0) range = sprintf("(%.3g-%.3g)", rmin, rmax)
         }
-        print line
+        flag = ""
+        if (wide(ka)) flag = flag " mlxdist-spread>2x"
+        if (wide(kb)) flag = flag " mpi-spread>2x"
+        if (runs[ka] < repeats || ((kb in med) && runs[kb] < repeats)) flag = flag " missing-runs"
+        printf "%-5s %-11s %10s  %-32s %-32s %7s %-13s%s\n", p[1], p[2], p[3], cell(ka), cell(kb),
+          ratio, range, flag
       }
       print ""
-      print "ratio = mlxdist time / Open MPI time (tcp vs btl tcp; default/shm vs btl vader);"
-      print "below 1 means mlxdist is faster."
-    }' $files
-) > "$table"
-cat "$table"
+    }
+    print "mpi/mlx = Open MPI median / mlxdist median: above 1, mlxdist is faster; in brackets"
+    print "the lowest and highest ratio of runs made back to back in the same repeat."
+    print "flag: max/min over the runs above 2 on that side (noise-dominated; do not quote)."
+  }' "$results/summary.csv" "$results/runs/per-repeat.txt" > "$results/comparison.txt"
+cat "$results/conditions.txt" "$results/comparison.txt"
 
 # ---- plots ----------------------------------------------------------------------
-if command -v gnuplot >/dev/null 2>&1; then
+if command -v gnuplot > /dev/null 2>&1; then
   for n in $ranks; do
-    variants=""
-    for t in $transports; do
-      [ -s "$results/mlxdist-$t-n$n.csv" ] && variants="$variants mlxdist-$t"
-    done
-    for m in shm tcp; do
-      [ -s "$results/mpi-$m-n$n.csv" ] && variants="$variants mpi-$m"
-    done
-    [ -n "$variants" ] || continue
-    awk -F, '$4 ~ /^[0-9]+$/ { print $2 }' "$results"/*-n"$n".csv | sort -u |
-    while read -r op; do
-      png=$results/busbw-$op-n$n.png
-      if gnuplot -e "dir='$results'; n=$n; op='$op'; out='$png'; variants='$variants'" \
-          "$here/plot.gp" 2> "$results/gnuplot.log"; then
-        echo "plot: $png" >&2
-      else
-        echo "[bench] gnuplot failed for $op, $n ranks; see $results/gnuplot.log" >&2
-      fi
-    done
+    awk -F, -v n="$n" 'FNR > 1 && $3 == n { print $2 }' "$results/summary.csv" | sort -u |
+      while read -r op; do
+        png=$results/busbw-$op-n$n.png
+        if gnuplot -e "summary='$results/summary.csv'; n=$n; op='$op'; out='$png';" \
+          -e "variants='$order'; runs=$repeats" "$here/plot.gp" 2> "$results/gnuplot.log"; then
+          echo "plot: $png" >&2
+        else
+          echo "[bench] gnuplot failed for $op, $n ranks; see $results/gnuplot.log" >&2
+        fi
+      done
   done
 else
   echo "[bench] gnuplot not found; no plots." >&2
 fi
-echo "done in $(( $(date +%s) - start )) s; results in $results" >&2
+echo "done in $(($(date +%s) - start)) s; results in $results" >&2
 exit $status

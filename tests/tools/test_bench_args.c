@@ -43,6 +43,14 @@ static void test_sizes(void) {
   T_ASSERT(!mlxd_bench_parse_size("-4", &v));
   T_ASSERT(!mlxd_bench_parse_size("12Q", &v));
   T_ASSERT(!mlxd_bench_parse_size("M", &v));
+  /* the sweep: times the factor, never stuck, ends instead of wrapping around */
+  mlxd_bench_opts o;
+  memset(&o, 0, sizeof o);
+  o.factor = 16;
+  T_EQ_INT(mlxd_bench_next_size(&o, 4), 64);
+  o.factor = 1.1;
+  T_EQ_INT(mlxd_bench_next_size(&o, 4), 5);
+  T_EQ_INT(mlxd_bench_next_size(&o, SIZE_MAX - 1), 0);
 }
 
 static void test_shapes(void) {
@@ -147,6 +155,7 @@ int main(int argc, char** argv) {
   snprintf(cmd, sizeof cmd, "'%s' --help", tool);
   T_EQ_INT(capture(cmd), 0);
   T_ASSERT(strstr(out, "--min-bytes") && strstr(out, "busbw"));
+  T_ASSERT(strstr(out, "untimed pass over every op and size"));
   printf("test_bench_args: all passed\n");
   return 0;
 }

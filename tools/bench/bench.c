@@ -94,6 +94,53 @@ static int mlxd_bench_one(const mlxd_bench_ctx* c, mlxd_bench_op op, mlx_array x
   return mlx_array_eval(*res) ? -1 : 0;
 }
 
+/* Run op on one input array of sh's size made from host: `warmup` untimed
+ * iterations, then `iters` timed ones (times[i]: seconds of iteration i;
+ * *cpu_s: process CPU seconds of the timed ones). res keeps the last result
+ * (for --check). Returns -1, after printing why, if the op failed. */
+static int mlxd_bench_run(const mlxd_bench_ctx* c, mlxd_bench_op op, const mlxd_bench_shape* sh,
+                          const void* host, mlx_dtype mdt, int warmup, int iters, double* times,
+                          double* cpu_s, mlx_array* res) {
+  int shape = (int)sh->in_count;
+  mlx_array x = mlx_array_new_data(host, &shape, 1, mdt), tmp = mlx_array_new();
+  int rc = 0;
+  double cpu0 = 0;
+  for (int it = 0; it < warmup + iters && rc == 0; it++) {
+    if (it == warmup) cpu0 = mlxd_bench_cpu();
+    double t0 = mlxd_bench_now();
+    rc = mlxd_bench_one(c, op, x, res, &tmp);
+    if (it >= warmup) times[it - warmup] = mlxd_bench_now() - t0;
+  }
+  if (cpu_s) *cpu_s = mlxd_bench_cpu() - cpu0;
+  if (rc != 0)
+    fprintf(stderr, "[bench] rank %d: %s of %zu bytes failed; stopping.\n", c->rank,
+            mlxd_bench_op_name(op), sh->row_bytes);
+  mlx_array_free(x);
+  mlx_array_free(tmp);
+  return rc;
+}
+
+/* The untimed pass before any timing: every selected op at every size once,
+ * so that connection set-up, the first use of the streams, the library's
+ * buffer cache and the page faults of every size (the largest included) are
+ * not charged to the first rows. */
+static int mlxd_bench_warm_all(const mlxd_bench_ctx* c, const mlxd_bench_opts* o,
+                               const void* host, mlx_dtype mdt) {
+  for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
+    if (!o->ops[opi] || (opi == MLXD_OP_SENDRECV && c->n < 2)) continue;
+    for (size_t bytes = o->min_bytes; bytes && bytes <= o->max_bytes;
+         bytes = mlxd_bench_next_size(o, bytes)) {
+      mlxd_bench_shape sh;
+      if (!mlxd_bench_shape_for((mlxd_bench_op)opi, bytes, o->dtype->size, c->n, &sh)) continue;
+      mlx_array res = mlx_array_new();
+      int rc = mlxd_bench_run(c, (mlxd_bench_op)opi, &sh, host, mdt, 1, 0, NULL, NULL, &res);
+      mlx_array_free(res);
+      if (rc != 0) return -1;
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
   mlxd_bench_opts o;
   int prc = mlxd_bench_parse(argc, argv, &o, "mlxdist-bench");
@@ -130,6 +177,8 @@ int main(int argc, char** argv) {
   double* times = calloc((size_t)o.iters, sizeof *times);
   if (!times) return 1;
 
+  if (o.warmup > 0 && mlxd_bench_warm_all(&c, &o, host, mdt) != 0) return 1;
+
   bool any_fail = false;
   for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
     if (!o.ops[opi]) continue;
@@ -139,33 +188,16 @@ int main(int argc, char** argv) {
       continue;
     }
     if (c.rank == 0) mlxd_bench_print_header(&o, op);
-    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
+    for (size_t bytes = o.min_bytes; bytes && bytes <= o.max_bytes;
+         bytes = mlxd_bench_next_size(&o, bytes)) {
       mlxd_bench_shape sh;
-      bool fits = mlxd_bench_shape_for(op, bytes, elt, c.n, &sh);
-      size_t next = (size_t)((double)bytes * o.factor);
-      if (next <= bytes) next = bytes + 1;
-      if (!fits) {
-        bytes = next;
-        continue;
-      }
-      bytes = next;
+      if (!mlxd_bench_shape_for(op, bytes, elt, c.n, &sh)) continue;
       if (o.check) mlxd_bench_fill(o.dtype, host, sh.in_count, c.rank);
-      int shape = (int)sh.in_count;
-      mlx_array x = mlx_array_new_data(host, &shape, 1, mdt);
-      mlx_array res = mlx_array_new(), tmp = mlx_array_new();
-      double cpu0 = 0;
-      for (int it = 0; it < o.warmup + o.iters; it++) {
-        if (it == o.warmup) cpu0 = mlxd_bench_cpu();
-        double t0 = mlxd_bench_now();
-        if (mlxd_bench_one(&c, op, x, &res, &tmp) != 0) {
-          fprintf(stderr, "[bench] rank %d: %s of %zu bytes failed; stopping.\n", c.rank,
-                  mlxd_bench_op_name(op), sh.row_bytes);
-          return 1;
-        }
-        double t1 = mlxd_bench_now();
-        if (it >= o.warmup) times[it - o.warmup] = t1 - t0;
-      }
-      double cpu_us = (mlxd_bench_cpu() - cpu0) / o.iters * 1e6;
+      mlx_array res = mlx_array_new();
+      double cpu_s = 0;
+      if (mlxd_bench_run(&c, op, &sh, host, mdt, o.warmup, o.iters, times, &cpu_s, &res) != 0)
+        return 1;
+      double cpu_us = cpu_s / o.iters * 1e6;
       double local[2] = {mlxd_bench_median(times, o.iters) * 1e6, 0.0};
       if (op == MLXD_OP_SENDRECV) local[0] *= 0.5;
       if (o.check && (op != MLXD_OP_SENDRECV || c.rank < 2)) {
@@ -192,9 +224,7 @@ int main(int argc, char** argv) {
                              o.check ? (fail ? "FAIL" : "ok") : "-");
       mlx_array_free(la);
       mlx_array_free(ga);
-      mlx_array_free(x);
       mlx_array_free(res);
-      mlx_array_free(tmp);
     }
   }
   free(times);

@@ -60,7 +60,9 @@ static void mlxd_bench_usage(FILE* f, const char* prog) {
           "  -e, --max-bytes N  largest size (default 64M)\n"
           "  -f, --factor F     size multiplication factor (default 2)\n"
           "  -n, --iters N      timed iterations per size (default 20)\n"
-          "  -w, --warmup N     untimed iterations per size (default 5)\n"
+          "  -w, --warmup N     untimed iterations per size (default 5); N > 0 also runs\n"
+          "                     one untimed pass over every op and size before the first\n"
+          "                     timed row, so start-up costs stay out of the figures\n"
           "  --dtype T          element type (default float32)\n"
           "  --backend B        backend (default any)\n"
           "  --csv              comma-separated output\n"
@@ -207,6 +209,14 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
     return 2;
   }
   return 0;
+}
+
+size_t mlxd_bench_next_size(const mlxd_bench_opts* o, size_t bytes) {
+  double next = (double)bytes * o->factor;
+  if (next >= (double)SIZE_MAX) return 0;
+  size_t n = (size_t)next;
+  if (n <= bytes) n = bytes + 1;
+  return n;
 }
 
 double mlxd_bench_busbw_factor(mlxd_bench_op op, int n) {

@@ -46,6 +46,10 @@ typedef struct mlxd_bench_opts {
  * bad argument (a "[bench] ..." message was printed; exit 2). */
 int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog);
 
+/* The size after bytes in the sweep: bytes * factor, at least bytes + 1 (0 when
+ * that would overflow, which ends the sweep like a size above max_bytes). */
+size_t mlxd_bench_next_size(const mlxd_bench_opts* o, size_t bytes);
+
 /* "64M" -> 67108864; K/M/G are powers of 1024. false if not a size. */
 bool mlxd_bench_parse_size(const char* s, size_t* out);
 

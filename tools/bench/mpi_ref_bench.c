@@ -50,6 +50,30 @@ static int mlxd_ref_one(mlxd_bench_op op, const void* in, void* out, const mlxd_
   }
 }
 
+/* The untimed pass before any timing, as in mlxdist-bench: every selected op
+ * at every size once, so that connection set-up, Open MPI's first use of its
+ * shared-memory segments and the page faults of every size (the largest
+ * included) are not charged to the first rows. */
+static void mlxd_ref_warm_all(const mlxd_bench_opts* o, const void* in, void* out,
+                              MPI_Datatype t, int rank, int n) {
+  for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
+    if (!o->ops[opi] || (opi == MLXD_OP_SENDRECV && n < 2)) continue;
+    for (size_t bytes = o->min_bytes; bytes && bytes <= o->max_bytes;
+         bytes = mlxd_bench_next_size(o, bytes)) {
+      mlxd_bench_shape sh;
+      if (!mlxd_bench_shape_for((mlxd_bench_op)opi, bytes, o->dtype->size, n, &sh) ||
+          sh.in_count > (size_t)0x7fffffff)
+        continue;
+      if (mlxd_ref_one((mlxd_bench_op)opi, in, out, &sh, t, rank) != MPI_SUCCESS) {
+        fprintf(stderr, "[bench] rank %d: MPI %s failed in the warm-up.\n", rank,
+                mlxd_bench_op_name((mlxd_bench_op)opi));
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int rank = 0, n = 1;
@@ -82,6 +106,7 @@ int main(int argc, char** argv) {
   }
   memset(in, 0, buf_bytes);
   memset(out, 0, buf_bytes);
+  if (o.warmup > 0) mlxd_ref_warm_all(&o, in, out, t, rank, n);
   int any_fail = 0;
   for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
     if (!o.ops[opi]) continue;
@@ -91,12 +116,11 @@ int main(int argc, char** argv) {
       continue;
     }
     if (rank == 0) mlxd_bench_print_header(&o, op);
-    for (size_t bytes = o.min_bytes; bytes <= o.max_bytes;) {
+    for (size_t bytes = o.min_bytes; bytes && bytes <= o.max_bytes;
+         bytes = mlxd_bench_next_size(&o, bytes)) {
       mlxd_bench_shape sh;
-      bool fits = mlxd_bench_shape_for(op, bytes, elt, n, &sh);
-      size_t next = (size_t)((double)bytes * o.factor);
-      bytes = next <= bytes ? bytes + 1 : next;
-      if (!fits || sh.in_count > (size_t)0x7fffffff) continue;
+      if (!mlxd_bench_shape_for(op, bytes, elt, n, &sh) || sh.in_count > (size_t)0x7fffffff)
+        continue;
       if (o.check) {
         mlxd_bench_fill(o.dtype, in, sh.in_count, rank);
         memset(out, 0, sh.out_count * elt);
