@@ -563,6 +563,7 @@ void mlxd_group_describe(const mlxd_group* g, char* buf, size_t len) {
   if (!buf || len == 0) return;
   char d[1024];
   if (!mlxd_plugin_describe(g->backend, d, sizeof d))
-    snprintf(d, sizeof d, "%s", strcmp(g->kind, "single") == 0 ? "the size-one group" : "built in");
+    snprintf(d, sizeof d, "%s",
+             g->backend->ops == mlxd_single_ops() ? "the size-one group" : "built in");
   snprintf(buf, len, "%s, rank %d of %d: %s", g->kind, g->backend->rank, g->backend->size, d);
 }
