@@ -69,6 +69,7 @@ _Static_assert(EQ(MLXDIST_V1_ECALLBACK, MLXDIST_V2_ECALLBACK) &&
                      sizeof(((T1*)0)->m) == sizeof(((T2*)0)->m),                   \
                  #T1 "." #m " must sit where " #T2 "." #m " does")
 SAME_MEMBER(mlxdist_v1_status, mlxdist_v2_status, code);
+SAME_MEMBER(mlxdist_v1_status, mlxdist_v2_status, has_peer);
 SAME_MEMBER(mlxdist_v1_status, mlxdist_v2_status, peer);
 SAME_MEMBER(mlxdist_v1_status, mlxdist_v2_status, sys_errno);
 SAME_MEMBER(mlxdist_v1_status, mlxdist_v2_status, msg);
@@ -171,10 +172,7 @@ typedef struct bs_wrap {
   mlxd_bootstrap* core;
 } bs_wrap;
 
-static void pstatus_clear(mlxdist_v2_status* ps) {
-  memset(ps, 0, sizeof *ps);
-  ps->peer = -1;
-}
+static void pstatus_clear(mlxdist_v2_status* ps) { memset(ps, 0, sizeof *ps); }
 
 /* The plugin's failure as an mlxd_status (a plain one: the plugin's text is
  * final), with the peer and errno it reported. Returns the code. */
@@ -194,7 +192,7 @@ static int take_status(const plugin_slot* s, int32_t rc, mlxdist_v2_status* ps, 
   } else {
     mlxd_fail(st, code, "[%s] the operation failed without a message (code %d)", s->name, code);
   }
-  if (ps->peer >= 0) {
+  if (ps->has_peer) {
     st->has_peer = true;
     st->peer = ps->peer;
   }

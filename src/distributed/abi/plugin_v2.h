@@ -85,12 +85,13 @@ enum { MLXDIST_V2_DEVICE_CPU = 0, MLXDIST_V2_DEVICE_GPU = 1 };
 
 #define MLXDIST_V2_MSG_MAX 512
 
-/* The status of one call, filled by the plugin on failure. */
+/* The status of one call, filled by the plugin on failure. The core hands
+ * every op a zeroed status; all-zero means "no failure, nothing known". */
 typedef struct mlxdist_v2_status {
   int32_t code;      /* MLXDIST_V2_OK or MLXDIST_V2_E* */
-  int32_t peer;      /* the peer rank involved, or -1 (set it, e.g. for a lost peer) */
+  int32_t has_peer;  /* 1: peer is set (e.g. the rank that was lost) */
+  int32_t peer;      /* the peer rank involved */
   int32_t sys_errno; /* errno of a failed system call, or 0 */
-  int32_t reserved;  /* 0 */
   char msg[MLXDIST_V2_MSG_MAX]; /* the whole text, "[name] ..."; NUL-terminated */
 } mlxdist_v2_status;
 
