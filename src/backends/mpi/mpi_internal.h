@@ -1,0 +1,155 @@
+/* Private to the mpi backend plugin (libmlxdist-mpi.so): the types and the
+ * functions its files share. Nothing here is exported (the plugin is built
+ * with hidden visibility; only mlxdist_plugin_v1 in mpi_plugin.c is).
+ *
+ * The files:
+ * - mpi_runtime.c: process-wide state, launcher detection, MPI start and
+ *   finalisation at exit, the live-op count, the kind's functions.
+ * - mpi_progress.c: group failure, the turnstile, the bounded waits on MPI
+ *   requests, background completion of sends (the progress thread).
+ * - mpi_dtype.c: mlx dtypes to MPI datatypes, reductions as MPI ops.
+ * - mpi_ops.c: groups, staging buffers, the collectives, split and destroy.
+ * - mpi_p2p.c: send and recv.
+ * - mpi_plugin.c: the entry point and the kind table.
+ *
+ * Rules kept by the plugin (docs/mpi.md explains them for users):
+ * - MPI is started only when the process was launched by an MPI launcher
+ *   (or the application initialised MPI itself), never as a singleton.
+ * - MPI_Init_thread asks for MPI_THREAD_MULTIPLE; with SERIALIZED every MPI
+ *   call is made under one mutex; anything lower is refused.
+ * - Each group owns a duplicate of MPI_COMM_WORLD (or a split of one) with
+ *   MPI_ERRORS_RETURN. Collectives are issued in sequence-number order (a
+ *   turnstile), so concurrent streams never issue them in different orders
+ *   on different ranks.
+ * - Every wait polls non-blocking MPI requests (spin, then sleep) against a
+ *   deadline of MLXDIST_TIMEOUT seconds without progress. A timeout fails
+ *   the group: later ops fail fast with the same message.
+ * - A send copies its data and returns; the copy is handed to MPI and
+ *   completed in the background, so sends posted before receives on both
+ *   sides never deadlock.
+ * - If this plugin initialised MPI, it finalises it once, at process exit.
+ *
+ * The plugin does not link libmlxdist: the reduction kernels, the dtype sizes
+ * and the tunables come through the host table given to mlxdist_plugin_v1. */
+#ifndef MLXDIST_BACKENDS_MPI_MPI_INTERNAL_H
+#define MLXDIST_BACKENDS_MPI_MPI_INTERNAL_H
+
+#include <mpi.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "distributed/backend.h"
+#include "distributed/plugin_abi.h"
+
+/* Idle staging buffers kept per group. */
+#define MPI_STAGE_POOL 2
+
+/* A staging buffer (see mlxd_mpi_stage_get). */
+typedef struct stage {
+  void* p;
+  size_t cap;
+} stage;
+
+typedef struct mpi_group {
+  mlxd_backend base; /* first */
+  MPI_Comm comm;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;  /* CLOCK_MONOTONIC */
+  uint64_t next_seq;  /* the collective allowed to be issued next */
+  bool failed;
+  mlxd_status fail_st;
+  stage pool[MPI_STAGE_POOL]; /* idle staging buffers (under mu) */
+} mpi_group;
+
+/* A send handed to the progress thread (mpi_progress.c). */
+typedef struct pending_send {
+  struct pending_send* next;
+  mpi_group* g; /* NULL once the group is destroyed */
+  MPI_Request* reqs;
+  int nreq;
+  int left;
+  void* buf;
+  size_t nbytes;
+  int dst;
+  double deadline;
+} pending_send;
+
+/* ---- mpi_runtime.c ---------------------------------------------------- */
+
+/* The host table given to mlxdist_plugin_v1 (copied once, then read-only). */
+extern mlxd_host_api mlxd_mpi_host;
+
+/* Status messages (the core's mlxd_fail is not ours to call). */
+__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mlxd_status* st, int code,
+                                                        const char* fmt, ...);
+/* "[mpi] <call> failed: <MPI_Error_string>" (+ what it was doing). */
+int mlxd_mpi_fail_call(mlxd_status* st, int code, int mpi_rc, const char* call,
+                       const char* what);
+
+/* Around every MPI call: a mutex only under MPI_THREAD_SERIALIZED. */
+void mlxd_mpi_call_lock(void);
+void mlxd_mpi_call_unlock(void);
+double mlxd_mpi_timeout_s(void);
+void mlxd_mpi_cv_init_monotonic(pthread_cond_t* cv);
+struct timespec mlxd_mpi_abs_monotonic(double deadline);
+
+/* Requests given up on (a timeout), remembered for the exit hook. */
+void mlxd_mpi_abandon(const MPI_Request* reqs, int n);
+/* Every op that calls MPI runs between these, so the exit hook never
+ * finalises under it. */
+int mlxd_mpi_op_begin(mlxd_status* st);
+void mlxd_mpi_op_end(void);
+
+/* Copy the host table (mlxdist_plugin_v1 checked it). */
+void mlxd_mpi_set_host(const mlxd_host_api* host);
+
+/* The kind's functions. */
+bool mlxd_mpi_is_available(char* why, size_t why_len);
+bool mlxd_mpi_is_configured(bool with_bootstrap);
+int mlxd_mpi_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st);
+
+/* ---- mpi_progress.c --------------------------------------------------- */
+
+int mlxd_mpi_test_all(int n, MPI_Request* reqs, int* flag);
+void mlxd_mpi_group_fail(mpi_group* g, const mlxd_status* st);
+int mlxd_mpi_group_check(mpi_group* g, mlxd_status* st);
+int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mlxd_status* st);
+void mlxd_mpi_turn_done(mpi_group* g);
+int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
+                       bool cancel_on_timeout, const char* what, mlxd_status* st);
+
+void mlxd_mpi_progress_init(void);
+void mlxd_mpi_pending_free(pending_send* p);
+int mlxd_mpi_sends_add(pending_send* p, mlxd_status* st);
+/* Sends of a destroyed group finish in the background without it. */
+void mlxd_mpi_sends_forget_group(mpi_group* g);
+/* At exit: let pending sends finish (each bounded), then stop the thread. */
+void mlxd_mpi_sends_stop(void);
+
+/* ---- mpi_dtype.c ------------------------------------------------------ */
+
+MPI_Datatype mlxd_mpi_dtype(mlx_dtype d);
+MPI_Op mlxd_mpi_op(mlx_dtype d, mlxd_reduce_op op);
+int mlxd_mpi_create_user_ops(mlxd_status* st);
+void mlxd_mpi_free_user_ops(void);
+const char* mlxd_mpi_reduce_name(mlxd_reduce_op op);
+const char* mlxd_mpi_scatter_name(mlxd_reduce_op op);
+
+/* ---- mpi_ops.c -------------------------------------------------------- */
+
+size_t mlxd_mpi_chunk_bytes(void);
+mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mlxd_status* st);
+int mlxd_mpi_stage_get(mpi_group* g, size_t n, stage* out);
+void mlxd_mpi_stage_put(mpi_group* g, stage* sgs);
+
+/* ---- mpi_p2p.c -------------------------------------------------------- */
+
+int mlxd_mpi_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                  mlxd_status* st);
+int mlxd_mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                  mlxd_status* st);
+
+#endif

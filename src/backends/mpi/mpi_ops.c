@@ -1,0 +1,455 @@
+/* The mpi plugin's group ops: groups and their staging buffers, the
+ * collectives (all_reduce, all_gather, reduce_scatter), split and destroy,
+ * and the ops table (send and recv are in mpi_p2p.c). Large arrays are
+ * issued in pieces whose counts fit MPI's int. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/mpi/mpi_internal.h"
+#include "util/clock.h"
+
+/* Largest piece handed to one MPI call, in bytes (counts are int). */
+#define MPI_DEFAULT_CHUNK_BYTES ((size_t)1 << 30)
+
+/* Test knob: MLXDIST_MPI_CHUNK_BYTES makes the "count above INT_MAX" paths
+ * run on small arrays (docs/mpi.md). */
+size_t mlxd_mpi_chunk_bytes(void) {
+  static size_t cached;
+  size_t c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+  if (c) return c;
+  c = MPI_DEFAULT_CHUNK_BYTES;
+  const char* v = getenv("MLXDIST_MPI_CHUNK_BYTES");
+  if (v && *v) {
+    char* end = NULL;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (end && *end == '\0' && x >= 16 && x <= MPI_DEFAULT_CHUNK_BYTES)
+      c = (size_t)x;
+    else
+      fprintf(stderr,
+              "[mpi] ignoring MLXDIST_MPI_CHUNK_BYTES=%s: expected a byte count in [16, %zu]\n",
+              v, MPI_DEFAULT_CHUNK_BYTES);
+  }
+  __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
+  return c;
+}
+static size_t chunk_elems(size_t esz) {
+  size_t c = mlxd_mpi_chunk_bytes() / (esz ? esz : 1);
+  return c ? c : 1;
+}
+
+static const mlxd_backend_ops k_mpi_ops;
+
+mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mlxd_status* st) {
+  mpi_group* g = calloc(1, sizeof *g);
+  if (!g) {
+    mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory creating a group");
+    return NULL;
+  }
+  int rank = 0, size = 1;
+  mlxd_mpi_call_lock();
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  mlxd_mpi_call_unlock();
+  g->base.ops = &k_mpi_ops;
+  g->base.rank = rank;
+  g->base.size = size;
+  g->base.comm_device = MLX_CPU;
+  g->comm = comm;
+  pthread_mutex_init(&g->mu, NULL);
+  mlxd_mpi_cv_init_monotonic(&g->cv);
+  return g;
+}
+
+/* Staging buffers. MPI works on the plugin's own memory, never on the
+ * caller's arrays: after a timeout a request may still be pending (MPI has
+ * no way to cancel a collective), and a late peer would then make MPI write
+ * into an array the caller has freed. The staging buffer is simply kept
+ * (leaked) in that case. A few buffers are pooled per group (grow-only). */
+int mlxd_mpi_stage_get(mpi_group* g, size_t n, stage* out) {
+  out->p = NULL;
+  out->cap = 0;
+  if (n == 0) n = 1;
+  pthread_mutex_lock(&g->mu);
+  int best = -1;
+  for (int i = 0; i < MPI_STAGE_POOL; i++)
+    if (g->pool[i].p && g->pool[i].cap >= n && (best < 0 || g->pool[i].cap < g->pool[best].cap))
+      best = i;
+  if (best >= 0) {
+    *out = g->pool[best];
+    g->pool[best].p = NULL;
+    g->pool[best].cap = 0;
+  }
+  pthread_mutex_unlock(&g->mu);
+  if (out->p) return 0;
+  out->p = malloc(n);
+  out->cap = n;
+  return out->p ? 0 : MLXD_ENOMEM;
+}
+
+void mlxd_mpi_stage_put(mpi_group* g, stage* sgs) {
+  if (!sgs->p) return;
+  pthread_mutex_lock(&g->mu);
+  int slot = -1;
+  for (int i = 0; i < MPI_STAGE_POOL; i++) {
+    if (!g->pool[i].p) {
+      slot = i;
+      break;
+    }
+    if (g->pool[i].cap < sgs->cap && (slot < 0 || g->pool[i].cap < g->pool[slot].cap)) slot = i;
+  }
+  stage old = {NULL, 0};
+  if (slot >= 0) {
+    old = g->pool[slot];
+    g->pool[slot] = *sgs;
+  } else {
+    old = *sgs;
+  }
+  pthread_mutex_unlock(&g->mu);
+  free(old.p);
+  sgs->p = NULL;
+}
+
+/* Common tail of a collective: after issuing (turn still held), release the
+ * turn, wait, and on success copy the result out of the staging buffer. */
+static int coll_finish(mpi_group* g, MPI_Request* reqs, int issued, int rc, stage* sg,
+                       const void* result, void* out, size_t out_bytes, const char* what,
+                       mlxd_status* st) {
+  mlxd_mpi_turn_done(g);
+  if (rc) {
+    mlxd_mpi_abandon(reqs, issued);
+    mlxd_mpi_group_fail(g, st);
+  } else {
+    rc = mlxd_mpi_wait_reqs(g, reqs, issued, NULL, false, what, st);
+  }
+  if (rc == 0) {
+    if (out_bytes) memcpy(out, result, out_bytes);
+    mlxd_mpi_stage_put(g, sg);
+  } else if (issued == 0) {
+    mlxd_mpi_stage_put(g, sg);
+  } else {
+    sg->p = NULL; /* MPI may still use the staging buffer: keep it (leak) */
+  }
+  return rc;
+}
+
+static int mpi_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                          size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+  mpi_group* g = (mpi_group*)b;
+  char what[128];
+  snprintf(what, sizeof what, "%s of %zu elements (collective #%llu)", mlxd_mpi_reduce_name(op),
+           count, (unsigned long long)seq);
+  MPI_Datatype dt =
+      ((int)dtype >= 0 && (int)dtype <= 13) ? mlxd_mpi_dtype(dtype) : MPI_DATATYPE_NULL;
+  MPI_Op mop = dt == MPI_DATATYPE_NULL ? MPI_OP_NULL : mlxd_mpi_op(dtype, op);
+  size_t esz = dt == MPI_DATATYPE_NULL ? 0 : mlxd_mpi_host.dtype_size(dtype);
+  size_t ch = chunk_elems(esz ? esz : 1);
+  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
+  int nreq = count == 0 ? 0 : (int)((count + ch - 1) / ch);
+  MPI_Request one = MPI_REQUEST_NULL;
+  MPI_Request* reqs = nreq <= 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
+  stage sg = {NULL, 0};
+  bool nomem = !reqs || (count && esz && mlxd_mpi_stage_get(g, count * esz, &sg) != 0);
+  int rc = mlxd_mpi_op_begin(st);
+  if (rc) goto out_free;
+  rc = mlxd_mpi_turn_wait(g, seq, what, st);
+  if (rc) goto out;
+  if (mop == MPI_OP_NULL || esz == 0) {
+    mlxd_mpi_turn_done(g);
+    rc = mlxd_mpi_fail(st, MLXD_EINVAL,
+                       "[mpi] %s: unsupported dtype %d or reduction op %d (expected a dtype 0..13 "
+                       "and sum/max/min)",
+                       mlxd_mpi_reduce_name(op), (int)dtype, (int)op);
+    goto out;
+  }
+  if (count == 0) {
+    mlxd_mpi_turn_done(g);
+    goto out;
+  }
+  if (nomem) {
+    mlxd_mpi_turn_done(g);
+    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    mlxd_mpi_group_fail(g, st); /* the other ranks issued it: this group is out of step */
+    goto out;
+  }
+  memcpy(sg.p, in, count * esz);
+  int issued = 0;
+  mlxd_mpi_call_lock();
+  for (size_t off = 0; off < count; off += ch) {
+    size_t c = count - off < ch ? count - off : ch;
+    int mrc = MPI_Iallreduce(MPI_IN_PLACE, (char*)sg.p + off * esz, (int)c, dt, mop, g->comm,
+                             &reqs[issued]);
+    if (mrc != MPI_SUCCESS) {
+      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallreduce", what);
+      break;
+    }
+    issued++;
+  }
+  mlxd_mpi_call_unlock();
+  rc = coll_finish(g, reqs, issued, rc, &sg, sg.p, out, count * esz, what, st);
+out:
+  mlxd_mpi_op_end();
+out_free:
+  mlxd_mpi_stage_put(g, &sg); /* no-op when kept or already returned */
+  if (reqs && reqs != &one) free(reqs);
+  return rc;
+}
+
+static int mpi_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                          size_t nbytes, mlxd_status* st) {
+  mpi_group* g = (mpi_group*)b;
+  char what[128];
+  snprintf(what, sizeof what, "all_gather of %zu bytes per rank (collective #%llu)", nbytes,
+           (unsigned long long)seq);
+  size_t total = nbytes * (size_t)g->base.size;
+  size_t ch = mlxd_mpi_chunk_bytes();
+  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
+  int nreq = nbytes == 0 ? 0 : (int)((nbytes + ch - 1) / ch);
+  MPI_Request one = MPI_REQUEST_NULL;
+  MPI_Request* reqs = nreq <= 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
+  stage sg = {NULL, 0};
+  bool nomem = !reqs || (nbytes && mlxd_mpi_stage_get(g, total, &sg) != 0);
+  int rc = mlxd_mpi_op_begin(st);
+  if (rc) goto out_free;
+  rc = mlxd_mpi_turn_wait(g, seq, what, st);
+  if (rc) goto out;
+  if (nbytes == 0) {
+    mlxd_mpi_turn_done(g);
+    goto out;
+  }
+  if (nomem) {
+    mlxd_mpi_turn_done(g);
+    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    mlxd_mpi_group_fail(g, st);
+    goto out;
+  }
+  memcpy((char*)sg.p + (size_t)g->base.rank * nbytes, in, nbytes);
+  int issued = 0;
+  mlxd_mpi_call_lock();
+  if (nreq == 1) {
+    int mrc = MPI_Iallgather(MPI_IN_PLACE, (int)nbytes, MPI_BYTE, sg.p, (int)nbytes, MPI_BYTE,
+                             g->comm, &reqs[0]);
+    if (mrc != MPI_SUCCESS)
+      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallgather", what);
+    else
+      issued = 1;
+  } else {
+    /* Piece [off, off+c) of every rank's block: a receive type of c bytes
+     * whose extent is nbytes places rank r's piece at r * nbytes + off. */
+    for (size_t off = 0; off < nbytes && rc == 0; off += ch) {
+      size_t c = nbytes - off < ch ? nbytes - off : ch;
+      MPI_Datatype piece = MPI_DATATYPE_NULL, strided = MPI_DATATYPE_NULL;
+      int mrc = MPI_Type_contiguous((int)c, MPI_BYTE, &piece);
+      if (mrc == MPI_SUCCESS) mrc = MPI_Type_create_resized(piece, 0, (MPI_Aint)nbytes, &strided);
+      if (mrc == MPI_SUCCESS) mrc = MPI_Type_commit(&strided);
+      if (mrc == MPI_SUCCESS)
+        mrc = MPI_Iallgather(MPI_IN_PLACE, (int)c, MPI_BYTE, (char*)sg.p + off, 1, strided,
+                             g->comm, &reqs[issued]);
+      if (piece != MPI_DATATYPE_NULL) MPI_Type_free(&piece);
+      if (strided != MPI_DATATYPE_NULL) MPI_Type_free(&strided);
+      if (mrc != MPI_SUCCESS)
+        rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallgather", what);
+      else
+        issued++;
+    }
+  }
+  mlxd_mpi_call_unlock();
+  rc = coll_finish(g, reqs, issued, rc, &sg, sg.p, out, total, what, st);
+out:
+  mlxd_mpi_op_end();
+out_free:
+  mlxd_mpi_stage_put(g, &sg);
+  if (reqs && reqs != &one) free(reqs);
+  return rc;
+}
+
+static int mpi_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                              size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                              mlxd_status* st) {
+  mpi_group* g = (mpi_group*)b;
+  char what[128];
+  snprintf(what, sizeof what, "%s of %zu elements per rank (collective #%llu)",
+           mlxd_mpi_scatter_name(op), count, (unsigned long long)seq);
+  MPI_Datatype dt =
+      ((int)dtype >= 0 && (int)dtype <= 13) ? mlxd_mpi_dtype(dtype) : MPI_DATATYPE_NULL;
+  MPI_Op mop = dt == MPI_DATATYPE_NULL ? MPI_OP_NULL : mlxd_mpi_op(dtype, op);
+  size_t esz = dt == MPI_DATATYPE_NULL ? 0 : mlxd_mpi_host.dtype_size(dtype);
+  int size = g->base.size, rank = g->base.rank;
+  size_t ch = chunk_elems(esz ? esz : 1);
+  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
+  size_t npieces = count == 0 ? 0 : (count + ch - 1) / ch;
+  int nreq = npieces <= 1 ? 1 : (int)(npieces * (size_t)size);
+  MPI_Request one = MPI_REQUEST_NULL;
+  MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
+  stage sg = {NULL, 0};
+  bool nomem =
+      !reqs || (count && esz && mlxd_mpi_stage_get(g, count * esz * (size_t)size, &sg) != 0);
+  int rc = mlxd_mpi_op_begin(st);
+  if (rc) goto out_free;
+  rc = mlxd_mpi_turn_wait(g, seq, what, st);
+  if (rc) goto out;
+  if (mop == MPI_OP_NULL || esz == 0) {
+    mlxd_mpi_turn_done(g);
+    rc = mlxd_mpi_fail(st, MLXD_EINVAL,
+                       "[mpi] %s: unsupported dtype %d or reduction op %d (expected a dtype 0..13 "
+                       "and sum/max/min)",
+                       mlxd_mpi_scatter_name(op), (int)dtype, (int)op);
+    goto out;
+  }
+  if (count == 0) {
+    mlxd_mpi_turn_done(g);
+    goto out;
+  }
+  if (nomem) {
+    mlxd_mpi_turn_done(g);
+    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    mlxd_mpi_group_fail(g, st);
+    goto out;
+  }
+  memcpy(sg.p, in, count * esz * (size_t)size);
+  const char* result = sg.p;
+  int issued = 0;
+  mlxd_mpi_call_lock();
+  if (npieces == 1) {
+    /* In place: the result lands at the start of the buffer. */
+    int mrc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, sg.p, (int)count, dt, mop, g->comm,
+                                        &reqs[0]);
+    if (mrc != MPI_SUCCESS)
+      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Ireduce_scatter_block", what);
+    else
+      issued = 1;
+  } else {
+    /* Piece by piece: reduce piece [off, off+c) of block r onto rank r, in
+     * place there, so our result ends up in our own block. */
+    result = (const char*)sg.p + (size_t)rank * count * esz;
+    for (size_t off = 0; off < count && rc == 0; off += ch) {
+      size_t c = count - off < ch ? count - off : ch;
+      for (int r = 0; r < size && rc == 0; r++) {
+        char* blk = (char*)sg.p + ((size_t)r * count + off) * esz;
+        int mrc = r == rank
+                      ? MPI_Ireduce(MPI_IN_PLACE, blk, (int)c, dt, mop, r, g->comm, &reqs[issued])
+                      : MPI_Ireduce(blk, NULL, (int)c, dt, mop, r, g->comm, &reqs[issued]);
+        if (mrc != MPI_SUCCESS)
+          rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Ireduce", what);
+        else
+          issued++;
+      }
+    }
+  }
+  mlxd_mpi_call_unlock();
+  rc = coll_finish(g, reqs, issued, rc, &sg, result, out, count * esz, what, st);
+out:
+  mlxd_mpi_op_end();
+out_free:
+  mlxd_mpi_stage_put(g, &sg);
+  if (reqs && reqs != &one) free(reqs);
+  return rc;
+}
+
+/* Split: exchange (color, key) with a bounded all-gather, then MPI_Comm_split
+ * (every rank has arrived by then, so it returns promptly). Colors are
+ * renumbered densely so any int works. */
+static int cmp_int(const void* a, const void* b) {
+  int x = *(const int*)a, y = *(const int*)b;
+  return (x > y) - (x < y);
+}
+
+static int mpi_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
+                     mlxd_status* st) {
+  mpi_group* g = (mpi_group*)b;
+  *out = NULL;
+  char what[96];
+  snprintf(what, sizeof what, "split (color %d, key %d, collective #%llu)", color, key,
+           (unsigned long long)seq);
+  int size = g->base.size;
+  int* all = malloc(sizeof(int) * 2 * (size_t)size);
+  int* colors = malloc(sizeof(int) * (size_t)size);
+  int rc = mlxd_mpi_op_begin(st);
+  if (rc) {
+    free(all);
+    free(colors);
+    return rc;
+  }
+  rc = mlxd_mpi_turn_wait(g, seq, what, st);
+  if (rc) goto out;
+  if (!all || !colors) {
+    mlxd_mpi_turn_done(g);
+    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    mlxd_mpi_group_fail(g, st);
+    goto out;
+  }
+  /* The turn is held until MPI_Comm_split returns: both are collectives on g->comm. */
+  int mine[2] = {color, key};
+  MPI_Request req = MPI_REQUEST_NULL;
+  mlxd_mpi_call_lock();
+  int mrc = MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, g->comm, &req);
+  mlxd_mpi_call_unlock();
+  if (mrc != MPI_SUCCESS) {
+    mlxd_mpi_turn_done(g);
+    rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallgather", what);
+    mlxd_mpi_group_fail(g, st);
+    goto out;
+  }
+  rc = mlxd_mpi_wait_reqs(g, &req, 1, NULL, false, what, st);
+  if (rc) {
+    mlxd_mpi_turn_done(g);
+    goto out;
+  }
+  for (int r = 0; r < size; r++) colors[r] = all[2 * r];
+  qsort(colors, (size_t)size, sizeof(int), cmp_int);
+  int dense = 0;
+  for (int r = 0; r < size; r++) {
+    if (r > 0 && colors[r] != colors[r - 1]) dense++;
+    if (colors[r] == color) break;
+  }
+  MPI_Comm nc = MPI_COMM_NULL;
+  mlxd_mpi_call_lock();
+  mrc = MPI_Comm_split(g->comm, dense, key, &nc);
+  mlxd_mpi_call_unlock();
+  mlxd_mpi_turn_done(g);
+  if (mrc != MPI_SUCCESS) {
+    rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Comm_split", what);
+    mlxd_mpi_group_fail(g, st);
+    goto out;
+  }
+  mpi_group* child = mlxd_mpi_group_new(nc, st);
+  if (!child) {
+    mlxd_mpi_call_lock();
+    MPI_Comm_free(&nc);
+    mlxd_mpi_call_unlock();
+    rc = MLXD_ENOMEM;
+    goto out;
+  }
+  *out = &child->base;
+out:
+  free(all);
+  free(colors);
+  mlxd_mpi_op_end();
+  return rc;
+}
+
+static void mpi_destroy(mlxd_backend* b) {
+  if (!b) return;
+  mpi_group* g = (mpi_group*)b;
+  /* Sends still in flight finish in the background without the group. */
+  mlxd_mpi_sends_forget_group(g);
+  /* MPI_Comm_free only marks the communicator; pending operations go on. */
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (!fin && g->comm != MPI_COMM_NULL) {
+    mlxd_mpi_call_lock();
+    MPI_Comm_free(&g->comm);
+    mlxd_mpi_call_unlock();
+  }
+  for (int i = 0; i < MPI_STAGE_POOL; i++) free(g->pool[i].p);
+  pthread_mutex_destroy(&g->mu);
+  pthread_cond_destroy(&g->cv);
+  free(g);
+}
+
+static const mlxd_backend_ops k_mpi_ops = {
+    "mpi",         mpi_all_reduce, mpi_all_gather, mpi_reduce_scatter,
+    mlxd_mpi_send, mlxd_mpi_recv,  mpi_split,      mpi_destroy,
+};

@@ -1,0 +1,167 @@
+/* The mpi plugin's point-to-point ops. A send copies its data, posts it
+ * and hands it to the progress thread (mpi_progress.c); a recv waits,
+ * bounded, and checks the size that arrived. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/mpi/mpi_internal.h"
+#include "util/clock.h"
+
+/* Tags for point-to-point messages: seq modulo a bound every MPI library
+ * accepts (the standard guarantees MPI_TAG_UB >= 32767). */
+#define MPI_P2P_TAG_MOD 32768u
+
+static int check_peer(mpi_group* g, int peer, const char* op, mlxd_status* st) {
+  if (peer < 0 || peer >= g->base.size || peer == g->base.rank)
+    return mlxd_mpi_fail(st, MLXD_EINVAL,
+                         "[mpi] %s: peer rank %d is invalid (expected 0 <= rank < %d and not this "
+                         "process's rank %d)",
+                         op, peer, g->base.size, g->base.rank);
+  return 0;
+}
+
+int mlxd_mpi_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                  mlxd_status* st) {
+  mpi_group* g = (mpi_group*)b;
+  int rc = check_peer(g, dst, "send", st);
+  if (rc) return rc;
+  if ((rc = mlxd_mpi_group_check(g, st))) return rc;
+  rc = mlxd_mpi_op_begin(st);
+  if (rc) return rc;
+  size_t ch = mlxd_mpi_chunk_bytes();
+  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
+  int nreq = nbytes == 0 ? 1 : (int)((nbytes + ch - 1) / ch);
+  pending_send* p = calloc(1, sizeof *p);
+  if (p) {
+    p->reqs = malloc(sizeof(MPI_Request) * (size_t)nreq);
+    p->buf = malloc(nbytes ? nbytes : 1);
+  }
+  if (!p || !p->reqs || !p->buf) {
+    if (p) mlxd_mpi_pending_free(p);
+    rc = mlxd_mpi_fail(st, MLXD_ENOMEM,
+                       "[mpi] out of memory copying %zu bytes for a send to rank %d", nbytes, dst);
+    goto out;
+  }
+  if (nbytes) memcpy(p->buf, buf, nbytes);
+  p->g = g;
+  p->nbytes = nbytes;
+  p->dst = dst;
+  int tag = (int)(seq % MPI_P2P_TAG_MOD);
+  int issued = 0;
+  mlxd_mpi_call_lock();
+  for (size_t off = 0; issued < nreq; off += ch) {
+    size_t c = nbytes - off < ch ? nbytes - off : ch;
+    int mrc = MPI_Isend((char*)p->buf + off, (int)c, MPI_BYTE, dst, tag, g->comm,
+                        &p->reqs[issued]);
+    if (mrc != MPI_SUCCESS) {
+      char what[96];
+      snprintf(what, sizeof what, "send of %zu bytes to rank %d", nbytes, dst);
+      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Isend", what);
+      break;
+    }
+    issued++;
+  }
+  mlxd_mpi_call_unlock();
+  if (rc) {
+    if (issued) {
+      mlxd_mpi_abandon(p->reqs, issued); /* the issued pieces may still read p->buf */
+      free(p->reqs);
+      free(p);
+    } else {
+      mlxd_mpi_pending_free(p);
+    }
+    mlxd_mpi_group_fail(g, st);
+    goto out;
+  }
+  p->nreq = issued;
+  p->left = issued;
+  p->deadline = mlxd_now() + mlxd_mpi_timeout_s();
+  rc = mlxd_mpi_sends_add(p, st);
+  if (rc) {
+    /* No progress thread: complete it here, bounded. */
+    rc = mlxd_mpi_wait_reqs(g, p->reqs, p->nreq, NULL, false, "send", st);
+    if (rc == 0) mlxd_mpi_pending_free(p);
+  }
+out:
+  mlxd_mpi_op_end();
+  return rc;
+}
+
+int mlxd_mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                  mlxd_status* st) {
+  mpi_group* g = (mpi_group*)b;
+  int rc = check_peer(g, src, "recv", st);
+  if (rc) return rc;
+  if ((rc = mlxd_mpi_group_check(g, st))) return rc;
+  rc = mlxd_mpi_op_begin(st);
+  if (rc) return rc;
+  char what[96];
+  snprintf(what, sizeof what, "recv of %zu bytes from rank %d", nbytes, src);
+  size_t ch = mlxd_mpi_chunk_bytes();
+  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
+  int nreq = nbytes == 0 ? 1 : (int)((nbytes + ch - 1) / ch);
+  MPI_Request one = MPI_REQUEST_NULL;
+  MPI_Status one_st;
+  MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
+  MPI_Status* sts = nreq == 1 ? &one_st : malloc(sizeof(MPI_Status) * (size_t)nreq);
+  stage sg = {NULL, 0};
+  if (!reqs || !sts || mlxd_mpi_stage_get(g, nbytes, &sg) != 0) {
+    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    goto done;
+  }
+  int tag = (int)(seq % MPI_P2P_TAG_MOD);
+  int issued = 0;
+  mlxd_mpi_call_lock();
+  for (size_t off = 0; issued < nreq; off += ch) {
+    size_t c = nbytes - off < ch ? nbytes - off : ch;
+    int mrc = MPI_Irecv((char*)sg.p + off, (int)c, MPI_BYTE, src, tag, g->comm, &reqs[issued]);
+    if (mrc != MPI_SUCCESS) {
+      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Irecv", what);
+      break;
+    }
+    issued++;
+  }
+  mlxd_mpi_call_unlock();
+  if (rc) {
+    if (issued) {
+      /* Cancel the pieces already posted; the group is out of step now. */
+      mlxd_status ignore;
+      mlxd_mpi_call_lock();
+      for (int i = 0; i < issued; i++) MPI_Cancel(&reqs[i]);
+      mlxd_mpi_call_unlock();
+      mlxd_mpi_wait_reqs(g, reqs, issued, NULL, true, what, &ignore);
+      for (int i = 0; i < issued; i++)
+        if (reqs[i] != MPI_REQUEST_NULL) sg.p = NULL; /* keep it */
+    }
+    mlxd_mpi_group_fail(g, st);
+    goto done;
+  }
+  rc = mlxd_mpi_wait_reqs(g, reqs, issued, sts, true, what, st);
+  if (rc) {
+    /* Cancelled requests are gone; one still pending keeps the staging buffer. */
+    for (int i = 0; i < issued; i++)
+      if (reqs[i] != MPI_REQUEST_NULL) sg.p = NULL;
+    goto done;
+  }
+  size_t got = 0;
+  for (int i = 0; i < issued; i++) {
+    int n = 0;
+    MPI_Get_count(&sts[i], MPI_BYTE, &n);
+    got += n > 0 ? (size_t)n : 0;
+  }
+  if (got != nbytes)
+    rc = mlxd_mpi_fail(st, MLXD_EINVAL,
+                       "[mpi] %s: the message from rank %d had %zu bytes, but %zu were expected "
+                       "(shape and dtype of send and recv must match)",
+                       what, src, got, nbytes);
+  else if (nbytes)
+    memcpy(buf, sg.p, nbytes);
+done:
+  mlxd_mpi_stage_put(g, &sg);
+  if (reqs && reqs != &one) free(reqs);
+  if (sts && sts != &one_st) free(sts);
+  mlxd_mpi_op_end();
+  return rc;
+}

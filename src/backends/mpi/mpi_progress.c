@@ -1,0 +1,360 @@
+/* The mpi plugin's progress: how waits poll MPI (spin, yield, then short
+ * sleeps), group failure, the turnstile that issues collectives in sequence
+ * order, the bounded wait on MPI requests, and the thread that completes
+ * sends in the background (see mpi_internal.h for why). */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/mpi/mpi_internal.h"
+#include "util/clock.h"
+
+static double spin_s(void) {
+  double us = mlxd_mpi_host.spin_us ? mlxd_mpi_host.spin_us() : 50.0;
+  return us > 0 ? us * 1e-6 : 0.0;
+}
+
+/* How a waiting thread polls MPI. Non-blocking MPI advances only inside MPI
+ * calls (every round of a collective, every fragment of a message), so a
+ * poll that sleeps slows the op down. Three phases since the last completion:
+ * MPI_Test back to back for MLXDIST_SPIN_US; then MPI_Test + sched_yield for
+ * up to MPI_YIELD_S = 200 ms (gives the core to other ranks/threads on a busy host,
+ * costs little latency); then sleeps of elapsed/64 (at most 1 ms), so an op
+ * that has already taken long is slowed by ~2% at most and an idle wait for a
+ * late peer uses almost no CPU. */
+#define MPI_YIELD_S 0.2
+typedef struct backoff {
+  double start;
+} backoff;
+static void backoff_reset(backoff* b) { b->start = mlxd_now(); }
+static void backoff_wait(backoff* b) {
+  double el = mlxd_now() - b->start;
+  if (el < spin_s()) return;
+  if (el < MPI_YIELD_S) {
+    sched_yield();
+    return;
+  }
+  double d = el / 64;
+  if (d > 1e-3) d = 1e-3;
+  struct timespec ts = {0, (long)(d * 1e9)};
+  nanosleep(&ts, NULL);
+}
+
+/* MPI_Testall without statuses. (MPICH marks the statuses argument as an
+ * array to be written, so MPI_STATUSES_IGNORE draws a compiler warning.) */
+int mlxd_mpi_test_all(int n, MPI_Request* reqs, int* flag) {
+  *flag = 0;
+  if (n <= 0) {
+    *flag = 1;
+    return MPI_SUCCESS;
+  }
+  MPI_Status* sts = malloc(sizeof(MPI_Status) * (size_t)n);
+  if (!sts) return MPI_ERR_NO_MEM;
+  int rc = MPI_Testall(n, reqs, flag, sts);
+  free(sts);
+  return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Groups. */
+
+void mlxd_mpi_group_fail(mpi_group* g, const mlxd_status* st) {
+  pthread_mutex_lock(&g->mu);
+  if (!g->failed) {
+    g->failed = true;
+    g->fail_st = *st;
+  }
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* 0, or the group's first failure (MLXD_EABORTED) copied to st. */
+int mlxd_mpi_group_check(mpi_group* g, mlxd_status* st) {
+  int rc = 0;
+  pthread_mutex_lock(&g->mu);
+  if (g->failed) {
+    rc = MLXD_EABORTED;
+    if (st) {
+      *st = g->fail_st;
+      st->code = MLXD_EABORTED;
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
+  return rc;
+}
+/* The turnstile: wait until collective #seq may be issued on g. */
+int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mlxd_status* st) {
+  double t = mlxd_mpi_timeout_s();
+  double deadline = mlxd_now() + t;
+  int rc = 0;
+  pthread_mutex_lock(&g->mu);
+  for (;;) {
+    if (g->failed) {
+      rc = MLXD_EABORTED;
+      *st = g->fail_st;
+      st->code = MLXD_EABORTED;
+      break;
+    }
+    if (g->next_seq == seq) break;
+    if (seq < g->next_seq) {
+      rc = mlxd_mpi_fail(st, MLXD_EINVAL,
+                         "[mpi] %s was given collective sequence number %llu, which was already "
+                         "used on this group (next expected: %llu)",
+                         what, (unsigned long long)seq, (unsigned long long)g->next_seq);
+      break;
+    }
+    struct timespec ts = mlxd_mpi_abs_monotonic(deadline);
+    if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && mlxd_now() >= deadline) {
+      mlxd_mpi_fail(st, MLXD_ETIMEDOUT,
+                    "[mpi] timed out after %g s in %s: collective #%llu on this rank never "
+                    "started, so #%llu could not be issued",
+                    t, what, (unsigned long long)g->next_seq, (unsigned long long)seq);
+      g->failed = true;
+      g->fail_st = *st;
+      pthread_cond_broadcast(&g->cv);
+      rc = MLXD_ETIMEDOUT;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
+  return rc;
+}
+void mlxd_mpi_turn_done(mpi_group* g) {
+  pthread_mutex_lock(&g->mu);
+  g->next_seq++;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+/* Poll reqs[0..n) until all complete. The deadline moves whenever one
+ * completes. On timeout (or an MPI error) the group fails; statuses
+ * (may be NULL) receive the completed requests' statuses. */
+int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
+                       bool cancel_on_timeout, const char* what, mlxd_status* st) {
+  if (n <= 0) return 0;
+  int* idx = malloc(sizeof(int) * (size_t)n);
+  MPI_Status* sts = malloc(sizeof(MPI_Status) * (size_t)n);
+  if (!idx || !sts) {
+    free(idx);
+    free(sts);
+    mlxd_mpi_abandon(reqs, n);
+    mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory while waiting for %s", what);
+    mlxd_mpi_group_fail(g, st);
+    return MLXD_ENOMEM;
+  }
+  double t = mlxd_mpi_timeout_s();
+  double deadline = mlxd_now() + t;
+  int left = n;
+  int rc = 0;
+  backoff bo;
+  backoff_reset(&bo);
+  while (left > 0) {
+    int outc = 0;
+    mlxd_mpi_call_lock();
+    int mrc = MPI_Testsome(n, reqs, &outc, idx, sts);
+    mlxd_mpi_call_unlock();
+    if (mrc != MPI_SUCCESS && mrc != MPI_ERR_IN_STATUS) {
+      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Testsome", what);
+      break;
+    }
+    if (outc == MPI_UNDEFINED) break; /* no active request left */
+    for (int i = 0; i < outc; i++) {
+      if (statuses) statuses[idx[i]] = sts[i];
+      if (mrc == MPI_ERR_IN_STATUS && sts[i].MPI_ERROR != MPI_SUCCESS && rc == 0)
+        rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, sts[i].MPI_ERROR, "MPI request", what);
+    }
+    if (rc) break;
+    if (outc > 0) {
+      left -= outc;
+      deadline = mlxd_now() + t;
+      backoff_reset(&bo);
+      continue;
+    }
+    if (mlxd_now() >= deadline) {
+      rc = mlxd_mpi_fail(st, MLXD_ETIMEDOUT,
+                         "[mpi] timed out after %g s in %s (rank %d of %d): no progress; a peer "
+                         "may have died or not called the same op (raise MLXDIST_TIMEOUT if it is "
+                         "just slow)",
+                         t, what, g->base.rank, g->base.size);
+      break;
+    }
+    backoff_wait(&bo);
+  }
+  if (rc) {
+    if (cancel_on_timeout) {
+      /* Receives can be cancelled; give the cancellation a short, bounded while. */
+      mlxd_mpi_call_lock();
+      for (int i = 0; i < n; i++)
+        if (reqs[i] != MPI_REQUEST_NULL) MPI_Cancel(&reqs[i]);
+      mlxd_mpi_call_unlock();
+      double until = mlxd_now() + 1.0;
+      for (;;) {
+        int flag = 0;
+        mlxd_mpi_call_lock();
+        mlxd_mpi_test_all(n, reqs, &flag);
+        mlxd_mpi_call_unlock();
+        if (flag || mlxd_now() >= until) break;
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+      }
+    }
+    mlxd_mpi_abandon(reqs, n); /* what is left: MPI may still complete it */
+    mlxd_mpi_group_fail(g, st);
+  }
+  free(idx);
+  free(sts);
+  return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Background completion of sends (see mpi_internal.h). */
+
+static pthread_mutex_t g_send_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_send_cv; /* CLOCK_MONOTONIC: new work, or the list changed */
+static pending_send* g_sends;
+static bool g_prog_started, g_prog_stop;
+static pthread_t g_prog_thread;
+
+void mlxd_mpi_pending_free(pending_send* p) {
+  free(p->reqs);
+  free(p->buf);
+  free(p);
+}
+
+/* One pass over the pending sends (g_send_mu held). Returns whether any progressed. */
+static bool sends_poll_locked(void) {
+  bool progressed = false;
+  pending_send** pp = &g_sends;
+  while (*pp) {
+    pending_send* p = *pp;
+    int outc = 0;
+    int* idx = malloc(sizeof(int) * (size_t)p->nreq);
+    MPI_Status* sts = malloc(sizeof(MPI_Status) * (size_t)p->nreq);
+    int mrc = MPI_ERR_NO_MEM;
+    if (idx && sts) {
+      mlxd_mpi_call_lock();
+      mrc = MPI_Testsome(p->nreq, p->reqs, &outc, idx, sts);
+      mlxd_mpi_call_unlock();
+    }
+    int err = MPI_SUCCESS;
+    if (mrc == MPI_ERR_IN_STATUS) {
+      for (int i = 0; i < outc; i++)
+        if (sts[i].MPI_ERROR != MPI_SUCCESS) err = sts[i].MPI_ERROR;
+    } else if (mrc != MPI_SUCCESS) {
+      err = mrc;
+    }
+    free(idx);
+    free(sts);
+    if (err == MPI_SUCCESS && outc != MPI_UNDEFINED && outc > 0) {
+      p->left -= outc;
+      p->deadline = mlxd_now() + mlxd_mpi_timeout_s();
+      progressed = true;
+    }
+    bool done = err == MPI_SUCCESS && (outc == MPI_UNDEFINED || p->left <= 0);
+    bool expired = err == MPI_SUCCESS && !done && mlxd_now() >= p->deadline;
+    if (done || err != MPI_SUCCESS || expired) {
+      if (p->g && !done) {
+        mlxd_status st;
+        char what[96];
+        snprintf(what, sizeof what, "send of %zu bytes to rank %d", p->nbytes, p->dst);
+        if (err != MPI_SUCCESS)
+          mlxd_mpi_fail_call(&st, MLXD_EREMOTE, err, "MPI_Isend", what);
+        else
+          mlxd_mpi_fail(&st, MLXD_ETIMEDOUT,
+                        "[mpi] timed out after %g s in %s (rank %d of %d): the receiver never "
+                        "took the data",
+                        mlxd_mpi_timeout_s(), what, p->g->base.rank, p->g->base.size);
+        mlxd_mpi_group_fail(p->g, &st);
+      }
+      *pp = p->next;
+      if (done) {
+        mlxd_mpi_pending_free(p);
+      } else {
+        /* MPI may still read the buffer: keep it (a deliberate leak). */
+        mlxd_mpi_abandon(p->reqs, p->nreq);
+        free(p->reqs);
+        free(p);
+      }
+      progressed = true;
+      continue;
+    }
+    pp = &p->next;
+  }
+  if (progressed) pthread_cond_broadcast(&g_send_cv);
+  return progressed;
+}
+
+static void* progress_main(void* arg) {
+  (void)arg;
+  backoff bo;
+  backoff_reset(&bo);
+  pthread_mutex_lock(&g_send_mu);
+  while (!g_prog_stop) {
+    if (!g_sends) {
+      pthread_cond_wait(&g_send_cv, &g_send_mu);
+      backoff_reset(&bo);
+      continue;
+    }
+    if (sends_poll_locked()) backoff_reset(&bo);
+    if (!g_sends) continue;
+    pthread_mutex_unlock(&g_send_mu);
+    backoff_wait(&bo);
+    pthread_mutex_lock(&g_send_mu);
+  }
+  pthread_mutex_unlock(&g_send_mu);
+  return NULL;
+}
+
+/* Hand a started send to the progress thread (starting it if needed). */
+int mlxd_mpi_sends_add(pending_send* p, mlxd_status* st) {
+  int rc = 0;
+  pthread_mutex_lock(&g_send_mu);
+  if (!g_prog_started) {
+    g_prog_stop = false;
+    if (pthread_create(&g_prog_thread, NULL, progress_main, NULL) != 0)
+      rc = mlxd_mpi_fail(st, MLXD_ESYS, "[mpi] could not start the send progress thread: %s",
+                         strerror(errno));
+    else
+      g_prog_started = true;
+  }
+  if (rc == 0) {
+    p->next = g_sends;
+    g_sends = p;
+    pthread_cond_broadcast(&g_send_cv);
+  }
+  pthread_mutex_unlock(&g_send_mu);
+  return rc;
+}
+
+void mlxd_mpi_sends_forget_group(mpi_group* g) {
+  pthread_mutex_lock(&g_send_mu);
+  for (pending_send* p = g_sends; p; p = p->next)
+    if (p->g == g) p->g = NULL;
+  pthread_mutex_unlock(&g_send_mu);
+}
+
+void mlxd_mpi_sends_stop(void) {
+  /* Let pending sends finish (each is bounded by its own deadline), then stop the thread. */
+  pthread_mutex_lock(&g_send_mu);
+  while (g_sends) {
+    struct timespec ts = mlxd_mpi_abs_monotonic(mlxd_now() + 0.1);
+    pthread_cond_timedwait(&g_send_cv, &g_send_mu, &ts);
+  }
+  bool started = g_prog_started;
+  g_prog_stop = true;
+  pthread_cond_broadcast(&g_send_cv);
+  pthread_mutex_unlock(&g_send_mu);
+  if (started) pthread_join(g_prog_thread, NULL);
+}
+
+void mlxd_mpi_progress_init(void) {
+  pthread_mutex_lock(&g_send_mu);
+  static bool cv_done;
+  if (!cv_done) {
+    mlxd_mpi_cv_init_monotonic(&g_send_cv);
+    cv_done = true;
+  }
+  pthread_mutex_unlock(&g_send_mu);
+}

@@ -1,0 +1,364 @@
+/* The mpi plugin's runtime: process-wide state, status messages, launcher
+ * detection (Open MPI, MPICH/Hydra, PMIx, Slurm, MVAPICH2), starting MPI
+ * (MPI_Init_thread, thread level), finalising it at exit when we started it,
+ * the live-op count the exit hook waits for, and the kind's functions
+ * (available / configured / create). */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backends/mpi/mpi_internal.h"
+#include "util/clock.h"
+
+/* ---------------------------------------------------------------------- */
+/* Status messages (the core's mlxd_fail is not ours to call). */
+
+__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mlxd_status* st, int code, const char* fmt,
+                                                        ...) {
+  if (st) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->msg, sizeof st->msg, fmt, ap);
+    va_end(ap);
+    st->code = code;
+  }
+  return code;
+}
+
+/* "[mpi] <call> failed: <MPI_Error_string>" (+ what it was doing). */
+int mlxd_mpi_fail_call(mlxd_status* st, int code, int mpi_rc, const char* call, const char* what) {
+  char text[MPI_MAX_ERROR_STRING + 1];
+  int len = 0;
+  text[0] = '\0';
+  if (MPI_Error_string(mpi_rc, text, &len) != MPI_SUCCESS)
+    snprintf(text, sizeof text, "MPI error code %d", mpi_rc);
+  else
+    text[len < 0 ? 0 : (len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len)] = '\0';
+  if (what && *what) return mlxd_mpi_fail(st, code, "[mpi] %s failed in %s: %s", call, what, text);
+  return mlxd_mpi_fail(st, code, "[mpi] %s failed: %s", call, text);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Process-wide state. */
+
+mlxd_host_api mlxd_mpi_host;
+
+/* g_mu guards the lifecycle flags below and the live-op count. */
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_mu_cv; /* CLOCK_MONOTONIC; signalled when g_in_flight drops */
+static bool g_cv_ready;
+static bool g_mpi_ready;      /* MPI usable by us (initialised, thread level checked) */
+static bool g_we_initialized; /* we called MPI_Init_thread */
+static bool g_exiting;        /* the exit hook has started */
+static bool g_abandoned;      /* some request was given up on (timeout): do not finalise */
+static int g_in_flight;       /* ops currently inside MPI calls */
+static bool g_serialize;      /* MPI_THREAD_SERIALIZED: one MPI call at a time */
+static pthread_mutex_t g_call_mu = PTHREAD_MUTEX_INITIALIZER;
+
+void mlxd_mpi_call_lock(void) {
+  if (g_serialize) pthread_mutex_lock(&g_call_mu);
+}
+void mlxd_mpi_call_unlock(void) {
+  if (g_serialize) pthread_mutex_unlock(&g_call_mu);
+}
+
+double mlxd_mpi_timeout_s(void) {
+  double t = mlxd_mpi_host.timeout_s ? mlxd_mpi_host.timeout_s() : 60.0;
+  return t > 0 ? t : 60.0;
+}
+
+void mlxd_mpi_cv_init_monotonic(pthread_cond_t* cv) {
+  pthread_condattr_t a;
+  pthread_condattr_init(&a);
+  pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &a);
+  pthread_condattr_destroy(&a);
+}
+
+struct timespec mlxd_mpi_abs_monotonic(double deadline) {
+  struct timespec ts;
+  double whole = (double)(long long)deadline;
+  ts.tv_sec = (time_t)whole;
+  ts.tv_nsec = (long)((deadline - whole) * 1e9);
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec += 1;
+    ts.tv_nsec -= 1000000000L;
+  }
+  return ts;
+}
+
+/* Requests given up on (a timeout): MPI may still complete them. The exit
+ * hook waits for them (bounded) before it finalises; if they never complete
+ * it does not finalise (MPI_Finalize could hang). */
+static MPI_Request* g_lost;
+static size_t g_nlost, g_caplost;
+
+void mlxd_mpi_abandon(const MPI_Request* reqs, int n) {
+  pthread_mutex_lock(&g_mu);
+  for (int i = 0; i < n; i++) {
+    if (reqs[i] == MPI_REQUEST_NULL) continue;
+    if (g_nlost == g_caplost) {
+      size_t cap = g_caplost ? 2 * g_caplost : 16;
+      MPI_Request* p = realloc(g_lost, cap * sizeof *p);
+      if (!p) {
+        g_abandoned = true; /* cannot track it: never finalise */
+        continue;
+      }
+      g_lost = p;
+      g_caplost = cap;
+    }
+    g_lost[g_nlost++] = reqs[i];
+  }
+  pthread_mutex_unlock(&g_mu);
+}
+
+/* Every op that calls MPI runs between mlxd_mpi_op_begin and
+ * mlxd_mpi_op_end, so the exit hook never finalises under it. */
+int mlxd_mpi_op_begin(mlxd_status* st) {
+  int rc = 0;
+  pthread_mutex_lock(&g_mu);
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (g_exiting || fin)
+    rc = mlxd_mpi_fail(
+        st, MLXD_EUNAVAIL,
+        "[mpi] MPI is being finalised (the process is exiting); the op was not started");
+  else
+    g_in_flight++;
+  pthread_mutex_unlock(&g_mu);
+  return rc;
+}
+void mlxd_mpi_op_end(void) {
+  pthread_mutex_lock(&g_mu);
+  g_in_flight--;
+  pthread_cond_broadcast(&g_mu_cv);
+  pthread_mutex_unlock(&g_mu);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Launcher detection, MPI start and finalisation. */
+
+static const char* const k_launcher_env[] = {
+    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", /* Open MPI's mpirun */
+    "PMI_RANK",             "PMI_SIZE",             /* MPICH/Hydra, Intel MPI, Slurm PMI-1/2 */
+    "PMI_FD",               "PMI_PORT",             /* PMI wire-up (Hydra, Slurm --mpi=pmi2) */
+    "PMIX_RANK",            "PMIX_NAMESPACE",       /* PMIx (Open MPI 5, Slurm --mpi=pmix, prrte) */
+    "HYDRA_CONTROL_FD",     "MPI_LOCALRANKID",      /* Hydra, Intel MPI */
+    "MV2_COMM_WORLD_RANK",                          /* MVAPICH2 */
+};
+#define N_LAUNCHER_ENV (sizeof k_launcher_env / sizeof k_launcher_env[0])
+
+static bool launched_by_mpi(void) {
+  for (size_t i = 0; i < N_LAUNCHER_ENV; i++) {
+    const char* v = getenv(k_launcher_env[i]);
+    if (v && *v) return true;
+  }
+  return false;
+}
+static bool mpi_running(void) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  return init && !fin;
+}
+
+static const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+  }
+  return "an unknown thread level";
+}
+
+/* Runs once at process exit when this plugin initialised MPI. */
+static void mpi_exit_hook(void) {
+  double t = mlxd_mpi_timeout_s();
+  pthread_mutex_lock(&g_mu);
+  g_exiting = true;
+  double deadline = mlxd_now() + t;
+  while (g_in_flight > 0 && mlxd_now() < deadline) {
+    struct timespec ts = mlxd_mpi_abs_monotonic(deadline);
+    pthread_cond_timedwait(&g_mu_cv, &g_mu, &ts);
+  }
+  int busy = g_in_flight;
+  pthread_mutex_unlock(&g_mu);
+
+  mlxd_mpi_sends_stop();
+
+  /* Requests given up on may have completed since (a late peer): wait for them, bounded. */
+  pthread_mutex_lock(&g_mu);
+  bool abandoned = g_abandoned;
+  MPI_Request* lost = g_lost;
+  int nlost = (int)g_nlost;
+  pthread_mutex_unlock(&g_mu);
+  if (!abandoned && nlost > 0) {
+    double until = mlxd_now() + t;
+    for (;;) {
+      int flag = 0;
+      mlxd_mpi_call_lock();
+      int mrc = mlxd_mpi_test_all(nlost, lost, &flag);
+      mlxd_mpi_call_unlock();
+      if (flag || mrc != MPI_SUCCESS) break;
+      if (mlxd_now() >= until) {
+        abandoned = true;
+        break;
+      }
+      struct timespec ts = {0, 1000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
+  if (busy > 0 || abandoned) {
+    fprintf(stderr,
+            "[mpi] not finalising MPI at exit: %s; MPI may still be using their buffers\n",
+            busy > 0 ? "ops are still running on other threads"
+                     : "an op timed out and its requests never completed");
+    return;
+  }
+  if (!mpi_running()) return;
+  mlxd_mpi_free_user_ops();
+  MPI_Finalize();
+}
+
+/* Start MPI if needed and check its thread level. g_mu held. */
+static int ensure_mpi_locked(mlxd_status* st) {
+  if (g_mpi_ready) {
+    if (mpi_running()) return 0;
+    return mlxd_mpi_fail(st, MLXD_EUNAVAIL,
+                         "[mpi] MPI was finalised in this process and cannot be started again");
+  }
+  if (!g_cv_ready) {
+    mlxd_mpi_cv_init_monotonic(&g_mu_cv);
+    g_cv_ready = true;
+  }
+  int init = 0, fin = 0;
+  MPI_Finalized(&fin);
+  if (fin)
+    return mlxd_mpi_fail(
+        st, MLXD_EUNAVAIL,
+        "[mpi] MPI was already finalised in this process; it cannot be started again");
+  MPI_Initialized(&init);
+  int provided = MPI_THREAD_SINGLE;
+  if (!init) {
+    /* Open MPI loads its components with dlopen and they expect the MPI
+     * library's symbols to be global; we may have been loaded RTLD_LOCAL. */
+    Dl_info info;
+    int (*fn)(int*, char***, int, int*) = MPI_Init_thread;
+    void* addr = NULL;
+    memcpy(&addr, &fn, sizeof addr); /* ISO C has no function-to-object cast */
+    if (dladdr(addr, &info) && info.dli_fname)
+      (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+    int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS)
+      return mlxd_mpi_fail_call(st, MLXD_EUNAVAIL, rc, "MPI_Init_thread", NULL);
+    g_we_initialized = true;
+    atexit(mpi_exit_hook);
+    /* Our own calls on MPI_COMM_WORLD report errors instead of aborting. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_SERIALIZED)
+    return mlxd_mpi_fail(st, MLXD_EUNAVAIL,
+                         "[mpi] the MPI library provides %s, but mlxdist runs MPI calls on stream "
+                         "worker threads and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE",
+                         thread_level_name(provided));
+  g_serialize = provided < MPI_THREAD_MULTIPLE;
+  int rc = mlxd_mpi_create_user_ops(st);
+  if (rc) return rc;
+  g_mpi_ready = true;
+  return 0;
+}
+
+void mlxd_mpi_set_host(const mlxd_host_api* host) {
+  pthread_mutex_lock(&g_mu);
+  memcpy(&mlxd_mpi_host, host, offsetof(mlxd_host_api, spin_us) + sizeof(host->spin_us));
+  mlxd_mpi_host.struct_size = (uint32_t)sizeof mlxd_mpi_host;
+  pthread_mutex_unlock(&g_mu);
+}
+
+/* ---------------------------------------------------------------------- */
+/* The kind. */
+
+bool mlxd_mpi_is_available(char* why, size_t why_len) {
+  int major = 0, minor = 0;
+  MPI_Get_version(&major, &minor);
+  if (major < 3) {
+    if (why && why_len)
+      snprintf(why, why_len,
+               "[mpi] the MPI library implements MPI-%d.%d, but the mpi backend needs MPI-3 "
+               "(non-blocking collectives)",
+               major, minor);
+    return false;
+  }
+  if (why && why_len) why[0] = '\0';
+  return true;
+}
+
+bool mlxd_mpi_is_configured(bool with_bootstrap) {
+  if (with_bootstrap) return false; /* MPI bootstraps through its launcher only */
+  return launched_by_mpi() || mpi_running();
+}
+
+int mlxd_mpi_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
+  *out = NULL;
+  if (bs)
+    return mlxd_mpi_fail(st, MLXD_EINVAL,
+                         "[mpi] the mpi backend cannot use a caller's all-gather (it is set up by "
+                         "its launcher, mpirun/mpiexec); use \"ring\" or \"jaccl\" for "
+                         "init_with_all_gather");
+  if (!mpi_running() && !launched_by_mpi())
+    return mlxd_mpi_fail(st, MLXD_EUNAVAIL,
+                         "[mpi] this process was not started by an MPI launcher: none of "
+                         "OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK, PMI_RANK, PMI_SIZE, PMI_FD, "
+                         "PMIX_RANK is set (run it with mpirun/mpiexec, or srun --mpi=pmix)");
+  pthread_mutex_lock(&g_mu);
+  int rc = ensure_mpi_locked(st);
+  if (rc == 0 && g_exiting)
+    rc = mlxd_mpi_fail(st, MLXD_EUNAVAIL, "[mpi] the process is exiting; no new group can start");
+  if (rc == 0) g_in_flight++;
+  pthread_mutex_unlock(&g_mu);
+  if (rc) return rc;
+
+  /* Duplicate MPI_COMM_WORLD without blocking unboundedly. */
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request req = MPI_REQUEST_NULL;
+  mlxd_mpi_call_lock();
+  int mrc = MPI_Comm_idup(MPI_COMM_WORLD, &comm, &req);
+  mlxd_mpi_call_unlock();
+  if (mrc != MPI_SUCCESS) {
+    rc = mlxd_mpi_fail_call(st, MLXD_EUNAVAIL, mrc, "MPI_Comm_idup", "init");
+    mlxd_mpi_op_end();
+    return rc;
+  }
+  /* A temporary group so mlxd_mpi_wait_reqs can report rank/size and be failed. */
+  mpi_group tmp;
+  memset(&tmp, 0, sizeof tmp);
+  mlxd_mpi_call_lock();
+  MPI_Comm_rank(MPI_COMM_WORLD, &tmp.base.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &tmp.base.size);
+  mlxd_mpi_call_unlock();
+  pthread_mutex_init(&tmp.mu, NULL);
+  mlxd_mpi_cv_init_monotonic(&tmp.cv);
+  rc = mlxd_mpi_wait_reqs(&tmp, &req, 1, NULL, false, "init (MPI_Comm_idup of MPI_COMM_WORLD)", st);
+  pthread_mutex_destroy(&tmp.mu);
+  pthread_cond_destroy(&tmp.cv);
+  if (rc) {
+    mlxd_mpi_op_end();
+    return rc;
+  }
+  mpi_group* g = mlxd_mpi_group_new(comm, st);
+  mlxd_mpi_op_end();
+  if (!g) {
+    mlxd_mpi_call_lock();
+    MPI_Comm_free(&comm);
+    mlxd_mpi_call_unlock();
+    return MLXD_ENOMEM;
+  }
+  *out = &g->base;
+  return 0;
+}
