@@ -311,8 +311,8 @@ static int wrap(const plugin_slot* s, mlxdist_v2_backend* inner, bs_wrap* bs, ml
     inner = NULL;
     goto fail;
   }
-  if (!HAS_MEMBER(mlxdist_v1_ops, ops, destroy) || !ops->all_reduce || !ops->all_gather ||
-      !ops->reduce_scatter || !ops->send || !ops->recv || !ops->split) {
+  if (!ops->all_reduce || !ops->all_gather || !ops->reduce_scatter || !ops->send || !ops->recv ||
+      !ops->split) {
     rc = mlxd_fail(st, MLXD_EINVAL,
                    "[%s] the plugin %s gave an instance whose ops table lacks a required op "
                    "(struct_size %u)",
