@@ -10,7 +10,25 @@
  * use them to keep concurrent ops apart (tags) or to order them.
  *
  * Every op returns 0, or a non-zero mlxd_code with st->msg set
- * ("[ring] lost connection to rank 2 (...)"). No op blocks without a bound. */
+ * ("[ring] lost connection to rank 2 (...)"). No op blocks without a bound.
+ *
+ * The front-end's guarantees (one owner per rule: distributed/ops.c and
+ * group.c check these, on the caller's thread, before any op is queued;
+ * backends, algorithms and transports may assert them and must not
+ * re-check them with their own error messages):
+ *  - size >= 2: a group of one always holds the size-one backend
+ *    (single.c, the only code for groups of one), so no other backend's ops
+ *    are called on an instance of size 1 (split may still return one; the
+ *    front-end then swaps it for the size-one backend).
+ *  - send/recv: the peer is in [0, size) and is not the caller's rank.
+ *  - dtype is a valid mlx_dtype (mlx_dtype_size > 0) and op is one of
+ *    MLXD_SUM, MLXD_MAX, MLXD_MIN.
+ *  - byte counts fit in size_t: count * dtype size, nbytes * size (the
+ *    all_gather output) and size * count * dtype size (the reduce_scatter
+ *    input) do not overflow; buffers are at least that large (non-NULL
+ *    when non-empty).
+ *  - split: color >= 0 and key >= 0.
+ * Plugins get the same guarantees (distributed/abi/plugin_v<N>.h). */
 #ifndef MLXD_BACKEND_H
 #define MLXD_BACKEND_H
 
@@ -69,12 +87,15 @@ struct mlxd_bootstrap {
                     mlxd_status* st);
 };
 
-/* A backend kind, as the registry sees it. */
+/* A backend kind, as the registry sees it (built-in kinds are defined with
+ * it; plugins are adapted to it, distributed/plugin_adapter.c). */
 typedef struct mlxd_backend_kind {
   const char* name;
   /* Can it be used in this process at all? If not, why (a sentence). */
   bool (*is_available)(char* why, size_t why_len);
-  /* Is its launch configuration present (e.g. MLX_RANK + MLX_HOSTFILE)? */
+  /* Is its launch configuration present (e.g. MLX_RANK + MLX_HOSTFILE)?
+   * init("any") starts only configured kinds; false must mean that create
+   * would fail for lack of configuration. */
   bool (*is_configured)(bool with_bootstrap);
   /* Start it. bs == NULL: the built-in side channel. Returns MLXD_EUNAVAIL
    * with a message naming what is missing when not configured. */
@@ -83,9 +104,11 @@ typedef struct mlxd_backend_kind {
   bool supports_bootstrap;
 } mlxd_backend_kind;
 
-/* Built-in kinds. */
+/* Built-in kinds (the registry, distributed/registry.c, lists every backend). */
 extern const mlxd_backend_kind mlxd_ring_kind;  /* backends/ring/ring.c */
-/* The size-one group (rank 0, size 1); never fails. */
+/* The size-one backend (rank 0, size 1); NULL only when out of memory. */
 mlxd_backend* mlxd_single_backend_new(void);
+/* Its ops table (to recognise it). */
+const mlxd_backend_ops* mlxd_single_ops(void);
 
 #endif

@@ -22,36 +22,34 @@
 
 #include "core/error.h"
 #include "distributed/group_impl.h"
-#include "distributed/plugin_abi.h"
+#include "distributed/plugin.h"
 #include "util/text.h"
 
-enum { BK_ANY, BK_RING, BK_MPI, BK_NCCL, BK_JACCL, BK_COUNT };
-static const char* const k_names[BK_COUNT] = {"any", "ring", "mpi", "nccl", "jaccl"};
-#define VALID_NAMES "\"any\" (or NULL), \"ring\", \"mpi\", \"nccl\" or \"jaccl\""
+/* Cache slots: one per registry entry, and "any". */
+#define ANY_IDX MLXD_REGISTRY_MAX
+#define CACHE_SLOTS (MLXD_REGISTRY_MAX + 1)
 
 #define BIG_MSG 4096
 
 /* ------------------------------------------------------------------ */
 /* small helpers                                                       */
 
-
-/* -1 for an unknown name; NULL means "any". */
+/* A registry index or ANY_IDX; -1 for an unknown name. NULL means "any". */
 static int name_index(const char* bk) {
-  if (bk == NULL) return BK_ANY;
-  for (int i = 0; i < BK_COUNT; i++)
-    if (strcmp(bk, k_names[i]) == 0) return i;
-  return -1;
+  if (bk == NULL || strcmp(bk, "any") == 0) return ANY_IDX;
+  return mlxd_registry_find(bk);
 }
 
-/* The kind for a backend name (not "any"); NULL with why set if it cannot be loaded. */
-static const mlxd_backend_kind* kind_of(int idx, char* why, size_t len) {
-  switch (idx) {
-    case BK_RING: return &mlxd_ring_kind;
-    case BK_MPI: return mlxd_plugin_load("mpi", why, len);
-    case BK_NCCL: return &mlxd_nccl_kind;
-    case BK_JACCL: return &mlxd_jaccl_kind;
-    default: snprintf(why, len, "[distributed] no backend kind %d", idx); return NULL;
-  }
+static const char* idx_name(int idx) { return idx == ANY_IDX ? "any" : mlxd_registry[idx].name; }
+
+/* "\"any\" (or NULL), \"nccl\", ..., or \"jaccl\"": every name init accepts. */
+static void valid_names(char* buf, size_t len) {
+  mlxd_text t = {buf, len, 0};
+  buf[0] = '\0';
+  mlxd_text_add(&t, "\"any\" (or NULL)");
+  for (int i = 0; i < mlxd_registry_size; i++)
+    mlxd_text_add(&t, "%s\"%s\"", i + 1 == mlxd_registry_size ? " or " : ", ",
+                  mlxd_registry[i].name);
 }
 
 /* ------------------------------------------------------------------ */
@@ -118,7 +116,11 @@ static void user_gather_release(mlxd_user_gather* u) {
 /* ------------------------------------------------------------------ */
 /* groups                                                              */
 
-/* Takes ownership of b (destroyed on failure); retains u and parent. */
+/* Takes ownership of b (destroyed on failure); retains u and parent.
+ * A group of one always holds the size-one backend (single.c), whatever
+ * started it (a one-rank hostfile, mpirun -n 1, a split into singletons):
+ * backends are never called with size 1 (backend.h), and a group of one
+ * needs nothing from its backend, so that instance is released at once. */
 static mlxd_group* group_new(mlxd_backend* b, const char* kind, mlxd_user_gather* u,
                              mlxd_group* parent, mlxd_status* st) {
   if (b->size <= 0 || b->rank < 0 || b->rank >= b->size) {
@@ -126,6 +128,14 @@ static mlxd_group* group_new(mlxd_backend* b, const char* kind, mlxd_user_gather
               b->rank, b->size);
     b->ops->destroy(b);
     return NULL;
+  }
+  if (b->size == 1 && b->ops != mlxd_single_ops()) {
+    b->ops->destroy(b);
+    b = mlxd_single_backend_new();
+    if (!b) {
+      mlxd_fail(st, MLXD_ENOMEM, "[distributed] out of memory creating a group of one");
+      return NULL;
+    }
   }
   mlxd_group* g = calloc(1, sizeof *g);
   uint64_t* seqs = calloc(2 * (size_t)b->size, sizeof *seqs);
@@ -186,7 +196,7 @@ static void set_result(mlx_distributed_group* res, mlxd_group* g) {
 
 static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
-static mlxd_group* g_cache[BK_COUNT];
+static mlxd_group* g_cache[CACHE_SLOTS];
 
 static mlxd_group* cache_get(int idx) {
   pthread_mutex_lock(&g_cache_mu);
@@ -199,30 +209,40 @@ static mlxd_group* cache_get(int idx) {
 static void cache_put(int idx, mlxd_group* g) {
   pthread_mutex_lock(&g_cache_mu);
   if (!g_cache[idx]) g_cache[idx] = mlxd_group_retain(g);
-  if (!g_cache[BK_ANY]) g_cache[BK_ANY] = mlxd_group_retain(g);
+  if (!g_cache[ANY_IDX]) g_cache[ANY_IDX] = mlxd_group_retain(g);
   pthread_mutex_unlock(&g_cache_mu);
 }
 
-/* Try one backend. Returns a new group, or NULL with the reason in why. */
-static mlxd_group* try_start(int idx, mlxd_user_gather* u, char* why, size_t why_len,
-                             int* code) {
-  const mlxd_backend_kind* kind = kind_of(idx, why, why_len);
+/* Try one backend. Returns a new group, or NULL with the reason in why.
+ * For "any" (for_any), a backend whose configuration is absent
+ * (is_configured) is not started: non-strict, it is skipped outright (the
+ * default group of every op on an empty handle goes through here, and
+ * builds no messages); strict, its create names what is missing, which by
+ * the kind's contract starts nothing (backend.h). */
+static mlxd_group* try_start(int idx, mlxd_user_gather* u, bool for_any, bool strict, char* why,
+                             size_t why_len, int* code) {
+  const char* name = mlxd_registry[idx].name;
+  const mlxd_backend_kind* kind = mlxd_registry_kind(idx, why, why_len);
   if (!kind) {
     *code = MLXD_EUNAVAIL;
     return NULL;
   }
   if (!kind->is_available(why, why_len)) {
-    if (!why[0]) snprintf(why, why_len, "[%s] not available in this process", k_names[idx]);
+    if (!why[0]) snprintf(why, why_len, "[%s] not available in this process", name);
     *code = MLXD_EUNAVAIL;
     return NULL;
   }
   if (u && !kind->supports_bootstrap) {
     snprintf(why, why_len, "[%s] this backend cannot be started with a caller's all_gather",
-             k_names[idx]);
+             name);
     *code = MLXD_EINVAL;
     return NULL;
   }
-  /* An unconfigured kind's create only reports what is missing (backend.h). */
+  if (for_any && !strict && !kind->is_configured(u != NULL)) {
+    snprintf(why, why_len, "[%s] not configured", name);
+    *code = MLXD_EUNAVAIL;
+    return NULL;
+  }
   mlxd_status st;
   mlxd_status_clear(&st);
   mlxd_backend* b = NULL;
@@ -266,21 +286,15 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
   g = cache_get(idx);
   if (g) goto done;
 
-  int cand[4], n = 0;
-  if (idx != BK_ANY) {
+  int cand[MLXD_REGISTRY_MAX], n = 0;
+  if (idx != ANY_IDX)
     cand[n++] = idx;
-  } else if (u) {
-    cand[n++] = mlxd_jaccl_kind.is_available(NULL, 0) ? BK_JACCL : BK_RING;
-  } else {
-    cand[n++] = BK_NCCL; /* skipped unless available (needs a GPU) */
-    cand[n++] = BK_RING;
-    cand[n++] = BK_MPI;
-    cand[n++] = BK_JACCL;
-  }
+  else
+    n = mlxd_registry_any_order(u != NULL, cand);
 
   char why[BIG_MSG];
   int why_code = MLXD_EUNAVAIL;
-  if (idx == BK_ANY)
+  if (idx == ANY_IDX)
     mlxd_text_add(&t, "[distributed] init: no backend could be started (tried %s: ",
              n == 1 ? "one" : "in order");
   for (int i = 0; i < n; i++) { /* a backend already started under its own name */
@@ -293,20 +307,21 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
   for (int i = 0; i < n; i++) {
     int c = cand[i];
     why[0] = '\0';
-    g = try_start(c, u, why, sizeof why, &why_code);
+    g = try_start(c, u, idx == ANY_IDX, strict, why, sizeof why, &why_code);
     if (g) {
       cache_put(c, g);
       goto done;
     }
-    if (idx == BK_ANY)
-      mlxd_text_add(&t, "%s%s: %s", i ? "; " : "", k_names[c], why);
+    if (idx == ANY_IDX)
+      mlxd_text_add(&t, "%s%s: %s", i ? "; " : "", idx_name(c), why);
     else
-      mlxd_text_add(&t, "[distributed] init: could not start the %s backend: %s", k_names[c], why);
+      mlxd_text_add(&t, "[distributed] init: could not start the %s backend: %s", idx_name(c),
+                    why);
   }
-  if (idx == BK_ANY) mlxd_text_add(&t, ")");
+  if (idx == ANY_IDX) mlxd_text_add(&t, ")");
 
   if (strict) {
-    *code = idx == BK_ANY ? MLXD_EUNAVAIL : why_code;
+    *code = idx == ANY_IDX ? MLXD_EUNAVAIL : why_code;
   } else {
     mlxd_status st;
     mlxd_status_clear(&st);
@@ -326,7 +341,7 @@ done:
 mlxd_group* mlxd_group_default(mlxd_status* st) {
   char msg[BIG_MSG];
   int code = MLXD_EUNAVAIL;
-  mlxd_group* g = do_init(false, BK_ANY, NULL, msg, sizeof msg, &code);
+  mlxd_group* g = do_init(false, ANY_IDX, NULL, msg, sizeof msg, &code);
   if (!g) mlxd_fail(st, code ? code : MLXD_EUNAVAIL, "%s", msg);
   return g;
 }
@@ -351,7 +366,9 @@ int mlx_distributed_init(mlx_distributed_group* res, bool strict, const char* bk
   }
   int idx = name_index(bk);
   if (idx < 0) {
-    mlxd_error("[distributed] init: unknown backend \"%s\" (expected " VALID_NAMES ")", bk);
+    char names[256];
+    valid_names(names, sizeof names);
+    mlxd_error("[distributed] init: unknown backend \"%s\" (expected %s)", bk, names);
     return MLXD_EINVAL;
   }
   char msg[BIG_MSG];
@@ -363,6 +380,24 @@ int mlx_distributed_init(mlx_distributed_group* res, bool strict, const char* bk
   }
   set_result(res, g);
   return 0;
+}
+
+/* Whether a backend takes the caller's all-gather: its kind says
+ * (supports_bootstrap). A plugin that cannot be loaded cannot say, and
+ * counts as no. */
+static bool accepts_gather(int idx) {
+  char why[BIG_MSG];
+  const mlxd_backend_kind* k = mlxd_registry_kind(idx, why, sizeof why);
+  return k && k->supports_bootstrap;
+}
+
+/* "\"ring\", \"jaccl\" and \"any\"": the names init_with_all_gather accepts. */
+static void gather_names(char* buf, size_t len) {
+  mlxd_text t = {buf, len, 0};
+  buf[0] = '\0';
+  for (int i = 0; i < mlxd_registry_size; i++)
+    if (accepts_gather(i)) mlxd_text_add(&t, "\"%s\", ", mlxd_registry[i].name);
+  mlxd_text_add(&t, "and \"any\"");
 }
 
 int mlx_distributed_init_with_all_gather(
@@ -386,17 +421,20 @@ int mlx_distributed_init_with_all_gather(
   int idx = name_index(bk);
   if (idx < 0) {
     if (dtor) dtor(payload);
-    mlxd_error("[distributed] init_with_all_gather: unknown backend \"%s\" (expected " VALID_NAMES
-               ")",
-               bk);
+    char names[256];
+    valid_names(names, sizeof names);
+    mlxd_error("[distributed] init_with_all_gather: unknown backend \"%s\" (expected %s)", bk,
+               names);
     return MLXD_EINVAL;
   }
-  if (idx != BK_ANY && idx != BK_RING && idx != BK_JACCL) {
+  if (idx != ANY_IDX && !accepts_gather(idx)) {
     if (dtor) dtor(payload);
+    char names[256];
+    gather_names(names, sizeof names);
     mlxd_error(
         "[distributed] init_with_all_gather: backend \"%s\" cannot be started with a caller's "
-        "all_gather (supported: \"ring\", \"jaccl\" and \"any\")",
-        k_names[idx]);
+        "all_gather (supported: %s)",
+        idx_name(idx), names);
     return MLXD_EINVAL;
   }
   mlxd_user_gather* u = user_gather_new(all_gather, payload, dtor);
@@ -420,14 +458,14 @@ int mlx_distributed_init_with_all_gather(
 }
 
 int mlx_distributed_clear_backends(void) {
-  mlxd_group* drop[BK_COUNT];
+  mlxd_group* drop[CACHE_SLOTS];
   pthread_mutex_lock(&g_cache_mu);
-  for (int i = 0; i < BK_COUNT; i++) {
+  for (int i = 0; i < CACHE_SLOTS; i++) {
     drop[i] = g_cache[i];
     g_cache[i] = NULL;
   }
   pthread_mutex_unlock(&g_cache_mu);
-  for (int i = 0; i < BK_COUNT; i++) mlxd_group_release(drop[i]);
+  for (int i = 0; i < CACHE_SLOTS; i++) mlxd_group_release(drop[i]);
   return 0;
 }
 
@@ -513,13 +551,19 @@ bool mlx_distributed_is_available(const char* bk) {
   int idx = name_index(bk);
   if (idx < 0) return false;
   char why[BIG_MSG];
-  if (idx == BK_ANY) {
-    for (int i = 1; i < BK_COUNT; i++) {
-      const mlxd_backend_kind* k = kind_of(i, why, sizeof why);
-      if (k && k->is_available(why, sizeof why)) return true;
-    }
-    return false;
+  for (int i = 0; i < mlxd_registry_size; i++) {
+    if (idx != ANY_IDX && i != idx) continue;
+    const mlxd_backend_kind* k = mlxd_registry_kind(i, why, sizeof why);
+    if (k && k->is_available(why, sizeof why)) return true;
   }
-  const mlxd_backend_kind* k = kind_of(idx, why, sizeof why);
-  return k && k->is_available(why, sizeof why);
+  return false;
+}
+
+void mlxd_group_describe(const mlxd_group* g, char* buf, size_t len) {
+  if (!buf || len == 0) return;
+  char d[1024];
+  if (!mlxd_plugin_describe(g->backend, d, sizeof d))
+    snprintf(d, sizeof d, "%s",
+             g->backend->ops == mlxd_single_ops() ? "the size-one group" : "built in");
+  snprintf(buf, len, "%s, rank %d of %d: %s", g->kind, g->backend->rank, g->backend->size, d);
 }

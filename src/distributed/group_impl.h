@@ -58,6 +58,38 @@ void mlxd_group_release(mlxd_group* g);
  * (then st is set). Reports nothing. */
 mlxd_group* mlxd_group_default(mlxd_status* st);
 
+/* ---- the backend registry (distributed/registry.c) ----
+ *
+ * One table, one entry per backend name. Everything the front-end decides
+ * about a backend comes from its entry and its kind (backend.h): whether it
+ * can be used (is_available), whether its launch configuration is present
+ * (is_configured: "any" only starts configured backends), whether it takes
+ * the caller's all-gather (supports_bootstrap) and how to start it
+ * (create). Adding a backend is adding an entry. */
+typedef struct mlxd_registry_entry {
+  const char* name;
+  /* Built in: its kind. NULL: a plugin, libmlxdist-<name>.so, loaded on first use. */
+  const mlxd_backend_kind* builtin;
+  /* Position in init("any") (1 = tried first; 0 = never tried by "any"),
+   * without and with a caller's all-gather (spec: nccl, ring, mpi, jaccl;
+   * with an all-gather, jaccl before ring). */
+  int any_order;
+  int any_order_gather;
+} mlxd_registry_entry;
+
+#define MLXD_REGISTRY_MAX 16 /* entries at most (checked in registry.c) */
+
+extern const mlxd_registry_entry mlxd_registry[];
+extern const int mlxd_registry_size;
+
+/* Index of a backend name in mlxd_registry, or -1. */
+int mlxd_registry_find(const char* name);
+/* The entry's kind (loading its plugin the first time), or NULL with why set. */
+const mlxd_backend_kind* mlxd_registry_kind(int idx, char* why, size_t why_len);
+/* The entries "any" tries, in order, into idx (at most mlxd_registry_size);
+ * returns how many. */
+int mlxd_registry_any_order(bool with_gather, int* idx);
+
 /* Built-in kinds that this build cannot start (distributed/kinds.c); they
  * still report is_configured honestly and explain why in is_available. */
 extern const mlxd_backend_kind mlxd_nccl_kind;
@@ -65,5 +97,9 @@ extern const mlxd_backend_kind mlxd_jaccl_kind;
 
 /* Whether this process can use a GPU (nccl needs one). */
 bool mlxd_gpu_usable(void);
+
+/* One line about a group for people: "mpi, rank 0 of 2: <the backend's
+ * description>" (plugins: their describe op, built-in backends: "built in"). */
+void mlxd_group_describe(const mlxd_group* g, char* buf, size_t len);
 
 #endif

@@ -62,8 +62,13 @@ static int nccl_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) 
   return mlxd_fail(st, MLXD_EUNAVAIL, "%s", NCCL_NOT_BUILT);
 }
 
-const mlxd_backend_kind mlxd_nccl_kind = {"nccl", nccl_available, nccl_configured, nccl_create,
-                                          false};
+const mlxd_backend_kind mlxd_nccl_kind = {
+    .name = "nccl",
+    .is_available = nccl_available,
+    .is_configured = nccl_configured,
+    .create = nccl_create,
+    .supports_bootstrap = false,
+};
 
 /* ---- jaccl ---- */
 
@@ -121,5 +126,10 @@ static int jaccl_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st)
   return mlxd_fail(st, MLXD_EUNAVAIL, "%s", why);
 }
 
-const mlxd_backend_kind mlxd_jaccl_kind = {"jaccl", jaccl_available, jaccl_configured,
-                                           jaccl_create, true};
+const mlxd_backend_kind mlxd_jaccl_kind = {
+    .name = "jaccl",
+    .is_available = jaccl_available,
+    .is_configured = jaccl_configured,
+    .create = jaccl_create,
+    .supports_bootstrap = true,
+};

@@ -3,8 +3,14 @@
  * communication stream), take a sequence number and queue a task that runs
  * the backend op and completes the pending result.
  *
- * On a size-one group the collectives return x itself (a new reference;
- * MLX does the same) and send/recv are errors. */
+ * This file owns the backend contract of backend.h: before a task is queued
+ * it has checked everything a backend is promised (a valid dtype and reduce
+ * op, a peer in [0, size) other than the caller, byte counts that fit in
+ * size_t), so no backend re-checks them. The size-one case is not handled
+ * here: a group of one always holds the size-one backend (group.c), whose
+ * collectives copy the input (spec: the input unchanged); send/recv have no
+ * valid peer there and fail in check_peer. */
+#include <assert.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,6 +41,13 @@ static const char* dev_name(mlx_device_type t) { return t == MLX_GPU ? "gpu" : "
 static void op_run(void* arg, mlxd_status* st) {
   op_task* t = arg;
   mlxd_backend* b = t->g->backend;
+  /* Checked before queueing (check_dtype, check_peer, collective). */
+  assert(t->rop == MLXD_SUM || t->rop == MLXD_MAX || t->rop == MLXD_MIN);
+  assert(t->kind == OP_SEND || t->kind == OP_RECV ||
+         (size_t)mlx_dtype_size(t->in->dtype) > 0);
+  assert((t->kind != OP_SEND && t->kind != OP_RECV) ||
+         (t->peer >= 0 && t->peer < b->size && t->peer != b->rank));
+  assert(b->size >= 2 || b->ops == mlxd_single_ops());
   int rc = 0;
   switch (t->kind) {
     case OP_REDUCE:
@@ -139,6 +152,20 @@ static int check_peer(const char* op, const char* what, int peer, const mlxd_gro
   return 0;
 }
 
+/* The element type of an array that reaches a backend (arrays made by this
+ * library always have a valid one; this is the contract's check). */
+static int check_dtype(const char* op, const char* what, mlx_dtype dtype) {
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  if (mlxd_dtype_check((int)dtype, &st) != 0 || mlx_dtype_size(dtype) == 0) {
+    mlxd_error("[distributed] %s: %s dtype %d is not a valid mlx_dtype (expected MLX_BOOL .. "
+               "MLX_COMPLEX64)",
+               op, what, (int)dtype);
+    return MLXD_EINVAL;
+  }
+  return 0;
+}
+
 /* Take the sequence number and queue the task; on success *res = out. Consumes out. */
 static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind,
                   mlxd_reduce_op rop, int peer, mlxd_array* in, mlxd_array* out,
@@ -226,11 +253,15 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
     rc = MLXD_EINVAL;
     goto out;
   }
-  if (size == 1) { /* the input unchanged */
-    set_result(res, mlxd_array_retain(in));
-    goto out;
-  }
-  if (kind == OP_GATHER) {
+  rc = check_dtype(op, "x's", in->dtype);
+  if (rc) goto out;
+  if (kind == OP_GATHER && size > 1) { /* a group of one gives the input unchanged */
+    if (in->nbytes > SIZE_MAX / (size_t)size) {
+      mlxd_error("[distributed] %s: the result (%zu bytes x %d ranks) does not fit in memory",
+                 op, in->nbytes, size);
+      rc = MLXD_EINVAL;
+      goto out;
+    }
     if (ndim == 0) {
       ndim = 1;
       oshape[0] = size;
@@ -297,6 +328,7 @@ int mlx_distributed_send(mlx_array* res, const mlx_array x, int dst,
   rc = resolve(op, group, s, &g, &str);
   if (rc) return rc;
   rc = check_peer(op, "dst", dst, g);
+  if (rc == 0) rc = check_dtype(op, "x's", in->dtype);
   if (rc) goto out;
 
   /* The result is x itself: a pending array over x's data that keeps x

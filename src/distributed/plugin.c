@@ -1,5 +1,6 @@
-/* The plugin loader: finds libmlxdist-<name>.so, checks its ABI and returns
- * its backend kind. Search order:
+/* The plugin loader: finds libmlxdist-<name>.so and hands it to the adapter
+ * (plugin_adapter.c), which checks its ABI and returns its backend kind.
+ * Search order:
  *   1. every directory of MLXDIST_PLUGIN_PATH (colon-separated),
  *   2. the directory holding libmlxdist itself (or the program, when linked
  *      statically),
@@ -18,8 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "distributed/plugin_abi.h"
-#include "reduce/reduce.h"
+#include "distributed/plugin.h"
 #include "util/tunables.h"
 #include "util/text.h"
 
@@ -39,15 +39,6 @@ typedef struct plugin_entry {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static plugin_entry g_cache[MAX_CACHED];
 static int g_cached;
-
-static double host_timeout_s(void) { return mlxd_tunable_double(MLXD_T_TIMEOUT); }
-static double host_spin_us(void) { return mlxd_tunable_double(MLXD_T_SPIN_US); }
-
-static const mlxd_host_api k_host = {
-    MLXD_PLUGIN_ABI_VERSION, sizeof(mlxd_host_api), mlxd_reduce, mlx_dtype_size,
-    host_timeout_s,          host_spin_us,
-};
-
 
 static bool file_exists(const char* path) {
   struct stat sb;
@@ -69,7 +60,8 @@ static void self_dir(char* dir, size_t len) {
 }
 
 /* Try one candidate file. Returns the kind, or NULL with the reason appended to t. */
-static const mlxd_backend_kind* try_file(const char* path, mlxd_text* t, int* tried) {
+static const mlxd_backend_kind* try_file(const char* path, const char* name, mlxd_text* t,
+                                        int* tried) {
   if (*tried) mlxd_text_add(t, "; ");
   (*tried)++;
   if (!file_exists(path)) {
@@ -83,32 +75,8 @@ static const mlxd_backend_kind* try_file(const char* path, mlxd_text* t, int* tr
     mlxd_text_add(t, "%s (dlopen failed: %s)", path, e ? e : "unknown error");
     return NULL;
   }
-  void* sym = dlsym(h, MLXD_PLUGIN_SYMBOL);
-  if (!sym) {
-    const char* e = dlerror();
-    mlxd_text_add(t, "%s (no symbol %s: %s)", path, MLXD_PLUGIN_SYMBOL, e ? e : "not found");
-    dlclose(h);
-    return NULL;
-  }
-  mlxd_plugin_entry entry;
-  memcpy(&entry, &sym, sizeof entry); /* object pointer to function pointer, without a cast warning */
-  const mlxd_plugin* p = entry(&k_host);
-  if (!p) {
-    mlxd_text_add(t, "%s (the plugin refused this library's host interface, ABI version %u)", path,
-             MLXD_PLUGIN_ABI_VERSION);
-    dlclose(h);
-    return NULL;
-  }
-  if (p->abi_version != MLXD_PLUGIN_ABI_VERSION || p->struct_size < sizeof(mlxd_plugin)) {
-    mlxd_text_add(t, "%s (plugin ABI version %u, table size %u; expected version %u, size >= %zu)",
-             path, p->abi_version, p->struct_size, MLXD_PLUGIN_ABI_VERSION,
-             sizeof(mlxd_plugin));
-    dlclose(h);
-    return NULL;
-  }
-  const mlxd_backend_kind* k = &p->kind;
-  if (!k->name || !k->is_available || !k->is_configured || !k->create) {
-    mlxd_text_add(t, "%s (the plugin's backend table has a NULL entry)", path);
+  const mlxd_backend_kind* k = mlxd_plugin_adapt(h, path, name, t);
+  if (!k) {
     dlclose(h);
     return NULL;
   }
@@ -147,7 +115,7 @@ static const mlxd_backend_kind* load(const char* name, char* why, size_t why_len
     size_t n = end ? (size_t)(end - pp) : strlen(pp);
     if (n > 0 && n < PATH_MAX) {
       snprintf(path, sizeof path, "%.*s/%s", (int)n, pp, file);
-      const mlxd_backend_kind* k = try_file(path, &t, &tried);
+      const mlxd_backend_kind* k = try_file(path, name, &t, &tried);
       if (k) return k;
     }
     pp = end ? end + 1 : NULL;
@@ -158,7 +126,7 @@ static const mlxd_backend_kind* load(const char* name, char* why, size_t why_len
   self_dir(dir, sizeof dir);
   if (dir[0]) {
     snprintf(path, sizeof path, "%s/%s", dir, file);
-    const mlxd_backend_kind* k = try_file(path, &t, &tried);
+    const mlxd_backend_kind* k = try_file(path, name, &t, &tried);
     if (k) return k;
   }
 
@@ -166,7 +134,7 @@ static const mlxd_backend_kind* load(const char* name, char* why, size_t why_len
   const char* inst = MLXDIST_PLUGIN_INSTALL_DIR;
   if (inst[0] && strcmp(inst, dir) != 0) {
     snprintf(path, sizeof path, "%s/%s", inst, file);
-    const mlxd_backend_kind* k = try_file(path, &t, &tried);
+    const mlxd_backend_kind* k = try_file(path, name, &t, &tried);
     if (k) return k;
   }
   if (!tried) mlxd_text_add(&t, "nothing (no directory to search)");

@@ -1,31 +1,93 @@
-/* A backend plugin built against a different ABI version: the loader must
- * refuse it with a message naming the file and the versions. */
-#include "distributed/plugin_abi.h"
+/* Broken backend plugins, one per build (BAD_MODE), each alone in its own
+ * directory as libmlxdist-mpi.so. The loader must refuse each with a message
+ * naming the file and what is wrong:
+ *   1  mlxdist_plugin_v1 returns a table claiming ABI version 99
+ *   2  mlxdist_plugin_v2 returns a table whose struct_size is too small
+ *   3  a valid v2 table whose instances have an ops table too small to hold
+ *      the v1 ops (found when create runs)
+ * It includes only the frozen ABI headers, as a third-party plugin would. */
+#include <string.h>
 
-static bool bad_available(char* why, size_t n) {
-  (void)why;
-  (void)n;
+#include "distributed/abi/plugin_v1.h"
+#include "distributed/abi/plugin_v2.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#if BAD_MODE == 1
+
+static bool v1_available(char* why, size_t n) {
+  if (why && n) why[0] = '\0';
   return true;
 }
-static bool bad_configured(bool b) {
-  (void)b;
-  return true;
-}
-static int bad_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
+static bool v1_configured(bool with_bootstrap) { return !with_bootstrap; }
+static int32_t v1_create(mlxdist_v1_bootstrap* bs, mlxdist_v1_backend** out,
+                         mlxdist_v1_status* st) {
   (void)bs;
-  (void)st;
   *out = NULL;
-  return MLXD_EUNAVAIL;
+  st->code = MLXDIST_V1_EUNAVAIL;
+  return MLXDIST_V1_EUNAVAIL;
 }
-
-static const mlxd_plugin k_plugin = {
-    MLXD_PLUGIN_ABI_VERSION + 98u,
-    sizeof(mlxd_plugin),
-    {"mpi", bad_available, bad_configured, bad_create, false},
+static const mlxdist_v1_plugin k_plugin = {
+    .struct_size = sizeof(mlxdist_v1_plugin),
+    .version = 99,
+    .name = "mpi",
+    .is_available = v1_available,
+    .is_configured = v1_configured,
+    .supports_bootstrap = false,
+    .create = v1_create,
 };
-
-__attribute__((visibility("default"))) const mlxd_plugin* mlxdist_plugin_v1(
-    const mlxd_host_api* host) {
+EXPORT const mlxdist_v1_plugin* mlxdist_plugin_v1(const mlxdist_v1_host* host);
+const mlxdist_v1_plugin* mlxdist_plugin_v1(const mlxdist_v1_host* host) {
   (void)host;
   return &k_plugin;
 }
+
+#else /* BAD_MODE 2 and 3: ABI v2 */
+
+static bool v2_available(char* why, size_t n) {
+  if (why && n) why[0] = '\0';
+  return true;
+}
+static bool v2_configured(bool with_bootstrap) { return !with_bootstrap; }
+
+#if BAD_MODE == 3
+/* An instance whose ops table ends before split and destroy. */
+static const mlxdist_v2_ops k_short_ops = {
+    .struct_size = (uint32_t)offsetof(mlxdist_v2_ops, split),
+};
+static mlxdist_v2_backend k_instance = {.ops = &k_short_ops, .rank = 0, .size = 2};
+#endif
+
+static int32_t v2_create(mlxdist_v2_bootstrap* bs, mlxdist_v2_backend** out,
+                         mlxdist_v2_status* st) {
+  (void)bs;
+  (void)st;
+#if BAD_MODE == 3
+  *out = &k_instance;
+  return MLXDIST_V2_OK;
+#else
+  *out = NULL;
+  st->code = MLXDIST_V2_EUNAVAIL;
+  return MLXDIST_V2_EUNAVAIL;
+#endif
+}
+
+static const mlxdist_v2_plugin k_plugin = {
+#if BAD_MODE == 2
+    .struct_size = (uint32_t)offsetof(mlxdist_v2_plugin, name), /* a truncated table */
+#else
+    .struct_size = sizeof(mlxdist_v2_plugin),
+#endif
+    .version = MLXDIST_PLUGIN_V2_VERSION,
+    .name = "mpi",
+    .is_available = v2_available,
+    .is_configured = v2_configured,
+    .supports_bootstrap = false,
+    .create = v2_create,
+};
+EXPORT const mlxdist_v2_plugin* mlxdist_plugin_v2(const mlxdist_v2_host* host);
+const mlxdist_v2_plugin* mlxdist_plugin_v2(const mlxdist_v2_host* host) {
+  (void)host;
+  return &k_plugin;
+}
+#endif

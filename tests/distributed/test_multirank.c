@@ -152,6 +152,34 @@ static void test_split(mlx_distributed_group g) {
   T_EXPECT_NO_ERROR();
 }
 
+/* A split into groups of one: the front-end serves them with the size-one
+ * backend (backends never see size 1): collectives give the input
+ * unchanged, shape included, and send/recv have no valid peer. */
+static void test_singletons(mlx_distributed_group g) {
+  mlx_distributed_group s = mlx_distributed_group_new();
+  T_EQ_INT(mlx_distributed_group_split(&s, g, g_rank, 0), 0);
+  T_EQ_INT(mlx_distributed_group_size(s), 1);
+  T_EQ_INT(mlx_distributed_group_rank(s), 0);
+  mlx_array x = mlx_array_new_int(g_rank + 5), res = mlx_array_new();
+  int32_t want = g_rank + 5;
+  T_EQ_INT(mlx_distributed_all_sum(&res, x, s, mlx_stream_new()), 0);
+  expect_int32(res, &want, 1, "all_sum over a group of one");
+  T_EQ_INT(mlx_distributed_all_gather(&res, x, s, mlx_stream_new()), 0);
+  T_EQ_INT((int)mlx_array_ndim(res), 0); /* the input unchanged: still 0-d */
+  expect_int32(res, &want, 1, "all_gather over a group of one");
+  T_ASSERT(mlx_distributed_send(&res, x, 0, s, mlx_stream_new()) != 0);
+  T_EXPECT_ERROR("[distributed] send", "at least two processes");
+  /* a split of a group of one is another */
+  mlx_distributed_group s2 = mlx_distributed_group_new();
+  T_EQ_INT(mlx_distributed_group_split(&s2, s, 3, -1), 0);
+  T_EQ_INT(mlx_distributed_group_size(s2), 1);
+  mlx_distributed_group_free(s2);
+  mlx_array_free(x);
+  mlx_array_free(res);
+  mlx_distributed_group_free(s);
+  T_EXPECT_NO_ERROR();
+}
+
 int main(void) {
   t_capture_errors();
   mlx_distributed_group g = mlx_distributed_group_new();
@@ -178,6 +206,7 @@ int main(void) {
   test_shapes(g);
   test_all_pairs(g);
   test_split(g);
+  test_singletons(g);
 
   /* clear_backends: the held handle keeps working */
   T_EQ_INT(mlx_distributed_clear_backends(), 0);

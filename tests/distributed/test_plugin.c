@@ -2,8 +2,12 @@
  *   libname    MLX_MPI_LIBNAME names a library that does not exist
  *   emptypath  MLXDIST_PLUGIN_PATH is an empty directory
  *   badabi     MLXDIST_PLUGIN_PATH holds a libmlxdist-mpi.so of another ABI version
- * When a real mpi plugin sits next to libmlxdist or in the install directory,
- * the loader goes on to it, so the last two modes then expect "available". */
+ *   smalltable ... one whose plugin table's struct_size is too small
+ *   smallops   ... a valid one whose instances' ops table is too small: it
+ *              loads, and init fails when it wraps the instance
+ * (bad_plugin.c builds those three.) When a real mpi plugin sits next to
+ * libmlxdist or in the install directory, the loader goes on to it after a
+ * refused file, so emptypath, badabi and smalltable then expect "available". */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,15 +69,41 @@ int main(int argc, char** argv) {
       expect_unavailable("libmlxdist-mpi.so", want, "MLXDIST_PLUGIN_PATH");
     rmdir(dir);
   } else if (strcmp(mode, "badabi") == 0) {
-    setenv("MLXDIST_PLUGIN_PATH", MLXDIST_TEST_BAD_PLUGIN_DIR ":/nonexistent-dir", 1);
+    setenv("MLXDIST_PLUGIN_PATH", MLXDIST_TEST_BAD_PLUGIN_DIR "1:/nonexistent-dir", 1);
     if (elsewhere)
       T_ASSERT(mlx_distributed_is_available("mpi"));
     else
-      expect_unavailable(MLXDIST_TEST_BAD_PLUGIN_DIR "/libmlxdist-mpi.so (plugin ABI version 99",
+      expect_unavailable(MLXDIST_TEST_BAD_PLUGIN_DIR
+                         "1/libmlxdist-mpi.so (mlxdist_plugin_v1 returned a table of ABI "
+                         "version 99",
                          "/nonexistent-dir/libmlxdist-mpi.so (no such file)",
                          "expected version 1");
+  } else if (strcmp(mode, "smalltable") == 0) {
+    setenv("MLXDIST_PLUGIN_PATH", MLXDIST_TEST_BAD_PLUGIN_DIR "2", 1);
+    if (elsewhere)
+      T_ASSERT(mlx_distributed_is_available("mpi"));
+    else
+      expect_unavailable(MLXDIST_TEST_BAD_PLUGIN_DIR "2/libmlxdist-mpi.so (its ABI v2 plugin "
+                         "table is too small: struct_size 8,",
+                         "expected at least", "MLXDIST_PLUGIN_PATH");
+  } else if (strcmp(mode, "smallops") == 0) {
+    setenv("MLXDIST_PLUGIN_PATH", MLXDIST_TEST_BAD_PLUGIN_DIR "3", 1);
+    /* the table is fine: the plugin loads and says it is available */
+    T_ASSERT(mlx_distributed_is_available("mpi"));
+    mlx_distributed_group g = mlx_distributed_group_new();
+    T_ASSERT(mlx_distributed_init(&g, true, "mpi") != 0);
+    T_EXPECT_ERROR("[distributed] init: could not start the mpi backend: [mpi] the plugin "
+                   MLXDIST_TEST_BAD_PLUGIN_DIR "3/libmlxdist-mpi.so gave an instance whose ops "
+                   "table is too small (struct_size",
+                   "ABI v1 needs at least");
+    T_ASSERT(g.ctx == NULL);
+    T_EQ_INT(mlx_distributed_init(&g, false, "mpi"), 0); /* non-strict: a group of one */
+    T_EXPECT_NO_ERROR();
+    T_EQ_INT(mlx_distributed_group_size(g), 1);
+    mlx_distributed_group_free(g);
   } else {
-    T_FAIL("unknown mode '%s' (expected libname, emptypath or badabi)", mode);
+    T_FAIL("unknown mode '%s' (expected libname, emptypath, badabi, smalltable or smallops)",
+           mode);
   }
   T_EXPECT_NO_ERROR();
   printf("test_dist_plugin %s: ok (plugin elsewhere: %s)\n", mode, elsewhere ? "yes" : "no");

@@ -1,11 +1,15 @@
-/* mlxdist-info: the library version, the available backends, and every
- * MLXDIST_* tunable (name, default, description) from src/util/tunables.h. */
+/* mlxdist-info: the library version, the backends of the registry (whether
+ * each is available and configured here), one started group described by
+ * its backend (--group), and every MLXDIST_* tunable (name, default,
+ * description) from src/util/tunables.h. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "distributed/group_impl.h"
 #include "mlx/c/distributed_group.h"
+#include "mlx/c/error.h"
 #include "mlx/c/string.h"
 #include "mlx/c/version.h"
 #include "util/tunables.h"
@@ -24,9 +28,14 @@ static const mlxd_info_tunable mlxd_info_tunables[] = {
 #define MLXD_INFO_N (sizeof mlxd_info_tunables / sizeof mlxd_info_tunables[0])
 
 static void mlxd_info_usage(FILE* f) {
-  fputs("Usage: mlxdist-info [--env [--markdown]]\n"
+  fputs("Usage: mlxdist-info [--env [--markdown] | --group [BACKEND]]\n"
         "\n"
-        "  (no option)        print the library version and which backends are available\n"
+        "  (no option)        print the library version and, for each backend, whether it\n"
+        "                     is available and configured in this process\n"
+        "  --group [BACKEND]  start BACKEND (default: any; strict) and print one line about\n"
+        "                     the group: rank, size and the backend's own description\n"
+        "                     (e.g. the MPI library and thread level); run it under the\n"
+        "                     launcher, e.g. mpirun -n 2 mlxdist-info --group mpi\n"
         "  --env              print every MLXDIST_* environment variable: name, default,\n"
         "                     description, and the current value when it is set\n"
         "  --env --markdown   the same as a markdown table (docs/environment.md)\n"
@@ -78,18 +87,51 @@ static int mlxd_print_summary(void) {
          ver && *ver ? ver : MLXDIST_VERSION_STRING);
   mlx_string_free(v);
   puts("backends:");
-  static const char* const names[] = {"ring", "mpi", "nccl", "jaccl", "any"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-    printf("  %-6s %s\n", names[i],
-           mlx_distributed_is_available(names[i]) ? "available" : "not available");
+  char why[1024];
+  for (int i = 0; i < mlxd_registry_size; i++) {
+    const char* name = mlxd_registry[i].name;
+    why[0] = '\0';
+    const mlxd_backend_kind* k = mlxd_registry_kind(i, why, sizeof why);
+    if (k && k->is_available(why, sizeof why))
+      printf("  %-6s available, %s\n", name,
+             k->is_configured(false) ? "configured" : "not configured in this process");
+    else
+      printf("  %-6s not available: %s\n", name, why[0] ? why : "(no reason given)");
+  }
+  printf("  %-6s %s\n", "any", mlx_distributed_is_available("any") ? "available" : "not available");
   printf("environment: %zu MLXDIST_* variables (mlxdist-info --env)\n", MLXD_INFO_N);
+  return 0;
+}
+
+static void mlxd_info_error(const char* msg, void* data) {
+  (void)data;
+  fprintf(stderr, "%s\n", msg);
+}
+
+/* Start a group (strict) and describe it. */
+static int mlxd_print_group(const char* backend) {
+  mlx_set_error_handler(mlxd_info_error, NULL, NULL);
+  mlx_distributed_group g = mlx_distributed_group_new();
+  if (mlx_distributed_init(&g, true, backend) != 0) {
+    fprintf(stderr, "[info] could not start the %s backend (message above)\n", backend);
+    return 1;
+  }
+  char line[2048];
+  mlxd_group_describe(mlxd_group_of(g), line, sizeof line);
+  printf("%s\n", line);
+  fflush(stdout);
+  mlx_distributed_group_free(g);
   return 0;
 }
 
 int main(int argc, char** argv) {
   bool env = false, markdown = false;
+  const char* group = NULL;
   for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--env") == 0) {
+    if (strcmp(argv[i], "--group") == 0) {
+      group = "any";
+      if (i + 1 < argc && argv[i + 1][0] != '-') group = argv[++i];
+    } else if (strcmp(argv[i], "--env") == 0) {
       env = true;
     } else if (strcmp(argv[i], "--markdown") == 0) {
       markdown = true;
@@ -97,7 +139,8 @@ int main(int argc, char** argv) {
       mlxd_info_usage(stdout);
       return 0;
     } else {
-      fprintf(stderr, "[info] unknown argument '%s'; expected --env, --markdown or --help.\n",
+      fprintf(stderr,
+              "[info] unknown argument '%s'; expected --env, --markdown, --group or --help.\n",
               argv[i]);
       mlxd_info_usage(stderr);
       return 2;
@@ -108,6 +151,11 @@ int main(int argc, char** argv) {
           stderr);
     return 2;
   }
+  if (group && (env || markdown)) {
+    fputs("[info] --group does not combine with --env or --markdown.\n", stderr);
+    return 2;
+  }
+  if (group) return mlxd_print_group(group);
   if (env) {
     mlxd_print_env(markdown);
     return 0;

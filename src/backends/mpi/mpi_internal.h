@@ -1,6 +1,6 @@
 /* Private to the mpi backend plugin (libmlxdist-mpi.so): the types and the
  * functions its files share. Nothing here is exported (the plugin is built
- * with hidden visibility; only mlxdist_plugin_v1 in mpi_plugin.c is).
+ * with hidden visibility; only the entry point in mpi_plugin.c is).
  *
  * The files:
  * - mpi_runtime.c: process-wide state, launcher detection, MPI start and
@@ -10,7 +10,8 @@
  * - mpi_dtype.c: mlx dtypes to MPI datatypes, reductions as MPI ops.
  * - mpi_ops.c: groups, staging buffers, the collectives, split and destroy.
  * - mpi_p2p.c: send and recv.
- * - mpi_plugin.c: the entry point and the kind table.
+ * - mpi_plugin.c: the entry point and the plugin table.
+ * - mpi_abi.h: which plugin ABI header this build speaks (v2; v1 for a test).
  *
  * Rules kept by the plugin (docs/mpi.md explains them for users):
  * - MPI is started only when the process was launched by an MPI launcher
@@ -30,7 +31,10 @@
  * - If this plugin initialised MPI, it finalises it once, at process exit.
  *
  * The plugin does not link libmlxdist: the reduction kernels, the dtype sizes
- * and the tunables come through the host table given to mlxdist_plugin_v1. */
+ * and the tunables come through the host table given to mlxdist_plugin_v2
+ * (the frozen ABI, distributed/abi/plugin_v2.h; docs/plugin-abi.md). The
+ * front-end's guarantees (size >= 2, valid peer, dtype, op, byte counts)
+ * are written in that header. */
 #ifndef MLXDIST_BACKENDS_MPI_MPI_INTERNAL_H
 #define MLXDIST_BACKENDS_MPI_MPI_INTERNAL_H
 
@@ -41,8 +45,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "distributed/backend.h"
-#include "distributed/plugin_abi.h"
+#include "backends/mpi/mpi_abi.h"
 
 /* Idle staging buffers kept per group. */
 #define MPI_STAGE_POOL 2
@@ -54,13 +57,13 @@ typedef struct stage {
 } stage;
 
 typedef struct mpi_group {
-  mlxd_backend base; /* first */
+  mpip_backend base; /* first */
   MPI_Comm comm;
   pthread_mutex_t mu;
   pthread_cond_t cv;  /* CLOCK_MONOTONIC */
   uint64_t next_seq;  /* the collective allowed to be issued next */
   bool failed;
-  mlxd_status fail_st;
+  mpip_status fail_st;
   stage pool[MPI_STAGE_POOL]; /* idle staging buffers (under mu) */
 } mpi_group;
 
@@ -79,14 +82,14 @@ typedef struct pending_send {
 
 /* ---- mpi_runtime.c ---------------------------------------------------- */
 
-/* The host table given to mlxdist_plugin_v1 (copied once, then read-only). */
-extern mlxd_host_api mlxd_mpi_host;
+/* The host table given to the entry point (copied once, then read-only). */
+extern mpip_host mlxd_mpi_host;
 
-/* Status messages (the core's mlxd_fail is not ours to call). */
-__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mlxd_status* st, int code,
+/* Status messages (the ABI's status; the core's helpers are not ours to call). */
+__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mpip_status* st, int code,
                                                         const char* fmt, ...);
 /* "[mpi] <call> failed: <MPI_Error_string>" (+ what it was doing). */
-int mlxd_mpi_fail_call(mlxd_status* st, int code, int mpi_rc, const char* call,
+int mlxd_mpi_fail_call(mpip_status* st, int code, int mpi_rc, const char* call,
                        const char* what);
 
 /* Around every MPI call: a mutex only under MPI_THREAD_SERIALIZED. */
@@ -100,30 +103,34 @@ struct timespec mlxd_mpi_abs_monotonic(double deadline);
 void mlxd_mpi_abandon(const MPI_Request* reqs, int n);
 /* Every op that calls MPI runs between these, so the exit hook never
  * finalises under it. */
-int mlxd_mpi_op_begin(mlxd_status* st);
+int mlxd_mpi_op_begin(mpip_status* st);
 void mlxd_mpi_op_end(void);
 
-/* Copy the host table (mlxdist_plugin_v1 checked it). */
-void mlxd_mpi_set_host(const mlxd_host_api* host);
+/* Copy the host table (the entry point checked it). */
+void mlxd_mpi_set_host(const mpip_host* host);
+#if MPIP_HAS_DESCRIBE
+/* The describe op (ABI v2): MPI library and version, thread level, size. */
+void mlxd_mpi_describe(mpip_backend* b, char* buf, size_t len);
+#endif
 
 /* The kind's functions. */
 bool mlxd_mpi_is_available(char* why, size_t why_len);
 bool mlxd_mpi_is_configured(bool with_bootstrap);
-int mlxd_mpi_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st);
+int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st);
 
 /* ---- mpi_progress.c --------------------------------------------------- */
 
 int mlxd_mpi_test_all(int n, MPI_Request* reqs, int* flag);
-void mlxd_mpi_group_fail(mpi_group* g, const mlxd_status* st);
-int mlxd_mpi_group_check(mpi_group* g, mlxd_status* st);
-int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mlxd_status* st);
+void mlxd_mpi_group_fail(mpi_group* g, const mpip_status* st);
+int mlxd_mpi_group_check(mpi_group* g, mpip_status* st);
+int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mpip_status* st);
 void mlxd_mpi_turn_done(mpi_group* g);
 int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
-                       bool cancel_on_timeout, const char* what, mlxd_status* st);
+                       bool cancel_on_timeout, const char* what, mpip_status* st);
 
 void mlxd_mpi_progress_init(void);
 void mlxd_mpi_pending_free(pending_send* p);
-int mlxd_mpi_sends_add(pending_send* p, mlxd_status* st);
+int mlxd_mpi_sends_add(pending_send* p, mpip_status* st);
 /* Sends of a destroyed group finish in the background without it. */
 void mlxd_mpi_sends_forget_group(mpi_group* g);
 /* At exit: let pending sends finish (each bounded), then stop the thread. */
@@ -131,25 +138,25 @@ void mlxd_mpi_sends_stop(void);
 
 /* ---- mpi_dtype.c ------------------------------------------------------ */
 
-MPI_Datatype mlxd_mpi_dtype(mlx_dtype d);
-MPI_Op mlxd_mpi_op(mlx_dtype d, mlxd_reduce_op op);
-int mlxd_mpi_create_user_ops(mlxd_status* st);
+MPI_Datatype mlxd_mpi_dtype(mpip_dtype d);
+MPI_Op mlxd_mpi_op(mpip_dtype d, mpip_op op);
+int mlxd_mpi_create_user_ops(mpip_status* st);
 void mlxd_mpi_free_user_ops(void);
-const char* mlxd_mpi_reduce_name(mlxd_reduce_op op);
-const char* mlxd_mpi_scatter_name(mlxd_reduce_op op);
+const char* mlxd_mpi_reduce_name(mpip_op op);
+const char* mlxd_mpi_scatter_name(mpip_op op);
 
 /* ---- mpi_ops.c -------------------------------------------------------- */
 
 size_t mlxd_mpi_chunk_bytes(void);
-mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mlxd_status* st);
+mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mpip_status* st);
 int mlxd_mpi_stage_get(mpi_group* g, size_t n, stage* out);
 void mlxd_mpi_stage_put(mpi_group* g, stage* sgs);
 
 /* ---- mpi_p2p.c -------------------------------------------------------- */
 
-int mlxd_mpi_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                  mlxd_status* st);
-int mlxd_mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
-                  mlxd_status* st);
+int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                  mpip_status* st);
+int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                  mpip_status* st);
 
 #endif

@@ -2,6 +2,7 @@
  * collectives (all_reduce, all_gather, reduce_scatter), split and destroy,
  * and the ops table (send and recv are in mpi_p2p.c). Large arrays are
  * issued in pieces whose counts fit MPI's int. */
+#include <assert.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,12 +40,12 @@ static size_t chunk_elems(size_t esz) {
   return c ? c : 1;
 }
 
-static const mlxd_backend_ops k_mpi_ops;
+static const mpip_ops k_mpi_ops;
 
-mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mlxd_status* st) {
+mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mpip_status* st) {
   mpi_group* g = calloc(1, sizeof *g);
   if (!g) {
-    mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory creating a group");
+    mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory creating a group");
     return NULL;
   }
   int rank = 0, size = 1;
@@ -56,7 +57,7 @@ mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mlxd_status* st) {
   g->base.ops = &k_mpi_ops;
   g->base.rank = rank;
   g->base.size = size;
-  g->base.comm_device = MLX_CPU;
+  g->base.device = MPIP_DEVICE_CPU;
   g->comm = comm;
   pthread_mutex_init(&g->mu, NULL);
   mlxd_mpi_cv_init_monotonic(&g->cv);
@@ -86,7 +87,7 @@ int mlxd_mpi_stage_get(mpi_group* g, size_t n, stage* out) {
   if (out->p) return 0;
   out->p = malloc(n);
   out->cap = n;
-  return out->p ? 0 : MLXD_ENOMEM;
+  return out->p ? 0 : MPIP_ENOMEM;
 }
 
 void mlxd_mpi_stage_put(mpi_group* g, stage* sgs) {
@@ -116,7 +117,7 @@ void mlxd_mpi_stage_put(mpi_group* g, stage* sgs) {
  * turn, wait, and on success copy the result out of the staging buffer. */
 static int coll_finish(mpi_group* g, MPI_Request* reqs, int issued, int rc, stage* sg,
                        const void* result, void* out, size_t out_bytes, const char* what,
-                       mlxd_status* st) {
+                       mpip_status* st) {
   mlxd_mpi_turn_done(g);
   if (rc) {
     mlxd_mpi_abandon(reqs, issued);
@@ -135,42 +136,36 @@ static int coll_finish(mpi_group* g, MPI_Request* reqs, int issued, int rc, stag
   return rc;
 }
 
-static int mpi_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                          size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* out,
+                          size_t count, mpip_dtype dtype, mpip_op op, mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
   snprintf(what, sizeof what, "%s of %zu elements (collective #%llu)", mlxd_mpi_reduce_name(op),
            count, (unsigned long long)seq);
-  MPI_Datatype dt =
-      ((int)dtype >= 0 && (int)dtype <= 13) ? mlxd_mpi_dtype(dtype) : MPI_DATATYPE_NULL;
-  MPI_Op mop = dt == MPI_DATATYPE_NULL ? MPI_OP_NULL : mlxd_mpi_op(dtype, op);
-  size_t esz = dt == MPI_DATATYPE_NULL ? 0 : mlxd_mpi_host.dtype_size(dtype);
-  size_t ch = chunk_elems(esz ? esz : 1);
+  /* The front-end guarantees a valid dtype and op (plugin ABI contract). */
+  assert(dtype >= 0 && dtype < MPIP_DTYPE_COUNT && op >= 0 && op < MPIP_OP_COUNT);
+  MPI_Datatype dt = mlxd_mpi_dtype(dtype);
+  MPI_Op mop = mlxd_mpi_op(dtype, op);
+  size_t esz = mlxd_mpi_host.dtype_size(dtype);
+  assert(mop != MPI_OP_NULL && esz > 0);
+  size_t ch = chunk_elems(esz);
   if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
   int nreq = count == 0 ? 0 : (int)((count + ch - 1) / ch);
   MPI_Request one = MPI_REQUEST_NULL;
   MPI_Request* reqs = nreq <= 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
   stage sg = {NULL, 0};
-  bool nomem = !reqs || (count && esz && mlxd_mpi_stage_get(g, count * esz, &sg) != 0);
+  bool nomem = !reqs || (count && mlxd_mpi_stage_get(g, count * esz, &sg) != 0);
   int rc = mlxd_mpi_op_begin(st);
   if (rc) goto out_free;
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
   if (rc) goto out;
-  if (mop == MPI_OP_NULL || esz == 0) {
-    mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MLXD_EINVAL,
-                       "[mpi] %s: unsupported dtype %d or reduction op %d (expected a dtype 0..13 "
-                       "and sum/max/min)",
-                       mlxd_mpi_reduce_name(op), (int)dtype, (int)op);
-    goto out;
-  }
   if (count == 0) {
     mlxd_mpi_turn_done(g);
     goto out;
   }
   if (nomem) {
     mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
     mlxd_mpi_group_fail(g, st); /* the other ranks issued it: this group is out of step */
     goto out;
   }
@@ -182,7 +177,7 @@ static int mpi_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* o
     int mrc = MPI_Iallreduce(MPI_IN_PLACE, (char*)sg.p + off * esz, (int)c, dt, mop, g->comm,
                              &reqs[issued]);
     if (mrc != MPI_SUCCESS) {
-      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallreduce", what);
+      rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Iallreduce", what);
       break;
     }
     issued++;
@@ -197,8 +192,8 @@ out_free:
   return rc;
 }
 
-static int mpi_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                          size_t nbytes, mlxd_status* st) {
+static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* out,
+                          size_t nbytes, mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
   snprintf(what, sizeof what, "all_gather of %zu bytes per rank (collective #%llu)", nbytes,
@@ -221,7 +216,7 @@ static int mpi_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* o
   }
   if (nomem) {
     mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
@@ -232,7 +227,7 @@ static int mpi_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* o
     int mrc = MPI_Iallgather(MPI_IN_PLACE, (int)nbytes, MPI_BYTE, sg.p, (int)nbytes, MPI_BYTE,
                              g->comm, &reqs[0]);
     if (mrc != MPI_SUCCESS)
-      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallgather", what);
+      rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Iallgather", what);
     else
       issued = 1;
   } else {
@@ -250,7 +245,7 @@ static int mpi_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* o
       if (piece != MPI_DATATYPE_NULL) MPI_Type_free(&piece);
       if (strided != MPI_DATATYPE_NULL) MPI_Type_free(&strided);
       if (mrc != MPI_SUCCESS)
-        rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallgather", what);
+        rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Iallgather", what);
       else
         issued++;
     }
@@ -265,19 +260,21 @@ out_free:
   return rc;
 }
 
-static int mpi_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                              size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                              mlxd_status* st) {
+static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, void* out,
+                              size_t count, mpip_dtype dtype, mpip_op op,
+                              mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
   snprintf(what, sizeof what, "%s of %zu elements per rank (collective #%llu)",
            mlxd_mpi_scatter_name(op), count, (unsigned long long)seq);
-  MPI_Datatype dt =
-      ((int)dtype >= 0 && (int)dtype <= 13) ? mlxd_mpi_dtype(dtype) : MPI_DATATYPE_NULL;
-  MPI_Op mop = dt == MPI_DATATYPE_NULL ? MPI_OP_NULL : mlxd_mpi_op(dtype, op);
-  size_t esz = dt == MPI_DATATYPE_NULL ? 0 : mlxd_mpi_host.dtype_size(dtype);
+  /* The front-end guarantees a valid dtype and op (plugin ABI contract). */
+  assert(dtype >= 0 && dtype < MPIP_DTYPE_COUNT && op >= 0 && op < MPIP_OP_COUNT);
+  MPI_Datatype dt = mlxd_mpi_dtype(dtype);
+  MPI_Op mop = mlxd_mpi_op(dtype, op);
+  size_t esz = mlxd_mpi_host.dtype_size(dtype);
+  assert(mop != MPI_OP_NULL && esz > 0);
   int size = g->base.size, rank = g->base.rank;
-  size_t ch = chunk_elems(esz ? esz : 1);
+  size_t ch = chunk_elems(esz);
   if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
   size_t npieces = count == 0 ? 0 : (count + ch - 1) / ch;
   int nreq = npieces <= 1 ? 1 : (int)(npieces * (size_t)size);
@@ -285,26 +282,18 @@ static int mpi_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, voi
   MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
   stage sg = {NULL, 0};
   bool nomem =
-      !reqs || (count && esz && mlxd_mpi_stage_get(g, count * esz * (size_t)size, &sg) != 0);
+      !reqs || (count && mlxd_mpi_stage_get(g, count * esz * (size_t)size, &sg) != 0);
   int rc = mlxd_mpi_op_begin(st);
   if (rc) goto out_free;
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
   if (rc) goto out;
-  if (mop == MPI_OP_NULL || esz == 0) {
-    mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MLXD_EINVAL,
-                       "[mpi] %s: unsupported dtype %d or reduction op %d (expected a dtype 0..13 "
-                       "and sum/max/min)",
-                       mlxd_mpi_scatter_name(op), (int)dtype, (int)op);
-    goto out;
-  }
   if (count == 0) {
     mlxd_mpi_turn_done(g);
     goto out;
   }
   if (nomem) {
     mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
@@ -317,7 +306,7 @@ static int mpi_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, voi
     int mrc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, sg.p, (int)count, dt, mop, g->comm,
                                         &reqs[0]);
     if (mrc != MPI_SUCCESS)
-      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Ireduce_scatter_block", what);
+      rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Ireduce_scatter_block", what);
     else
       issued = 1;
   } else {
@@ -332,7 +321,7 @@ static int mpi_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, voi
                       ? MPI_Ireduce(MPI_IN_PLACE, blk, (int)c, dt, mop, r, g->comm, &reqs[issued])
                       : MPI_Ireduce(blk, NULL, (int)c, dt, mop, r, g->comm, &reqs[issued]);
         if (mrc != MPI_SUCCESS)
-          rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Ireduce", what);
+          rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Ireduce", what);
         else
           issued++;
       }
@@ -356,8 +345,8 @@ static int cmp_int(const void* a, const void* b) {
   return (x > y) - (x < y);
 }
 
-static int mpi_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
-                     mlxd_status* st) {
+static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_backend** out,
+                     mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   *out = NULL;
   char what[96];
@@ -376,7 +365,7 @@ static int mpi_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   if (rc) goto out;
   if (!all || !colors) {
     mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
@@ -388,7 +377,7 @@ static int mpi_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   mlxd_mpi_call_unlock();
   if (mrc != MPI_SUCCESS) {
     mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Iallgather", what);
+    rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Iallgather", what);
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
@@ -410,7 +399,7 @@ static int mpi_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   mlxd_mpi_call_unlock();
   mlxd_mpi_turn_done(g);
   if (mrc != MPI_SUCCESS) {
-    rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Comm_split", what);
+    rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Comm_split", what);
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
@@ -419,7 +408,7 @@ static int mpi_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
     mlxd_mpi_call_lock();
     MPI_Comm_free(&nc);
     mlxd_mpi_call_unlock();
-    rc = MLXD_ENOMEM;
+    rc = MPIP_ENOMEM;
     goto out;
   }
   *out = &child->base;
@@ -430,7 +419,7 @@ out:
   return rc;
 }
 
-static void mpi_destroy(mlxd_backend* b) {
+static void mpi_destroy(mpip_backend* b) {
   if (!b) return;
   mpi_group* g = (mpi_group*)b;
   /* Sends still in flight finish in the background without the group. */
@@ -449,7 +438,16 @@ static void mpi_destroy(mlxd_backend* b) {
   free(g);
 }
 
-static const mlxd_backend_ops k_mpi_ops = {
-    "mpi",         mpi_all_reduce, mpi_all_gather, mpi_reduce_scatter,
-    mlxd_mpi_send, mlxd_mpi_recv,  mpi_split,      mpi_destroy,
+static const mpip_ops k_mpi_ops = {
+    .struct_size = sizeof(mpip_ops),
+    .all_reduce = mpi_all_reduce,
+    .all_gather = mpi_all_gather,
+    .reduce_scatter = mpi_reduce_scatter,
+    .send = mlxd_mpi_send,
+    .recv = mlxd_mpi_recv,
+    .split = mpi_split,
+    .destroy = mpi_destroy,
+#if MPIP_HAS_DESCRIBE
+    .describe = mlxd_mpi_describe, /* new in ABI v2 */
+#endif
 };

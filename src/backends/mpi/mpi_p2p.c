@@ -1,6 +1,7 @@
 /* The mpi plugin's point-to-point ops. A send copies its data, posts it
  * and hands it to the progress thread (mpi_progress.c); a recv waits,
  * bounded, and checks the size that arrived. */
+#include <assert.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,21 +14,13 @@
  * accepts (the standard guarantees MPI_TAG_UB >= 32767). */
 #define MPI_P2P_TAG_MOD 32768u
 
-static int check_peer(mpi_group* g, int peer, const char* op, mlxd_status* st) {
-  if (peer < 0 || peer >= g->base.size || peer == g->base.rank)
-    return mlxd_mpi_fail(st, MLXD_EINVAL,
-                         "[mpi] %s: peer rank %d is invalid (expected 0 <= rank < %d and not this "
-                         "process's rank %d)",
-                         op, peer, g->base.size, g->base.rank);
-  return 0;
-}
-
-int mlxd_mpi_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                  mlxd_status* st) {
+int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                  mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
-  int rc = check_peer(g, dst, "send", st);
+  /* The front-end guarantees a valid peer (plugin ABI contract). */
+  assert(dst >= 0 && dst < g->base.size && dst != g->base.rank);
+  int rc = mlxd_mpi_group_check(g, st);
   if (rc) return rc;
-  if ((rc = mlxd_mpi_group_check(g, st))) return rc;
   rc = mlxd_mpi_op_begin(st);
   if (rc) return rc;
   size_t ch = mlxd_mpi_chunk_bytes();
@@ -40,7 +33,7 @@ int mlxd_mpi_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes,
   }
   if (!p || !p->reqs || !p->buf) {
     if (p) mlxd_mpi_pending_free(p);
-    rc = mlxd_mpi_fail(st, MLXD_ENOMEM,
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM,
                        "[mpi] out of memory copying %zu bytes for a send to rank %d", nbytes, dst);
     goto out;
   }
@@ -58,7 +51,7 @@ int mlxd_mpi_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes,
     if (mrc != MPI_SUCCESS) {
       char what[96];
       snprintf(what, sizeof what, "send of %zu bytes to rank %d", nbytes, dst);
-      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Isend", what);
+      rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Isend", what);
       break;
     }
     issued++;
@@ -89,12 +82,12 @@ out:
   return rc;
 }
 
-int mlxd_mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
-                  mlxd_status* st) {
+int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                  mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
-  int rc = check_peer(g, src, "recv", st);
+  assert(src >= 0 && src < g->base.size && src != g->base.rank);
+  int rc = mlxd_mpi_group_check(g, st);
   if (rc) return rc;
-  if ((rc = mlxd_mpi_group_check(g, st))) return rc;
   rc = mlxd_mpi_op_begin(st);
   if (rc) return rc;
   char what[96];
@@ -108,7 +101,7 @@ int mlxd_mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
   MPI_Status* sts = nreq == 1 ? &one_st : malloc(sizeof(MPI_Status) * (size_t)nreq);
   stage sg = {NULL, 0};
   if (!reqs || !sts || mlxd_mpi_stage_get(g, nbytes, &sg) != 0) {
-    rc = mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
     goto done;
   }
   int tag = (int)(seq % MPI_P2P_TAG_MOD);
@@ -118,7 +111,7 @@ int mlxd_mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
     size_t c = nbytes - off < ch ? nbytes - off : ch;
     int mrc = MPI_Irecv((char*)sg.p + off, (int)c, MPI_BYTE, src, tag, g->comm, &reqs[issued]);
     if (mrc != MPI_SUCCESS) {
-      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Irecv", what);
+      rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Irecv", what);
       break;
     }
     issued++;
@@ -127,7 +120,7 @@ int mlxd_mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
   if (rc) {
     if (issued) {
       /* Cancel the pieces already posted; the group is out of step now. */
-      mlxd_status ignore;
+      mpip_status ignore;
       mlxd_mpi_call_lock();
       for (int i = 0; i < issued; i++) MPI_Cancel(&reqs[i]);
       mlxd_mpi_call_unlock();
@@ -152,7 +145,7 @@ int mlxd_mpi_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
     got += n > 0 ? (size_t)n : 0;
   }
   if (got != nbytes)
-    rc = mlxd_mpi_fail(st, MLXD_EINVAL,
+    rc = mlxd_mpi_fail(st, MPIP_EINVAL,
                        "[mpi] %s: the message from rank %d had %zu bytes, but %zu were expected "
                        "(shape and dtype of send and recv must match)",
                        what, src, got, nbytes);

@@ -1,5 +1,6 @@
-/* The mpi plugin's entry point: the exported mlxdist_plugin_v1 and the
- * kind table it returns (see distributed/plugin_abi.h). */
+/* The mpi plugin's entry point: the exported mlxdist_plugin_v2 (or _v1 in
+ * the test build against the frozen v1 header, mpi_abi.h) and the plugin
+ * table it returns (distributed/abi/plugin_v2.h). */
 #include <stddef.h>
 
 #include "backends/mpi/mpi_internal.h"
@@ -9,17 +10,22 @@
 /* ---------------------------------------------------------------------- */
 /* The entry point. */
 
-static const mlxd_plugin k_plugin = {
-    MLXD_PLUGIN_ABI_VERSION,
-    sizeof(mlxd_plugin),
-    {"mpi", mlxd_mpi_is_available, mlxd_mpi_is_configured, mlxd_mpi_create, false},
+static const mpip_plugin k_plugin = {
+    .struct_size = sizeof(mpip_plugin),
+    .version = MPIP_VERSION,
+    .name = "mpi",
+    .is_available = mlxd_mpi_is_available,
+    .is_configured = mlxd_mpi_is_configured,
+    .supports_bootstrap = false, /* MPI bootstraps through its launcher only */
+    .create = mlxd_mpi_create,
 };
 
-MPI_EXPORT const mlxd_plugin* mlxdist_plugin_v1(const mlxd_host_api* host);
+MPI_EXPORT const mpip_plugin* MPIP_ENTRY(const mpip_host* host);
 
-const mlxd_plugin* mlxdist_plugin_v1(const mlxd_host_api* host) {
-  if (!host || host->abi_version != MLXD_PLUGIN_ABI_VERSION ||
-      host->struct_size < offsetof(mlxd_host_api, spin_us) + sizeof(host->spin_us) ||
+const mpip_plugin* MPIP_ENTRY(const mpip_host* host) {
+  /* Every host member this plugin calls must be in the host's table. */
+  if (!host || host->version < MPIP_VERSION ||
+      host->struct_size < offsetof(mpip_host, spin_us) + sizeof(host->spin_us) ||
       !host->reduce || !host->dtype_size || !host->timeout_s || !host->spin_us)
     return NULL;
   mlxd_mpi_set_host(host);

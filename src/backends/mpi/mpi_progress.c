@@ -60,7 +60,7 @@ int mlxd_mpi_test_all(int n, MPI_Request* reqs, int* flag) {
 /* ---------------------------------------------------------------------- */
 /* Groups. */
 
-void mlxd_mpi_group_fail(mpi_group* g, const mlxd_status* st) {
+void mlxd_mpi_group_fail(mpi_group* g, const mpip_status* st) {
   pthread_mutex_lock(&g->mu);
   if (!g->failed) {
     g->failed = true;
@@ -70,36 +70,36 @@ void mlxd_mpi_group_fail(mpi_group* g, const mlxd_status* st) {
   pthread_mutex_unlock(&g->mu);
 }
 
-/* 0, or the group's first failure (MLXD_EABORTED) copied to st. */
-int mlxd_mpi_group_check(mpi_group* g, mlxd_status* st) {
+/* 0, or the group's first failure (MPIP_EABORTED) copied to st. */
+int mlxd_mpi_group_check(mpi_group* g, mpip_status* st) {
   int rc = 0;
   pthread_mutex_lock(&g->mu);
   if (g->failed) {
-    rc = MLXD_EABORTED;
+    rc = MPIP_EABORTED;
     if (st) {
       *st = g->fail_st;
-      st->code = MLXD_EABORTED;
+      st->code = MPIP_EABORTED;
     }
   }
   pthread_mutex_unlock(&g->mu);
   return rc;
 }
 /* The turnstile: wait until collective #seq may be issued on g. */
-int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mlxd_status* st) {
+int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mpip_status* st) {
   double t = mlxd_mpi_timeout_s();
   double deadline = mlxd_now() + t;
   int rc = 0;
   pthread_mutex_lock(&g->mu);
   for (;;) {
     if (g->failed) {
-      rc = MLXD_EABORTED;
+      rc = MPIP_EABORTED;
       *st = g->fail_st;
-      st->code = MLXD_EABORTED;
+      st->code = MPIP_EABORTED;
       break;
     }
     if (g->next_seq == seq) break;
     if (seq < g->next_seq) {
-      rc = mlxd_mpi_fail(st, MLXD_EINVAL,
+      rc = mlxd_mpi_fail(st, MPIP_EINVAL,
                          "[mpi] %s was given collective sequence number %llu, which was already "
                          "used on this group (next expected: %llu)",
                          what, (unsigned long long)seq, (unsigned long long)g->next_seq);
@@ -107,14 +107,14 @@ int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mlxd_status
     }
     struct timespec ts = mlxd_mpi_abs_monotonic(deadline);
     if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && mlxd_now() >= deadline) {
-      mlxd_mpi_fail(st, MLXD_ETIMEDOUT,
+      mlxd_mpi_fail(st, MPIP_ETIMEDOUT,
                     "[mpi] timed out after %g s in %s: collective #%llu on this rank never "
                     "started, so #%llu could not be issued",
                     t, what, (unsigned long long)g->next_seq, (unsigned long long)seq);
       g->failed = true;
       g->fail_st = *st;
       pthread_cond_broadcast(&g->cv);
-      rc = MLXD_ETIMEDOUT;
+      rc = MPIP_ETIMEDOUT;
       break;
     }
   }
@@ -132,7 +132,7 @@ void mlxd_mpi_turn_done(mpi_group* g) {
  * completes. On timeout (or an MPI error) the group fails; statuses
  * (may be NULL) receive the completed requests' statuses. */
 int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
-                       bool cancel_on_timeout, const char* what, mlxd_status* st) {
+                       bool cancel_on_timeout, const char* what, mpip_status* st) {
   if (n <= 0) return 0;
   int* idx = malloc(sizeof(int) * (size_t)n);
   MPI_Status* sts = malloc(sizeof(MPI_Status) * (size_t)n);
@@ -140,9 +140,9 @@ int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statu
     free(idx);
     free(sts);
     mlxd_mpi_abandon(reqs, n);
-    mlxd_mpi_fail(st, MLXD_ENOMEM, "[mpi] out of memory while waiting for %s", what);
+    mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory while waiting for %s", what);
     mlxd_mpi_group_fail(g, st);
-    return MLXD_ENOMEM;
+    return MPIP_ENOMEM;
   }
   double t = mlxd_mpi_timeout_s();
   double deadline = mlxd_now() + t;
@@ -156,14 +156,14 @@ int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statu
     int mrc = MPI_Testsome(n, reqs, &outc, idx, sts);
     mlxd_mpi_call_unlock();
     if (mrc != MPI_SUCCESS && mrc != MPI_ERR_IN_STATUS) {
-      rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, mrc, "MPI_Testsome", what);
+      rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Testsome", what);
       break;
     }
     if (outc == MPI_UNDEFINED) break; /* no active request left */
     for (int i = 0; i < outc; i++) {
       if (statuses) statuses[idx[i]] = sts[i];
       if (mrc == MPI_ERR_IN_STATUS && sts[i].MPI_ERROR != MPI_SUCCESS && rc == 0)
-        rc = mlxd_mpi_fail_call(st, MLXD_EREMOTE, sts[i].MPI_ERROR, "MPI request", what);
+        rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, sts[i].MPI_ERROR, "MPI request", what);
     }
     if (rc) break;
     if (outc > 0) {
@@ -173,7 +173,7 @@ int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statu
       continue;
     }
     if (mlxd_now() >= deadline) {
-      rc = mlxd_mpi_fail(st, MLXD_ETIMEDOUT,
+      rc = mlxd_mpi_fail(st, MPIP_ETIMEDOUT,
                          "[mpi] timed out after %g s in %s (rank %d of %d): no progress; a peer "
                          "may have died or not called the same op (raise MLXDIST_TIMEOUT if it is "
                          "just slow)",
@@ -256,13 +256,13 @@ static bool sends_poll_locked(void) {
     bool expired = err == MPI_SUCCESS && !done && mlxd_now() >= p->deadline;
     if (done || err != MPI_SUCCESS || expired) {
       if (p->g && !done) {
-        mlxd_status st;
+        mpip_status st;
         char what[96];
         snprintf(what, sizeof what, "send of %zu bytes to rank %d", p->nbytes, p->dst);
         if (err != MPI_SUCCESS)
-          mlxd_mpi_fail_call(&st, MLXD_EREMOTE, err, "MPI_Isend", what);
+          mlxd_mpi_fail_call(&st, MPIP_EREMOTE, err, "MPI_Isend", what);
         else
-          mlxd_mpi_fail(&st, MLXD_ETIMEDOUT,
+          mlxd_mpi_fail(&st, MPIP_ETIMEDOUT,
                         "[mpi] timed out after %g s in %s (rank %d of %d): the receiver never "
                         "took the data",
                         mlxd_mpi_timeout_s(), what, p->g->base.rank, p->g->base.size);
@@ -308,13 +308,13 @@ static void* progress_main(void* arg) {
 }
 
 /* Hand a started send to the progress thread (starting it if needed). */
-int mlxd_mpi_sends_add(pending_send* p, mlxd_status* st) {
+int mlxd_mpi_sends_add(pending_send* p, mpip_status* st) {
   int rc = 0;
   pthread_mutex_lock(&g_send_mu);
   if (!g_prog_started) {
     g_prog_stop = false;
     if (pthread_create(&g_prog_thread, NULL, progress_main, NULL) != 0)
-      rc = mlxd_mpi_fail(st, MLXD_ESYS, "[mpi] could not start the send progress thread: %s",
+      rc = mlxd_mpi_fail(st, MPIP_ESYS, "[mpi] could not start the send progress thread: %s",
                          strerror(errno));
     else
       g_prog_started = true;

@@ -14,9 +14,9 @@
 #include "util/clock.h"
 
 /* ---------------------------------------------------------------------- */
-/* Status messages (the core's mlxd_fail is not ours to call). */
+/* Status messages (the ABI's status; the core's helpers are not ours to call). */
 
-__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mlxd_status* st, int code, const char* fmt,
+__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mpip_status* st, int code, const char* fmt,
                                                         ...) {
   if (st) {
     va_list ap;
@@ -29,7 +29,7 @@ __attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mlxd_status* st, int cod
 }
 
 /* "[mpi] <call> failed: <MPI_Error_string>" (+ what it was doing). */
-int mlxd_mpi_fail_call(mlxd_status* st, int code, int mpi_rc, const char* call, const char* what) {
+int mlxd_mpi_fail_call(mpip_status* st, int code, int mpi_rc, const char* call, const char* what) {
   char text[MPI_MAX_ERROR_STRING + 1];
   int len = 0;
   text[0] = '\0';
@@ -44,7 +44,7 @@ int mlxd_mpi_fail_call(mlxd_status* st, int code, int mpi_rc, const char* call, 
 /* ---------------------------------------------------------------------- */
 /* Process-wide state. */
 
-mlxd_host_api mlxd_mpi_host;
+mpip_host mlxd_mpi_host;
 
 /* g_mu guards the lifecycle flags below and the live-op count. */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -117,14 +117,14 @@ void mlxd_mpi_abandon(const MPI_Request* reqs, int n) {
 
 /* Every op that calls MPI runs between mlxd_mpi_op_begin and
  * mlxd_mpi_op_end, so the exit hook never finalises under it. */
-int mlxd_mpi_op_begin(mlxd_status* st) {
+int mlxd_mpi_op_begin(mpip_status* st) {
   int rc = 0;
   pthread_mutex_lock(&g_mu);
   int fin = 0;
   MPI_Finalized(&fin);
   if (g_exiting || fin)
     rc = mlxd_mpi_fail(
-        st, MLXD_EUNAVAIL,
+        st, MPIP_EUNAVAIL,
         "[mpi] MPI is being finalised (the process is exiting); the op was not started");
   else
     g_in_flight++;
@@ -225,10 +225,10 @@ static void mpi_exit_hook(void) {
 }
 
 /* Start MPI if needed and check its thread level. g_mu held. */
-static int ensure_mpi_locked(mlxd_status* st) {
+static int ensure_mpi_locked(mpip_status* st) {
   if (g_mpi_ready) {
     if (mpi_running()) return 0;
-    return mlxd_mpi_fail(st, MLXD_EUNAVAIL,
+    return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
                          "[mpi] MPI was finalised in this process and cannot be started again");
   }
   if (!g_cv_ready) {
@@ -239,7 +239,7 @@ static int ensure_mpi_locked(mlxd_status* st) {
   MPI_Finalized(&fin);
   if (fin)
     return mlxd_mpi_fail(
-        st, MLXD_EUNAVAIL,
+        st, MPIP_EUNAVAIL,
         "[mpi] MPI was already finalised in this process; it cannot be started again");
   MPI_Initialized(&init);
   int provided = MPI_THREAD_SINGLE;
@@ -254,7 +254,7 @@ static int ensure_mpi_locked(mlxd_status* st) {
       (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
     int rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
     if (rc != MPI_SUCCESS)
-      return mlxd_mpi_fail_call(st, MLXD_EUNAVAIL, rc, "MPI_Init_thread", NULL);
+      return mlxd_mpi_fail_call(st, MPIP_EUNAVAIL, rc, "MPI_Init_thread", NULL);
     g_we_initialized = true;
     atexit(mpi_exit_hook);
     /* Our own calls on MPI_COMM_WORLD report errors instead of aborting. */
@@ -263,7 +263,7 @@ static int ensure_mpi_locked(mlxd_status* st) {
     MPI_Query_thread(&provided);
   }
   if (provided < MPI_THREAD_SERIALIZED)
-    return mlxd_mpi_fail(st, MLXD_EUNAVAIL,
+    return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
                          "[mpi] the MPI library provides %s, but mlxdist runs MPI calls on stream "
                          "worker threads and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE",
                          thread_level_name(provided));
@@ -274,9 +274,33 @@ static int ensure_mpi_locked(mlxd_status* st) {
   return 0;
 }
 
-void mlxd_mpi_set_host(const mlxd_host_api* host) {
+#if MPIP_HAS_DESCRIBE
+/* One line (mlxdist-info --group prints it): the first line of the MPI
+ * library's version string up to its first comma ("Open MPI v4.1.4"), tabs
+ * as spaces ("MPICH Version: 4.0"), the MPI version, the thread level and
+ * the communicator size. */
+void mlxd_mpi_describe(mpip_backend* b, char* buf, size_t len) {
+  if (!buf || len == 0) return;
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING + 1];
+  int n = 0, major = 0, minor = 0, provided = MPI_THREAD_SINGLE;
+  mlxd_mpi_call_lock();
+  if (MPI_Get_library_version(lib, &n) != MPI_SUCCESS) n = 0;
+  MPI_Get_version(&major, &minor);
+  MPI_Query_thread(&provided);
+  mlxd_mpi_call_unlock();
+  lib[n < 0 ? 0 : (n > MPI_MAX_LIBRARY_VERSION_STRING ? MPI_MAX_LIBRARY_VERSION_STRING : n)] = '\0';
+  lib[strcspn(lib, "\r\n,")] = '\0';
+  for (char* c = lib; *c; c++)
+    if (*c == '\t') *c = ' ';
+  snprintf(buf, len, "%s (MPI-%d.%d), %s, communicator of %d",
+           lib[0] ? lib : "unknown MPI library", major, minor, thread_level_name(provided),
+           (int)b->size);
+}
+#endif
+
+void mlxd_mpi_set_host(const mpip_host* host) {
   pthread_mutex_lock(&g_mu);
-  memcpy(&mlxd_mpi_host, host, offsetof(mlxd_host_api, spin_us) + sizeof(host->spin_us));
+  memcpy(&mlxd_mpi_host, host, offsetof(mpip_host, spin_us) + sizeof(host->spin_us));
   mlxd_mpi_host.struct_size = (uint32_t)sizeof mlxd_mpi_host;
   pthread_mutex_unlock(&g_mu);
 }
@@ -304,22 +328,22 @@ bool mlxd_mpi_is_configured(bool with_bootstrap) {
   return launched_by_mpi() || mpi_running();
 }
 
-int mlxd_mpi_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
+int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st) {
   *out = NULL;
   if (bs)
-    return mlxd_mpi_fail(st, MLXD_EINVAL,
+    return mlxd_mpi_fail(st, MPIP_EINVAL,
                          "[mpi] the mpi backend cannot use a caller's all-gather (it is set up by "
                          "its launcher, mpirun/mpiexec); use \"ring\" or \"jaccl\" for "
                          "init_with_all_gather");
   if (!mpi_running() && !launched_by_mpi())
-    return mlxd_mpi_fail(st, MLXD_EUNAVAIL,
+    return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
                          "[mpi] this process was not started by an MPI launcher: none of "
                          "OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK, PMI_RANK, PMI_SIZE, PMI_FD, "
                          "PMIX_RANK is set (run it with mpirun/mpiexec, or srun --mpi=pmix)");
   pthread_mutex_lock(&g_mu);
   int rc = ensure_mpi_locked(st);
   if (rc == 0 && g_exiting)
-    rc = mlxd_mpi_fail(st, MLXD_EUNAVAIL, "[mpi] the process is exiting; no new group can start");
+    rc = mlxd_mpi_fail(st, MPIP_EUNAVAIL, "[mpi] the process is exiting; no new group can start");
   if (rc == 0) g_in_flight++;
   pthread_mutex_unlock(&g_mu);
   if (rc) return rc;
@@ -331,7 +355,7 @@ int mlxd_mpi_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
   int mrc = MPI_Comm_idup(MPI_COMM_WORLD, &comm, &req);
   mlxd_mpi_call_unlock();
   if (mrc != MPI_SUCCESS) {
-    rc = mlxd_mpi_fail_call(st, MLXD_EUNAVAIL, mrc, "MPI_Comm_idup", "init");
+    rc = mlxd_mpi_fail_call(st, MPIP_EUNAVAIL, mrc, "MPI_Comm_idup", "init");
     mlxd_mpi_op_end();
     return rc;
   }
@@ -357,7 +381,7 @@ int mlxd_mpi_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
     mlxd_mpi_call_lock();
     MPI_Comm_free(&comm);
     mlxd_mpi_call_unlock();
-    return MLXD_ENOMEM;
+    return MPIP_ENOMEM;
   }
   *out = &g->base;
   return 0;
