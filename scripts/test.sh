@@ -1,11 +1,25 @@
 #!/usr/bin/env bash
-# The whole test suite: set up, then build and run every test three times —
-# a normal build (warnings are errors, gcc), AddressSanitizer +
-# UndefinedBehaviorSanitizer, and ThreadSanitizer — plus a warnings-as-errors
-# build with clang. MLXDIST_TEST_QUICK=1 runs only the normal build.
+# The whole test suite: build and run every test three times — a normal build
+# (warnings are errors, gcc), AddressSanitizer + UndefinedBehaviorSanitizer, and
+# ThreadSanitizer — plus a warnings-as-errors build with clang.
+#   usage: scripts/test.sh [--setup]
+# --setup (or MLXDIST_SETUP=1) first installs the Debian packages the tests need
+# (scripts/setup-debian.sh, as root or through sudo); without it the script
+# installs nothing, so a fresh machine needs it once.
+# MLXDIST_TEST_QUICK=1 runs only the normal build.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-[ "${MLXDIST_SKIP_SETUP:-0}" = 1 ] || bash "$root/scripts/setup-debian.sh"
+setup=${MLXDIST_SETUP:-0}
+for arg in "$@"; do
+  case $arg in
+    --setup) setup=1 ;;
+    -h | --help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scripts/test.sh: unknown argument '$arg' (expected --setup or --help)" >&2; exit 2 ;;
+  esac
+done
+if [ "$setup" = 1 ]; then
+  bash "$root/scripts/setup-debian.sh"
+fi
 jobs=$(nproc)
 out=${MLXDIST_TEST_BUILD_ROOT:-$root}
 

@@ -110,8 +110,8 @@ int mlx_device_set(mlx_device* dev, const mlx_device src) {
 
 int mlx_device_tostring(mlx_string* str, mlx_device dev) {
   mlxd_status st;
-  mlx_device_type type;
-  int index;
+  mlx_device_type type = MLX_CPU; /* set by mlxd_device_read; initialised for gcc's */
+  int index = 0;                  /* -Wmaybe-uninitialized (it cannot see mlxd_fail != 0) */
   if (mlxd_device_read(dev, &type, &index, &st)) return mlxd_error_status(&st);
   char buf[64];
   snprintf(buf, sizeof buf, "Device(%s, %d)", mlxd_device_type_name(type), index);
@@ -164,8 +164,8 @@ int mlx_get_default_device(mlx_device* dev) {
 
 int mlx_set_default_device(mlx_device dev) {
   mlxd_status st;
-  mlx_device_type type;
-  int index;
+  mlx_device_type type = MLX_CPU; /* set by mlxd_device_read; initialised for gcc's */
+  int index = 0;                  /* -Wmaybe-uninitialized (it cannot see mlxd_fail != 0) */
   if (mlxd_device_read(dev, &type, &index, &st) || mlxd_device_check_available(type, index, &st))
     return mlxd_error_status(&st);
   pthread_mutex_lock(&g_default_mu);
@@ -177,8 +177,8 @@ int mlx_set_default_device(mlx_device dev) {
 
 int mlx_device_is_available(bool* avail, mlx_device dev) {
   mlxd_status st;
-  mlx_device_type type;
-  int index;
+  mlx_device_type type = MLX_CPU; /* set by mlxd_device_read; initialised for gcc's */
+  int index = 0;                  /* -Wmaybe-uninitialized (it cannot see mlxd_fail != 0) */
   if (!avail) {
     mlxd_error("[device] mlx_device_is_available got a NULL result pointer");
     return 1;

@@ -13,6 +13,7 @@
 
 #include "mlx/c/array.h"
 #include "mlx/c/distributed_group.h"
+#include "mlx/c/export.h"
 #include "mlx/c/stream.h"
 
 #ifdef __cplusplus
@@ -20,44 +21,44 @@ extern "C" {
 #endif
 
 /** Elementwise sum over the ranks of group (bool: logical or). */
-int mlx_distributed_all_sum(
+MLXDIST_API int mlx_distributed_all_sum(
     mlx_array* res,
     const mlx_array x,
     const mlx_distributed_group group,
     const mlx_stream s);
 /** Elementwise maximum over the ranks (complex: by real part, then imaginary). */
-int mlx_distributed_all_max(
+MLXDIST_API int mlx_distributed_all_max(
     mlx_array* res,
     const mlx_array x,
     const mlx_distributed_group group,
     const mlx_stream s);
 /** Elementwise minimum over the ranks (bool: logical and). */
-int mlx_distributed_all_min(
+MLXDIST_API int mlx_distributed_all_min(
     mlx_array* res,
     const mlx_array x,
     const mlx_distributed_group group,
     const mlx_stream s);
 /** Concatenate every rank's x along axis 0, in rank order (a 0-d x gives shape [size]). */
-int mlx_distributed_all_gather(
+MLXDIST_API int mlx_distributed_all_gather(
     mlx_array* res,
     const mlx_array x,
     const mlx_distributed_group group,
     const mlx_stream S);
 /** Block `rank` (along axis 0) of the all_sum; shape[0] must divide by the group size. */
-int mlx_distributed_sum_scatter(
+MLXDIST_API int mlx_distributed_sum_scatter(
     mlx_array* res,
     const mlx_array x,
     const mlx_distributed_group group,
     const mlx_stream s);
 /** Send x to rank dst; the result equals x and is ready when the data has left. */
-int mlx_distributed_send(
+MLXDIST_API int mlx_distributed_send(
     mlx_array* res,
     const mlx_array x,
     int dst,
     const mlx_distributed_group group,
     const mlx_stream s);
 /** Receive an array of the given shape and dtype from rank src. */
-int mlx_distributed_recv(
+MLXDIST_API int mlx_distributed_recv(
     mlx_array* res,
     const int* shape,
     size_t shape_num,
@@ -66,7 +67,7 @@ int mlx_distributed_recv(
     const mlx_distributed_group group,
     const mlx_stream s);
 /** Receive an array shaped like x from rank src. */
-int mlx_distributed_recv_like(
+MLXDIST_API int mlx_distributed_recv_like(
     mlx_array* res,
     const mlx_array x,
     int src,

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "mlx/c/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -17,9 +19,9 @@ typedef struct mlx_distributed_group_ {
 } mlx_distributed_group;
 
 /** An empty handle. */
-mlx_distributed_group mlx_distributed_group_new(void);
+MLXDIST_API mlx_distributed_group mlx_distributed_group_new(void);
 /** Release one reference; the backend's resources go with the last one. */
-int mlx_distributed_group_free(mlx_distributed_group group);
+MLXDIST_API int mlx_distributed_group_free(mlx_distributed_group group);
 
 /**
  * Start (or return the cached group of) backend bk: "any" (also NULL),
@@ -27,7 +29,7 @@ int mlx_distributed_group_free(mlx_distributed_group group);
  * what was missing; non-strict: failure gives a size-one group (rank 0,
  * size 1) that is not cached.
  */
-int mlx_distributed_init(
+MLXDIST_API int mlx_distributed_init(
     mlx_distributed_group* res,
     bool strict,
     const char* bk);
@@ -41,7 +43,7 @@ int mlx_distributed_init(
  * every rank. dtor(payload) (dtor may be NULL) runs exactly once: at once
  * when the callback is not kept, else when the last group keeping it goes.
  */
-int mlx_distributed_init_with_all_gather(
+MLXDIST_API int mlx_distributed_init_with_all_gather(
     mlx_distributed_group* res,
     bool strict,
     const char* bk,
@@ -56,29 +58,29 @@ int mlx_distributed_init_with_all_gather(
     void (*dtor)(void* payload));
 
 /** Forget every cached group. Held handles stay valid until freed. */
-int mlx_distributed_clear_backends(void);
+MLXDIST_API int mlx_distributed_clear_backends(void);
 
 /** *res = the rank of this process in group. */
-int mlx_distributed_group_get_rank(int* res, mlx_distributed_group group);
+MLXDIST_API int mlx_distributed_group_get_rank(int* res, mlx_distributed_group group);
 /** *res = the number of processes in group. */
-int mlx_distributed_group_get_size(int* res, mlx_distributed_group group);
+MLXDIST_API int mlx_distributed_group_get_size(int* res, mlx_distributed_group group);
 /** mlx-c legacy getter: the rank, 0 on error. */
-int mlx_distributed_group_rank(mlx_distributed_group group);
+MLXDIST_API int mlx_distributed_group_rank(mlx_distributed_group group);
 /** mlx-c legacy getter: the size, 0 on error. */
-int mlx_distributed_group_size(mlx_distributed_group group);
+MLXDIST_API int mlx_distributed_group_size(mlx_distributed_group group);
 
 /**
  * Collective over group: processes passing the same color form a new group,
  * ordered by key (a negative key keeps the parent's rank order).
  */
-int mlx_distributed_group_split(
+MLXDIST_API int mlx_distributed_group_split(
     mlx_distributed_group* res,
     mlx_distributed_group group,
     int color,
     int key);
 
 /** Whether backend bk ("any"/NULL, "ring", "mpi", "nccl", "jaccl") can be used in this process. */
-bool mlx_distributed_is_available(const char* bk);
+MLXDIST_API bool mlx_distributed_is_available(const char* bk);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,8 @@
 #ifndef MLX_ERROR_H
 #define MLX_ERROR_H
 
+#include "mlx/c/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -21,13 +23,13 @@ typedef void (*mlx_error_handler_func)(const char* msg, void* data);
  * into mlxdist (errors of queued work are reported by the thread that
  * evaluates the array).
  */
-void mlx_set_error_handler(
+MLXDIST_API void mlx_set_error_handler(
     mlx_error_handler_func handler,
     void* data,
     void (*dtor)(void*));
 
 /** Report an error through the current handler (used by mlx-c's generated code). */
-void _mlx_error(const char* file, const int line, const char* fmt, ...)
+MLXDIST_API void _mlx_error(const char* file, const int line, const char* fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif

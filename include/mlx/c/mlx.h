@@ -7,6 +7,7 @@
 #include "mlx/c/distributed.h"
 #include "mlx/c/distributed_group.h"
 #include "mlx/c/error.h"
+#include "mlx/c/export.h"
 #include "mlx/c/half.h"
 #include "mlx/c/stream.h"
 #include "mlx/c/string.h"

@@ -2,6 +2,8 @@
 #ifndef MLX_STRING_H
 #define MLX_STRING_H
 
+#include "mlx/c/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -12,15 +14,15 @@ typedef struct mlx_string_ {
 } mlx_string;
 
 /** An empty handle. */
-mlx_string mlx_string_new(void);
+MLXDIST_API mlx_string mlx_string_new(void);
 /** A new string holding a copy of str (NULL gives an empty handle and an error). */
-mlx_string mlx_string_new_data(const char* str);
+MLXDIST_API mlx_string mlx_string_new_data(const char* str);
 /** Make *str refer to what src refers to (releasing what *str held). */
-int mlx_string_set(mlx_string* str, const mlx_string src);
+MLXDIST_API int mlx_string_set(mlx_string* str, const mlx_string src);
 /** The characters, valid while the handle lives; NULL for an empty handle. */
-const char* mlx_string_data(mlx_string str);
+MLXDIST_API const char* mlx_string_data(mlx_string str);
 /** Release one reference; freeing an empty handle is fine. */
-int mlx_string_free(mlx_string str);
+MLXDIST_API int mlx_string_free(mlx_string str);
 
 #ifdef __cplusplus
 }

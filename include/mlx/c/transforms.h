@@ -2,6 +2,7 @@
 #ifndef MLX_TRANSFORMS_H
 #define MLX_TRANSFORMS_H
 
+#include "mlx/c/export.h"
 #include "mlx/c/vector.h"
 
 #ifdef __cplusplus
@@ -9,7 +10,7 @@ extern "C" {
 #endif
 
 /** Wait for every array in outputs; non-zero (reporting the first failure) if any failed. */
-int mlx_eval(const mlx_vector_array outputs);
+MLXDIST_API int mlx_eval(const mlx_vector_array outputs);
 
 #ifdef __cplusplus
 }

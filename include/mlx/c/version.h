@@ -2,6 +2,7 @@
 #ifndef MLX_VERSION_H
 #define MLX_VERSION_H
 
+#include "mlx/c/export.h"
 #include "mlx/c/string.h"
 
 #define MLXDIST_VERSION_MAJOR 0
@@ -17,7 +18,7 @@ extern "C" {
 #endif
 
 /** Write the library's version ("0.1.0") to *str_. */
-int mlx_version(mlx_string* str_);
+MLXDIST_API int mlx_version(mlx_string* str_);
 
 #ifdef __cplusplus
 }
