@@ -140,3 +140,14 @@ int t_run_transport(const t_tp_spec* spec, int size, t_tp_fn fn, void* arg,
   close_all(&x);
   return bad;
 }
+
+bool t_status_names_peer(const mlxd_status* st, int peer) {
+  if (st->has_peer) return st->peer == peer;
+  char want[32];
+  snprintf(want, sizeof want, "rank %d", peer);
+  for (const char* p = strstr(st->msg, want); p; p = strstr(p + 1, want)) {
+    char next = p[strlen(want)];
+    if (next < '0' || next > '9') return true; /* not "rank 10" for rank 1 */
+  }
+  return false;
+}

@@ -36,4 +36,9 @@ typedef int (*t_tp_fn)(mlxd_transport* t, void* arg);
 int t_run_transport(const t_tp_spec* spec, int size, t_tp_fn fn, void* arg,
                     const t_ranks_opts* opts, t_rank_exit* exits);
 
+/* Whether a failure names rank peer: in the structured field (peer) or,
+ * for a plain status, as "rank <peer>" in the text. Assert on this and the
+ * code rather than on message wording. */
+bool t_status_names_peer(const mlxd_status* st, int peer);
+
 #endif
