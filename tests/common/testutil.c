@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 
 #include "mlx/c/error.h"
 
@@ -66,4 +67,60 @@ void t_expect_no_error(const char* file, int line) {
 int t_env_int(const char* name, int dflt) {
   const char* v = getenv(name);
   return v && *v ? atoi(v) : dflt;
+}
+
+/* ---- reports and checks ---- */
+
+static char t_label_buf[64];
+static atomic_int t_failed_checks;
+/* Reports printed per process before the rest are only counted (a wrong
+ * buffer in a loop must not bury the first, most telling, failures). */
+enum { T_MAX_REPORTS = 40 };
+
+void t_set_label(const char* label) {
+  snprintf(t_label_buf, sizeof t_label_buf, "%s", label ? label : "");
+}
+
+const char* t_label(void) { return t_label_buf; }
+
+/* One line: "file:line: [label: ]WHAT: expr: detail". */
+static void t_report(const char* file, int line, const char* what, const char* expr,
+                     const char* fmt, va_list ap) {
+  char detail[1024] = "";
+  if (fmt) vsnprintf(detail, sizeof detail, fmt, ap);
+  fprintf(stderr, "%s:%d: %s%s%s%s%s%s%s\n", file, line, t_label_buf, *t_label_buf ? ": " : "",
+          what, expr ? ": " : "", expr ? expr : "", *detail ? ": " : "", detail);
+  fflush(stderr);
+}
+
+void t_fatal(const char* file, int line, const char* expr, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  t_report(file, line, "FAILED", expr, fmt, ap);
+  va_end(ap);
+  exit(1);
+}
+
+void t_check_failed(const char* file, int line, const char* expr, const char* fmt, ...) {
+  int n = atomic_fetch_add(&t_failed_checks, 1) + 1;
+  if (n > T_MAX_REPORTS) return;
+  va_list ap;
+  va_start(ap, fmt);
+  t_report(file, line, "CHECK FAILED", expr, fmt, ap);
+  va_end(ap);
+  if (n == T_MAX_REPORTS)
+    fprintf(stderr, "%s%s(further failed checks are counted, not shown)\n", t_label_buf,
+            *t_label_buf ? ": " : "");
+}
+
+int t_check_failures(void) { return atomic_load(&t_failed_checks); }
+
+void t_checks_reset(void) { atomic_store(&t_failed_checks, 0); }
+
+int t_exit_status(void) {
+  int n = t_check_failures();
+  if (n == 0) return 0;
+  fprintf(stderr, "%s%s%d check%s failed\n", t_label_buf, *t_label_buf ? ": " : "", n,
+          n == 1 ? "" : "s");
+  return 1;
 }

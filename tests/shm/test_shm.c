@@ -3,26 +3,19 @@
  * messages, size mismatches, argument errors, concurrent threads, a peer
  * that dies, timeouts and failure propagation, CPU use while waiting, and
  * set-up errors. Usage: test_shm <section> <ranks>. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
-#include "harness.h"
+#include "ranks.h"
 #include "testutil.h"
 #include "transport/shm.h"
-
-/* Exit the rank process with a message (T_FAIL style, names the rank). */
-#define R_CHECK(cond, ...)                                                       \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      fprintf(stderr, "%s:%d: rank %d: FAILED: %s: ", __FILE__, __LINE__, g_rank, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                              \
-      fprintf(stderr, "\n");                                                     \
-      _exit(1);                                                                  \
-    }                                                                            \
-  } while (0)
-
-static int g_rank = -1;
 
 static unsigned char val(int src, int dst, uint64_t tag, size_t i) {
   return (unsigned char)(src * 131 + dst * 31 + (int)(tag * 7) + (int)(i * 13) + (int)(i >> 9));
@@ -39,13 +32,12 @@ static size_t first_bad(const unsigned char* b, size_t n, int src, int dst, uint
 }
 
 static mlxd_transport* join(int rank, int size, const char* name) {
-  g_rank = rank;
   mlxd_status st;
   mlxd_status_clear(&st);
   mlxd_transport* t = mlxd_shm_transport_new(rank, size, name, &st);
-  R_CHECK(t != NULL, "transport_new: %s", st.msg);
-  R_CHECK(t->rank == rank && t->size == size, "rank/size %d/%d", t->rank, t->size);
-  R_CHECK(strcmp(t->ops->name, "shm") == 0, "ops name %s", t->ops->name);
+  T_REQUIREF(t != NULL, "transport_new: %s", st.msg);
+  T_REQUIREF(t->rank == rank && t->size == size, "rank/size %d/%d", t->rank, t->size);
+  T_REQUIREF(strcmp(t->ops->name, "shm") == 0, "ops name %s", t->ops->name);
   return t;
 }
 
@@ -65,7 +57,7 @@ static void exchange_round(mlxd_transport* t, uint64_t tagbase, int recv_first) 
   mlxd_req** reqs = calloc((size_t)np * NSZ * 2, sizeof *reqs);
   unsigned char** rbufs = calloc((size_t)np * NSZ, sizeof *rbufs);
   unsigned char** sbufs = calloc((size_t)np * NSZ, sizeof *sbufs);
-  R_CHECK(reqs && rbufs && sbufs, "calloc");
+  T_REQUIREF(reqs && rbufs && sbufs, "calloc");
   mlxd_status st;
   mlxd_status_clear(&st);
   int nr = 0;
@@ -82,12 +74,12 @@ static void exchange_round(mlxd_transport* t, uint64_t tagbase, int recv_first) 
         if (do_recv) {
           rbufs[idx] = malloc(n ? n : 1);
           memset(rbufs[idx], 0xEE, n);
-          R_CHECK(t->ops->irecv(t, p, tag, n ? rbufs[idx] : NULL, n, &reqs[nr++], &st) == 0,
+          T_REQUIREF(t->ops->irecv(t, p, tag, n ? rbufs[idx] : NULL, n, &reqs[nr++], &st) == 0,
                   "%s", st.msg);
         } else {
           sbufs[idx] = malloc(n ? n : 1);
           fill(sbufs[idx], n, rank, p, tag);
-          R_CHECK(t->ops->isend(t, p, tag, n ? sbufs[idx] : NULL, n, &reqs[nr++], &st) == 0,
+          T_REQUIREF(t->ops->isend(t, p, tag, n ? sbufs[idx] : NULL, n, &reqs[nr++], &st) == 0,
                   "%s", st.msg);
         }
       }
@@ -96,20 +88,20 @@ static void exchange_round(mlxd_transport* t, uint64_t tagbase, int recv_first) 
     if (!recv_first && pass == 0) {
       /* Sends complete on their own (buffered by the receiver), then wait a
        * little so that everything arrives before the receives are posted. */
-      R_CHECK(t->ops->waitall(t, reqs, nr, &st) == 0, "%s", st.msg);
+      T_REQUIREF(t->ops->waitall(t, reqs, nr, &st) == 0, "%s", st.msg);
       nr = 0;
       struct timespec ts = {0, 20 * 1000 * 1000};
       nanosleep(&ts, NULL);
     }
   }
-  R_CHECK(t->ops->waitall(t, reqs, nr, &st) == 0, "%s", st.msg);
-  for (int i = 0; i < nr; i++) R_CHECK(reqs[i] == NULL, "waitall left request %d", i);
+  T_REQUIREF(t->ops->waitall(t, reqs, nr, &st) == 0, "%s", st.msg);
+  for (int i = 0; i < nr; i++) T_REQUIREF(reqs[i] == NULL, "waitall left request %d", i);
   for (int p = 0, k = 0; p < size; p++) {
     if (p == rank) continue;
     for (size_t j = 0; j < NSZ; j++) {
       size_t idx = (size_t)k * NSZ + j;
       size_t bad = first_bad(rbufs[idx], k_sizes[j], p, rank, tagbase + j);
-      R_CHECK(bad == (size_t)-1, "message tag %llu (%zu bytes) from rank %d wrong at byte %zu",
+      T_REQUIREF(bad == (size_t)-1, "message tag %llu (%zu bytes) from rank %d wrong at byte %zu",
               (unsigned long long)(tagbase + j), k_sizes[j], p, bad);
       free(rbufs[idx]);
       free(sbufs[idx]);
@@ -127,18 +119,18 @@ static void big_both_send_first(mlxd_transport* t, size_t n) {
   int peer = 1 - rank;
   unsigned char* s = malloc(n);
   unsigned char* r = malloc(n);
-  R_CHECK(s && r, "malloc %zu", n);
+  T_REQUIREF(s && r, "malloc %zu", n);
   fill(s, n, rank, peer, 900);
   memset(r, 0, n);
   mlxd_status st;
   mlxd_req* q = NULL;
-  R_CHECK(t->ops->isend(t, peer, 900, s, n, &q, &st) == 0, "%s", st.msg);
-  R_CHECK(wait1(t, q, &st) == 0, "both-send-first: send wait: %s", st.msg);
+  T_REQUIREF(t->ops->isend(t, peer, 900, s, n, &q, &st) == 0, "%s", st.msg);
+  T_REQUIREF(wait1(t, q, &st) == 0, "both-send-first: send wait: %s", st.msg);
   memset(s, 0, n); /* the send is complete: its buffer is ours again */
-  R_CHECK(t->ops->irecv(t, peer, 900, r, n, &q, &st) == 0, "%s", st.msg);
-  R_CHECK(wait1(t, q, &st) == 0, "both-send-first: recv wait: %s", st.msg);
+  T_REQUIREF(t->ops->irecv(t, peer, 900, r, n, &q, &st) == 0, "%s", st.msg);
+  T_REQUIREF(wait1(t, q, &st) == 0, "both-send-first: recv wait: %s", st.msg);
   size_t bad = first_bad(r, n, peer, rank, 900);
-  R_CHECK(bad == (size_t)-1, "64 MiB message wrong at byte %zu", bad);
+  T_REQUIREF(bad == (size_t)-1, "64 MiB message wrong at byte %zu", bad);
   free(s);
   free(r);
 }
@@ -156,25 +148,25 @@ static void mismatch(mlxd_transport* t) {
     uint64_t tag = 500 + (uint64_t)k;
     if (rank == 0) {
       fill(s, sent[k], 0, 1, tag);
-      R_CHECK(t->ops->isend(t, 1, tag, s, sent[k], &q, &st) == 0, "%s", st.msg);
-      R_CHECK(wait1(t, q, &st) == 0, "%s", st.msg);
+      T_REQUIREF(t->ops->isend(t, 1, tag, s, sent[k], &q, &st) == 0, "%s", st.msg);
+      T_REQUIREF(wait1(t, q, &st) == 0, "%s", st.msg);
     } else {
       if (k == 1) { /* let this one arrive before its receive */
         struct timespec ts = {0, 30 * 1000 * 1000};
         nanosleep(&ts, NULL);
       }
-      R_CHECK(t->ops->irecv(t, 0, tag, r, want[k], &q, &st) == 0, "%s", st.msg);
+      T_REQUIREF(t->ops->irecv(t, 0, tag, r, want[k], &q, &st) == 0, "%s", st.msg);
       int rc = wait1(t, q, &st);
       if (sent[k] != want[k]) {
-        R_CHECK(rc == MLXD_EINVAL, "mismatch rc %d (%s)", rc, st.msg);
+        T_REQUIREF(rc == MLXD_EINVAL, "mismatch rc %d (%s)", rc, st.msg);
         char a[32];
         snprintf(a, sizeof a, "%zu-byte", sent[k]);
-        R_CHECK(strstr(st.msg, "[shm]") && strstr(st.msg, "size mismatch") && strstr(st.msg, a),
+        T_REQUIREF(strstr(st.msg, "[shm]") && strstr(st.msg, "size mismatch") && strstr(st.msg, a),
                 "message: %s", st.msg);
       } else {
-        R_CHECK(rc == 0, "after a mismatch: %s", st.msg);
+        T_REQUIREF(rc == 0, "after a mismatch: %s", st.msg);
         size_t bad = first_bad(r, want[k], 0, 1, tag);
-        R_CHECK(bad == (size_t)-1, "message after mismatch wrong at %zu", bad);
+        T_REQUIREF(bad == (size_t)-1, "message after mismatch wrong at %zu", bad);
       }
     }
   }
@@ -185,18 +177,18 @@ static void arg_errors(mlxd_transport* t) {
   mlxd_req* q = (mlxd_req*)&st;
   char b[4];
   mlxd_status_clear(&st);
-  R_CHECK(t->ops->isend(t, t->rank, 1, b, 4, &q, &st) == MLXD_EINVAL, "self send");
-  R_CHECK(q == NULL && strstr(st.msg, "[shm] isend") && strstr(st.msg, "peer"), "%s", st.msg);
+  T_REQUIREF(t->ops->isend(t, t->rank, 1, b, 4, &q, &st) == MLXD_EINVAL, "self send");
+  T_REQUIREF(q == NULL && strstr(st.msg, "[shm] isend") && strstr(st.msg, "peer"), "%s", st.msg);
   mlxd_status_clear(&st);
-  R_CHECK(t->ops->irecv(t, t->size, 1, b, 4, &q, &st) == MLXD_EINVAL, "peer out of range");
-  R_CHECK(strstr(st.msg, "[shm] irecv") && strstr(st.msg, "peer"), "%s", st.msg);
+  T_REQUIREF(t->ops->irecv(t, t->size, 1, b, 4, &q, &st) == MLXD_EINVAL, "peer out of range");
+  T_REQUIREF(strstr(st.msg, "[shm] irecv") && strstr(st.msg, "peer"), "%s", st.msg);
   mlxd_status_clear(&st);
-  R_CHECK(t->ops->irecv(t, (t->rank + 1) % t->size, 1, NULL, 4, &q, &st) == MLXD_EINVAL, "null");
-  R_CHECK(strstr(st.msg, "NULL"), "%s", st.msg);
+  T_REQUIREF(t->ops->irecv(t, (t->rank + 1) % t->size, 1, NULL, 4, &q, &st) == MLXD_EINVAL, "null");
+  T_REQUIREF(strstr(st.msg, "NULL"), "%s", st.msg);
   mlxd_status_clear(&st);
-  R_CHECK(t->ops->waitall(t, NULL, 0, &st) == 0, "empty waitall");
+  T_REQUIREF(t->ops->waitall(t, NULL, 0, &st) == 0, "empty waitall");
   mlxd_req* none[2] = {NULL, NULL};
-  R_CHECK(t->ops->waitall(t, none, 2, &st) == 0, "waitall of NULLs");
+  T_REQUIREF(t->ops->waitall(t, none, 2, &st) == 0, "waitall of NULLs");
 }
 
 static int rank_raw(int rank, int size, const char* name, void* arg) {
@@ -212,7 +204,7 @@ static int rank_raw(int rank, int size, const char* name, void* arg) {
   char path[256];
   snprintf(path, sizeof path, "/dev/shm/%s", name);
   struct stat sb;
-  R_CHECK(stat(path, &sb) != 0 && errno == ENOENT, "%s still exists", path);
+  T_REQUIREF(stat(path, &sb) != 0 && errno == ENOENT, "%s still exists", path);
   t->ops->destroy(t);
   return 0;
 }
@@ -233,27 +225,27 @@ static void* th_main(void* p) {
   unsigned char* s = malloc(maxn);
   unsigned char* r = malloc(maxn * (size_t)size);
   mlxd_req** reqs = calloc((size_t)size * 2, sizeof *reqs);
-  R_CHECK(s && r && reqs, "malloc");
+  T_REQUIREF(s && r && reqs, "malloc");
   for (int it = 0; it < 150; it++) {
     size_t n = (it % 5 == 4) ? maxn - (size_t)it : (size_t)(it * 37 % 300);
     uint64_t tag = ((uint64_t)(a->k + 1) << 32) | (uint64_t)it;
     int nr = 0;
     for (int p2 = 0; p2 < size; p2++) {
       if (p2 == rank) continue;
-      R_CHECK(t->ops->irecv(t, p2, tag, r + (size_t)p2 * maxn, n, &reqs[nr++], &st) == 0, "%s",
+      T_REQUIREF(t->ops->irecv(t, p2, tag, r + (size_t)p2 * maxn, n, &reqs[nr++], &st) == 0, "%s",
               st.msg);
     }
     fill(s, n, rank, -1, tag); /* same bytes for every destination */
     for (int p2 = 0; p2 < size; p2++) {
       if (p2 == rank) continue;
-      R_CHECK(t->ops->isend(t, p2, tag, s, n, &reqs[nr++], &st) == 0, "%s", st.msg);
+      T_REQUIREF(t->ops->isend(t, p2, tag, s, n, &reqs[nr++], &st) == 0, "%s", st.msg);
     }
-    R_CHECK(t->ops->waitall(t, reqs, nr, &st) == 0, "thread %d iteration %d: %s", a->k, it,
+    T_REQUIREF(t->ops->waitall(t, reqs, nr, &st) == 0, "thread %d iteration %d: %s", a->k, it,
             st.msg);
     for (int p2 = 0; p2 < size; p2++) {
       if (p2 == rank) continue;
       size_t bad = first_bad(r + (size_t)p2 * maxn, n, p2, -1, tag);
-      R_CHECK(bad == (size_t)-1, "thread %d it %d from %d wrong at %zu", a->k, it, p2, bad);
+      T_REQUIREF(bad == (size_t)-1, "thread %d it %d from %d wrong at %zu", a->k, it, p2, bad);
     }
   }
   free(s);
@@ -267,7 +259,7 @@ static int rank_threads(int rank, int size, const char* name, void* arg) {
   mlxd_transport* t = join(rank, size, name);
   pthread_t th[2];
   th_arg a[2] = {{t, 0}, {t, 1}};
-  for (int k = 0; k < 2; k++) R_CHECK(pthread_create(&th[k], NULL, th_main, &a[k]) == 0, "create");
+  for (int k = 0; k < 2; k++) T_REQUIREF(pthread_create(&th[k], NULL, th_main, &a[k]) == 0, "create");
   for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
   t->ops->destroy(t);
   return 0;
@@ -285,34 +277,34 @@ static int rank_death(int rank, int size, const char* name, void* arg) {
   if (rank == victim) {
     /* first make sure a message already sent still arrives after death */
     fill((unsigned char*)b, sizeof b, rank, 0, 7);
-    R_CHECK(t->ops->isend(t, 0, 7, b, sizeof b, &q, &st) == 0, "%s", st.msg);
-    R_CHECK(wait1(t, q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->isend(t, 0, 7, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(wait1(t, q, &st) == 0, "%s", st.msg);
     _exit(0);
   }
   if (rank == 0) {
     struct timespec ts = {0, 50 * 1000 * 1000};
     nanosleep(&ts, NULL);
-    R_CHECK(t->ops->irecv(t, victim, 7, b, sizeof b, &q, &st) == 0, "%s", st.msg);
-    R_CHECK(wait1(t, q, &st) == 0, "a message sent before death: %s", st.msg);
+    T_REQUIREF(t->ops->irecv(t, victim, 7, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(wait1(t, q, &st) == 0, "a message sent before death: %s", st.msg);
   }
-  double t0 = h_now();
-  R_CHECK(t->ops->irecv(t, victim, 8, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+  double t0 = t_now();
+  T_REQUIREF(t->ops->irecv(t, victim, 8, b, sizeof b, &q, &st) == 0, "%s", st.msg);
   int rc = wait1(t, q, &st);
-  double dt = h_now() - t0;
+  double dt = t_now() - t0;
   char want[64];
   snprintf(want, sizeof want, "lost rank %d (process", victim);
-  R_CHECK(rc == MLXD_EREMOTE, "rc %d: %s", rc, st.msg);
-  R_CHECK(strstr(st.msg, "[shm]") && strstr(st.msg, want) && strstr(st.msg, "exited"), "%s",
+  T_REQUIREF(rc == MLXD_EREMOTE, "rc %d: %s", rc, st.msg);
+  T_REQUIREF(strstr(st.msg, "[shm]") && strstr(st.msg, want) && strstr(st.msg, "exited"), "%s",
           st.msg);
-  R_CHECK(dt < 3.0, "took %.2f s to notice", dt);
+  T_REQUIREF(dt < 3.0, "took %.2f s to notice", dt);
   /* later operations fail fast with the same message */
   char first[MLXD_MSG_MAX];
   snprintf(first, sizeof first, "%s", st.msg);
   mlxd_status_clear(&st);
   int other = rank == 0 ? (size > 2 ? 1 : -1) : 0;
   if (other >= 0) {
-    R_CHECK(t->ops->isend(t, other, 9, b, 8, &q, &st) != 0, "send after failure succeeded");
-    R_CHECK(strcmp(st.msg, first) == 0, "later error '%s' vs first '%s'", st.msg, first);
+    T_REQUIREF(t->ops->isend(t, other, 9, b, 8, &q, &st) != 0, "send after failure succeeded");
+    T_REQUIREF(strcmp(st.msg, first) == 0, "later error '%s' vs first '%s'", st.msg, first);
   }
   t->ops->destroy(t);
   return 0;
@@ -328,21 +320,21 @@ static int rank_timeout(int rank, int size, const char* name, void* arg) {
   mlxd_status st;
   mlxd_req* q;
   char b[16];
-  double t0 = h_now();
-  R_CHECK(t->ops->irecv(t, 1 - rank, 1, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+  double t0 = t_now();
+  T_REQUIREF(t->ops->irecv(t, 1 - rank, 1, b, sizeof b, &q, &st) == 0, "%s", st.msg);
   int rc = wait1(t, q, &st);
-  double dt = h_now() - t0;
+  double dt = t_now() - t0;
   if (rank == 0) {
-    R_CHECK(rc == MLXD_ETIMEDOUT, "rc %d: %s", rc, st.msg);
-    R_CHECK(strstr(st.msg, "[shm] timed out") && strstr(st.msg, "MLXDIST_TIMEOUT"), "%s", st.msg);
-    R_CHECK(dt > 0.9 && dt < 3.0, "timed out after %.2f s", dt);
+    T_REQUIREF(rc == MLXD_ETIMEDOUT, "rc %d: %s", rc, st.msg);
+    T_REQUIREF(strstr(st.msg, "[shm] timed out") && strstr(st.msg, "MLXDIST_TIMEOUT"), "%s", st.msg);
+    T_REQUIREF(dt > 0.9 && dt < 3.0, "timed out after %.2f s", dt);
     /* stay alive a moment so that rank 1 learns it from the failure flag */
     struct timespec ts = {1, 0};
     nanosleep(&ts, NULL);
   } else {
-    R_CHECK(rc == MLXD_EREMOTE, "rc %d: %s", rc, st.msg);
-    R_CHECK(strstr(st.msg, "[shm] rank 0 failed") && strstr(st.msg, "timed out"), "%s", st.msg);
-    R_CHECK(dt < 3.0, "took %.2f s", dt);
+    T_REQUIREF(rc == MLXD_EREMOTE, "rc %d: %s", rc, st.msg);
+    T_REQUIREF(strstr(st.msg, "[shm] rank 0 failed") && strstr(st.msg, "timed out"), "%s", st.msg);
+    T_REQUIREF(dt < 3.0, "took %.2f s", dt);
   }
   t->ops->destroy(t);
   return 0;
@@ -366,16 +358,16 @@ static int rank_idle(int rank, int size, const char* name, void* arg) {
     struct timespec ts = {1, 0};
     nanosleep(&ts, NULL);
     fill((unsigned char*)b, sizeof b, 1, 0, 3);
-    R_CHECK(t->ops->isend(t, 0, 3, b, sizeof b, &q, &st) == 0, "%s", st.msg);
-    R_CHECK(wait1(t, q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->isend(t, 0, 3, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(wait1(t, q, &st) == 0, "%s", st.msg);
   } else if (rank == 0) {
-    double c0 = cpu_s(), t0 = h_now();
-    R_CHECK(t->ops->irecv(t, 1, 3, b, sizeof b, &q, &st) == 0, "%s", st.msg);
-    R_CHECK(wait1(t, q, &st) == 0, "%s", st.msg);
-    double dt = h_now() - t0, dc = cpu_s() - c0;
-    R_CHECK(first_bad((unsigned char*)b, sizeof b, 1, 0, 3) == (size_t)-1, "data");
-    R_CHECK(dt > 0.8, "waited only %.2f s", dt);
-    R_CHECK(dc < 0.1 * dt, "used %.3f s of CPU while waiting %.2f s", dc, dt);
+    double c0 = cpu_s(), t0 = t_now();
+    T_REQUIREF(t->ops->irecv(t, 1, 3, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(wait1(t, q, &st) == 0, "%s", st.msg);
+    double dt = t_now() - t0, dc = cpu_s() - c0;
+    T_REQUIREF(first_bad((unsigned char*)b, sizeof b, 1, 0, 3) == (size_t)-1, "data");
+    T_REQUIREF(dt > 0.8, "waited only %.2f s", dt);
+    T_REQUIREF(dc < 0.1 * dt, "used %.3f s of CPU while waiting %.2f s", dc, dt);
     printf("idle wait %.3f s, cpu %.4f s\n", dt, dc);
   }
   t->ops->destroy(t);
@@ -386,48 +378,46 @@ static int rank_idle(int rank, int size, const char* name, void* arg) {
 
 static int rank_connect(int rank, int size, const char* name, void* arg) {
   (void)arg;
-  g_rank = rank;
   setenv("MLXDIST_CONNECT_TIMEOUT", "1", 1);
   mlxd_status st;
   mlxd_status_clear(&st);
   if (rank == size - 1) return 0; /* never shows up */
-  double t0 = h_now();
+  double t0 = t_now();
   mlxd_transport* t = mlxd_shm_transport_new(rank, size, name, &st);
-  double dt = h_now() - t0;
-  R_CHECK(t == NULL, "set-up without rank %d succeeded", size - 1);
-  R_CHECK(st.code == MLXD_ETIMEDOUT, "code %d: %s", st.code, st.msg);
-  R_CHECK(strstr(st.msg, "[shm]") && strstr(st.msg, "MLXDIST_CONNECT_TIMEOUT"), "%s", st.msg);
+  double dt = t_now() - t0;
+  T_REQUIREF(t == NULL, "set-up without rank %d succeeded", size - 1);
+  T_REQUIREF(st.code == MLXD_ETIMEDOUT, "code %d: %s", st.code, st.msg);
+  T_REQUIREF(strstr(st.msg, "[shm]") && strstr(st.msg, "MLXDIST_CONNECT_TIMEOUT"), "%s", st.msg);
   if (size > 2) {
     char want[32];
     snprintf(want, sizeof want, "missing ranks: %d", size - 1);
-    R_CHECK(strstr(st.msg, want), "%s", st.msg);
+    T_REQUIREF(strstr(st.msg, want), "%s", st.msg);
   }
-  R_CHECK(dt < 4.0, "took %.2f s", dt);
+  T_REQUIREF(dt < 4.0, "took %.2f s", dt);
   char path[256];
   snprintf(path, sizeof path, "/dev/shm/%s", name);
   struct timespec ts = {0, 300 * 1000 * 1000};
   nanosleep(&ts, NULL);
   struct stat sb;
-  R_CHECK(stat(path, &sb) != 0, "%s left behind after a failed set-up", path);
+  T_REQUIREF(stat(path, &sb) != 0, "%s left behind after a failed set-up", path);
   return 0;
 }
 
 static void local_errors(void) {
-  g_rank = 0;
   mlxd_status st;
   mlxd_status_clear(&st);
-  R_CHECK(mlxd_shm_transport_new(0, 2, "a/b", &st) == NULL, "bad name");
-  R_CHECK(st.code == MLXD_EINVAL && strstr(st.msg, "[shm] session name \"a/b\""), "%s", st.msg);
-  R_CHECK(mlxd_shm_transport_new(0, 2, NULL, &st) == NULL, "null name");
-  R_CHECK(mlxd_shm_transport_new(0, 2, "", &st) == NULL, "empty name");
-  R_CHECK(mlxd_shm_transport_new(2, 2, "ok", &st) == NULL, "rank == size");
-  R_CHECK(strstr(st.msg, "rank 2 / size 2"), "%s", st.msg);
-  R_CHECK(mlxd_shm_transport_new(0, 0, "ok", &st) == NULL, "size 0");
+  T_REQUIREF(mlxd_shm_transport_new(0, 2, "a/b", &st) == NULL, "bad name");
+  T_REQUIREF(st.code == MLXD_EINVAL && strstr(st.msg, "[shm] session name \"a/b\""), "%s", st.msg);
+  T_REQUIREF(mlxd_shm_transport_new(0, 2, NULL, &st) == NULL, "null name");
+  T_REQUIREF(mlxd_shm_transport_new(0, 2, "", &st) == NULL, "empty name");
+  T_REQUIREF(mlxd_shm_transport_new(2, 2, "ok", &st) == NULL, "rank == size");
+  T_REQUIREF(strstr(st.msg, "rank 2 / size 2"), "%s", st.msg);
+  T_REQUIREF(mlxd_shm_transport_new(0, 0, "ok", &st) == NULL, "size 0");
   /* size one: a valid (if useless) transport */
   char name[128];
-  h_session_name(name, sizeof name, "one");
+  t_session_name(name, sizeof name, "one");
   mlxd_transport* t = mlxd_shm_transport_new(0, 1, name, &st);
-  R_CHECK(t != NULL, "%s", st.msg);
+  T_REQUIREF(t != NULL, "%s", st.msg);
   t->ops->destroy(t);
 }
 
@@ -440,7 +430,7 @@ int main(int argc, char** argv) {
   const char* what = argv[1];
   int n = atoi(argv[2]);
   T_ASSERT(n >= 1 && n <= 16);
-  h_rank_fn fn = NULL;
+  t_rank_fn fn = NULL;
   double limit = 60;
   if (strcmp(what, "raw") == 0) { /* single-copy (CMA) path from 64 KiB on */
     setenv("MLXDIST_SHM_CMA_BYTES", "65536", 1);
@@ -464,11 +454,9 @@ int main(int argc, char** argv) {
   } else {
     T_FAIL("unknown section %s", what);
   }
-  int codes[64];
-  int bad = h_run(n, limit, fn, NULL, codes);
-  for (int r = 0; r < n; r++)
-    if (codes[r] != 0) fprintf(stderr, "rank %d exited with %d\n", r, codes[r]);
-  if (bad) T_FAIL("%s with %d ranks failed", what, n);
+  t_ranks_opts o = {.timeout_s = limit, .what = what};
+  int bad = t_run_ranks(n, fn, NULL, &o, NULL);
+  if (bad) T_FAIL("%s with %d ranks: %d rank%s failed", what, n, bad, bad == 1 ? "" : "s");
   printf("%s with %d ranks: ok\n", what, n);
   return 0;
 }

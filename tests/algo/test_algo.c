@@ -1,0 +1,430 @@
+/* The collective algorithms of src/algo called directly on an
+ * mlxd_transport, over every transport, in forked ranks:
+ *
+ *   test_algo <tcp[:K] | unix[:K] | shm | shm-cma> <ranks>
+ *
+ * (shm-cma: the shared-memory transport with its single-copy path on from
+ * 64 KiB.) Every algorithm variant (the dispatcher, the direct / one-shot
+ * exchange, the ring in one and in both directions) of all_reduce,
+ * reduce_scatter and all_gather, and send/recv, on sizes 0, 1, fewer
+ * elements than ranks, odd, around the small/large switch
+ * (MLXDIST_SMALL_BYTES) and a few MiB; all_reduce with every dtype and op,
+ * reduce_scatter with every dtype (all ops for one dtype per element size);
+ * results checked bit for bit against references computed here
+ * (reference.c), plus a canary past the end of every output. Arbitrary
+ * floats check that every rank gets bit-identical results close to the
+ * reference.
+ *
+ * A wrong result is a T_CHECK (reported, the run goes on: all ranks stay
+ * in step); a collective that fails is a T_REQUIRE (the ranks are out of
+ * step, every later call would fail the same way). */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo.h"
+#include "algo/algo_impl.h"
+#include "reference.h"
+#include "testutil.h"
+#include "transports.h"
+#include "util/tunables.h"
+
+/* Sanitizer builds run every case but the few-MiB ones for one dtype only. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define T_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define T_SANITIZED 1
+#endif
+#endif
+#ifndef T_SANITIZED
+#define T_SANITIZED 0
+#endif
+
+enum { V_AUTO, V_DIRECT, V_RING, V_BIDIR, V_COUNT };
+static const char* v_name(int v) {
+  static const char* nm[] = {"auto", "direct", "ring", "ring-bidir"};
+  return nm[v];
+}
+
+/* The largest payloads: a few MiB (odd), so the ring pipelines several
+ * 1 MiB chunks per block and posts more units than its receive window. */
+#define BIG_BYTES (((size_t)5 << 20) + 12)
+#define MID_BYTES (((size_t)2 << 20) + 24)
+
+static uint64_t g_seq = 1;
+static size_t g_small; /* MLXDIST_SMALL_BYTES: the algorithm switch */
+
+typedef struct bufs {
+  char* in;
+  char* out;
+  char* ref;
+  size_t cap; /* bytes each */
+} bufs;
+
+/* A collective that fails leaves the ranks out of step: stop this rank. */
+static void require_ok(int rc, const mlxd_status* st, const char* what) {
+  T_REQUIREF(rc == 0, "%s: code %d (layer %d): %s", what, rc, st->layer, st->msg);
+}
+
+static int call_all_reduce(mlxd_transport* t, int v, const void* in, void* out, size_t count,
+                           int dt, int op, mlxd_status* st) {
+  uint64_t seq = g_seq++;
+  mlx_dtype d = (mlx_dtype)dt;
+  mlxd_reduce_op o = (mlxd_reduce_op)op;
+  switch (v) {
+    case V_AUTO: return mlxd_algo_all_reduce(t, seq, in, out, count, d, o, st);
+    case V_DIRECT: return mlxd_algo_all_reduce_oneshot(t, seq, in, out, count, d, o, st);
+    case V_RING: return mlxd_algo_all_reduce_ring(t, seq, in, out, count, d, o, 0, st);
+    default: return mlxd_algo_all_reduce_ring(t, seq, in, out, count, d, o, 1, st);
+  }
+}
+
+static int call_reduce_scatter(mlxd_transport* t, int v, const void* in, void* out,
+                               size_t count, int dt, int op, mlxd_status* st) {
+  uint64_t seq = g_seq++;
+  mlx_dtype d = (mlx_dtype)dt;
+  mlxd_reduce_op o = (mlxd_reduce_op)op;
+  switch (v) {
+    case V_AUTO: return mlxd_algo_reduce_scatter(t, seq, in, out, count, d, o, st);
+    case V_DIRECT: return mlxd_algo_reduce_scatter_direct(t, seq, in, out, count, d, o, st);
+    case V_RING: return mlxd_algo_reduce_scatter_ring(t, seq, in, out, count, d, o, 0, st);
+    default: return mlxd_algo_reduce_scatter_ring(t, seq, in, out, count, d, o, 1, st);
+  }
+}
+
+static int call_all_gather(mlxd_transport* t, int v, const void* in, void* out, size_t nbytes,
+                           mlxd_status* st) {
+  uint64_t seq = g_seq++;
+  switch (v) {
+    case V_AUTO: return mlxd_algo_all_gather(t, seq, in, out, nbytes, st);
+    case V_DIRECT: return mlxd_algo_all_gather_direct(t, seq, in, out, nbytes, st);
+    case V_RING: return mlxd_algo_all_gather_ring(t, seq, in, out, nbytes, 0, st);
+    default: return mlxd_algo_all_gather_ring(t, seq, in, out, nbytes, 1, st);
+  }
+}
+
+/* Compare count elements of got with want; one check per case, naming the
+ * first wrong element with both values and how many are wrong. */
+static void check_equal(const char* what, int dt, const char* got, const char* want,
+                        size_t count) {
+  size_t es = r_esize(dt);
+  if (count == 0 || memcmp(got, want, count * es) == 0) return;
+  size_t first = (size_t)-1, wrong = 0;
+  for (size_t i = 0; i < count; i++)
+    if (memcmp(got + i * es, want + i * es, es) != 0) {
+      if (first == (size_t)-1) first = i;
+      wrong++;
+    }
+  char g[64], w[64];
+  r_format(dt, got + first * es, g, sizeof g);
+  r_format(dt, want + first * es, w, sizeof w);
+  t_check_failed(__FILE__, __LINE__, "result == reference",
+                 "%s: element %zu is %s, expected %s (%zu of %zu elements wrong)", what, first,
+                 g, w, wrong, count);
+}
+
+#define CANARY 0xA5
+static void set_canary(char* p) { *(unsigned char*)p = CANARY; }
+static void check_canary(const char* what, const char* p) {
+  T_CHECKF(*(const unsigned char*)p == CANARY, "%s: wrote past the end of the output", what);
+}
+
+/* ---------------------------------------------------------- all_reduce */
+
+/* One all_reduce of count exact elements with every variant in vmask,
+ * out of place and (if inplace) in place. */
+static void all_reduce_case(mlxd_transport* t, bufs* b, int dt, int op, size_t count,
+                            unsigned vmask, bool inplace) {
+  size_t es = r_esize(dt);
+  T_REQUIRE((count + 1) * es <= b->cap);
+  uint64_t salt = (uint64_t)count * 3 + 1;
+  r_reduce(op, dt, t->size, 0, count, true, salt, b->ref);
+  char what[160];
+  mlxd_status st;
+  for (int v = 0; v < V_COUNT; v++) {
+    if (!(vmask >> v & 1)) continue;
+    for (int ip = 0; ip < (inplace ? 2 : 1); ip++) {
+      snprintf(what, sizeof what, "all_reduce %s %s %s count %zu%s", v_name(v), r_dt_name(dt),
+               r_op_name(op), count, ip ? " in place" : "");
+      char* out = ip ? b->in : b->out;
+      r_fill(dt, t->rank, 0, count, true, salt, b->in);
+      if (!ip) memset(b->out, 0x5A, count * es);
+      set_canary(out + count * es);
+      int rc = call_all_reduce(t, v, b->in, out, count, dt, op, &st);
+      require_ok(rc, &st, what);
+      check_equal(what, dt, out, b->ref, count);
+      check_canary(what, out + count * es);
+    }
+  }
+}
+
+/* Arbitrary floats: every rank gets the same bits (their checksums are
+ * all_gathered), close to the reference. */
+static uint64_t fnv(const void* buf, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char* p = buf;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+static void inexact_case(mlxd_transport* t, bufs* b, int dt, size_t count, unsigned vmask) {
+  size_t es = r_esize(dt);
+  T_REQUIRE(count * es <= b->cap);
+  r_reduce(0, dt, t->size, 0, count, false, 4, b->ref);
+  r_fill(dt, t->rank, 0, count, false, 4, b->in);
+  double tol = (dt == 9 || dt == 12) ? 0.05 : dt == 11 ? 1e-12 : 1e-5;
+  char what[160];
+  mlxd_status st;
+  for (int v = 0; v < V_COUNT; v++) {
+    if (!(vmask >> v & 1)) continue;
+    snprintf(what, sizeof what, "all_reduce %s %s sum count %zu (arbitrary floats)", v_name(v),
+             r_dt_name(dt), count);
+    require_ok(call_all_reduce(t, v, b->in, b->out, count, dt, 0, &st), &st, what);
+    uint64_t mine = fnv(b->out, count * es), all[T_MAX_RANKS];
+    require_ok(mlxd_algo_all_gather_direct(t, g_seq++, &mine, all, sizeof mine, &st), &st,
+                    "checksum all_gather");
+    for (int p = 0; p < t->size; p++)
+      T_CHECKF(all[p] == mine, "%s: rank %d's result differs from rank %d's", what, p,
+               t->rank);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < count; i++)
+      for (int part = 0; part < (dt == 13 ? 2 : 1); part++) {
+        double g = r_as_double(dt, b->out + i * es, part);
+        double e = r_as_double(dt, b->ref + i * es, part);
+        if (!(fabs(g - e) <= tol * (1 + fabs(e))) && bad++ == 0) first = i;
+      }
+    T_CHECKF(bad == 0, "%s: %zu elements off the reference, first %zu", what, bad, first);
+  }
+}
+
+/* The kernels are chosen by (dtype, op) and are the same for every variant
+ * and size; the partitioning is chosen by (variant, element size, count).
+ * So: every (dtype, op) pair at one odd count through the dispatcher and
+ * the ring (whose reduction runs on chunks: mlxd_reduce3), and every
+ * variant x count for one dtype per element size. */
+static void test_all_reduce(mlxd_transport* t, bufs* b) {
+  int n = t->size;
+  const unsigned all = (1u << V_COUNT) - 1;
+  const unsigned auto_bidir = 1u << V_AUTO | 1u << V_BIDIR;
+  for (int dt = 0; dt < R_NDTYPES; dt++)
+    for (int op = 0; op < R_NOPS; op++)
+      all_reduce_case(t, b, dt, op, 129, auto_bidir, op == dt % 3);
+  /* nothing, one element, fewer elements than ranks (empty ring blocks),
+   * one more than ranks */
+  const int per_size[] = {1 /* uint8 */, 12 /* bfloat16 */, 10 /* float32 */, 13 /* complex64 */};
+  const size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n + 1};
+  for (int k = 0; k < 4; k++)
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+      all_reduce_case(t, b, per_size[k], k % 3, counts[c], all, c == 3);
+  /* around the switch (auto only: the others take no decision) */
+  for (int k = 0; k < 4; k++) {
+    size_t at = g_small / r_esize(per_size[k]);
+    for (size_t c = at - 1; c <= at + 1; c++)
+      all_reduce_case(t, b, per_size[k], (k + 1) % 3, c, 1u << V_AUTO, false);
+  }
+  /* a few MiB: every variant in float32 (with 4 ranks the ring then posts
+   * more chunks than its receive window); one dtype per other element size
+   * over 2 MiB (several chunks per block) */
+  all_reduce_case(t, b, 10, 0, BIG_BYTES / 4, all, true);
+  if (!T_SANITIZED) {
+    all_reduce_case(t, b, 5 /* int8 */, 0, MID_BYTES, 1u << V_AUTO | 1u << V_RING, false);
+    all_reduce_case(t, b, 12 /* bfloat16 */, 1, MID_BYTES / 2, auto_bidir, false);
+    all_reduce_case(t, b, 13 /* complex64 */, 2, MID_BYTES / 8, 1u << V_RING | 1u << V_DIRECT,
+                    false);
+  }
+  for (int dt = 9; dt < R_NDTYPES; dt++) inexact_case(t, b, dt, 1001, all);
+  inexact_case(t, b, 10, 100003, all);
+  inexact_case(t, b, 12, 100003, 1u << V_RING | 1u << V_BIDIR);
+}
+
+/* ------------------------------------------------------ reduce_scatter */
+
+/* Input: size * count elements per rank; rank r gets block r. */
+static void reduce_scatter_case(mlxd_transport* t, bufs* b, int dt, int op, size_t count,
+                                unsigned vmask) {
+  size_t es = r_esize(dt), n = (size_t)t->size;
+  T_REQUIRE((count * n + 1) * es <= b->cap);
+  uint64_t salt = (uint64_t)count * 5 + 2;
+  r_reduce(op, dt, t->size, (size_t)t->rank * count, count, true, salt, b->ref);
+  char what[160];
+  mlxd_status st;
+  r_fill(dt, t->rank, 0, count * n, true, salt, b->in);
+  for (int v = 0; v < V_COUNT; v++) {
+    if (!(vmask >> v & 1)) continue;
+    snprintf(what, sizeof what, "reduce_scatter %s %s %s count %zu", v_name(v), r_dt_name(dt),
+             r_op_name(op), count);
+    memset(b->out, 0x5A, count * es);
+    set_canary(b->out + count * es);
+    require_ok(call_reduce_scatter(t, v, b->in, b->out, count, dt, op, &st), &st, what);
+    check_equal(what, dt, b->out, b->ref, count);
+    check_canary(what, b->out + count * es);
+  }
+}
+
+static void test_reduce_scatter(mlxd_transport* t, bufs* b) {
+  int n = t->size;
+  const unsigned all = (1u << V_COUNT) - 1;
+  /* every dtype through both reduction paths (direct: mlxd_reduce after
+   * the exchange; ring: mlxd_reduce3 on chunks) */
+  for (int dt = 0; dt < R_NDTYPES; dt++)
+    reduce_scatter_case(t, b, dt, dt % 3, 7, 1u << V_DIRECT | 1u << V_RING);
+  /* every op for one dtype per element size, every variant */
+  const int per_size[] = {0 /* bool */, 9 /* float16 */, 7 /* int32 */, 13 /* complex64 */};
+  for (int k = 0; k < 4; k++)
+    for (int op = 0; op < R_NOPS; op++) reduce_scatter_case(t, b, per_size[k], op, 129, all);
+  const size_t counts[] = {0, 1, 2};
+  for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
+    reduce_scatter_case(t, b, 10, 0, counts[c], all);
+  /* the switch is on the block size: small / size bytes */
+  size_t at = g_small / (size_t)n / 4;
+  for (size_t c = at - 1; c <= at + 1; c++) reduce_scatter_case(t, b, 10, 2, c, 1u << V_AUTO);
+  /* a few MiB of input in all */
+  reduce_scatter_case(t, b, 10, 0, BIG_BYTES / 4 / (size_t)n, all);
+  if (!T_SANITIZED) reduce_scatter_case(t, b, 12, 1, MID_BYTES / 2 / (size_t)n + 1, 1u << V_AUTO);
+}
+
+/* ---------------------------------------------------------- all_gather */
+
+static unsigned char gval(int r, size_t i) {
+  return (unsigned char)(r * 77 + (int)(i * 5) + (int)(i >> 11) + 1);
+}
+
+static void all_gather_case(mlxd_transport* t, bufs* b, size_t nbytes, unsigned vmask) {
+  size_t n = (size_t)t->size, total = nbytes * n;
+  T_REQUIRE(total + 1 <= b->cap && nbytes <= b->cap);
+  for (int p = 0; p < t->size; p++)
+    for (size_t i = 0; i < nbytes; i++) b->ref[(size_t)p * nbytes + i] = (char)gval(p, i);
+  char what[160];
+  mlxd_status st;
+  for (int v = 0; v < V_COUNT; v++) {
+    if (!(vmask >> v & 1)) continue;
+    for (int ip = 0; ip < 2; ip++) {
+      /* in place: the input is this rank's block of the output */
+      snprintf(what, sizeof what, "all_gather %s %zu bytes%s", v_name(v), nbytes,
+               ip ? " in place" : "");
+      memset(b->out, 0x5A, total);
+      char* in = ip ? b->out + (size_t)t->rank * nbytes : b->in;
+      for (size_t i = 0; i < nbytes; i++) in[i] = (char)gval(t->rank, i);
+      set_canary(b->out + total);
+      require_ok(call_all_gather(t, v, in, b->out, nbytes, &st), &st, what);
+      check_equal(what, 1 /* bytes */, b->out, b->ref, total);
+      check_canary(what, b->out + total);
+    }
+  }
+}
+
+static void test_all_gather(mlxd_transport* t, bufs* b) {
+  int n = t->size;
+  const unsigned all = (1u << V_COUNT) - 1;
+  const size_t sizes[] = {0, 1, 3, 1001};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) all_gather_case(t, b, sizes[k], all);
+  /* the switch is on the total: small bytes */
+  size_t at = g_small / (size_t)n;
+  for (size_t s = at - 1; s <= at + 1; s++) all_gather_case(t, b, s, 1u << V_AUTO);
+  all_gather_case(t, b, BIG_BYTES / (size_t)n, all);
+}
+
+/* ------------------------------------------------------------ send/recv */
+
+/* Every rank sends to every other rank (everyone sends first: sends must
+ * complete without a posted receive), then receives from each in the
+ * opposite order; per-(peer, direction) sequence numbers as the front-end
+ * keeps them. */
+static void test_send_recv(mlxd_transport* t, bufs* b) {
+  int n = t->size, r = t->rank;
+  uint64_t sent[T_MAX_RANKS] = {0}, recvd[T_MAX_RANKS] = {0};
+  const size_t sizes[] = {0, 1, 1001, 65535, 65536, 65537, ((size_t)3 << 20) + 1};
+  size_t ns = sizeof sizes / sizeof sizes[0];
+  mlxd_status st;
+  char what[160];
+  for (size_t k = 0; k < ns; k++) {
+    size_t len = sizes[k];
+    T_REQUIRE(len * (size_t)n <= b->cap);
+    /* block p of in: what this rank sends to p */
+    for (int p = 0; p < n; p++)
+      for (size_t i = 0; i < len; i++)
+        b->in[(size_t)p * len + i] = (char)(gval(r, i) ^ (unsigned char)(p * 29));
+    for (int j = 1; j < n; j++) {
+      int to = (r + j) % n;
+      snprintf(what, sizeof what, "send of %zu bytes to rank %d", len, to);
+      require_ok(mlxd_algo_send(t, sent[to]++, b->in + (size_t)to * len, len, to, &st),
+                      &st, what);
+    }
+    for (int j = n - 1; j >= 1; j--) {
+      int from = (r + j) % n;
+      snprintf(what, sizeof what, "recv of %zu bytes from rank %d", len, from);
+      char* dst = b->out + (size_t)from * len;
+      set_canary(dst + len);
+      require_ok(mlxd_algo_recv(t, recvd[from]++, dst, len, from, &st), &st, what);
+      for (size_t i = 0; i < len; i++)
+        b->ref[i] = (char)(gval(from, i) ^ (unsigned char)(r * 29));
+      check_equal(what, 1, dst, b->ref, len);
+      check_canary(what, dst + len);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- main */
+
+static int rank_main(mlxd_transport* t, void* arg) {
+  (void)arg;
+  bufs b;
+  /* big enough for every case: a reduce_scatter input of BIG_BYTES plus
+   * one element per rank, an all_gather of BIG_BYTES, 3 MiB to each peer */
+  b.cap = BIG_BYTES + ((size_t)t->size + 1) * 8 + ((size_t)3 << 20) * (size_t)t->size + 64;
+  b.in = malloc(b.cap);
+  b.out = malloc(b.cap);
+  b.ref = malloc(b.cap);
+  T_REQUIREF(b.in && b.out && b.ref, "out of memory for 3 x %zu bytes", b.cap);
+  double t0 = t_now();
+  test_all_reduce(t, &b);
+  double t1 = t_now();
+  test_reduce_scatter(t, &b);
+  double t2 = t_now();
+  test_all_gather(t, &b);
+  double t3 = t_now();
+  test_send_recv(t, &b);
+  double t4 = t_now();
+  /* end together: nobody closes its transport while another still sends */
+  uint64_t x = 1, all[T_MAX_RANKS];
+  mlxd_status st;
+  require_ok(mlxd_algo_all_gather_direct(t, g_seq++, &x, all, sizeof x, &st), &st,
+                  "final all_gather");
+  if (t->rank == 0)
+    printf("%s, %d ranks: all_reduce %.2f s, reduce_scatter %.2f s, all_gather %.2f s, "
+           "send/recv %.2f s\n", t->ops->name, t->size, t1 - t0, t2 - t1, t3 - t2, t4 - t3);
+  free(b.in);
+  free(b.out);
+  free(b.ref);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  t_tp_spec spec;
+  bool cma = argc == 3 && strcmp(argv[1], "shm-cma") == 0;
+  int n = argc == 3 ? atoi(argv[2]) : 0;
+  if (argc != 3 || (!cma && !t_tp_parse(argv[1], &spec)) || n < 2 || n > T_MAX_RANKS) {
+    fprintf(stderr, "usage: %s tcp[:K]|unix[:K]|shm|shm-cma <ranks 2..%d>\n", argv[0],
+            T_MAX_RANKS);
+    return 2;
+  }
+  if (cma) {
+    spec = (t_tp_spec){T_TP_SHM, 1};
+    setenv("MLXDIST_SHM_CMA_BYTES", "65536", 1);
+  }
+  /* a rank that falls out of step fails in bounded time, not at ctest's limit */
+  setenv("MLXDIST_TIMEOUT", "30", 1);
+  long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
+  T_REQUIREF(small >= 64, "MLXDIST_SMALL_BYTES=%ld: this test needs at least 64", small);
+  g_small = (size_t)small;
+  t_ranks_opts o = {.timeout_s = 240, .what = argv[1]};
+  int bad = t_run_transport(&spec, n, rank_main, NULL, &o, NULL);
+  if (bad) T_FAIL("collectives over %s with %d ranks: %d rank%s failed", argv[1], n, bad,
+                  bad == 1 ? "" : "s");
+  printf("collectives over %s with %d ranks: ok\n", argv[1], n);
+  return 0;
+}

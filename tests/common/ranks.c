@@ -1,0 +1,153 @@
+/* The rank harness (see ranks.h). */
+#include "ranks.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include "testutil.h"
+
+static int t_my_rank = -1;
+
+int t_rank(void) { return t_my_rank; }
+
+double t_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void t_session_name(char* buf, size_t n, const char* what) {
+  static unsigned counter;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  snprintf(buf, n, "mlxdist-test-%s-%d-%u-%lx", what, (int)getpid(), counter++,
+           (unsigned long)ts.tv_nsec ^ ((unsigned long)ts.tv_sec << 20));
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static void child_main(int rank, int size, pid_t parent, const char* session, t_rank_fn fn,
+                       void* arg) {
+#ifdef __linux__
+  /* die with the parent (a ctest timeout kills only the parent) */
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(125);
+#else
+  (void)parent;
+#endif
+  t_my_rank = rank;
+  char label[32];
+  snprintf(label, sizeof label, "rank %d", rank);
+  t_set_label(label);
+  t_checks_reset();
+  int rc = fn(rank, size, session, arg);
+  if (t_exit_status() != 0 && rc == 0) rc = 1;
+  fflush(NULL);
+  exit(rc); /* exit, not _exit: lets a sanitizer turn a report into a failure */
+}
+
+static void describe(int rank, pid_t pid, const t_rank_exit* e, double timeout_s,
+                     const char* what) {
+  char how[160];
+  if (e->timed_out)
+    snprintf(how, sizeof how, "still running after %.0f s: killed", timeout_s);
+  else if (e->signal)
+    snprintf(how, sizeof how, "killed by signal %d (%s)", e->signal, strsignal(e->signal));
+  else if (e->code < 0)
+    snprintf(how, sizeof how, "was never reaped");
+  else
+    snprintf(how, sizeof how, "exited with status %d", e->code);
+  fprintf(stderr, "%s%srank %d (pid %d): %s\n", what ? what : "", what ? ": " : "", rank,
+          (int)pid, how);
+}
+
+int t_run_ranks(int size, t_rank_fn fn, void* arg, const t_ranks_opts* opts,
+                t_rank_exit* exits) {
+  if (size < 1 || size > T_MAX_RANKS)
+    T_FAIL("t_run_ranks: size %d not in [1, %d]", size, T_MAX_RANKS);
+  double timeout_s = opts && opts->timeout_s > 0 ? opts->timeout_s : 120.0;
+  double grace_s = opts && opts->grace_s != 0 ? opts->grace_s : 20.0;
+  const char* what = opts ? opts->what : NULL;
+  char session[128];
+  t_session_name(session, sizeof session, "s");
+  pid_t pids[T_MAX_RANKS];
+  t_rank_exit ex[T_MAX_RANKS];
+  pid_t parent = getpid();
+  fflush(NULL);
+  for (int r = 0; r < size; r++) {
+    ex[r] = (t_rank_exit){-1, 0, 0};
+    pid_t pid = fork();
+    if (pid < 0) {
+      int err = errno;
+      for (int q = 0; q < r; q++) kill(pids[q], SIGKILL);
+      for (int q = 0; q < r; q++) waitpid(pids[q], NULL, 0);
+      T_FAIL("fork of rank %d: %s", r, strerror(err));
+    }
+    if (pid == 0) child_main(r, size, parent, session, fn, arg);
+    pids[r] = pid;
+  }
+  if (opts && opts->after_fork) opts->after_fork(arg);
+
+  double start = t_now(), deadline = start + timeout_s;
+  int left = size, bad = 0;
+  while (left > 0) {
+    bool reaped = false;
+    for (int r = 0; r < size; r++) {
+      if (ex[r].code != -1 || ex[r].timed_out) continue;
+      int status;
+      pid_t w = waitpid(pids[r], &status, WNOHANG);
+      if (w != pids[r]) continue;
+      reaped = true;
+      left--;
+      if (WIFSIGNALED(status)) {
+        ex[r].signal = WTERMSIG(status);
+        ex[r].code = 128 + ex[r].signal;
+      } else {
+        ex[r].code = WEXITSTATUS(status);
+      }
+      if (ex[r].code != 0) {
+        bad++;
+        describe(r, pids[r], &ex[r], timeout_s, what);
+        /* the others are likely blocked on the failed rank: bound their wait */
+        if (grace_s > 0 && t_now() + grace_s < deadline) deadline = t_now() + grace_s;
+      }
+    }
+    if (reaped) continue;
+    if (t_now() > deadline) {
+      for (int r = 0; r < size; r++)
+        if (ex[r].code == -1) {
+          ex[r].timed_out = 1;
+          bad++;
+          describe(r, pids[r], &ex[r], t_now() - start, what);
+          kill(pids[r], SIGKILL);
+        }
+      for (int r = 0; r < size; r++)
+        if (ex[r].timed_out) {
+          int status;
+          waitpid(pids[r], &status, 0); /* SIGKILL cannot be ignored: bounded */
+          ex[r].signal = SIGKILL;
+          ex[r].code = 128 + SIGKILL;
+        }
+      break;
+    }
+    sleep_ms(2);
+  }
+  if (exits)
+    for (int r = 0; r < size; r++) exits[r] = ex[r];
+  return bad;
+}

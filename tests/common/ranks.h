@@ -1,0 +1,56 @@
+/* The one way the tests below the API fork ranks: N child processes, each
+ * told its rank, run one function and exit with its result; the parent
+ * collects every exit status within a bounded wait (killing every rank
+ * still alive when it runs out) and says which rank failed and how.
+ *
+ * In a child, reports carry the label "rank R" (see testutil.h), the
+ * failed-check count starts at 0, and a rank whose function returned 0 but
+ * recorded a failed T_CHECK exits 1. Children leave with exit(), so a
+ * sanitizer's report at exit turns into a failure. On Linux a child is
+ * killed when the parent dies (a ctest timeout leaves no orphan spinning). */
+#ifndef MLXDIST_TEST_RANKS_H
+#define MLXDIST_TEST_RANKS_H
+
+#include <stddef.h>
+
+#define T_MAX_RANKS 16
+
+/* session: a name unique to this run (for transports that need one: the
+ * shared-memory session name); arg: the caller's. */
+typedef int (*t_rank_fn)(int rank, int size, const char* session, void* arg);
+
+typedef struct t_ranks_opts {
+  double timeout_s; /* every rank must have exited by then (0: 120 s) */
+  /* Once a rank has failed, the others get at most this long before they
+   * are killed (0: 20 s; < 0: no shortening). A rank expected to exit
+   * early must exit 0. */
+  double grace_s;
+  /* Run in the parent once every rank is forked (to close the parent's
+   * copies of descriptors the ranks own); may be NULL. */
+  void (*after_fork)(void* arg);
+  const char* what; /* names the run in reports ("all_reduce over tcp"); may be NULL */
+} t_ranks_opts;
+
+typedef struct t_rank_exit {
+  int code;      /* exit status; 128 + signal when killed by one; -1: never reaped */
+  int signal;    /* the signal that ended it, or 0 */
+  int timed_out; /* killed by the harness at the deadline */
+} t_rank_exit;
+
+/* Fork size ranks (2..T_MAX_RANKS; 1 allowed) running fn and wait for them.
+ * Prints one line per failed rank ("rank 2 (pid 123): killed by signal 11
+ * (Segmentation fault)"). Fills exits[] when not NULL. Returns the number of
+ * ranks that did not exit 0. */
+int t_run_ranks(int size, t_rank_fn fn, void* arg, const t_ranks_opts* opts,
+                t_rank_exit* exits);
+
+/* This process's rank in a forked run; -1 in the parent. */
+int t_rank(void);
+
+/* Monotonic seconds. */
+double t_now(void);
+
+/* A name nobody else uses (for shared-memory sessions): mlxdist-test-<what>-... */
+void t_session_name(char* buf, size_t n, const char* what);
+
+#endif

@@ -1,0 +1,153 @@
+/* Transports for forked ranks (see transports.h). */
+#include "transports.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "transport/shm.h"
+#include "transport/tcp.h"
+
+bool t_tp_parse(const char* text, t_tp_spec* out) {
+  out->nconn = 1;
+  const char* colon = strchr(text, ':');
+  size_t len = colon ? (size_t)(colon - text) : strlen(text);
+  if (len == 3 && strncmp(text, "tcp", 3) == 0) out->kind = T_TP_TCP;
+  else if (len == 4 && strncmp(text, "unix", 4) == 0) out->kind = T_TP_UNIX;
+  else if (len == 3 && strncmp(text, "shm", 3) == 0 && !colon) out->kind = T_TP_SHM;
+  else return false;
+  if (colon) {
+    char* end;
+    long k = strtol(colon + 1, &end, 10);
+    if (*end || end == colon + 1 || k < 1 || k > 8) return false;
+    out->nconn = (int)k;
+  }
+  return true;
+}
+
+const char* t_tp_name(const t_tp_spec* spec) {
+  static char buf[32];
+  if (spec->kind == T_TP_SHM) return "shm";
+  snprintf(buf, sizeof buf, "%s:%d", spec->kind == T_TP_TCP ? "tcp" : "unix", spec->nconn);
+  return buf;
+}
+
+/* One connected pair of stream sockets: loopback TCP or AF_UNIX. */
+static int connected_pair(bool tcp, int out[2]) {
+  if (!tcp) return socketpair(AF_UNIX, SOCK_STREAM, 0, out);
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  if (ls < 0) return -1;
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof a;
+  if (bind(ls, (struct sockaddr*)&a, sizeof a) || listen(ls, 1) ||
+      getsockname(ls, (struct sockaddr*)&a, &al)) {
+    close(ls);
+    return -1;
+  }
+  int c = socket(AF_INET, SOCK_STREAM, 0);
+  if (c < 0 || connect(c, (struct sockaddr*)&a, sizeof a)) {
+    close(ls);
+    if (c >= 0) close(c);
+    return -1;
+  }
+  int s = accept(ls, NULL, NULL);
+  close(ls);
+  if (s < 0) {
+    close(c);
+    return -1;
+  }
+  out[0] = c;
+  out[1] = s;
+  return 0;
+}
+
+typedef struct run_ctx {
+  t_tp_spec spec;
+  int size;
+  int* fds; /* fds[(r * size + p) * nconn + c]: rank r's connection c to p; -1 if none */
+  t_tp_fn fn;
+  void* arg;
+} run_ctx;
+
+static void close_all(void* p) {
+  run_ctx* x = p;
+  if (!x->fds) return;
+  int total = x->size * x->size * x->spec.nconn;
+  for (int i = 0; i < total; i++)
+    if (x->fds[i] >= 0) close(x->fds[i]);
+  free(x->fds);
+  x->fds = NULL;
+}
+
+static int rank_main(int rank, int size, const char* session, void* p) {
+  run_ctx* x = p;
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  mlxd_transport* t;
+  if (x->spec.kind == T_TP_SHM) {
+    t = mlxd_shm_transport_new(rank, size, session, &st);
+  } else {
+    int k = x->spec.nconn, per = size * k;
+    int mine[T_MAX_RANKS * 8];
+    int total = size * per;
+    memcpy(mine, x->fds + (size_t)rank * (size_t)per, sizeof(int) * (size_t)per);
+    for (int i = 0; i < total; i++) /* other ranks' ends: closing them lets EOF be seen */
+      if (i / per != rank && x->fds[i] >= 0) close(x->fds[i]);
+    free(x->fds);
+    x->fds = NULL;
+    t = mlxd_tcp_transport_new(rank, size, mine, k, &st);
+  }
+  T_REQUIREF(t != NULL, "creating the %s transport: %s", t_tp_name(&x->spec), st.msg);
+  T_REQUIRE(t->rank == rank && t->size == size);
+  int rc = x->fn(t, x->arg);
+  t->ops->destroy(t);
+  return rc;
+}
+
+int t_run_transport(const t_tp_spec* spec, int size, t_tp_fn fn, void* arg,
+                    const t_ranks_opts* opts, t_rank_exit* exits) {
+  T_REQUIRE(!opts || !opts->after_fork);
+  T_REQUIRE(size >= 1 && size <= T_MAX_RANKS && spec->nconn >= 1 && spec->nconn <= 8);
+  run_ctx x = {*spec, size, NULL, fn, arg};
+  if (spec->kind != T_TP_SHM) {
+    int k = spec->nconn, total = size * size * k;
+    x.fds = malloc(sizeof(int) * (size_t)total);
+    T_REQUIRE(x.fds != NULL);
+    for (int i = 0; i < total; i++) x.fds[i] = -1;
+    for (int i = 0; i < size; i++)
+      for (int j = i + 1; j < size; j++)
+        for (int c = 0; c < k; c++) {
+          int pr[2];
+          if (connected_pair(spec->kind == T_TP_TCP, pr))
+            T_FAIL("cannot connect %s sockets: %s", t_tp_name(spec), strerror(errno));
+          x.fds[(i * size + j) * k + c] = pr[0];
+          x.fds[(j * size + i) * k + c] = pr[1];
+        }
+  }
+  t_ranks_opts o = opts ? *opts : (t_ranks_opts){0};
+  o.after_fork = close_all;
+  if (!o.what) o.what = t_tp_name(spec);
+  int bad = t_run_ranks(size, rank_main, &x, &o, exits);
+  close_all(&x);
+  return bad;
+}
+
+bool t_status_names_peer(const mlxd_status* st, int peer) {
+  if (st->has_peer) return st->peer == peer;
+  char want[32];
+  snprintf(want, sizeof want, "rank %d", peer);
+  for (const char* p = strstr(st->msg, want); p; p = strstr(p + 1, want)) {
+    char next = p[strlen(want)];
+    if (next < '0' || next > '9') return true; /* not "rank 10" for rank 1 */
+  }
+  return false;
+}

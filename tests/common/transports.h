@@ -1,0 +1,44 @@
+/* Ranks connected by a real transport, for the tests below the API: the
+ * rank harness (ranks.h) forks the ranks, each builds its mlxd_transport
+ * and runs a function on it.
+ *   tcp[:K]   the TCP transport over loopback TCP connections, K per pair
+ *   unix[:K]  the TCP transport over socketpair(AF_UNIX) connections
+ *   shm       the shared-memory transport
+ * The connections are made by the parent before the fork (each rank keeps
+ * its own ends), so set-up cannot race or time out; connection set-up over
+ * a hostfile is the ring backend's and is tested there. */
+#ifndef MLXDIST_TEST_TRANSPORTS_H
+#define MLXDIST_TEST_TRANSPORTS_H
+
+#include <stdbool.h>
+
+#include "ranks.h"
+#include "transport/transport.h"
+
+typedef enum { T_TP_TCP, T_TP_UNIX, T_TP_SHM } t_tp_kind;
+
+typedef struct t_tp_spec {
+  t_tp_kind kind;
+  int nconn; /* connections per pair (tcp, unix): 1..8 */
+} t_tp_spec;
+
+/* Parse "tcp", "tcp:2", "unix", "unix:1", "shm"; false on anything else. */
+bool t_tp_parse(const char* text, t_tp_spec* out);
+/* "tcp:2" etc. */
+const char* t_tp_name(const t_tp_spec* spec);
+
+typedef int (*t_tp_fn)(mlxd_transport* t, void* arg);
+
+/* Fork size ranks connected by spec; each runs fn on its transport (which
+ * is destroyed after fn returns) and exits with its result. opts as for
+ * t_run_ranks (after_fork is the harness's own here and must be NULL).
+ * Returns the number of failed ranks. */
+int t_run_transport(const t_tp_spec* spec, int size, t_tp_fn fn, void* arg,
+                    const t_ranks_opts* opts, t_rank_exit* exits);
+
+/* Whether a failure names rank peer: in the structured field (peer) or,
+ * for a plain status, as "rank <peer>" in the text. Assert on this and the
+ * code rather than on message wording. */
+bool t_status_names_peer(const mlxd_status* st, int peer);
+
+#endif
