@@ -564,16 +564,8 @@ static int coll_rank(mlxd_transport* t, void* arg) {
       }
     }
   }
-  /* argument errors */
-  R_CHECK(mlxd_algo_all_reduce(t, g_seq++, in, out, 4, (mlx_dtype)99, MLXD_SUM, &st) ==
-              MLXD_EINVAL && strstr(st.msg, "[ring] all_reduce: unknown dtype 99"),
-          "bad dtype: %s", st.msg);
-  R_CHECK(mlxd_algo_all_reduce(t, g_seq++, in, out, 4, MLX_FLOAT32, (mlxd_reduce_op)7, &st) ==
-              MLXD_EINVAL && strstr(st.msg, "unknown reduction 7"),
-          "bad op: %s", st.msg);
-  R_CHECK(mlxd_algo_all_reduce(t, g_seq++, NULL, out, 4, MLX_FLOAT32, MLXD_SUM, &st) ==
-              MLXD_EINVAL && strstr(st.msg, "NULL buffer"),
-          "NULL buffer: %s", st.msg);
+  /* Bad dtypes, ops and NULL buffers are the front-end's to reject (tests/distributed);
+   * the algorithms only assert them. */
   free(in);
   free(out);
   free(ref);
@@ -681,12 +673,7 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
     for (int i = 0; i < 1000; i++) R_CHECK(b[i] == (char)(i * 13), "after mismatch: byte %d", i);
   }
 
-  /* bad peers */
-  R_CHECK(mlxd_algo_send(t, 300, a, 4, r, &st) == MLXD_EINVAL &&
-              strstr(st.msg, "invalid peer rank"),
-          "send to self: %s", st.msg);
-  R_CHECK(mlxd_algo_recv(t, 300, a, 4, 9, &st) == MLXD_EINVAL && strstr(st.msg, "rank 9"),
-          "recv from 9: %s", st.msg);
+  /* Bad peers are the front-end's to reject (test_multirank); the algorithms assert. */
 
   /* end together so nobody closes its sockets while others still talk */
   uint64_t x = 1, all[4];
