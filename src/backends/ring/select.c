@@ -81,6 +81,7 @@ static int reported_by(const char* s, const char** rest) {
 
 int mlxd_ring_err(int rc, mlxd_status* st) {
   if (rc == 0) return 0;
+  mlxd_status_render(st, "ring"); /* a transport's structured failure */
   if (st->code == 0) st->code = rc;
   if (st->msg[0] == '\0') {
     snprintf(st->msg, sizeof st->msg, "[ring] operation failed (code %d)", rc);
