@@ -658,6 +658,9 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
   } else if (r == 3) {
     usleep(50000);
     int rc = mlxd_algo_recv(t, 200, b, 200, 0, &st);
+    R_CHECK(st.layer == MLXD_LAYER_TCP && st.has_peer && st.peer == 0,
+            "mismatch fields: layer %d peer %d", st.layer, st.peer);
+    mlxd_status_render(&st, "ring");
     R_CHECK(rc == MLXD_EINVAL && strstr(st.msg, "[ring] size mismatch") &&
                 strstr(st.msg, "rank 0 sent a 100-byte message") &&
                 strstr(st.msg, "expects 200 bytes"),
@@ -666,6 +669,8 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
     R_CHECK(t->ops->irecv(t, 0, mlxd_tag(MLXD_TAG_P2P, 202, 0), b, 200, &q, &st) == 0, "irecv");
     R_CHECK(mlxd_algo_send(t, 201, a, 1, 0, &st) == 0, "go: %s", st.msg);
     rc = wait1(t, q, &st);
+    R_CHECK(st.layer == MLXD_LAYER_TCP && st.peer == 0, "mismatch fields: layer %d", st.layer);
+    mlxd_status_render(&st, "ring");
     R_CHECK(rc == MLXD_EINVAL && strstr(st.msg, "size mismatch") && strstr(st.msg, "100-byte"),
             "mismatch (receive first): rc %d '%s'", rc, st.msg);
     memset(b, 0, 1000);
@@ -772,6 +777,9 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
   int rc = mlxd_algo_all_reduce(t, 1, buf, buf, count, MLX_FLOAT32, MLXD_SUM, &st);
   double dt = mlxd_now() - t0;
   R_CHECK(rc == MLXD_EREMOTE, "rc %d: %s", rc, st.msg);
+  R_CHECK(st.layer == MLXD_LAYER_TCP && st.has_peer && (n > 2 || st.peer == 1),
+          "fields: layer %d peer %d", st.layer, st.peer);
+  mlxd_status_render(&st, "ring");
   R_CHECK(strstr(st.msg, "[ring] lost connection to rank"), "message: %s", st.msg);
   if (n == 2) R_CHECK(strstr(st.msg, "lost connection to rank 1"), "message: %s", st.msg);
   R_CHECK(dt < 10.0, "took %.1f s to notice", dt);
@@ -781,6 +789,7 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
   t0 = mlxd_now();
   char tmp[8];
   rc = mlxd_algo_send(t, 5, tmp, 8, r == 0 ? 1 : 0, &st);
+  mlxd_status_render(&st, "ring");
   R_CHECK(rc == MLXD_EREMOTE && strcmp(st.msg, first) == 0, "later op: %d %s", rc, st.msg);
   R_CHECK(mlxd_now() - t0 < 1.0, "later op was not fast");
   fprintf(stderr, "rank %d noticed in %.2f s: %s\n", r, dt, st.msg);
@@ -803,6 +812,9 @@ static int stall_rank(mlxd_transport* t, void* arg) {
   int rc = mlxd_algo_all_reduce(t, 1, buf, buf, 1000, MLX_FLOAT32, MLXD_SUM, &st);
   double dt = mlxd_now() - t0;
   R_CHECK(rc == MLXD_ETIMEDOUT, "rc %d: %s", rc, st.msg);
+  R_CHECK(st.layer == MLXD_LAYER_TCP && st.has_peer && st.peer == 1, "fields: layer %d peer %d",
+          st.layer, st.peer);
+  mlxd_status_render(&st, "ring");
   R_CHECK(strstr(st.msg, "[ring] timed out after 2 s waiting for rank 1"), "message: %s",
           st.msg);
   R_CHECK(dt >= 1.5 && dt < 6.0, "timed out after %.2f s", dt);
