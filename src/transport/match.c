@@ -59,10 +59,22 @@ void mlxd_match_fail_posted(mlxd_match_peer* peer, void (*fail)(void* ctx, mlxd_
   while ((l = mlxd_match_pop(&peer->posted))) fail(ctx, l);
 }
 
-int mlxd_match_req_error(mlxd_status* st, const mlxd_status* first, mlxd_layer layer,
-                         bool mismatch, int peer, const char* addr, uint64_t tag, size_t sent,
-                         size_t expected) {
-  if (mismatch) return mlxd_match_mismatch(st, layer, peer, addr, tag, sent, expected);
+int mlxd_match_result(mlxd_status* st, const mlxd_status* first, mlxd_layer layer,
+                      struct mlxd_req* const* reqs, int n) {
+  bool pending = false;
+  for (int i = 0; i < n; i++) {
+    const mlxd_match_req* r = (const mlxd_match_req*)(const void*)reqs[i];
+    if (!r) continue;
+    if (!r->complete) {
+      pending = true;
+    } else if (r->code) {
+      if (r->mismatch)
+        return mlxd_match_mismatch(st, layer, r->peer, r->addr, r->tag, r->sent, r->n);
+      if (st) *st = *first;
+      return first->code;
+    }
+  }
+  if (!pending || !first->code) return 0;
   if (st) *st = *first;
   return first->code;
 }

@@ -26,6 +26,8 @@
 
 #include "core/status.h"
 
+struct mlxd_req; /* a transport's request (transport.h) */
+
 typedef struct mlxd_match_link {
   struct mlxd_match_link *prev, *next;
   uint64_t tag;
@@ -123,11 +125,24 @@ bool mlxd_match_fail_first(mlxd_status* first, const mlxd_status* st);
 void mlxd_match_fail_posted(mlxd_match_peer* peer, void (*fail)(void* ctx, mlxd_match_link* l),
                             void* ctx);
 
-/* The error of a finished request into st: a size mismatch (mismatch set;
- * the request expected `expected` bytes from peer with tag, the sender sent
- * `sent`) or the transport's failure `first`. Returns st's code. */
-int mlxd_match_req_error(mlxd_status* st, const mlxd_status* first, mlxd_layer layer,
-                         bool mismatch, int peer, const char* addr, uint64_t tag, size_t sent,
-                         size_t expected);
+/* What every transport's request records about itself and its outcome. A
+ * transport's request struct starts with it (so an mlxd_req* points to it). */
+typedef struct mlxd_match_req {
+  int peer;
+  int code;          /* 0, MLXD_EINVAL for a mismatch, else the transport failed */
+  bool complete;
+  bool mismatch;     /* recv: the sender sent `sent` bytes, not n */
+  uint64_t tag;
+  size_t n;
+  size_t sent;
+  const char* addr;  /* the peer's address (owned by the transport) */
+} mlxd_match_req;
+
+/* The outcome of waiting for reqs[0..n) (NULL entries skipped; each starts
+ * with an mlxd_match_req): the first completed request's error (a size
+ * mismatch, or the transport's failure `first`), else `first` if a request
+ * is still pending after the transport failed, else 0. */
+int mlxd_match_result(mlxd_status* st, const mlxd_status* first, mlxd_layer layer,
+                      struct mlxd_req* const* reqs, int n);
 
 #endif

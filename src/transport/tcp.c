@@ -78,17 +78,11 @@ typedef struct tcp_frag tcp_frag;
 typedef struct tcp_imsg tcp_imsg;
 
 struct mlxd_req {
+  mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
   bool is_send;
-  bool complete;
-  int peer;
-  uint64_t tag;
   char* buf;
-  size_t n;
   size_t done;     /* bytes moved so far (for progress detection) */
   size_t frags_left; /* send: fragments not yet fully written */
-  int code;        /* on failure: the transport's failure, or a size mismatch */
-  bool mismatch;   /* recv: the sender sent `sent` bytes, not n */
-  size_t sent;
   mlxd_match_link link;         /* recv: in the peer's posted queue */
   tcp_imsg* im;                 /* recv: the incoming message it is attached to */
   tcp_frag* frags;              /* send: fragment array (same allocation) */
@@ -170,15 +164,15 @@ static uint64_t get_u64(const unsigned char* p) {
 }
 
 static void req_complete(tcp_transport* t, struct mlxd_req* r) {
-  if (!r->complete) {
-    r->complete = true;
+  if (!r->m.complete) {
+    r->m.complete = true;
     t->completed = true;
   }
 }
 
 static void req_fail(tcp_transport* t, struct mlxd_req* r, int code) {
-  if (r->complete) return;
-  r->code = code;
+  if (r->m.complete) return;
+  r->m.code = code;
   req_complete(t, r);
 }
 
@@ -349,10 +343,11 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
     return code;
   }
   r->is_send = true;
-  r->peer = peer;
-  r->tag = tag;
+  r->m.peer = peer;
+  r->m.addr = t->peers[peer].addr;
+  r->m.tag = tag;
   r->buf = (char*)(uintptr_t)buf; /* only read */
-  r->n = n;
+  r->m.n = n;
   r->frags = (tcp_frag*)(r + 1);
   r->frags_left = nfrag;
   size_t q = n / nfrag, rem = n % nfrag, off = 0;
@@ -416,20 +411,21 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
     mlxd_status_set_peer(st, peer, t->peers[peer].addr);
     return code;
   }
-  r->peer = peer;
-  r->tag = tag;
+  r->m.peer = peer;
+  r->m.addr = t->peers[peer].addr;
+  r->m.tag = tag;
   r->buf = buf;
-  r->n = n;
+  r->m.n = n;
 
   pthread_mutex_lock(&t->mu);
   tcp_peer* pe = &t->peers[peer];
   tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_take(&pe->mq.unexpected, tag), tcp_imsg, ux);
   if (m) {
     if (m->total != n) {
-      r->code = MLXD_EINVAL;
-      r->mismatch = true;
-      r->sent = m->total;
-      r->complete = true;
+      r->m.code = MLXD_EINVAL;
+      r->m.mismatch = true;
+      r->m.sent = m->total;
+      r->m.complete = true;
       if (m->complete) {
         imsg_free(m);
       } else { /* still arriving: drain and drop the rest */
@@ -441,7 +437,7 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
     } else if (m->complete) {
       if (n) memcpy(buf, m->buf, n);
       r->done = n;
-      r->complete = true;
+      r->m.complete = true;
       imsg_free(m);
     } else {
       m->req = r;
@@ -503,13 +499,13 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* h) {
     struct mlxd_req* r =
         MLXD_MATCH_ENTRY(mlxd_match_take(&pe->mq.posted, tag), struct mlxd_req, link);
     if (r) {
-      if (r->n == m->total) {
+      if (r->m.n == m->total) {
         m->buf = r->buf;
         m->req = r;
         r->im = m;
       } else {
-        r->mismatch = true;
-        r->sent = m->total;
+        r->m.mismatch = true;
+        r->m.sent = m->total;
         req_fail(t, r, MLXD_EINVAL);
         m->discard = true;
       }
@@ -549,9 +545,9 @@ static void frag_done(tcp_transport* t, tcp_conn* c) {
   mlxd_match_remove(&pe->arriving, &m->arr);
   if (m->req) {
     struct mlxd_req* r = m->req;
-    if (m->owned && r->n) memcpy(r->buf, m->buf, r->n);
+    if (m->owned && r->m.n) memcpy(r->buf, m->buf, r->m.n);
     r->im = NULL;
-    r->done = r->n;
+    r->done = r->m.n;
     req_complete(t, r);
     imsg_free(m);
   } else if (m->discard) {
@@ -703,8 +699,8 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
     for (int i = 0; i < n; i++) {
       struct mlxd_req* r = reqs[i];
       if (!r) continue;
-      sum += r->done + (r->complete ? 1 : 0);
-      if (!r->complete && !waiting) waiting = r;
+      sum += r->done + (r->m.complete ? 1 : 0);
+      if (!r->m.complete && !waiting) waiting = r;
     }
     if (!waiting) break;
     now = mlxd_now();
@@ -715,9 +711,9 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
     double deadline = last_change + t->timeout_s;
     if (now >= deadline) {
       mlxd_status s;
-      mlxd_match_timeout(&s, MLXD_LAYER_TCP, t->timeout_s, waiting->peer,
-                         t->peers[waiting->peer].addr, waiting->is_send, waiting->n,
-                         waiting->tag, waiting->done);
+      mlxd_match_timeout(&s, MLXD_LAYER_TCP, t->timeout_s, waiting->m.peer,
+                         t->peers[waiting->m.peer].addr, waiting->is_send, waiting->m.n,
+                         waiting->m.tag, waiting->done);
       tcp_fail(t, &s);
       break;
     }
@@ -756,19 +752,7 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   }
   /* Another waiter may be asleep with nobody progressing: wake one up. */
   pthread_cond_broadcast(&t->cv);
-  int code = 0;
-  for (int i = 0; i < n && !code; i++) {
-    struct mlxd_req* r = reqs[i];
-    if (r && r->complete && r->code)
-      code = mlxd_match_req_error(st, &t->err, MLXD_LAYER_TCP, r->mismatch, r->peer,
-                                  t->peers[r->peer].addr, r->tag, r->sent, r->n);
-  }
-  if (!code && t->err.code) {
-    /* Only reachable when the transport failed while requests were pending:
-     * they were failed by tcp_fail and caught above. Kept as a safety net. */
-    for (int i = 0; i < n && !code; i++)
-      if (reqs[i] && !reqs[i]->complete) code = fail_status(t, st);
-  }
+  int code = mlxd_match_result(st, &t->err, MLXD_LAYER_TCP, reqs, n);
   /* Pending requests can only remain when the transport failed, and tcp_fail
    * detached every request from its lists, so they can all be freed. */
   for (int i = 0; i < n; i++) {
