@@ -319,6 +319,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
   memset(my_status, 0, sizeof my_status);
   my_status[0] = shm ? 1 : 0;
   if (!shm) {
+    mlxd_status_render(&sst, NULL); /* the shm transport's structured failure, untagged */
     if (!sst.msg[0]) snprintf(sst.msg, sizeof sst.msg, "[shm] failed (code %d)", sst.code);
     snprintf((char*)my_status + 1, STATUS_BYTES - 1, "%.*s", STATUS_BYTES - 2, skip_tag(sst.msg));
   }
