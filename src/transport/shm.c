@@ -429,20 +429,20 @@ static int fail_status(shm_transport* t, mlxd_status* st) {
 }
 
 /* Common start of isend/irecv: a request for (peer, tag, buf, n) with mu
- * held, or NULL with mu released and st set. The front-end guarantees the
- * arguments (transport.h). */
+ * held, or NULL with mu released, st and *rc set. The front-end guarantees
+ * the arguments (transport.h). */
 static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, const void* buf,
-                          size_t n, mlxd_req** req, mlxd_status* st) {
+                          size_t n, mlxd_req** req, mlxd_status* st, int* rc) {
   assert(req && peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0));
   *req = NULL;
   pthread_mutex_lock(&t->mu);
   shm_req* r = t->err.code ? NULL : req_alloc(t);
   if (!r) {
     if (t->err.code) {
-      fail_status(t, st);
+      *rc = fail_status(t, st);
     } else {
-      mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory for a %s request",
-                   kind == REQ_SEND ? "send" : "receive");
+      *rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory for a %s request",
+                         kind == REQ_SEND ? "send" : "receive");
       mlxd_status_set_peer(st, peer, t->peers[peer].addr);
     }
     pthread_mutex_unlock(&t->mu);
@@ -460,8 +460,9 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
 static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf, size_t n,
                      mlxd_req** req, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
-  shm_req* r = req_start(t, REQ_SEND, peer, tag, buf, n, req, st);
-  if (!r) return st ? st->code : MLXD_EINVAL;
+  int rc = 0;
+  shm_req* r = req_start(t, REQ_SEND, peer, tag, buf, n, req, st, &rc);
+  if (!r) return rc;
   shm_peer* p = &t->peers[peer];
   r->rndv = p->cma && t->cma_min && n >= t->cma_min;
   r->where = W_SENDQ;
@@ -475,8 +476,9 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
 static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size_t n,
                      mlxd_req** req, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
-  shm_req* r = req_start(t, REQ_RECV, peer, tag, buf, n, req, st);
-  if (!r) return st ? st->code : MLXD_EINVAL;
+  int rc = 0;
+  shm_req* r = req_start(t, REQ_RECV, peer, tag, buf, n, req, st, &rc);
+  if (!r) return rc;
   shm_peer* p = &t->peers[peer];
   /* Take over a message that arrived first. */
   shm_unexp* u = MLXD_MATCH_ENTRY(mlxd_match_take(&p->mq.unexpected, tag), shm_unexp, link);
