@@ -2,7 +2,17 @@
  * Every function is called with the same arguments (but its own buffers)
  * on every rank of the transport, in the same order; seq keeps concurrent
  * collectives apart (it becomes part of every tag). Results are identical
- * on every rank (bit for bit, also for floating point). */
+ * on every rank (bit for bit, also for floating point).
+ *
+ * Contract (the front-end checks it once, for every backend; here it is
+ * only asserted): the transport has size >= 2; dtype and op are valid;
+ * a peer is a rank of the transport other than its own; buffers are
+ * non-NULL when their size is non-zero; no byte count overflows size_t.
+ *
+ * Errors: a transport's status is passed on untouched; the algorithms'
+ * own failures (out of memory, a group too large for the ring schedule)
+ * are structured (MLXD_LAYER_ALGO) with a detail that names no op. The
+ * caller (a backend) sets the op and renders the message. */
 #ifndef MLXD_ALGO_H
 #define MLXD_ALGO_H
 

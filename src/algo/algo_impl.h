@@ -3,6 +3,9 @@
 #ifndef MLXD_ALGO_IMPL_H
 #define MLXD_ALGO_IMPL_H
 
+#include <assert.h>
+#include <stdint.h>
+
 #include "algo/algo.h"
 
 /* Target bytes of one pipelined ring chunk. */
@@ -36,11 +39,17 @@ int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const void* i
 
 /* ---- helpers (common.c) ---- */
 
-/* Element size of dtype, or 0 with st set (names the op). Also checks op. */
-size_t mlxd_algo_check(const char* what, mlx_dtype dtype, mlxd_reduce_op op, bool check_op,
-                       mlxd_status* st);
-/* a * b without overflow, or fail. */
-int mlxd_algo_mul(const char* what, size_t a, size_t b, size_t* res, mlxd_status* st);
+/* Element size of dtype, for a reduction with op. The caller guarantees
+ * both are valid (algo.h's contract); asserted here. */
+size_t mlxd_algo_esize(mlx_dtype dtype, mlxd_reduce_op op);
+/* a * b; the caller guarantees it does not overflow (asserted). */
+static inline size_t mlxd_algo_mul(size_t a, size_t b) {
+  assert(a == 0 || b <= SIZE_MAX / a);
+  return a * b;
+}
+/* A structured failure of the algorithm layer (MLXD_LAYER_ALGO): the
+ * backend that calls us adds the op and renders the text. */
+#define mlxd_algo_fail(st, code, ...) mlxd_fail_at((st), (code), MLXD_LAYER_ALGO, __VA_ARGS__)
 /* Wait for (and free) every non-NULL request in reqs; keeps the first error in st
  * unless st already holds one. Returns st's code. */
 int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);

@@ -5,26 +5,25 @@
 #include "algo/algo_impl.h"
 #include "util/tunables.h"
 
-static int gather_prologue(mlxd_transport* t, const void* in, void* out, size_t nbytes,
-                           size_t* total, mlxd_status* st) {
+/* The caller's contract (algo.h), asserted; then this rank's own block. */
+static void gather_prologue(mlxd_transport* t, const void* in, void* out, size_t nbytes,
+                            mlxd_status* st) {
   mlxd_status_clear(st);
-  if (mlxd_algo_mul("all_gather", nbytes, (size_t)t->size, total, st)) return st->code;
-  if (nbytes > 0 && (!in || !out))
-    return mlxd_fail(st, MLXD_EINVAL, "[ring] all_gather: NULL buffer for %zu bytes", nbytes);
+  assert(t->size >= 2);
+  assert(nbytes == 0 || (in && out));
+  (void)mlxd_algo_mul(nbytes, (size_t)t->size);
   char* own = (char*)out + (size_t)t->rank * nbytes;
   if (nbytes > 0 && own != (const char*)in) memmove(own, in, nbytes);
-  return 0;
 }
 
 /* Every rank sends its block to every other rank. */
 int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const void* in, void* out,
                                 size_t nbytes, mlxd_status* st) {
-  size_t total;
-  if (gather_prologue(t, in, out, nbytes, &total, st)) return st->code;
+  gather_prologue(t, in, out, nbytes, st);
   int n = t->size, r = t->rank;
-  if (n == 1 || nbytes == 0) return 0;
+  if (nbytes == 0) return 0;
   mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
-  if (!reqs) return mlxd_fail(st, MLXD_ENOMEM, "[ring] all_gather: out of memory");
+  if (!reqs) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %d requests", 2 * n);
   uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
   const char* own = (const char*)out + (size_t)r * nbytes;
   int rc = 0;
@@ -42,12 +41,12 @@ int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const void* in,
 
 int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
                               size_t nbytes, int bidir, mlxd_status* st) {
-  size_t total;
-  if (gather_prologue(t, in, out, nbytes, &total, st)) return st->code;
+  gather_prologue(t, in, out, nbytes, st);
   int n = t->size;
-  if (n == 1 || nbytes == 0) return 0;
+  if (nbytes == 0) return 0;
+  size_t total = nbytes * (size_t)n;
   size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
-  if (!tab) return mlxd_fail(st, MLXD_ENOMEM, "[ring] all_gather: out of memory");
+  if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
   mlxd_ring_plan p;
   memset(&p, 0, sizeof p);
   p.mode = MLXD_RING_AG;
@@ -70,9 +69,7 @@ int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const void* in, v
 
 int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const void* in, void* out,
                          size_t nbytes, mlxd_status* st) {
-  mlxd_status_clear(st);
-  size_t total;
-  if (mlxd_algo_mul("all_gather", nbytes, (size_t)t->size, &total, st)) return st->code;
+  size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
   long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
   if (t->size <= 2 || total <= (small > 0 ? (size_t)small : 0))
     return mlxd_algo_all_gather_direct(t, seq, in, out, nbytes, st);

@@ -14,23 +14,17 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const void* in
                                  size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                                  mlxd_status* st) {
   mlxd_status_clear(st);
-  size_t esz = mlxd_algo_check("all_reduce", dtype, op, true, st), nbytes, all;
-  if (!esz) return st->code;
-  if (mlxd_algo_mul("all_reduce", count, esz, &nbytes, st) ||
-      mlxd_algo_mul("all_reduce", nbytes, (size_t)t->size, &all, st))
-    return st->code;
+  assert(t->size >= 2 && (count == 0 || (in && out)));
+  size_t esz = mlxd_algo_esize(dtype, op);
+  size_t nbytes = mlxd_algo_mul(count, esz), all = mlxd_algo_mul(nbytes, (size_t)t->size);
   int n = t->size, r = t->rank;
   if (count == 0) return 0;
-  if (n == 1) {
-    if (in != out) memmove(out, in, nbytes);
-    return 0;
-  }
   char* tmp = mlxd_buffer_alloc(all);
   mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
   if (!tmp || !reqs) {
     mlxd_buffer_free(tmp, all);
     free(reqs);
-    return mlxd_fail(st, MLXD_ENOMEM, "[ring] all_reduce: out of memory for %zu bytes", all);
+    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", all);
   }
   uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
   int rc = 0;
@@ -66,17 +60,12 @@ int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const void* in, v
                               size_t count, mlx_dtype dtype, mlxd_reduce_op op, int bidir,
                               mlxd_status* st) {
   mlxd_status_clear(st);
-  size_t esz = mlxd_algo_check("all_reduce", dtype, op, true, st), nbytes;
-  if (!esz) return st->code;
-  if (mlxd_algo_mul("all_reduce", count, esz, &nbytes, st)) return st->code;
+  assert(t->size >= 2 && (count == 0 || (in && out)));
+  size_t esz = mlxd_algo_esize(dtype, op), nbytes = mlxd_algo_mul(count, esz);
   int n = t->size;
   if (count == 0) return 0;
-  if (n == 1) {
-    if (in != out) memmove(out, in, nbytes);
-    return 0;
-  }
   size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
-  if (!tab) return mlxd_fail(st, MLXD_ENOMEM, "[ring] all_reduce: out of memory");
+  if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
   mlxd_ring_plan p;
   memset(&p, 0, sizeof p);
   p.mode = MLXD_RING_AR;
@@ -100,11 +89,7 @@ int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const void* in, v
 
 int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const void* in, void* out,
                          size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
-  mlxd_status_clear(st);
-  size_t esz = mlxd_algo_check("all_reduce", dtype, op, true, st);
-  if (!esz) return st->code;
-  if (count > 0 && (!in || !out))
-    return mlxd_fail(st, MLXD_EINVAL, "[ring] all_reduce: NULL buffer for %zu elements", count);
+  size_t esz = mlxd_algo_esize(dtype, op);
   long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
   if (count <= (small > 0 ? (size_t)small : 0) / esz)
     return mlxd_algo_all_reduce_oneshot(t, seq, in, out, count, dtype, op, st);

@@ -1,31 +1,16 @@
-/* Helpers shared by the collective algorithms: argument checks and
- * draining outstanding requests on an error path. */
+/* Helpers shared by the collective algorithms: element sizes (the
+ * arguments were checked by the front-end; asserted here) and draining
+ * outstanding requests on an error path. */
+#include <assert.h>
 #include <stdint.h>
 
 #include "algo/algo_impl.h"
 
-size_t mlxd_algo_check(const char* what, mlx_dtype dtype, mlxd_reduce_op op, bool check_op,
-                       mlxd_status* st) {
-  size_t esz = ((int)dtype >= 0 && (int)dtype <= (int)MLX_COMPLEX64) ? mlx_dtype_size(dtype) : 0;
-  if (esz == 0) {
-    mlxd_fail(st, MLXD_EINVAL, "[ring] %s: unknown dtype %d (expected an mlx_dtype value 0..%d)",
-              what, (int)dtype, (int)MLX_COMPLEX64);
-    return 0;
-  }
-  if (check_op && (op < MLXD_SUM || op > MLXD_MIN)) {
-    mlxd_fail(st, MLXD_EINVAL, "[ring] %s: unknown reduction %d (expected sum, max or min)",
-              what, (int)op);
-    return 0;
-  }
-  return esz;
-}
-
-int mlxd_algo_mul(const char* what, size_t a, size_t b, size_t* res, mlxd_status* st) {
-  if (a != 0 && b > SIZE_MAX / a)
-    return mlxd_fail(st, MLXD_EINVAL, "[ring] %s: %zu x %zu bytes does not fit in size_t", what,
-                     a, b);
-  *res = a * b;
-  return 0;
+size_t mlxd_algo_esize(mlx_dtype dtype, mlxd_reduce_op op) {
+  assert((int)dtype >= 0 && (int)dtype <= (int)MLX_COMPLEX64);
+  assert(op >= MLXD_SUM && op <= MLXD_MIN);
+  (void)op;
+  return mlx_dtype_size(dtype);
 }
 
 int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st) {

@@ -156,8 +156,9 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
   x.S = p->mode == MLXD_RING_AR ? 2 * (x.n - 1) : x.n - 1;
   if (x.S <= 0) return 0;
   if (x.S > RING_MAX_UNITS)
-    return mlxd_fail(st, MLXD_EINVAL, "[ring] the ring algorithms support at most %d ranks, "
-                     "got %d", RING_MAX_UNITS / 2, x.n);
+    return mlxd_algo_fail(st, MLXD_EINVAL,
+                          "the ring algorithms support at most %d ranks, this group has %d",
+                          RING_MAX_UNITS / 2, x.n);
   size_t maxblk = 0;
   for (int di = 0; di < p->ndir; di++)
     for (int b = 0; b < x.n; b++)
@@ -179,8 +180,8 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
   if (!reqs || (reduces && x.chunk_max > 0 && !tmp)) {
     free(reqs);
     mlxd_buffer_free(tmp, (size_t)p->ndir * x.W * x.chunk_max * p->esz);
-    return mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory for a ring schedule of %zu chunks",
-                     x.U);
+    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule of %zu chunks",
+                          x.U);
   }
   for (int di = 0; di < p->ndir; di++) {
     ring_dir* d = &x.dir[di];

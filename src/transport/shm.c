@@ -53,202 +53,17 @@
  * sides closes the lost-wake-up window).
  *
  * Failure. Every 100 ms without progress the waiter checks the peers its
- * pending requests involve: a process that exited ("[shm] lost rank N
- * (process PID exited)"), a transport that was closed, or one that failed
- * (its message is shared in the segment). No progress for MLXDIST_TIMEOUT
- * seconds gives MLXD_ETIMEDOUT. Any of these fails the whole transport:
- * pending and later operations fail with the first message, and the
- * failure is published in the segment so peers waiting on this rank fail
- * promptly too. Sizes are size_t throughout (CMA reads are looped), so
+ * pending requests involve: a process that exited ("lost connection to
+ * rank N: its process exited", peer address "pid P"), a transport that was
+ * closed, or one that failed (its structured status is published in the
+ * segment; this rank relays it with "reported by" that rank). No progress
+ * for MLXDIST_TIMEOUT seconds gives MLXD_ETIMEDOUT. Any of these fails the
+ * whole transport: pending and later operations fail with the first status,
+ * and the failure is published in the segment so peers waiting on this rank
+ * fail promptly too. Sizes are size_t throughout (CMA reads are looped), so
  * messages above 2 GiB work. */
 #include "transport/shm.h"
-
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <linux/futex.h>
-#include <pthread.h>
-#include <sched.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <stdalign.h>
-#include <stdatomic.h>
-#include <stdbool.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/uio.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "core/buffer.h"
-#include "util/clock.h"
-#include "util/tunables.h"
-
-#if defined(__SANITIZE_THREAD__)
-#define SHM_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SHM_TSAN 1
-#endif
-#endif
-#ifndef SHM_TSAN
-#define SHM_TSAN 0
-#endif
-
-#define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
-#define SHM_VERSION 1u
-#define SHM_CL 64
-#ifndef SHM_SLOT_BYTES
-#define SHM_SLOT_BYTES ((size_t)64 * 1024)
-#endif
-#ifndef SHM_NSLOTS
-#define SHM_NSLOTS 16u
-#endif
-#define SHM_CMA_IO_MAX ((size_t)1 << 30)
-#define SHM_NAME_MAX 200
-#define SHM_CHECK_S 0.1 /* liveness checks / longest single sleep */
-
-enum { RANK_NONE = 0, RANK_ATTACHED = 1, RANK_CLOSED = 2, RANK_FAILED = 3 };
-enum { CMA_UNKNOWN = 0, CMA_OK = 1, CMA_NO = 2 };
-enum { SLOT_EAGER = 1, SLOT_RTS = 2 };
-
-/* ---- shared layout ---- */
-
-typedef struct shm_rank_rec {
-  alignas(SHM_CL) _Atomic int32_t state;
-  _Atomic int32_t pid;
-  _Atomic int32_t cma;
-  uint64_t probe_addr; /* published by the state store */
-  uint64_t probe_val;
-  char fail_msg[MLXD_MSG_MAX]; /* published by state = RANK_FAILED */
-  alignas(SHM_CL) _Atomic uint32_t doorbell;
-  alignas(SHM_CL) _Atomic uint32_t sleepers;
-} shm_rank_rec;
-
-typedef struct shm_hdr {
-  _Atomic uint64_t magic; /* stored last by the creator */
-  uint32_t version;
-  uint32_t size;
-  uint64_t slot_bytes, nslots, total;
-  alignas(SHM_CL) _Atomic uint32_t attached;
-  alignas(SHM_CL) _Atomic uint32_t probed;
-} shm_hdr;
-
-typedef struct shm_ring_ctl {
-  alignas(SHM_CL) _Atomic uint64_t head; /* producer */
-  alignas(SHM_CL) _Atomic uint64_t tail; /* consumer */
-  _Atomic uint64_t acked;                /* consumer: rendezvous reads done */
-} shm_ring_ctl;
-
-typedef struct shm_slot_hdr {
-  uint32_t kind;
-  uint32_t pad_;
-  uint64_t tag;
-  uint64_t msg_len;
-  uint64_t chunk_len;
-  uint64_t addr;
-  uint64_t pad2_[3];
-} shm_slot_hdr;
-
-_Static_assert(sizeof(shm_slot_hdr) == SHM_CL, "slot header is one cache line");
-
-/* ---- local state ---- */
-
-enum { REQ_SEND = 1, REQ_RECV = 2 };
-enum { W_NONE = 0, W_SENDQ, W_ACKQ, W_POSTED, W_CUR };
-
-typedef struct shm_req {
-  int kind;
-  int peer;
-  uint64_t tag;
-  char* buf;
-  size_t n, off;
-  bool done;
-  bool rndv;
-  int where;
-  int code;
-  char* msg;
-  uint64_t ticket;
-  struct shm_req* next;
-} shm_req;
-
-typedef struct shm_unexp {
-  uint64_t tag;
-  size_t len, got;
-  char* buf;
-  bool complete;
-  struct shm_unexp* next;
-} shm_unexp;
-
-typedef struct shm_peer {
-  /* outgoing ring (this rank -> peer) */
-  shm_ring_ctl* out;
-  char* out_slots;
-  uint64_t out_head, out_tail_seen;
-  shm_req *sq_head, *sq_tail;   /* sends not yet fully in the ring */
-  shm_req *ack_head, *ack_tail; /* rendezvous sends waiting for their ack */
-  uint64_t rts_sent;
-  bool cma; /* the peer can read our memory */
-  /* incoming ring (peer -> this rank) */
-  shm_ring_ctl* in;
-  char* in_slots;
-  uint64_t in_tail;
-  shm_req *posted_head, *posted_tail;
-  shm_unexp *ux_head, *ux_tail;
-  bool cur_active;
-  shm_req* cur_req;
-  shm_unexp* cur_ux; /* cur_req == cur_ux == NULL while active: discard */
-  size_t cur_len, cur_off;
-  pid_t pid;
-} shm_peer;
-
-typedef struct shm_transport {
-  mlxd_transport base;
-  pthread_mutex_t mu;
-  char path[SHM_NAME_MAX + 2];
-  void* map;
-  size_t map_len;
-  shm_hdr* hdr;
-  shm_peer* peers;
-  size_t slot_stride;
-  double timeout_s, spin_s;
-  size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
-  bool oversubscribed;
-  bool failed;
-  mlxd_status err;
-  volatile uint64_t probe; /* read by peers through CMA at set-up */
-  shm_req* free_reqs;
-  int nfree;
-} shm_transport;
-
-/* ---- geometry ---- */
-
-static size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-static size_t ranks_off(void) { return round_up(sizeof(shm_hdr), 4096); }
-static size_t rings_off(int size) {
-  return round_up(ranks_off() + (size_t)size * sizeof(shm_rank_rec), 4096);
-}
-static size_t slot_stride(void) { return sizeof(shm_slot_hdr) + SHM_SLOT_BYTES; }
-static size_t ring_bytes(void) {
-  return round_up(sizeof(shm_ring_ctl) + SHM_NSLOTS * slot_stride(), 4096);
-}
-static size_t total_bytes(int size) {
-  return rings_off(size) + (size_t)size * (size_t)size * ring_bytes();
-}
-
-static shm_rank_rec* rank_rec(shm_transport* t, int r) {
-  return (shm_rank_rec*)((char*)t->map + ranks_off() + (size_t)r * sizeof(shm_rank_rec));
-}
-static shm_ring_ctl* ring_ctl(shm_transport* t, int src, int dst) {
-  return (shm_ring_ctl*)((char*)t->map + rings_off(t->base.size) +
-                         ((size_t)src * (size_t)t->base.size + (size_t)dst) * ring_bytes());
-}
-static char* ring_slots(shm_ring_ctl* c) { return (char*)c + sizeof(shm_ring_ctl); }
+#include "transport/shm_impl.h"
 
 /* ---- small helpers ---- */
 
@@ -262,11 +77,6 @@ static void cpu_relax(void) {
 #elif defined(__aarch64__)
   __asm__ __volatile__("yield");
 #endif
-}
-
-static void sleep_us(long us) {
-  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-  nanosleep(&ts, NULL);
 }
 
 /* Wake rank r if a thread of it sleeps on its doorbell. */
@@ -284,49 +94,41 @@ static void ring_bell(shm_transport* t, int r) {
   }
 }
 
-/* Whether process pid is gone (no such process, or a zombie). */
-static bool pid_dead(pid_t pid) {
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return false;
-  buf[n] = '\0';
-  const char* p = strrchr(buf, ')');
-  if (!p || p[1] != ' ') return false;
-  return p[2] == 'Z' || p[2] == 'X';
+static void fail_posted(void* ctx, mlxd_match_link* l) {
+  shm_transport* t = ctx;
+  shm_req* r = MLXD_MATCH_ENTRY(l, shm_req, link);
+  r->where = W_NONE;
+  r->m.complete = true;
+  r->m.code = t->err.code;
 }
 
-static char* dup_printf(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-static char* dup_printf(const char* fmt, ...) {
-  char tmp[MLXD_MSG_MAX];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(tmp, sizeof tmp, fmt, ap);
-  va_end(ap);
-  return strdup(tmp);
-}
-
-/* Fail the whole transport (first failure wins); publish it to the peers.
- * Called with mu held. */
-static void shm_fail(shm_transport* t, int code, const char* fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void shm_fail(shm_transport* t, int code, const char* fmt, ...) {
-  if (t->failed) return;
-  va_list ap;
-  va_start(ap, fmt);
-  mlxd_vfail(&t->err, code, fmt, ap);
-  va_end(ap);
-  t->failed = true;
+/* Fail the whole transport with *st (the first failure wins); publish it
+ * to the peers. Called with mu held. */
+static void shm_fail(shm_transport* t, const mlxd_status* st) {
+  if (!mlxd_match_fail_first(&t->err, st)) return;
+  for (int r = 0; r < t->base.size; r++)
+    if (r != t->base.rank) mlxd_match_fail_posted(&t->peers[r].mq, fail_posted, t);
   shm_rank_rec* me = rank_rec(t, t->base.rank);
-  snprintf(me->fail_msg, sizeof me->fail_msg, "%s", t->err.msg);
+  mlxd_shm_fail_publish(&me->fail, &t->err);
   atomic_store_explicit(&me->state, RANK_FAILED, memory_order_release);
   for (int r = 0; r < t->base.size; r++)
     if (r != t->base.rank) ring_bell(t, r);
+}
+
+/* Fail the transport: peer pi is gone (why: e.g. ": its process exited"). */
+static void fail_lost(shm_transport* t, int pi, const char* why) {
+  mlxd_status s;
+  mlxd_match_lost(&s, MLXD_LAYER_SHM, pi, t->peers[pi].addr, why, NULL, 0);
+  shm_fail(t, &s);
+}
+
+/* Fail the transport: out of memory handling peer pi's message. */
+static void fail_nomem(shm_transport* t, int pi, const char* what, size_t n) {
+  mlxd_status s;
+  mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory %s (%zu bytes) from rank %d",
+               what, n, pi);
+  mlxd_status_set_peer(&s, pi, t->peers[pi].addr);
+  shm_fail(t, &s);
 }
 
 /* ---- requests ---- */
@@ -345,7 +147,6 @@ static shm_req* req_alloc(shm_transport* t) {
 }
 
 static void req_release(shm_transport* t, shm_req* r) {
-  free(r->msg);
   if (t->nfree < 64) {
     r->next = t->free_reqs;
     t->free_reqs = r;
@@ -355,11 +156,12 @@ static void req_release(shm_transport* t, shm_req* r) {
   }
 }
 
-static void req_error(shm_req* r, int code, char* msg) {
-  r->done = true;
-  r->code = code;
-  free(r->msg);
-  r->msg = msg;
+/* A receive from peer matched a message of `sent` bytes: fails it alone. */
+static void req_mismatch(shm_req* r, size_t sent) {
+  r->m.complete = true;
+  r->m.code = MLXD_EINVAL;
+  r->m.mismatch = true;
+  r->m.sent = sent;
 }
 
 static void list_push(shm_req** head, shm_req** tail, shm_req* r) {
@@ -387,11 +189,11 @@ static void list_remove(shm_req** head, shm_req** tail, shm_req* r) {
 
 /* Take an unfinished request out of whatever list refers to it. */
 static void req_unlink(shm_transport* t, shm_req* r) {
-  shm_peer* p = &t->peers[r->peer];
+  shm_peer* p = &t->peers[r->m.peer];
   switch (r->where) {
     case W_SENDQ: list_remove(&p->sq_head, &p->sq_tail, r); break;
     case W_ACKQ: list_remove(&p->ack_head, &p->ack_tail, r); break;
-    case W_POSTED: list_remove(&p->posted_head, &p->posted_tail, r); break;
+    case W_POSTED: mlxd_match_remove(&p->mq.posted, &r->link); break;
     case W_CUR:
       if (p->cur_req == r) p->cur_req = NULL; /* the rest of it is dropped */
       break;
@@ -400,34 +202,6 @@ static void req_unlink(shm_transport* t, shm_req* r) {
   r->where = W_NONE;
 }
 
-static char* mismatch_msg(int peer, uint64_t tag, size_t sent, size_t expected) {
-  return dup_printf("[shm] size mismatch: rank %d sent a %zu-byte message (tag 0x%llx) but the "
-                    "receive posted for it expects %zu bytes",
-                    peer, sent, (unsigned long long)tag, expected);
-}
-
-/* ---- CMA ---- */
-
-static int cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err) {
-  size_t done = 0;
-  while (done < n) {
-    size_t c = n - done < SHM_CMA_IO_MAX ? n - done : SHM_CMA_IO_MAX;
-    struct iovec l = {(char*)dst + done, c};
-    struct iovec r = {(void*)(uintptr_t)(src + done), c};
-    ssize_t k = process_vm_readv(pid, &l, 1, &r, 1, 0);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      *err = errno;
-      return -1;
-    }
-    if (k == 0) {
-      *err = EFAULT;
-      return -1;
-    }
-    done += (size_t)k;
-  }
-  return 0;
-}
 
 /* ---- progress ---- */
 
@@ -445,12 +219,11 @@ static int start_message(shm_transport* t, int pi, const shm_slot_hdr* h) {
   p->cur_off = 0;
   p->cur_req = NULL;
   p->cur_ux = NULL;
-  for (shm_req* r = p->posted_head; r; r = r->next) {
-    if (r->tag != h->tag) continue;
-    list_remove(&p->posted_head, &p->posted_tail, r);
+  shm_req* r = MLXD_MATCH_ENTRY(mlxd_match_take(&p->mq.posted, h->tag), shm_req, link);
+  if (r) {
     r->where = W_NONE;
-    if (r->n != len) {
-      req_error(r, MLXD_EINVAL, mismatch_msg(pi, h->tag, len, r->n));
+    if (r->m.n != len) {
+      req_mismatch(r, len);
     } else {
       r->where = W_CUR;
       p->cur_req = r;
@@ -462,27 +235,19 @@ static int start_message(shm_transport* t, int pi, const shm_slot_hdr* h) {
   if (!u || (len && !buf)) {
     free(u);
     mlxd_buffer_free(buf, len);
-    shm_fail(t, MLXD_ENOMEM,
-             "[shm] out of memory buffering a %zu-byte message from rank %d that arrived "
-             "before its receive was posted",
-             len, pi);
+    fail_nomem(t, pi, "buffering a message that arrived before its receive", len);
     return -1;
   }
-  u->tag = h->tag;
   u->len = len;
   u->buf = buf;
-  if (p->ux_tail)
-    p->ux_tail->next = u;
-  else
-    p->ux_head = u;
-  p->ux_tail = u;
+  mlxd_match_push(&p->mq.unexpected, &u->link, h->tag);
   p->cur_ux = u;
   return 0;
 }
 
 static void finish_message(shm_peer* p) {
   if (p->cur_req) {
-    p->cur_req->done = true;
+    p->cur_req->m.complete = true;
     p->cur_req->where = W_NONE;
   }
   if (p->cur_ux) {
@@ -511,11 +276,13 @@ static int progress_in(shm_transport* t, int pi) {
     if (h->kind == SLOT_RTS) {
       char* dst = cur_dest(p);
       int err = 0;
-      if (dst && p->cur_len && cma_read(p->pid, dst, h->addr, p->cur_len, &err) != 0) {
-        shm_fail(t, MLXD_ESYS,
-                 "[shm] reading a %zu-byte message from rank %d (process %d) with "
-                 "process_vm_readv failed: %s",
-                 p->cur_len, pi, (int)p->pid, strerror(err));
+      if (dst && p->cur_len && mlxd_shm_cma_read(p->pid, dst, h->addr, p->cur_len, &err) != 0) {
+        mlxd_status s;
+        mlxd_fail_at(&s, MLXD_ESYS, MLXD_LAYER_SHM,
+                     "reading a %zu-byte message from rank %d failed", p->cur_len, pi);
+        mlxd_status_set_peer(&s, pi, p->addr);
+        mlxd_status_set_sys(&s, "process_vm_readv", err);
+        shm_fail(t, &s);
         return -1;
       }
       p->cur_off = p->cur_len;
@@ -551,7 +318,7 @@ static int progress_out(shm_transport* t, int pi) {
       if (!p->ack_head) p->ack_tail = NULL;
       r->next = NULL;
       r->where = W_NONE;
-      r->done = true;
+      r->m.complete = true;
       ev++;
     }
   }
@@ -563,8 +330,8 @@ static int progress_out(shm_transport* t, int pi) {
     }
     shm_req* r = p->sq_head;
     shm_slot_hdr* h = slot_at(t, p->out_slots, p->out_head);
-    h->tag = r->tag;
-    h->msg_len = r->n;
+    h->tag = r->m.tag;
+    h->msg_len = r->m.n;
     bool finished;
     if (r->rndv) {
       h->kind = SLOT_RTS;
@@ -572,13 +339,13 @@ static int progress_out(shm_transport* t, int pi) {
       h->chunk_len = 0;
       finished = true;
     } else {
-      size_t c = r->n - r->off < SHM_SLOT_BYTES ? r->n - r->off : SHM_SLOT_BYTES;
+      size_t c = r->m.n - r->off < SHM_SLOT_BYTES ? r->m.n - r->off : SHM_SLOT_BYTES;
       h->kind = SLOT_EAGER;
       h->addr = 0;
       h->chunk_len = c;
       if (c) memcpy((char*)(h + 1), r->buf + r->off, c);
       r->off += c;
-      finished = r->off == r->n;
+      finished = r->off == r->m.n;
     }
     p->out_head++;
     atomic_store_explicit(&p->out->head, p->out_head, memory_order_release);
@@ -593,7 +360,7 @@ static int progress_out(shm_transport* t, int pi) {
         list_push(&p->ack_head, &p->ack_tail, r);
       } else {
         r->where = W_NONE;
-        r->done = true;
+        r->m.complete = true;
       }
     }
   }
@@ -603,7 +370,7 @@ static int progress_out(shm_transport* t, int pi) {
 
 static int progress_all(shm_transport* t) {
   int ev = 0;
-  for (int i = 0; i < t->base.size && !t->failed; i++) {
+  for (int i = 0; i < t->base.size && !t->err.code; i++) {
     if (i == t->base.rank) continue;
     int a = progress_in(t, i);
     if (a < 0) break;
@@ -631,73 +398,72 @@ static uint64_t activity(shm_transport* t) {
 /* Check the peers the given pending requests wait for. Returns true if the
  * transport failed. Called with mu held. */
 static bool check_peers(shm_transport* t, shm_req** reqs, int n) {
-  for (int i = 0; i < n && !t->failed; i++) {
+  for (int i = 0; i < n && !t->err.code; i++) {
     shm_req* r = reqs[i];
-    if (!r || r->done) continue;
-    int pi = r->peer;
+    if (!r || r->m.complete) continue;
+    int pi = r->m.peer;
     shm_rank_rec* rec = rank_rec(t, pi);
     int state = atomic_load_explicit(&rec->state, memory_order_acquire);
     if (state == RANK_FAILED) {
-      shm_fail(t, MLXD_EREMOTE, "[shm] rank %d failed: %s", pi, rec->fail_msg);
-    } else if (pid_dead(t->peers[pi].pid)) {
-      shm_fail(t, MLXD_EREMOTE, "[shm] lost rank %d (process %d exited)", pi,
-               (int)t->peers[pi].pid);
+      mlxd_status s;
+      mlxd_shm_fail_read(t, pi, &s);
+      shm_fail(t, &s);
+    } else if (mlxd_shm_pid_dead(t->peers[pi].pid)) {
+      fail_lost(t, pi, ": its process exited");
     } else if (state == RANK_CLOSED) {
-      shm_fail(t, MLXD_EREMOTE,
-               "[shm] lost rank %d (process %d closed its transport while rank %d still "
-               "waits for it)",
-               pi, (int)t->peers[pi].pid, t->base.rank);
+      char why[96];
+      snprintf(why, sizeof why, ": it closed its transport while rank %d still waits for it",
+               t->base.rank);
+      fail_lost(t, pi, why);
     }
   }
-  return t->failed;
+  return t->err.code != 0;
 }
 
 /* ---- transport ops ---- */
 
+/* The transport's failure into st; returns its code. */
 static int fail_status(shm_transport* t, mlxd_status* st) {
-  if (st) {
-    st->code = t->err.code;
-    snprintf(st->msg, sizeof st->msg, "%s", t->err.msg);
-  }
+  if (st) *st = t->err;
   return t->err.code;
 }
 
-static int check_args(shm_transport* t, const char* what, int peer, const void* buf, size_t n,
-                      mlxd_req** req, mlxd_status* st) {
-  if (!req) return mlxd_fail(st, MLXD_EINVAL, "[shm] %s: req is NULL; expected a pointer", what);
+/* Common start of isend/irecv: a request for (peer, tag, buf, n) with mu
+ * held, or NULL with mu released, st and *rc set. The front-end guarantees
+ * the arguments (transport.h). */
+static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, const void* buf,
+                          size_t n, mlxd_req** req, mlxd_status* st, int* rc) {
+  assert(req && peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0));
   *req = NULL;
-  if (peer < 0 || peer >= t->base.size || peer == t->base.rank)
-    return mlxd_fail(st, MLXD_EINVAL,
-                     "[shm] %s: peer %d is not valid; expected a rank in [0, %d) other than "
-                     "this rank (%d)",
-                     what, peer, t->base.size, t->base.rank);
-  if (!buf && n)
-    return mlxd_fail(st, MLXD_EINVAL, "[shm] %s: buffer is NULL for a %zu-byte message", what, n);
-  return 0;
+  pthread_mutex_lock(&t->mu);
+  shm_req* r = t->err.code ? NULL : req_alloc(t);
+  if (!r) {
+    if (t->err.code) {
+      *rc = fail_status(t, st);
+    } else {
+      *rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory for a %s request",
+                         kind == REQ_SEND ? "send" : "receive");
+      mlxd_status_set_peer(st, peer, t->peers[peer].addr);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+  }
+  r->kind = kind;
+  r->m.peer = peer;
+  r->m.addr = t->peers[peer].addr;
+  r->m.tag = tag;
+  r->buf = (char*)(uintptr_t)buf; /* a send's buffer is only read */
+  r->m.n = n;
+  return r;
 }
 
 static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf, size_t n,
                      mlxd_req** req, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
-  int rc = check_args(t, "isend", peer, buf, n, req, st);
-  if (rc) return rc;
-  pthread_mutex_lock(&t->mu);
-  if (t->failed) {
-    rc = fail_status(t, st);
-    pthread_mutex_unlock(&t->mu);
-    return rc;
-  }
-  shm_req* r = req_alloc(t);
-  if (!r) {
-    pthread_mutex_unlock(&t->mu);
-    return mlxd_fail(st, MLXD_ENOMEM, "[shm] isend: out of memory for a request");
-  }
+  int rc = 0;
+  shm_req* r = req_start(t, REQ_SEND, peer, tag, buf, n, req, st, &rc);
+  if (!r) return rc;
   shm_peer* p = &t->peers[peer];
-  r->kind = REQ_SEND;
-  r->peer = peer;
-  r->tag = tag;
-  r->buf = (char*)(uintptr_t)buf;
-  r->n = n;
   r->rndv = p->cma && t->cma_min && n >= t->cma_min;
   r->where = W_SENDQ;
   list_push(&p->sq_head, &p->sq_tail, r);
@@ -710,44 +476,21 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
 static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size_t n,
                      mlxd_req** req, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
-  int rc = check_args(t, "irecv", peer, buf, n, req, st);
-  if (rc) return rc;
-  pthread_mutex_lock(&t->mu);
-  if (t->failed) {
-    rc = fail_status(t, st);
-    pthread_mutex_unlock(&t->mu);
-    return rc;
-  }
-  shm_req* r = req_alloc(t);
-  if (!r) {
-    pthread_mutex_unlock(&t->mu);
-    return mlxd_fail(st, MLXD_ENOMEM, "[shm] irecv: out of memory for a request");
-  }
+  int rc = 0;
+  shm_req* r = req_start(t, REQ_RECV, peer, tag, buf, n, req, st, &rc);
+  if (!r) return rc;
   shm_peer* p = &t->peers[peer];
-  r->kind = REQ_RECV;
-  r->peer = peer;
-  r->tag = tag;
-  r->buf = buf;
-  r->n = n;
   /* Take over a message that arrived first. */
-  shm_unexp* prev = NULL;
-  shm_unexp* u = p->ux_head;
-  for (; u; prev = u, u = u->next)
-    if (u->tag == tag) break;
+  shm_unexp* u = MLXD_MATCH_ENTRY(mlxd_match_take(&p->mq.unexpected, tag), shm_unexp, link);
   if (u) {
-    if (prev)
-      prev->next = u->next;
-    else
-      p->ux_head = u->next;
-    if (p->ux_tail == u) p->ux_tail = prev;
     bool current = p->cur_ux == u;
     if (u->len != n) {
-      req_error(r, MLXD_EINVAL, mismatch_msg(peer, tag, u->len, n));
+      req_mismatch(r, u->len);
       if (current) p->cur_ux = NULL; /* drop the rest */
     } else {
       if (u->got) memcpy(r->buf, u->buf, u->got);
       if (u->complete) {
-        r->done = true;
+        r->m.complete = true;
       } else {
         p->cur_ux = NULL;
         p->cur_req = r;
@@ -758,7 +501,7 @@ static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
     free(u);
   } else {
     r->where = W_POSTED;
-    list_push(&p->posted_head, &p->posted_tail, r);
+    mlxd_match_push(&p->mq.posted, &r->link, tag);
     progress_in(t, peer);
   }
   pthread_mutex_unlock(&t->mu);
@@ -784,30 +527,30 @@ static void block_wait(shm_transport* t, uint64_t snap, double max_s) {
 static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
   shm_req** reqs = (shm_req**)rr;
-  if (n < 0 || (n > 0 && !reqs))
-    return mlxd_fail(st, MLXD_EINVAL, "[shm] waitall: %d requests at %p; expected n >= 0 and a "
-                     "request array", n, (void*)rr);
+  assert(n >= 0 && (n == 0 || reqs));
   pthread_mutex_lock(&t->mu);
   double last = mlxd_now(), last_check = last;
   for (;;) {
-    int ev = t->failed ? 0 : progress_all(t);
+    int ev = t->err.code ? 0 : progress_all(t);
     bool pending = false;
     for (int i = 0; i < n && !pending; i++)
-      if (reqs[i] && !reqs[i]->done) pending = true;
-    if (!pending || t->failed) break;
+      if (reqs[i] && !reqs[i]->m.complete) pending = true;
+    if (!pending || t->err.code) break;
     double now = mlxd_now();
     if (ev) {
       last = last_check = now;
       continue;
     }
     if (now - last >= t->timeout_s) {
-      int waiting_for = -1;
-      for (int i = 0; i < n && waiting_for < 0; i++)
-        if (reqs[i] && !reqs[i]->done) waiting_for = reqs[i]->peer;
-      shm_fail(t, MLXD_ETIMEDOUT,
-               "[shm] timed out after %g s waiting for rank %d (rank %d made no progress "
-               "for MLXDIST_TIMEOUT seconds)",
-               t->timeout_s, waiting_for, t->base.rank);
+      shm_req* w = NULL;
+      for (int i = 0; i < n && !w; i++)
+        if (reqs[i] && !reqs[i]->m.complete) w = reqs[i];
+      shm_peer* p = &t->peers[w->m.peer];
+      size_t moved = w->kind == REQ_SEND ? w->off : (w->where == W_CUR ? p->cur_off : 0);
+      mlxd_status s;
+      mlxd_match_timeout(&s, MLXD_LAYER_SHM, t->timeout_s, w->m.peer, p->addr,
+                         w->kind == REQ_SEND, w->m.n, w->m.tag, moved);
+      shm_fail(t, &s);
       break;
     }
     if (now - last_check >= SHM_CHECK_S) {
@@ -830,26 +573,11 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
     block_wait(t, snap, left < to_check ? left : to_check);
     pthread_mutex_lock(&t->mu);
   }
-  int rc = 0;
+  int rc = mlxd_match_result(st, &t->err, MLXD_LAYER_SHM, rr, n);
   for (int i = 0; i < n; i++) {
     shm_req* r = reqs[i];
     if (!r) continue;
-    if (!rc && r->done && r->code) {
-      rc = r->code;
-      if (st) {
-        st->code = r->code;
-        snprintf(st->msg, sizeof st->msg, "%s", r->msg ? r->msg : "[shm] request failed");
-      }
-    }
-  }
-  if (!rc && t->failed) {
-    for (int i = 0; i < n && !rc; i++)
-      if (reqs[i] && !reqs[i]->done) rc = fail_status(t, st);
-  }
-  for (int i = 0; i < n; i++) {
-    shm_req* r = reqs[i];
-    if (!r) continue;
-    if (!r->done) req_unlink(t, r);
+    if (!r->m.complete) req_unlink(t, r);
     req_release(t, r);
     reqs[i] = NULL;
   }
@@ -865,7 +593,7 @@ static void free_req_list(shm_transport* t, shm_req* r) {
   }
 }
 
-static void shm_destroy(mlxd_transport* tt) {
+void mlxd_shm_destroy(mlxd_transport* tt) {
   shm_transport* t = (shm_transport*)tt;
   if (!t) return;
   if (t->map) {
@@ -880,12 +608,12 @@ static void shm_destroy(mlxd_transport* tt) {
       shm_peer* p = &t->peers[i];
       free_req_list(t, p->sq_head);
       free_req_list(t, p->ack_head);
-      free_req_list(t, p->posted_head);
-      for (shm_unexp* u = p->ux_head; u;) {
-        shm_unexp* nx = u->next;
+      mlxd_match_link* l;
+      while ((l = mlxd_match_pop(&p->mq.posted))) req_release(t, MLXD_MATCH_ENTRY(l, shm_req, link));
+      while ((l = mlxd_match_pop(&p->mq.unexpected))) {
+        shm_unexp* u = MLXD_MATCH_ENTRY(l, shm_unexp, link);
         mlxd_buffer_free(u->buf, u->len);
         free(u);
-        u = nx;
       }
     }
   }
@@ -900,266 +628,11 @@ static void shm_destroy(mlxd_transport* tt) {
   free(t);
 }
 
-static const mlxd_transport_ops k_shm_ops = {
+const mlxd_transport_ops mlxd_shm_ops = {
     .name = "shm",
     .isend = shm_isend,
     .irecv = shm_irecv,
     .waitall = shm_waitall,
-    .destroy = shm_destroy,
+    .destroy = mlxd_shm_destroy,
 };
 
-/* ---- set-up ---- */
-
-static bool valid_name(const char* s) {
-  size_t n = strlen(s);
-  if (n == 0 || n > SHM_NAME_MAX) return false;
-  for (size_t i = 0; i < n; i++) {
-    char c = s[i];
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '_' || c == '.';
-    if (!ok) return false;
-  }
-  return s[0] != '.';
-}
-
-/* Wait until *counter reaches want (bounded; watching the attached peers). */
-static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want,
-                      double deadline, const char* what, mlxd_status* st) {
-  long us = 20;
-  double last_check = mlxd_now();
-  while (atomic_load_explicit(counter, memory_order_acquire) < want) {
-    double now = mlxd_now();
-    if (now >= deadline) {
-      char missing[160] = "";
-      size_t len = 0;
-      for (int r = 0; r < t->base.size && len < sizeof missing - 12; r++)
-        if (atomic_load(&rank_rec(t, r)->state) == RANK_NONE)
-          len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", r);
-      return mlxd_fail(st, MLXD_ETIMEDOUT,
-                       "[shm] rank %d timed out after %g s (MLXDIST_CONNECT_TIMEOUT) waiting "
-                       "for every rank to %s shared memory %s%s%s",
-                       t->base.rank, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT), what, t->path,
-                       len ? "; missing ranks: " : "", missing);
-    }
-    if (now - last_check >= SHM_CHECK_S) {
-      last_check = now;
-      for (int r = 0; r < t->base.size; r++) {
-        shm_rank_rec* rec = rank_rec(t, r);
-        pid_t pid = atomic_load(&rec->pid);
-        int state = atomic_load_explicit(&rec->state, memory_order_acquire);
-        if (r == t->base.rank || pid <= 0) continue;
-        if (state == RANK_FAILED)
-          return mlxd_fail(st, MLXD_EREMOTE, "[shm] rank %d failed while joining %s: %s", r,
-                           t->path, rec->fail_msg);
-        if (pid_dead(pid))
-          return mlxd_fail(st, MLXD_EREMOTE,
-                           "[shm] lost rank %d (process %d exited) while joining %s", r,
-                           (int)pid, t->path);
-      }
-    }
-    sleep_us(us);
-    if (us < 2000) us *= 2;
-  }
-  return 0;
-}
-
-static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_status* st) {
-  int fd = -1;
-  if (t->base.rank == 0) {
-    fd = shm_open(t->path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      int e = errno;
-      return mlxd_fail(st, MLXD_ESYS,
-                       "[shm] rank 0 could not create shared memory %s: %s%s", t->path,
-                       strerror(e),
-                       e == EEXIST ? " (the session name must be unique; expected a fresh name)"
-                                   : "");
-    }
-    if (ftruncate(fd, (off_t)total) != 0) {
-      int e = errno;
-      close(fd);
-      shm_unlink(t->path);
-      return mlxd_fail(st, MLXD_ESYS, "[shm] could not size shared memory %s to %zu bytes: %s",
-                       t->path, total, strerror(e));
-    }
-  } else {
-    long us = 50;
-    for (;;) {
-      fd = shm_open(t->path, O_RDWR | O_CLOEXEC, 0);
-      if (fd >= 0) {
-        struct stat sb;
-        if (fstat(fd, &sb) == 0 && (size_t)sb.st_size == total) break;
-        if (fstat(fd, &sb) == 0 && sb.st_size != 0 && (size_t)sb.st_size != total) {
-          close(fd);
-          return mlxd_fail(st, MLXD_EINVAL,
-                           "[shm] shared memory %s has %lld bytes but rank %d expected %zu "
-                           "(do all ranks agree on the group size %d?)",
-                           t->path, (long long)sb.st_size, t->base.rank, total, t->base.size);
-        }
-        close(fd);
-        fd = -1;
-      } else if (errno != ENOENT) {
-        int e = errno;
-        return mlxd_fail(st, MLXD_ESYS, "[shm] rank %d could not open shared memory %s: %s",
-                         t->base.rank, t->path, strerror(e));
-      }
-      if (mlxd_now() >= deadline)
-        return mlxd_fail(st, MLXD_ETIMEDOUT,
-                         "[shm] rank %d could not open shared memory %s created by rank 0 "
-                         "within %g s (MLXDIST_CONNECT_TIMEOUT)",
-                         t->base.rank, t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
-      sleep_us(us);
-      if (us < 5000) us *= 2;
-    }
-  }
-  void* m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int e = errno;
-  close(fd);
-  if (m == MAP_FAILED) {
-    if (t->base.rank == 0) shm_unlink(t->path);
-    return mlxd_fail(st, MLXD_ESYS, "[shm] could not map %zu bytes of shared memory %s: %s",
-                     total, t->path, strerror(e));
-  }
-  t->map = m;
-  t->map_len = total;
-  t->hdr = (shm_hdr*)m;
-  if (t->base.rank == 0) {
-    t->hdr->version = SHM_VERSION;
-    t->hdr->size = (uint32_t)t->base.size;
-    t->hdr->slot_bytes = SHM_SLOT_BYTES;
-    t->hdr->nslots = SHM_NSLOTS;
-    t->hdr->total = total;
-    atomic_store_explicit(&t->hdr->magic, SHM_MAGIC, memory_order_release);
-  } else {
-    long us = 20;
-    while (atomic_load_explicit(&t->hdr->magic, memory_order_acquire) != SHM_MAGIC) {
-      if (mlxd_now() >= deadline)
-        return mlxd_fail(st, MLXD_ETIMEDOUT,
-                         "[shm] shared memory %s was never initialised by rank 0 within %g s "
-                         "(MLXDIST_CONNECT_TIMEOUT)",
-                         t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
-      sleep_us(us);
-      if (us < 2000) us *= 2;
-    }
-    if (t->hdr->version != SHM_VERSION || t->hdr->size != (uint32_t)t->base.size ||
-        t->hdr->slot_bytes != SHM_SLOT_BYTES || t->hdr->nslots != SHM_NSLOTS ||
-        t->hdr->total != total)
-      return mlxd_fail(st, MLXD_EINVAL,
-                       "[shm] shared memory %s was made for %u ranks (layout version %u) but "
-                       "rank %d expected %d ranks (version %u)",
-                       t->path, t->hdr->size, t->hdr->version, t->base.rank, t->base.size,
-                       SHM_VERSION);
-  }
-  return 0;
-}
-
-mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlxd_status* st) {
-  mlxd_status local;
-  if (!st) st = &local;
-  if (size < 1 || size > 4096 || rank < 0 || rank >= size) {
-    mlxd_fail(st, MLXD_EINVAL,
-              "[shm] rank %d / size %d is not valid; expected 1 <= size <= 4096 and "
-              "0 <= rank < size",
-              rank, size);
-    return NULL;
-  }
-  if (!name || !valid_name(name)) {
-    mlxd_fail(st, MLXD_EINVAL,
-              "[shm] session name \"%s\" is not valid; expected 1 to %d letters, digits, "
-              "'-', '_' or '.' (not starting with '.')",
-              name ? name : "(null)", SHM_NAME_MAX);
-    return NULL;
-  }
-  shm_transport* t = calloc(1, sizeof *t);
-  if (!t) {
-    mlxd_fail(st, MLXD_ENOMEM, "[shm] out of memory creating the transport");
-    return NULL;
-  }
-  t->base.ops = &k_shm_ops;
-  t->base.rank = rank;
-  t->base.size = size;
-  pthread_mutex_init(&t->mu, NULL);
-  snprintf(t->path, sizeof t->path, "/%s", name);
-  t->slot_stride = slot_stride();
-  t->timeout_s = mlxd_tunable_double(MLXD_T_TIMEOUT);
-  if (!(t->timeout_s > 0)) t->timeout_s = 60;
-  t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
-  if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
-  long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
-  t->cma_min = cma_min > 0 ? (size_t)cma_min : 0;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  t->oversubscribed = ncpu > 0 && size > ncpu;
-  t->peers = calloc((size_t)size, sizeof *t->peers);
-  if (!t->peers) {
-    mlxd_fail(st, MLXD_ENOMEM, "[shm] out of memory creating the transport");
-    shm_destroy(&t->base);
-    return NULL;
-  }
-  double deadline = mlxd_now() + mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
-  size_t total = total_bytes(size);
-  bool unlinked = false;
-  if (open_segment(t, total, deadline, st) != 0) goto fail;
-
-  /* Count in; the last rank to arrive unlinks the name. */
-  shm_rank_rec* me = rank_rec(t, rank);
-  t->probe = ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)t ^ 0x9e3779b97f4a7c15ull;
-  me->probe_addr = (uint64_t)(uintptr_t)&t->probe;
-  me->probe_val = t->probe;
-  if (atomic_load(&me->state) != RANK_NONE) {
-    mlxd_fail(st, MLXD_EINVAL,
-              "[shm] rank %d of shared memory %s was already taken by process %d; expected "
-              "every rank exactly once",
-              rank, t->path, (int)atomic_load(&me->pid));
-    goto fail;
-  }
-  atomic_store(&me->pid, (int32_t)getpid());
-  atomic_store_explicit(&me->state, RANK_ATTACHED, memory_order_release);
-  if (atomic_fetch_add(&t->hdr->attached, 1) + 1 == (uint32_t)size) {
-    shm_unlink(t->path);
-    unlinked = true;
-  }
-  if (wait_count(t, &t->hdr->attached, (uint32_t)size, deadline, "map", st) != 0) goto fail;
-  unlinked = true; /* someone did it */
-
-  /* Probe cross-memory attach from this rank to every peer. */
-  bool cma = true;
-  for (int r = 0; r < size && cma; r++) {
-    if (r == rank) continue;
-    shm_rank_rec* rec = rank_rec(t, r);
-    uint64_t v = 0;
-    int err = 0;
-    if (cma_read((pid_t)atomic_load(&rec->pid), &v, rec->probe_addr, sizeof v, &err) != 0 ||
-        v != rec->probe_val)
-      cma = false;
-  }
-  atomic_store(&me->cma, cma ? CMA_OK : CMA_NO);
-  atomic_fetch_add(&t->hdr->probed, 1);
-  if (wait_count(t, &t->hdr->probed, (uint32_t)size, deadline, "probe", st) != 0) goto fail;
-
-  for (int r = 0; r < size; r++) {
-    if (r == rank) continue;
-    shm_peer* p = &t->peers[r];
-    shm_rank_rec* rec = rank_rec(t, r);
-    p->pid = (pid_t)atomic_load(&rec->pid);
-    p->cma = atomic_load(&rec->cma) == CMA_OK;
-    p->out = ring_ctl(t, rank, r);
-    p->out_slots = ring_slots(p->out);
-    p->in = ring_ctl(t, r, rank);
-    p->in_slots = ring_slots(p->in);
-  }
-  return &t->base;
-
-fail:
-  if (!unlinked) shm_unlink(t->path);
-  if (t->map) {
-    shm_rank_rec* mine = rank_rec(t, rank);
-    if (atomic_load(&mine->pid) == (int32_t)getpid()) {
-      snprintf(mine->fail_msg, sizeof mine->fail_msg, "%s", st->msg);
-      atomic_store_explicit(&mine->state, RANK_FAILED, memory_order_release);
-    }
-    munmap(t->map, t->map_len);
-    t->map = NULL;
-  }
-  shm_destroy(&t->base);
-  return NULL;
-}

@@ -41,6 +41,8 @@
 
 #include "core/buffer.h"
 
+#include <arpa/inet.h>
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -58,6 +60,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "transport/match.h"
 #include "util/clock.h"
 #include "util/tunables.h"
 
@@ -75,17 +78,12 @@ typedef struct tcp_frag tcp_frag;
 typedef struct tcp_imsg tcp_imsg;
 
 struct mlxd_req {
+  mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
   bool is_send;
-  bool complete;
-  int peer;
-  uint64_t tag;
   char* buf;
-  size_t n;
   size_t done;     /* bytes moved so far (for progress detection) */
   size_t frags_left; /* send: fragments not yet fully written */
-  int code;        /* on failure; msg NULL means "the transport's message" */
-  char* msg;
-  struct mlxd_req *prev, *next; /* recv: in the peer's posted list */
+  mlxd_match_link link;         /* recv: in the peer's posted queue */
   tcp_imsg* im;                 /* recv: the incoming message it is attached to */
   tcp_frag* frags;              /* send: fragment array (same allocation) */
 };
@@ -98,16 +96,19 @@ struct tcp_frag {
   tcp_frag* next;
 };
 
-/* A message being received (or buffered because no receive was posted). */
+/* A message being received (or buffered because no receive was posted).
+ * It is in its peer's `arriving` queue until its last fragment is in, and
+ * in the peer's unexpected queue while it has no receive (req == NULL and
+ * not discarded). */
 struct tcp_imsg {
-  uint64_t tag;
   size_t total, got;
   char* buf;  /* the receive's buffer, or an owned one (unexpected) */
   bool owned; /* buf is ours (malloc) */
   bool discard; /* size mismatch: drain and drop */
   bool complete;
   struct mlxd_req* req;
-  tcp_imsg *prev, *next;
+  mlxd_match_link arr; /* in arriving (tag = the message's tag) */
+  mlxd_match_link ux;  /* in the unexpected queue */
 };
 
 typedef struct tcp_conn {
@@ -123,10 +124,11 @@ typedef struct tcp_conn {
 } tcp_conn;
 
 typedef struct tcp_peer {
-  struct mlxd_req *posted_head, *posted_tail;
-  tcp_imsg *in_head, *in_tail;
+  mlxd_match_peer mq;        /* posted receives, unexpected messages */
+  mlxd_match_queue arriving; /* messages with fragments still to come */
   unsigned rr;
   bool closed; /* every connection reached EOF with nothing pending */
+  char addr[MLXD_ADDR_MAX]; /* "10.0.0.2:41000"; "" when unknown (e.g. AF_UNIX) */
 } tcp_peer;
 
 typedef struct tcp_transport {
@@ -140,8 +142,7 @@ typedef struct tcp_transport {
   bool in_poll;
   bool completed; /* something completed since the last broadcast */
   int wake_fd;
-  int failed; /* mlxd_code of the first failure */
-  char fail_msg[MLXD_MSG_MAX];
+  mlxd_status err; /* the first failure; err.code == 0 while none */
   double timeout_s;
   double spin_s;
   bool yield_spin; /* more ranks than CPUs: give the CPU away between spin polls */
@@ -162,58 +163,17 @@ static uint64_t get_u64(const unsigned char* p) {
   return v;
 }
 
-static void tag_str(uint64_t tag, char* out, size_t n) {
-  static const char* kinds[] = {"?", "p2p", "collective", "split", "bootstrap"};
-  unsigned kind = (unsigned)(tag >> 60);
-  snprintf(out, n, "%s #%" PRIu64 " step %u", kind < 5 ? kinds[kind] : "?",
-           (uint64_t)((tag >> 16) & ((UINT64_C(1) << 44) - 1)), (unsigned)(tag & 0xFFFF));
-}
-
-static char* dup_msg(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-static char* dup_msg(const char* fmt, ...) {
-  char* m = malloc(MLXD_MSG_MAX);
-  if (!m) return NULL;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(m, MLXD_MSG_MAX, fmt, ap);
-  va_end(ap);
-  return m;
-}
-
 static void req_complete(tcp_transport* t, struct mlxd_req* r) {
-  if (!r->complete) {
-    r->complete = true;
+  if (!r->m.complete) {
+    r->m.complete = true;
     t->completed = true;
   }
 }
 
-static void req_fail(tcp_transport* t, struct mlxd_req* r, int code, char* msg) {
-  if (r->complete) {
-    free(msg);
-    return;
-  }
-  r->code = code;
-  r->msg = msg;
+static void req_fail(tcp_transport* t, struct mlxd_req* r, int code) {
+  if (r->m.complete) return;
+  r->m.code = code;
   req_complete(t, r);
-}
-
-static void posted_unlink(tcp_peer* p, struct mlxd_req* r) {
-  if (r->prev) r->prev->next = r->next; else p->posted_head = r->next;
-  if (r->next) r->next->prev = r->prev; else p->posted_tail = r->prev;
-  r->prev = r->next = NULL;
-}
-
-static void imsg_unlink(tcp_peer* p, tcp_imsg* m) {
-  if (m->prev) m->prev->next = m->next; else p->in_head = m->next;
-  if (m->next) m->next->prev = m->prev; else p->in_tail = m->prev;
-  m->prev = m->next = NULL;
-}
-
-static void imsg_append(tcp_peer* p, tcp_imsg* m) {
-  m->next = NULL;
-  m->prev = p->in_tail;
-  if (p->in_tail) p->in_tail->next = m; else p->in_head = m;
-  p->in_tail = m;
 }
 
 static void imsg_free(tcp_imsg* m) {
@@ -221,50 +181,40 @@ static void imsg_free(tcp_imsg* m) {
   free(m);
 }
 
-static char* mismatch_msg(int peer, uint64_t tag, size_t sent, size_t expected) {
-  char ts[64];
-  tag_str(tag, ts, sizeof ts);
-  return dup_msg("[ring] size mismatch: rank %d sent a %zu-byte message (%s) but the receive "
-                 "posted for it expects %zu bytes",
-                 peer, sent, ts, expected);
+/* Whether m waits in the unexpected queue (no receive, not dropped). */
+static bool imsg_unexpected(const tcp_imsg* m) { return !m->req && !m->discard; }
+
+static void fail_posted(void* ctx, mlxd_match_link* l) {
+  tcp_transport* t = ctx;
+  req_fail(t, MLXD_MATCH_ENTRY(l, struct mlxd_req, link), t->err.code);
 }
 
-/* Fail the whole transport (first failure wins). Called with mu held. */
-static void tcp_fail(tcp_transport* t, int code, const char* fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void tcp_fail(tcp_transport* t, int code, const char* fmt, ...) {
-  if (t->failed) return;
-  t->failed = code;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(t->fail_msg, sizeof t->fail_msg, fmt, ap);
-  va_end(ap);
+/* Fail the whole transport with *st (the first failure wins). Called with
+ * mu held. */
+static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
+  if (!mlxd_match_fail_first(&t->err, st)) return;
+  int code = t->err.code;
   int n = t->base.size;
   for (int p = 0; p < n; p++) {
     tcp_peer* pe = &t->peers[p];
-    while (pe->posted_head) {
-      struct mlxd_req* r = pe->posted_head;
-      posted_unlink(pe, r);
-      req_fail(t, r, code, NULL);
-    }
-    tcp_imsg* m = pe->in_head;
-    while (m) {
-      tcp_imsg* next = m->next;
-      /* Keep messages that fully arrived and wait for their receive. */
-      if (!(m->complete && !m->req && !m->discard)) {
-        if (m->req) {
-          m->req->im = NULL;
-          req_fail(t, m->req, code, NULL);
-        }
-        imsg_unlink(pe, m);
-        imsg_free(m);
+    mlxd_match_fail_posted(&pe->mq, fail_posted, t);
+    /* Drop the messages still arriving; keep those that fully arrived and
+     * wait for their receive. */
+    mlxd_match_link* l;
+    while ((l = mlxd_match_pop(&pe->arriving))) {
+      tcp_imsg* m = MLXD_MATCH_ENTRY(l, tcp_imsg, arr);
+      if (m->req) {
+        m->req->im = NULL;
+        req_fail(t, m->req, code);
+      } else if (imsg_unexpected(m)) {
+        mlxd_match_remove(&pe->mq.unexpected, &m->ux);
       }
-      m = next;
+      imsg_free(m);
     }
   }
   for (int i = 0; i < n * t->nconn; i++) {
     tcp_conn* c = &t->conns[i];
-    for (tcp_frag* f = c->qhead; f; f = f->next) req_fail(t, f->req, code, NULL);
+    for (tcp_frag* f = c->qhead; f; f = f->next) req_fail(t, f->req, code);
     c->qhead = c->qtail = NULL;
     c->cur = NULL;
     c->in_payload = false;
@@ -273,17 +223,25 @@ static void tcp_fail(tcp_transport* t, int code, const char* fmt, ...) {
   t->completed = true;
 }
 
-static void fail_lost(tcp_transport* t, int peer, int err) {
-  tcp_fail(t, MLXD_EREMOTE, "[ring] lost connection to rank %d (%s)", peer,
-           err ? strerror(err) : "peer closed the connection");
+/* Fail the transport: the connection to peer is gone (syscall/err: the
+ * call that found out; NULL/0 for an orderly close by the peer). */
+static void fail_lost(tcp_transport* t, int peer, const char* syscall, int err) {
+  mlxd_status s;
+  mlxd_match_lost(&s, MLXD_LAYER_TCP, peer, t->peers[peer].addr,
+                  syscall ? "" : ": it closed the connection", syscall, err);
+  tcp_fail(t, &s);
+}
+
+/* The transport's failure into st; returns its code. */
+static int fail_status(tcp_transport* t, mlxd_status* st) {
+  if (st) *st = t->err;
+  return t->err.code;
 }
 
 /* Whether anything is still in flight with peer p. */
 static bool peer_busy(tcp_transport* t, int p) {
   tcp_peer* pe = &t->peers[p];
-  if (pe->posted_head) return true;
-  for (tcp_imsg* m = pe->in_head; m; m = m->next)
-    if (!m->complete) return true;
+  if (pe->mq.posted.head || pe->arriving.head) return true;
   for (int c = 0; c < t->nconn; c++)
     if (t->conns[p * t->nconn + c].qhead) return true;
   return false;
@@ -295,13 +253,13 @@ static bool peer_busy(tcp_transport* t, int p) {
  * with operations pending fails the transport. */
 static void conn_eof(tcp_transport* t, tcp_conn* c) {
   if (c->in_payload) {
-    fail_lost(t, c->peer, 0);
+    fail_lost(t, c->peer, NULL, 0);
     return;
   }
   c->eof = true;
   for (int i = 0; i < t->nconn; i++)
     if (!t->conns[c->peer * t->nconn + i].eof) return;
-  if (peer_busy(t, c->peer)) fail_lost(t, c->peer, 0);
+  if (peer_busy(t, c->peer)) fail_lost(t, c->peer, NULL, 0);
   else t->peers[c->peer].closed = true;
 }
 
@@ -372,25 +330,24 @@ static int conn_write(tcp_transport* t, tcp_conn* c) {
 static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf, size_t n,
                      mlxd_req** out, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
+  assert(peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0) && out);
   *out = NULL;
-  if (peer < 0 || peer >= t->base.size || peer == t->base.rank)
-    return mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] cannot send to rank %d: expected a rank in [0, %d) other than %d",
-                     peer, t->base.size, t->base.rank);
-  if (n > 0 && !buf)
-    return mlxd_fail(st, MLXD_EINVAL, "[ring] send of %zu bytes to rank %d has a NULL buffer",
-                     n, peer);
   size_t nfrag = n / TCP_FRAG_MAX + (n % TCP_FRAG_MAX != 0);
   if (nfrag == 0) nfrag = 1;
   if (n > TCP_SPLIT_MIN && nfrag < (size_t)t->nconn) nfrag = (size_t)t->nconn;
   struct mlxd_req* r = calloc(1, sizeof *r + nfrag * sizeof(tcp_frag));
-  if (!r)
-    return mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory posting a send to rank %d", peer);
+  if (!r) {
+    int code = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
+                            "out of memory posting a send to rank %d", peer);
+    mlxd_status_set_peer(st, peer, t->peers[peer].addr);
+    return code;
+  }
   r->is_send = true;
-  r->peer = peer;
-  r->tag = tag;
+  r->m.peer = peer;
+  r->m.addr = t->peers[peer].addr;
+  r->m.tag = tag;
   r->buf = (char*)(uintptr_t)buf; /* only read */
-  r->n = n;
+  r->m.n = n;
   r->frags = (tcp_frag*)(r + 1);
   r->frags_left = nfrag;
   size_t q = n / nfrag, rem = n % nfrag, off = 0;
@@ -407,16 +364,10 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
   }
 
   pthread_mutex_lock(&t->mu);
-  if (t->failed) {
-    int code = mlxd_fail(st, t->failed, "%s", t->fail_msg);
-    pthread_mutex_unlock(&t->mu);
-    free(r);
-    return code;
-  }
   tcp_peer* pe = &t->peers[peer];
-  if (pe->closed) {
-    fail_lost(t, peer, 0);
-    int code = mlxd_fail(st, t->failed, "%s", t->fail_msg);
+  if (t->err.code || pe->closed) {
+    if (!t->err.code) fail_lost(t, peer, NULL, 0);
+    int code = fail_status(t, st);
     pthread_mutex_unlock(&t->mu);
     free(r);
     return code;
@@ -432,11 +383,11 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
     if (ci < 64) touched[ci] = true;
   }
   bool queued = false;
-  for (int ci = 0; ci < t->nconn && !t->failed; ci++) {
+  for (int ci = 0; ci < t->nconn && !t->err.code; ci++) {
     tcp_conn* c = &t->conns[peer * t->nconn + ci];
     if (ci < 64 && !touched[ci]) continue;
     int err = conn_write(t, c);
-    if (err) fail_lost(t, peer, err);
+    if (err) fail_lost(t, peer, "sendmsg", err);
     else if (c->qhead) queued = true;
   }
   if (queued) tcp_wake(t);
@@ -451,37 +402,33 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
 static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size_t n,
                      mlxd_req** out, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
+  assert(peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0) && out);
   *out = NULL;
-  if (peer < 0 || peer >= t->base.size || peer == t->base.rank)
-    return mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] cannot receive from rank %d: expected a rank in [0, %d) other "
-                     "than %d",
-                     peer, t->base.size, t->base.rank);
-  if (n > 0 && !buf)
-    return mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] receive of %zu bytes from rank %d has a NULL buffer", n, peer);
   struct mlxd_req* r = calloc(1, sizeof *r);
-  if (!r)
-    return mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory posting a receive from rank %d",
-                     peer);
-  r->peer = peer;
-  r->tag = tag;
+  if (!r) {
+    int code = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
+                            "out of memory posting a receive from rank %d", peer);
+    mlxd_status_set_peer(st, peer, t->peers[peer].addr);
+    return code;
+  }
+  r->m.peer = peer;
+  r->m.addr = t->peers[peer].addr;
+  r->m.tag = tag;
   r->buf = buf;
-  r->n = n;
+  r->m.n = n;
 
   pthread_mutex_lock(&t->mu);
   tcp_peer* pe = &t->peers[peer];
-  tcp_imsg* m = pe->in_head;
-  while (m && (m->tag != tag || m->req || m->discard)) m = m->next;
+  tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_take(&pe->mq.unexpected, tag), tcp_imsg, ux);
   if (m) {
     if (m->total != n) {
-      r->code = MLXD_EINVAL;
-      r->msg = mismatch_msg(peer, tag, m->total, n);
-      r->complete = true;
+      r->m.code = MLXD_EINVAL;
+      r->m.mismatch = true;
+      r->m.sent = m->total;
+      r->m.complete = true;
       if (m->complete) {
-        imsg_unlink(pe, m);
         imsg_free(m);
-      } else {
+      } else { /* still arriving: drain and drop the rest */
         if (m->owned) mlxd_buffer_free(m->buf, m->total);
         m->buf = NULL;
         m->owned = false;
@@ -490,24 +437,21 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
     } else if (m->complete) {
       if (n) memcpy(buf, m->buf, n);
       r->done = n;
-      r->complete = true;
-      imsg_unlink(pe, m);
+      r->m.complete = true;
       imsg_free(m);
     } else {
       m->req = r;
       r->im = m;
       r->done = m->got;
     }
-  } else if (t->failed || pe->closed) {
-    if (!t->failed) fail_lost(t, peer, 0);
-    int code = mlxd_fail(st, t->failed, "%s", t->fail_msg);
+  } else if (t->err.code || pe->closed) {
+    if (!t->err.code) fail_lost(t, peer, NULL, 0);
+    int code = fail_status(t, st);
     pthread_mutex_unlock(&t->mu);
     free(r);
     return code;
   } else {
-    r->prev = pe->posted_tail;
-    if (pe->posted_tail) pe->posted_tail->next = r; else pe->posted_head = r;
-    pe->posted_tail = r;
+    mlxd_match_push(&pe->mq.posted, &r->link, tag);
   }
   pthread_mutex_unlock(&t->mu);
   *out = r;
@@ -520,44 +464,49 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* h) {
            total = get_u64(h + 24);
   tcp_peer* pe = &t->peers[c->peer];
   char ts[64];
+  mlxd_status s;
   if (len > total || off > total - len || total > (uint64_t)SIZE_MAX) {
-    tag_str(tag, ts, sizeof ts);
-    tcp_fail(t, MLXD_EREMOTE,
-             "[ring] corrupt message header from rank %d (%s: offset %" PRIu64
-             ", length %" PRIu64 ", total %" PRIu64 "); is the peer an mlxdist rank of the "
-             "same version?",
-             c->peer, ts, off, len, total);
+    mlxd_match_tag_str(tag, ts, sizeof ts);
+    mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP,
+                 "corrupt message header from rank %d (%s: offset %" PRIu64 ", length %" PRIu64
+                 ", total %" PRIu64 "); is the peer an mlxdist rank of the same version?",
+                 c->peer, ts, off, len, total);
+    mlxd_status_set_peer(&s, c->peer, pe->addr);
+    tcp_fail(t, &s);
     return -1;
   }
-  tcp_imsg* m = pe->in_head;
-  while (m && (m->tag != tag || m->complete)) m = m->next;
+  tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->arriving, tag), tcp_imsg, arr);
   if (m && m->total != total) {
-    tag_str(tag, ts, sizeof ts);
-    tcp_fail(t, MLXD_EREMOTE,
-             "[ring] rank %d sent two messages with the same tag (%s) at once (%zu and %" PRIu64
-             " bytes); tags must be unique among messages in flight",
-             c->peer, ts, m->total, total);
+    mlxd_match_tag_str(tag, ts, sizeof ts);
+    mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP,
+                 "rank %d sent two messages with the same tag (%s) at once (%zu and %" PRIu64
+                 " bytes); tags must be unique among messages in flight",
+                 c->peer, ts, m->total, total);
+    mlxd_status_set_peer(&s, c->peer, pe->addr);
+    tcp_fail(t, &s);
     return -1;
   }
   if (!m) {
     m = calloc(1, sizeof *m);
     if (!m) {
-      tcp_fail(t, MLXD_ENOMEM, "[ring] out of memory receiving a message from rank %d",
-               c->peer);
+      mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_TCP,
+                   "out of memory receiving a message from rank %d", c->peer);
+      mlxd_status_set_peer(&s, c->peer, pe->addr);
+      tcp_fail(t, &s);
       return -1;
     }
-    m->tag = tag;
     m->total = (size_t)total;
-    struct mlxd_req* r = pe->posted_head;
-    while (r && r->tag != tag) r = r->next;
+    struct mlxd_req* r =
+        MLXD_MATCH_ENTRY(mlxd_match_take(&pe->mq.posted, tag), struct mlxd_req, link);
     if (r) {
-      posted_unlink(pe, r);
-      if (r->n == m->total) {
+      if (r->m.n == m->total) {
         m->buf = r->buf;
         m->req = r;
         r->im = m;
       } else {
-        req_fail(t, r, MLXD_EINVAL, mismatch_msg(c->peer, tag, m->total, r->n));
+        r->m.mismatch = true;
+        r->m.sent = m->total;
+        req_fail(t, r, MLXD_EINVAL);
         m->discard = true;
       }
     } else {
@@ -565,13 +514,16 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* h) {
       m->buf = mlxd_buffer_alloc(m->total);
       if (!m->buf) {
         free(m);
-        tcp_fail(t, MLXD_ENOMEM,
-                 "[ring] out of memory buffering a %" PRIu64 "-byte message from rank %d",
-                 total, c->peer);
+        mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_TCP,
+                     "out of memory buffering a %" PRIu64 "-byte message from rank %d", total,
+                     c->peer);
+        mlxd_status_set_peer(&s, c->peer, pe->addr);
+        tcp_fail(t, &s);
         return -1;
       }
+      mlxd_match_push(&pe->mq.unexpected, &m->ux, tag);
     }
-    imsg_append(pe, m);
+    mlxd_match_push(&pe->arriving, &m->arr, tag);
   }
   c->cur = m;
   c->cur_off = (size_t)off;
@@ -590,16 +542,15 @@ static void frag_done(tcp_transport* t, tcp_conn* c) {
   m->got += c->cur_len;
   if (m->got < m->total) return;
   m->complete = true;
+  mlxd_match_remove(&pe->arriving, &m->arr);
   if (m->req) {
     struct mlxd_req* r = m->req;
-    if (m->owned && r->n) memcpy(r->buf, m->buf, r->n);
+    if (m->owned && r->m.n) memcpy(r->buf, m->buf, r->m.n);
     r->im = NULL;
-    r->done = r->n;
+    r->done = r->m.n;
     req_complete(t, r);
-    imsg_unlink(pe, m);
     imsg_free(m);
   } else if (m->discard) {
-    imsg_unlink(pe, m);
     imsg_free(m);
   }
   /* else: an unexpected message, kept until its receive is posted */
@@ -613,7 +564,7 @@ static void payload_got(tcp_conn* c, size_t k) {
 /* Read everything available on c. 0 or an errno (-1 for EOF). */
 static int conn_read(tcp_transport* t, tcp_conn* c) {
   for (;;) {
-    if (t->failed) return 0;
+    if (t->err.code) return 0;
     if (!c->in_payload) {
       size_t avail = c->rlen - c->rpos;
       if (avail >= TCP_HDR) {
@@ -703,12 +654,16 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
   pthread_mutex_lock(&t->mu);
   t->in_poll = false;
   if (rc < 0) {
-    if (perr != EINTR)
-      tcp_fail(t, MLXD_ESYS, "[ring] poll on the connections failed (%s)", strerror(perr));
+    if (perr != EINTR) {
+      mlxd_status s;
+      mlxd_fail_at(&s, MLXD_ESYS, MLXD_LAYER_TCP, "poll on the connections failed");
+      mlxd_status_set_sys(&s, "poll", perr);
+      tcp_fail(t, &s);
+    }
     return false;
   }
   if (rc == 0) return false;
-  for (int i = 0; i < np && !t->failed; i++) {
+  for (int i = 0; i < np && !t->err.code; i++) {
     short ev = t->pfds[i].revents;
     if (!ev) continue;
     tcp_conn* c = t->pconn[i];
@@ -720,12 +675,12 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
     }
     if (ev & (POLLIN | POLLHUP | POLLERR)) {
       int err = conn_read(t, c);
-      if (err < 0 && !t->failed) conn_eof(t, c);
-      else if (err && !t->failed) fail_lost(t, c->peer, err);
+      if (err < 0 && !t->err.code) conn_eof(t, c);
+      else if (err && !t->err.code) fail_lost(t, c->peer, "recv", err);
     }
-    if (!t->failed && !c->eof && c->qhead && (ev & (POLLOUT | POLLERR))) {
+    if (!t->err.code && !c->eof && c->qhead && (ev & (POLLOUT | POLLERR))) {
       int err = conn_write(t, c);
-      if (err && !t->failed) fail_lost(t, c->peer, err);
+      if (err && !t->err.code) fail_lost(t, c->peer, "sendmsg", err);
     }
   }
   return true;
@@ -744,8 +699,8 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
     for (int i = 0; i < n; i++) {
       struct mlxd_req* r = reqs[i];
       if (!r) continue;
-      sum += r->done + (r->complete ? 1 : 0);
-      if (!r->complete && !waiting) waiting = r;
+      sum += r->done + (r->m.complete ? 1 : 0);
+      if (!r->m.complete && !waiting) waiting = r;
     }
     if (!waiting) break;
     now = mlxd_now();
@@ -755,16 +710,11 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
     }
     double deadline = last_change + t->timeout_s;
     if (now >= deadline) {
-      char ts[64];
-      tag_str(waiting->tag, ts, sizeof ts);
-      tcp_fail(t, MLXD_ETIMEDOUT,
-               "[ring] timed out after %g s waiting for rank %d (%s of %zu bytes, %s, "
-               "%zu bytes moved; is that rank alive and running the same operations? "
-               "MLXDIST_TIMEOUT sets the limit)",
-               t->timeout_s, waiting->peer, waiting->is_send ? "send" : "receive",
-               waiting->n, ts, waiting->is_send ? (waiting->done > waiting->n ? waiting->n
-                                                                                : waiting->done)
-                                                : waiting->done);
+      mlxd_status s;
+      mlxd_match_timeout(&s, MLXD_LAYER_TCP, t->timeout_s, waiting->m.peer,
+                         t->peers[waiting->m.peer].addr, waiting->is_send, waiting->m.n,
+                         waiting->m.tag, waiting->done);
+      tcp_fail(t, &s);
       break;
     }
     if (!t->progressing) {
@@ -802,28 +752,12 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   }
   /* Another waiter may be asleep with nobody progressing: wake one up. */
   pthread_cond_broadcast(&t->cv);
-  int code = 0;
-  for (int i = 0; i < n; i++) {
-    struct mlxd_req* r = reqs[i];
-    if (!r) continue;
-    if (r->complete && r->code && !code) {
-      code = r->code;
-      if (r->msg) mlxd_fail(st, code, "%s", r->msg);
-      else mlxd_fail(st, code, "%s", t->fail_msg);
-    }
-  }
-  if (!code && t->failed) {
-    /* Only reachable when the transport failed while requests were pending:
-     * they were failed by tcp_fail and caught above. Kept as a safety net. */
-    for (int i = 0; i < n; i++)
-      if (reqs[i] && !reqs[i]->complete) code = mlxd_fail(st, t->failed, "%s", t->fail_msg);
-  }
+  int code = mlxd_match_result(st, &t->err, MLXD_LAYER_TCP, reqs, n);
   /* Pending requests can only remain when the transport failed, and tcp_fail
    * detached every request from its lists, so they can all be freed. */
   for (int i = 0; i < n; i++) {
     struct mlxd_req* r = reqs[i];
     if (!r) continue;
-    free(r->msg);
     free(r);
     reqs[i] = NULL;
   }
@@ -837,17 +771,19 @@ static void tcp_destroy(mlxd_transport* tt) {
   tcp_transport* t = (tcp_transport*)tt;
   if (!t) return;
   int nc = t->base.size * t->nconn;
-  for (int i = 0; i < nc; i++) {
+  for (int i = 0; i < nc && t->conns; i++) {
     if (t->conns[i].fd >= 0) close(t->conns[i].fd);
     free(t->conns[i].rbuf);
   }
-  for (int p = 0; p < t->base.size; p++) {
-    tcp_imsg* m = t->peers[p].in_head;
-    while (m) {
-      tcp_imsg* next = m->next;
+  for (int p = 0; p < t->base.size && t->peers; p++) {
+    tcp_peer* pe = &t->peers[p];
+    mlxd_match_link* l;
+    while ((l = mlxd_match_pop(&pe->arriving))) {
+      tcp_imsg* m = MLXD_MATCH_ENTRY(l, tcp_imsg, arr);
+      if (imsg_unexpected(m)) mlxd_match_remove(&pe->mq.unexpected, &m->ux);
       imsg_free(m);
-      m = next;
     }
+    while ((l = mlxd_match_pop(&pe->mq.unexpected))) imsg_free(MLXD_MATCH_ENTRY(l, tcp_imsg, ux));
   }
   if (t->wake_fd >= 0) close(t->wake_fd);
   pthread_mutex_destroy(&t->mu);
@@ -857,6 +793,25 @@ static void tcp_destroy(mlxd_transport* tt) {
   free(t->pfds);
   free(t->pconn);
   free(t);
+}
+
+/* "10.0.0.2:41000" / "[fe80::1]:41000" for a connected inet socket; ""
+ * otherwise (a socketpair, or getpeername failing). */
+static void peer_addr(int fd, char* out, size_t n) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  char ip[INET6_ADDRSTRLEN];
+  out[0] = '\0';
+  if (getpeername(fd, (struct sockaddr*)&ss, &len) != 0) return;
+  if (ss.ss_family == AF_INET) {
+    const struct sockaddr_in* a = (const struct sockaddr_in*)&ss;
+    if (inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip))
+      snprintf(out, n, "%s:%u", ip, (unsigned)ntohs(a->sin_port));
+  } else if (ss.ss_family == AF_INET6) {
+    const struct sockaddr_in6* a = (const struct sockaddr_in6*)&ss;
+    if (inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip))
+      snprintf(out, n, "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
+  }
 }
 
 static void close_fds(const int* fds, int count) {
@@ -869,10 +824,10 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
   if (size < 1 || rank < 0 || rank >= size || nconn < 1 || nconn > 64 || !fds) {
     if (fds && size > 0 && nconn > 0 && size <= (1 << 20) && nconn <= (1 << 10))
       close_fds(fds, size * nconn);
-    mlxd_fail(st, MLXD_EINVAL,
-              "[ring] cannot build a TCP transport for rank %d of %d with %d connection(s) "
-              "per peer: expected 0 <= rank < size and 1 <= connections <= 64",
-              rank, size, nconn);
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_TCP,
+                 "cannot build a TCP transport for rank %d of %d with %d connection(s) per "
+                 "peer: expected 0 <= rank < size and 1 <= connections <= 64",
+                 rank, size, nconn);
     return NULL;
   }
   int nc = size * nconn;
@@ -884,9 +839,10 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
       if (p != rank && (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 ||
                         type != SOCK_STREAM)) {
         close_fds(fds, nc);
-        mlxd_fail(st, MLXD_EINVAL,
-                  "[ring] connection %d to rank %d (fd %d) is not a connected stream socket",
-                  c, p, fd);
+        mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_TCP,
+                     "connection %d to rank %d (fd %d) is not a connected stream socket", c, p,
+                     fd);
+        mlxd_status_set_peer(st, p, NULL);
         return NULL;
       }
     }
@@ -894,7 +850,7 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
   tcp_transport* t = calloc(1, sizeof *t);
   if (!t) {
     close_fds(fds, nc);
-    mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory creating the TCP transport");
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
     return NULL;
   }
   t->base.ops = &tcp_ops;
@@ -913,7 +869,7 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
   if (!ok) {
     close_fds(fds, nc);
     tcp_destroy(&t->base);
-    mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory creating the TCP transport");
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
     return NULL;
   }
   for (int i = 0; i < nc; i++) {
@@ -922,21 +878,25 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
     c->fd = c->peer == rank ? -1 : fds[i];
     if (c->peer == rank && fds[i] >= 0) close(fds[i]);
   }
+  for (int p = 0; p < size; p++)
+    if (p != rank) peer_addr(t->conns[p * nconn].fd, t->peers[p].addr, sizeof t->peers[p].addr);
   for (int i = 0; i < nc; i++) {
     tcp_conn* c = &t->conns[i];
     if (c->fd < 0) continue;
     c->rbuf = malloc(TCP_RBUF);
     if (!c->rbuf) {
       tcp_destroy(&t->base);
-      mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory creating the TCP transport");
+      mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
       return NULL;
     }
     int fl = fcntl(c->fd, F_GETFL);
     if (fl < 0 || fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
       int e = errno;
+      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP,
+                   "cannot make the connection to rank %d non-blocking", c->peer);
+      mlxd_status_set_peer(st, c->peer, t->peers[c->peer].addr);
+      mlxd_status_set_sys(st, "fcntl", e);
       tcp_destroy(&t->base);
-      mlxd_fail(st, MLXD_ESYS, "[ring] cannot make the connection to rank %d non-blocking (%s)",
-                c->peer, strerror(e));
       return NULL;
     }
     /* Best effort: TCP_NODELAY fails harmlessly on a non-TCP socket, and the
@@ -956,8 +916,8 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
   if (t->wake_fd < 0) {
     int e = errno;
     tcp_destroy(&t->base);
-    mlxd_fail(st, MLXD_ESYS, "[ring] cannot create an eventfd for the TCP transport (%s)",
-              strerror(e));
+    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP, "cannot create an eventfd for the TCP transport");
+    mlxd_status_set_sys(st, "eventfd", e);
     return NULL;
   }
   double to = mlxd_tunable_double(MLXD_T_TIMEOUT);

@@ -1,17 +1,42 @@
 /* Private: the point-to-point transport interface the collective algorithms
- * (src/algo) are written against. Implementations: tcp.c, (shm.c).
+ * (src/algo) are written against. Implementations: tcp.c, shm.c; the tag
+ * matching and failure plumbing they share is in match.h.
  *
  * Messages are matched by (peer, tag): a receive posted for (p, t) gets
  * the bytes of the send from p with tag t, whatever order they are posted
- * in on either side, and whatever other messages are in flight. A send
+ * in on either side, and whatever other messages are in flight. Tags must
+ * be unique among the messages in flight from one rank to another (the
+ * algorithms and the front-end guarantee it with sequence numbers). A send
  * completes when its data has been handed to the transport (it may be
  * buffered by the receiver if no receive is posted yet), so two ranks that
  * both send before they receive never deadlock. Sizes of a matched pair
- * must agree: a mismatch fails the receive with a message.
+ * must agree: a mismatch fails that receive only.
  *
- * Requests are owned by the transport: wait frees them. A failure (a peer
- * closed/reset, a timeout) fails the whole transport: every pending and
- * later operation fails fast with the first error's message. */
+ * Threads and locks. Every op but destroy may be called from any thread,
+ * concurrently with the others on the same transport. Each transport
+ * serialises its state with one internal mutex, held only inside its ops
+ * and never across a call out of the transport (it calls no callbacks and
+ * takes no lock of the caller's), so callers may hold their own locks
+ * around transport calls (the ring backend holds its group mutex): the
+ * lock order is always caller's locks, then the transport's.
+ *
+ * Preconditions (asserted, not checked: the front-end rejects bad calls
+ * with a message before they get here: distributed/ops.c check_peer):
+ * 0 <= peer < size and peer != rank, buf != NULL when n > 0, req != NULL.
+ * What arrives from the network or from another process (headers, sizes,
+ * a peer's published failure) is hostile input and fails with a status.
+ *
+ * Failures are structured statuses (core/status.h): layer MLXD_LAYER_TCP or
+ * MLXD_LAYER_SHM, a detail without any "[tag]" prefix ("lost connection to
+ * rank 2: it closed the connection"), the peer and its address where known
+ * ("10.0.0.2:41000" over TCP, "pid 1234" over shm), the system call and
+ * errno where one failed, and the reporting rank where another rank's
+ * failure is relayed. The backend renders them (mlxd_status_render).
+ *
+ * A failure of the transport (a peer closed/reset/died, a corrupt header, a
+ * timeout, a failed system call, out of memory while receiving) fails it
+ * for good: every pending and later operation fails fast with that first
+ * status. A size mismatch fails only its receive. */
 #ifndef MLXD_TRANSPORT_H
 #define MLXD_TRANSPORT_H
 
@@ -25,14 +50,43 @@ typedef struct mlxd_req mlxd_req;
 
 typedef struct mlxd_transport_ops {
   const char* name; /* "tcp", "shm" */
+  /* Start sending n bytes of buf to peer with tag. Never blocks beyond the
+   * transport's mutex: it writes what the wire takes at once (non-blocking)
+   * and leaves the rest to waitall. buf must stay valid and unchanged until
+   * waitall returned for *req. Returns 0 with *req set (a request that may
+   * already have failed: waitall reports it), or an error with *req NULL and
+   * st set: the transport's first failure (the transport failed earlier, or
+   * peer closed its connections after finishing its work), or MLXD_ENOMEM.
+   * Allocates at most one block per request; takes no lock but the
+   * transport's. */
   int (*isend)(mlxd_transport* t, int peer, uint64_t tag, const void* buf, size_t n,
                mlxd_req** req, mlxd_status* st);
+  /* Post a receive of exactly n bytes from peer with tag into buf. Never
+   * blocks beyond the transport's mutex; a message that already arrived is
+   * copied (or taken over) at once. buf must stay valid until waitall
+   * returned for *req. Returns as isend; a size mismatch is not reported
+   * here but by waitall (MLXD_EINVAL, this request only). */
   int (*irecv)(mlxd_transport* t, int peer, uint64_t tag, void* buf, size_t n,
                mlxd_req** req, mlxd_status* st);
-  /* Wait until every reqs[i] (NULL entries are skipped) completes, then free
-   * them all (also on failure). Fails with MLXD_ETIMEDOUT if no progress is
-   * made for MLXDIST_TIMEOUT seconds. */
+  /* Wait until every reqs[i] (NULL entries are skipped; n >= 0) completes,
+   * then free them all and set reqs[i] = NULL (also on failure). The calling
+   * thread drives the transport (there is no progress thread): it polls the
+   * wire, spins for MLXDIST_SPIN_US after the last event, then sleeps at most
+   * ~0.1-1 s at a time. Bounded: fails with MLXD_ETIMEDOUT when none of its
+   * requests moved for MLXDIST_TIMEOUT seconds; a dead or failed peer is
+   * noticed sooner (a socket error; shm: a liveness check every 100 ms).
+   * Several threads may wait at once on disjoint sets; each request is
+   * waited exactly once. Returns 0, or the first failed request's status:
+   * MLXD_EINVAL for a size mismatch (the transport stays usable), else the
+   * transport's first failure (MLXD_EREMOTE, MLXD_ETIMEDOUT, MLXD_ESYS,
+   * MLXD_ENOMEM; for shm, a relayed failure of another rank keeps its
+   * code). */
   int (*waitall)(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);
+  /* Close the transport and free it (NULL is a no-op). Call it once, from
+   * one thread, after every request was waited and with no other op in
+   * flight. Does not block: sockets are closed (peers see an orderly close),
+   * shm marks this rank closed and wakes its peers, and the segment is
+   * unmapped. Messages that arrived without a receive are dropped. */
   void (*destroy)(mlxd_transport* t);
 } mlxd_transport_ops;
 

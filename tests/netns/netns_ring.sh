@@ -11,9 +11,9 @@
 #          the others are in another network namespace.
 # Phase B: RANK_PROGRAM cutoff with MLXDIST_TIMEOUT=3; once every rank is running, host 2
 #          is cut off by nftables inside its namespace (input and output dropped: nothing
-#          closes a connection). Ranks 0 and 1 must fail within a bound with a "[ring] timed
-#          out" or "[ring] lost connection" error (at least one of them "timed out"); rank 2
-#          fails too or is killed here.
+#          closes a connection). Ranks 0 and 1 must fail within a bound with a "[ring]
+#          all_sum #N: timed out" or "[ring] all_sum #N: lost connection" error (at least one
+#          of them "timed out"); rank 2 fails too or is killed here.
 #
 # Needs root, ip (iproute2) and nft (nftables); without them, or where namespaces cannot
 # be created, it prints why and exits 77 (CTest's skip code). SANITIZE (MLXDIST_SANITIZE of
@@ -248,11 +248,11 @@ for r in 0 1; do
   rc=$?
   pids[r]=""
   [ "$rc" = 3 ] || fail "phase B: rank $r exited with status $rc (expected 3: an operation failed)"
-  grep -Eq "\[ring\] (timed out|lost connection)" "$dir/err.$r" ||
-    fail "phase B: rank $r's error is neither '[ring] timed out' nor '[ring] lost connection'"
+  grep -Eq "\[ring\] all_sum #[0-9]+: (timed out|lost connection)" "$dir/err.$r" ||
+    fail "phase B: rank $r's error is neither '[ring] all_sum #N: timed out' nor '... lost connection'"
   say "rank $r failed $((took[$r])) ms after the cut: $(grep -m1 'netns_rank cutoff' "$dir/err.$r")"
 done
-grep -q "\[ring\] timed out" "$dir/err.0" "$dir/err.1" ||
+grep -Eq "\[ring\] all_sum #[0-9]+: timed out" "$dir/err.0" "$dir/err.1" ||
   fail "phase B: neither rank 0 nor rank 1 reported '[ring] timed out' (nothing closed a connection)"
 # rank 2 cannot reach anyone either: it fails by itself (timeout) or is killed here
 deadline=$(($(now_ms) + 10000))

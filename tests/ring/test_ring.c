@@ -179,7 +179,8 @@ static int basic_rank(int rank, int size) {
   mlx_distributed_group_free(a);
   /* split into halves */
   mlx_distributed_group h = mlx_distributed_group_new();
-  T_EQ_INT(mlx_distributed_group_split(&h, g, rank < size / 2, rank), 0);
+  if (mlx_distributed_group_split(&h, g, rank < size / 2, rank) != 0)
+    T_FAIL("rank %d: split failed: %s", rank, t_last_error());
   int hs = mlx_distributed_group_size(h);
   T_EQ_INT(hs, rank < size / 2 ? size / 2 : size - size / 2);
   T_EQ_INT(check_sum(h, hs, 1000), 0);
@@ -199,6 +200,23 @@ static int basic_rank(int rank, int size) {
 }
 
 /* ---- a rank killed ---- */
+
+/* Over TCP a lost connection's message carries the peer's address, rendered
+ * after the detail: "... lost connection to rank 2 (127.0.0.1:41000; ...)". */
+static bool on_tcp(void) {
+  const char* v = getenv("MLXDIST_TRANSPORT");
+  return v && strcmp(v, "tcp") == 0;
+}
+
+/* The last error was rendered once, by the ring: one "[ring]" tag (the front-end
+ * may put its own words before it) and no lower layer's tag inside. */
+static void rendered_once(void) {
+  const char* m = t_last_error();
+  const char* tag = strstr(m, "[ring] ");
+  if (!tag || strstr(tag + 1, "[ring]") || strstr(m, "[shm]") || strstr(m, "[tcp]"))
+    T_FAIL("error '%s' is not rendered once by the ring", m);
+}
+
 static int kill_rank(int rank, int size) {
   setenv("MLXDIST_TIMEOUT", "20", 1);
   mlx_distributed_group g = init_ring();
@@ -211,14 +229,25 @@ static int kill_rank(int rank, int size) {
   T_ASSERT(rc != 0);
   /* Every survivor has a connection to the dead rank (full mesh). A survivor that
    * notices first shuts its own sockets down so the others learn at once: a survivor
-   * may therefore report either the dead rank or that survivor. */
-  T_EXPECT_ERROR("[ring] lost connection to rank");
+   * may therefore report either the dead rank or that survivor. The message names
+   * the op as users called it and its number in the group (#0 was the first sum). */
+  rendered_once();
+  if (on_tcp())
+    T_EXPECT_ERROR("[ring] all_sum #1: lost connection to rank ", " (127.0.0.1:");
+  else
+    T_EXPECT_ERROR("[ring] all_sum #1: lost connection to rank ");
   T_ASSERT(dt < 10.0);
-  /* every later op fails fast */
+  /* every later op fails fast, under its own name and number */
   t0 = now_s();
   T_ASSERT(check_sum(g, size, 10) != 0);
-  T_ASSERT(t_error_count() == 1 && strstr(t_last_error(), "[ring]"));
+  T_EXPECT_ERROR("[ring] all_sum #2: lost connection to rank ");
+  mlx_array x = mlx_array_new_int(rank), r = mlx_array_new();
+  T_EQ_INT(mlx_distributed_recv_like(&r, x, rank == 0 ? 1 : 0, g, mlx_stream_new()), 0);
+  T_ASSERT(mlx_array_eval(r) != 0);
+  T_EXPECT_ERROR("[ring] recv #0: lost connection to rank ");
   T_ASSERT(now_s() - t0 < 1.0);
+  mlx_array_free(x);
+  mlx_array_free(r);
   mlx_distributed_group_free(g);
   mlx_distributed_clear_backends();
   return 0;
@@ -232,7 +261,8 @@ static int kill2_rank(int rank, int size) {
   double t0 = now_s();
   t_clear_errors();
   T_ASSERT(check_sum(g, size, 1 << 20) != 0);
-  T_EXPECT_ERROR("[ring] lost connection to rank 1");
+  rendered_once();
+  T_EXPECT_ERROR("[ring] all_sum #1: lost connection to rank 1");
   T_ASSERT(now_s() - t0 < 5.0);
   mlx_distributed_group_free(g);
   return 0;
@@ -269,8 +299,9 @@ static int exit3_rank(int rank, int size) {
   t_clear_errors();
   T_ASSERT(mlx_array_eval(y) != 0);
   /* rank 2's death, or (for a rank waiting on another survivor) the bounded wait */
-  T_ASSERT(strstr(t_last_error(), "[ring] lost connection to rank") ||
-           strstr(t_last_error(), "[ring] timed out"));
+  rendered_once();
+  T_ASSERT(strstr(t_last_error(), "[ring] all_sum #1: lost connection to rank ") ||
+           strstr(t_last_error(), "[ring] all_sum #1: timed out after "));
   T_ASSERT(now_s() - t0 < 10.0);
   mlx_array_free(x);
   mlx_array_free(y);
@@ -291,7 +322,8 @@ static int stall_rank(int rank, int size) {
   t_clear_errors();
   T_ASSERT(check_sum(g, size, 1000) != 0);
   double dt = now_s() - t0;
-  T_EXPECT_ERROR("[ring] timed out", "rank 1", "MLXDIST_TIMEOUT");
+  rendered_once();
+  T_EXPECT_ERROR("[ring] all_sum #1: timed out after 2 s waiting for rank 1", "MLXDIST_TIMEOUT");
   T_ASSERT(dt >= 1.5 && dt < 5.0);
   mlx_distributed_group_free(g);
   return 0;
@@ -323,7 +355,8 @@ static int idle_rank(int rank, int size) {
   double used = cpu_seconds() - c0, wall = now_s() - t0;
   fprintf(stderr, "idle: rank %d used %.3f s CPU in %.2f s\n", rank, used, wall);
   T_ASSERT(used < 0.05 * wall);
-  T_EQ_INT(check_sum(g, size, 1000), 0); /* still works after idling */
+  if (check_sum(g, size, 1000) != 0) /* still works after idling */
+    T_FAIL("rank %d: all_sum after idling failed: %s", rank, t_last_error());
   mlx_distributed_group_free(g);
   return 0;
 }
@@ -453,6 +486,7 @@ static void expect_bad_ex(const char* content, const char* rank, const char* wan
   t_clear_errors();
   mlx_distributed_group g = mlx_distributed_group_new();
   T_ASSERT(mlx_distributed_init(&g, true, "ring") != 0);
+  rendered_once();
   if (names_file)
     T_EXPECT_ERROR("[ring]", path, want);
   else
@@ -512,9 +546,12 @@ static void badhost(void) {
   T_ASSERT(bind(blocker, (struct sockaddr*)&a, sizeof a) == 0 && listen(blocker, 1) == 0);
   socklen_t len = sizeof a;
   getsockname(blocker, (struct sockaddr*)&a, &len);
-  char text[200], want[64];
-  snprintf(want, sizeof want, "127.0.0.1:%d", ntohs(a.sin_port));
-  snprintf(text, sizeof text, "[[\"%s\"], [\"127.0.0.1:%d\"]]", want, free_port());
+  char text[200], addr[64], want[200];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+  snprintf(text, sizeof text, "[[\"%s\"], [\"127.0.0.1:%d\"]]", addr, free_port());
+  /* the failing call and its errno come after the detail */
+  snprintf(want, sizeof want, "cannot bind this rank's listen address %s (bind: %s)", addr,
+           strerror(EADDRINUSE));
   expect_bad_ex(text, "0", want, false);
   close(blocker);
 }

@@ -88,10 +88,10 @@ int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, in
   else if (mlxd_get16(rec + 20) == 0)
     what = "port 0";
   if (what || detail[0])
-    return mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] %s returned a malformed address record for rank %d (connection "
-                     "%d: %s); it must place rank r's %d bytes at offset r * n_bytes of dst",
-                     via, r, conn, what ? what : detail, MLXD_RING_REC_BYTES * nconn);
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "%s returned a malformed address record for rank %d (connection "
+                        "%d: %s); it must place rank r's %d bytes at offset r * n_bytes of dst",
+                        via, r, conn, what ? what : detail, MLXD_RING_REC_BYTES * nconn);
   memset(out, 0, sizeof *out);
   if (fam == 4) {
     struct sockaddr_in* in = (void*)&out->sa;
@@ -117,10 +117,10 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
     char tmp[300];
     snprintf(tmp, sizeof tmp, strchr(env, ':') && env[0] != '[' ? "[%s]:0" : "%s:0", env);
     if (mlxd_ring_parse_addr(tmp, true, out, why, sizeof why) != 0)
-      return mlxd_fail(st, MLXD_EINVAL,
-                       "[ring] MLXDIST_RING_ADDR='%s' is not a usable address (%s); expected "
-                       "this host's IP address",
-                       env, why);
+      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "MLXDIST_RING_ADDR='%s' is not a usable address (%s); expected "
+                          "this host's IP address",
+                          env, why);
     return 0;
   }
   char host[256];
@@ -146,21 +146,24 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
     }
   }
   if (mlxd_ring_parse_addr("127.0.0.1:0", true, out, why, sizeof why) != 0)
-    return mlxd_fail(st, MLXD_ESYS, "[ring] cannot form the loopback address: %s", why);
+    return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
+                        "cannot form the loopback address: %s", why);
   return 0;
 }
 
 static int env_int(const char* name, long lo, long hi, long* v, mlxd_status* st) {
   const char* s = getenv(name);
   if (!s || !*s)
-    return mlxd_fail(st, MLXD_EUNAVAIL, "[ring] %s is not set (needed with a caller's "
-                     "all-gather: MLX_RANK and MLX_WORLD_SIZE)", name);
+    return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
+                        "%s is not set (needed with a caller's all-gather: MLX_RANK and "
+                        "MLX_WORLD_SIZE)",
+                        name);
   char* end = NULL;
   errno = 0;
   long x = strtol(s, &end, 10);
   if (*end != '\0' || errno || x < lo || x > hi)
-    return mlxd_fail(st, MLXD_EINVAL, "[ring] %s='%s' is not an integer in [%ld, %ld]", name, s,
-                     lo, hi);
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "%s='%s' is not an integer in [%ld, %ld]", name, s, lo, hi);
   *v = x;
   return 0;
 }
@@ -170,12 +173,12 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
   if (env_int("MLX_WORLD_SIZE", 1, 1 << 20, &size, st)) return st->code;
   if (env_int("MLX_RANK", 0, 1 << 20, &rank, st)) return st->code;
   if (rank >= size)
-    return mlxd_fail(st, MLXD_EINVAL, "[ring] MLX_RANK=%ld is outside [0, MLX_WORLD_SIZE=%ld)",
-                     rank, size);
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "MLX_RANK=%ld is outside [0, MLX_WORLD_SIZE=%ld)", rank, size);
   long K = mlxd_tunable_long(MLXD_T_RING_CONNECTIONS);
   if (K < 1 || K > 64)
-    return mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] MLXDIST_RING_CONNECTIONS=%ld is outside [1, 64]", K);
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "MLXDIST_RING_CONNECTIONS=%ld is outside [1, 64]", K);
   int mode;
   if (mlxd_ring_transport_mode(&mode, st)) return st->code;
   bs->rank = (int)rank;
@@ -197,7 +200,8 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
   if (lfds)
     for (int c = 0; c < k; c++) lfds[c] = -1;
   if (!lfds || !fds || !mine || !src || !dst || !hosts.addrs) {
-    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory bootstrapping %d ranks", n);
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory bootstrapping %d ranks",
+                      n);
     goto done;
   }
   if (n > 1) {
@@ -209,7 +213,8 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
     mlxd_ring_rec_encode(src + (size_t)c * MLXD_RING_REC_BYTES, (int)rank, n, c, k, &mine[c]);
   /* Called for size one too, so the callback sees the same sequence on every path. */
   if ((rc = bs->all_gather(bs, dst, src, (size_t)k * MLXD_RING_REC_BYTES, st))) {
-    if (!st->code) rc = mlxd_fail(st, MLXD_ECALLBACK, "[ring] the all-gather callback failed");
+    if (!st->code)
+      rc = mlxd_fail_at(st, MLXD_ECALLBACK, MLXD_LAYER_BOOTSTRAP, "the all-gather callback failed");
     goto done;
   }
   if (n > 1) {

@@ -72,25 +72,31 @@ static int set_nonblock(int fd, bool on) {
   return fcntl(fd, F_SETFL, on ? (fl | O_NONBLOCK) : (fl & ~O_NONBLOCK));
 }
 
+/* A failed system call while setting up this rank's own sockets. */
+static int setup_fail_sys(mlxd_status* st, const char* what, const char* addr, const char* call,
+                          int err) {
+  mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "%s %s", what, addr);
+  mlxd_status_set_sys(st, call, err);
+  return MLXD_ESYS;
+}
+
 int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st) {
   *fd_out = -1;
   int fd = socket(addr->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return mlxd_fail(st, MLXD_ESYS, "[ring] cannot create a socket to listen on %s: %s",
-                     addr->text, strerror(errno));
+  if (fd < 0) return setup_fail_sys(st, "cannot create a socket to listen on", addr->text,
+                                    "socket", errno);
   int one = 1;
   (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   set_buffers(fd); /* inherited by accepted sockets; must precede listen for window scaling */
   if (bind(fd, (struct sockaddr*)&addr->sa, addr->len) != 0) {
     int e = errno;
     close(fd);
-    return mlxd_fail(st, MLXD_ESYS, "[ring] cannot bind %s (this rank's listen address): %s",
-                     addr->text, strerror(e));
+    return setup_fail_sys(st, "cannot bind this rank's listen address", addr->text, "bind", e);
   }
   if (listen(fd, SOMAXCONN) != 0) {
     int e = errno;
     close(fd);
-    return mlxd_fail(st, MLXD_ESYS, "[ring] cannot listen on %s: %s", addr->text, strerror(e));
+    return setup_fail_sys(st, "cannot listen on", addr->text, "listen", e);
   }
   socklen_t len = sizeof addr->sa;
   if (getsockname(fd, (struct sockaddr*)&addr->sa, &len) == 0) {
@@ -167,8 +173,11 @@ static int connect_retry(const mlxd_ring_addr* a, int peer, double deadline, dou
     attempts++;
     int fd = socket(a->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
-      mlxd_fail(st, MLXD_ESYS, "[ring] cannot create a socket to connect to rank %d at %s: %s",
-                peer, a->text, strerror(errno));
+      int e = errno;
+      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
+                   "cannot create a socket to connect to rank %d", peer);
+      mlxd_status_set_peer(st, peer, a->text);
+      mlxd_status_set_sys(st, "socket", e);
       return -1;
     }
     set_buffers(fd);
@@ -208,10 +217,13 @@ static int connect_retry(const mlxd_ring_addr* a, int peer, double deadline, dou
     nanosleep(&ts, NULL);
     backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
   }
-  mlxd_fail(st, last == ECONNREFUSED || last == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_ESYS,
-            "[ring] cannot connect to rank %d at %s within %g s (MLXDIST_CONNECT_TIMEOUT, %d "
-            "attempts): %s",
-            peer, a->text, budget, attempts, strerror(last));
+  mlxd_fail_at(st, last == ECONNREFUSED || last == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_ESYS,
+               MLXD_LAYER_BOOTSTRAP,
+               "cannot connect to rank %d within %g s (MLXDIST_CONNECT_TIMEOUT) after %d "
+               "attempt%s",
+               peer, budget, attempts, attempts == 1 ? "" : "s");
+  mlxd_status_set_peer(st, peer, a->text);
+  mlxd_status_set_sys(st, "connect", last);
   return -1;
 }
 
@@ -234,8 +246,11 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
       fds[j * K + c] = fd;
       hello_encode(h, rank, size, c, K);
       if (io_all(fd, h, HELLO_BYTES, true, deadline) != 0) {
-        mlxd_fail(st, MLXD_EREMOTE, "[ring] cannot send the handshake to rank %d at %s: %s", j,
-                  a->text, strerror(errno));
+        int e = errno;
+        mlxd_fail_at(st, e == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_EREMOTE, MLXD_LAYER_BOOTSTRAP,
+                     "cannot send the handshake to rank %d", j);
+        mlxd_status_set_peer(st, j, a->text);
+        mlxd_status_set_sys(st, "send", e);
         goto fail;
       }
     }
@@ -245,7 +260,7 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
   int expected = (size - 1 - rank) * K;
   struct pollfd* pfds = calloc((size_t)K, sizeof *pfds);
   if (!pfds) {
-    mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory setting up connections");
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory setting up connections");
     goto fail;
   }
   while (expected > 0) {
@@ -259,10 +274,11 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
         for (int c = 0; c < K; c++)
           if (fds[j * K + c] < 0) missing = j;
       free(pfds);
-      mlxd_fail(st, MLXD_ETIMEDOUT,
-                "[ring] rank %d did not connect to this rank (%d, listening on %s) within %g s "
-                "(MLXDIST_CONNECT_TIMEOUT); is it running with the same hostfile?",
-                missing, rank, hosts->addrs[rank * K].text, budget);
+      mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
+                   "rank %d did not connect to this rank (%d, listening on %s) within %g s "
+                   "(MLXDIST_CONNECT_TIMEOUT); is it running with the same hostfile?",
+                   missing, rank, hosts->addrs[rank * K].text, budget);
+      if (missing >= 0) mlxd_status_set_peer(st, missing, NULL);
       goto fail;
     }
     for (int c = 0; c < K; c++) {
@@ -283,11 +299,11 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
           pr_ >= (uint32_t)size || pc >= (uint32_t)K) {
         close(fd);
         free(pfds);
-        mlxd_fail(st, MLXD_EINVAL,
-                  "[ring] rank %u connected to rank %d as connection %u of %u in a group of %u, "
-                  "but this rank expects %d connections per peer in a group of %d (are all "
-                  "ranks using the same hostfile / settings?)",
-                  pr_, rank, pc, pk, ps, K, size);
+        mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                     "rank %u connected to rank %d as connection %u of %u in a group of %u, "
+                     "but this rank expects %d connections per peer in a group of %d (are all "
+                     "ranks using the same hostfile / settings?)",
+                     pr_, rank, pc, pk, ps, K, size);
         goto fail;
       }
       int slot = (int)pr_ * K + (int)pc;
@@ -315,16 +331,20 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
       int fd = fds[j * K + c];
       const char* at = hosts->addrs[j * K + c].text;
       if (io_all(fd, h, HELLO_BYTES, false, deadline) != 0) {
-        mlxd_fail(st, errno == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_EREMOTE,
-                  "[ring] no handshake answer from rank %d at %s: %s", j, at, strerror(errno));
+        int e = errno;
+        mlxd_fail_at(st, e == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_EREMOTE, MLXD_LAYER_BOOTSTRAP,
+                     "no handshake answer from rank %d", j);
+        mlxd_status_set_peer(st, j, at);
+        mlxd_status_set_sys(st, "recv", e);
         goto fail;
       }
       if (mlxd_get32(h) != HELLO_MAGIC || mlxd_get32(h + 4) != HELLO_VERSION ||
           mlxd_get32(h + 8) != (uint32_t)j || mlxd_get32(h + 16) != (uint32_t)c) {
-        mlxd_fail(st, MLXD_EINVAL,
-                  "[ring] the process listening on %s is not rank %d of this group (handshake "
-                  "mismatch); check the hostfile",
-                  at, j);
+        mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                     "the process listening at rank %d's address is not rank %d of this group "
+                     "(handshake mismatch); check the hostfile",
+                     j, j);
+        mlxd_status_set_peer(st, j, at);
         goto fail;
       }
       mlxd_ring_log("rank %d: connection %d to rank %d at %s ready", rank, c, j, at);

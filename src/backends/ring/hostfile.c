@@ -93,8 +93,10 @@ int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, c
 static char* read_file(const char* path, mlxd_status* st) {
   FILE* f = fopen(path, "rb");
   if (!f) {
-    mlxd_fail(st, MLXD_EINVAL, "[ring] cannot read hostfile '%s' (MLX_HOSTFILE): %s", path,
-              strerror(errno));
+    int e = errno;
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot read hostfile '%s' (MLX_HOSTFILE)",
+                 path);
+    mlxd_status_set_sys(st, "fopen", e);
     return NULL;
   }
   size_t cap = 4096, len = 0;
@@ -117,13 +119,15 @@ static char* read_file(const char* path, mlxd_status* st) {
   int err = ferror(f) ? errno : 0;
   fclose(f);
   if (!buf) {
-    mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory reading hostfile '%s'", path);
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory reading hostfile '%s'",
+                 path);
     return NULL;
   }
   if (err) {
     free(buf);
-    mlxd_fail(st, MLXD_EINVAL, "[ring] cannot read hostfile '%s' (MLX_HOSTFILE): %s", path,
-              strerror(err));
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot read hostfile '%s' (MLX_HOSTFILE)",
+                 path);
+    mlxd_status_set_sys(st, "fread", err);
     return NULL;
   }
   buf[len] = '\0';
@@ -138,17 +142,17 @@ int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status*
   free(text);
   int rc = 0;
   if (!root) {
-    rc = mlxd_fail(st, MLXD_EINVAL,
-                   "[ring] hostfile '%s' is not valid JSON (expected a list with one list of "
-                   "\"ip:port\" strings per rank)",
-                   path);
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "hostfile '%s' is not valid JSON (expected a list with one list of "
+                      "\"ip:port\" strings per rank)",
+                      path);
     goto done;
   }
   if (!cJSON_IsArray(root) || cJSON_GetArraySize(root) == 0) {
-    rc = mlxd_fail(st, MLXD_EINVAL,
-                   "[ring] hostfile '%s' is not a non-empty JSON list (expected one list of "
-                   "\"ip:port\" strings per rank)",
-                   path);
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "hostfile '%s' is not a non-empty JSON list (expected one list of "
+                      "\"ip:port\" strings per rank)",
+                      path);
     goto done;
   }
   int n = cJSON_GetArraySize(root);
@@ -156,25 +160,26 @@ int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status*
   for (int r = 0; r < n; r++) {
     cJSON* e = cJSON_GetArrayItem(root, r);
     if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) == 0) {
-      rc = mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] hostfile '%s': the entry of rank %d is not a non-empty list of "
-                     "\"ip:port\" strings",
-                     path, r);
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "hostfile '%s': the entry of rank %d is not a non-empty list of "
+                        "\"ip:port\" strings",
+                        path, r);
       goto done;
     }
     int kr = cJSON_GetArraySize(e);
     if (k < 0) k = kr;
     if (kr != k) {
-      rc = mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] hostfile '%s': rank %d lists %d addresses but rank 0 lists %d "
-                     "(every rank needs the same number, one per connection)",
-                     path, r, kr, k);
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "hostfile '%s': rank %d lists %d addresses but rank 0 lists %d "
+                        "(every rank needs the same number, one per connection)",
+                        path, r, kr, k);
       goto done;
     }
   }
   out->addrs = calloc((size_t)n * (size_t)k, sizeof *out->addrs);
   if (!out->addrs) {
-    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory parsing hostfile '%s'", path);
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
+                      "out of memory parsing hostfile '%s'", path);
     goto done;
   }
   out->size = n;
@@ -184,17 +189,17 @@ int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status*
     for (int c = 0; c < k; c++) {
       cJSON* s = cJSON_GetArrayItem(e, c);
       if (!cJSON_IsString(s) || !s->valuestring) {
-        rc = mlxd_fail(st, MLXD_EINVAL,
-                       "[ring] hostfile '%s': the entry of rank %d is not a list of strings "
-                       "(item %d is not a string; expected \"ip:port\")",
-                       path, r, c);
+        rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "hostfile '%s': the entry of rank %d is not a list of strings "
+                          "(item %d is not a string; expected \"ip:port\")",
+                          path, r, c);
         goto done;
       }
       char why[300];
       if (mlxd_ring_parse_addr(s->valuestring, false, &out->addrs[r * k + c], why,
                                sizeof why) != 0) {
-        rc = mlxd_fail(st, MLXD_EINVAL, "[ring] hostfile '%s': rank %d: bad address %s", path,
-                       r, why);
+        rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "hostfile '%s': rank %d: bad address %s", path, r, why);
         goto done;
       }
     }

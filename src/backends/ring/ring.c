@@ -8,6 +8,7 @@
  * the collective algorithms in src/algo.
  * split() bootstraps the child group's connections over the parent's
  * transport. See docs/ring.md. */
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,59 +19,64 @@
 #include "transport/tcp.h"
 #include "util/bytes.h"
 
-/* Messages from the layers below carry their own tag; the user sees the ring backend. */
-static int ring_err(int rc, mlxd_status* st) { return mlxd_ring_err(rc, st); }
+/* The ring's boundary: every op and create returns with its message
+ * rendered once, here ("[ring] all_sum #17: lost connection to rank 2
+ * (...)"). Lower layers fill structured statuses; a plain one (the front-end's
+ * callback, an older transport) passes through as it is. */
+static int ring_done(int rc, mlxd_status* st, const char* op, uint64_t seq) {
+  if (rc == 0) return 0;
+  if (st->code == 0)
+    mlxd_fail_at(st, rc, MLXD_LAYER_BACKEND, "the operation failed without a message (code %d)",
+                 rc);
+  if (op) mlxd_status_set_op(st, op, seq);
+  mlxd_status_render(st, "ring");
+  return st->code;
+}
 
-static size_t dsize(mlx_dtype d) { return mlx_dtype_size(d); }
+/* The names users call the ops by (mlx_distributed_*). */
+static const char* reduce_name(mlxd_reduce_op op) {
+  return op == MLXD_MAX ? "all_max" : op == MLXD_MIN ? "all_min" : "all_sum";
+}
 
+/* Every op runs on a group of two or more ranks (the front-end answers size
+ * one itself) with the arguments backend.h guarantees: asserted, not
+ * checked again. */
 static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out,
                            size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
-  if (!r->t) {
-    if (in != out && count) memmove(out, in, count * dsize(dtype));
-    return 0;
-  }
-  return ring_err(mlxd_algo_all_reduce(r->t, seq, in, out, count, dtype, op, st), st);
+  assert(r->t);
+  return ring_done(mlxd_algo_all_reduce(r->t, seq, in, out, count, dtype, op, st), st,
+                   reduce_name(op), seq);
 }
 
 static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out,
                            size_t nbytes, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
-  if (!r->t) {
-    if (in != out && nbytes) memmove(out, in, nbytes);
-    return 0;
-  }
-  return ring_err(mlxd_algo_all_gather(r->t, seq, in, out, nbytes, st), st);
+  assert(r->t);
+  return ring_done(mlxd_algo_all_gather(r->t, seq, in, out, nbytes, st), st, "all_gather", seq);
 }
 
 static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
                                size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                                mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
-  if (!r->t) {
-    if (in != out && count) memmove(out, in, count * dsize(dtype));
-    return 0;
-  }
-  return ring_err(mlxd_algo_reduce_scatter(r->t, seq, in, out, count, dtype, op, st), st);
+  assert(r->t);
+  return ring_done(mlxd_algo_reduce_scatter(r->t, seq, in, out, count, dtype, op, st), st,
+                   op == MLXD_SUM ? "sum_scatter" : "reduce_scatter", seq);
 }
 
 static int ring_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                      mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
-  if (!r->t || dst < 0 || dst >= b->size || dst == b->rank)
-    return mlxd_fail(st, MLXD_EINVAL, "[ring] cannot send to rank %d (group of %d, this is rank %d)",
-                     dst, b->size, b->rank);
-  return ring_err(mlxd_algo_send(r->t, seq, buf, nbytes, dst, st), st);
+  assert(r->t && dst >= 0 && dst < b->size && dst != b->rank);
+  return ring_done(mlxd_algo_send(r->t, seq, buf, nbytes, dst, st), st, "send", seq);
 }
 
 static int ring_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
                      mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
-  if (!r->t || src < 0 || src >= b->size || src == b->rank)
-    return mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] cannot receive from rank %d (group of %d, this is rank %d)", src,
-                     b->size, b->rank);
-  return ring_err(mlxd_algo_recv(r->t, seq, buf, nbytes, src, st), st);
+  assert(r->t && src >= 0 && src < b->size && src != b->rank);
+  return ring_done(mlxd_algo_recv(r->t, seq, buf, nbytes, src, st), st, "recv", seq);
 }
 
 /* Closing is enough: the TCP transport treats a peer that closes after its
@@ -97,8 +103,8 @@ static int split_cmp(const void* a, const void* b) {
 }
 
 
-static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
-                      mlxd_status* st) {
+static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
+                     mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   *out = NULL;
   const int n = b->size, k = r->nconn;
@@ -120,7 +126,7 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
   if (lfds)
     for (int c = 0; c < k; c++) lfds[c] = -1;
   if (!lfds || !mine || !src || !all || !ents) {
-    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory in split");
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
     goto done;
   }
   if ((rc = mlxd_ring_listen_many(&r->self, k, lfds, mine, st))) goto done;
@@ -128,7 +134,7 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
   mlxd_put32(src + 4, (uint32_t)key);
   for (int c = 0; c < k; c++)
     mlxd_ring_rec_encode(src + 8 + (size_t)c * MLXD_RING_REC_BYTES, b->rank, n, c, k, &mine[c]);
-  if ((rc = ring_err(mlxd_algo_all_gather(r->t, seq, src, all, per, st), st))) goto done;
+  if ((rc = mlxd_algo_all_gather(r->t, seq, src, all, per, st))) goto done;
 
   int m = 0;
   for (int p = 0; p < n; p++) {
@@ -144,7 +150,8 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
   for (int i = 0; i < m; i++)
     if (ents[i].prank == b->rank) me = i;
   if (me < 0) {
-    rc = mlxd_fail(st, MLXD_EINVAL, "[ring] split: this rank is missing from its own group");
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                      "this rank is missing from its own group in the exchanged records");
     goto done;
   }
   mlxd_ring_log("split: parent rank %d, color %d, key %d -> rank %d of %d", b->rank, color, key,
@@ -158,7 +165,7 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
   hosts.addrs = calloc((size_t)m * (size_t)k, sizeof *hosts.addrs);
   fds = malloc(sizeof(int) * (size_t)m * (size_t)k);
   if (!hosts.addrs || !fds) {
-    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory in split");
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
     goto done;
   }
   for (int i = 0; i < m; i++) {
@@ -183,6 +190,11 @@ done:
   return rc;
 }
 
+static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
+                      mlxd_status* st) {
+  return ring_done(split_run(b, seq, color, key, out, st), st, "split", seq);
+}
+
 static const mlxd_backend_ops ring_ops = {
     "ring",    ring_all_reduce, ring_all_gather, ring_reduce_scatter, ring_send, ring_recv,
     ring_split, ring_destroy,
@@ -194,7 +206,7 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
   mlxd_ring* r = calloc(1, sizeof *r);
   if (!r) {
     if (size > 1) mlxd_ring_close_all(fds, size * nconn);
-    return mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory creating the group");
+    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
   }
   r->base.ops = &ring_ops;
   r->base.rank = rank;
@@ -207,13 +219,16 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
     for (int i = 0; i < size * nconn; i++) fds[i] = -1; /* owned (or closed) by the transport */
     if (!r->t) {
       free(r);
-      if (!st->code) mlxd_fail(st, MLXD_ESYS, "[ring] cannot create the TCP transport");
-      return ring_err(st->code, st);
+      if (!st->code)
+        mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot create the TCP transport");
+      return st->code;
     }
     if (mlxd_ring_select_transport(&r->t, st) != 0) {
       r->t->ops->destroy(r->t);
       free(r);
-      return ring_err(st->code ? st->code : MLXD_ESYS, st);
+      if (!st->code)
+        mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot choose the transport");
+      return st->code;
     }
   }
   mlxd_ring_log("rank %d of %d ready (%s transport, %d TCP connection(s) per peer at set-up)",
@@ -244,15 +259,16 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   const char* rs = getenv("MLX_RANK");
   const char* path = getenv("MLX_HOSTFILE");
   if (!rs || !*rs || !path || !*path)
-    return mlxd_fail(st, MLXD_EUNAVAIL,
-                     "[ring] not configured: MLX_RANK and MLX_HOSTFILE must be set (MLX_RANK=%s, "
-                     "MLX_HOSTFILE=%s)",
-                     rs && *rs ? rs : "(unset)", path && *path ? path : "(unset)");
+    return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
+                        "not configured: MLX_RANK and MLX_HOSTFILE must be set (MLX_RANK=%s, "
+                        "MLX_HOSTFILE=%s)",
+                        rs && *rs ? rs : "(unset)", path && *path ? path : "(unset)");
   char* end = NULL;
   errno = 0;
   long rank = strtol(rs, &end, 10);
   if (*end != '\0' || errno || rank < 0 || rank > (1 << 20))
-    return mlxd_fail(st, MLXD_EINVAL, "[ring] MLX_RANK='%s' is not a non-negative integer", rs);
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "MLX_RANK='%s' is not a non-negative integer", rs);
   int mode;
   if (mlxd_ring_transport_mode(&mode, st)) return st->code; /* before anyone waits on us */
   mlxd_ring_hosts hosts;
@@ -262,10 +278,10 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   int* lfds = NULL;
   int* fds = NULL;
   if (rank >= n) {
-    rc = mlxd_fail(st, MLXD_EINVAL,
-                   "[ring] MLX_RANK=%ld is outside the hostfile '%s', which lists %d rank(s) "
-                   "(expected a rank in [0, %d))",
-                   rank, path, n, n);
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "MLX_RANK=%ld is outside the hostfile '%s', which lists %d rank(s) "
+                      "(expected a rank in [0, %d))",
+                      rank, path, n, n);
     goto done;
   }
   mlxd_ring_log("rank %ld of %d from hostfile '%s', %d connection(s) per peer", rank, n, path,
@@ -281,7 +297,8 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   if (lfds)
     for (int c = 0; c < k; c++) lfds[c] = -1;
   if (!lfds || !fds) {
-    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory connecting %d ranks", n);
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory connecting %d ranks",
+                      n);
     goto done;
   }
   for (int c = 0; c < k; c++) {
@@ -300,8 +317,8 @@ done:
 
 static int ring_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
   *out = NULL;
-  if (bs) return mlxd_ring_create_bootstrap(bs, out, st);
-  return ring_create_hostfile(out, st);
+  int rc = bs ? mlxd_ring_create_bootstrap(bs, out, st) : ring_create_hostfile(out, st);
+  return ring_done(rc, st, NULL, 0);
 }
 
 const mlxd_backend_kind mlxd_ring_kind = {"ring", ring_available, ring_configured, ring_create,

@@ -1,5 +1,10 @@
 /* Private to the ring backend: hostfile parsing, connection set-up and the
- * bootstrap address records. See docs/ring.md and docs/bootstrap.md. */
+ * bootstrap address records. See docs/ring.md and docs/bootstrap.md.
+ *
+ * Errors below ring.c are structured (core/status.h): set-up failures use
+ * MLXD_LAYER_BOOTSTRAP with the peer, its address and the failing system
+ * call where known; nothing here writes "[ring]" into a message. ring.c
+ * renders every status once, when it returns to the front-end. */
 #ifndef MLXD_RING_INTERNAL_H
 #define MLXD_RING_INTERNAL_H
 
@@ -69,9 +74,6 @@ const char* mlxd_ring_mode_name(int mode);
  * every rank is on one host and the setting allows it, replace *t by a shared-memory
  * transport (the TCP one is destroyed). On error *t is left as it was. */
 int mlxd_ring_select_transport(mlxd_transport** t, mlxd_status* st);
-/* Re-tag a lower layer's message as the ring's ("[shm] lost rank N (...)" becomes
- * "[ring] lost connection to rank N (...)"); returns rc. */
-int mlxd_ring_err(int rc, mlxd_status* st);
 
 /* ring.c: the backend proper. */
 typedef struct mlxd_ring {

@@ -1,5 +1,4 @@
-/* Transport selection for a ring group (MLXDIST_TRANSPORT) and the ring's
- * wording of transport errors.
+/* Transport selection for a ring group (MLXDIST_TRANSPORT).
  *
  * Every group of two or more ranks first gets a TCP full mesh (connect.c).
  * Over it, one exchange with tags of kind MLXD_TAG_BOOT (never used by user
@@ -24,7 +23,9 @@
  *                            with the rank and its reason;
  *   auto, several hosts      TCP (a per-peer mix of shm and tcp is future
  *                            work); shm fails naming the ranks elsewhere.
- * Ranks with different MLXDIST_TRANSPORT settings fail with both values. */
+ * Ranks with different MLXDIST_TRANSPORT settings fail with both values.
+ * Errors are structured (MLXD_LAYER_BOOTSTRAP, or the transport's own,
+ * passed on untouched); ring.c renders them at its boundary. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -53,69 +54,9 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
       *mode = m;
       return 0;
     }
-  return mlxd_fail(st, MLXD_EINVAL,
-                   "[ring] MLXDIST_TRANSPORT='%s' is not valid; expected auto, tcp or shm",
-                   v ? v : "(null)");
-}
-
-/* ---- the ring's wording of lower-layer messages ---- */
-
-static const char* skip_tag(const char* s) {
-  if (s[0] != '[') return s;
-  const char* close = strchr(s, ']');
-  if (!close) return s;
-  s = close + 1;
-  while (*s == ' ') s++;
-  return s;
-}
-
-/* "rank N failed: " at s: returns N and sets *rest, else -1. */
-static int reported_by(const char* s, const char** rest) {
-  int n = -1, used = 0;
-  if (sscanf(s, "rank %d failed: %n", &n, &used) == 1 && used > 0) {
-    *rest = s + used;
-    return n;
-  }
-  return -1;
-}
-
-int mlxd_ring_err(int rc, mlxd_status* st) {
-  if (rc == 0) return 0;
-  if (st->code == 0) st->code = rc;
-  if (st->msg[0] == '\0') {
-    snprintf(st->msg, sizeof st->msg, "[ring] operation failed (code %d)", rc);
-    return rc;
-  }
-  if (strncmp(st->msg, "[ring]", 6) == 0 || st->msg[0] != '[') return rc;
-  /* The shared-memory transport says "[shm] lost rank N (...)" and, for a
-   * failure another rank published, "[shm] rank M failed: <its message>". */
-  const char* body = skip_tag(st->msg);
-  int reporter = -1, r;
-  const char* rest = NULL;
-  while ((r = reported_by(body, &rest)) >= 0) {
-    if (reporter < 0) reporter = r;
-    body = skip_tag(rest);
-  }
-  char tmp[MLXD_MSG_MAX];
-  int n;
-  if (strncmp(body, "lost rank ", 10) == 0)
-    n = snprintf(tmp, sizeof tmp, "[ring] lost connection to rank %s", body + 10);
-  else
-    n = snprintf(tmp, sizeof tmp, "[ring] %s", body);
-  if (reporter >= 0 && n > 0 && (size_t)n < sizeof tmp) {
-    char by[48];
-    size_t len = (size_t)n;
-    if (len > 0 && tmp[len - 1] == ')') {
-      tmp[len - 1] = '\0';
-      snprintf(by, sizeof by, "; reported by rank %d)", reporter);
-    } else {
-      snprintf(by, sizeof by, " (reported by rank %d)", reporter);
-    }
-    size_t have = strlen(tmp);
-    snprintf(tmp + have, sizeof tmp - have, "%s", by);
-  }
-  memcpy(st->msg, tmp, sizeof tmp);
-  return rc;
+  return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "MLXDIST_TRANSPORT='%s' is not valid; expected auto, tcp or shm",
+                      v ? v : "(null)");
 }
 
 /* ---- the boot exchange over a fresh transport ---- */
@@ -149,7 +90,9 @@ static int boot_exchange(mlxd_transport* t, unsigned step, const unsigned char* 
   const int size = t->size, rank = t->rank;
   memcpy(out + (size_t)rank * n, in, n);
   mlxd_req** reqs = calloc((size_t)size * 2, sizeof *reqs);
-  if (!reqs) return mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory choosing the transport");
+  if (!reqs)
+    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
+                        "out of memory choosing the transport");
   const uint64_t tag = mlxd_tag(MLXD_TAG_BOOT, 0x5e1ec7u, step);
   int rc = 0;
   for (int p = 0; p < size && rc == 0; p++) {
@@ -255,11 +198,12 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
   mlxd_transport* shm = NULL;
   int rc = 0;
   if (!ids || !stat_all || !other) {
-    rc = mlxd_fail(st, MLXD_ENOMEM, "[ring] out of memory choosing the transport");
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
+                      "out of memory choosing the transport");
     goto done;
   }
   make_id(mine, rank, size, mode);
-  if ((rc = mlxd_ring_err(boot_exchange(tcp, 1, mine, ids, ID_BYTES, st), st))) goto done;
+  if ((rc = boot_exchange(tcp, 1, mine, ids, ID_BYTES, st))) goto done;
 
   /* validate, and agree on the setting */
   for (int p = 0; p < size; p++) {
@@ -267,18 +211,20 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
     if (get_u(id, 4) != ID_MAGIC || get_u(id + 4, 2) != ID_VERSION ||
         get_u(id + 8, 4) != (uint64_t)p || get_u(id + 12, 4) != (uint64_t)size ||
         get_u(id + 6, 2) > MLXD_RING_T_SHM) {
-      rc = mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] rank %d sent a malformed host record while choosing the transport "
-                     "(is every rank running the same mlxdist version?)",
-                     p);
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "rank %d sent a malformed host record while choosing the transport "
+                        "(is every rank running the same mlxdist version?)",
+                        p);
+      mlxd_status_set_peer(st, p, NULL);
       goto done;
     }
     int pm = (int)get_u(id + 6, 2);
     if (pm != mode) {
-      rc = mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] ranks disagree on MLXDIST_TRANSPORT: rank %d has %s, rank %d has "
-                     "%s; expected the same value on every rank",
-                     rank, mlxd_ring_mode_name(mode), p, mlxd_ring_mode_name(pm));
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "ranks disagree on MLXDIST_TRANSPORT: rank %d has %s, rank %d has "
+                        "%s; expected the same value on every rank",
+                        rank, mlxd_ring_mode_name(mode), p, mlxd_ring_mode_name(pm));
+      mlxd_status_set_peer(st, p, NULL);
       goto done;
     }
   }
@@ -296,11 +242,11 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
     rank_list(other, m, list, sizeof list);
     host_diff(ids, ids + (size_t)other[0] * ID_BYTES, why, sizeof why);
     if (mode == MLXD_RING_T_SHM) {
-      rc = mlxd_fail(st, MLXD_EINVAL,
-                     "[ring] MLXDIST_TRANSPORT=shm needs every rank on one host, but rank%s %s "
-                     "%s on a different host than rank 0 (rank %d: %s); use "
-                     "MLXDIST_TRANSPORT=auto or tcp",
-                     m > 1 ? "s" : "", list, m > 1 ? "are" : "is", other[0], why);
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "MLXDIST_TRANSPORT=shm needs every rank on one host, but rank%s %s "
+                        "%s on a different host than rank 0 (rank %d: %s); use "
+                        "MLXDIST_TRANSPORT=auto or tcp",
+                        m > 1 ? "s" : "", list, m > 1 ? "are" : "is", other[0], why);
       goto done;
     }
     mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=auto; rank%s %s on another "
@@ -318,11 +264,13 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
   memset(my_status, 0, sizeof my_status);
   my_status[0] = shm ? 1 : 0;
   if (!shm) {
-    if (!sst.msg[0]) snprintf(sst.msg, sizeof sst.msg, "[shm] failed (code %d)", sst.code);
-    snprintf((char*)my_status + 1, STATUS_BYTES - 1, "%.*s", STATUS_BYTES - 2, skip_tag(sst.msg));
+    /* The reason travels to every rank as text: rendered without a tag,
+     * since it becomes part of a ring message (or a log line) there. */
+    if (!sst.code) mlxd_fail_at(&sst, MLXD_ESYS, MLXD_LAYER_SHM, "failed without a message");
+    mlxd_status_render(&sst, NULL);
+    snprintf((char*)my_status + 1, STATUS_BYTES - 1, "%.*s", STATUS_BYTES - 2, sst.msg);
   }
-  if ((rc = mlxd_ring_err(boot_exchange(tcp, 2, my_status, stat_all, STATUS_BYTES, st), st)))
-    goto done;
+  if ((rc = boot_exchange(tcp, 2, my_status, stat_all, STATUS_BYTES, st))) goto done;
   int bad = -1;
   for (int p = 0; p < size && bad < 0; p++)
     if (stat_all[(size_t)p * STATUS_BYTES] != 1) bad = p;
@@ -339,10 +287,11 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
   memcpy(reason, stat_all + (size_t)bad * STATUS_BYTES + 1, STATUS_BYTES - 1);
   reason[STATUS_BYTES - 1] = '\0';
   if (mode == MLXD_RING_T_SHM) {
-    rc = mlxd_fail(st, MLXD_ESYS,
-                   "[ring] MLXDIST_TRANSPORT=shm but the shared-memory transport could not "
-                   "start on rank %d: %s",
-                   bad, reason);
+    rc = mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
+                      "MLXDIST_TRANSPORT=shm but the shared-memory transport could not "
+                      "start on rank %d: %s",
+                      bad, reason);
+    if (bad != rank) mlxd_status_set_peer(st, bad, NULL);
     goto done;
   }
   mlxd_ring_log("rank %d of %d: shared memory could not start on rank %d (%s); falling back "

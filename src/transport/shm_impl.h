@@ -1,0 +1,221 @@
+/* Private: what shm.c (rings, matching, progress) and shm_setup.c (the
+ * segment: set-up, liveness, published failures) share. Design notes at
+ * the top of shm.c. */
+#ifndef MLXD_SHM_IMPL_H
+#define MLXD_SHM_IMPL_H
+
+#include "transport/shm.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/buffer.h"
+#include "transport/match.h"
+#include "util/clock.h"
+#include "util/tunables.h"
+
+#if defined(__SANITIZE_THREAD__)
+#define SHM_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SHM_TSAN 1
+#endif
+#endif
+#ifndef SHM_TSAN
+#define SHM_TSAN 0
+#endif
+
+#define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
+#define SHM_VERSION 2u /* 2: structured failure records */
+#define SHM_CL 64
+#ifndef SHM_SLOT_BYTES
+#define SHM_SLOT_BYTES ((size_t)64 * 1024)
+#endif
+#ifndef SHM_NSLOTS
+#define SHM_NSLOTS 16u
+#endif
+#define SHM_CMA_IO_MAX ((size_t)1 << 30)
+#define SHM_NAME_MAX 200
+#define SHM_CHECK_S 0.1 /* liveness checks / longest single sleep */
+
+enum { RANK_NONE = 0, RANK_ATTACHED = 1, RANK_CLOSED = 2, RANK_FAILED = 3 };
+enum { CMA_UNKNOWN = 0, CMA_OK = 1, CMA_NO = 2 };
+enum { SLOT_EAGER = 1, SLOT_RTS = 2 };
+
+/* ---- shared layout ---- */
+
+/* A failed rank's status as published in the segment (mlxd_status without
+ * its pointers). Peers may be hostile or of another build: every field is
+ * validated when read (fail_read). */
+typedef struct shm_fail_rec {
+  int32_t code, layer, peer, reporter, sys_errno;
+  uint8_t has_peer, has_reporter, pad_[2];
+  char syscall[24];
+  char peer_addr[MLXD_ADDR_MAX];
+  char detail[MLXD_MSG_MAX];
+} shm_fail_rec;
+
+typedef struct shm_rank_rec {
+  alignas(SHM_CL) _Atomic int32_t state;
+  _Atomic int32_t pid;
+  _Atomic int32_t cma;
+  uint64_t probe_addr; /* published by the state store */
+  uint64_t probe_val;
+  shm_fail_rec fail; /* published by state = RANK_FAILED */
+  alignas(SHM_CL) _Atomic uint32_t doorbell;
+  alignas(SHM_CL) _Atomic uint32_t sleepers;
+} shm_rank_rec;
+
+typedef struct shm_hdr {
+  _Atomic uint64_t magic; /* stored last by the creator */
+  uint32_t version;
+  uint32_t size;
+  uint64_t slot_bytes, nslots, total;
+  alignas(SHM_CL) _Atomic uint32_t attached;
+  alignas(SHM_CL) _Atomic uint32_t probed;
+} shm_hdr;
+
+typedef struct shm_ring_ctl {
+  alignas(SHM_CL) _Atomic uint64_t head; /* producer */
+  alignas(SHM_CL) _Atomic uint64_t tail; /* consumer */
+  _Atomic uint64_t acked;                /* consumer: rendezvous reads done */
+} shm_ring_ctl;
+
+typedef struct shm_slot_hdr {
+  uint32_t kind;
+  uint32_t pad_;
+  uint64_t tag;
+  uint64_t msg_len;
+  uint64_t chunk_len;
+  uint64_t addr;
+  uint64_t pad2_[3];
+} shm_slot_hdr;
+
+_Static_assert(sizeof(shm_slot_hdr) == SHM_CL, "slot header is one cache line");
+
+/* ---- local state ---- */
+
+enum { REQ_SEND = 1, REQ_RECV = 2 };
+enum { W_NONE = 0, W_SENDQ, W_ACKQ, W_POSTED, W_CUR };
+
+typedef struct shm_req {
+  mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
+  int kind;
+  char* buf;
+  size_t off;
+  bool rndv;
+  int where;
+  uint64_t ticket;
+  struct shm_req* next;  /* send / ack queue, free list */
+  mlxd_match_link link;  /* recv: in the posted queue */
+} shm_req;
+
+typedef struct shm_unexp {
+  size_t len, got;
+  char* buf;
+  bool complete;
+  mlxd_match_link link; /* in the unexpected queue */
+} shm_unexp;
+
+typedef struct shm_peer {
+  /* outgoing ring (this rank -> peer) */
+  shm_ring_ctl* out;
+  char* out_slots;
+  uint64_t out_head, out_tail_seen;
+  shm_req *sq_head, *sq_tail;   /* sends not yet fully in the ring */
+  shm_req *ack_head, *ack_tail; /* rendezvous sends waiting for their ack */
+  uint64_t rts_sent;
+  bool cma; /* the peer can read our memory */
+  /* incoming ring (peer -> this rank) */
+  shm_ring_ctl* in;
+  char* in_slots;
+  uint64_t in_tail;
+  mlxd_match_peer mq; /* posted receives, unexpected messages */
+  bool cur_active;
+  shm_req* cur_req;
+  shm_unexp* cur_ux; /* cur_req == cur_ux == NULL while active: discard */
+  size_t cur_len, cur_off;
+  pid_t pid;
+  char addr[24]; /* "pid 1234": where the peer lives, for statuses */
+} shm_peer;
+
+typedef struct shm_transport {
+  mlxd_transport base;
+  pthread_mutex_t mu;
+  char path[SHM_NAME_MAX + 2];
+  void* map;
+  size_t map_len;
+  shm_hdr* hdr;
+  shm_peer* peers;
+  size_t slot_stride;
+  double timeout_s, spin_s;
+  size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
+  bool oversubscribed;
+  mlxd_status err; /* the first failure; err.code == 0 while none */
+  volatile uint64_t probe; /* read by peers through CMA at set-up */
+  shm_req* free_reqs;
+  int nfree;
+} shm_transport;
+
+/* ---- geometry ---- */
+
+static inline size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+static inline size_t ranks_off(void) { return round_up(sizeof(shm_hdr), 4096); }
+static inline size_t rings_off(int size) {
+  return round_up(ranks_off() + (size_t)size * sizeof(shm_rank_rec), 4096);
+}
+static inline size_t slot_stride(void) { return sizeof(shm_slot_hdr) + SHM_SLOT_BYTES; }
+static inline size_t ring_bytes(void) {
+  return round_up(sizeof(shm_ring_ctl) + SHM_NSLOTS * slot_stride(), 4096);
+}
+static inline size_t total_bytes(int size) {
+  return rings_off(size) + (size_t)size * (size_t)size * ring_bytes();
+}
+
+static inline shm_rank_rec* rank_rec(shm_transport* t, int r) {
+  return (shm_rank_rec*)((char*)t->map + ranks_off() + (size_t)r * sizeof(shm_rank_rec));
+}
+static inline shm_ring_ctl* ring_ctl(shm_transport* t, int src, int dst) {
+  return (shm_ring_ctl*)((char*)t->map + rings_off(t->base.size) +
+                         ((size_t)src * (size_t)t->base.size + (size_t)dst) * ring_bytes());
+}
+static inline char* ring_slots(shm_ring_ctl* c) { return (char*)c + sizeof(shm_ring_ctl); }
+
+/* ---- shm_setup.c ---- */
+
+/* Whether process pid is gone (no such process, or a zombie). */
+bool mlxd_shm_pid_dead(pid_t pid);
+/* Publish st as this rank's failure record (before state = RANK_FAILED). */
+void mlxd_shm_fail_publish(shm_fail_rec* rec, const mlxd_status* st);
+/* Rank r's published failure into st (validated); returns its code. */
+int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st);
+/* Read n bytes at src of process pid into dst (process_vm_readv, looped).
+ * 0, or -1 with *err set. */
+int mlxd_shm_cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err);
+
+/* ---- shm.c ---- */
+
+extern const mlxd_transport_ops mlxd_shm_ops;
+void mlxd_shm_destroy(mlxd_transport* t);
+
+#endif

@@ -1,0 +1,375 @@
+/* The shared-memory transport's segment: creating / joining it, checking
+ * the peers' processes, the failure records ranks publish in it, and
+ * cross-memory reads (design notes at the top of shm.c). */
+#include "transport/shm.h"
+#include "transport/shm_impl.h"
+
+static void sleep_us(long us) {
+  struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+  nanosleep(&ts, NULL);
+}
+
+
+/* Whether process pid is gone (no such process, or a zombie). */
+bool mlxd_shm_pid_dead(pid_t pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return false;
+  buf[n] = '\0';
+  const char* p = strrchr(buf, ')');
+  if (!p || p[1] != ' ') return false;
+  return p[2] == 'Z' || p[2] == 'X';
+}
+
+/* System calls a published failure may name (the name is copied back to
+ * one of these static strings; anything else is dropped). */
+static const char* const k_syscalls[] = {
+    "recv",      "sendmsg", "poll",  "fcntl", "eventfd", "process_vm_readv", "shm_open",
+    "ftruncate", "mmap",    "fstat", "futex", "connect", "accept",           "getsockopt",
+};
+
+void mlxd_shm_fail_publish(shm_fail_rec* rec, const mlxd_status* st) {
+  memset(rec, 0, sizeof *rec);
+  rec->code = st->code;
+  rec->layer = st->layer;
+  rec->peer = st->peer;
+  rec->reporter = st->reporter;
+  rec->sys_errno = st->sys_errno;
+  rec->has_peer = st->has_peer;
+  rec->has_reporter = st->has_reporter;
+  snprintf(rec->syscall, sizeof rec->syscall, "%s", st->syscall ? st->syscall : "");
+  snprintf(rec->peer_addr, sizeof rec->peer_addr, "%s", st->peer_addr);
+  snprintf(rec->detail, sizeof rec->detail, "%s", st->msg);
+}
+
+/* Copy a NUL-terminated string of at most cap - 1 bytes from shared memory
+ * (where it may be unterminated) and keep only printable ASCII. */
+static void copy_text(char* dst, const char* src, size_t cap) {
+  size_t i = 0;
+  for (; i + 1 < cap && src[i]; i++) dst[i] = (src[i] >= 0x20 && src[i] < 0x7f) ? src[i] : '?';
+  dst[i] = '\0';
+}
+
+/* Rank r's published failure into st, reported by r unless r relays one
+ * itself. Its code is kept (a timeout stays a timeout; MLXD_EREMOTE when
+ * out of range); other fields out of range are dropped. Returns the code. */
+int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st) {
+  const shm_fail_rec* rec = &rank_rec(t, r)->fail;
+  shm_fail_rec v;
+  memcpy(&v, rec, sizeof v);
+  int size = t->base.size;
+  char detail[MLXD_MSG_MAX];
+  copy_text(detail, v.detail, sizeof detail);
+  int layer = v.layer > MLXD_LAYER_NONE && v.layer <= MLXD_LAYER_BACKEND ? v.layer
+                                                                            : MLXD_LAYER_SHM;
+  int code = v.code > MLXD_OK && v.code <= MLXD_ECALLBACK ? v.code : MLXD_EREMOTE;
+  mlxd_fail_at(st, code, (mlxd_layer)layer, "%s", detail[0] ? detail : "failed");
+  if (v.has_peer && v.peer >= 0 && v.peer < size) {
+    char addr[MLXD_ADDR_MAX];
+    copy_text(addr, v.peer_addr, sizeof addr);
+    mlxd_status_set_peer(st, v.peer, addr);
+  }
+  v.syscall[sizeof v.syscall - 1] = '\0';
+  const char* sc = NULL;
+  for (size_t i = 0; i < sizeof k_syscalls / sizeof k_syscalls[0]; i++)
+    if (strcmp(v.syscall, k_syscalls[i]) == 0) sc = k_syscalls[i];
+  int err = v.sys_errno > 0 && v.sys_errno < 4096 ? v.sys_errno : 0;
+  if (sc || err) mlxd_status_set_sys(st, sc, err);
+  mlxd_status_set_reporter(st, v.has_reporter && v.reporter >= 0 && v.reporter < size
+                                   ? v.reporter : r);
+  return code;
+}
+
+
+/* ---- CMA ---- */
+
+int mlxd_shm_cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err) {
+  size_t done = 0;
+  while (done < n) {
+    size_t c = n - done < SHM_CMA_IO_MAX ? n - done : SHM_CMA_IO_MAX;
+    struct iovec l = {(char*)dst + done, c};
+    struct iovec r = {(void*)(uintptr_t)(src + done), c};
+    ssize_t k = process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      *err = errno;
+      return -1;
+    }
+    if (k == 0) {
+      *err = EFAULT;
+      return -1;
+    }
+    done += (size_t)k;
+  }
+  return 0;
+}
+
+
+/* ---- set-up ---- */
+
+static bool valid_name(const char* s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > SHM_NAME_MAX) return false;
+  for (size_t i = 0; i < n; i++) {
+    char c = s[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.';
+    if (!ok) return false;
+  }
+  return s[0] != '.';
+}
+
+/* Wait until *counter reaches want (bounded; watching the attached peers). */
+static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want,
+                      double deadline, const char* what, mlxd_status* st) {
+  long us = 20;
+  double last_check = mlxd_now();
+  while (atomic_load_explicit(counter, memory_order_acquire) < want) {
+    double now = mlxd_now();
+    if (now >= deadline) {
+      char missing[160] = "";
+      size_t len = 0;
+      for (int r = 0; r < t->base.size && len < sizeof missing - 12; r++)
+        if (atomic_load(&rank_rec(t, r)->state) == RANK_NONE)
+          len += (size_t)snprintf(missing + len, sizeof missing - len, "%s%d", len ? ", " : "", r);
+      return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
+                          "rank %d timed out after %g s (MLXDIST_CONNECT_TIMEOUT) waiting for "
+                          "every rank to %s shared memory %s%s%s",
+                          t->base.rank, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT), what,
+                          t->path, len ? "; missing ranks: " : "", missing);
+    }
+    if (now - last_check >= SHM_CHECK_S) {
+      last_check = now;
+      for (int r = 0; r < t->base.size; r++) {
+        shm_rank_rec* rec = rank_rec(t, r);
+        pid_t pid = atomic_load(&rec->pid);
+        int state = atomic_load_explicit(&rec->state, memory_order_acquire);
+        if (r == t->base.rank || pid <= 0) continue;
+        if (state == RANK_FAILED) return mlxd_shm_fail_read(t, r, st);
+        if (mlxd_shm_pid_dead(pid)) {
+          char addr[24];
+          snprintf(addr, sizeof addr, "pid %d", (int)pid);
+          return mlxd_match_lost(st, MLXD_LAYER_SHM, r, addr,
+                                 ": its process exited while joining shared memory", NULL, 0);
+        }
+      }
+    }
+    sleep_us(us);
+    if (us < 2000) us *= 2;
+  }
+  return 0;
+}
+
+static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_status* st) {
+  int fd = -1;
+  if (t->base.rank == 0) {
+    fd = shm_open(t->path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      int e = errno;
+      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "rank 0 could not create shared memory %s%s",
+                   t->path,
+                   e == EEXIST ? " (the session name must be unique; expected a fresh name)" : "");
+      mlxd_status_set_sys(st, "shm_open", e);
+      return st->code;
+    }
+    if (ftruncate(fd, (off_t)total) != 0) {
+      int e = errno;
+      close(fd);
+      shm_unlink(t->path);
+      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "could not size shared memory %s to %zu bytes",
+                   t->path, total);
+      mlxd_status_set_sys(st, "ftruncate", e);
+      return st->code;
+    }
+  } else {
+    long us = 50;
+    for (;;) {
+      fd = shm_open(t->path, O_RDWR | O_CLOEXEC, 0);
+      if (fd >= 0) {
+        struct stat sb;
+        if (fstat(fd, &sb) == 0 && (size_t)sb.st_size == total) break;
+        if (fstat(fd, &sb) == 0 && sb.st_size != 0 && (size_t)sb.st_size != total) {
+          close(fd);
+          return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
+                              "shared memory %s has %lld bytes but rank %d expected %zu "
+                              "(do all ranks agree on the group size %d?)",
+                           t->path, (long long)sb.st_size, t->base.rank, total, t->base.size);
+        }
+        close(fd);
+        fd = -1;
+      } else if (errno != ENOENT) {
+        int e = errno;
+        mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "rank %d could not open shared memory %s",
+                     t->base.rank, t->path);
+        mlxd_status_set_sys(st, "shm_open", e);
+        return st->code;
+      }
+      if (mlxd_now() >= deadline)
+        return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
+                            "rank %d could not open shared memory %s created by rank 0 within "
+                            "%g s (MLXDIST_CONNECT_TIMEOUT)",
+                         t->base.rank, t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
+      sleep_us(us);
+      if (us < 5000) us *= 2;
+    }
+  }
+  void* m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (m == MAP_FAILED) {
+    if (t->base.rank == 0) shm_unlink(t->path);
+    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "could not map %zu bytes of shared memory %s",
+                 total, t->path);
+    mlxd_status_set_sys(st, "mmap", e);
+    return st->code;
+  }
+  t->map = m;
+  t->map_len = total;
+  t->hdr = (shm_hdr*)m;
+  if (t->base.rank == 0) {
+    t->hdr->version = SHM_VERSION;
+    t->hdr->size = (uint32_t)t->base.size;
+    t->hdr->slot_bytes = SHM_SLOT_BYTES;
+    t->hdr->nslots = SHM_NSLOTS;
+    t->hdr->total = total;
+    atomic_store_explicit(&t->hdr->magic, SHM_MAGIC, memory_order_release);
+  } else {
+    long us = 20;
+    while (atomic_load_explicit(&t->hdr->magic, memory_order_acquire) != SHM_MAGIC) {
+      if (mlxd_now() >= deadline)
+        return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
+                            "shared memory %s was never initialised by rank 0 within %g s "
+                            "(MLXDIST_CONNECT_TIMEOUT)",
+                         t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
+      sleep_us(us);
+      if (us < 2000) us *= 2;
+    }
+    if (t->hdr->version != SHM_VERSION || t->hdr->size != (uint32_t)t->base.size ||
+        t->hdr->slot_bytes != SHM_SLOT_BYTES || t->hdr->nslots != SHM_NSLOTS ||
+        t->hdr->total != total)
+      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
+                          "shared memory %s was made for %u ranks (layout version %u) but rank "
+                          "%d expected %d ranks (version %u)",
+                       t->path, t->hdr->size, t->hdr->version, t->base.rank, t->base.size,
+                       SHM_VERSION);
+  }
+  return 0;
+}
+
+mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlxd_status* st) {
+  mlxd_status local;
+  if (!st) st = &local;
+  if (size < 1 || size > 4096 || rank < 0 || rank >= size) {
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
+                 "rank %d / size %d is not valid; expected 1 <= size <= 4096 and 0 <= rank < "
+                 "size",
+              rank, size);
+    return NULL;
+  }
+  if (!name || !valid_name(name)) {
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
+                 "session name \"%s\" is not valid; expected 1 to %d letters, digits, '-', '_' "
+                 "or '.' (not starting with '.')",
+              name ? name : "(null)", SHM_NAME_MAX);
+    return NULL;
+  }
+  shm_transport* t = calloc(1, sizeof *t);
+  if (!t) {
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory creating the transport");
+    return NULL;
+  }
+  t->base.ops = &mlxd_shm_ops;
+  t->base.rank = rank;
+  t->base.size = size;
+  pthread_mutex_init(&t->mu, NULL);
+  snprintf(t->path, sizeof t->path, "/%s", name);
+  t->slot_stride = slot_stride();
+  t->timeout_s = mlxd_tunable_double(MLXD_T_TIMEOUT);
+  if (!(t->timeout_s > 0)) t->timeout_s = 60;
+  t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
+  if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
+  long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
+  t->cma_min = cma_min > 0 ? (size_t)cma_min : 0;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  t->oversubscribed = ncpu > 0 && size > ncpu;
+  t->peers = calloc((size_t)size, sizeof *t->peers);
+  if (!t->peers) {
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory creating the transport");
+    mlxd_shm_destroy(&t->base);
+    return NULL;
+  }
+  double deadline = mlxd_now() + mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
+  size_t total = total_bytes(size);
+  bool unlinked = false;
+  if (open_segment(t, total, deadline, st) != 0) goto fail;
+
+  /* Count in; the last rank to arrive unlinks the name. */
+  shm_rank_rec* me = rank_rec(t, rank);
+  t->probe = ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)t ^ 0x9e3779b97f4a7c15ull;
+  me->probe_addr = (uint64_t)(uintptr_t)&t->probe;
+  me->probe_val = t->probe;
+  if (atomic_load(&me->state) != RANK_NONE) {
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
+                 "rank %d of shared memory %s was already taken by process %d; expected every "
+                 "rank exactly once",
+              rank, t->path, (int)atomic_load(&me->pid));
+    goto fail;
+  }
+  atomic_store(&me->pid, (int32_t)getpid());
+  atomic_store_explicit(&me->state, RANK_ATTACHED, memory_order_release);
+  if (atomic_fetch_add(&t->hdr->attached, 1) + 1 == (uint32_t)size) {
+    shm_unlink(t->path);
+    unlinked = true;
+  }
+  if (wait_count(t, &t->hdr->attached, (uint32_t)size, deadline, "map", st) != 0) goto fail;
+  unlinked = true; /* someone did it */
+
+  /* Probe cross-memory attach from this rank to every peer. */
+  bool cma = true;
+  for (int r = 0; r < size && cma; r++) {
+    if (r == rank) continue;
+    shm_rank_rec* rec = rank_rec(t, r);
+    uint64_t v = 0;
+    int err = 0;
+    if (mlxd_shm_cma_read((pid_t)atomic_load(&rec->pid), &v, rec->probe_addr, sizeof v, &err) != 0 ||
+        v != rec->probe_val)
+      cma = false;
+  }
+  atomic_store(&me->cma, cma ? CMA_OK : CMA_NO);
+  atomic_fetch_add(&t->hdr->probed, 1);
+  if (wait_count(t, &t->hdr->probed, (uint32_t)size, deadline, "probe", st) != 0) goto fail;
+
+  for (int r = 0; r < size; r++) {
+    if (r == rank) continue;
+    shm_peer* p = &t->peers[r];
+    shm_rank_rec* rec = rank_rec(t, r);
+    p->pid = (pid_t)atomic_load(&rec->pid);
+    snprintf(p->addr, sizeof p->addr, "pid %d", (int)p->pid);
+    p->cma = atomic_load(&rec->cma) == CMA_OK;
+    p->out = ring_ctl(t, rank, r);
+    p->out_slots = ring_slots(p->out);
+    p->in = ring_ctl(t, r, rank);
+    p->in_slots = ring_slots(p->in);
+  }
+  return &t->base;
+
+fail:
+  if (!unlinked) shm_unlink(t->path);
+  if (t->map) {
+    shm_rank_rec* mine = rank_rec(t, rank);
+    if (atomic_load(&mine->pid) == (int32_t)getpid()) {
+      mlxd_shm_fail_publish(&mine->fail, st);
+      atomic_store_explicit(&mine->state, RANK_FAILED, memory_order_release);
+    }
+    munmap(t->map, t->map_len);
+    t->map = NULL;
+  }
+  mlxd_shm_destroy(&t->base);
+  return NULL;
+}
