@@ -9,8 +9,9 @@
  * (the k-th send to dst matches the k-th recv from src on dst). Backends
  * use them to keep concurrent ops apart (tags) or to order them.
  *
- * Every op returns 0, or a non-zero mlxd_code with st->msg set
- * ("[ring] lost connection to rank 2 (...)"). No op blocks without a bound.
+ * Every op returns 0, or a non-zero mlxd_code with a status the backend has
+ * rendered once at its boundary (mlxd_status_render: "[ring] all_sum #17:
+ * lost connection to rank 2 (...)"). No op blocks without a bound.
  *
  * The front-end's guarantees (one owner per rule: distributed/ops.c and
  * group.c check these, on the caller's thread, before any op is queued;

@@ -26,18 +26,16 @@
  * completes when its ticket is acked. Where CMA is refused (ptrace policy,
  * seccomp) every message takes the two-copy ring path, which pipelines
  * because producer and consumer work on different slots at the same time.
- * Measured on the 2-vCPU development VM (paravirtualised page tables):
- * process_vm_readv moves 10-16 GB/s against 30-50 GB/s for memcpy, and
- * float32 all_reduce over the two-copy rings was faster at every size
- * (1 MiB: 186 vs 278 us, 16 MiB: 14.6 vs 25.6 ms, best of runs), so the
- * single-copy path is opt-in (MLXDIST_SHM_CMA_BYTES=65536 is a good value
+ * On VMs with paravirtualised page tables process_vm_readv is far slower
+ * than memcpy and the two-copy rings win at every size (docs/ring.md has
+ * the measurement), so the single-copy path is opt-in (MLXDIST_SHM_CMA_BYTES=65536 is a good value
  * where CMA is cheap).
  *
  * Matching. The receiver drains every incoming ring whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against
  * the posted receives of that peer, in posting order; a match gets its
  * bytes written straight into its buffer. A message without a posted
- * receive is buffered (malloc, or read at once through CMA and acked), so
+ * receive is buffered (mlxd_buffer_alloc, or read at once through CMA and acked), so
  * two ranks that both send before receiving never deadlock; a later receive
  * takes it over (a partly arrived one continues in the receive buffer). A
  * size mismatch fails that receive only; the bytes are drained and dropped.
@@ -408,9 +406,18 @@ static bool check_peers(shm_transport* t, shm_req** reqs, int n) {
       mlxd_status s;
       mlxd_shm_fail_read(t, pi, &s);
       shm_fail(t, &s);
-    } else if (mlxd_shm_pid_dead(t->peers[pi].pid)) {
+      continue;
+    }
+    bool dead = mlxd_shm_pid_dead(t->peers[pi].pid);
+    if (!dead && state != RANK_CLOSED) continue;
+    /* A peer that closed or exited may have written (or acked) what r waits
+     * for after this rank's last progress pass: drain once more before
+     * calling it lost, so only a request it really left unfinished fails. */
+    progress_all(t);
+    if (r->m.complete || t->err.code) continue;
+    if (dead) {
       fail_lost(t, pi, ": its process exited");
-    } else if (state == RANK_CLOSED) {
+    } else {
       char why[96];
       snprintf(why, sizeof why, ": it closed its transport while rank %d still waits for it",
                t->base.rank);

@@ -13,7 +13,7 @@
  *
  * Matching. A receive that is posted before its message arrives gets the
  * payload written straight into its buffer. A message that arrives first
- * is buffered (malloc) and copied when its receive is posted, so two ranks
+ * is buffered (mlxd_buffer_alloc) and copied when its receive is posted, so two ranks
  * that both send before receiving never deadlock. Sizes must agree: a
  * mismatch fails that receive only (the bytes are drained and dropped).
  *

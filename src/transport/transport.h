@@ -16,9 +16,10 @@
  * concurrently with the others on the same transport. Each transport
  * serialises its state with one internal mutex, held only inside its ops
  * and never across a call out of the transport (it calls no callbacks and
- * takes no lock of the caller's), so callers may hold their own locks
- * around transport calls (the ring backend holds its group mutex): the
- * lock order is always caller's locks, then the transport's.
+ * takes no lock of the caller's), so a caller may hold its own locks
+ * around transport calls (none in the tree does today: the group mutex is
+ * released before a backend op runs); the lock order is always caller's
+ * locks, then the transport's.
  *
  * Preconditions (asserted, not checked: the front-end rejects bad calls
  * with a message before they get here: distributed/ops.c check_peer):
@@ -97,7 +98,8 @@ struct mlxd_transport {
 };
 
 /* Tags: kind (4 bits) | sequence number (44 bits) | step (16 bits). */
-enum { MLXD_TAG_P2P = 1, MLXD_TAG_COLL = 2, MLXD_TAG_SPLIT = 3, MLXD_TAG_BOOT = 4 };
+/* Kind 3 is unused (split's exchange is a collective: MLXD_TAG_COLL). */
+enum { MLXD_TAG_P2P = 1, MLXD_TAG_COLL = 2, MLXD_TAG_BOOT = 4 };
 static inline uint64_t mlxd_tag(unsigned kind, uint64_t seq, unsigned step) {
   return ((uint64_t)(kind & 0xF) << 60) | ((seq & ((1ull << 44) - 1)) << 16) | (step & 0xFFFF);
 }
