@@ -7,12 +7,12 @@
 #include <stdlib.h>
 
 static int failures;
-#define CHECK(cond, ...)                                  \
-  do {                                                    \
-    if (!(cond)) {                                        \
-      failures++;                                         \
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      failures++;                                          \
       fprintf(stderr, "demo: check failed: " __VA_ARGS__); \
-    }                                                     \
+    }                                                      \
   } while (0)
 
 int main(void) {

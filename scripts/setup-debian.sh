@@ -2,7 +2,7 @@
 # Install everything mlxdist needs to build, test and benchmark on Debian 12.
 # Run as root (or with sudo). Safe to run again.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config clang libcjson-dev openmpi-bin libopenmpi-dev
+pkgs=(build-essential cmake pkg-config clang clang-format libcjson-dev openmpi-bin libopenmpi-dev
       valgrind gnuplot-nox iproute2 nftables procps)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: build and run every test three times — a normal build
-# (warnings are errors, gcc), AddressSanitizer + UndefinedBehaviorSanitizer, and
-# ThreadSanitizer — plus a warnings-as-errors build with clang.
+# The whole test suite: check the formatting (clang-format), then build and run
+# every test three times — a normal build (warnings are errors, gcc),
+# AddressSanitizer + UndefinedBehaviorSanitizer, and ThreadSanitizer — plus a
+# warnings-as-errors build with clang.
 #   usage: scripts/test.sh [--setup]
 # --setup (or MLXDIST_SETUP=1) first installs the Debian packages the tests need
 # (scripts/setup-debian.sh, as root or through sudo); without it the script
@@ -36,6 +37,14 @@ run_ctest() {
   shift
   (cd "$out/$dir" && ctest --output-on-failure --timeout 600 "$@")
 }
+
+echo "== format (clang-format, .clang-format) =="
+# Every tracked C file as clang-format leaves it; a diff names the file and line.
+if command -v clang-format >/dev/null && git -C "$root" rev-parse --git-dir >/dev/null 2>&1; then
+  (cd "$root" && git ls-files -z '*.c' '*.h' | xargs -0 clang-format --dry-run --Werror)
+else
+  echo "format check skipped: needs clang-format and a git checkout"
+fi
 
 echo "== build + tests (gcc, -Werror) =="
 configure_build build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo

@@ -135,8 +135,7 @@ tcp_kv* tcp_kv_new(const char* spec, int rank, double timeout_s) {
     kv->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
     setsockopt(kv->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(kv->listen_fd, (struct sockaddr*)&kv->addr, sizeof kv->addr) != 0 ||
-        listen(kv->listen_fd, 1024) != 0 ||
-        pthread_create(&kv->server, NULL, serve, kv) != 0) {
+        listen(kv->listen_fd, 1024) != 0 || pthread_create(&kv->server, NULL, serve, kv) != 0) {
       fprintf(stderr, "tcp_kv: cannot serve on '%s': %s\n", spec, strerror(errno));
       close(kv->listen_fd);
       free(kv);

@@ -25,15 +25,14 @@
 #include "transport/transport.h"
 
 /* out[i] = OP over ranks of in[i] (count elements; in == out allowed). */
-int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                         size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const void* in, void* out, size_t count,
+                         mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
 /* out (size * nbytes) = every rank's in (nbytes), in rank order. */
-int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                         size_t nbytes, mlxd_status* st);
+int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const void* in, void* out, size_t nbytes,
+                         mlxd_status* st);
 /* in: size * count elements; out: count elements = block `rank` of the all_reduce. */
 int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                             size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                             mlxd_status* st);
+                             size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
 /* Point to point; seq is the per-(peer, direction) number from the front-end. */
 int mlxd_algo_send(mlxd_transport* t, uint64_t seq, const void* buf, size_t nbytes, int dst,
                    mlxd_status* st);

@@ -19,8 +19,7 @@
 /* all_reduce: every rank sends its buffer to every other and reduces all
  * contributions in rank order (low latency; bit-identical results). */
 int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                                 size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                                 mlxd_status* st);
+                                 size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
 /* all_reduce: pipelined ring reduce-scatter + all-gather; bidir < 0: choose,
  * 0: one direction, 1: both directions (each carries half the buffer). */
 int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,

@@ -67,8 +67,8 @@ int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const void* in, v
   return st->code;
 }
 
-int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                         size_t nbytes, mlxd_status* st) {
+int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const void* in, void* out, size_t nbytes,
+                         mlxd_status* st) {
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
   long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
   if (t->size <= 2 || total <= (small > 0 ? (size_t)small : 0))

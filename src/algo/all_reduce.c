@@ -87,8 +87,8 @@ int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const void* in, v
   return st->code;
 }
 
-int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                         size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const void* in, void* out, size_t count,
+                         mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   size_t esz = mlxd_algo_esize(dtype, op);
   long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
   if (count <= (small > 0 ? (size_t)small : 0) / esz)

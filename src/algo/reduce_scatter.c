@@ -101,8 +101,7 @@ int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const void* i
 }
 
 int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                             size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                             mlxd_status* st) {
+                             size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   size_t blk;
   rs_prologue(t, in, out, count, dtype, op, &blk, st);
   long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);

@@ -42,9 +42,9 @@ typedef struct ring_dir {
   int d, to, from;
   const size_t* boff;
   const size_t* blen;
-  char* tmp;        /* MLXD_RING_WINDOW chunk slots (reductions only) */
-  mlxd_req** recv;  /* U entries */
-  mlxd_req** send;  /* U entries */
+  char* tmp;       /* MLXD_RING_WINDOW chunk slots (reductions only) */
+  mlxd_req** recv; /* U entries */
+  mlxd_req** send; /* U entries */
 } ring_dir;
 
 typedef struct ring_ctx {
@@ -64,8 +64,7 @@ static int ring_mod(long x, int n) {
 static int send_block(const ring_ctx* x, const ring_dir* d, int s) {
   switch (x->p->mode) {
     case MLXD_RING_AR:
-      return ring_mod(s < x->n - 1 ? x->r - (long)d->d * s : x->r - (long)d->d * (s - x->n),
-                      x->n);
+      return ring_mod(s < x->n - 1 ? x->r - (long)d->d * s : x->r - (long)d->d * (s - x->n), x->n);
     case MLXD_RING_AG: return ring_mod(x->r - (long)d->d * s, x->n);
     default: return ring_mod(x->r - (long)d->d * (s + 1), x->n);
   }
@@ -109,9 +108,12 @@ static int post_send(ring_ctx* x, int di, size_t u, mlxd_status* st) {
   size_t off, len;
   chunk_range(x, d, send_block(x, d, s), u % x->C, &off, &len);
   const char* src;
-  if (p->mode == MLXD_RING_AG) src = p->out;
-  else if (s == 0) src = p->in;
-  else src = p->mode == MLXD_RING_AR ? p->out : p->work;
+  if (p->mode == MLXD_RING_AG)
+    src = p->out;
+  else if (s == 0)
+    src = p->in;
+  else
+    src = p->mode == MLXD_RING_AR ? p->out : p->work;
   return x->t->ops->isend(x->t, d->to, unit_tag(x, di, u), src + off * p->esz, len * p->esz,
                           &d->send[u], st);
 }
@@ -122,10 +124,9 @@ static int post_recv(ring_ctx* x, int di, size_t u, mlxd_status* st) {
   int s = (int)(u / x->C);
   size_t off, len;
   chunk_range(x, d, recv_block(x, d, s), u % x->C, &off, &len);
-  char* dst = step_reduces(x, s) ? d->tmp + (u % x->W) * x->chunk_max * p->esz
-                                 : p->out + off * p->esz;
-  return x->t->ops->irecv(x->t, d->from, unit_tag(x, di, u), dst, len * p->esz, &d->recv[u],
-                          st);
+  char* dst =
+      step_reduces(x, s) ? d->tmp + (u % x->W) * x->chunk_max * p->esz : p->out + off * p->esz;
+  return x->t->ops->irecv(x->t, d->from, unit_tag(x, di, u), dst, len * p->esz, &d->recv[u], st);
 }
 
 static void process(ring_ctx* x, int di, size_t u) {
@@ -138,9 +139,12 @@ static void process(ring_ctx* x, int di, size_t u) {
   if (len == 0) return;
   const char* tmp = d->tmp + (u % x->W) * x->chunk_max * p->esz;
   char* dst;
-  if (p->mode == MLXD_RING_AR) dst = p->out + off * p->esz;
-  else if (s == x->n - 2) dst = p->out + (off - p->out_base) * p->esz;
-  else dst = p->work + off * p->esz;
+  if (p->mode == MLXD_RING_AR)
+    dst = p->out + off * p->esz;
+  else if (s == x->n - 2)
+    dst = p->out + (off - p->out_base) * p->esz;
+  else
+    dst = p->work + off * p->esz;
   /* received partial (from the ranks before us in the chain) OP our input */
   mlxd_reduce3(p->op, p->dtype, dst, tmp, p->in + off * p->esz, len);
 }
@@ -180,8 +184,7 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
   if (!reqs || (reduces && x.chunk_max > 0 && !tmp)) {
     free(reqs);
     mlxd_buffer_free(tmp, (size_t)p->ndir * x.W * x.chunk_max * p->esz);
-    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule of %zu chunks",
-                          x.U);
+    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule of %zu chunks", x.U);
   }
   for (int di = 0; di < p->ndir; di++) {
     ring_dir* d = &x.dir[di];

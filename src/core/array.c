@@ -36,8 +36,8 @@ double mlxd_core_spin_s(void) {
 static void noop_dtor(void* p) { (void)p; }
 
 /* Validate (shape, ndim, dtype) and compute the element and byte counts. */
-static int shape_check(const int* shape, int ndim, int dtype, size_t* size_out,
-                       size_t* nbytes_out, mlxd_status* st) {
+static int shape_check(const int* shape, int ndim, int dtype, size_t* size_out, size_t* nbytes_out,
+                       mlxd_status* st) {
   if (mlxd_dtype_check(dtype, st)) return st->code;
   if (ndim < 0)
     return mlxd_fail(st, MLXD_EINVAL, "[array] the number of dimensions is %d (expected >= 0)",
@@ -266,8 +266,8 @@ mlx_array mlx_array_new_data(const void* data, const int* shape, int dim, mlx_dt
   return a ? mlxd_array_handle(a) : report_null(&st);
 }
 
-static mlx_array new_managed(void* data, const int* shape, int dim, mlx_dtype dtype,
-                             void* dtor_arg, void (*dtor)(void*)) {
+static mlx_array new_managed(void* data, const int* shape, int dim, mlx_dtype dtype, void* dtor_arg,
+                             void (*dtor)(void*)) {
   mlxd_status st;
   size_t size, nbytes;
   if (shape_check(shape, dim, (int)dtype, &size, &nbytes, &st)) return report_null(&st);
@@ -291,9 +291,8 @@ mlx_array mlx_array_new_data_managed(void* data, const int* shape, int dim, mlx_
   return new_managed(data, shape, dim, dtype, data, dtor);
 }
 
-mlx_array mlx_array_new_data_managed_payload(void* data, const int* shape, int dim,
-                                             mlx_dtype dtype, void* payload,
-                                             void (*dtor)(void*)) {
+mlx_array mlx_array_new_data_managed_payload(void* data, const int* shape, int dim, mlx_dtype dtype,
+                                             void* payload, void (*dtor)(void*)) {
   return new_managed(data, shape, dim, dtype, payload, dtor);
 }
 
@@ -343,10 +342,10 @@ int mlx_array_set(mlx_array* arr, const mlx_array src) {
   return 0;
 }
 
-#define NULL_DST_CHECK(fn)                                                                    \
-  if (!arr) {                                                                                 \
-    mlxd_error("[array] " fn " got a NULL destination pointer (expected a mlx_array*)");     \
-    return 1;                                                                                 \
+#define NULL_DST_CHECK(fn)                                                               \
+  if (!arr) {                                                                            \
+    mlxd_error("[array] " fn " got a NULL destination pointer (expected a mlx_array*)"); \
+    return 1;                                                                            \
   }
 
 int mlx_array_set_bool(mlx_array* arr, bool val) {
@@ -417,9 +416,10 @@ int mlx_array_dim(const mlx_array arr, int dim) {
   }
   int d = dim < 0 ? dim + a->ndim : dim;
   if (d < 0 || d >= a->ndim) {
-    mlxd_error("[array] mlx_array_dim: axis %d is out of range for an array with %d dimensions "
-               "(expected %d <= axis < %d)",
-               dim, a->ndim, -a->ndim, a->ndim);
+    mlxd_error(
+        "[array] mlx_array_dim: axis %d is out of range for an array with %d dimensions "
+        "(expected %d <= axis < %d)",
+        dim, a->ndim, -a->ndim, a->ndim);
     return 0;
   }
   return a->shape[d];
@@ -462,8 +462,7 @@ static int item_impl(void* res, size_t csize, mlx_array arr, const char* fn, con
   mlxd_array* a = typed(arr, csize, fn, cname, &st);
   if (!a) return mlxd_error_status(&st);
   if (a->size != 1) {
-    mlxd_error("[array] %s needs an array with exactly one element, got %zu elements", fn,
-               a->size);
+    mlxd_error("[array] %s needs an array with exactly one element, got %zu elements", fn, a->size);
     return 1;
   }
   memcpy(res, a->data, csize);
@@ -480,12 +479,12 @@ static const void* data_impl(size_t csize, mlx_array arr, const char* fn, const 
   return a->data;
 }
 
-#define MLXD_ACCESSORS(NAME, T)                                                         \
-  int mlx_array_item_##NAME(T* res, const mlx_array arr) {                             \
-    return item_impl(res, sizeof(T), arr, "mlx_array_item_" #NAME, #NAME);             \
-  }                                                                                    \
-  const T* mlx_array_data_##NAME(const mlx_array arr) {                                \
-    return (const T*)data_impl(sizeof(T), arr, "mlx_array_data_" #NAME, #NAME);        \
+#define MLXD_ACCESSORS(NAME, T)                                                 \
+  int mlx_array_item_##NAME(T* res, const mlx_array arr) {                      \
+    return item_impl(res, sizeof(T), arr, "mlx_array_item_" #NAME, #NAME);      \
+  }                                                                             \
+  const T* mlx_array_data_##NAME(const mlx_array arr) {                         \
+    return (const T*)data_impl(sizeof(T), arr, "mlx_array_data_" #NAME, #NAME); \
   }
 
 MLXD_ACCESSORS(bool, bool)

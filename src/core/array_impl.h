@@ -23,15 +23,15 @@ typedef struct mlxd_array {
   atomic_int refs;
   mlx_dtype dtype;
   int ndim;
-  int* shape;        /* ndim entries (NULL when ndim == 0) */
-  size_t* strides;   /* ndim entries, in elements, row-major */
-  size_t size;       /* elements */
+  int* shape;      /* ndim entries (NULL when ndim == 0) */
+  size_t* strides; /* ndim entries, in elements, row-major */
+  size_t size;     /* elements */
   size_t nbytes;
-  void* data;        /* MLXD_ALIGN-aligned when owned; may be NULL when nbytes == 0 */
+  void* data;          /* MLXD_ALIGN-aligned when owned; may be NULL when nbytes == 0 */
   void (*dtor)(void*); /* managed data: dtor(dtor_arg) once at the end; NULL: free(data) */
   void* dtor_arg;
   /* completion */
-  atomic_int state;  /* mlxd_array_state */
+  atomic_int state; /* mlxd_array_state */
   pthread_mutex_t mu;
   pthread_cond_t cv;
   mlxd_status error; /* when FAILED */
@@ -43,8 +43,8 @@ typedef struct mlxd_array {
 
 /* Allocate an array with owned, aligned, uninitialised data.
  * pending: the array starts PENDING (a task will complete it). */
-mlxd_array* mlxd_array_alloc(const int* shape, int ndim, mlx_dtype dtype,
-                             bool pending, mlxd_status* st);
+mlxd_array* mlxd_array_alloc(const int* shape, int ndim, mlx_dtype dtype, bool pending,
+                             mlxd_status* st);
 mlxd_array* mlxd_array_retain(mlxd_array* a);
 void mlxd_array_release(mlxd_array* a);
 /* Block until a is not pending. 0 if ready; else copies the failure to st (may be NULL) and returns its code. */
@@ -53,7 +53,10 @@ int mlxd_array_wait(mlxd_array* a, mlxd_status* st);
 void mlxd_array_complete(mlxd_array* a, const mlxd_status* st);
 
 static inline mlxd_array* mlxd_array_of(mlx_array h) { return (mlxd_array*)h.ctx; }
-static inline mlx_array mlxd_array_handle(mlxd_array* a) { mlx_array h = {a}; return h; }
+static inline mlx_array mlxd_array_handle(mlxd_array* a) {
+  mlx_array h = {a};
+  return h;
+}
 
 /* Validate a dtype value; 0 if known. */
 int mlxd_dtype_check(int dtype, mlxd_status* st);

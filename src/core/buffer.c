@@ -51,7 +51,9 @@ static void drop_locked(int i) {
 }
 
 void* mlxd_buffer_alloc(size_t n) {
-  if (n < LARGE_MIN) return aligned_alloc(MLXD_ALIGN, n ? (n + MLXD_ALIGN - 1) / MLXD_ALIGN * MLXD_ALIGN : MLXD_ALIGN);
+  if (n < LARGE_MIN)
+    return aligned_alloc(MLXD_ALIGN,
+                         n ? (n + MLXD_ALIGN - 1) / MLXD_ALIGN * MLXD_ALIGN : MLXD_ALIGN);
   if (n > SIZE_MAX - HEADER - 4096) return NULL;
   size_t len = page_round(n + HEADER);
   void* base = NULL;

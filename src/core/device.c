@@ -68,8 +68,8 @@ int mlxd_device_check_available(mlx_device_type type, int index, mlxd_status* st
                      "this build (use the CPU, Device(cpu, 0))",
                      index);
   if (type != MLX_CPU)
-    return mlxd_fail(st, MLXD_EINVAL, "[device] unknown device type %d (expected MLX_CPU or MLX_GPU)",
-                     (int)type);
+    return mlxd_fail(st, MLXD_EINVAL,
+                     "[device] unknown device type %d (expected MLX_CPU or MLX_GPU)", (int)type);
   if (index != 0)
     return mlxd_fail(st, MLXD_EUNAVAIL,
                      "[device] Device(cpu, %d) does not exist (the only CPU device is index 0)",

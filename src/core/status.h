@@ -27,14 +27,14 @@
 
 typedef enum mlxd_code {
   MLXD_OK = 0,
-  MLXD_EINVAL,      /* bad argument or configuration */
-  MLXD_ETIMEDOUT,   /* a bounded wait ran out */
-  MLXD_EREMOTE,     /* a peer closed, reset or died */
-  MLXD_ESYS,        /* a system call failed (syscall/sys_errno say which) */
-  MLXD_ENOMEM,      /* allocation failed */
-  MLXD_EUNAVAIL,    /* backend / device / plugin not available */
-  MLXD_EABORTED,    /* the group failed earlier; this op was not attempted */
-  MLXD_ECALLBACK,   /* the caller's callback returned non-zero */
+  MLXD_EINVAL,    /* bad argument or configuration */
+  MLXD_ETIMEDOUT, /* a bounded wait ran out */
+  MLXD_EREMOTE,   /* a peer closed, reset or died */
+  MLXD_ESYS,      /* a system call failed (syscall/sys_errno say which) */
+  MLXD_ENOMEM,    /* allocation failed */
+  MLXD_EUNAVAIL,  /* backend / device / plugin not available */
+  MLXD_EABORTED,  /* the group failed earlier; this op was not attempted */
+  MLXD_ECALLBACK, /* the caller's callback returned non-zero */
 } mlxd_code;
 
 /* Where a structured failure was detected. */
@@ -51,19 +51,19 @@ typedef enum mlxd_layer {
 #define MLXD_ADDR_MAX 64
 
 typedef struct mlxd_status {
-  int code;               /* mlxd_code; 0 = success */
-  int layer;              /* mlxd_layer */
-  bool rendered;          /* msg already holds the final text */
-  bool has_peer;          /* peer is set */
-  bool has_reporter;      /* reporter is set: another rank saw it first */
-  int peer;               /* the peer rank involved */
-  int reporter;           /* the rank that first detected the failure */
-  int sys_errno;          /* errno of the failing system call; 0 = none */
-  const char* syscall;    /* static name of that call ("recv"); NULL = none */
-  const char* op;         /* static name of the operation ("all_sum"); NULL = none */
-  uint64_t seq;           /* its sequence number (when op is set) */
+  int code;                      /* mlxd_code; 0 = success */
+  int layer;                     /* mlxd_layer */
+  bool rendered;                 /* msg already holds the final text */
+  bool has_peer;                 /* peer is set */
+  bool has_reporter;             /* reporter is set: another rank saw it first */
+  int peer;                      /* the peer rank involved */
+  int reporter;                  /* the rank that first detected the failure */
+  int sys_errno;                 /* errno of the failing system call; 0 = none */
+  const char* syscall;           /* static name of that call ("recv"); NULL = none */
+  const char* op;                /* static name of the operation ("all_sum"); NULL = none */
+  uint64_t seq;                  /* its sequence number (when op is set) */
   char peer_addr[MLXD_ADDR_MAX]; /* "10.0.0.2:41000"; "" = unknown */
-  char msg[MLXD_MSG_MAX]; /* plain: the text; structured: the detail */
+  char msg[MLXD_MSG_MAX];        /* plain: the text; structured: the detail */
 } mlxd_status;
 
 /* Plain failure: set code and the whole printf-style text; returns code
@@ -86,8 +86,6 @@ void mlxd_status_set_reporter(mlxd_status* st, int reporter);
  * Idempotent; a plain status is left as it is. */
 void mlxd_status_render(mlxd_status* st, const char* tag);
 
-static inline void mlxd_status_clear(mlxd_status* st) {
-  *st = (mlxd_status){0};
-}
+static inline void mlxd_status_clear(mlxd_status* st) { *st = (mlxd_status){0}; }
 
 #endif

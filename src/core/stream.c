@@ -127,8 +127,8 @@ void mlxd_stream_help(mlxd_array* a) {
    * not run it (that would break queue order); it just waits. */
   if (tls_current != s) {
     pthread_mutex_lock(&s->mu);
-    while (atomic_load_explicit(&a->state, memory_order_acquire) == MLXD_ARRAY_PENDING &&
-           s->head && !s->running)
+    while (atomic_load_explicit(&a->state, memory_order_acquire) == MLXD_ARRAY_PENDING && s->head &&
+           !s->running)
       run_head_locked(s);
     pthread_mutex_unlock(&s->mu);
   }
@@ -263,7 +263,7 @@ static mlxd_stream** volatile g_kept_forgotten; /* a forked child's copy of the 
 
 static void at_exit_teardown(void) {
   atomic_store(&g_exiting, true);
-  if (tls_current) return; /* exit() from a worker: it cannot wait for itself */
+  if (tls_current) return;       /* exit() from a worker: it cannot wait for itself */
   if (getpid() != g_pid) return; /* a forked child has no worker threads */
   pthread_mutex_lock(&g_kept_mu);
   mlxd_stream** kept = g_kept;
@@ -540,8 +540,7 @@ int mlx_stream_tostring(mlx_string* str, mlx_stream stream) {
   if (read_stream(stream, "mlx_stream_tostring", &st)) return mlxd_error_status(&st);
   mlxd_stream* s = mlxd_stream_of(stream);
   char buf[96];
-  snprintf(buf, sizeof buf, "Stream(Device(%s, 0), %d)", mlxd_device_type_name(s->type),
-           s->index);
+  snprintf(buf, sizeof buf, "Stream(Device(%s, 0), %d)", mlxd_device_type_name(s->type), s->index);
   return mlxd_string_put(str, buf, "[stream] mlx_stream_tostring");
 }
 
@@ -585,9 +584,10 @@ int mlx_synchronize(mlx_stream stream) {
     if (!s) return mlxd_error_status(&st);
   }
   if (tls_current == s) {
-    mlxd_error("[stream] mlx_synchronize was called from a task running on stream %d itself; "
-               "it would wait for itself forever",
-               s->index);
+    mlxd_error(
+        "[stream] mlx_synchronize was called from a task running on stream %d itself; "
+        "it would wait for itself forever",
+        s->index);
     return 1;
   }
   mlxd_stream_sync(s);

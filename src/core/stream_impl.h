@@ -26,9 +26,9 @@ typedef void (*mlxd_task_fn)(void* arg, mlxd_status* st);
  * Returns 0, or non-zero with st set (then nothing was queued and cleanup
  * was NOT called; outputs that were still pending are completed as failed
  * with st, so nothing waits on them forever). */
-int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
-                       void* arg, mlxd_array* const* inputs, int n_inputs,
-                       mlxd_array* const* outputs, int n_outputs, mlxd_status* st);
+int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*), void* arg,
+                       mlxd_array* const* inputs, int n_inputs, mlxd_array* const* outputs,
+                       int n_outputs, mlxd_status* st);
 
 /* The default stream of a device type (created on first use, lives until exit).
  * GPU: NULL with st set when no GPU backend is available. Not retained. */

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/error.h"
 #include "core/core_internal.h"
+#include "core/error.h"
 #include "mlx/c/string.h"
 
 typedef struct mlxd_string {
@@ -31,7 +31,8 @@ mlx_string mlxd_string_from(const char* str, size_t n) {
 
 mlx_string mlx_string_new_data(const char* str) {
   if (!str) {
-    mlxd_error("[string] mlx_string_new_data got a NULL pointer (expected a NUL-terminated string)");
+    mlxd_error(
+        "[string] mlx_string_new_data got a NULL pointer (expected a NUL-terminated string)");
     return mlx_string_new();
   }
   mlx_string h = mlxd_string_from(str, strlen(str));

@@ -120,8 +120,9 @@ int mlx_vector_array_set_value(mlx_vector_array* vec, const mlx_array val) {
 int mlx_vector_array_append_data(mlx_vector_array vec, const mlx_array* data, size_t size) {
   mlxd_vector* v = vec.ctx;
   if (!v) {
-    mlxd_error("[vector] mlx_vector_array_append_data got an empty vector handle (expected one "
-               "from mlx_vector_array_new)");
+    mlxd_error(
+        "[vector] mlx_vector_array_append_data got an empty vector handle (expected one "
+        "from mlx_vector_array_new)");
     return 1;
   }
   if (!data && size > 0) {
@@ -174,8 +175,9 @@ int mlx_vector_array_get(mlx_array* res, const mlx_vector_array vec, size_t idx)
 int mlx_eval(const mlx_vector_array outputs) {
   mlxd_vector* v = outputs.ctx;
   if (!v) {
-    mlxd_error("[eval] mlx_eval got an empty vector handle (expected one from "
-               "mlx_vector_array_new)");
+    mlxd_error(
+        "[eval] mlx_eval got an empty vector handle (expected one from "
+        "mlx_vector_array_new)");
     return 1;
   }
   /* Snapshot the list so no lock is held while waiting. */

@@ -47,18 +47,17 @@ typedef struct mlxd_backend mlxd_backend;
 typedef struct mlxd_backend_ops {
   const char* name; /* "ring", "mpi", "single" ... */
   /* out[i] = OP over ranks of in[i]; in == out allowed. */
-  int (*all_reduce)(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                    size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+  int (*all_reduce)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                    mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
   /* out = concat over ranks of in (nbytes each). */
-  int (*all_gather)(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                    size_t nbytes, mlxd_status* st);
+  int (*all_gather)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
+                    mlxd_status* st);
   /* in has size*count elements; out (count) = block `rank` of the all_reduce. */
-  int (*reduce_scatter)(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                        size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+  int (*reduce_scatter)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                        mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
   int (*send)(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
               mlxd_status* st);
-  int (*recv)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
-              mlxd_status* st);
+  int (*recv)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src, mlxd_status* st);
   /* Collective over b: ranks with the same color form *out, ordered by
    * (key, parent rank); the front-end passes key = parent rank when the
    * caller's key is negative. */
@@ -84,8 +83,7 @@ typedef struct mlxd_bootstrap mlxd_bootstrap;
 struct mlxd_bootstrap {
   int rank;
   int size;
-  int (*all_gather)(mlxd_bootstrap* bs, void* dst, const void* src, size_t n,
-                    mlxd_status* st);
+  int (*all_gather)(mlxd_bootstrap* bs, void* dst, const void* src, size_t n, mlxd_status* st);
 };
 
 /* A backend kind, as the registry sees it (built-in kinds are defined with
@@ -106,7 +104,7 @@ typedef struct mlxd_backend_kind {
 } mlxd_backend_kind;
 
 /* Built-in kinds (the registry, distributed/registry.c, lists every backend). */
-extern const mlxd_backend_kind mlxd_ring_kind;  /* backends/ring/ring.c */
+extern const mlxd_backend_kind mlxd_ring_kind; /* backends/ring/ring.c */
 /* The size-one backend (rank 0, size 1); NULL only when out of memory. */
 mlxd_backend* mlxd_single_backend_new(void);
 /* Its ops table (to recognise it). */

@@ -233,8 +233,7 @@ static mlxd_group* try_start(int idx, mlxd_user_gather* u, bool for_any, bool st
     return NULL;
   }
   if (u && !kind->supports_bootstrap) {
-    snprintf(why, why_len, "[%s] this backend cannot be started with a caller's all_gather",
-             name);
+    snprintf(why, why_len, "[%s] this backend cannot be started with a caller's all_gather", name);
     *code = MLXD_EINVAL;
     return NULL;
   }
@@ -275,9 +274,10 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
   mlxd_group* g = cache_get(idx);
   if (g) return g;
   if (t_in_init) {
-    mlxd_text_add(&t,
-             "[distributed] init was called again while an init is running on this thread (from "
-             "inside an all_gather callback?); that would deadlock");
+    mlxd_text_add(
+        &t,
+        "[distributed] init was called again while an init is running on this thread (from "
+        "inside an all_gather callback?); that would deadlock");
     *code = MLXD_EINVAL;
     return NULL;
   }
@@ -296,7 +296,7 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
   int why_code = MLXD_EUNAVAIL;
   if (idx == ANY_IDX)
     mlxd_text_add(&t, "[distributed] init: no backend could be started (tried %s: ",
-             n == 1 ? "one" : "in order");
+                  n == 1 ? "one" : "in order");
   for (int i = 0; i < n; i++) { /* a backend already started under its own name */
     g = cache_get(cand[i]);
     if (g) {
@@ -315,8 +315,7 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
     if (idx == ANY_IDX)
       mlxd_text_add(&t, "%s%s: %s", i ? "; " : "", idx_name(c), why);
     else
-      mlxd_text_add(&t, "[distributed] init: could not start the %s backend: %s", idx_name(c),
-                    why);
+      mlxd_text_add(&t, "[distributed] init: could not start the %s backend: %s", idx_name(c), why);
   }
   if (idx == ANY_IDX) mlxd_text_add(&t, ")");
 
@@ -400,11 +399,11 @@ static void gather_names(char* buf, size_t len) {
   mlxd_text_add(&t, "and \"any\"");
 }
 
-int mlx_distributed_init_with_all_gather(
-    mlx_distributed_group* res, bool strict, const char* bk,
-    int (*all_gather)(void* dst, const void* src, size_t n_bytes, int rank, int size,
-                      void* payload),
-    void* payload, void (*dtor)(void* payload)) {
+int mlx_distributed_init_with_all_gather(mlx_distributed_group* res, bool strict, const char* bk,
+                                         int (*all_gather)(void* dst, const void* src,
+                                                           size_t n_bytes, int rank, int size,
+                                                           void* payload),
+                                         void* payload, void (*dtor)(void* payload)) {
   /* Every early return runs dtor(payload) once: the callback is not kept. */
   if (!res) {
     if (dtor) dtor(payload);
@@ -476,9 +475,10 @@ static int get_value(int* res, mlx_distributed_group group, bool rank, const cha
   }
   mlxd_group* g = mlxd_group_of(group);
   if (!g) {
-    mlxd_error("[distributed] %s: the group is an empty handle (expected one from "
-               "mlx_distributed_init)",
-               fn);
+    mlxd_error(
+        "[distributed] %s: the group is an empty handle (expected one from "
+        "mlx_distributed_init)",
+        fn);
     return MLXD_EINVAL;
   }
   *res = rank ? g->backend->rank : g->backend->size;
@@ -505,17 +505,19 @@ int mlx_distributed_group_size(mlx_distributed_group group) {
   return v;
 }
 
-int mlx_distributed_group_split(mlx_distributed_group* res, mlx_distributed_group group,
-                                int color, int key) {
+int mlx_distributed_group_split(mlx_distributed_group* res, mlx_distributed_group group, int color,
+                                int key) {
   if (!res) {
-    mlxd_error("[distributed] group_split: res is NULL (expected a pointer to an "
-               "mlx_distributed_group)");
+    mlxd_error(
+        "[distributed] group_split: res is NULL (expected a pointer to an "
+        "mlx_distributed_group)");
     return MLXD_EINVAL;
   }
   mlxd_group* g = mlxd_group_of(group);
   if (!g) {
-    mlxd_error("[distributed] group_split: the group is an empty handle (expected one from "
-               "mlx_distributed_init)");
+    mlxd_error(
+        "[distributed] group_split: the group is an empty handle (expected one from "
+        "mlx_distributed_init)");
     return MLXD_EINVAL;
   }
   if (color < 0) {

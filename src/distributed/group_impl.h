@@ -30,17 +30,18 @@ typedef struct mlxd_user_gather mlxd_user_gather;
 
 typedef struct mlxd_group {
   atomic_int refs;
-  mlxd_backend* backend;      /* owned */
-  const char* kind;           /* "ring", "mpi", "single", ... (static string) */
-  mlxd_user_gather* gather;   /* kept bootstrap, or NULL (one reference) */
-  struct mlxd_group* parent;  /* the group this one was split from, or NULL (one reference) */
-  mlxd_stream* comm_stream;   /* mlxd_default_stream(backend->comm_device); NULL if that device is unavailable */
+  mlxd_backend* backend;     /* owned */
+  const char* kind;          /* "ring", "mpi", "single", ... (static string) */
+  mlxd_user_gather* gather;  /* kept bootstrap, or NULL (one reference) */
+  struct mlxd_group* parent; /* the group this one was split from, or NULL (one reference) */
+  mlxd_stream*
+      comm_stream; /* mlxd_default_stream(backend->comm_device); NULL if that device is unavailable */
   /* Sequence numbers (backend.h). Ops take them and queue their task while
    * holding mu, so that every stream sees one group's work in seq order. */
   pthread_mutex_t mu;
-  uint64_t coll_seq;          /* collectives and split */
-  uint64_t* send_seq;         /* size entries, per destination */
-  uint64_t* recv_seq;         /* size entries, per source */
+  uint64_t coll_seq;  /* collectives and split */
+  uint64_t* send_seq; /* size entries, per destination */
+  uint64_t* recv_seq; /* size entries, per source */
 } mlxd_group;
 
 static inline mlxd_group* mlxd_group_of(mlx_distributed_group h) { return (mlxd_group*)h.ctx; }

@@ -35,8 +35,7 @@ bool mlxd_gpu_usable(void) {
 
 /* ---- nccl ---- */
 
-static const char* const k_nccl_env[] = {"MLX_RANK", "MLX_WORLD_SIZE", "NCCL_HOST_IP",
-                                         "NCCL_PORT"};
+static const char* const k_nccl_env[] = {"MLX_RANK", "MLX_WORLD_SIZE", "NCCL_HOST_IP", "NCCL_PORT"};
 #define NCCL_NOT_BUILT "[nccl] mlxdist was built without NCCL support (no CUDA here)"
 
 static bool nccl_available(char* why, size_t len) {
@@ -72,8 +71,7 @@ const mlxd_backend_kind mlxd_nccl_kind = {
 
 /* ---- jaccl ---- */
 
-static const char* const k_jaccl_env[] = {"MLX_RANK", "MLX_IBV_DEVICES",
-                                          "MLX_JACCL_COORDINATOR"};
+static const char* const k_jaccl_env[] = {"MLX_RANK", "MLX_IBV_DEVICES", "MLX_JACCL_COORDINATOR"};
 #define JACCL_NOT_BUILT "[jaccl] mlxdist was built without ibverbs/RDMA support"
 
 /* "; this machine has RDMA device(s) mlx5_0, ..." or "; this machine has no
@@ -94,7 +92,8 @@ static void jaccl_why(char* why, size_t len) {
     closedir(d);
   }
   if (devs[0])
-    snprintf(why, len, "%s, so the RDMA device(s) found in /sys/class/infiniband (%s) cannot be used",
+    snprintf(why, len,
+             "%s, so the RDMA device(s) found in /sys/class/infiniband (%s) cannot be used",
              JACCL_NOT_BUILT, devs);
   else
     snprintf(why, len, "%s (and this machine has no RDMA device in /sys/class/infiniband)",

@@ -43,8 +43,7 @@ static void op_run(void* arg, mlxd_status* st) {
   mlxd_backend* b = t->g->backend;
   /* Checked before queueing (check_dtype, check_peer, collective). */
   assert(t->rop == MLXD_SUM || t->rop == MLXD_MAX || t->rop == MLXD_MIN);
-  assert(t->kind == OP_SEND || t->kind == OP_RECV ||
-         (size_t)mlx_dtype_size(t->in->dtype) > 0);
+  assert(t->kind == OP_SEND || t->kind == OP_RECV || (size_t)mlx_dtype_size(t->in->dtype) > 0);
   assert((t->kind != OP_SEND && t->kind != OP_RECV) ||
          (t->peer >= 0 && t->peer < b->size && t->peer != b->rank));
   assert(b->size >= 2 || b->ops == mlxd_single_ops());
@@ -58,8 +57,8 @@ static void op_run(void* arg, mlxd_status* st) {
       rc = b->ops->all_gather(b, t->seq, t->in->data, t->out->data, t->in->nbytes, st);
       break;
     case OP_SCATTER:
-      rc = b->ops->reduce_scatter(b, t->seq, t->in->data, t->out->data, t->out->size,
-                                  t->in->dtype, MLXD_SUM, st);
+      rc = b->ops->reduce_scatter(b, t->seq, t->in->data, t->out->data, t->out->size, t->in->dtype,
+                                  MLXD_SUM, st);
       break;
     case OP_SEND: rc = b->ops->send(b, t->seq, t->in->data, t->in->nbytes, t->peer, st); break;
     case OP_RECV: rc = b->ops->recv(b, t->seq, t->out->data, t->out->nbytes, t->peer, st); break;
@@ -100,17 +99,18 @@ static int resolve(const char* op, mlx_distributed_group group, mlx_stream s, ml
   if (!str) {
     str = g->comm_stream;
     if (!str) {
-      mlxd_error("[distributed] %s: the %s backend communicates on the %s, which is not "
-                 "available in this process",
-                 op, g->kind, dev_name(want));
+      mlxd_error(
+          "[distributed] %s: the %s backend communicates on the %s, which is not "
+          "available in this process",
+          op, g->kind, dev_name(want));
       mlxd_group_release(g);
       return MLXD_EUNAVAIL;
     }
   } else if (mlxd_stream_device_type(str) != want) {
-    mlxd_error("[distributed] %s: the stream is on the %s but the group's %s backend "
-               "communicates on the %s (pass a %s stream, or the null stream)",
-               op, dev_name(mlxd_stream_device_type(str)), g->kind, dev_name(want),
-               dev_name(want));
+    mlxd_error(
+        "[distributed] %s: the stream is on the %s but the group's %s backend "
+        "communicates on the %s (pass a %s stream, or the null stream)",
+        op, dev_name(mlxd_stream_device_type(str)), g->kind, dev_name(want), dev_name(want));
     mlxd_group_release(g);
     return MLXD_EINVAL;
   }
@@ -134,14 +134,15 @@ static int check_res_x(const char* op, mlx_array* res, const mlx_array* x) {
 static int check_peer(const char* op, const char* what, int peer, const mlxd_group* g) {
   const mlxd_backend* b = g->backend;
   if (b->size < 2) {
-    mlxd_error("[distributed] %s: send/recv need a group of at least two processes (this group "
-               "has one)",
-               op);
+    mlxd_error(
+        "[distributed] %s: send/recv need a group of at least two processes (this group "
+        "has one)",
+        op);
     return MLXD_EINVAL;
   }
   if (peer < 0 || peer >= b->size) {
-    mlxd_error("[distributed] %s: %s is %d, not a rank of this group (expected 0 <= %s < %d)",
-               op, what, peer, what, b->size);
+    mlxd_error("[distributed] %s: %s is %d, not a rank of this group (expected 0 <= %s < %d)", op,
+               what, peer, what, b->size);
     return MLXD_EINVAL;
   }
   if (peer == b->rank) {
@@ -158,18 +159,18 @@ static int check_dtype(const char* op, const char* what, mlx_dtype dtype) {
   mlxd_status st;
   mlxd_status_clear(&st);
   if (mlxd_dtype_check((int)dtype, &st) != 0 || mlx_dtype_size(dtype) == 0) {
-    mlxd_error("[distributed] %s: %s dtype %d is not a valid mlx_dtype (expected MLX_BOOL .. "
-               "MLX_COMPLEX64)",
-               op, what, (int)dtype);
+    mlxd_error(
+        "[distributed] %s: %s dtype %d is not a valid mlx_dtype (expected MLX_BOOL .. "
+        "MLX_COMPLEX64)",
+        op, what, (int)dtype);
     return MLXD_EINVAL;
   }
   return 0;
 }
 
 /* Take the sequence number and queue the task; on success *res = out. Consumes out. */
-static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind,
-                  mlxd_reduce_op rop, int peer, mlxd_array* in, mlxd_array* out,
-                  mlx_array* res) {
+static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind, mlxd_reduce_op rop,
+                  int peer, mlxd_array* in, mlxd_array* out, mlx_array* res) {
   mlxd_status st;
   mlxd_status_clear(&st);
   op_task* t = calloc(1, sizeof *t);
@@ -190,8 +191,7 @@ static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind,
                       : kind == OP_RECV ? &g->recv_seq[peer]
                                         : &g->coll_seq;
   t->seq = (*counter)++;
-  int rc = mlxd_stream_submit(s, op_run, op_cleanup, t, in ? &in : NULL, in ? 1 : 0, &out, 1,
-                              &st);
+  int rc = mlxd_stream_submit(s, op_run, op_cleanup, t, in ? &in : NULL, in ? 1 : 0, &out, 1, &st);
   if (rc != 0) (*counter)--; /* nothing was queued: the number is unused */
   pthread_mutex_unlock(&g->mu);
 
@@ -226,9 +226,10 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
   if (rc) return rc;
   mlxd_array* in = mlxd_array_of(x);
   if (kind == OP_SCATTER && in->ndim < 1) {
-    mlxd_error("[distributed] %s: x is 0-dimensional (expected at least one axis to scatter "
-               "along)",
-               op);
+    mlxd_error(
+        "[distributed] %s: x is 0-dimensional (expected at least one axis to scatter "
+        "along)",
+        op);
     return MLXD_EINVAL;
   }
   mlxd_group* g;
@@ -247,9 +248,10 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
   if (ndim > 0) memcpy(oshape, in->shape, sizeof(int) * (size_t)ndim);
 
   if (kind == OP_SCATTER && in->shape[0] % size != 0) {
-    mlxd_error("[distributed] %s: x's axis 0 has %d entries, which does not divide by the group "
-               "size %d (expected a multiple of %d)",
-               op, in->shape[0], size, size);
+    mlxd_error(
+        "[distributed] %s: x's axis 0 has %d entries, which does not divide by the group "
+        "size %d (expected a multiple of %d)",
+        op, in->shape[0], size, size);
     rc = MLXD_EINVAL;
     goto out;
   }
@@ -257,8 +259,8 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
   if (rc) goto out;
   if (kind == OP_GATHER && size > 1) { /* a group of one gives the input unchanged */
     if (in->nbytes > SIZE_MAX / (size_t)size) {
-      mlxd_error("[distributed] %s: the result (%zu bytes x %d ranks) does not fit in memory",
-                 op, in->nbytes, size);
+      mlxd_error("[distributed] %s: the result (%zu bytes x %d ranks) does not fit in memory", op,
+                 in->nbytes, size);
       rc = MLXD_EINVAL;
       goto out;
     }
@@ -266,8 +268,8 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
       ndim = 1;
       oshape[0] = size;
     } else if (oshape[0] > INT_MAX / size) {
-      mlxd_error("[distributed] %s: the result's axis 0 (%d x %d ranks) does not fit in an int",
-                 op, oshape[0], size);
+      mlxd_error("[distributed] %s: the result's axis 0 (%d x %d ranks) does not fit in an int", op,
+                 oshape[0], size);
       rc = MLXD_EINVAL;
       goto out;
     } else {
@@ -303,8 +305,8 @@ int mlx_distributed_all_min(mlx_array* res, const mlx_array x, const mlx_distrib
   return collective("all_min", OP_REDUCE, MLXD_MIN, res, x, group, s);
 }
 
-int mlx_distributed_all_gather(mlx_array* res, const mlx_array x,
-                               const mlx_distributed_group group, const mlx_stream S) {
+int mlx_distributed_all_gather(mlx_array* res, const mlx_array x, const mlx_distributed_group group,
+                               const mlx_stream S) {
   return collective("all_gather", OP_GATHER, MLXD_SUM, res, x, group, S);
 }
 
@@ -354,21 +356,20 @@ static int recv_impl(const char* op, mlx_array* res, const int* shape, size_t sh
   int rc = check_res_x(op, res, NULL);
   if (rc) return rc;
   if (shape_num > MAX_NDIM) {
-    mlxd_error("[distributed] %s: shape_num is %zu (expected at most %d dimensions)", op,
-               shape_num, MAX_NDIM);
+    mlxd_error("[distributed] %s: shape_num is %zu (expected at most %d dimensions)", op, shape_num,
+               MAX_NDIM);
     return MLXD_EINVAL;
   }
   if (shape_num > 0 && !shape) {
-    mlxd_error("[distributed] %s: shape is NULL but shape_num is %zu (expected %zu dimensions)",
-               op, shape_num, shape_num);
+    mlxd_error("[distributed] %s: shape is NULL but shape_num is %zu (expected %zu dimensions)", op,
+               shape_num, shape_num);
     return MLXD_EINVAL;
   }
   size_t count = 1;
   bool overflow = false;
   for (size_t i = 0; i < shape_num; i++) {
     if (shape[i] < 0) {
-      mlxd_error("[distributed] %s: shape[%zu] is %d (expected dimensions >= 0)", op, i,
-                 shape[i]);
+      mlxd_error("[distributed] %s: shape[%zu] is %d (expected dimensions >= 0)", op, i, shape[i]);
       return MLXD_EINVAL;
     }
     if (shape[i] != 0 && count > SIZE_MAX / (size_t)shape[i]) overflow = true;
@@ -376,9 +377,10 @@ static int recv_impl(const char* op, mlx_array* res, const int* shape, size_t sh
   }
   mlxd_status dst;
   if (mlxd_dtype_check((int)dtype, &dst) != 0 || mlx_dtype_size(dtype) == 0) {
-    mlxd_error("[distributed] %s: dtype %d is not a valid mlx_dtype (expected MLX_BOOL .. "
-               "MLX_COMPLEX64)",
-               op, (int)dtype);
+    mlxd_error(
+        "[distributed] %s: dtype %d is not a valid mlx_dtype (expected MLX_BOOL .. "
+        "MLX_COMPLEX64)",
+        op, (int)dtype);
     return MLXD_EINVAL;
   }
   bool has_zero = false;

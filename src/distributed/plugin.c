@@ -11,17 +11,17 @@
  * The outcome (kind or failure text) is cached per name for the process. */
 #include <dlfcn.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "distributed/plugin.h"
-#include "util/tunables.h"
 #include "util/text.h"
+#include "util/tunables.h"
 
 #ifndef MLXDIST_PLUGIN_INSTALL_DIR
 #define MLXDIST_PLUGIN_INSTALL_DIR ""
@@ -61,7 +61,7 @@ static void self_dir(char* dir, size_t len) {
 
 /* Try one candidate file. Returns the kind, or NULL with the reason appended to t. */
 static const mlxd_backend_kind* try_file(const char* path, const char* name, mlxd_text* t,
-                                        int* tried) {
+                                         int* tried) {
   if (*tried) mlxd_text_add(t, "; ");
   (*tried)++;
   if (!file_exists(path)) {
@@ -95,7 +95,7 @@ static const mlxd_backend_kind* load(const char* name, char* why, size_t why_len
       if (!dlopen(lib, RTLD_NOW | RTLD_GLOBAL)) {
         const char* e = dlerror();
         mlxd_text_add(&t, "[mpi] could not load the MPI library MLX_MPI_LIBNAME=%s (%s)", lib,
-                 e ? e : "unknown error");
+                      e ? e : "unknown error");
         return NULL;
       }
     }

@@ -32,16 +32,19 @@
 /* Compared as ints: the ABI's enums are not the core's enum types. */
 #define EQ(a, b) ((int)(a) == (int)(b))
 _Static_assert(EQ(MLXDIST_V2_OK, MLXD_OK) && EQ(MLXDIST_V2_EINVAL, MLXD_EINVAL) &&
-                   EQ(MLXDIST_V2_ETIMEDOUT, MLXD_ETIMEDOUT) && EQ(MLXDIST_V2_EREMOTE, MLXD_EREMOTE) &&
-                   EQ(MLXDIST_V2_ESYS, MLXD_ESYS) && EQ(MLXDIST_V2_ENOMEM, MLXD_ENOMEM) &&
-                   EQ(MLXDIST_V2_EUNAVAIL, MLXD_EUNAVAIL) && EQ(MLXDIST_V2_EABORTED, MLXD_EABORTED) &&
+                   EQ(MLXDIST_V2_ETIMEDOUT, MLXD_ETIMEDOUT) &&
+                   EQ(MLXDIST_V2_EREMOTE, MLXD_EREMOTE) && EQ(MLXDIST_V2_ESYS, MLXD_ESYS) &&
+                   EQ(MLXDIST_V2_ENOMEM, MLXD_ENOMEM) && EQ(MLXDIST_V2_EUNAVAIL, MLXD_EUNAVAIL) &&
+                   EQ(MLXDIST_V2_EABORTED, MLXD_EABORTED) &&
                    EQ(MLXDIST_V2_ECALLBACK, MLXD_ECALLBACK),
                "plugin ABI status codes must equal mlxd_code");
 _Static_assert(EQ(MLXDIST_V2_DTYPE_BOOL, MLX_BOOL) && EQ(MLXDIST_V2_DTYPE_UINT8, MLX_UINT8) &&
-                   EQ(MLXDIST_V2_DTYPE_UINT16, MLX_UINT16) && EQ(MLXDIST_V2_DTYPE_UINT32, MLX_UINT32) &&
+                   EQ(MLXDIST_V2_DTYPE_UINT16, MLX_UINT16) &&
+                   EQ(MLXDIST_V2_DTYPE_UINT32, MLX_UINT32) &&
                    EQ(MLXDIST_V2_DTYPE_UINT64, MLX_UINT64) && EQ(MLXDIST_V2_DTYPE_INT8, MLX_INT8) &&
                    EQ(MLXDIST_V2_DTYPE_INT16, MLX_INT16) && EQ(MLXDIST_V2_DTYPE_INT32, MLX_INT32) &&
-                   EQ(MLXDIST_V2_DTYPE_INT64, MLX_INT64) && EQ(MLXDIST_V2_DTYPE_FLOAT16, MLX_FLOAT16) &&
+                   EQ(MLXDIST_V2_DTYPE_INT64, MLX_INT64) &&
+                   EQ(MLXDIST_V2_DTYPE_FLOAT16, MLX_FLOAT16) &&
                    EQ(MLXDIST_V2_DTYPE_FLOAT32, MLX_FLOAT32) &&
                    EQ(MLXDIST_V2_DTYPE_FLOAT64, MLX_FLOAT64) &&
                    EQ(MLXDIST_V2_DTYPE_BFLOAT16, MLX_BFLOAT16) &&
@@ -64,9 +67,8 @@ _Static_assert(EQ(MLXDIST_V1_ECALLBACK, MLXDIST_V2_ECALLBACK) &&
                "v1 values must equal v2 values");
 
 /* v1 tables are a prefix of v2 tables */
-#define SAME_MEMBER(T1, T2, m)                                                     \
-  _Static_assert(offsetof(T1, m) == offsetof(T2, m) &&                             \
-                     sizeof(((T1*)0)->m) == sizeof(((T2*)0)->m),                   \
+#define SAME_MEMBER(T1, T2, m)                                                                     \
+  _Static_assert(offsetof(T1, m) == offsetof(T2, m) && sizeof(((T1*)0)->m) == sizeof(((T2*)0)->m), \
                  #T1 "." #m " must sit where " #T2 "." #m " does")
 SAME_MEMBER(mlxdist_v1_status, mlxdist_v2_status, code);
 SAME_MEMBER(mlxdist_v1_status, mlxdist_v2_status, has_peer);
@@ -144,10 +146,10 @@ static const mlxdist_v1_host k_host_v1 = {
 #define PATH_MAX_TEXT 1024
 
 typedef struct plugin_slot {
-  mlxd_backend_kind kind;   /* what the registry sees */
-  mlxd_backend_ops ops;     /* the adapter's ops, named after the plugin */
+  mlxd_backend_kind kind; /* what the registry sees */
+  mlxd_backend_ops ops;   /* the adapter's ops, named after the plugin */
   const mlxdist_v2_plugin* p;
-  unsigned version;         /* the ABI the plugin was loaded through (1 or 2) */
+  unsigned version; /* the ABI the plugin was loaded through (1 or 2) */
   char name[32];
   char path[PATH_MAX_TEXT];
 } plugin_slot;
@@ -237,13 +239,13 @@ static int a_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out
   return take_status(a->slot, rc, &ps, st);
 }
 
-static int a_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                            size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+static int a_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                            mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   adapted* a = (adapted*)b;
   mlxdist_v2_status ps;
   pstatus_clear(&ps);
-  int32_t rc = a->inner->ops->reduce_scatter(a->inner, seq, in, out, count,
-                                             (mlxdist_v2_dtype)dtype, (mlxdist_v2_op)op, &ps);
+  int32_t rc = a->inner->ops->reduce_scatter(a->inner, seq, in, out, count, (mlxdist_v2_dtype)dtype,
+                                             (mlxdist_v2_op)op, &ps);
   return take_status(a->slot, rc, &ps, st);
 }
 
@@ -339,8 +341,8 @@ static int wrap(const plugin_slot* s, mlxdist_v2_backend* inner, bs_wrap* bs, ml
   a->slot = s;
   a->inner = inner;
   /* An op the plugin's table is too short to hold is absent; v1 has no describe. */
-  a->has_describe = s->version >= 2 && HAS_MEMBER(mlxdist_v2_ops, ops, describe) &&
-                    ops->describe != NULL;
+  a->has_describe =
+      s->version >= 2 && HAS_MEMBER(mlxdist_v2_ops, ops, describe) && ops->describe != NULL;
   a->bs = bs;
   *out = &a->base;
   return 0;
@@ -376,9 +378,9 @@ static int slot_create(int i, mlxd_bootstrap* core_bs, mlxd_backend** out, mlxd_
   return wrap(s, inner, bs, out, st);
 }
 
-#define SLOT_CREATE(i)                                                                    \
+#define SLOT_CREATE(i)                                                                  \
   static int slot_create_##i(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) { \
-    return slot_create(i, bs, out, st);                                                   \
+    return slot_create(i, bs, out, st);                                                 \
   }
 SLOT_CREATE(0)
 SLOT_CREATE(1)
@@ -435,7 +437,8 @@ const mlxd_backend_kind* mlxd_plugin_adapt(void* handle, const char* path, const
     return NULL;
   }
   if (p->version != version) {
-    mlxd_text_add(t, "%s (mlxdist_plugin_v%u returned a table of ABI version %u; expected version %u)",
+    mlxd_text_add(t,
+                  "%s (mlxdist_plugin_v%u returned a table of ABI version %u; expected version %u)",
                   path, version, p->version, version);
     return NULL;
   }

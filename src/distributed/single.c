@@ -12,8 +12,8 @@ static void copy_bytes(const void* in, void* out, size_t n) {
   if (n && in != out) memmove(out, in, n);
 }
 
-static int single_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                             size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+static int single_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                             mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   (void)b, (void)seq, (void)op, (void)st;
   copy_bytes(in, out, count * mlx_dtype_size(dtype));
   return 0;

@@ -36,10 +36,10 @@ static inline float u2f(uint32_t u) {
 /* Written as selects rather than branches so that loops over them vectorise. */
 static inline float h2f(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t em = h & 0x7fffu;                       /* exponent and mantissa */
-  uint32_t nrm = (em << 13) + (112u << 23);        /* rebias 15 -> 127 */
-  nrm = em >= 0x7c00u ? nrm + (112u << 23) : nrm;  /* inf / NaN: exponent 255, payload kept */
-  float sub = (float)(int32_t)em * 0x1p-24f;       /* zero / subnormal: exact */
+  uint32_t em = h & 0x7fffu;                      /* exponent and mantissa */
+  uint32_t nrm = (em << 13) + (112u << 23);       /* rebias 15 -> 127 */
+  nrm = em >= 0x7c00u ? nrm + (112u << 23) : nrm; /* inf / NaN: exponent 255, payload kept */
+  float sub = (float)(int32_t)em * 0x1p-24f;      /* zero / subnormal: exact */
   return u2f((em < 0x400u ? f2u(sub) : nrm) | sign);
 }
 
@@ -138,7 +138,7 @@ static inline c64 c_min(c64 x, c64 y) {
  *   _3  out = a OP b         (out distinct from a and b; a may equal b)
  *   _g  out = a OP b         (any exact aliasing) */
 #define KERNELS(NAME, T, EXPR)                                                          \
-  static void NAME##_2(void* restrict accv, const void* restrict inv, size_t n) {      \
+  static void NAME##_2(void* restrict accv, const void* restrict inv, size_t n) {       \
     T* restrict acc = accv;                                                             \
     const T* restrict in = inv;                                                         \
     for (size_t i = 0; i < n; i++) {                                                    \
@@ -146,7 +146,7 @@ static inline c64 c_min(c64 x, c64 y) {
       acc[i] = EXPR;                                                                    \
     }                                                                                   \
   }                                                                                     \
-  static void NAME##_2r(void* restrict accv, const void* restrict inv, size_t n) {     \
+  static void NAME##_2r(void* restrict accv, const void* restrict inv, size_t n) {      \
     T* restrict acc = accv;                                                             \
     const T* restrict in = inv;                                                         \
     for (size_t i = 0; i < n; i++) {                                                    \
@@ -189,8 +189,8 @@ KERNELS(sum_f64, double, x + y)
 KERNELS(sum_f16, uint16_t, h_add(x, y))
 KERNELS(sum_bf16, uint16_t, b_add(x, y))
 
-#define MINMAX(TAG, T)                   \
-  KERNELS(max_##TAG, T, OP_MAX(x, y))   \
+#define MINMAX(TAG, T)                \
+  KERNELS(max_##TAG, T, OP_MAX(x, y)) \
   KERNELS(min_##TAG, T, OP_MIN(x, y))
 MINMAX(u8, uint8_t)
 MINMAX(u16, uint16_t)
@@ -219,40 +219,63 @@ typedef struct kernel {
   size_t scale; /* elements of the kernel's type per array element */
 } kernel;
 
-#define K(NAME, SCALE) {NAME##_2, NAME##_2r, NAME##_3, NAME##_g, SCALE}
+#define K(NAME, SCALE) \
+  { NAME##_2, NAME##_2r, NAME##_3, NAME##_g, SCALE }
 #define NDT 14
 
-static const kernel k_table[3][NDT] = {
-    [MLXD_SUM] =
-        {
-            [MLX_BOOL] = K(or_b, 1),         [MLX_UINT8] = K(sum_u8, 1),
-            [MLX_UINT16] = K(sum_u16, 1),    [MLX_UINT32] = K(sum_u32, 1),
-            [MLX_UINT64] = K(sum_u64, 1),    [MLX_INT8] = K(sum_i8, 1),
-            [MLX_INT16] = K(sum_i16, 1),     [MLX_INT32] = K(sum_i32, 1),
-            [MLX_INT64] = K(sum_i64, 1),     [MLX_FLOAT16] = K(sum_f16, 1),
-            [MLX_FLOAT32] = K(sum_f32, 1),   [MLX_FLOAT64] = K(sum_f64, 1),
-            [MLX_BFLOAT16] = K(sum_bf16, 1), [MLX_COMPLEX64] = K(sum_f32, 2),
-        },
-    [MLXD_MAX] =
-        {
-            [MLX_BOOL] = K(or_b, 1),         [MLX_UINT8] = K(max_u8, 1),
-            [MLX_UINT16] = K(max_u16, 1),    [MLX_UINT32] = K(max_u32, 1),
-            [MLX_UINT64] = K(max_u64, 1),    [MLX_INT8] = K(max_i8, 1),
-            [MLX_INT16] = K(max_i16, 1),     [MLX_INT32] = K(max_i32, 1),
-            [MLX_INT64] = K(max_i64, 1),     [MLX_FLOAT16] = K(max_f16, 1),
-            [MLX_FLOAT32] = K(max_f32, 1),   [MLX_FLOAT64] = K(max_f64, 1),
-            [MLX_BFLOAT16] = K(max_bf16, 1), [MLX_COMPLEX64] = K(max_c64, 1),
-        },
-    [MLXD_MIN] =
-        {
-            [MLX_BOOL] = K(and_b, 1),        [MLX_UINT8] = K(min_u8, 1),
-            [MLX_UINT16] = K(min_u16, 1),    [MLX_UINT32] = K(min_u32, 1),
-            [MLX_UINT64] = K(min_u64, 1),    [MLX_INT8] = K(min_i8, 1),
-            [MLX_INT16] = K(min_i16, 1),     [MLX_INT32] = K(min_i32, 1),
-            [MLX_INT64] = K(min_i64, 1),     [MLX_FLOAT16] = K(min_f16, 1),
-            [MLX_FLOAT32] = K(min_f32, 1),   [MLX_FLOAT64] = K(min_f64, 1),
-            [MLX_BFLOAT16] = K(min_bf16, 1), [MLX_COMPLEX64] = K(min_c64, 1),
-        },
+static const kernel k_table[3][NDT] =
+    {
+        [MLXD_SUM] =
+            {
+                [MLX_BOOL] = K(or_b, 1),
+                [MLX_UINT8] = K(sum_u8, 1),
+                [MLX_UINT16] = K(sum_u16, 1),
+                [MLX_UINT32] = K(sum_u32, 1),
+                [MLX_UINT64] = K(sum_u64, 1),
+                [MLX_INT8] = K(sum_i8, 1),
+                [MLX_INT16] = K(sum_i16, 1),
+                [MLX_INT32] = K(sum_i32, 1),
+                [MLX_INT64] = K(sum_i64, 1),
+                [MLX_FLOAT16] = K(sum_f16, 1),
+                [MLX_FLOAT32] = K(sum_f32, 1),
+                [MLX_FLOAT64] = K(sum_f64, 1),
+                [MLX_BFLOAT16] = K(sum_bf16, 1),
+                [MLX_COMPLEX64] = K(sum_f32, 2),
+            },
+        [MLXD_MAX] =
+            {
+                [MLX_BOOL] = K(or_b, 1),
+                [MLX_UINT8] = K(max_u8, 1),
+                [MLX_UINT16] = K(max_u16, 1),
+                [MLX_UINT32] = K(max_u32, 1),
+                [MLX_UINT64] = K(max_u64, 1),
+                [MLX_INT8] = K(max_i8, 1),
+                [MLX_INT16] = K(max_i16, 1),
+                [MLX_INT32] = K(max_i32, 1),
+                [MLX_INT64] = K(max_i64, 1),
+                [MLX_FLOAT16] = K(max_f16, 1),
+                [MLX_FLOAT32] = K(max_f32, 1),
+                [MLX_FLOAT64] = K(max_f64, 1),
+                [MLX_BFLOAT16] = K(max_bf16, 1),
+                [MLX_COMPLEX64] = K(max_c64, 1),
+            },
+        [MLXD_MIN] =
+            {
+                [MLX_BOOL] = K(and_b, 1),
+                [MLX_UINT8] = K(min_u8, 1),
+                [MLX_UINT16] = K(min_u16, 1),
+                [MLX_UINT32] = K(min_u32, 1),
+                [MLX_UINT64] = K(min_u64, 1),
+                [MLX_INT8] = K(min_i8, 1),
+                [MLX_INT16] = K(min_i16, 1),
+                [MLX_INT32] = K(min_i32, 1),
+                [MLX_INT64] = K(min_i64, 1),
+                [MLX_FLOAT16] = K(min_f16, 1),
+                [MLX_FLOAT32] = K(min_f32, 1),
+                [MLX_FLOAT64] = K(min_f64, 1),
+                [MLX_BFLOAT16] = K(min_bf16, 1),
+                [MLX_COMPLEX64] = K(min_c64, 1),
+            },
 };
 
 static const kernel* lookup(mlxd_reduce_op op, mlx_dtype dtype) {

@@ -21,8 +21,8 @@ typedef enum mlxd_reduce_op { MLXD_SUM = 0, MLXD_MAX = 1, MLXD_MIN = 2 } mlxd_re
  * (they may be equal only if identical). Unknown op/dtype: no-op. */
 void mlxd_reduce(mlxd_reduce_op op, mlx_dtype dtype, void* acc, const void* in, size_t count);
 /* out[i] = a[i] OP b[i]. out may equal a or b. */
-void mlxd_reduce3(mlxd_reduce_op op, mlx_dtype dtype, void* out, const void* a,
-                  const void* b, size_t count);
+void mlxd_reduce3(mlxd_reduce_op op, mlx_dtype dtype, void* out, const void* a, const void* b,
+                  size_t count);
 const char* mlxd_reduce_op_name(mlxd_reduce_op op);
 
 /* 16-bit float conversions (round to nearest even; NaN stays NaN). */

@@ -11,8 +11,8 @@ void mlxd_match_tag_str(uint64_t tag, char* out, size_t n) {
            (uint64_t)((tag >> 16) & ((UINT64_C(1) << 44) - 1)), (unsigned)(tag & 0xFFFF));
 }
 
-int mlxd_match_mismatch(mlxd_status* st, mlxd_layer layer, int peer, const char* addr,
-                        uint64_t tag, size_t sent, size_t expected) {
+int mlxd_match_mismatch(mlxd_status* st, mlxd_layer layer, int peer, const char* addr, uint64_t tag,
+                        size_t sent, size_t expected) {
   char ts[64];
   mlxd_match_tag_str(tag, ts, sizeof ts);
   int code = mlxd_fail_at(st, MLXD_EINVAL, layer,
@@ -23,10 +23,10 @@ int mlxd_match_mismatch(mlxd_status* st, mlxd_layer layer, int peer, const char*
   return code;
 }
 
-int mlxd_match_lost(mlxd_status* st, mlxd_layer layer, int peer, const char* addr,
-                    const char* why, const char* syscall, int err) {
-  int code = mlxd_fail_at(st, MLXD_EREMOTE, layer, "lost connection to rank %d%s", peer,
-                          why ? why : "");
+int mlxd_match_lost(mlxd_status* st, mlxd_layer layer, int peer, const char* addr, const char* why,
+                    const char* syscall, int err) {
+  int code =
+      mlxd_fail_at(st, MLXD_EREMOTE, layer, "lost connection to rank %d%s", peer, why ? why : "");
   mlxd_status_set_peer(st, peer, addr);
   if (syscall || err) mlxd_status_set_sys(st, syscall, err);
   return code;
@@ -36,12 +36,12 @@ int mlxd_match_timeout(mlxd_status* st, mlxd_layer layer, double timeout_s, int 
                        const char* addr, bool is_send, size_t n, uint64_t tag, size_t moved) {
   char ts[64];
   mlxd_match_tag_str(tag, ts, sizeof ts);
-  int code = mlxd_fail_at(st, MLXD_ETIMEDOUT, layer,
-                          "timed out after %g s waiting for rank %d in a %s of %zu bytes (%s, "
-                          "%zu bytes moved); is that rank alive and running the same "
-                          "operations? MLXDIST_TIMEOUT sets the limit",
-                          timeout_s, peer, is_send ? "send" : "receive", n, ts,
-                          moved > n ? n : moved);
+  int code =
+      mlxd_fail_at(st, MLXD_ETIMEDOUT, layer,
+                   "timed out after %g s waiting for rank %d in a %s of %zu bytes (%s, "
+                   "%zu bytes moved); is that rank alive and running the same "
+                   "operations? MLXDIST_TIMEOUT sets the limit",
+                   timeout_s, peer, is_send ? "send" : "receive", n, ts, moved > n ? n : moved);
   mlxd_status_set_peer(st, peer, addr);
   return code;
 }

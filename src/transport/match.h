@@ -45,8 +45,7 @@ typedef struct mlxd_match_peer {
 
 /* The struct of `type` whose `member` is the link l (NULL for NULL; l is
  * evaluated once). */
-#define MLXD_MATCH_ENTRY(l, type, member) \
-  ((type*)mlxd_match_entry_((l), offsetof(type, member)))
+#define MLXD_MATCH_ENTRY(l, type, member) ((type*)mlxd_match_entry_((l), offsetof(type, member)))
 static inline void* mlxd_match_entry_(mlxd_match_link* l, size_t off) {
   return l ? (void*)((char*)l - off) : NULL;
 }
@@ -56,14 +55,23 @@ static inline void mlxd_match_push(mlxd_match_queue* q, mlxd_match_link* l, uint
   l->tag = tag;
   l->next = NULL;
   l->prev = q->tail;
-  if (q->tail) q->tail->next = l; else q->head = l;
+  if (q->tail)
+    q->tail->next = l;
+  else
+    q->head = l;
   q->tail = l;
 }
 
 /* Take l (which is in q) out of q. */
 static inline void mlxd_match_remove(mlxd_match_queue* q, mlxd_match_link* l) {
-  if (l->prev) l->prev->next = l->next; else q->head = l->next;
-  if (l->next) l->next->prev = l->prev; else q->tail = l->prev;
+  if (l->prev)
+    l->prev->next = l->next;
+  else
+    q->head = l->next;
+  if (l->next)
+    l->next->prev = l->prev;
+  else
+    q->tail = l->prev;
   l->prev = l->next = NULL;
 }
 
@@ -96,14 +104,14 @@ void mlxd_match_tag_str(uint64_t tag, char* out, size_t n);
 /* A matched pair disagrees on the size: fails that receive only.
  * "size mismatch: rank 1 sent a 8-byte message (collective #3 step 0) but
  * the receive posted for it expects 4 bytes". */
-int mlxd_match_mismatch(mlxd_status* st, mlxd_layer layer, int peer, const char* addr,
-                        uint64_t tag, size_t sent, size_t expected);
+int mlxd_match_mismatch(mlxd_status* st, mlxd_layer layer, int peer, const char* addr, uint64_t tag,
+                        size_t sent, size_t expected);
 
 /* A peer is gone: "lost connection to rank 2" followed by why (e.g.
  * ": it closed the connection"; "" for none). syscall/err: the call that
  * found out (NULL/0 for none). Code MLXD_EREMOTE. */
-int mlxd_match_lost(mlxd_status* st, mlxd_layer layer, int peer, const char* addr,
-                    const char* why, const char* syscall, int err);
+int mlxd_match_lost(mlxd_status* st, mlxd_layer layer, int peer, const char* addr, const char* why,
+                    const char* syscall, int err);
 
 /* A wait made no progress for timeout_s: "timed out after 3 s waiting for
  * rank 1 in a receive of 64 bytes (collective #3 step 0, 0 bytes moved); is
@@ -129,13 +137,13 @@ void mlxd_match_fail_posted(mlxd_match_peer* peer, void (*fail)(void* ctx, mlxd_
  * transport's request struct starts with it (so an mlxd_req* points to it). */
 typedef struct mlxd_match_req {
   int peer;
-  int code;          /* 0, MLXD_EINVAL for a mismatch, else the transport failed */
+  int code; /* 0, MLXD_EINVAL for a mismatch, else the transport failed */
   bool complete;
-  bool mismatch;     /* recv: the sender sent `sent` bytes, not n */
+  bool mismatch; /* recv: the sender sent `sent` bytes, not n */
   uint64_t tag;
   size_t n;
   size_t sent;
-  const char* addr;  /* the peer's address (owned by the transport) */
+  const char* addr; /* the peer's address (owned by the transport) */
 } mlxd_match_req;
 
 /* The outcome of waiting for reqs[0..n) (NULL entries skipped; each starts

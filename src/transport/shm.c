@@ -123,8 +123,8 @@ static void fail_lost(shm_transport* t, int pi, const char* why) {
 /* Fail the transport: out of memory handling peer pi's message. */
 static void fail_nomem(shm_transport* t, int pi, const char* what, size_t n) {
   mlxd_status s;
-  mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory %s (%zu bytes) from rank %d",
-               what, n, pi);
+  mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory %s (%zu bytes) from rank %d", what,
+               n, pi);
   mlxd_status_set_peer(&s, pi, t->peers[pi].addr);
   shm_fail(t, &s);
 }
@@ -199,7 +199,6 @@ static void req_unlink(shm_transport* t, shm_req* r) {
   }
   r->where = W_NONE;
 }
-
 
 /* ---- progress ---- */
 
@@ -555,8 +554,8 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
       shm_peer* p = &t->peers[w->m.peer];
       size_t moved = w->kind == REQ_SEND ? w->off : (w->where == W_CUR ? p->cur_off : 0);
       mlxd_status s;
-      mlxd_match_timeout(&s, MLXD_LAYER_SHM, t->timeout_s, w->m.peer, p->addr,
-                         w->kind == REQ_SEND, w->m.n, w->m.tag, moved);
+      mlxd_match_timeout(&s, MLXD_LAYER_SHM, t->timeout_s, w->m.peer, p->addr, w->kind == REQ_SEND,
+                         w->m.n, w->m.tag, moved);
       shm_fail(t, &s);
       break;
     }
@@ -616,7 +615,8 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
       free_req_list(t, p->sq_head);
       free_req_list(t, p->ack_head);
       mlxd_match_link* l;
-      while ((l = mlxd_match_pop(&p->mq.posted))) req_release(t, MLXD_MATCH_ENTRY(l, shm_req, link));
+      while ((l = mlxd_match_pop(&p->mq.posted)))
+        req_release(t, MLXD_MATCH_ENTRY(l, shm_req, link));
       while ((l = mlxd_match_pop(&p->mq.unexpected))) {
         shm_unexp* u = MLXD_MATCH_ENTRY(l, shm_unexp, link);
         mlxd_buffer_free(u->buf, u->len);
@@ -642,4 +642,3 @@ const mlxd_transport_ops mlxd_shm_ops = {
     .waitall = shm_waitall,
     .destroy = mlxd_shm_destroy,
 };
-

@@ -11,7 +11,6 @@
  * others open it, retrying for MLXDIST_CONNECT_TIMEOUT seconds; the name is
  * unlinked as soon as every rank has mapped it. Returns when all ranks have
  * joined, or NULL with st set (the name is unlinked on failure too). */
-mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name,
-                                       mlxd_status* st);
+mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlxd_status* st);
 
 #endif

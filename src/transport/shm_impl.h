@@ -14,8 +14,8 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdalign.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -45,7 +45,7 @@
 #endif
 
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
-#define SHM_VERSION 2u /* 2: structured failure records */
+#define SHM_VERSION 2u                  /* 2: structured failure records */
 #define SHM_CL 64
 #ifndef SHM_SLOT_BYTES
 #define SHM_SLOT_BYTES ((size_t)64 * 1024)
@@ -125,8 +125,8 @@ typedef struct shm_req {
   bool rndv;
   int where;
   uint64_t ticket;
-  struct shm_req* next;  /* send / ack queue, free list */
-  mlxd_match_link link;  /* recv: in the posted queue */
+  struct shm_req* next; /* send / ack queue, free list */
+  mlxd_match_link link; /* recv: in the posted queue */
 } shm_req;
 
 typedef struct shm_unexp {
@@ -170,7 +170,7 @@ typedef struct shm_transport {
   double timeout_s, spin_s;
   size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
   bool oversubscribed;
-  mlxd_status err; /* the first failure; err.code == 0 while none */
+  mlxd_status err;         /* the first failure; err.code == 0 while none */
   volatile uint64_t probe; /* read by peers through CMA at set-up */
   shm_req* free_reqs;
   int nfree;

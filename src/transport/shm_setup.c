@@ -9,7 +9,6 @@ static void sleep_us(long us) {
   nanosleep(&ts, NULL);
 }
 
-
 /* Whether process pid is gone (no such process, or a zombie). */
 bool mlxd_shm_pid_dead(pid_t pid) {
   if (pid <= 0) return false;
@@ -66,8 +65,7 @@ int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st) {
   int size = t->base.size;
   char detail[MLXD_MSG_MAX];
   copy_text(detail, v.detail, sizeof detail);
-  int layer = v.layer > MLXD_LAYER_NONE && v.layer <= MLXD_LAYER_BACKEND ? v.layer
-                                                                            : MLXD_LAYER_SHM;
+  int layer = v.layer > MLXD_LAYER_NONE && v.layer <= MLXD_LAYER_BACKEND ? v.layer : MLXD_LAYER_SHM;
   int code = v.code > MLXD_OK && v.code <= MLXD_ECALLBACK ? v.code : MLXD_EREMOTE;
   mlxd_fail_at(st, code, (mlxd_layer)layer, "%s", detail[0] ? detail : "failed");
   if (v.has_peer && v.peer >= 0 && v.peer < size) {
@@ -81,11 +79,10 @@ int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st) {
     if (strcmp(v.syscall, k_syscalls[i]) == 0) sc = k_syscalls[i];
   int err = v.sys_errno > 0 && v.sys_errno < 4096 ? v.sys_errno : 0;
   if (sc || err) mlxd_status_set_sys(st, sc, err);
-  mlxd_status_set_reporter(st, v.has_reporter && v.reporter >= 0 && v.reporter < size
-                                   ? v.reporter : r);
+  mlxd_status_set_reporter(st,
+                           v.has_reporter && v.reporter >= 0 && v.reporter < size ? v.reporter : r);
   return code;
 }
-
 
 /* ---- CMA ---- */
 
@@ -110,7 +107,6 @@ int mlxd_shm_cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err) {
   return 0;
 }
 
-
 /* ---- set-up ---- */
 
 static bool valid_name(const char* s) {
@@ -126,8 +122,8 @@ static bool valid_name(const char* s) {
 }
 
 /* Wait until *counter reaches want (bounded; watching the attached peers). */
-static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want,
-                      double deadline, const char* what, mlxd_status* st) {
+static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want, double deadline,
+                      const char* what, mlxd_status* st) {
   long us = 20;
   double last_check = mlxd_now();
   while (atomic_load_explicit(counter, memory_order_acquire) < want) {
@@ -141,8 +137,8 @@ static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want
       return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
                           "rank %d timed out after %g s (MLXDIST_CONNECT_TIMEOUT) waiting for "
                           "every rank to %s shared memory %s%s%s",
-                          t->base.rank, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT), what,
-                          t->path, len ? "; missing ranks: " : "", missing);
+                          t->base.rank, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT), what, t->path,
+                          len ? "; missing ranks: " : "", missing);
     }
     if (now - last_check >= SHM_CHECK_S) {
       last_check = now;
@@ -199,7 +195,7 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
           return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
                               "shared memory %s has %lld bytes but rank %d expected %zu "
                               "(do all ranks agree on the group size %d?)",
-                           t->path, (long long)sb.st_size, t->base.rank, total, t->base.size);
+                              t->path, (long long)sb.st_size, t->base.rank, total, t->base.size);
         }
         close(fd);
         fd = -1;
@@ -214,7 +210,7 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
         return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
                             "rank %d could not open shared memory %s created by rank 0 within "
                             "%g s (MLXDIST_CONNECT_TIMEOUT)",
-                         t->base.rank, t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
+                            t->base.rank, t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
       sleep_us(us);
       if (us < 5000) us *= 2;
     }
@@ -246,7 +242,7 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
         return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
                             "shared memory %s was never initialised by rank 0 within %g s "
                             "(MLXDIST_CONNECT_TIMEOUT)",
-                         t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
+                            t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
       sleep_us(us);
       if (us < 2000) us *= 2;
     }
@@ -256,8 +252,8 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
       return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
                           "shared memory %s was made for %u ranks (layout version %u) but rank "
                           "%d expected %d ranks (version %u)",
-                       t->path, t->hdr->size, t->hdr->version, t->base.rank, t->base.size,
-                       SHM_VERSION);
+                          t->path, t->hdr->size, t->hdr->version, t->base.rank, t->base.size,
+                          SHM_VERSION);
   }
   return 0;
 }
@@ -269,14 +265,14 @@ mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlx
     mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
                  "rank %d / size %d is not valid; expected 1 <= size <= 4096 and 0 <= rank < "
                  "size",
-              rank, size);
+                 rank, size);
     return NULL;
   }
   if (!name || !valid_name(name)) {
     mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
                  "session name \"%s\" is not valid; expected 1 to %d letters, digits, '-', '_' "
                  "or '.' (not starting with '.')",
-              name ? name : "(null)", SHM_NAME_MAX);
+                 name ? name : "(null)", SHM_NAME_MAX);
     return NULL;
   }
   shm_transport* t = calloc(1, sizeof *t);
@@ -318,7 +314,7 @@ mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlx
     mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
                  "rank %d of shared memory %s was already taken by process %d; expected every "
                  "rank exactly once",
-              rank, t->path, (int)atomic_load(&me->pid));
+                 rank, t->path, (int)atomic_load(&me->pid));
     goto fail;
   }
   atomic_store(&me->pid, (int32_t)getpid());
@@ -337,7 +333,8 @@ mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlx
     shm_rank_rec* rec = rank_rec(t, r);
     uint64_t v = 0;
     int err = 0;
-    if (mlxd_shm_cma_read((pid_t)atomic_load(&rec->pid), &v, rec->probe_addr, sizeof v, &err) != 0 ||
+    if (mlxd_shm_cma_read((pid_t)atomic_load(&rec->pid), &v, rec->probe_addr, sizeof v, &err) !=
+            0 ||
         v != rec->probe_val)
       cma = false;
   }

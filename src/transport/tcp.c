@@ -49,8 +49,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,7 +65,7 @@
 #include "util/tunables.h"
 
 #define TCP_HDR 32u
-#define TCP_FRAG_MAX ((size_t)1 << 20)  /* largest fragment of a large message */
+#define TCP_FRAG_MAX ((size_t)1 << 20)   /* largest fragment of a large message */
 #define TCP_SPLIT_MIN ((size_t)64 << 10) /* messages above this use every connection */
 #define TCP_RBUF ((size_t)64 << 10)      /* per-connection receive staging buffer */
 #define TCP_IO_MAX ((size_t)1 << 30)     /* at most this many bytes per syscall */
@@ -81,11 +81,11 @@ struct mlxd_req {
   mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
   bool is_send;
   char* buf;
-  size_t done;     /* bytes moved so far (for progress detection) */
-  size_t frags_left; /* send: fragments not yet fully written */
-  mlxd_match_link link;         /* recv: in the peer's posted queue */
-  tcp_imsg* im;                 /* recv: the incoming message it is attached to */
-  tcp_frag* frags;              /* send: fragment array (same allocation) */
+  size_t done;          /* bytes moved so far (for progress detection) */
+  size_t frags_left;    /* send: fragments not yet fully written */
+  mlxd_match_link link; /* recv: in the peer's posted queue */
+  tcp_imsg* im;         /* recv: the incoming message it is attached to */
+  tcp_frag* frags;      /* send: fragment array (same allocation) */
 };
 
 struct tcp_frag {
@@ -102,8 +102,8 @@ struct tcp_frag {
  * not discarded). */
 struct tcp_imsg {
   size_t total, got;
-  char* buf;  /* the receive's buffer, or an owned one (unexpected) */
-  bool owned; /* buf is ours (malloc) */
+  char* buf;    /* the receive's buffer, or an owned one (unexpected) */
+  bool owned;   /* buf is ours (malloc) */
   bool discard; /* size mismatch: drain and drop */
   bool complete;
   struct mlxd_req* req;
@@ -127,7 +127,7 @@ typedef struct tcp_peer {
   mlxd_match_peer mq;        /* posted receives, unexpected messages */
   mlxd_match_queue arriving; /* messages with fragments still to come */
   unsigned rr;
-  bool closed; /* every connection reached EOF with nothing pending */
+  bool closed;              /* every connection reached EOF with nothing pending */
   char addr[MLXD_ADDR_MAX]; /* "10.0.0.2:41000"; "" when unknown (e.g. AF_UNIX) */
 } tcp_peer;
 
@@ -259,8 +259,10 @@ static void conn_eof(tcp_transport* t, tcp_conn* c) {
   c->eof = true;
   for (int i = 0; i < t->nconn; i++)
     if (!t->conns[c->peer * t->nconn + i].eof) return;
-  if (peer_busy(t, c->peer)) fail_lost(t, c->peer, NULL, 0);
-  else t->peers[c->peer].closed = true;
+  if (peer_busy(t, c->peer))
+    fail_lost(t, c->peer, NULL, 0);
+  else
+    t->peers[c->peer].closed = true;
 }
 
 static void tcp_wake(tcp_transport* t) {
@@ -378,7 +380,10 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
     int ci = (int)((start + i) % (unsigned)t->nconn);
     tcp_conn* c = &t->conns[peer * t->nconn + ci];
     tcp_frag* f = &r->frags[i];
-    if (c->qtail) c->qtail->next = f; else c->qhead = f;
+    if (c->qtail)
+      c->qtail->next = f;
+    else
+      c->qhead = f;
     c->qtail = f;
     if (ci < 64) touched[ci] = true;
   }
@@ -387,8 +392,10 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
     tcp_conn* c = &t->conns[peer * t->nconn + ci];
     if (ci < 64 && !touched[ci]) continue;
     int err = conn_write(t, c);
-    if (err) fail_lost(t, peer, "sendmsg", err);
-    else if (c->qhead) queued = true;
+    if (err)
+      fail_lost(t, peer, "sendmsg", err);
+    else if (c->qhead)
+      queued = true;
   }
   if (queued) tcp_wake(t);
   if (t->completed) pthread_cond_broadcast(&t->cv);
@@ -460,8 +467,7 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
 
 /* A fragment header arrived on c: find or create its message. 0 or -1 (failed). */
 static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* h) {
-  uint64_t tag = get_u64(h), off = get_u64(h + 8), len = get_u64(h + 16),
-           total = get_u64(h + 24);
+  uint64_t tag = get_u64(h), off = get_u64(h + 8), len = get_u64(h + 16), total = get_u64(h + 24);
   tcp_peer* pe = &t->peers[c->peer];
   char ts[64];
   mlxd_status s;
@@ -675,8 +681,10 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
     }
     if (ev & (POLLIN | POLLHUP | POLLERR)) {
       int err = conn_read(t, c);
-      if (err < 0 && !t->err.code) conn_eof(t, c);
-      else if (err && !t->err.code) fail_lost(t, c->peer, "recv", err);
+      if (err < 0 && !t->err.code)
+        conn_eof(t, c);
+      else if (err && !t->err.code)
+        fail_lost(t, c->peer, "recv", err);
     }
     if (!t->err.code && !c->eof && c->qhead && (ev & (POLLOUT | POLLERR))) {
       int err = conn_write(t, c);
@@ -836,12 +844,11 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
       int fd = fds[p * nconn + c];
       int type = 0;
       socklen_t tl = sizeof type;
-      if (p != rank && (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 ||
-                        type != SOCK_STREAM)) {
+      if (p != rank &&
+          (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM)) {
         close_fds(fds, nc);
         mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_TCP,
-                     "connection %d to rank %d (fd %d) is not a connected stream socket", c, p,
-                     fd);
+                     "connection %d to rank %d (fd %d) is not a connected stream socket", c, p, fd);
         mlxd_status_set_peer(st, p, NULL);
         return NULL;
       }
@@ -929,5 +936,4 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
   return &t->base;
 }
 
-static const mlxd_transport_ops tcp_ops = {"tcp", tcp_isend, tcp_irecv, tcp_waitall,
-                                           tcp_destroy};
+static const mlxd_transport_ops tcp_ops = {"tcp", tcp_isend, tcp_irecv, tcp_waitall, tcp_destroy};

@@ -60,15 +60,15 @@ typedef struct mlxd_transport_ops {
    * peer closed its connections after finishing its work), or MLXD_ENOMEM.
    * Allocates at most one block per request; takes no lock but the
    * transport's. */
-  int (*isend)(mlxd_transport* t, int peer, uint64_t tag, const void* buf, size_t n,
-               mlxd_req** req, mlxd_status* st);
+  int (*isend)(mlxd_transport* t, int peer, uint64_t tag, const void* buf, size_t n, mlxd_req** req,
+               mlxd_status* st);
   /* Post a receive of exactly n bytes from peer with tag into buf. Never
    * blocks beyond the transport's mutex; a message that already arrived is
    * copied (or taken over) at once. buf must stay valid until waitall
    * returned for *req. Returns as isend; a size mismatch is not reported
    * here but by waitall (MLXD_EINVAL, this request only). */
-  int (*irecv)(mlxd_transport* t, int peer, uint64_t tag, void* buf, size_t n,
-               mlxd_req** req, mlxd_status* st);
+  int (*irecv)(mlxd_transport* t, int peer, uint64_t tag, void* buf, size_t n, mlxd_req** req,
+               mlxd_status* st);
   /* Wait until every reqs[i] (NULL entries are skipped; n >= 0) completes,
    * then free them all and set reqs[i] = NULL (also on failure). The calling
    * thread drives the transport (there is no progress thread): it polls the

@@ -8,9 +8,7 @@ static inline void mlxd_put16(unsigned char* p, unsigned v) {
   p[0] = (unsigned char)(v >> 8);
   p[1] = (unsigned char)v;
 }
-static inline unsigned mlxd_get16(const unsigned char* p) {
-  return ((unsigned)p[0] << 8) | p[1];
-}
+static inline unsigned mlxd_get16(const unsigned char* p) { return ((unsigned)p[0] << 8) | p[1]; }
 static inline void mlxd_put32(unsigned char* p, uint32_t v) {
   mlxd_put16(p, v >> 16);
   mlxd_put16(p + 2, v & 0xFFFF);

@@ -63,8 +63,7 @@ static int parse_long(const char* s, long* out) {
 static void warn_once(mlxd_tunable t, const char* value, const char* what) {
   bool expected = false;
   if (atomic_compare_exchange_strong(&g_warned[t], &expected, true))
-    fprintf(stderr,
-            "mlxdist: warning: %s='%s' is not %s; using the default %s\n",
+    fprintf(stderr, "mlxdist: warning: %s='%s' is not %s; using the default %s\n",
             k_tunables[t].env, value, what, k_tunables[t].def);
 }
 

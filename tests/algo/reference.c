@@ -18,8 +18,8 @@ size_t r_esize(int dt) {
   return sz[dt];
 }
 const char* r_dt_name(int dt) {
-  static const char* nm[] = {"bool",  "uint8", "uint16",  "uint32",   "uint64",
-                             "int8",  "int16", "int32",   "int64",    "float16",
+  static const char* nm[] = {"bool",    "uint8",   "uint16",   "uint32",   "uint64",
+                             "int8",    "int16",   "int32",    "int64",    "float16",
                              "float32", "float64", "bfloat16", "complex64"};
   return nm[dt];
 }
@@ -29,9 +29,12 @@ const char* r_op_name(int op) { return op == 0 ? "sum" : op == 1 ? "max" : "min"
 static float t_f16_to_f32(uint16_t h) {
   int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
   float v;
-  if (e == 0) v = ldexpf((float)m, -24);
-  else if (e == 31) v = m ? NAN : INFINITY;
-  else v = ldexpf((float)(m | 1024), e - 25);
+  if (e == 0)
+    v = ldexpf((float)m, -24);
+  else if (e == 31)
+    v = m ? NAN : INFINITY;
+  else
+    v = ldexpf((float)(m | 1024), e - 25);
   return s ? -v : v;
 }
 static uint16_t t_f32_to_f16(float f) {
@@ -77,16 +80,41 @@ static void gen(int dt, int p, size_t i, bool exact, uint64_t salt, void* dst) {
   float v = exact ? small : any;
   switch (dt) {
     case 0: *(uint8_t*)dst = (uint8_t)(h & 1); break;
-    case 1: case 5: *(uint8_t*)dst = (uint8_t)h; break;
-    case 2: case 6: { uint16_t x = (uint16_t)h; memcpy(dst, &x, 2); break; }
-    case 3: case 7: { uint32_t x = (uint32_t)h; memcpy(dst, &x, 4); break; }
-    case 4: case 8: memcpy(dst, &h, 8); break;
-    case 9: { uint16_t x = t_f32_to_f16(v); memcpy(dst, &x, 2); break; }
+    case 1:
+    case 5: *(uint8_t*)dst = (uint8_t)h; break;
+    case 2:
+    case 6: {
+      uint16_t x = (uint16_t)h;
+      memcpy(dst, &x, 2);
+      break;
+    }
+    case 3:
+    case 7: {
+      uint32_t x = (uint32_t)h;
+      memcpy(dst, &x, 4);
+      break;
+    }
+    case 4:
+    case 8: memcpy(dst, &h, 8); break;
+    case 9: {
+      uint16_t x = t_f32_to_f16(v);
+      memcpy(dst, &x, 2);
+      break;
+    }
     case 10: memcpy(dst, &v, 4); break;
-    case 11: { double d = exact ? (double)small : (double)(h >> 11) * 0x1.0p-53 - 0.5; memcpy(dst, &d, 8); break; }
-    case 12: { uint16_t x = t_f32_to_bf16(v); memcpy(dst, &x, 2); break; }
+    case 11: {
+      double d = exact ? (double)small : (double)(h >> 11) * 0x1.0p-53 - 0.5;
+      memcpy(dst, &d, 8);
+      break;
+    }
+    case 12: {
+      uint16_t x = t_f32_to_bf16(v);
+      memcpy(dst, &x, 2);
+      break;
+    }
     case 13: {
-      float c[2] = {v, exact ? (float)((int)((h >> 20) % 5) - 2) : (float)((h >> 40) & 0xffff) / 65536.0f};
+      float c[2] = {v, exact ? (float)((int)((h >> 20) % 5) - 2)
+                             : (float)((h >> 40) & 0xffff) / 65536.0f};
       memcpy(dst, c, 8);
       break;
     }
@@ -100,21 +128,21 @@ void r_fill(int dt, int p, size_t first, size_t count, bool exact, uint64_t salt
 
 /* acc = acc OP x for one element, computed in this file. */
 static void ref_op1(int op, int dt, void* acc, const void* x) {
-#define INTOP(T)                                                             \
-  do {                                                                       \
-    T a, b;                                                                  \
-    memcpy(&a, acc, sizeof a);                                               \
-    memcpy(&b, x, sizeof b);                                                 \
+#define INTOP(T)                                                              \
+  do {                                                                        \
+    T a, b;                                                                   \
+    memcpy(&a, acc, sizeof a);                                                \
+    memcpy(&b, x, sizeof b);                                                  \
     T r = op == 0 ? (T)(a + b) : op == 1 ? (a > b ? a : b) : (a < b ? a : b); \
-    memcpy(acc, &r, sizeof r);                                               \
+    memcpy(acc, &r, sizeof r);                                                \
   } while (0)
-#define SINTOP(T, U)                                                         \
-  do {                                                                       \
-    T a, b;                                                                  \
-    memcpy(&a, acc, sizeof a);                                               \
-    memcpy(&b, x, sizeof b);                                                 \
+#define SINTOP(T, U)                                                                \
+  do {                                                                              \
+    T a, b;                                                                         \
+    memcpy(&a, acc, sizeof a);                                                      \
+    memcpy(&b, x, sizeof b);                                                        \
     T r = op == 0 ? (T)((U)a + (U)b) : op == 1 ? (a > b ? a : b) : (a < b ? a : b); \
-    memcpy(acc, &r, sizeof r);                                               \
+    memcpy(acc, &r, sizeof r);                                                      \
   } while (0)
   switch (dt) {
     case 0: {
@@ -132,7 +160,8 @@ static void ref_op1(int op, int dt, void* acc, const void* x) {
     case 8: SINTOP(int64_t, uint64_t); break;
     case 10: INTOP(float); break;
     case 11: INTOP(double); break;
-    case 9: case 12: {
+    case 9:
+    case 12: {
       uint16_t ha, hb;
       memcpy(&ha, acc, 2);
       memcpy(&hb, x, 2);
@@ -199,14 +228,39 @@ void r_format(int dt, const void* p, char* buf, size_t n) {
   uint32_t u32;
   uint64_t u64;
   switch (dt) {
-    case 0: case 1: memcpy(&u8, p, 1); snprintf(buf, n, "%u", (unsigned)u8); break;
-    case 5: memcpy(&u8, p, 1); snprintf(buf, n, "%d", (int)(int8_t)u8); break;
-    case 2: memcpy(&u16, p, 2); snprintf(buf, n, "%u", (unsigned)u16); break;
-    case 6: memcpy(&u16, p, 2); snprintf(buf, n, "%d", (int)(int16_t)u16); break;
-    case 3: memcpy(&u32, p, 4); snprintf(buf, n, "%u", (unsigned)u32); break;
-    case 7: memcpy(&u32, p, 4); snprintf(buf, n, "%d", (int)(int32_t)u32); break;
-    case 4: memcpy(&u64, p, 8); snprintf(buf, n, "%llu", (unsigned long long)u64); break;
-    case 8: memcpy(&u64, p, 8); snprintf(buf, n, "%lld", (long long)(int64_t)u64); break;
+    case 0:
+    case 1:
+      memcpy(&u8, p, 1);
+      snprintf(buf, n, "%u", (unsigned)u8);
+      break;
+    case 5:
+      memcpy(&u8, p, 1);
+      snprintf(buf, n, "%d", (int)(int8_t)u8);
+      break;
+    case 2:
+      memcpy(&u16, p, 2);
+      snprintf(buf, n, "%u", (unsigned)u16);
+      break;
+    case 6:
+      memcpy(&u16, p, 2);
+      snprintf(buf, n, "%d", (int)(int16_t)u16);
+      break;
+    case 3:
+      memcpy(&u32, p, 4);
+      snprintf(buf, n, "%u", (unsigned)u32);
+      break;
+    case 7:
+      memcpy(&u32, p, 4);
+      snprintf(buf, n, "%d", (int)(int32_t)u32);
+      break;
+    case 4:
+      memcpy(&u64, p, 8);
+      snprintf(buf, n, "%llu", (unsigned long long)u64);
+      break;
+    case 8:
+      memcpy(&u64, p, 8);
+      snprintf(buf, n, "%lld", (long long)(int64_t)u64);
+      break;
     case 13: snprintf(buf, n, "(%.9g, %.9g)", r_as_double(dt, p, 0), r_as_double(dt, p, 1)); break;
     default: snprintf(buf, n, "%.17g", r_as_double(dt, p, 0)); break;
   }

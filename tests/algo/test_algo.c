@@ -83,8 +83,8 @@ static int call_all_reduce(mlxd_transport* t, int v, const void* in, void* out, 
   }
 }
 
-static int call_reduce_scatter(mlxd_transport* t, int v, const void* in, void* out,
-                               size_t count, int dt, int op, mlxd_status* st) {
+static int call_reduce_scatter(mlxd_transport* t, int v, const void* in, void* out, size_t count,
+                               int dt, int op, mlxd_status* st) {
   uint64_t seq = g_seq++;
   mlx_dtype d = (mlx_dtype)dt;
   mlxd_reduce_op o = (mlxd_reduce_op)op;
@@ -109,8 +109,7 @@ static int call_all_gather(mlxd_transport* t, int v, const void* in, void* out, 
 
 /* Compare count elements of got with want; one check per case, naming the
  * first wrong element with both values and how many are wrong. */
-static void check_equal(const char* what, int dt, const char* got, const char* want,
-                        size_t count) {
+static void check_equal(const char* what, int dt, const char* got, const char* want, size_t count) {
   size_t es = r_esize(dt);
   if (count == 0 || memcmp(got, want, count * es) == 0) return;
   size_t first = (size_t)-1, wrong = 0;
@@ -123,8 +122,8 @@ static void check_equal(const char* what, int dt, const char* got, const char* w
   r_format(dt, got + first * es, g, sizeof g);
   r_format(dt, want + first * es, w, sizeof w);
   t_check_failed(__FILE__, __LINE__, "result == reference",
-                 "%s: element %zu is %s, expected %s (%zu of %zu elements wrong)", what, first,
-                 g, w, wrong, count);
+                 "%s: element %zu is %s, expected %s (%zu of %zu elements wrong)", what, first, g,
+                 w, wrong, count);
 }
 
 #define CANARY 0xA5
@@ -186,10 +185,9 @@ static void inexact_case(mlxd_transport* t, bufs* b, int dt, size_t count, unsig
     require_ok(call_all_reduce(t, v, b->in, b->out, count, dt, 0, &st), &st, what);
     uint64_t mine = fnv(b->out, count * es), all[T_MAX_RANKS];
     require_ok(mlxd_algo_all_gather_direct(t, g_seq++, &mine, all, sizeof mine, &st), &st,
-                    "checksum all_gather");
+               "checksum all_gather");
     for (int p = 0; p < t->size; p++)
-      T_CHECKF(all[p] == mine, "%s: rank %d's result differs from rank %d's", what, p,
-               t->rank);
+      T_CHECKF(all[p] == mine, "%s: rank %d's result differs from rank %d's", what, p, t->rank);
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < count; i++)
       for (int part = 0; part < (dt == 13 ? 2 : 1); part++) {
@@ -351,8 +349,7 @@ static void test_send_recv(mlxd_transport* t, bufs* b) {
     for (int j = 1; j < n; j++) {
       int to = (r + j) % n;
       snprintf(what, sizeof what, "send of %zu bytes to rank %d", len, to);
-      require_ok(mlxd_algo_send(t, sent[to]++, b->in + (size_t)to * len, len, to, &st),
-                      &st, what);
+      require_ok(mlxd_algo_send(t, sent[to]++, b->in + (size_t)to * len, len, to, &st), &st, what);
     }
     for (int j = n - 1; j >= 1; j--) {
       int from = (r + j) % n;
@@ -360,8 +357,7 @@ static void test_send_recv(mlxd_transport* t, bufs* b) {
       char* dst = b->out + (size_t)from * len;
       set_canary(dst + len);
       require_ok(mlxd_algo_recv(t, recvd[from]++, dst, len, from, &st), &st, what);
-      for (size_t i = 0; i < len; i++)
-        b->ref[i] = (char)(gval(from, i) ^ (unsigned char)(r * 29));
+      for (size_t i = 0; i < len; i++) b->ref[i] = (char)(gval(from, i) ^ (unsigned char)(r * 29));
       check_equal(what, 1, dst, b->ref, len);
       check_canary(what, dst + len);
     }
@@ -393,10 +389,12 @@ static int rank_main(mlxd_transport* t, void* arg) {
   uint64_t x = 1, all[T_MAX_RANKS];
   mlxd_status st;
   require_ok(mlxd_algo_all_gather_direct(t, g_seq++, &x, all, sizeof x, &st), &st,
-                  "final all_gather");
+             "final all_gather");
   if (t->rank == 0)
-    printf("%s, %d ranks: all_reduce %.2f s, reduce_scatter %.2f s, all_gather %.2f s, "
-           "send/recv %.2f s\n", t->ops->name, t->size, t1 - t0, t2 - t1, t3 - t2, t4 - t3);
+    printf(
+        "%s, %d ranks: all_reduce %.2f s, reduce_scatter %.2f s, all_gather %.2f s, "
+        "send/recv %.2f s\n",
+        t->ops->name, t->size, t1 - t0, t2 - t1, t3 - t2, t4 - t3);
   free(b.in);
   free(b.out);
   free(b.ref);
@@ -408,8 +406,7 @@ int main(int argc, char** argv) {
   bool cma = argc == 3 && strcmp(argv[1], "shm-cma") == 0;
   int n = argc == 3 ? atoi(argv[2]) : 0;
   if (argc != 3 || (!cma && !t_tp_parse(argv[1], &spec)) || n < 2 || n > T_MAX_RANKS) {
-    fprintf(stderr, "usage: %s tcp[:K]|unix[:K]|shm|shm-cma <ranks 2..%d>\n", argv[0],
-            T_MAX_RANKS);
+    fprintf(stderr, "usage: %s tcp[:K]|unix[:K]|shm|shm-cma <ranks 2..%d>\n", argv[0], T_MAX_RANKS);
     return 2;
   }
   if (cma) {
@@ -423,8 +420,9 @@ int main(int argc, char** argv) {
   g_small = (size_t)small;
   t_ranks_opts o = {.timeout_s = 240, .what = argv[1]};
   int bad = t_run_transport(&spec, n, rank_main, NULL, &o, NULL);
-  if (bad) T_FAIL("collectives over %s with %d ranks: %d rank%s failed", argv[1], n, bad,
-                  bad == 1 ? "" : "s");
+  if (bad)
+    T_FAIL("collectives over %s with %d ranks: %d rank%s failed", argv[1], n, bad,
+           bad == 1 ? "" : "s");
   printf("collectives over %s with %d ranks: ok\n", argv[1], n);
   return 0;
 }

@@ -53,9 +53,7 @@ static int counted_gather(void* dst, const void* src, size_t n, int rank, int si
         return 7;
       }
       return shared_dir_all_gather(dst, src, n, rank, size, &c->sd);
-    case MODE_ZERO:
-      memset(dst, 0, n * (size_t)size);
-      return 0;
+    case MODE_ZERO: memset(dst, 0, n * (size_t)size); return 0;
     case MODE_RANDOM: {
       unsigned x = 12345u + (unsigned)rank;
       for (size_t i = 0; i < n * (size_t)size; i++) {
@@ -202,8 +200,8 @@ static int fail_rank(int rank, int size) {
   counted_init(&c, "fail", MODE_FAIL_RANK1);
   mlx_distributed_group g = mlx_distributed_group_new();
   double t0 = now_s();
-  int rc = mlx_distributed_init_with_all_gather(&g, strict, "ring", counted_gather, &c,
-                                                counted_dtor);
+  int rc =
+      mlx_distributed_init_with_all_gather(&g, strict, "ring", counted_gather, &c, counted_dtor);
   double dt = now_s() - t0;
   T_ASSERT(dt < 5.0); /* prompt: nobody waits out a timeout */
   T_EQ_INT(dtor_count(&c, 1), 1);
@@ -220,8 +218,7 @@ static int fail_rank(int rank, int size) {
     counted ok;
     counted_init(&ok, "retry", MODE_OK);
     g = mlx_distributed_group_new();
-    if (mlx_distributed_init_with_all_gather(&g, false, "ring", counted_gather, &ok,
-                                             counted_dtor))
+    if (mlx_distributed_init_with_all_gather(&g, false, "ring", counted_gather, &ok, counted_dtor))
       T_FAIL("retry: %s", t_last_error());
     T_EQ_INT(mlx_distributed_group_size(g), size);
     T_EQ_INT(ok.calls >= 1, 1);
@@ -349,14 +346,20 @@ static int never_called(void* d, const void* s, size_t n, int r, int z, void* p)
 }
 
 static void expect_env_error(const char* rank, const char* size, const char* want) {
-  if (rank) setenv("MLX_RANK", rank, 1); else unsetenv("MLX_RANK");
-  if (size) setenv("MLX_WORLD_SIZE", size, 1); else unsetenv("MLX_WORLD_SIZE");
+  if (rank)
+    setenv("MLX_RANK", rank, 1);
+  else
+    unsetenv("MLX_RANK");
+  if (size)
+    setenv("MLX_WORLD_SIZE", size, 1);
+  else
+    unsetenv("MLX_WORLD_SIZE");
   counted c;
   counted_init(&c, "env", MODE_OK);
   mlx_distributed_group g = mlx_distributed_group_new();
   t_clear_errors();
-  T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, "ring", never_called, &c,
-                                                counted_dtor) != 0);
+  T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, "ring", never_called, &c, counted_dtor) !=
+           0);
   T_EXPECT_ERROR(want);
   T_EQ_INT(c.calls, 0);
   T_EQ_INT(dtor_count(&c, 1), 1);
@@ -381,8 +384,8 @@ static void env_tests(void) {
   counted c;
   counted_init(&c, "mpi", MODE_OK);
   mlx_distributed_group g = mlx_distributed_group_new();
-  T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, "mpi", never_called, &c,
-                                                counted_dtor) != 0);
+  T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, "mpi", never_called, &c, counted_dtor) !=
+           0);
   T_EQ_INT(t_error_count(), 1);
   t_clear_errors();
   T_EQ_INT(dtor_count(&c, 1), 1);

@@ -72,12 +72,11 @@ static void describe(int rank, pid_t pid, const t_rank_exit* e, double timeout_s
     snprintf(how, sizeof how, "was never reaped");
   else
     snprintf(how, sizeof how, "exited with status %d", e->code);
-  fprintf(stderr, "%s%srank %d (pid %d): %s\n", what ? what : "", what ? ": " : "", rank,
-          (int)pid, how);
+  fprintf(stderr, "%s%srank %d (pid %d): %s\n", what ? what : "", what ? ": " : "", rank, (int)pid,
+          how);
 }
 
-int t_run_ranks(int size, t_rank_fn fn, void* arg, const t_ranks_opts* opts,
-                t_rank_exit* exits) {
+int t_run_ranks(int size, t_rank_fn fn, void* arg, const t_ranks_opts* opts, t_rank_exit* exits) {
   if (size < 1 || size > T_MAX_RANKS)
     T_FAIL("t_run_ranks: size %d not in [1, %d]", size, T_MAX_RANKS);
   double timeout_s = opts && opts->timeout_s > 0 ? opts->timeout_s : 120.0;

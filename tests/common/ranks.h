@@ -41,8 +41,7 @@ typedef struct t_rank_exit {
  * Prints one line per failed rank ("rank 2 (pid 123): killed by signal 11
  * (Segmentation fault)"). Fills exits[] when not NULL. Returns the number of
  * ranks that did not exit 0. */
-int t_run_ranks(int size, t_rank_fn fn, void* arg, const t_ranks_opts* opts,
-                t_rank_exit* exits);
+int t_run_ranks(int size, t_rank_fn fn, void* arg, const t_ranks_opts* opts, t_rank_exit* exits);
 
 /* This process's rank in a forked run; -1 in the parent. */
 int t_rank(void);

@@ -35,37 +35,37 @@ const char* t_label(void);
 
 #define T_FAIL(...) t_fatal(__FILE__, __LINE__, NULL, __VA_ARGS__)
 
-#define T_ASSERT(cond)                                                  \
-  do {                                                                  \
-    if (!(cond)) T_FAIL("%s", #cond);                                   \
+#define T_ASSERT(cond)                \
+  do {                                \
+    if (!(cond)) T_FAIL("%s", #cond); \
   } while (0)
 #define T_REQUIRE(cond) T_ASSERT(cond)
 /* T_REQUIREF(cond, fmt, ...): fatal, with a printf-style explanation. */
-#define T_REQUIREF(cond, ...)                                           \
-  do {                                                                  \
-    if (!(cond)) t_fatal(__FILE__, __LINE__, #cond, __VA_ARGS__);       \
+#define T_REQUIREF(cond, ...)                                     \
+  do {                                                            \
+    if (!(cond)) t_fatal(__FILE__, __LINE__, #cond, __VA_ARGS__); \
   } while (0)
 
-#define T_EQ_INT(a, b)                                                  \
-  do {                                                                  \
-    long long t_a_ = (long long)(a), t_b_ = (long long)(b);             \
+#define T_EQ_INT(a, b)                                                       \
+  do {                                                                       \
+    long long t_a_ = (long long)(a), t_b_ = (long long)(b);                  \
     if (t_a_ != t_b_) T_FAIL("%s == %s (%lld != %lld)", #a, #b, t_a_, t_b_); \
   } while (0)
 
-#define T_CHECK(cond)                                                   \
-  do {                                                                  \
-    if (!(cond)) t_check_failed(__FILE__, __LINE__, #cond, "%s", "");   \
+#define T_CHECK(cond)                                                 \
+  do {                                                                \
+    if (!(cond)) t_check_failed(__FILE__, __LINE__, #cond, "%s", ""); \
   } while (0)
 /* T_CHECKF(cond, fmt, ...): a check with a printf-style explanation
  * (the case being run, the values that differ). */
-#define T_CHECKF(cond, ...)                                             \
-  do {                                                                  \
+#define T_CHECKF(cond, ...)                                              \
+  do {                                                                   \
     if (!(cond)) t_check_failed(__FILE__, __LINE__, #cond, __VA_ARGS__); \
   } while (0)
-#define T_CHECK_EQ(a, b)                                                \
-  do {                                                                  \
-    long long t_a_ = (long long)(a), t_b_ = (long long)(b);             \
-    if (t_a_ != t_b_)                                                   \
+#define T_CHECK_EQ(a, b)                                                            \
+  do {                                                                              \
+    long long t_a_ = (long long)(a), t_b_ = (long long)(b);                         \
+    if (t_a_ != t_b_)                                                               \
       t_check_failed(__FILE__, __LINE__, #a " == " #b, "%lld != %lld", t_a_, t_b_); \
   } while (0)
 

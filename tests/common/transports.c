@@ -18,10 +18,14 @@ bool t_tp_parse(const char* text, t_tp_spec* out) {
   out->nconn = 1;
   const char* colon = strchr(text, ':');
   size_t len = colon ? (size_t)(colon - text) : strlen(text);
-  if (len == 3 && strncmp(text, "tcp", 3) == 0) out->kind = T_TP_TCP;
-  else if (len == 4 && strncmp(text, "unix", 4) == 0) out->kind = T_TP_UNIX;
-  else if (len == 3 && strncmp(text, "shm", 3) == 0 && !colon) out->kind = T_TP_SHM;
-  else return false;
+  if (len == 3 && strncmp(text, "tcp", 3) == 0)
+    out->kind = T_TP_TCP;
+  else if (len == 4 && strncmp(text, "unix", 4) == 0)
+    out->kind = T_TP_UNIX;
+  else if (len == 3 && strncmp(text, "shm", 3) == 0 && !colon)
+    out->kind = T_TP_SHM;
+  else
+    return false;
   if (colon) {
     char* end;
     long k = strtol(colon + 1, &end, 10);

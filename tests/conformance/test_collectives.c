@@ -36,8 +36,8 @@
 
 enum { OP_SUM, OP_MAX, OP_MIN };
 static const char* op_name[] = {"all_sum", "all_max", "all_min"};
-static const char* dt_name[] = {"bool",  "uint8",   "uint16",  "uint32",  "uint64",
-                                "int8",  "int16",   "int32",   "int64",   "float16",
+static const char* dt_name[] = {"bool",    "uint8",   "uint16",   "uint32",   "uint64",
+                                "int8",    "int16",   "int32",    "int64",    "float16",
                                 "float32", "float64", "bfloat16", "complex64"};
 #define NDT 14
 
@@ -90,8 +90,8 @@ static double bf16_dec(uint16_t h) {
 
 /* ---- values ---- */
 typedef struct {
-  uint64_t u;     /* integers and bool (low bits) */
-  double re, im;  /* floats (im: complex only) */
+  uint64_t u;    /* integers and bool (low bits) */
+  double re, im; /* floats (im: complex only) */
 } val;
 
 static bool is_int(mlx_dtype d) { return d <= MLX_INT64; }
@@ -152,10 +152,14 @@ static val gen(mlx_dtype d, int r, size_t i, bool noisy) {
 static void store(mlx_dtype d, void* buf, size_t i, val v) {
   switch (d) {
     case MLX_BOOL: ((uint8_t*)buf)[i] = v.u ? 1 : 0; break;
-    case MLX_UINT8: case MLX_INT8: ((uint8_t*)buf)[i] = (uint8_t)v.u; break;
-    case MLX_UINT16: case MLX_INT16: ((uint16_t*)buf)[i] = (uint16_t)v.u; break;
-    case MLX_UINT32: case MLX_INT32: ((uint32_t*)buf)[i] = (uint32_t)v.u; break;
-    case MLX_UINT64: case MLX_INT64: ((uint64_t*)buf)[i] = v.u; break;
+    case MLX_UINT8:
+    case MLX_INT8: ((uint8_t*)buf)[i] = (uint8_t)v.u; break;
+    case MLX_UINT16:
+    case MLX_INT16: ((uint16_t*)buf)[i] = (uint16_t)v.u; break;
+    case MLX_UINT32:
+    case MLX_INT32: ((uint32_t*)buf)[i] = (uint32_t)v.u; break;
+    case MLX_UINT64:
+    case MLX_INT64: ((uint64_t*)buf)[i] = v.u; break;
     case MLX_FLOAT16: ((uint16_t*)buf)[i] = f16_enc(v.re); break;
     case MLX_BFLOAT16: ((uint16_t*)buf)[i] = bf16_enc(v.re); break;
     case MLX_FLOAT32: ((float*)buf)[i] = (float)v.re; break;
@@ -170,10 +174,15 @@ static void store(mlx_dtype d, void* buf, size_t i, val v) {
 static val load(mlx_dtype d, const void* buf, size_t i) {
   val v = {0, 0, 0};
   switch (d) {
-    case MLX_BOOL: case MLX_UINT8: case MLX_INT8: v.u = ((const uint8_t*)buf)[i]; break;
-    case MLX_UINT16: case MLX_INT16: v.u = ((const uint16_t*)buf)[i]; break;
-    case MLX_UINT32: case MLX_INT32: v.u = ((const uint32_t*)buf)[i]; break;
-    case MLX_UINT64: case MLX_INT64: v.u = ((const uint64_t*)buf)[i]; break;
+    case MLX_BOOL:
+    case MLX_UINT8:
+    case MLX_INT8: v.u = ((const uint8_t*)buf)[i]; break;
+    case MLX_UINT16:
+    case MLX_INT16: v.u = ((const uint16_t*)buf)[i]; break;
+    case MLX_UINT32:
+    case MLX_INT32: v.u = ((const uint32_t*)buf)[i]; break;
+    case MLX_UINT64:
+    case MLX_INT64: v.u = ((const uint64_t*)buf)[i]; break;
     case MLX_FLOAT16: v.re = f16_dec(((const uint16_t*)buf)[i]); break;
     case MLX_BFLOAT16: v.re = bf16_dec(((const uint16_t*)buf)[i]); break;
     case MLX_FLOAT32: v.re = ((const float*)buf)[i]; break;
@@ -203,10 +212,9 @@ static val combine(mlx_dtype d, int op, val a, val b) {
     r.re = a.re + b.re;
     r.im = a.im + b.im;
   } else {
-    bool b_less = d == MLX_COMPLEX64 ? (b.re < a.re || (b.re == a.re && b.im < a.im))
-                                     : b.re < a.re;
-    bool b_greater = d == MLX_COMPLEX64 ? (b.re > a.re || (b.re == a.re && b.im > a.im))
-                                        : b.re > a.re;
+    bool b_less = d == MLX_COMPLEX64 ? (b.re < a.re || (b.re == a.re && b.im < a.im)) : b.re < a.re;
+    bool b_greater =
+        d == MLX_COMPLEX64 ? (b.re > a.re || (b.re == a.re && b.im > a.im)) : b.re > a.re;
     if ((op == OP_MAX && b_greater) || (op == OP_MIN && b_less)) r = b;
   }
   return r;
@@ -282,8 +290,9 @@ static void check_reduce(mlx_distributed_group g, const int* members, int gsize,
   mlx_array x = make_input(d, me, n, noisy);
   mlx_array res = mlx_array_new();
   int (*fn)(mlx_array*, const mlx_array, const mlx_distributed_group, const mlx_stream) =
-      op == OP_SUM ? mlx_distributed_all_sum
-                   : op == OP_MAX ? mlx_distributed_all_max : mlx_distributed_all_min;
+      op == OP_SUM   ? mlx_distributed_all_sum
+      : op == OP_MAX ? mlx_distributed_all_max
+                     : mlx_distributed_all_min;
   char what[128];
   snprintf(what, sizeof what, "%s %s n=%zu%s", op_name[op], dt_name[d], n, noisy ? " noisy" : "");
   T_EQ_INT(fn(&res, x, g, next_stream()), 0);
@@ -308,12 +317,14 @@ static void check_reduce(mlx_distributed_group g, const int* members, int gsize,
       store(d, want, i, acc);
     } else {
       val v = load(d, got, i);
-      double eps = d == MLX_FLOAT16 ? 1e-3 : d == MLX_BFLOAT16 ? 8e-3
-                   : d == MLX_FLOAT64 ? 1e-15 : 2e-7;
+      double eps = d == MLX_FLOAT16    ? 1e-3
+                   : d == MLX_BFLOAT16 ? 8e-3
+                   : d == MLX_FLOAT64  ? 1e-15
+                                       : 2e-7;
       double tol = (double)gsize * eps * mag;
       if (fabs(v.re - acc.re) > tol || fabs(v.im - acc.im) > tol)
-        T_FAIL("%s: element %zu is (%.9g, %.9g), reference (%.9g, %.9g), tolerance %.3g", what,
-               i, v.re, v.im, acc.re, acc.im, tol);
+        T_FAIL("%s: element %zu is (%.9g, %.9g), reference (%.9g, %.9g), tolerance %.3g", what, i,
+               v.re, v.im, acc.re, acc.im, tol);
     }
   }
   if (!noisy || op != OP_SUM) {
@@ -321,10 +332,11 @@ static void check_reduce(mlx_distributed_group g, const int* members, int gsize,
       if (!checked(i, n)) continue;
       if (memcmp((const unsigned char*)got + i * isz, want + i * isz, isz) != 0) {
         val gv = load(d, got, i), wv = load(d, want, i);
-        T_FAIL("%s: element %zu differs (got u=%llu re=%.9g im=%.9g, want u=%llu re=%.9g "
-               "im=%.9g)",
-               what, i, (unsigned long long)gv.u, gv.re, gv.im, (unsigned long long)wv.u, wv.re,
-               wv.im);
+        T_FAIL(
+            "%s: element %zu differs (got u=%llu re=%.9g im=%.9g, want u=%llu re=%.9g "
+            "im=%.9g)",
+            what, i, (unsigned long long)gv.u, gv.re, gv.im, (unsigned long long)wv.u, wv.re,
+            wv.im);
       }
     }
   } else if (gsize > 1) {
@@ -444,7 +456,8 @@ static void run_all_dtypes(mlx_distributed_group g, const int* members, int gsiz
   for (int d = 0; d < NDT; d++) {
     for (int k = 0; k < nsizes; k++) {
       size_t n = sizes[k];
-      for (int op = 0; op < 3; op++) check_reduce(g, members, gsize, grank, (mlx_dtype)d, op, n, false);
+      for (int op = 0; op < 3; op++)
+        check_reduce(g, members, gsize, grank, (mlx_dtype)d, op, n, false);
       check_gather(g, members, gsize, grank, (mlx_dtype)d, n);
       check_scatter(g, members, gsize, grank, (mlx_dtype)d, n);
     }
@@ -608,8 +621,8 @@ int main(int argc, char** argv) {
     for (int d = 0; d < NDT; d++) {
       for (int k = 0; k < 6; k++) {
         /* neighbour, both orders; recv_like on alternate sizes */
-        check_sendrecv(g, rank, (rank + 1) % size, (rank + size - 1) % size, (mlx_dtype)d,
-                       sizes[k], k % 2 == 1, k % 3 == 2);
+        check_sendrecv(g, rank, (rank + 1) % size, (rank + size - 1) % size, (mlx_dtype)d, sizes[k],
+                       k % 2 == 1, k % 3 == 2);
       }
       /* non-neighbour: distance 2 (or 1 when size == 2), reversed direction */
       int dist = size > 2 ? 2 : 1;

@@ -189,14 +189,14 @@ static void test_item_every_dtype(void) {
   int16_t i16 = -30000;
   int64_t i64 = INT64_MIN + 3;
   mlx_array a;
-#define ITEM_CHECK(T, DT, VAL, NAME)                        \
-  do {                                                      \
-    T got_;                                                 \
-    a = mlx_array_new_data(&VAL, &one, 1, DT);              \
-    T_EQ_INT(mlx_array_item_##NAME(&got_, a), 0);           \
-    T_ASSERT(got_ == VAL);                                  \
-    T_ASSERT(mlx_array_data_##NAME(a)[0] == VAL);           \
-    mlx_array_free(a);                                      \
+#define ITEM_CHECK(T, DT, VAL, NAME)              \
+  do {                                            \
+    T got_;                                       \
+    a = mlx_array_new_data(&VAL, &one, 1, DT);    \
+    T_EQ_INT(mlx_array_item_##NAME(&got_, a), 0); \
+    T_ASSERT(got_ == VAL);                        \
+    T_ASSERT(mlx_array_data_##NAME(a)[0] == VAL); \
+    mlx_array_free(a);                            \
   } while (0)
   ITEM_CHECK(uint8_t, MLX_UINT8, u8, uint8);
   ITEM_CHECK(uint16_t, MLX_UINT16, u16, uint16);

@@ -76,7 +76,8 @@ static child_result run_child(void (*fn)(void)) {
 }
 
 static void expect_exit_255(const child_result* r, const char* what) {
-  if (!WIFEXITED(r->status)) T_FAIL("%s: child did not exit normally (status 0x%x)", what, r->status);
+  if (!WIFEXITED(r->status))
+    T_FAIL("%s: child did not exit normally (status 0x%x)", what, r->status);
   if (WEXITSTATUS(r->status) != 255)
     T_FAIL("%s: exit status %d, want 255 (stderr: %s)", what, WEXITSTATUS(r->status), r->err);
   if (strncmp(r->err, "MLX error: ", 11) != 0)

@@ -76,11 +76,30 @@ static void test_conversions(void) {
     if (isnan(rb)) T_ASSERT(isnan(mlxd_bf16_to_f32(mlxd_f32_to_bf16(lb))));
   }
   /* chosen values: ties, overflow, subnormals, signs */
-  const float chosen[] = {1.0f,  1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-8f,
-                          1.0f + 3 * 0x1p-8f, 65504.0f, 65519.99f, 65520.0f, 65536.0f,
-                          0x1p-24f, 0x1p-25f, 1.5f * 0x1p-25f, 0x1p-14f, 0x1.ffcp-15f,
-                          -0.0f, -2.5f, 1e-30f, FLT_MAX, -FLT_MAX, 3.14159265f, 0x1p-130f,
-                          0x1.fffffep127f, INFINITY, -INFINITY};
+  const float chosen[] = {1.0f,
+                          1.0f + 0x1p-11f,
+                          1.0f + 3 * 0x1p-11f,
+                          1.0f + 0x1p-8f,
+                          1.0f + 3 * 0x1p-8f,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          65536.0f,
+                          0x1p-24f,
+                          0x1p-25f,
+                          1.5f * 0x1p-25f,
+                          0x1p-14f,
+                          0x1.ffcp-15f,
+                          -0.0f,
+                          -2.5f,
+                          1e-30f,
+                          FLT_MAX,
+                          -FLT_MAX,
+                          3.14159265f,
+                          0x1p-130f,
+                          0x1.fffffep127f,
+                          INFINITY,
+                          -INFINITY};
   for (size_t i = 0; i < sizeof chosen / sizeof chosen[0]; i++) {
     float x = chosen[i];
     double wf = ref_round(F16, x), wb = ref_round(BF16, x);
@@ -116,29 +135,29 @@ static int64_t wrap_signed(int64_t v, int bits) {
 
 /* out = a OP b for one element of dtype */
 static void ref_op(mlxd_reduce_op op, mlx_dtype dt, const void* a, const void* b, void* out) {
-#define SIGNED_CASE(T, BITS)                                                              \
-  {                                                                                       \
-    T x, y, r;                                                                            \
-    memcpy(&x, a, sizeof x);                                                              \
-    memcpy(&y, b, sizeof y);                                                              \
-    if (op == MLXD_SUM)                                                                   \
-      r = (T)wrap_signed((int64_t)x + (int64_t)y, BITS);                                  \
-    else                                                                                  \
-      r = (op == MLXD_MAX) == (x > y) ? x : y;                                            \
-    memcpy(out, &r, sizeof r);                                                            \
-    return;                                                                               \
+#define SIGNED_CASE(T, BITS)                             \
+  {                                                      \
+    T x, y, r;                                           \
+    memcpy(&x, a, sizeof x);                             \
+    memcpy(&y, b, sizeof y);                             \
+    if (op == MLXD_SUM)                                  \
+      r = (T)wrap_signed((int64_t)x + (int64_t)y, BITS); \
+    else                                                 \
+      r = (op == MLXD_MAX) == (x > y) ? x : y;           \
+    memcpy(out, &r, sizeof r);                           \
+    return;                                              \
   }
-#define UNSIGNED_CASE(T, MASK)                                                            \
-  {                                                                                       \
-    T x, y, r;                                                                            \
-    memcpy(&x, a, sizeof x);                                                              \
-    memcpy(&y, b, sizeof y);                                                              \
-    if (op == MLXD_SUM)                                                                   \
-      r = (T)(((uint64_t)x + (uint64_t)y) & (MASK));                                      \
-    else                                                                                  \
-      r = (op == MLXD_MAX) == (x > y) ? x : y;                                            \
-    memcpy(out, &r, sizeof r);                                                            \
-    return;                                                                               \
+#define UNSIGNED_CASE(T, MASK)                       \
+  {                                                  \
+    T x, y, r;                                       \
+    memcpy(&x, a, sizeof x);                         \
+    memcpy(&y, b, sizeof y);                         \
+    if (op == MLXD_SUM)                              \
+      r = (T)(((uint64_t)x + (uint64_t)y) & (MASK)); \
+    else                                             \
+      r = (op == MLXD_MAX) == (x > y) ? x : y;       \
+    memcpy(out, &r, sizeof r);                       \
+    return;                                          \
   }
   switch (dt) {
     case MLX_BOOL: {
@@ -210,7 +229,8 @@ static void ref_op(mlxd_reduce_op op, mlx_dtype dt, const void* a, const void* b
         /* encode by search: the pattern whose value is s (finite or inf) */
         r = 0;
         for (uint32_t c = 0; c < 65536; c++)
-          if (ref_decode(f, (uint16_t)c) == s && (s != 0 || ((c >> 15) == (signbit(s) ? 1u : 0u)))) {
+          if (ref_decode(f, (uint16_t)c) == s &&
+              (s != 0 || ((c >> 15) == (signbit(s) ? 1u : 0u)))) {
             r = (uint16_t)c;
             break;
           }
@@ -288,15 +308,19 @@ static void rand_elem(mlx_dtype dt, void* out) {
   switch (dt) {
     case MLX_BOOL: *(uint8_t*)out = (uint8_t)(r & 1); return;
     case MLX_FLOAT32: {
-      float f = kind == 0 ? NAN : kind == 1 ? INFINITY : kind == 2 ? -0.0f
-                : kind < 8 ? (float)((int64_t)(r % 2001) - 1000) * 0.25f
-                           : (float)((double)(int64_t)r * 0x1p-40);
+      float f = kind == 0   ? NAN
+                : kind == 1 ? INFINITY
+                : kind == 2 ? -0.0f
+                : kind < 8  ? (float)((int64_t)(r % 2001) - 1000) * 0.25f
+                            : (float)((double)(int64_t)r * 0x1p-40);
       memcpy(out, &f, 4);
       return;
     }
     case MLX_FLOAT64: {
-      double f = kind == 0 ? NAN : kind == 1 ? -INFINITY : kind < 8 ? (double)((int64_t)(r % 2001) - 1000) * 0.25
-                                                                     : (double)(int64_t)r * 0x1p-50;
+      double f = kind == 0   ? NAN
+                 : kind == 1 ? -INFINITY
+                 : kind < 8  ? (double)((int64_t)(r % 2001) - 1000) * 0.25
+                             : (double)(int64_t)r * 0x1p-50;
       memcpy(out, &f, 8);
       return;
     }
@@ -315,8 +339,8 @@ static void rand_elem(mlx_dtype dt, void* out) {
     }
     default:
       if (kind == 0) r = 0;
-      if (kind == 1) r = UINT64_MAX; /* -1 / max */
-      if (kind == 2) r = (uint64_t)1 << (8 * n - 1); /* INT_MIN */
+      if (kind == 1) r = UINT64_MAX;                       /* -1 / max */
+      if (kind == 2) r = (uint64_t)1 << (8 * n - 1);       /* INT_MIN */
       if (kind == 3) r = ((uint64_t)1 << (8 * n - 1)) - 1; /* INT_MAX */
       memcpy(out, &r, n);
       return;
@@ -336,11 +360,11 @@ static void check_case(mlxd_reduce_op op, mlx_dtype dt, size_t count) {
     rand_elem(dt, b + i * es);
     ref_op(op, dt, a + i * es, b + i * es, want + i * es);
   }
-#define CHECK_ALL(BUF, WHAT)                                                             \
-  for (size_t i = 0; i < count; i++)                                                     \
-    if (!elem_eq(dt, (BUF) + i * es, want + i * es))                                     \
-      T_FAIL("%s %s %s: element %zu of %zu differs", mlxd_reduce_op_name(op),            \
-             "dtype", WHAT, i, count);
+#define CHECK_ALL(BUF, WHAT)                                                                    \
+  for (size_t i = 0; i < count; i++)                                                            \
+    if (!elem_eq(dt, (BUF) + i * es, want + i * es))                                            \
+      T_FAIL("%s %s %s: element %zu of %zu differs", mlxd_reduce_op_name(op), "dtype", WHAT, i, \
+             count);
   /* acc = acc OP in */
   memcpy(acc, a, count * es);
   mlxd_reduce(op, dt, acc, b, count);
@@ -428,7 +452,7 @@ static void test_rules(void) {
   acc16 = h2048;
   mlxd_reduce(MLXD_SUM, MLX_FLOAT16, &acc16, &h3, 1);
   T_ASSERT(mlxd_f16_to_f32(acc16) == 2052.0f); /* 2051 -> nearest even multiple of 2: 2052 */
-  uint16_t big = 0x7bff; /* 65504 + 65504 overflows to inf */
+  uint16_t big = 0x7bff;                       /* 65504 + 65504 overflows to inf */
   acc16 = big;
   mlxd_reduce(MLXD_SUM, MLX_FLOAT16, &acc16, &big, 1);
   T_EQ_INT(acc16, 0x7c00);

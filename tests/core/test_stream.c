@@ -4,8 +4,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/stream_impl.h"
@@ -48,8 +48,10 @@ static void test_independent(void) {
   int one = 1;
   mlxd_array* out = mlxd_array_alloc(&one, 1, MLX_INT32, true, &st);
   /* A's task blocks until B's task runs: one shared queue would time out. */
-  T_EQ_INT(mlxd_stream_submit(mlxd_stream_of(a), wait_flag_task, NULL, NULL, NULL, 0, &out, 1, &st), 0);
-  T_EQ_INT(mlxd_stream_submit(mlxd_stream_of(b), set_flag_task, NULL, NULL, NULL, 0, NULL, 0, &st), 0);
+  T_EQ_INT(mlxd_stream_submit(mlxd_stream_of(a), wait_flag_task, NULL, NULL, NULL, 0, &out, 1, &st),
+           0);
+  T_EQ_INT(mlxd_stream_submit(mlxd_stream_of(b), set_flag_task, NULL, NULL, NULL, 0, NULL, 0, &st),
+           0);
   mlx_array h = mlxd_array_handle(out);
   T_EQ_INT(mlx_array_eval(h), 0);
   mlx_array_free(h);
@@ -59,7 +61,8 @@ static void test_independent(void) {
   T_ASSERT(def);
   out = mlxd_array_alloc(&one, 1, MLX_INT32, true, &st);
   T_EQ_INT(mlxd_stream_submit(def, wait_flag_task, NULL, NULL, NULL, 0, &out, 1, &st), 0);
-  T_EQ_INT(mlxd_stream_submit(mlxd_stream_of(b), set_flag_task, NULL, NULL, NULL, 0, NULL, 0, &st), 0);
+  T_EQ_INT(mlxd_stream_submit(mlxd_stream_of(b), set_flag_task, NULL, NULL, NULL, 0, NULL, 0, &st),
+           0);
   h = mlxd_array_handle(out);
   T_EQ_INT(mlx_array_eval(h), 0);
   mlx_array_free(h);
@@ -120,8 +123,8 @@ static void test_order_and_sync(void) {
   atomic_store(&g_order_n, 0);
   atomic_store(&g_cleanups, 0);
   for (int i = 0; i < 8; i++)
-    mlxd_stream_submit(mlxd_stream_of(n), slow_record_task, count_cleanup, (void*)(intptr_t)i,
-                       NULL, 0, NULL, 0, &st);
+    mlxd_stream_submit(mlxd_stream_of(n), slow_record_task, count_cleanup, (void*)(intptr_t)i, NULL,
+                       0, NULL, 0, &st);
   mlx_stream_free(n);
   T_EQ_INT(atomic_load(&g_order_n), 8);
   T_EQ_INT(atomic_load(&g_cleanups), 8);
@@ -346,7 +349,9 @@ static void test_self_release(void) {
   int one = 1;
   mlxd_array* out = mlxd_array_alloc(&one, 1, MLX_INT32, true, &st);
   mlxd_stream* p = mlxd_stream_retain(mlxd_stream_of(s));
-  T_EQ_INT(mlxd_stream_submit(p, slow_record_task, release_stream_cleanup, p, NULL, 0, &out, 1, &st), 0);
+  T_EQ_INT(mlxd_stream_submit(p, slow_record_task, release_stream_cleanup, p, NULL, 0, &out, 1,
+                              &st),
+           0);
   mlx_stream_free(s); /* the task's reference is now the last one */
   T_EQ_INT(mlxd_array_wait(out, &st), 0);
   mlxd_array_release(out);

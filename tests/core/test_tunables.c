@@ -70,7 +70,7 @@ int main(void) {
   T_ASSERT(w1 && strstr(w1 + 1, "MLXDIST_SPIN_US") == NULL); /* once */
   T_ASSERT(strstr(g_captured, "MLXDIST_SMALL_BYTES='12k'"));
   capture_stderr(read_bad);
-  T_ASSERT(g_captured[0] == '\0'); /* not again */
+  T_ASSERT(g_captured[0] == '\0');                             /* not again */
   setenv("MLXDIST_SMALL_BYTES", "99999999999999999999999", 1); /* out of range */
   T_EQ_INT(mlxd_tunable_long(MLXD_T_SMALL_BYTES), atol(mlxd_tunable_default(MLXD_T_SMALL_BYTES)));
   T_ASSERT(strcmp(mlxd_tunable_env_name((mlxd_tunable)99), "") == 0);

@@ -13,10 +13,18 @@
 #include "testutil.h"
 
 static void clear_env(void) {
-  const char* vars[] = {"MLX_RANK",        "MLX_HOSTFILE",   "MLX_WORLD_SIZE",
-                        "MLX_IBV_DEVICES", "MLX_JACCL_COORDINATOR", "NCCL_HOST_IP",
-                        "NCCL_PORT",       "OMPI_COMM_WORLD_SIZE",  "OMPI_COMM_WORLD_RANK",
-                        "PMI_SIZE",        "PMI_RANK",       "PMIX_RANK"};
+  const char* vars[] = {"MLX_RANK",
+                        "MLX_HOSTFILE",
+                        "MLX_WORLD_SIZE",
+                        "MLX_IBV_DEVICES",
+                        "MLX_JACCL_COORDINATOR",
+                        "NCCL_HOST_IP",
+                        "NCCL_PORT",
+                        "OMPI_COMM_WORLD_SIZE",
+                        "OMPI_COMM_WORLD_RANK",
+                        "PMI_SIZE",
+                        "PMI_RANK",
+                        "PMIX_RANK"};
   for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -245,7 +253,8 @@ static void test_gather_failures(void) {
 
   /* argument errors */
   memset(&c, 0, sizeof c);
-  T_ASSERT(mlx_distributed_init_with_all_gather(NULL, true, "ring", gather_one, &c, count_dtor) != 0);
+  T_ASSERT(mlx_distributed_init_with_all_gather(NULL, true, "ring", gather_one, &c, count_dtor) !=
+           0);
   T_EXPECT_ERROR("[distributed] init_with_all_gather: res is NULL");
   T_EQ_INT(c.dtor_calls, 1);
 
@@ -278,16 +287,15 @@ static void test_gather_failures(void) {
   const char* names[] = {"ring", "any", NULL};
   for (int i = 0; i < 3; i++) {
     memset(&c, 0, sizeof c);
-    T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, names[i], gather_one, &c,
-                                                  count_dtor) != 0);
+    T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, names[i], gather_one, &c, count_dtor) !=
+             0);
     T_EXPECT_ERROR("MLX_WORLD_SIZE");
     T_EQ_INT(c.dtor_calls, 1);
     T_EQ_INT(c.fn_calls, 0);
     T_ASSERT(g.ctx == NULL);
 
     memset(&c, 0, sizeof c);
-    T_EQ_INT(mlx_distributed_init_with_all_gather(&g, false, names[i], gather_one, &c,
-                                                  count_dtor),
+    T_EQ_INT(mlx_distributed_init_with_all_gather(&g, false, names[i], gather_one, &c, count_dtor),
              0);
     T_EXPECT_NO_ERROR();
     T_EQ_INT(c.dtor_calls, 1); /* the fallback does not keep the callback */
@@ -305,7 +313,8 @@ static void test_gather_failures(void) {
 
   /* jaccl: not available in this build */
   memset(&c, 0, sizeof c);
-  T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, "jaccl", gather_one, &c, count_dtor) != 0);
+  T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, "jaccl", gather_one, &c, count_dtor) !=
+           0);
   T_EXPECT_ERROR("[jaccl]", "ibverbs");
   T_EQ_INT(c.dtor_calls, 1);
   T_EQ_INT(c.fn_calls, 0);
@@ -316,8 +325,8 @@ static void test_gather_failures(void) {
     setenv("MLX_RANK", bad[i][0], 1);
     setenv("MLX_WORLD_SIZE", bad[i][1], 1);
     memset(&c, 0, sizeof c);
-    T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, "ring", gather_one, &c,
-                                                  count_dtor) != 0);
+    T_ASSERT(mlx_distributed_init_with_all_gather(&g, true, "ring", gather_one, &c, count_dtor) !=
+             0);
     T_EXPECT_ERROR("[ring]", "MLX_");
     T_EQ_INT(c.dtor_calls, 1);
     T_EQ_INT(c.fn_calls, 0);
@@ -387,7 +396,7 @@ static void test_gather_kept(void) {
 
   T_EQ_INT(mlx_distributed_clear_backends(), 0);
   T_EQ_INT(c.dtor_calls, 0); /* handles still held */
-  T_EQ_INT(size_of(g), 1);    /* and valid */
+  T_EQ_INT(size_of(g), 1);   /* and valid */
   mlx_distributed_group_free(g);
   mlx_distributed_group_free(r);
   mlx_distributed_group_free(a);

@@ -9,21 +9,21 @@
 #include "mlx/c/mlx.h"
 #include "testutil.h"
 
-typedef int (*coll_fn)(mlx_array*, const mlx_array, const mlx_distributed_group,
-                       const mlx_stream);
+typedef int (*coll_fn)(mlx_array*, const mlx_array, const mlx_distributed_group, const mlx_stream);
 static const struct {
   const char* name;
   coll_fn fn;
 } k_colls[] = {
-    {"all_sum", mlx_distributed_all_sum},       {"all_max", mlx_distributed_all_max},
-    {"all_min", mlx_distributed_all_min},       {"all_gather", mlx_distributed_all_gather},
+    {"all_sum", mlx_distributed_all_sum},         {"all_max", mlx_distributed_all_max},
+    {"all_min", mlx_distributed_all_min},         {"all_gather", mlx_distributed_all_gather},
     {"sum_scatter", mlx_distributed_sum_scatter},
 };
 #define N_COLLS 5
 
-static const mlx_dtype k_dtypes[] = {MLX_BOOL,   MLX_UINT8,   MLX_UINT16,  MLX_UINT32, MLX_UINT64,
-                                     MLX_INT8,   MLX_INT16,   MLX_INT32,   MLX_INT64,  MLX_FLOAT16,
-                                     MLX_FLOAT32, MLX_FLOAT64, MLX_BFLOAT16, MLX_COMPLEX64};
+static const mlx_dtype k_dtypes[] = {MLX_BOOL,     MLX_UINT8,    MLX_UINT16,  MLX_UINT32,
+                                     MLX_UINT64,   MLX_INT8,     MLX_INT16,   MLX_INT32,
+                                     MLX_INT64,    MLX_FLOAT16,  MLX_FLOAT32, MLX_FLOAT64,
+                                     MLX_BFLOAT16, MLX_COMPLEX64};
 #define N_DTYPES 14
 
 static void clear_env(void) {
@@ -83,7 +83,8 @@ static void test_identity(mlx_distributed_group g, mlx_stream s) {
       for (int c = 0; c < N_COLLS; c++) {
         if (c == 4 && ndims[k] == 0) continue; /* sum_scatter needs an axis */
         mlx_array res = mlx_array_new();
-        if (k_colls[c].fn(&res, x, g, s) != 0) T_FAIL("%s failed: %s", k_colls[c].name, t_last_error());
+        if (k_colls[c].fn(&res, x, g, s) != 0)
+          T_FAIL("%s failed: %s", k_colls[c].name, t_last_error());
         expect_same(res, buf, shapes[k], ndims[k], dt);
         mlx_array_free(res);
       }

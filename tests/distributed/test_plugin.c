@@ -76,14 +76,14 @@ int main(int argc, char** argv) {
       expect_unavailable(MLXDIST_TEST_BAD_PLUGIN_DIR
                          "1/libmlxdist-mpi.so (mlxdist_plugin_v1 returned a table of ABI "
                          "version 99",
-                         "/nonexistent-dir/libmlxdist-mpi.so (no such file)",
-                         "expected version 1");
+                         "/nonexistent-dir/libmlxdist-mpi.so (no such file)", "expected version 1");
   } else if (strcmp(mode, "smalltable") == 0) {
     setenv("MLXDIST_PLUGIN_PATH", MLXDIST_TEST_BAD_PLUGIN_DIR "2", 1);
     if (elsewhere)
       T_ASSERT(mlx_distributed_is_available("mpi"));
     else
-      expect_unavailable(MLXDIST_TEST_BAD_PLUGIN_DIR "2/libmlxdist-mpi.so (its ABI v2 plugin "
+      expect_unavailable(MLXDIST_TEST_BAD_PLUGIN_DIR
+                         "2/libmlxdist-mpi.so (its ABI v2 plugin "
                          "table is too small: struct_size 8,",
                          "expected at least", "MLXDIST_PLUGIN_PATH");
   } else if (strcmp(mode, "smallops") == 0) {
@@ -92,18 +92,19 @@ int main(int argc, char** argv) {
     T_ASSERT(mlx_distributed_is_available("mpi"));
     mlx_distributed_group g = mlx_distributed_group_new();
     T_ASSERT(mlx_distributed_init(&g, true, "mpi") != 0);
-    T_EXPECT_ERROR("[distributed] init: could not start the mpi backend: [mpi] the plugin "
-                   MLXDIST_TEST_BAD_PLUGIN_DIR "3/libmlxdist-mpi.so gave an instance whose ops "
-                   "table is too small (struct_size",
-                   "ABI v1 needs at least");
+    T_EXPECT_ERROR(
+        "[distributed] init: could not start the mpi backend: [mpi] the "
+        "plugin " MLXDIST_TEST_BAD_PLUGIN_DIR
+        "3/libmlxdist-mpi.so gave an instance whose ops "
+        "table is too small (struct_size",
+        "ABI v1 needs at least");
     T_ASSERT(g.ctx == NULL);
     T_EQ_INT(mlx_distributed_init(&g, false, "mpi"), 0); /* non-strict: a group of one */
     T_EXPECT_NO_ERROR();
     T_EQ_INT(mlx_distributed_group_size(g), 1);
     mlx_distributed_group_free(g);
   } else {
-    T_FAIL("unknown mode '%s' (expected libname, emptypath, badabi, smalltable or smallops)",
-           mode);
+    T_FAIL("unknown mode '%s' (expected libname, emptypath, badabi, smalltable or smallops)", mode);
   }
   T_EXPECT_NO_ERROR();
   printf("test_dist_plugin %s: ok (plugin elsewhere: %s)\n", mode, elsewhere ? "yes" : "no");

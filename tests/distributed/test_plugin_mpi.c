@@ -33,8 +33,8 @@ static void expect_i32(mlx_array a, const int32_t* want, size_t n, const char* w
   const int32_t* got = mlx_array_data_int32(a);
   for (size_t i = 0; i < n; i++)
     if (got[i] != want[i])
-      T_FAIL("%s: element %zu is %d, expected %d (rank %d of %d)", what, i, got[i], want[i],
-             g_rank, g_size);
+      T_FAIL("%s: element %zu is %d, expected %d (rank %d of %d)", what, i, got[i], want[i], g_rank,
+             g_size);
 }
 
 /* rank r's element i */
@@ -133,7 +133,8 @@ int main(int argc, char** argv) {
   snprintf(want, sizeof want, "(plugin %s/libmlxdist-mpi.so, ABI v%d", dir, abi);
   if (!strstr(line, want)) T_FAIL("describe: '%s' lacks '%s'", line, want);
   if (abi == 1) {
-    if (!strstr(line, "ABI v1: no describe op")) T_FAIL("describe: '%s' (v1 has no describe)", line);
+    if (!strstr(line, "ABI v1: no describe op"))
+      T_FAIL("describe: '%s' (v1 has no describe)", line);
   } else {
     if (strstr(line, "no describe op") || !strstr(line, "MPI"))
       T_FAIL("describe: '%s' (expected the plugin's own text, naming MPI)", line);

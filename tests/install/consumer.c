@@ -23,24 +23,23 @@ static void on_handler_dtor(void* data) {
   handler_dtor_calls++;
 }
 
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
+#define CHECK(cond)                                                          \
+  do {                                                                       \
+    if (!(cond)) {                                                           \
       fprintf(stderr, "consumer.c:%d: check failed: %s\n", __LINE__, #cond); \
-      exit(1);                                                             \
-    }                                                                      \
+      exit(1);                                                               \
+    }                                                                        \
   } while (0)
-#define EXPECT_ERROR(call)                    \
-  do {                                        \
-    int before_ = n_errors;                   \
-    (void)(call);                             \
-    CHECK(n_errors == before_ + 1);           \
+#define EXPECT_ERROR(call)          \
+  do {                              \
+    int before_ = n_errors;         \
+    (void)(call);                   \
+    CHECK(n_errors == before_ + 1); \
   } while (0)
 
 static int gather_calls;
 static int dtor_calls;
-static int my_all_gather(void* dst, const void* src, size_t n, int rank, int size,
-                         void* payload) {
+static int my_all_gather(void* dst, const void* src, size_t n, int rank, int size, void* payload) {
   (void)payload;
   gather_calls++;
   if (rank != 0 || size != 1) return 1;
@@ -158,10 +157,9 @@ int main(void) {
   CHECK(mlx_array_set_complex(&sc, 1, 2) == 0 && mlx_array_item_complex64(&cv, sc) == 0);
   CHECK(mlx_array_data_complex64(sc) != NULL);
   {
-    mlx_array b = mlx_array_new_bool(false), i = mlx_array_new_int(4),
-              f = mlx_array_new_float32(1), f2 = mlx_array_new_float(2),
-              d = mlx_array_new_float64(3), d2 = mlx_array_new_double(4),
-              c = mlx_array_new_complex(1, -1);
+    mlx_array b = mlx_array_new_bool(false), i = mlx_array_new_int(4), f = mlx_array_new_float32(1),
+              f2 = mlx_array_new_float(2), d = mlx_array_new_float64(3),
+              d2 = mlx_array_new_double(4), c = mlx_array_new_complex(1, -1);
     CHECK(mlx_array_ndim(b) == 0 && mlx_array_dtype(i) == MLX_INT32);
     CHECK(mlx_array_dtype(c) == MLX_COMPLEX64 && mlx_array_dtype(d2) == MLX_FLOAT64);
     mlx_array_free(b), mlx_array_free(i), mlx_array_free(f), mlx_array_free(f2);
@@ -260,8 +258,8 @@ int main(void) {
   EXPECT_ERROR(mlx_distributed_init_with_all_gather(&bg, true, "ring", my_all_gather, NULL,
                                                     my_dtor)); /* no MLX_RANK / MLX_WORLD_SIZE */
   CHECK(dtor_calls == 1);
-  EXPECT_ERROR(mlx_distributed_init_with_all_gather(&bg, true, "nope", my_all_gather, NULL,
-                                                    my_dtor));
+  EXPECT_ERROR(
+      mlx_distributed_init_with_all_gather(&bg, true, "nope", my_all_gather, NULL, my_dtor));
   CHECK(dtor_calls == 2);
   CHECK(mlx_distributed_clear_backends() == 0);
 

@@ -9,10 +9,20 @@
 #include "mlx/c/mlx.h"
 #include "testutil.h"
 
-static const char* const k_env[] = {
-    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMI_SIZE", "PMI_FD",
-    "PMI_PORT", "PMIX_RANK", "PMIX_NAMESPACE", "HYDRA_CONTROL_FD", "MPI_LOCALRANKID",
-    "MV2_COMM_WORLD_RANK", "MLX_RANK", "MLX_HOSTFILE", "MLX_WORLD_SIZE"};
+static const char* const k_env[] = {"OMPI_COMM_WORLD_SIZE",
+                                    "OMPI_COMM_WORLD_RANK",
+                                    "PMI_RANK",
+                                    "PMI_SIZE",
+                                    "PMI_FD",
+                                    "PMI_PORT",
+                                    "PMIX_RANK",
+                                    "PMIX_NAMESPACE",
+                                    "HYDRA_CONTROL_FD",
+                                    "MPI_LOCALRANKID",
+                                    "MV2_COMM_WORLD_RANK",
+                                    "MLX_RANK",
+                                    "MLX_HOSTFILE",
+                                    "MLX_WORLD_SIZE"};
 
 static void expect_mpi_untouched(void) {
   int init = 1, fin = 1;

@@ -48,7 +48,9 @@ static uint16_t bf16_bits(double v) {
 
 /* Element i of rank r's input, as a number (floats) or raw bits (ints). */
 static double num(size_t i, int r) { return (double)((long)((i * 7 + (size_t)r * 13) % 61) - 30); }
-static uint64_t bits(size_t i, int r) { return (i + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)r * 0xBF58476D1CE4E5B9ull; }
+static uint64_t bits(size_t i, int r) {
+  return (i + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)r * 0xBF58476D1CE4E5B9ull;
+}
 static bool bval(size_t i, int r) { return (i * 7 + (size_t)r * 3) % 5 == 0; }
 
 static void put(mlx_dtype d, void* buf, size_t i, int r) {
@@ -56,10 +58,14 @@ static void put(mlx_dtype d, void* buf, size_t i, int r) {
   double v = num(i, r);
   switch (d) {
     case MLX_BOOL: ((uint8_t*)buf)[i] = bval(i, r); break;
-    case MLX_UINT8: case MLX_INT8: ((uint8_t*)buf)[i] = (uint8_t)u; break;
-    case MLX_UINT16: case MLX_INT16: ((uint16_t*)buf)[i] = (uint16_t)u; break;
-    case MLX_UINT32: case MLX_INT32: ((uint32_t*)buf)[i] = (uint32_t)u; break;
-    case MLX_UINT64: case MLX_INT64: ((uint64_t*)buf)[i] = u; break;
+    case MLX_UINT8:
+    case MLX_INT8: ((uint8_t*)buf)[i] = (uint8_t)u; break;
+    case MLX_UINT16:
+    case MLX_INT16: ((uint16_t*)buf)[i] = (uint16_t)u; break;
+    case MLX_UINT32:
+    case MLX_INT32: ((uint32_t*)buf)[i] = (uint32_t)u; break;
+    case MLX_UINT64:
+    case MLX_INT64: ((uint64_t*)buf)[i] = u; break;
     case MLX_FLOAT16: ((uint16_t*)buf)[i] = f16_bits(v); break;
     case MLX_BFLOAT16: ((uint16_t*)buf)[i] = bf16_bits(v); break;
     case MLX_FLOAT32: ((float*)buf)[i] = (float)(v / 4); break;
@@ -121,10 +127,14 @@ static void ref_elem(mlx_dtype d, int op, void* ref, size_t i) {
       double x = num(i, r) * scale;
       acc = op == 0 ? acc + x : op == 1 ? (x > acc ? x : acc) : (x < acc ? x : acc);
     }
-    if (d == MLX_FLOAT16) ((uint16_t*)ref)[i] = f16_bits(acc);
-    else if (d == MLX_BFLOAT16) ((uint16_t*)ref)[i] = bf16_bits(acc);
-    else if (d == MLX_FLOAT32) ((float*)ref)[i] = (float)acc;
-    else ((double*)ref)[i] = acc;
+    if (d == MLX_FLOAT16)
+      ((uint16_t*)ref)[i] = f16_bits(acc);
+    else if (d == MLX_BFLOAT16)
+      ((uint16_t*)ref)[i] = bf16_bits(acc);
+    else if (d == MLX_FLOAT32)
+      ((float*)ref)[i] = (float)acc;
+    else
+      ((double*)ref)[i] = acc;
   }
 }
 
@@ -172,8 +182,9 @@ static const size_t k_sizes[] = {0, 1, 7, 10, 1024, 1024 * 1024};
 
 static void test_reductions(mlx_distributed_group g) {
   mlx_stream s = mlx_stream_new();
-  int (*fn[3])(mlx_array*, const mlx_array, const mlx_distributed_group, const mlx_stream) = {
-      mlx_distributed_all_sum, mlx_distributed_all_max, mlx_distributed_all_min};
+  int (*fn[3])(mlx_array*, const mlx_array, const mlx_distributed_group,
+               const mlx_stream) = {mlx_distributed_all_sum, mlx_distributed_all_max,
+                                    mlx_distributed_all_min};
   for (int d = 0; d < NDT; d++)
     for (size_t k = 0; k < NSIZES; k++) {
       size_t n = k_sizes[k], esz = mlx_dtype_size((mlx_dtype)d);

@@ -362,7 +362,7 @@ static int idle_rank(int rank, int size) {
 }
 
 /* ---- transport selection ---- */
-static int g_tmode;           /* 0: one host, 1: rank 2 in its own IPC namespace */
+static int g_tmode;            /* 0: one host, 1: rank 2 in its own IPC namespace */
 static const char* g_tsetting; /* MLXDIST_TRANSPORT for every rank (NULL: rank-dependent) */
 
 /* A separate "host": a new IPC namespace (as root, else inside a user namespace). */
@@ -452,8 +452,9 @@ static void transport_modes(void) {
     g_tsetting = "auto";
     T_EQ_INT(spawn(3, 1, transport_rank, codes, 60), 3);
   } else {
-    printf("test_ring transport: no IPC namespace available (unshare: not permitted), "
-           "skipping the two-host cases\n");
+    printf(
+        "test_ring transport: no IPC namespace available (unshare: not permitted), "
+        "skipping the two-host cases\n");
   }
   /* a bogus value: a clear error before any connection is attempted */
   t_capture_errors();
@@ -474,7 +475,8 @@ static void transport_modes(void) {
 }
 
 /* ---- bad hostfiles (single process) ---- */
-static void expect_bad_ex(const char* content, const char* rank, const char* want, bool names_file) {
+static void expect_bad_ex(const char* content, const char* rank, const char* want,
+                          bool names_file) {
   char path[300];
   snprintf(path, sizeof path, "%s/bad.json", g_dir);
   if (content)
@@ -513,8 +515,7 @@ static void badhost(void) {
   expect_bad("[[\"127.0.0.1:5000\"", "0", "not valid JSON");
   expect_bad("{\"hosts\": 1}", "0", "not a non-empty JSON list");
   expect_bad("[]", "0", "not a non-empty JSON list");
-  expect_bad("[[\"127.0.0.1:5000\"], \"127.0.0.1:5001\"]", "0",
-             "rank 1 is not a non-empty list");
+  expect_bad("[[\"127.0.0.1:5000\"], \"127.0.0.1:5001\"]", "0", "rank 1 is not a non-empty list");
   expect_bad("[[\"127.0.0.1:5000\", 7]]", "0", "not a list of strings");
   expect_bad("[[\"127.0.0.1\"]]", "0", "no ':port'");
   expect_bad("[[\"127.0.0.1:99999\"]]", "0", "invalid port");

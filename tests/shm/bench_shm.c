@@ -57,9 +57,8 @@ static int bench_rank(mlxd_transport* t, void* argp) {
     if (rank == 0) {
       float want = 0;
       for (int r = 0; r < size; r++) want += (float)((b / 4 - 1) % 100) + (float)r;
-      printf("%s N=%d %9zu B: median %10.1f us  (min %10.1f, %d iters)%s\n",
-             t->ops->name, size, b, ts[it / 2] * 1e6, ts[0] * 1e6, it,
-             out[b / 4 - 1] == want ? "" : "  WRONG RESULT");
+      printf("%s N=%d %9zu B: median %10.1f us  (min %10.1f, %d iters)%s\n", t->ops->name, size, b,
+             ts[it / 2] * 1e6, ts[0] * 1e6, it, out[b / 4 - 1] == want ? "" : "  WRONG RESULT");
       fflush(stdout);
     }
     free(ts);

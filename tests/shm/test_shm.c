@@ -75,12 +75,12 @@ static void exchange_round(mlxd_transport* t, uint64_t tagbase, int recv_first) 
           rbufs[idx] = malloc(n ? n : 1);
           memset(rbufs[idx], 0xEE, n);
           T_REQUIREF(t->ops->irecv(t, p, tag, n ? rbufs[idx] : NULL, n, &reqs[nr++], &st) == 0,
-                  "%s", st.msg);
+                     "%s", st.msg);
         } else {
           sbufs[idx] = malloc(n ? n : 1);
           fill(sbufs[idx], n, rank, p, tag);
           T_REQUIREF(t->ops->isend(t, p, tag, n ? sbufs[idx] : NULL, n, &reqs[nr++], &st) == 0,
-                  "%s", st.msg);
+                     "%s", st.msg);
         }
       }
       k++;
@@ -102,7 +102,7 @@ static void exchange_round(mlxd_transport* t, uint64_t tagbase, int recv_first) 
       size_t idx = (size_t)k * NSZ + j;
       size_t bad = first_bad(rbufs[idx], k_sizes[j], p, rank, tagbase + j);
       T_REQUIREF(bad == (size_t)-1, "message tag %llu (%zu bytes) from rank %d wrong at byte %zu",
-              (unsigned long long)(tagbase + j), k_sizes[j], p, bad);
+                 (unsigned long long)(tagbase + j), k_sizes[j], p, bad);
       free(rbufs[idx]);
       free(sbufs[idx]);
     }
@@ -162,11 +162,11 @@ static void mismatch(mlxd_transport* t) {
         char a[32];
         snprintf(a, sizeof a, "%zu-byte", sent[k]);
         T_REQUIREF(st.layer == MLXD_LAYER_SHM && st.has_peer && st.peer == 0, "fields: %d %d",
-                st.layer, st.peer);
+                   st.layer, st.peer);
         mlxd_status_render(&st, "ring");
         T_REQUIREF(strstr(st.msg, "[ring] size mismatch: rank 0 sent") && strstr(st.msg, a) &&
-                    strstr(st.msg, "(pid "),
-                "message: %s", st.msg);
+                       strstr(st.msg, "(pid "),
+                   "message: %s", st.msg);
       } else {
         T_REQUIREF(rc == 0, "after a mismatch: %s", st.msg);
         size_t bad = first_bad(r, want[k], 0, 1, tag);
@@ -228,7 +228,7 @@ static void* th_main(void* p) {
     for (int p2 = 0; p2 < size; p2++) {
       if (p2 == rank) continue;
       T_REQUIREF(t->ops->irecv(t, p2, tag, r + (size_t)p2 * maxn, n, &reqs[nr++], &st) == 0, "%s",
-              st.msg);
+                 st.msg);
     }
     fill(s, n, rank, -1, tag); /* same bytes for every destination */
     for (int p2 = 0; p2 < size; p2++) {
@@ -236,7 +236,7 @@ static void* th_main(void* p) {
       T_REQUIREF(t->ops->isend(t, p2, tag, s, n, &reqs[nr++], &st) == 0, "%s", st.msg);
     }
     T_REQUIREF(t->ops->waitall(t, reqs, nr, &st) == 0, "thread %d iteration %d: %s", a->k, it,
-            st.msg);
+               st.msg);
     for (int p2 = 0; p2 < size; p2++) {
       if (p2 == rank) continue;
       size_t bad = first_bad(r + (size_t)p2 * maxn, n, p2, -1, tag);
@@ -254,7 +254,8 @@ static int rank_threads(int rank, int size, const char* name, void* arg) {
   mlxd_transport* t = join(rank, size, name);
   pthread_t th[2];
   th_arg a[2] = {{t, 0}, {t, 1}};
-  for (int k = 0; k < 2; k++) T_REQUIREF(pthread_create(&th[k], NULL, th_main, &a[k]) == 0, "create");
+  for (int k = 0; k < 2; k++)
+    T_REQUIREF(pthread_create(&th[k], NULL, th_main, &a[k]) == 0, "create");
   for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
   t->ops->destroy(t);
   return 0;
@@ -290,8 +291,8 @@ static int rank_death(int rank, int size, const char* name, void* arg) {
   snprintf(want, sizeof want, "[ring] lost connection to rank %d: its process exited", victim);
   T_REQUIREF(rc == MLXD_EREMOTE, "rc %d: %s", rc, st.msg);
   T_REQUIREF(st.layer == MLXD_LAYER_SHM && st.has_peer && st.peer == victim &&
-              strncmp(st.peer_addr, "pid ", 4) == 0,
-          "fields: layer %d peer %d addr '%s'", st.layer, st.peer, st.peer_addr);
+                 strncmp(st.peer_addr, "pid ", 4) == 0,
+             "fields: layer %d peer %d addr '%s'", st.layer, st.peer, st.peer_addr);
   mlxd_status_render(&st, "ring");
   T_REQUIREF(strstr(st.msg, want), "%s", st.msg);
   T_REQUIREF(dt < 3.0, "took %.2f s to notice", dt);
@@ -328,8 +329,8 @@ static int rank_timeout(int rank, int size, const char* name, void* arg) {
     T_REQUIREF(st.layer == MLXD_LAYER_SHM && st.peer == 1 && !st.has_reporter, "fields");
     mlxd_status_render(&st, "ring");
     T_REQUIREF(strstr(st.msg, "[ring] timed out after 1 s waiting for rank 1") &&
-                strstr(st.msg, "MLXDIST_TIMEOUT"),
-            "%s", st.msg);
+                   strstr(st.msg, "MLXDIST_TIMEOUT"),
+               "%s", st.msg);
     T_REQUIREF(dt > 0.9 && dt < 3.0, "timed out after %.2f s", dt);
     /* stay alive a moment so that rank 1 learns it from the failure flag */
     struct timespec ts = {1, 0};
@@ -338,12 +339,12 @@ static int rank_timeout(int rank, int size, const char* name, void* arg) {
     T_REQUIREF(rc == MLXD_ETIMEDOUT, "rc %d: %s", rc, st.msg);
     /* rank 0's own status, relayed: its peer (this rank) and "reported by rank 0" */
     T_REQUIREF(st.layer == MLXD_LAYER_SHM && st.has_reporter && st.reporter == 0 && st.has_peer &&
-                st.peer == 1,
-            "fields: layer %d reporter %d peer %d", st.layer, st.reporter, st.peer);
+                   st.peer == 1,
+               "fields: layer %d reporter %d peer %d", st.layer, st.reporter, st.peer);
     mlxd_status_render(&st, "ring");
     T_REQUIREF(strstr(st.msg, "[ring] timed out after 1 s waiting for rank 1") &&
-                strstr(st.msg, "reported by rank 0)"),
-            "%s", st.msg);
+                   strstr(st.msg, "reported by rank 0)"),
+               "%s", st.msg);
     T_REQUIREF(dt < 3.0, "took %.2f s", dt);
   }
   t->ops->destroy(t);
@@ -418,8 +419,8 @@ static void local_errors(void) {
   mlxd_status_clear(&st);
   T_REQUIREF(mlxd_shm_transport_new(0, 2, "a/b", &st) == NULL, "bad name");
   T_REQUIREF(st.code == MLXD_EINVAL && st.layer == MLXD_LAYER_SHM &&
-              strncmp(st.msg, "session name \"a/b\"", 17) == 0,
-          "%s", st.msg);
+                 strncmp(st.msg, "session name \"a/b\"", 17) == 0,
+             "%s", st.msg);
   T_REQUIREF(mlxd_shm_transport_new(0, 2, NULL, &st) == NULL, "null name");
   T_REQUIREF(mlxd_shm_transport_new(0, 2, "", &st) == NULL, "empty name");
   T_REQUIREF(mlxd_shm_transport_new(2, 2, "ok", &st) == NULL, "rank == size");

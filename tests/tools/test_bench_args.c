@@ -28,8 +28,7 @@ static void expect_bad(const char* tool, const char* args, const char* named) {
   int rc = capture(cmd);
   if (rc != 2) T_FAIL("'%s': exit %d, expected 2; output: %s", args, rc, out);
   if (strncmp(out, "[bench] ", 8) != 0 || !strstr(out, named))
-    T_FAIL("'%s': message does not start with [bench] or does not name '%s': %s", args, named,
-           out);
+    T_FAIL("'%s': message does not start with [bench] or does not name '%s': %s", args, named, out);
 }
 
 static void test_sizes(void) {
@@ -82,9 +81,9 @@ static void test_shapes(void) {
  * element by element from the decoded inputs match the expectation, and a
  * corrupted element is detected. */
 static void test_patterns(void) {
-  static const char* const names[] = {"bool",  "uint8", "uint16", "uint32",  "uint64",
-                                       "int8",  "int16", "int32",  "int64",   "float16",
-                                       "float32", "float64", "bfloat16"};
+  static const char* const names[] = {"bool",    "uint8",   "uint16",  "uint32", "uint64",
+                                      "int8",    "int16",   "int32",   "int64",  "float16",
+                                      "float32", "float64", "bfloat16"};
   const int n = 4;
   const size_t count = 40;
   for (size_t d = 0; d < sizeof names / sizeof names[0]; d++) {
@@ -109,8 +108,7 @@ static void test_patterns(void) {
     T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_ALL_GATHER, gath, count * n, 0, n, 0), 0);
     /* rank 2's block of the sum */
     size_t blk = count / n;
-    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_SUM_SCATTER, sum + 2 * blk * dt->size, blk, 2, n, 0),
-             0);
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_SUM_SCATTER, sum + 2 * blk * dt->size, blk, 2, n, 0), 0);
     T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_SENDRECV, in[0], count, 1, n, 0), 0);
     /* a wrong element is caught */
     double v = mlxd_bench_load(dt, sum, 3);

@@ -252,8 +252,9 @@ static void test_given_hostfile(void) {
   char path[] = "/tmp/test_launch_hostfile_XXXXXX";
   int fd = mkstemp(path);
   T_ASSERT(fd >= 0);
-  const char* text = "[[\"127.0.0.1:40001\", \"127.0.0.1:40002\"],\n"
-                     " [\"127.0.0.1:40003\", \"127.0.0.1:40004\"]]\n";
+  const char* text =
+      "[[\"127.0.0.1:40001\", \"127.0.0.1:40002\"],\n"
+      " [\"127.0.0.1:40003\", \"127.0.0.1:40004\"]]\n";
   T_ASSERT(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
   close(fd);
   run(ARGV("--hostfile", path, "--", self_exe, "--rank-check", "2", "2"), NULL);

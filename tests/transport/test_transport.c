@@ -84,8 +84,8 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
     size_t wrong = 0, first = 0;
     for (size_t i = 0; i < big; i += 4096)
       if (b[i] != (char)(peer * 31 + (int)(i >> 12)) && wrong++ == 0) first = i;
-    T_CHECKF(wrong == 0, "64 MiB message, round %d: %zu sampled bytes wrong, first %zu", rep,
-             wrong, first);
+    T_CHECKF(wrong == 0, "64 MiB message, round %d: %zu sampled bytes wrong, first %zu", rep, wrong,
+             first);
     T_CHECKF(b[big - 1] == (char)peer, "64 MiB message, round %d: last byte wrong", rep);
   }
 
@@ -97,8 +97,8 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
     for (int k = 0; k < 4; k++) {
       char* m = a + ((size_t)k << 22);
       for (size_t i = 0; i < sizes[k]; i++) m[i] = (char)(k * 7 + (int)i);
-      int rc = t->ops->isend(t, 3, mlxd_tag(MLXD_TAG_P2P, 100 + (uint64_t)k, 0), m, sizes[k],
-                             &q[k], &st);
+      int rc = t->ops->isend(t, 3, mlxd_tag(MLXD_TAG_P2P, 100 + (uint64_t)k, 0), m, sizes[k], &q[k],
+                             &st);
       T_REQUIREF(rc == 0 && q[k] != NULL, "isend: %s", st.msg);
     }
     T_REQUIREF(t->ops->waitall(t, q, 4, &st) == 0, "waitall: %s", st.msg);
@@ -190,10 +190,9 @@ static void* thr_main(void* p) {
         ref[i] += (float)((int)((i * 7 + (size_t)(p * 13 + it * 5 + x->k)) % 11) - 5);
     }
     mlxd_status st;
-    int rc = x->k == 2 ? mlxd_algo_all_reduce_ring(t, seq, in, out, count, MLX_FLOAT32,
-                                                   MLXD_SUM, 1, &st)
-                       : mlxd_algo_all_reduce(t, seq, in, out, count, MLX_FLOAT32, MLXD_SUM,
-                                              &st);
+    int rc = x->k == 2
+                 ? mlxd_algo_all_reduce_ring(t, seq, in, out, count, MLX_FLOAT32, MLXD_SUM, 1, &st)
+                 : mlxd_algo_all_reduce(t, seq, in, out, count, MLX_FLOAT32, MLXD_SUM, &st);
     if (rc) {
       fprintf(stderr, "thread %d: %s\n", x->k, st.msg);
       return NULL;
@@ -265,8 +264,8 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
   t0 = mlxd_now();
   char tmp[8];
   rc = mlxd_algo_send(t, 5, tmp, 8, r == 0 ? 1 : 0, &st);
-  T_CHECKF(rc == MLXD_EREMOTE && strcmp(st.msg, first.msg) == 0 &&
-               st.has_peer == first.has_peer && st.peer == first.peer,
+  T_CHECKF(rc == MLXD_EREMOTE && strcmp(st.msg, first.msg) == 0 && st.has_peer == first.has_peer &&
+               st.peer == first.peer,
            "later op: %d '%s', first failure '%s'", rc, st.msg, first.msg);
   T_CHECKF(mlxd_now() - t0 < 1.0, "later op was not fast");
   fprintf(stderr, "rank %d noticed in %.2f s: %s\n", r, dt, st.msg);
@@ -330,12 +329,12 @@ static int bench_rank(mlxd_transport* t, void* arg) {
   for (size_t i = 0; i < count; i++) in[i] = 1.0f;
   mlxd_status st;
   T_REQUIREF(mlxd_algo_all_reduce(t, 1, in, out, count, MLX_FLOAT32, MLXD_SUM, &st) == 0, "%s",
-          st.msg);
+             st.msg);
   double t0 = mlxd_now();
   for (int it = 0; it < b->iters; it++)
     T_REQUIREF(mlxd_algo_all_reduce(t, 2 + (uint64_t)it, in, out, count, MLX_FLOAT32, MLXD_SUM,
-                                 &st) == 0,
-            "%s", st.msg);
+                                    &st) == 0,
+               "%s", st.msg);
   double dt = (mlxd_now() - t0) / b->iters;
   T_CHECKF(out[count - 1] == (float)t->size, "wrong result");
   if (t->rank == 0) {
@@ -351,8 +350,10 @@ static int bench_rank(mlxd_transport* t, void* arg) {
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN); /* the library must not need this; set only for the harness */
   if (argc < 2) {
-    fprintf(stderr, "usage: %s p2p|threads N unix|tcp NCONN | peer_exit N unix|tcp NCONN | "
-                    "stall | large | bench [MiB] [iters] [nconn] [ranks]\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s p2p|threads N unix|tcp NCONN | peer_exit N unix|tcp NCONN | "
+            "stall | large | bench [MiB] [iters] [nconn] [ranks]\n",
+            argv[0]);
     return 2;
   }
   const char* mode = argv[1];

@@ -24,10 +24,10 @@ static mlx_dtype mlxd_bench_mlx_dtype(const mlxd_bench_dtype* dt) {
   static const struct {
     const char* name;
     mlx_dtype t;
-  } map[] = {{"bool", MLX_BOOL},       {"uint8", MLX_UINT8},     {"uint16", MLX_UINT16},
-             {"uint32", MLX_UINT32},   {"uint64", MLX_UINT64},   {"int8", MLX_INT8},
-             {"int16", MLX_INT16},     {"int32", MLX_INT32},     {"int64", MLX_INT64},
-             {"float16", MLX_FLOAT16}, {"float32", MLX_FLOAT32}, {"float64", MLX_FLOAT64},
+  } map[] = {{"bool", MLX_BOOL},        {"uint8", MLX_UINT8},     {"uint16", MLX_UINT16},
+             {"uint32", MLX_UINT32},    {"uint64", MLX_UINT64},   {"int8", MLX_INT8},
+             {"int16", MLX_INT16},      {"int32", MLX_INT32},     {"int64", MLX_INT64},
+             {"float16", MLX_FLOAT16},  {"float32", MLX_FLOAT32}, {"float64", MLX_FLOAT64},
              {"bfloat16", MLX_BFLOAT16}};
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
     if (strcmp(map[i].name, dt->name) == 0) return map[i].t;
@@ -37,16 +37,11 @@ static mlx_dtype mlxd_bench_mlx_dtype(const mlxd_bench_dtype* dt) {
 /* The raw bytes of an evaluated array, whatever its dtype. */
 static const void* mlxd_bench_bytes(mlx_array a) {
   switch (mlx_array_itemsize(a)) {
-    case 1:
-      return mlx_array_data_uint8(a);
-    case 2:
-      return mlx_array_data_uint16(a);
-    case 4:
-      return mlx_array_data_uint32(a);
-    case 8:
-      return mlx_array_data_uint64(a);
-    default:
-      return NULL;
+    case 1: return mlx_array_data_uint8(a);
+    case 2: return mlx_array_data_uint16(a);
+    case 4: return mlx_array_data_uint32(a);
+    case 8: return mlx_array_data_uint64(a);
+    default: return NULL;
   }
 }
 
@@ -57,22 +52,14 @@ typedef struct mlxd_bench_ctx {
 } mlxd_bench_ctx;
 
 /* One op, evaluated. res receives the result (sendrecv: what came back / arrived). */
-static int mlxd_bench_one(const mlxd_bench_ctx* c, mlxd_bench_op op, mlx_array x,
-                          mlx_array* res, mlx_array* tmp) {
+static int mlxd_bench_one(const mlxd_bench_ctx* c, mlxd_bench_op op, mlx_array x, mlx_array* res,
+                          mlx_array* tmp) {
   int rc = 0;
   switch (op) {
-    case MLXD_OP_ALL_SUM:
-      rc = mlx_distributed_all_sum(res, x, c->g, c->s);
-      break;
-    case MLXD_OP_ALL_MAX:
-      rc = mlx_distributed_all_max(res, x, c->g, c->s);
-      break;
-    case MLXD_OP_ALL_GATHER:
-      rc = mlx_distributed_all_gather(res, x, c->g, c->s);
-      break;
-    case MLXD_OP_SUM_SCATTER:
-      rc = mlx_distributed_sum_scatter(res, x, c->g, c->s);
-      break;
+    case MLXD_OP_ALL_SUM: rc = mlx_distributed_all_sum(res, x, c->g, c->s); break;
+    case MLXD_OP_ALL_MAX: rc = mlx_distributed_all_max(res, x, c->g, c->s); break;
+    case MLXD_OP_ALL_GATHER: rc = mlx_distributed_all_gather(res, x, c->g, c->s); break;
+    case MLXD_OP_SUM_SCATTER: rc = mlx_distributed_sum_scatter(res, x, c->g, c->s); break;
     case MLXD_OP_SENDRECV:
       /* ping-pong between ranks 0 and 1; rank 1 echoes what it received */
       if (c->rank == 0) {
@@ -87,8 +74,7 @@ static int mlxd_bench_one(const mlxd_bench_ctx* c, mlxd_bench_op op, mlx_array x
         return 0;
       }
       break;
-    default:
-      return -1;
+    default: return -1;
   }
   if (rc != 0) return -1;
   return mlx_array_eval(*res) ? -1 : 0;
@@ -124,8 +110,8 @@ static int mlxd_bench_run(const mlxd_bench_ctx* c, mlxd_bench_op op, const mlxd_
  * so that connection set-up, the first use of the streams, the library's
  * buffer cache and the page faults of every size (the largest included) are
  * not charged to the first rows. */
-static int mlxd_bench_warm_all(const mlxd_bench_ctx* c, const mlxd_bench_opts* o,
-                               const void* host, mlx_dtype mdt) {
+static int mlxd_bench_warm_all(const mlxd_bench_ctx* c, const mlxd_bench_opts* o, const void* host,
+                               mlx_dtype mdt) {
   for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
     if (!o->ops[opi] || (opi == MLXD_OP_SENDRECV && c->n < 2)) continue;
     for (size_t bytes = o->min_bytes; bytes && bytes <= o->max_bytes;
@@ -212,8 +198,7 @@ int main(int argc, char** argv) {
       mlx_array la = mlx_array_new_data(local, &two, 1, MLX_FLOAT64);
       mlx_array ga = mlx_array_new();
       if (mlx_distributed_all_max(&ga, la, c.g, c.s) || mlx_array_eval(ga)) {
-        fprintf(stderr, "[bench] rank %d: the all_max of the timings failed; stopping.\n",
-                c.rank);
+        fprintf(stderr, "[bench] rank %d: the all_max of the timings failed; stopping.\n", c.rank);
         return 1;
       }
       const double* g = mlx_array_data_float64(ga);

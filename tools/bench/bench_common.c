@@ -12,10 +12,10 @@ static const char* const mlxd_op_names[MLXD_OP_COUNT] = {"all_sum", "all_max", "
                                                          "sum_scatter", "sendrecv"};
 
 static const mlxd_bench_dtype mlxd_dtypes[] = {
-    {"bool", 1, MLXD_K_BOOL},      {"uint8", 1, MLXD_K_UINT},     {"uint16", 2, MLXD_K_UINT},
-    {"uint32", 4, MLXD_K_UINT},    {"uint64", 8, MLXD_K_UINT},    {"int8", 1, MLXD_K_INT},
-    {"int16", 2, MLXD_K_INT},      {"int32", 4, MLXD_K_INT},      {"int64", 8, MLXD_K_INT},
-    {"float16", 2, MLXD_K_F16},    {"float32", 4, MLXD_K_FLOAT},  {"float64", 8, MLXD_K_FLOAT},
+    {"bool", 1, MLXD_K_BOOL},     {"uint8", 1, MLXD_K_UINT},    {"uint16", 2, MLXD_K_UINT},
+    {"uint32", 4, MLXD_K_UINT},   {"uint64", 8, MLXD_K_UINT},   {"int8", 1, MLXD_K_INT},
+    {"int16", 2, MLXD_K_INT},     {"int32", 4, MLXD_K_INT},     {"int64", 8, MLXD_K_INT},
+    {"float16", 2, MLXD_K_F16},   {"float32", 4, MLXD_K_FLOAT}, {"float64", 8, MLXD_K_FLOAT},
     {"bfloat16", 2, MLXD_K_BF16},
 };
 
@@ -101,9 +101,10 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     const char* v = NULL;
-    static const char* const with_value[] = {"--op", "-b", "--min-bytes", "-e", "--max-bytes",
-                                             "-f", "--factor", "-n", "--iters", "-w",
-                                             "--warmup", "--dtype", "--backend"};
+    static const char* const with_value[] = {"--op",        "-b", "--min-bytes", "-e",
+                                             "--max-bytes", "-f", "--factor",    "-n",
+                                             "--iters",     "-w", "--warmup",    "--dtype",
+                                             "--backend"};
     const char* name = a;
     char namebuf[32];
     const char* eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
@@ -135,7 +136,7 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
       char list[256];
       snprintf(list, sizeof list, "%s", v);
       bool any = false;
-      for (char* save = NULL, *tok = strtok_r(list, ",", &save); tok;
+      for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
            tok = strtok_r(NULL, ",", &save)) {
         bool found = false;
         if (strcmp(tok, "all") == 0) {
@@ -161,8 +162,10 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
                strcmp(name, "-e") == 0 || strcmp(name, "--max-bytes") == 0) {
       size_t sz;
       if (!mlxd_bench_parse_size(v, &sz) || sz == 0) {
-        fprintf(stderr, "[bench] %s expects a positive size in bytes (K/M/G suffixes allowed), "
-                        "got '%s'.\n", name, v);
+        fprintf(stderr,
+                "[bench] %s expects a positive size in bytes (K/M/G suffixes allowed), "
+                "got '%s'.\n",
+                name, v);
         return 2;
       }
       if (name[1] == 'b' || strcmp(name, "--min-bytes") == 0)
@@ -190,22 +193,23 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
     } else if (strcmp(name, "--dtype") == 0) {
       o->dtype = mlxd_bench_find_dtype(v);
       if (!o->dtype) {
-        fprintf(stderr, "[bench] --dtype '%s' is not supported; expected one of bool, uint8, "
-                        "uint16, uint32, uint64, int8, int16, int32, int64, float16, float32, "
-                        "float64, bfloat16.\n", v);
+        fprintf(stderr,
+                "[bench] --dtype '%s' is not supported; expected one of bool, uint8, "
+                "uint16, uint32, uint64, int8, int16, int32, int64, float16, float32, "
+                "float64, bfloat16.\n",
+                v);
         return 2;
       }
     } else if (strcmp(name, "--backend") == 0) {
       o->backend = v;
     } else {
-      fprintf(stderr, "[bench] unknown argument '%s'; run '%s --help' for the options.\n", a,
-              prog);
+      fprintf(stderr, "[bench] unknown argument '%s'; run '%s --help' for the options.\n", a, prog);
       return 2;
     }
   }
   if (o->min_bytes > o->max_bytes) {
-    fprintf(stderr, "[bench] --min-bytes (%zu) is larger than --max-bytes (%zu).\n",
-            o->min_bytes, o->max_bytes);
+    fprintf(stderr, "[bench] --min-bytes (%zu) is larger than --max-bytes (%zu).\n", o->min_bytes,
+            o->max_bytes);
     return 2;
   }
   return 0;
@@ -222,18 +226,14 @@ size_t mlxd_bench_next_size(const mlxd_bench_opts* o, size_t bytes) {
 double mlxd_bench_busbw_factor(mlxd_bench_op op, int n) {
   switch (op) {
     case MLXD_OP_ALL_SUM:
-    case MLXD_OP_ALL_MAX:
-      return 2.0 * (n - 1) / n;
+    case MLXD_OP_ALL_MAX: return 2.0 * (n - 1) / n;
     case MLXD_OP_ALL_GATHER:
-    case MLXD_OP_SUM_SCATTER:
-      return (double)(n - 1) / n;
-    default:
-      return 1.0;
+    case MLXD_OP_SUM_SCATTER: return (double)(n - 1) / n;
+    default: return 1.0;
   }
 }
 
-bool mlxd_bench_shape_for(mlxd_bench_op op, size_t bytes, size_t elt, int n,
-                          mlxd_bench_shape* s) {
+bool mlxd_bench_shape_for(mlxd_bench_op op, size_t bytes, size_t elt, int n, mlxd_bench_shape* s) {
   size_t count = bytes / elt;
   memset(s, 0, sizeof *s);
   switch (op) {
@@ -247,9 +247,7 @@ bool mlxd_bench_shape_for(mlxd_bench_op op, size_t bytes, size_t elt, int n,
       s->in_count = s->out_count * (size_t)n;
       s->row_count = s->in_count;
       break;
-    default:
-      s->in_count = s->out_count = s->row_count = count;
-      break;
+    default: s->in_count = s->out_count = s->row_count = count; break;
   }
   s->row_bytes = s->row_count * elt;
   return s->in_count > 0 && s->out_count > 0;
@@ -330,18 +328,32 @@ void mlxd_bench_store(const mlxd_bench_dtype* dt, void* buf, size_t i, double v)
     }
     case MLXD_K_UINT: {
       uint64_t u = (uint64_t)v;
-      if (dt->size == 1) { uint8_t x = (uint8_t)u; memcpy(p, &x, 1); }
-      else if (dt->size == 2) { uint16_t x = (uint16_t)u; memcpy(p, &x, 2); }
-      else if (dt->size == 4) { uint32_t x = (uint32_t)u; memcpy(p, &x, 4); }
-      else memcpy(p, &u, 8);
+      if (dt->size == 1) {
+        uint8_t x = (uint8_t)u;
+        memcpy(p, &x, 1);
+      } else if (dt->size == 2) {
+        uint16_t x = (uint16_t)u;
+        memcpy(p, &x, 2);
+      } else if (dt->size == 4) {
+        uint32_t x = (uint32_t)u;
+        memcpy(p, &x, 4);
+      } else
+        memcpy(p, &u, 8);
       return;
     }
     case MLXD_K_INT: {
       int64_t s = (int64_t)v;
-      if (dt->size == 1) { int8_t x = (int8_t)s; memcpy(p, &x, 1); }
-      else if (dt->size == 2) { int16_t x = (int16_t)s; memcpy(p, &x, 2); }
-      else if (dt->size == 4) { int32_t x = (int32_t)s; memcpy(p, &x, 4); }
-      else memcpy(p, &s, 8);
+      if (dt->size == 1) {
+        int8_t x = (int8_t)s;
+        memcpy(p, &x, 1);
+      } else if (dt->size == 2) {
+        int16_t x = (int16_t)s;
+        memcpy(p, &x, 2);
+      } else if (dt->size == 4) {
+        int32_t x = (int32_t)s;
+        memcpy(p, &x, 4);
+      } else
+        memcpy(p, &s, 8);
       return;
     }
     case MLXD_K_FLOAT:
@@ -377,18 +389,58 @@ double mlxd_bench_load(const mlxd_bench_dtype* dt, const void* buf, size_t i) {
       return b != 0;
     }
     case MLXD_K_UINT:
-      if (dt->size == 1) { uint8_t x; memcpy(&x, p, 1); return x; }
-      if (dt->size == 2) { uint16_t x; memcpy(&x, p, 2); return x; }
-      if (dt->size == 4) { uint32_t x; memcpy(&x, p, 4); return x; }
-      { uint64_t x; memcpy(&x, p, 8); return (double)x; }
+      if (dt->size == 1) {
+        uint8_t x;
+        memcpy(&x, p, 1);
+        return x;
+      }
+      if (dt->size == 2) {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        return x;
+      }
+      if (dt->size == 4) {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        return x;
+      }
+      {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        return (double)x;
+      }
     case MLXD_K_INT:
-      if (dt->size == 1) { int8_t x; memcpy(&x, p, 1); return x; }
-      if (dt->size == 2) { int16_t x; memcpy(&x, p, 2); return x; }
-      if (dt->size == 4) { int32_t x; memcpy(&x, p, 4); return x; }
-      { int64_t x; memcpy(&x, p, 8); return (double)x; }
+      if (dt->size == 1) {
+        int8_t x;
+        memcpy(&x, p, 1);
+        return x;
+      }
+      if (dt->size == 2) {
+        int16_t x;
+        memcpy(&x, p, 2);
+        return x;
+      }
+      if (dt->size == 4) {
+        int32_t x;
+        memcpy(&x, p, 4);
+        return x;
+      }
+      {
+        int64_t x;
+        memcpy(&x, p, 8);
+        return (double)x;
+      }
     case MLXD_K_FLOAT:
-      if (dt->size == 4) { float x; memcpy(&x, p, 4); return x; }
-      { double x; memcpy(&x, p, 8); return x; }
+      if (dt->size == 4) {
+        float x;
+        memcpy(&x, p, 4);
+        return x;
+      }
+      {
+        double x;
+        memcpy(&x, p, 8);
+        return x;
+      }
     case MLXD_K_F16: {
       uint16_t x;
       memcpy(&x, p, 2);
@@ -417,21 +469,13 @@ size_t mlxd_bench_verify(const mlxd_bench_dtype* dt, mlxd_bench_op op, const voi
   for (size_t j = 0; j < count; j++) {
     double want;
     switch (op) {
-      case MLXD_OP_ALL_SUM:
-        want = mlxd_bench_expected_sum(dt, n, j);
-        break;
-      case MLXD_OP_ALL_MAX:
-        want = mlxd_bench_expected_max(dt, n, j);
-        break;
-      case MLXD_OP_ALL_GATHER:
-        want = mlxd_bench_value(dt, (int)(j / block), j % block);
-        break;
+      case MLXD_OP_ALL_SUM: want = mlxd_bench_expected_sum(dt, n, j); break;
+      case MLXD_OP_ALL_MAX: want = mlxd_bench_expected_max(dt, n, j); break;
+      case MLXD_OP_ALL_GATHER: want = mlxd_bench_value(dt, (int)(j / block), j % block); break;
       case MLXD_OP_SUM_SCATTER:
         want = mlxd_bench_expected_sum(dt, n, (size_t)rank * count + j);
         break;
-      default:
-        want = mlxd_bench_value(dt, peer, j);
-        break;
+      default: want = mlxd_bench_value(dt, peer, j); break;
     }
     if (mlxd_bench_load(dt, buf, j) != want) bad++;
   }
@@ -473,10 +517,11 @@ void mlxd_bench_print_title(const mlxd_bench_opts* o, const char* impl, int n) {
     puts("impl,op,ranks,size,count,dtype,time_us,algbw_gbps,busbw_gbps,cpu_us,check");
     return;
   }
-  printf("# %s: %d ranks, dtype %s, sizes %zu..%zu bytes x%g, %d iterations (+%d warm-up), "
-         "check %s\n",
-         impl, n, o->dtype->name, o->min_bytes, o->max_bytes, o->factor, o->iters, o->warmup,
-         o->check ? "on" : "off");
+  printf(
+      "# %s: %d ranks, dtype %s, sizes %zu..%zu bytes x%g, %d iterations (+%d warm-up), "
+      "check %s\n",
+      impl, n, o->dtype->name, o->min_bytes, o->max_bytes, o->factor, o->iters, o->warmup,
+      o->check ? "on" : "off");
 }
 
 void mlxd_bench_print_header(const mlxd_bench_opts* o, mlxd_bench_op op) {

@@ -64,8 +64,7 @@ double mlxd_bench_busbw_factor(mlxd_bench_op op, int n);
 typedef struct mlxd_bench_shape {
   size_t in_count, out_count, row_count, row_bytes;
 } mlxd_bench_shape;
-bool mlxd_bench_shape_for(mlxd_bench_op op, size_t bytes, size_t elt, int n,
-                          mlxd_bench_shape* s);
+bool mlxd_bench_shape_for(mlxd_bench_op op, size_t bytes, size_t elt, int n, mlxd_bench_shape* s);
 
 /* The pattern: rank r's element i, and the expected reductions. */
 double mlxd_bench_value(const mlxd_bench_dtype* dt, int rank, size_t i);

@@ -27,12 +27,9 @@ static int mlxd_ref_one(mlxd_bench_op op, const void* in, void* out, const mlxd_
                         MPI_Datatype t, int rank) {
   int cnt = (int)sh->in_count;
   switch (op) {
-    case MLXD_OP_ALL_SUM:
-      return MPI_Allreduce(in, out, cnt, t, MPI_SUM, MPI_COMM_WORLD);
-    case MLXD_OP_ALL_MAX:
-      return MPI_Allreduce(in, out, cnt, t, MPI_MAX, MPI_COMM_WORLD);
-    case MLXD_OP_ALL_GATHER:
-      return MPI_Allgather(in, cnt, t, out, cnt, t, MPI_COMM_WORLD);
+    case MLXD_OP_ALL_SUM: return MPI_Allreduce(in, out, cnt, t, MPI_SUM, MPI_COMM_WORLD);
+    case MLXD_OP_ALL_MAX: return MPI_Allreduce(in, out, cnt, t, MPI_MAX, MPI_COMM_WORLD);
+    case MLXD_OP_ALL_GATHER: return MPI_Allgather(in, cnt, t, out, cnt, t, MPI_COMM_WORLD);
     case MLXD_OP_SUM_SCATTER:
       return MPI_Reduce_scatter_block(in, out, (int)sh->out_count, t, MPI_SUM, MPI_COMM_WORLD);
     case MLXD_OP_SENDRECV:
@@ -45,8 +42,7 @@ static int mlxd_ref_one(mlxd_bench_op op, const void* in, void* out, const mlxd_
         return rc ? rc : MPI_Send(out, cnt, t, 0, 8, MPI_COMM_WORLD);
       }
       return MPI_SUCCESS;
-    default:
-      return MPI_ERR_OTHER;
+    default: return MPI_ERR_OTHER;
   }
 }
 
@@ -54,8 +50,8 @@ static int mlxd_ref_one(mlxd_bench_op op, const void* in, void* out, const mlxd_
  * at every size once, so that connection set-up, Open MPI's first use of its
  * shared-memory segments and the page faults of every size (the largest
  * included) are not charged to the first rows. */
-static void mlxd_ref_warm_all(const mlxd_bench_opts* o, const void* in, void* out,
-                              MPI_Datatype t, int rank, int n) {
+static void mlxd_ref_warm_all(const mlxd_bench_opts* o, const void* in, void* out, MPI_Datatype t,
+                              int rank, int n) {
   for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
     if (!o->ops[opi] || (opi == MLXD_OP_SENDRECV && n < 2)) continue;
     for (size_t bytes = o->min_bytes; bytes && bytes <= o->max_bytes;
@@ -88,8 +84,9 @@ int main(int argc, char** argv) {
   MPI_Datatype t = mlxd_ref_type(o.dtype);
   if (t == MPI_DATATYPE_NULL) {
     if (rank == 0)
-      fprintf(stderr, "[bench] mpi_ref_bench does not support --dtype %s (MPI has no such "
-                      "reduction type); use an integer type, float32 or float64.\n",
+      fprintf(stderr,
+              "[bench] mpi_ref_bench does not support --dtype %s (MPI has no such "
+              "reduction type); use an integer type, float32 or float64.\n",
               o.dtype->name);
     MPI_Finalize();
     return 2;

@@ -28,19 +28,20 @@ static const mlxd_info_tunable mlxd_info_tunables[] = {
 #define MLXD_INFO_N (sizeof mlxd_info_tunables / sizeof mlxd_info_tunables[0])
 
 static void mlxd_info_usage(FILE* f) {
-  fputs("Usage: mlxdist-info [--env [--markdown] | --group [BACKEND]]\n"
-        "\n"
-        "  (no option)        print the library version and, for each backend, whether it\n"
-        "                     is available and configured in this process\n"
-        "  --group [BACKEND]  start BACKEND (default: any; strict) and print one line about\n"
-        "                     the group: rank, size and the backend's own description\n"
-        "                     (e.g. the MPI library and thread level); run it under the\n"
-        "                     launcher, e.g. mpirun -n 2 mlxdist-info --group mpi\n"
-        "  --env              print every MLXDIST_* environment variable: name, default,\n"
-        "                     description, and the current value when it is set\n"
-        "  --env --markdown   the same as a markdown table (docs/environment.md)\n"
-        "  -h, --help         print this help\n",
-        f);
+  fputs(
+      "Usage: mlxdist-info [--env [--markdown] | --group [BACKEND]]\n"
+      "\n"
+      "  (no option)        print the library version and, for each backend, whether it\n"
+      "                     is available and configured in this process\n"
+      "  --group [BACKEND]  start BACKEND (default: any; strict) and print one line about\n"
+      "                     the group: rank, size and the backend's own description\n"
+      "                     (e.g. the MPI library and thread level); run it under the\n"
+      "                     launcher, e.g. mpirun -n 2 mlxdist-info --group mpi\n"
+      "  --env              print every MLXDIST_* environment variable: name, default,\n"
+      "                     description, and the current value when it is set\n"
+      "  --env --markdown   the same as a markdown table (docs/environment.md)\n"
+      "  -h, --help         print this help\n",
+      f);
 }
 
 /* Print s for a markdown table cell: '|' escaped. */

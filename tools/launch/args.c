@@ -131,8 +131,10 @@ static bool parse_valued(int argc, char** argv, int* i, launch_opts* o, bool* ha
   } else if ((v = opt_value(argc, argv, i, "--env", NULL, &m)) || m) {
     const char* eq = strchr(v, '=');
     if (!eq || !valid_env_name(v, (size_t)(eq - v)))
-      launch_bad_usage("--env expects NAME=VALUE with NAME made of letters, digits and '_', "
-                       "got '%s'.", v);
+      launch_bad_usage(
+          "--env expects NAME=VALUE with NAME made of letters, digits and '_', "
+          "got '%s'.",
+          v);
     o->envs[o->n_envs++] = v;
   } else if ((v = opt_value(argc, argv, i, "--timeout", NULL, &m)) || m) {
     o->timeout = parse_seconds("--timeout", v);
@@ -150,10 +152,10 @@ static void check_combination(launch_opts* o, bool have_timeout) {
   }
   if (o->mpi) {
     if (o->hostfile)
-      launch_bad_usage("--hostfile applies to the ring backend only (use an mpirun hostfile "
-                       "through your MPI instead).");
-    if (o->connections)
-      launch_bad_usage("--connections applies to the ring backend only.");
+      launch_bad_usage(
+          "--hostfile applies to the ring backend only (use an mpirun hostfile "
+          "through your MPI instead).");
+    if (o->connections) launch_bad_usage("--connections applies to the ring backend only.");
   }
   if (!o->hostfile && o->n == 0)
     launch_bad_usage("the number of ranks is missing: give -n N (or --hostfile F).");
@@ -184,7 +186,8 @@ void launch_parse_args(int argc, char** argv, launch_opts* o) {
     else if (!parse_valued(argc, argv, &i, o, &have_timeout))
       launch_bad_usage("unknown option '%s'.", a);
   }
-  if (i >= argc) launch_bad_usage("no program to launch was given (expected '-- PROGRAM ARGS...').");
+  if (i >= argc)
+    launch_bad_usage("no program to launch was given (expected '-- PROGRAM ARGS...').");
   o->program = argv + i;
   check_combination(o, have_timeout);
 }

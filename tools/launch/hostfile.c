@@ -71,16 +71,15 @@ static void use_given(const launch_opts* o, launch_hostfile* hf, mlxd_ring_hosts
     launch_bad_usage("%s.", st.msg);
   }
   if (h->size > LAUNCH_MAX_RANKS)
-    launch_bad_usage("hostfile '%s' has %d ranks; at most %d are supported.", o->hostfile,
-                     h->size, LAUNCH_MAX_RANKS);
+    launch_bad_usage("hostfile '%s' has %d ranks; at most %d are supported.", o->hostfile, h->size,
+                     LAUNCH_MAX_RANKS);
   if (o->connections && h->nconn != o->connections)
     launch_bad_usage("hostfile '%s' lists %d address%s per rank but --connections is %d.",
                      o->hostfile, h->nconn, h->nconn == 1 ? "" : "es", o->connections);
   if (o->n && o->n != h->size)
-    launch_bad_usage("-n %d does not match hostfile '%s', which lists %d ranks.", o->n,
-                     o->hostfile, h->size);
-  if (!realpath(o->hostfile, hf->path))
-    snprintf(hf->path, sizeof hf->path, "%s", o->hostfile);
+    launch_bad_usage("-n %d does not match hostfile '%s', which lists %d ranks.", o->n, o->hostfile,
+                     h->size);
+  if (!realpath(o->hostfile, hf->path)) snprintf(hf->path, sizeof hf->path, "%s", o->hostfile);
 }
 
 /* Bind every address of h to a free port of 127.0.0.1 and keep it listening. */

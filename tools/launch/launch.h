@@ -17,22 +17,22 @@
 
 #define LAUNCH_MAX_RANKS 1024
 #define LAUNCH_MAX_CONNECTIONS 64
-#define LAUNCH_GRACE_S 3.0   /* SIGTERM to SIGKILL */
-#define LAUNCH_DRAIN_S 1.0   /* how long output of orphans is read after the ranks are gone */
+#define LAUNCH_GRACE_S 3.0    /* SIGTERM to SIGKILL */
+#define LAUNCH_DRAIN_S 1.0    /* how long output of orphans is read after the ranks are gone */
 #define LAUNCH_MAX_LINE 65536 /* a longer line is printed in pieces */
 
 /* ---- args.c ---- */
 
 typedef struct launch_opts {
-  int n;             /* 0: not given */
+  int n; /* 0: not given */
   bool mpi;
-  int connections;   /* 0: not given */
+  int connections; /* 0: not given */
   const char* hostfile;
   const char** envs; /* "K=V" from --env, in order */
   int n_envs;
   bool verbose;
-  double timeout;    /* 0: none */
-  char** program;    /* argv of the program, NULL-terminated */
+  double timeout; /* 0: none */
+  char** program; /* argv of the program, NULL-terminated */
 } launch_opts;
 
 /* Parse the command line into o; prints the help and exits 0 for --help, and
@@ -75,7 +75,7 @@ void launch_mpi_argv_free(char** av);
 /* One output pipe of a child: complete lines are written to out_fd (1 or 2)
  * with the prefix, whatever way the child's writes split them. */
 typedef struct launch_relay {
-  int fd;             /* read end of the child's pipe (non-blocking), -1 when closed */
+  int fd; /* read end of the child's pipe (non-blocking), -1 when closed */
   int out_fd;
   const char* prefix; /* "[r] ", or "" */
   char* buf;

@@ -31,20 +31,20 @@ typedef struct run {
   child* kids;
   int n;
   int alive;
-  int sfd;               /* the signalfd */
-  bool name_ranks;       /* ring: messages name the rank that failed */
-  int first_fail_rank;   /* -1: none yet */
+  int sfd;             /* the signalfd */
+  bool name_ranks;     /* ring: messages name the rank that failed */
+  int first_fail_rank; /* -1: none yet */
   int first_fail_code;
-  bool stopping;         /* SIGTERM (or the user's signal) sent */
-  bool killed;           /* SIGKILL sent */
+  bool stopping; /* SIGTERM (or the user's signal) sent */
+  bool killed;   /* SIGKILL sent */
   double kill_at;
-  int interrupted;       /* signal forwarded from the user, 0 if none */
-  double timeout;        /* 0: none */
-  double deadline;       /* mlxd_now() when the timeout expires; 0: none */
+  int interrupted; /* signal forwarded from the user, 0 if none */
+  double timeout;  /* 0: none */
+  double deadline; /* mlxd_now() when the timeout expires; 0: none */
   bool timed_out;
-  double drain_until;    /* 0 until every child is gone */
-  struct pollfd* pfd;    /* the signalfd and every open pipe */
-  launch_relay** who;    /* who[i]: the pipe of pfd[i], i >= 1 */
+  double drain_until; /* 0 until every child is gone */
+  struct pollfd* pfd; /* the signalfd and every open pipe */
+  launch_relay** who; /* who[i]: the pipe of pfd[i], i >= 1 */
 } run;
 
 /* ---- signals ---- */
@@ -222,9 +222,10 @@ static void on_signals(run* rn) {
 static void check_timers(run* rn, double now) {
   if (rn->deadline > 0 && !rn->timed_out && now >= rn->deadline && rn->alive > 0) {
     rn->timed_out = true;
-    launch_msg("timeout: the ranks ran longer than the %g s limit (--timeout or "
-               "MLXDIST_LAUNCH_TIMEOUT); killing %d rank%s.",
-               rn->timeout, rn->alive, rn->alive == 1 ? "" : "s");
+    launch_msg(
+        "timeout: the ranks ran longer than the %g s limit (--timeout or "
+        "MLXDIST_LAUNCH_TIMEOUT); killing %d rank%s.",
+        rn->timeout, rn->alive, rn->alive == 1 ? "" : "s");
     begin_stop(rn);
   }
   if (rn->stopping && !rn->killed && now >= rn->kill_at && rn->alive > 0) {

@@ -100,7 +100,10 @@ MLXDIST_API int mlx_array_set_float32(mlx_array* arr, float val);
 MLXDIST_API int mlx_array_set_float(mlx_array* arr, float val);
 MLXDIST_API int mlx_array_set_float64(mlx_array* arr, double val);
 MLXDIST_API int mlx_array_set_double(mlx_array* arr, double val);
-MLXDIST_API int mlx_array_set_complex(mlx_array* arr, float real_val, float imag_val);
+MLXDIST_API int mlx_array_set_complex(
+    mlx_array* arr,
+    float real_val,
+    float imag_val);
 /** Replace *arr with a new array holding a copy of data (as mlx_array_new_data). */
 MLXDIST_API int mlx_array_set_data(
     mlx_array* arr,
@@ -141,7 +144,9 @@ MLXDIST_API int mlx_array_item_int32(int32_t* res, const mlx_array arr);
 MLXDIST_API int mlx_array_item_int64(int64_t* res, const mlx_array arr);
 MLXDIST_API int mlx_array_item_float32(float* res, const mlx_array arr);
 MLXDIST_API int mlx_array_item_float64(double* res, const mlx_array arr);
-MLXDIST_API int mlx_array_item_complex64(mlx_complex64_t* res, const mlx_array arr);
+MLXDIST_API int mlx_array_item_complex64(
+    mlx_complex64_t* res,
+    const mlx_array arr);
 #ifdef HAS_FLOAT16
 MLXDIST_API int mlx_array_item_float16(float16_t* res, const mlx_array arr);
 #endif
@@ -160,7 +165,8 @@ MLXDIST_API const int32_t* mlx_array_data_int32(const mlx_array arr);
 MLXDIST_API const int64_t* mlx_array_data_int64(const mlx_array arr);
 MLXDIST_API const float* mlx_array_data_float32(const mlx_array arr);
 MLXDIST_API const double* mlx_array_data_float64(const mlx_array arr);
-MLXDIST_API const mlx_complex64_t* mlx_array_data_complex64(const mlx_array arr);
+MLXDIST_API const mlx_complex64_t* mlx_array_data_complex64(
+    const mlx_array arr);
 #ifdef HAS_FLOAT16
 MLXDIST_API const float16_t* mlx_array_data_float16(const mlx_array arr);
 #endif

@@ -61,9 +61,13 @@ MLXDIST_API int mlx_distributed_init_with_all_gather(
 MLXDIST_API int mlx_distributed_clear_backends(void);
 
 /** *res = the rank of this process in group. */
-MLXDIST_API int mlx_distributed_group_get_rank(int* res, mlx_distributed_group group);
+MLXDIST_API int mlx_distributed_group_get_rank(
+    int* res,
+    mlx_distributed_group group);
 /** *res = the number of processes in group. */
-MLXDIST_API int mlx_distributed_group_get_size(int* res, mlx_distributed_group group);
+MLXDIST_API int mlx_distributed_group_get_size(
+    int* res,
+    mlx_distributed_group group);
 /** mlx-c legacy getter: the rank, 0 on error. */
 MLXDIST_API int mlx_distributed_group_rank(mlx_distributed_group group);
 /** mlx-c legacy getter: the size, 0 on error. */

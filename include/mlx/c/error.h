@@ -29,7 +29,11 @@ MLXDIST_API void mlx_set_error_handler(
     void (*dtor)(void*));
 
 /** Report an error through the current handler (used by mlx-c's generated code). */
-MLXDIST_API void _mlx_error(const char* file, const int line, const char* fmt, ...)
+MLXDIST_API void _mlx_error(
+    const char* file,
+    const int line,
+    const char* fmt,
+    ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif

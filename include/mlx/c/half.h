@@ -15,7 +15,8 @@ __extension__ typedef __fp16 float16_t;
 __extension__ typedef _Float16 float16_t;
 #endif
 
-#if defined(__BFLT16_MAX__) || (defined(__aarch64__) && defined(__ARM_FEATURE_BF16))
+#if defined(__BFLT16_MAX__) || \
+    (defined(__aarch64__) && defined(__ARM_FEATURE_BF16))
 #define HAS_BFLOAT16
 __extension__ typedef __bf16 bfloat16_t;
 #endif

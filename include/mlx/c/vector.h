@@ -18,22 +18,29 @@ typedef struct mlx_vector_array_ {
 
 /** A new, empty vector (a valid, non-NULL handle with size 0). */
 MLXDIST_API mlx_vector_array mlx_vector_array_new(void);
-MLXDIST_API int mlx_vector_array_set(mlx_vector_array* vec, const mlx_vector_array src);
+MLXDIST_API int mlx_vector_array_set(
+    mlx_vector_array* vec,
+    const mlx_vector_array src);
 MLXDIST_API int mlx_vector_array_free(mlx_vector_array vec);
 /** A new vector holding references to data[0..size). */
-MLXDIST_API mlx_vector_array mlx_vector_array_new_data(const mlx_array* data, size_t size);
+MLXDIST_API mlx_vector_array
+mlx_vector_array_new_data(const mlx_array* data, size_t size);
 /** A new vector holding one reference to val. */
 MLXDIST_API mlx_vector_array mlx_vector_array_new_value(const mlx_array val);
 MLXDIST_API int mlx_vector_array_set_data(
     mlx_vector_array* vec,
     const mlx_array* data,
     size_t size);
-MLXDIST_API int mlx_vector_array_set_value(mlx_vector_array* vec, const mlx_array val);
+MLXDIST_API int mlx_vector_array_set_value(
+    mlx_vector_array* vec,
+    const mlx_array val);
 MLXDIST_API int mlx_vector_array_append_data(
     mlx_vector_array vec,
     const mlx_array* data,
     size_t size);
-MLXDIST_API int mlx_vector_array_append_value(mlx_vector_array vec, const mlx_array val);
+MLXDIST_API int mlx_vector_array_append_value(
+    mlx_vector_array vec,
+    const mlx_array val);
 MLXDIST_API size_t mlx_vector_array_size(mlx_vector_array vec);
 /** *res = vec[idx] (a new reference); an index out of range is an error. */
 MLXDIST_API int mlx_vector_array_get(

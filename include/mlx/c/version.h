@@ -9,8 +9,9 @@
 #define MLXDIST_VERSION_MINOR 1
 #define MLXDIST_VERSION_PATCH 0
 /** The version as one number: major * 10000 + minor * 100 + patch. */
-#define MLXDIST_VERSION \
-  (MLXDIST_VERSION_MAJOR * 10000 + MLXDIST_VERSION_MINOR * 100 + MLXDIST_VERSION_PATCH)
+#define MLXDIST_VERSION                                          \
+  (MLXDIST_VERSION_MAJOR * 10000 + MLXDIST_VERSION_MINOR * 100 + \
+   MLXDIST_VERSION_PATCH)
 #define MLXDIST_VERSION_STRING "0.1.0"
 
 #ifdef __cplusplus

@@ -45,7 +45,8 @@ static bool op_native(mpip_dtype d, mpip_op op) {
     (void)t;                                                                          \
     if (*len > 0) mlxd_mpi_host.reduce(OPV, DT, inout, in, (size_t)*len);             \
   }
-#define MPI_UOPS(DT) MPI_UOP(DT, MPIP_SUM, sum) MPI_UOP(DT, MPIP_MAX, max) MPI_UOP(DT, MPIP_MIN, min)
+#define MPI_UOPS(DT) \
+  MPI_UOP(DT, MPIP_SUM, sum) MPI_UOP(DT, MPIP_MAX, max) MPI_UOP(DT, MPIP_MIN, min)
 MPI_UOPS(MPIP_BOOL)
 MPI_UOPS(MPIP_UINT8)
 MPI_UOPS(MPIP_UINT16)
@@ -60,7 +61,10 @@ MPI_UOPS(MPIP_FLOAT32)
 MPI_UOPS(MPIP_FLOAT64)
 MPI_UOPS(MPIP_BFLOAT16)
 MPI_UOPS(MPIP_COMPLEX64)
-#define MPI_UOP_ROW(DT) {DT, {uop_##DT##_sum, uop_##DT##_max, uop_##DT##_min}}
+#define MPI_UOP_ROW(DT)                                    \
+  {                                                        \
+    DT, { uop_##DT##_sum, uop_##DT##_max, uop_##DT##_min } \
+  }
 
 /* Create the user-defined ops (after MPI is initialised; g_mu held). */
 int mlxd_mpi_create_user_ops(mpip_status* st) {
@@ -68,10 +72,10 @@ int mlxd_mpi_create_user_ops(mpip_status* st) {
     mpip_dtype d;
     MPI_User_function* f[3];
   } tab[] = {
-      MPI_UOP_ROW(MPIP_BOOL),    MPI_UOP_ROW(MPIP_UINT8),    MPI_UOP_ROW(MPIP_UINT16),
-      MPI_UOP_ROW(MPIP_UINT32),  MPI_UOP_ROW(MPIP_UINT64),   MPI_UOP_ROW(MPIP_INT8),
-      MPI_UOP_ROW(MPIP_INT16),   MPI_UOP_ROW(MPIP_INT32),    MPI_UOP_ROW(MPIP_INT64),
-      MPI_UOP_ROW(MPIP_FLOAT16), MPI_UOP_ROW(MPIP_FLOAT32),  MPI_UOP_ROW(MPIP_FLOAT64),
+      MPI_UOP_ROW(MPIP_BOOL),     MPI_UOP_ROW(MPIP_UINT8),     MPI_UOP_ROW(MPIP_UINT16),
+      MPI_UOP_ROW(MPIP_UINT32),   MPI_UOP_ROW(MPIP_UINT64),    MPI_UOP_ROW(MPIP_INT8),
+      MPI_UOP_ROW(MPIP_INT16),    MPI_UOP_ROW(MPIP_INT32),     MPI_UOP_ROW(MPIP_INT64),
+      MPI_UOP_ROW(MPIP_FLOAT16),  MPI_UOP_ROW(MPIP_FLOAT32),   MPI_UOP_ROW(MPIP_FLOAT64),
       MPI_UOP_ROW(MPIP_BFLOAT16), MPI_UOP_ROW(MPIP_COMPLEX64),
   };
   for (int o = 0; o < 3; o++)
@@ -100,8 +104,10 @@ MPI_Op mlxd_mpi_op(mpip_dtype d, mpip_op op) {
 }
 
 const char* mlxd_mpi_reduce_name(mpip_op op) {
-  return op == MPIP_SUM ? "all_sum" : op == MPIP_MAX ? "all_max" : op == MPIP_MIN ? "all_min"
-                                                                                  : "all_reduce";
+  return op == MPIP_SUM   ? "all_sum"
+         : op == MPIP_MAX ? "all_max"
+         : op == MPIP_MIN ? "all_min"
+                          : "all_reduce";
 }
 const char* mlxd_mpi_scatter_name(mpip_op op) {
   return op == MPIP_SUM ? "sum_scatter" : op == MPIP_MAX ? "max_scatter" : "min_scatter";

@@ -60,8 +60,8 @@ typedef struct mpi_group {
   mpip_backend base; /* first */
   MPI_Comm comm;
   pthread_mutex_t mu;
-  pthread_cond_t cv;  /* CLOCK_MONOTONIC */
-  uint64_t next_seq;  /* the collective allowed to be issued next */
+  pthread_cond_t cv; /* CLOCK_MONOTONIC */
+  uint64_t next_seq; /* the collective allowed to be issued next */
   bool failed;
   mpip_status fail_st;
   stage pool[MPI_STAGE_POOL]; /* idle staging buffers (under mu) */
@@ -86,11 +86,10 @@ typedef struct pending_send {
 extern mpip_host mlxd_mpi_host;
 
 /* Status messages (the ABI's status; the core's helpers are not ours to call). */
-__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mpip_status* st, int code,
-                                                        const char* fmt, ...);
+__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mpip_status* st, int code, const char* fmt,
+                                                        ...);
 /* "[mpi] <call> failed: <MPI_Error_string>" (+ what it was doing). */
-int mlxd_mpi_fail_call(mpip_status* st, int code, int mpi_rc, const char* call,
-                       const char* what);
+int mlxd_mpi_fail_call(mpip_status* st, int code, int mpi_rc, const char* call, const char* what);
 
 /* Around every MPI call: a mutex only under MPI_THREAD_SERIALIZED. */
 void mlxd_mpi_call_lock(void);

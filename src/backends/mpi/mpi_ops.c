@@ -29,8 +29,8 @@ size_t mlxd_mpi_chunk_bytes(void) {
       c = (size_t)x;
     else
       fprintf(stderr,
-              "[mpi] ignoring MLXDIST_MPI_CHUNK_BYTES=%s: expected a byte count in [16, %zu]\n",
-              v, MPI_DEFAULT_CHUNK_BYTES);
+              "[mpi] ignoring MLXDIST_MPI_CHUNK_BYTES=%s: expected a byte count in [16, %zu]\n", v,
+              MPI_DEFAULT_CHUNK_BYTES);
   }
   __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
   return c;
@@ -136,8 +136,8 @@ static int coll_finish(mpi_group* g, MPI_Request* reqs, int issued, int rc, stag
   return rc;
 }
 
-static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* out,
-                          size_t count, mpip_dtype dtype, mpip_op op, mpip_status* st) {
+static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                          mpip_dtype dtype, mpip_op op, mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
   snprintf(what, sizeof what, "%s of %zu elements (collective #%llu)", mlxd_mpi_reduce_name(op),
@@ -192,8 +192,8 @@ out_free:
   return rc;
 }
 
-static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* out,
-                          size_t nbytes, mpip_status* st) {
+static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
+                          mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
   snprintf(what, sizeof what, "all_gather of %zu bytes per rank (collective #%llu)", nbytes,
@@ -240,8 +240,8 @@ static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* o
       if (mrc == MPI_SUCCESS) mrc = MPI_Type_create_resized(piece, 0, (MPI_Aint)nbytes, &strided);
       if (mrc == MPI_SUCCESS) mrc = MPI_Type_commit(&strided);
       if (mrc == MPI_SUCCESS)
-        mrc = MPI_Iallgather(MPI_IN_PLACE, (int)c, MPI_BYTE, (char*)sg.p + off, 1, strided,
-                             g->comm, &reqs[issued]);
+        mrc = MPI_Iallgather(MPI_IN_PLACE, (int)c, MPI_BYTE, (char*)sg.p + off, 1, strided, g->comm,
+                             &reqs[issued]);
       if (piece != MPI_DATATYPE_NULL) MPI_Type_free(&piece);
       if (strided != MPI_DATATYPE_NULL) MPI_Type_free(&strided);
       if (mrc != MPI_SUCCESS)
@@ -261,8 +261,7 @@ out_free:
 }
 
 static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, void* out,
-                              size_t count, mpip_dtype dtype, mpip_op op,
-                              mpip_status* st) {
+                              size_t count, mpip_dtype dtype, mpip_op op, mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
   snprintf(what, sizeof what, "%s of %zu elements per rank (collective #%llu)",
@@ -281,8 +280,7 @@ static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, voi
   MPI_Request one = MPI_REQUEST_NULL;
   MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
   stage sg = {NULL, 0};
-  bool nomem =
-      !reqs || (count && mlxd_mpi_stage_get(g, count * esz * (size_t)size, &sg) != 0);
+  bool nomem = !reqs || (count && mlxd_mpi_stage_get(g, count * esz * (size_t)size, &sg) != 0);
   int rc = mlxd_mpi_op_begin(st);
   if (rc) goto out_free;
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
@@ -303,8 +301,7 @@ static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, voi
   mlxd_mpi_call_lock();
   if (npieces == 1) {
     /* In place: the result lands at the start of the buffer. */
-    int mrc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, sg.p, (int)count, dt, mop, g->comm,
-                                        &reqs[0]);
+    int mrc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, sg.p, (int)count, dt, mop, g->comm, &reqs[0]);
     if (mrc != MPI_SUCCESS)
       rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Ireduce_scatter_block", what);
     else

@@ -46,8 +46,7 @@ int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes,
   mlxd_mpi_call_lock();
   for (size_t off = 0; issued < nreq; off += ch) {
     size_t c = nbytes - off < ch ? nbytes - off : ch;
-    int mrc = MPI_Isend((char*)p->buf + off, (int)c, MPI_BYTE, dst, tag, g->comm,
-                        &p->reqs[issued]);
+    int mrc = MPI_Isend((char*)p->buf + off, (int)c, MPI_BYTE, dst, tag, g->comm, &p->reqs[issued]);
     if (mrc != MPI_SUCCESS) {
       char what[96];
       snprintf(what, sizeof what, "send of %zu bytes to rank %d", nbytes, dst);

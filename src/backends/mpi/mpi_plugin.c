@@ -25,8 +25,8 @@ MPI_EXPORT const mpip_plugin* MPIP_ENTRY(const mpip_host* host);
 const mpip_plugin* MPIP_ENTRY(const mpip_host* host) {
   /* Every host member this plugin calls must be in the host's table. */
   if (!host || host->version < MPIP_VERSION ||
-      host->struct_size < offsetof(mpip_host, spin_us) + sizeof(host->spin_us) ||
-      !host->reduce || !host->dtype_size || !host->timeout_s || !host->spin_us)
+      host->struct_size < offsetof(mpip_host, spin_us) + sizeof(host->spin_us) || !host->reduce ||
+      !host->dtype_size || !host->timeout_s || !host->spin_us)
     return NULL;
   mlxd_mpi_set_host(host);
   mlxd_mpi_progress_init();

@@ -142,12 +142,17 @@ void mlxd_mpi_op_end(void) {
 /* Launcher detection, MPI start and finalisation. */
 
 static const char* const k_launcher_env[] = {
-    "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", /* Open MPI's mpirun */
-    "PMI_RANK",             "PMI_SIZE",             /* MPICH/Hydra, Intel MPI, Slurm PMI-1/2 */
-    "PMI_FD",               "PMI_PORT",             /* PMI wire-up (Hydra, Slurm --mpi=pmi2) */
-    "PMIX_RANK",            "PMIX_NAMESPACE",       /* PMIx (Open MPI 5, Slurm --mpi=pmix, prrte) */
-    "HYDRA_CONTROL_FD",     "MPI_LOCALRANKID",      /* Hydra, Intel MPI */
-    "MV2_COMM_WORLD_RANK",                          /* MVAPICH2 */
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_RANK", /* Open MPI's mpirun */
+    "PMI_RANK",
+    "PMI_SIZE", /* MPICH/Hydra, Intel MPI, Slurm PMI-1/2 */
+    "PMI_FD",
+    "PMI_PORT", /* PMI wire-up (Hydra, Slurm --mpi=pmi2) */
+    "PMIX_RANK",
+    "PMIX_NAMESPACE", /* PMIx (Open MPI 5, Slurm --mpi=pmix, prrte) */
+    "HYDRA_CONTROL_FD",
+    "MPI_LOCALRANKID",     /* Hydra, Intel MPI */
+    "MV2_COMM_WORLD_RANK", /* MVAPICH2 */
 };
 #define N_LAUNCHER_ENV (sizeof k_launcher_env / sizeof k_launcher_env[0])
 
@@ -213,8 +218,7 @@ static void mpi_exit_hook(void) {
     }
   }
   if (busy > 0 || abandoned) {
-    fprintf(stderr,
-            "[mpi] not finalising MPI at exit: %s; MPI may still be using their buffers\n",
+    fprintf(stderr, "[mpi] not finalising MPI at exit: %s; MPI may still be using their buffers\n",
             busy > 0 ? "ops are still running on other threads"
                      : "an op timed out and its requests never completed");
     return;
@@ -292,9 +296,8 @@ void mlxd_mpi_describe(mpip_backend* b, char* buf, size_t len) {
   lib[strcspn(lib, "\r\n,")] = '\0';
   for (char* c = lib; *c; c++)
     if (*c == '\t') *c = ' ';
-  snprintf(buf, len, "%s (MPI-%d.%d), %s, communicator of %d",
-           lib[0] ? lib : "unknown MPI library", major, minor, thread_level_name(provided),
-           (int)b->size);
+  snprintf(buf, len, "%s (MPI-%d.%d), %s, communicator of %d", lib[0] ? lib : "unknown MPI library",
+           major, minor, thread_level_name(provided), (int)b->size);
 }
 #endif
 

@@ -25,8 +25,8 @@
 #include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
-#include "util/tunables.h"
 #include "util/bytes.h"
+#include "util/tunables.h"
 
 #define REC_MAGIC 0x4D585242u /* "MXRB" */
 #define REC_VERSION 1u
@@ -146,8 +146,8 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
     }
   }
   if (mlxd_ring_parse_addr("127.0.0.1:0", true, out, why, sizeof why) != 0)
-    return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
-                        "cannot form the loopback address: %s", why);
+    return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot form the loopback address: %s",
+                        why);
   return 0;
 }
 
@@ -185,9 +185,10 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
   bs->size = (int)size;
   mlxd_ring_addr host;
   if (mlxd_ring_default_addr(&host, st)) return st->code;
-  mlxd_ring_log("rank %ld of %ld: bootstrapping through the caller's all-gather, %ld "
-                "connection(s) per peer, address %s",
-                rank, size, K, host.text);
+  mlxd_ring_log(
+      "rank %ld of %ld: bootstrapping through the caller's all-gather, %ld "
+      "connection(s) per peer, address %s",
+      rank, size, K, host.text);
 
   int n = (int)size, k = (int)K;
   int* lfds = malloc(sizeof(int) * (size_t)k);
@@ -220,9 +221,8 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
   if (n > 1) {
     for (int r = 0; r < n; r++)
       for (int c = 0; c < k; c++)
-        if ((rc = mlxd_ring_rec_decode(dst + ((size_t)r * k + c) * MLXD_RING_REC_BYTES, r, n, c,
-                                       k, "the all-gather callback", &hosts.addrs[r * k + c],
-                                       st)))
+        if ((rc = mlxd_ring_rec_decode(dst + ((size_t)r * k + c) * MLXD_RING_REC_BYTES, r, n, c, k,
+                                       "the all-gather callback", &hosts.addrs[r * k + c], st)))
           goto done;
     if ((rc = mlxd_ring_mesh((int)rank, &hosts, lfds, fds, st))) goto done;
   } else {

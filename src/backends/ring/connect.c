@@ -24,9 +24,9 @@
 #include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
+#include "util/bytes.h"
 #include "util/clock.h"
 #include "util/tunables.h"
-#include "util/bytes.h"
 
 #define HELLO_MAGIC 0x4D4C5852u /* "MLXR" */
 #define HELLO_VERSION 1u
@@ -83,8 +83,8 @@ static int setup_fail_sys(mlxd_status* st, const char* what, const char* addr, c
 int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st) {
   *fd_out = -1;
   int fd = socket(addr->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return setup_fail_sys(st, "cannot create a socket to listen on", addr->text,
-                                    "socket", errno);
+  if (fd < 0)
+    return setup_fail_sys(st, "cannot create a socket to listen on", addr->text, "socket", errno);
   int one = 1;
   (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   set_buffers(fd); /* inherited by accepted sockets; must precede listen for window scaling */
@@ -108,8 +108,8 @@ int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st) {
   return 0;
 }
 
-int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds,
-                          mlxd_ring_addr* addrs, mlxd_status* st) {
+int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd_ring_addr* addrs,
+                          mlxd_status* st) {
   for (int c = 0; c < nconn; c++) lfds[c] = -1;
   for (int c = 0; c < nconn; c++) {
     addrs[c] = *host;
@@ -152,7 +152,6 @@ static int io_all(int fd, void* buf, size_t n, bool wr, double deadline) {
   }
   return 0;
 }
-
 
 static void hello_encode(unsigned char* h, int rank, int size, int conn, int nconn) {
   mlxd_put32(h, HELLO_MAGIC);
@@ -199,8 +198,8 @@ static int connect_retry(const mlxd_ring_addr* a, int peer, double deadline, dou
     }
     if (rc == 0) {
       set_nodelay(fd);
-      if (attempts > 1) mlxd_ring_log("connected to rank %d at %s after %d attempts", peer,
-                                      a->text, attempts);
+      if (attempts > 1)
+        mlxd_ring_log("connected to rank %d at %s after %d attempts", peer, a->text, attempts);
       return fd;
     }
     last = errno;
@@ -294,7 +293,8 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
         close(fd);
         continue;
       }
-      uint32_t pr_ = mlxd_get32(h + 8), ps = mlxd_get32(h + 12), pc = mlxd_get32(h + 16), pk = mlxd_get32(h + 20);
+      uint32_t pr_ = mlxd_get32(h + 8), ps = mlxd_get32(h + 12), pc = mlxd_get32(h + 16),
+               pk = mlxd_get32(h + 20);
       if (ps != (uint32_t)size || pk != (uint32_t)K || pr_ <= (uint32_t)rank ||
           pr_ >= (uint32_t)size || pc >= (uint32_t)K) {
         close(fd);

@@ -63,8 +63,8 @@ int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, c
   errno = 0;
   long port = strtol(ps, &end, 10);
   if (*ps == '\0' || *end != '\0' || errno || port < (allow_port0 ? 0 : 1) || port > 65535) {
-    snprintf(why, why_len, "'%s' has an invalid port '%s' (expected an integer in [1, 65535])",
-             s, ps);
+    snprintf(why, why_len, "'%s' has an invalid port '%s' (expected an integer in [1, 65535])", s,
+             ps);
     return -1;
   }
   struct addrinfo hints, *res = NULL;
@@ -178,8 +178,8 @@ int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status*
   }
   out->addrs = calloc((size_t)n * (size_t)k, sizeof *out->addrs);
   if (!out->addrs) {
-    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
-                      "out of memory parsing hostfile '%s'", path);
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory parsing hostfile '%s'",
+                      path);
     goto done;
   }
   out->size = n;
@@ -196,8 +196,8 @@ int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status*
         goto done;
       }
       char why[300];
-      if (mlxd_ring_parse_addr(s->valuestring, false, &out->addrs[r * k + c], why,
-                               sizeof why) != 0) {
+      if (mlxd_ring_parse_addr(s->valuestring, false, &out->addrs[r * k + c], why, sizeof why) !=
+          0) {
         rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                           "hostfile '%s': rank %d: bad address %s", path, r, why);
         goto done;

@@ -41,24 +41,23 @@ static const char* reduce_name(mlxd_reduce_op op) {
 /* Every op runs on a group of two or more ranks (the front-end answers size
  * one itself) with the arguments backend.h guarantees: asserted, not
  * checked again. */
-static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                           size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                           mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
   return ring_done(mlxd_algo_all_reduce(r->t, seq, in, out, count, dtype, op, st), st,
                    reduce_name(op), seq);
 }
 
-static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                           size_t nbytes, mlxd_status* st) {
+static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
+                           mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
   return ring_done(mlxd_algo_all_gather(r->t, seq, in, out, nbytes, st), st, "all_gather", seq);
 }
 
 static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                               size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                               mlxd_status* st) {
+                               size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
   return ring_done(mlxd_algo_reduce_scatter(r->t, seq, in, out, count, dtype, op, st), st,
@@ -101,7 +100,6 @@ static int split_cmp(const void* a, const void* b) {
   if (x->key != y->key) return x->key < y->key ? -1 : 1;
   return (x->prank > y->prank) - (x->prank < y->prank);
 }
-
 
 static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
                      mlxd_status* st) {
@@ -154,8 +152,8 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
                       "this rank is missing from its own group in the exchanged records");
     goto done;
   }
-  mlxd_ring_log("split: parent rank %d, color %d, key %d -> rank %d of %d", b->rank, color, key,
-                me, m);
+  mlxd_ring_log("split: parent rank %d, color %d, key %d -> rank %d of %d", b->rank, color, key, me,
+                m);
   if (m == 1) {
     int none = -1;
     rc = mlxd_ring_backend_new(0, 1, k, &r->self, &none, out, st);
@@ -171,9 +169,8 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   for (int i = 0; i < m; i++) {
     int p = ents[i].prank;
     for (int c = 0; c < k; c++)
-      if ((rc = mlxd_ring_rec_decode(all + (size_t)p * per + 8 + (size_t)c * MLXD_RING_REC_BYTES,
-                                     p, n, c, k, "split's exchange", &hosts.addrs[i * k + c],
-                                     st)))
+      if ((rc = mlxd_ring_rec_decode(all + (size_t)p * per + 8 + (size_t)c * MLXD_RING_REC_BYTES, p,
+                                     n, c, k, "split's exchange", &hosts.addrs[i * k + c], st)))
         goto done;
   }
   if ((rc = mlxd_ring_mesh(me, &hosts, lfds, fds, st))) goto done;
@@ -196,8 +193,8 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
 }
 
 static const mlxd_backend_ops ring_ops = {
-    "ring",    ring_all_reduce, ring_all_gather, ring_reduce_scatter, ring_send, ring_recv,
-    ring_split, ring_destroy,
+    "ring",    ring_all_reduce, ring_all_gather, ring_reduce_scatter,
+    ring_send, ring_recv,       ring_split,      ring_destroy,
 };
 
 int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self, int* fds,
@@ -231,8 +228,8 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
       return st->code;
     }
   }
-  mlxd_ring_log("rank %d of %d ready (%s transport, %d TCP connection(s) per peer at set-up)",
-                rank, size, r->t ? r->t->ops->name : "no", nconn);
+  mlxd_ring_log("rank %d of %d ready (%s transport, %d TCP connection(s) per peer at set-up)", rank,
+                size, r->t ? r->t->ops->name : "no", nconn);
   *out = &r->base;
   return 0;
 }
@@ -284,8 +281,7 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
                       rank, path, n, n);
     goto done;
   }
-  mlxd_ring_log("rank %ld of %d from hostfile '%s', %d connection(s) per peer", rank, n, path,
-                k);
+  mlxd_ring_log("rank %ld of %d from hostfile '%s', %d connection(s) per peer", rank, n, path, k);
   mlxd_ring_addr self = hosts.addrs[rank * k];
   if (n == 1) {
     int none = -1;
@@ -297,8 +293,8 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   if (lfds)
     for (int c = 0; c < k; c++) lfds[c] = -1;
   if (!lfds || !fds) {
-    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory connecting %d ranks",
-                      n);
+    rc =
+        mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory connecting %d ranks", n);
     goto done;
   }
   for (int c = 0; c < k; c++) {

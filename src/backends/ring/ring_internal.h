@@ -37,8 +37,8 @@ void mlxd_ring_hosts_free(mlxd_ring_hosts* h);
 /* hostfile.c: parse MLX_HOSTFILE-style JSON from path. Errors name the file. */
 int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status* st);
 /* Parse "ip:port" (also "[v6]:port", "host:port"); port 0 allowed only if allow_port0. */
-int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out,
-                         char* why, size_t why_len);
+int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, char* why,
+                         size_t why_len);
 void mlxd_ring_format_addr(const struct sockaddr* sa, char* buf, size_t n);
 
 /* connect.c */
@@ -87,8 +87,8 @@ typedef struct mlxd_ring {
 int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self, int* fds,
                           mlxd_backend** out, mlxd_status* st);
 /* Listen on nconn ephemeral ports on host (port ignored); fills recs' addresses. */
-int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds,
-                          mlxd_ring_addr* addrs, mlxd_status* st);
+int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd_ring_addr* addrs,
+                          mlxd_status* st);
 void mlxd_ring_close_all(int* fds, int n);
 
 #endif

@@ -134,8 +134,8 @@ static uint64_t random64(void) {
   if (getrandom(&v, sizeof v, GRND_NONBLOCK) == (ssize_t)sizeof v) return v;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  return ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^
-         ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)&ts;
+  return ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 40) ^
+         (uint64_t)(uintptr_t)&ts;
 }
 
 static void make_id(unsigned char* id, int rank, int size, int mode) {
@@ -162,8 +162,7 @@ static void host_diff(const unsigned char* a, const unsigned char* b, char* out,
   if (strncmp((const char*)a + 80, (const char*)b + 80, 128) != 0)
     snprintf(out, n, "host name '%.60s' vs '%.60s'", (const char*)a + 80, (const char*)b + 80);
   else if (memcmp(a + 32, b + 32, 48) != 0)
-    snprintf(out, n, "same host name '%.60s' but a different kernel boot id",
-             (const char*)a + 80);
+    snprintf(out, n, "same host name '%.60s' but a different kernel boot id", (const char*)a + 80);
   else if (memcmp(a + 16, b + 16, 8) != 0)
     snprintf(out, n, "network namespace %llu vs %llu", (unsigned long long)get_u(a + 16, 8),
              (unsigned long long)get_u(b + 16, 8));
@@ -198,8 +197,8 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
   mlxd_transport* shm = NULL;
   int rc = 0;
   if (!ids || !stat_all || !other) {
-    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
-                      "out of memory choosing the transport");
+    rc =
+        mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory choosing the transport");
     goto done;
   }
   make_id(mine, rank, size, mode);
@@ -249,9 +248,10 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
                         m > 1 ? "s" : "", list, m > 1 ? "are" : "is", other[0], why);
       goto done;
     }
-    mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=auto; rank%s %s on another "
-                  "host than rank 0: %s)",
-                  rank, size, m > 1 ? "s" : "", list, why);
+    mlxd_ring_log(
+        "rank %d of %d: transport tcp (MLXDIST_TRANSPORT=auto; rank%s %s on another "
+        "host than rank 0: %s)",
+        rank, size, m > 1 ? "s" : "", list, why);
     goto done;
   }
 
@@ -275,9 +275,10 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
   for (int p = 0; p < size && bad < 0; p++)
     if (stat_all[(size_t)p * STATUS_BYTES] != 1) bad = p;
   if (bad < 0) {
-    mlxd_ring_log("rank %d of %d: transport shm (all %d ranks on host '%s', session %s, "
-                  "MLXDIST_TRANSPORT=%s)",
-                  rank, size, size, (const char*)mine + 80, session, mlxd_ring_mode_name(mode));
+    mlxd_ring_log(
+        "rank %d of %d: transport shm (all %d ranks on host '%s', session %s, "
+        "MLXDIST_TRANSPORT=%s)",
+        rank, size, size, (const char*)mine + 80, session, mlxd_ring_mode_name(mode));
     tcp->ops->destroy(tcp);
     *tp = shm;
     shm = NULL;
@@ -294,9 +295,10 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
     if (bad != rank) mlxd_status_set_peer(st, bad, NULL);
     goto done;
   }
-  mlxd_ring_log("rank %d of %d: shared memory could not start on rank %d (%s); falling back "
-                "to transport tcp (MLXDIST_TRANSPORT=auto)",
-                rank, size, bad, reason);
+  mlxd_ring_log(
+      "rank %d of %d: shared memory could not start on rank %d (%s); falling back "
+      "to transport tcp (MLXDIST_TRANSPORT=auto)",
+      rank, size, bad, reason);
 done:
   if (shm) shm->ops->destroy(shm);
   free(ids);

@@ -78,7 +78,12 @@ enum {
 
 /* Reduction ops. */
 typedef int32_t mlxdist_v2_op;
-enum { MLXDIST_V2_OP_SUM = 0, MLXDIST_V2_OP_MAX = 1, MLXDIST_V2_OP_MIN = 2, MLXDIST_V2_OP_COUNT = 3 };
+enum {
+  MLXDIST_V2_OP_SUM = 0,
+  MLXDIST_V2_OP_MAX = 1,
+  MLXDIST_V2_OP_MIN = 2,
+  MLXDIST_V2_OP_COUNT = 3
+};
 
 /* Where an instance's ops run. */
 enum { MLXDIST_V2_DEVICE_CPU = 0, MLXDIST_V2_DEVICE_GPU = 1 };
@@ -88,10 +93,10 @@ enum { MLXDIST_V2_DEVICE_CPU = 0, MLXDIST_V2_DEVICE_GPU = 1 };
 /* The status of one call, filled by the plugin on failure. The core hands
  * every op a zeroed status; all-zero means "no failure, nothing known". */
 typedef struct mlxdist_v2_status {
-  int32_t code;      /* MLXDIST_V2_OK or MLXDIST_V2_E* */
-  int32_t has_peer;  /* 1: peer is set (e.g. the rank that was lost) */
-  int32_t peer;      /* the peer rank involved */
-  int32_t sys_errno; /* errno of a failed system call, or 0 */
+  int32_t code;                 /* MLXDIST_V2_OK or MLXDIST_V2_E* */
+  int32_t has_peer;             /* 1: peer is set (e.g. the rank that was lost) */
+  int32_t peer;                 /* the peer rank involved */
+  int32_t sys_errno;            /* errno of a failed system call, or 0 */
   char msg[MLXDIST_V2_MSG_MAX]; /* the whole text, "[name] ..."; NUL-terminated */
 } mlxdist_v2_status;
 
@@ -101,8 +106,7 @@ typedef struct mlxdist_v2_host {
   uint32_t version;     /* the highest ABI version the core speaks (>= 1) */
   /* acc[i] = acc[i] OP in[i] for i < count (mlxdist's kernels: bool sum is or,
    * float16/bfloat16 through float32, complex max/min by real then imaginary). */
-  void (*reduce)(mlxdist_v2_op op, mlxdist_v2_dtype dtype, void* acc, const void* in,
-                 size_t count);
+  void (*reduce)(mlxdist_v2_op op, mlxdist_v2_dtype dtype, void* acc, const void* in, size_t count);
   size_t (*dtype_size)(mlxdist_v2_dtype dtype); /* 0 for an unknown dtype */
   double (*timeout_s)(void);                    /* MLXDIST_TIMEOUT */
   double (*spin_us)(void);                      /* MLXDIST_SPIN_US */
@@ -147,8 +151,8 @@ typedef struct mlxdist_v2_ops {
   int32_t (*reduce_scatter)(mlxdist_v2_backend* b, uint64_t seq, const void* in, void* out,
                             size_t count, mlxdist_v2_dtype dtype, mlxdist_v2_op op,
                             mlxdist_v2_status* st);
-  int32_t (*send)(mlxdist_v2_backend* b, uint64_t seq, const void* buf, size_t nbytes,
-                  int32_t dst, mlxdist_v2_status* st);
+  int32_t (*send)(mlxdist_v2_backend* b, uint64_t seq, const void* buf, size_t nbytes, int32_t dst,
+                  mlxdist_v2_status* st);
   int32_t (*recv)(mlxdist_v2_backend* b, uint64_t seq, void* buf, size_t nbytes, int32_t src,
                   mlxdist_v2_status* st);
   /* Collective over b: ranks with the same color (>= 0) form *out, ordered by
