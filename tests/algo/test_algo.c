@@ -32,17 +32,7 @@
 #include "transports.h"
 #include "util/tunables.h"
 
-/* Sanitizer builds run every case but the few-MiB ones for one dtype only. */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define T_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define T_SANITIZED 1
-#endif
-#endif
-#ifndef T_SANITIZED
-#define T_SANITIZED 0
-#endif
+/* Sanitizer builds (T_SANITIZED) run every case but the few-MiB ones for one dtype only. */
 
 enum { V_AUTO, V_DIRECT, V_RING, V_BIDIR, V_COUNT };
 static const char* v_name(int v) {

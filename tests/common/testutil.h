@@ -88,4 +88,16 @@ void t_expect_no_error(const char* file, int line);
 /* Rank/size of a launched test from MLX_RANK / MLX_WORLD_SIZE (or -1). */
 int t_env_int(const char* name, int dflt);
 
+/* T_SANITIZED: 1 in an ASan or TSan build (gcc or clang), where tests shrink their largest cases. */
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define T_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define T_SANITIZED 1
+#endif
+#endif
+#ifndef T_SANITIZED
+#define T_SANITIZED 0
+#endif
+
 #endif

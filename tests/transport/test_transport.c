@@ -26,17 +26,7 @@
 #include "transports.h"
 #include "util/clock.h"
 
-/* The 300 MB case shrinks to 64 MB under sanitizers. */
-#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
-#define T_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
-#define T_SANITIZED 1
-#endif
-#endif
-#ifndef T_SANITIZED
-#define T_SANITIZED 0
-#endif
+/* The 300 MB case shrinks to 64 MB under sanitizers (T_SANITIZED). */
 
 static t_tp_spec g_spec;
 
