@@ -207,21 +207,27 @@ if awk -v l="$load1" -v c="$cpus" 'BEGIN { exit !(l > c / 2) }'; then
 fi
 
 # ---- how long it will take ----------------------------------------------------------
-# rows per run: sizes x ops; a row takes its timed work (min-time, up to twice that
-# where the batches disagree) plus warm-up and calibration, about 1.5 x min-time;
-# an op slower than min-time / batches takes longer (batches x warm-up of one op)
-nsizes=$(awk -v b="${BENCH_MIN_BYTES:-4}" -v e="${BENCH_MAX_BYTES:-4M}" -v f="${BENCH_FACTOR:-4}" '
+# on an idle machine: a row takes its timed work (min-time, up to twice that where
+# the batches disagree) plus warm-up and calibration, about 1.5 x min-time; a run
+# adds ~3 s (start-up, the warm-up pass); an Open MPI all-reduce row from 32 MiB
+# adds ~2.5 s (8 ops of 0.3 s: its per-call page faults on this project's VM)
+sizes=$(awk -v b="${BENCH_MIN_BYTES:-4}" -v e="${BENCH_MAX_BYTES:-4M}" -v f="${BENCH_FACTOR:-4}" '
   function bytes(s, m) { m = 1; if (s ~ /[kK]/) m = 1024; if (s ~ /[mM]/) m = 1048576
     if (s ~ /[gG]/) m = 1073741824; return (s + 0) * m }
-  BEGIN { n = 0; for (x = bytes(b); x <= bytes(e); x = (x * f > x + 1) ? x * f : x + 1) n++; print n }')
+  BEGIN { n = 0; big = 0
+    for (x = bytes(b); x <= bytes(e); x = (x * f > x + 1) ? x * f : x + 1) { n++; if (x >= 33554432) big++ }
+    print n, big }')
 nops=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++) n += ($i == "all") ? 5 : 1; print n }')
-nvar=$(echo "$order" | wc -w)
-nruns=$((repeats * nvar * $(echo "$ranks" | wc -w)))
-est_s=$(awk -v r="$nruns" -v rows="$((nsizes * nops))" -v t="$min_time" \
-  'BEGIN { printf "%d", r * (rows * 1.5 * t / 1000 + 1.5) }')
-echo "estimate:     about $est_s s ($nruns runs of $((nsizes * nops)) rows, ~1.5 x ${min_time} ms" \
-  "a row, more where one op takes longer than a batch, e.g. Open MPI's 64 MiB all_sum" \
-  "on a VM with slow page faults)" | tee -a "$cond" >&2
+nred=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++)
+  n += ($i == "all") ? 3 : ($i ~ /^(all_sum|all_max|sum_scatter)$/); print n }')
+rows=$((${sizes% *} * nops))
+nranks=$(echo "$ranks" | wc -w)
+nruns=$((repeats * $(echo "$order" | wc -w) * nranks))
+nmpi=$((repeats * $(echo "$order" | tr ' ' '\n' | grep -c '^mpi-') * nranks))
+est_s=$(awk -v r="$nruns" -v rows="$rows" -v t="$min_time" -v m="$nmpi" -v big="$((${sizes#* } * nred))" \
+  'BEGIN { printf "%d", r * (rows * 1.5 * t / 1000 + 3) + m * big * 2.5 }')
+echo "estimate:     about $est_s s on an idle machine ($nruns runs of $rows rows," \
+  "~1.5 x ${min_time} ms a row); more under load" | tee -a "$cond" >&2
 
 # ---- the runs ---------------------------------------------------------------------
 status=0
