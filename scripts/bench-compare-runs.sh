@@ -49,6 +49,16 @@ for d in "$1" "$2"; do
   fi
 done
 
+# what the two runs ran under: a loaded run makes the comparison meaningless
+for d in "$1" "$2"; do
+  if [ -r "$d/conditions.txt" ]; then
+    echo "$d: $(sed -n -e 's/^started: *//p' -e 's/^commit: *//p' -e 's/^load before: *\([^ ]* [^ ]* [^ ]*\).*/load before \1/p' \
+      "$d/conditions.txt" | tr '\n' ';' | sed 's/;$//; s/;/; /g')"
+    grep '^WARNING' "$d/conditions.txt" | sed "s|^|$d: |"
+  fi
+done
+echo
+
 # summary.csv: variant,op,ranks,size,runs,time_med_us,time_min_us,time_max_us,...
 awk -F, -v from="$from" -v within="$within" -v na="$1" -v nb="$2" '
   function bytes(s, m) { m = 1; if (s ~ /[kK]/) m = 1024; if (s ~ /[mM]/) m = 1048576
