@@ -554,8 +554,8 @@ void mlxd_bench_print_title(const mlxd_bench_opts* o, const char* impl, int n) {
         "all;\n",
         o->warmup, o->batches, mlxd_bench_batch_limit(o), o->iters, o->max_iters, o->min_time_ms);
   else
-    printf("# per size: %d warm-up, then %d-%d batches of %d iterations;\n", o->warmup, o->batches,
-           mlxd_bench_batch_limit(o), o->iters);
+    printf("# per size: %d warm-up, then %d batches of %d iterations;\n", o->warmup, o->batches,
+           o->iters);
   printf("# time = median over the batches of the slowest rank's time per op%s\n",
          o->bind ? "; ranks pinned to CPU rank mod CPUs" : "");
 }
