@@ -604,7 +604,7 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
     bool out = c->qhead != NULL;
     if (c->ssl) {
       out = out || c->wlen > 0 || c->want_write;
-      if (mlxd_tls_pending(c->ssl)) timeout_ms = 0; /* decrypted bytes poll cannot see */
+      if (c->kick || mlxd_tls_pending(c->ssl)) timeout_ms = 0; /* bytes poll cannot see */
     }
     t->pfds[np].fd = c->fd;
     t->pfds[np].events = (short)(POLLIN | (out ? POLLOUT : 0));
@@ -631,7 +631,9 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
   }
   bool tls_pending = false;
   for (int i = 1; t->tls && i < np; i++) {
-    if (t->pconn[i]->ssl && mlxd_tls_pending(t->pconn[i]->ssl)) {
+    tcp_conn* c = t->pconn[i];
+    if (c->ssl && (c->kick || mlxd_tls_pending(c->ssl))) {
+      c->kick = false;
       t->pfds[i].revents |= POLLIN;
       tls_pending = true;
     }

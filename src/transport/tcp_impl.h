@@ -82,6 +82,7 @@ typedef struct tcp_conn {
   unsigned char* wbuf; /* the next queue bytes, coalesced (TCP_TLS_WBUF) */
   size_t wpos, wlen;
   bool want_write; /* a read needs the socket writable first */
+  bool kick;       /* read before polling: OpenSSL may hold bytes from the handshake */
   char tls_why[200];
 } tcp_conn;
 

@@ -13,9 +13,11 @@
  * offered again (OpenSSL requires it): wbuf is not refilled until it has
  * been written, and a direct write is re-derived from the unchanged queue.
  *
- * Reading: SSL_read in place of recv; data OpenSSL already decrypted is
- * not visible to poll, so the progress loop asks mlxd_tls_pending before it
- * sleeps (tcp.c). A read that needs the socket writable (TLS 1.3 key
+ * Reading: SSL_read in place of recv, until it would block; so between
+ * rounds OpenSSL holds at most an incomplete record, which poll sees the
+ * rest of. Two exceptions the progress loop (tcp.c) handles: decrypted bytes
+ * not yet returned (mlxd_tls_pending), and records read ahead during the
+ * handshake (every connection is read once before the first poll: kick). A read that needs the socket writable (TLS 1.3 key
  * update) sets want_write so that the next round polls for POLLOUT. */
 #include <errno.h>
 #include <stdlib.h>
@@ -54,6 +56,7 @@ int mlxd_tcp_tls_start(tcp_transport* t, mlxd_status* st) {
     double to = mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
     rc = mlxd_tls_handshake_all(ssl, fds, peers, addrs, nc, to > 0 ? to : 30, st);
   }
+  for (int i = 0; i < nc && rc == 0; i++) t->conns[i].kick = t->conns[i].ssl != NULL;
   free(ssl);
   free(fds);
   free(peers);

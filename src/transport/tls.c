@@ -304,4 +304,4 @@ mlxd_tls_io mlxd_tls_read(mlxd_tls_conn* c, void* buf, size_t n, size_t* moved, 
   return io_result(c, r, err, why, why_n);
 }
 
-bool mlxd_tls_pending(mlxd_tls_conn* c) { return SSL_has_pending(c) != 0; }
+bool mlxd_tls_pending(mlxd_tls_conn* c) { return SSL_pending(c) > 0; }

@@ -14,8 +14,9 @@
  * results to "moved n bytes", "would block" (wanting a read or a write),
  * "end of stream" or an error with OpenSSL's reason. The socket I/O under
  * OpenSSL uses send(MSG_NOSIGNAL)/recv (a closed peer never raises SIGPIPE).
- * Data OpenSSL has already read and decrypted is not visible to poll():
- * callers check mlxd_tls_pending() before they sleep.
+ * Data OpenSSL has already read is not visible to poll(): callers read
+ * until "would block", check mlxd_tls_pending() before they sleep, and read
+ * each connection once after the handshake (which may have read ahead).
  *
  * Threads: an SSL object is used by one thread at a time; the TCP transport
  * only touches them under its mutex. The context (mlxd_tls) is read-only
