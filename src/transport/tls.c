@@ -117,6 +117,12 @@ void mlxd_tls_free(mlxd_tls* x) {
 }
 
 mlxd_tls* mlxd_tls_new(mlxd_status* st) {
+  /* No OpenSSL clean-up at exit: the library's stream workers may still be
+   * inside SSL calls until its own at-exit teardown joins them, and a
+   * worker's per-thread OpenSSL state is freed when it exits only while
+   * OpenSSL's thread key still exists. (Takes effect if this is the
+   * process's first use of OpenSSL; see docs/security.md.) */
+  OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT, NULL);
   mlxd_secret sec;
   if (mlxd_secret_load(&sec, st) != 0) return NULL;
   if (!sec.have) {
