@@ -3,7 +3,9 @@
  *
  *   test_tls secrets   same secret works; different secrets, no secret, a bad
  *                      MLXDIST_TLS value, and TLS on one side only all fail
- *                      fast, on both sides, with errors naming the problem
+ *                      fast, on both sides, with errors naming the problem; a
+ *                      peer that never answers the handshake times out after
+ *                      MLXDIST_CONNECT_TIMEOUT
  *   test_tls header    a raw peer sends hostile fragment headers (absurd
  *                      total, offset overflow, oversized fragment, duplicate
  *                      payload, a total beyond the unexpected budget, a huge
@@ -88,6 +90,7 @@ typedef struct {
   const char* secret[2]; /* MLXDIST_SECRET_FILE per rank (NULL: unset) */
   bool expect_ok;
   const char* expect[2][2]; /* words rank r's error must contain */
+  bool silent[2];           /* rank r holds its end for 4 s and says nothing */
 } secrets_case;
 
 static int secrets_rank(int r, int size, const char* session, void* arg) {
@@ -103,7 +106,13 @@ static int secrets_rank(int r, int size, const char* session, void* arg) {
   else
     unsetenv("MLXDIST_SECRET_FILE");
   setenv("MLXDIST_TIMEOUT", "5", 1);
-  setenv("MLXDIST_CONNECT_TIMEOUT", "10", 1);
+  setenv("MLXDIST_CONNECT_TIMEOUT", "2", 1);
+  if (c->silent[r]) {
+    close(c->pair[1 - r]);
+    sleep(4);
+    close(c->pair[r]);
+    return 0;
+  }
   mlxd_status st = {0};
   double t0 = t_now();
   mlxd_transport* t = rank_transport(c->pair, r, &st);
@@ -127,6 +136,7 @@ static int secrets_rank(int r, int size, const char* session, void* arg) {
     T_CHECKF(rc == 0, "rank %d: %s", r, st.msg);
   } else {
     T_CHECKF(rc != 0, "rank %d: succeeded where it must fail", r);
+    T_CHECKF(dt < 4 || !c->silent[1 - r], "rank %d took %.1f s to time out (limit 2 s)", r, dt);
     for (int i = 0; i < 2; i++)
       if (c->expect[r][i])
         T_CHECKF(strstr(st.msg, c->expect[r][i]) != NULL, "rank %d: error lacks '%s': %s", r,
@@ -161,6 +171,12 @@ static void test_secrets(void) {
                       .expect = {{"MLXDIST_TLS=yes", "expected 0"},
                                  {"MLXDIST_TLS=yes", "expected 0"}}};
   run_secrets("bad MLXDIST_TLS", &bad);
+  /* A peer that never answers the handshake: bounded by MLXDIST_CONNECT_TIMEOUT (2 s here). */
+  secrets_case silent = {.tls = {"1", "1"},
+                         .secret = {g_secret_a, g_secret_a},
+                         .silent = {true, false},
+                         .expect = {{NULL, NULL}, {"timed out", "MLXDIST_CONNECT_TIMEOUT"}}};
+  run_secrets("silent peer", &silent);
   /* Rank 0 plain, rank 1 TLS: the plain side sees a bad header (the ClientHello). */
   secrets_case half = {.tls = {"0", "1"},
                        .secret = {g_secret_a, g_secret_a},
