@@ -8,6 +8,8 @@
 #include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <openssl/sha.h>
+#include <openssl/ssl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -17,11 +19,16 @@
 
 static const char KEY_LABEL[] = "mlxdist secret v1";
 
+static pthread_once_t crypto_once = PTHREAD_ONCE_INIT;
+static void crypto_init_once(void) { OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT, NULL); }
+void mlxd_crypto_init(void) { pthread_once(&crypto_once, crypto_init_once); }
+
 static int bad_file(mlxd_status* st, const char* path, const char* what) {
   return mlxd_fail(st, MLXD_EINVAL, "MLXDIST_SECRET_FILE '%s' %s", path, what);
 }
 
 int mlxd_secret_load_path(const char* path, mlxd_secret* out, mlxd_status* st) {
+  mlxd_crypto_init();
   memset(out, 0, sizeof *out);
   /* O_NONBLOCK: a FIFO must not block the open; it is refused below. */
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
@@ -101,6 +108,7 @@ int mlxd_secret_load(mlxd_secret* out, mlxd_status* st) {
 
 int mlxd_hmac_sha256(const unsigned char* key, size_t key_len, const void* const* parts,
                      const size_t* lens, int n, unsigned char out[MLXD_KEY_BYTES]) {
+  mlxd_crypto_init();
   /* EVP_MAC: OpenSSL 3's interface (HMAC_CTX is deprecated there). */
   EVP_MAC* mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
   EVP_MAC_CTX* ctx = mac ? EVP_MAC_CTX_new(mac) : NULL;
@@ -123,12 +131,14 @@ int mlxd_secret_derive(const mlxd_secret* s, const char* label, unsigned char ou
 }
 
 void mlxd_sha256(const void* buf, size_t len, unsigned char out[MLXD_KEY_BYTES]) {
+  mlxd_crypto_init();
   SHA256(buf, len, out);
 }
 
 bool mlxd_ct_equal(const void* a, const void* b, size_t n) { return CRYPTO_memcmp(a, b, n) == 0; }
 
 int mlxd_random_bytes(void* buf, size_t n, mlxd_status* st) {
+  mlxd_crypto_init();
   if (n > (size_t)0x7fffffff || RAND_bytes(buf, (int)n) != 1)
     return mlxd_fail(st, MLXD_ESYS, "the random number generator (OpenSSL RAND_bytes) failed");
   return 0;

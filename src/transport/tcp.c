@@ -36,18 +36,23 @@
  *
  * Sizes. Every length is a size_t and every socket call is capped at
  * TCP_IO_MAX bytes and looped, so messages above 2 GiB (where a single
- * send/recv would be truncated by the kernel) are moved in pieces. */
+ * send/recv would be truncated by the kernel) are moved in pieces.
+ *
+ * Hostile headers. Every header is checked before the receiver acts on it
+ * (tcp_wire.h: lengths against the message, the posted receive, and a
+ * per-peer budget for messages that arrive before their receive), so a
+ * peer cannot make a rank allocate more than the posted receives need plus
+ * MLXDIST_TCP_UNEXPECTED_MB.
+ *
+ * TLS (MLXDIST_TLS=1, tcp_tls.c): the same design; the socket calls go
+ * through OpenSSL instead (every SSL object only under the mutex). */
 #include "transport/tcp.h"
 
 #include "core/buffer.h"
 
-#include <arpa/inet.h>
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -55,113 +60,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "transport/match.h"
+#include "transport/tcp_impl.h"
 #include "util/clock.h"
-#include "util/tunables.h"
-
-#define TCP_HDR 32u
-#define TCP_FRAG_MAX ((size_t)1 << 20)   /* largest fragment of a large message */
-#define TCP_SPLIT_MIN ((size_t)64 << 10) /* messages above this use every connection */
-#define TCP_RBUF ((size_t)64 << 10)      /* per-connection receive staging buffer */
-#define TCP_IO_MAX ((size_t)1 << 30)     /* at most this many bytes per syscall */
-#define TCP_IOV 64                       /* iovec entries per sendmsg */
-#define TCP_SOCKBUF (4 << 20)            /* SO_SNDBUF / SO_RCVBUF we ask for */
-#define TCP_BLOCK_MS 1000                /* longest single blocking poll */
-#define TCP_CV_MS 20                     /* longest single condition-variable sleep */
-
-typedef struct tcp_frag tcp_frag;
-typedef struct tcp_imsg tcp_imsg;
-
-struct mlxd_req {
-  mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
-  bool is_send;
-  char* buf;
-  size_t done;          /* bytes moved so far (for progress detection) */
-  size_t frags_left;    /* send: fragments not yet fully written */
-  mlxd_match_link link; /* recv: in the peer's posted queue */
-  tcp_imsg* im;         /* recv: the incoming message it is attached to */
-  tcp_frag* frags;      /* send: fragment array (same allocation) */
-};
-
-struct tcp_frag {
-  struct mlxd_req* req;
-  unsigned char hdr[TCP_HDR];
-  size_t off, len;
-  size_t sent; /* bytes of header + payload written */
-  tcp_frag* next;
-};
-
-/* A message being received (or buffered because no receive was posted).
- * It is in its peer's `arriving` queue until its last fragment is in, and
- * in the peer's unexpected queue while it has no receive (req == NULL and
- * not discarded). */
-struct tcp_imsg {
-  size_t total, got;
-  char* buf;    /* the receive's buffer, or an owned one (unexpected) */
-  bool owned;   /* buf is ours (malloc) */
-  bool discard; /* size mismatch: drain and drop */
-  bool complete;
-  struct mlxd_req* req;
-  mlxd_match_link arr; /* in arriving (tag = the message's tag) */
-  mlxd_match_link ux;  /* in the unexpected queue */
-};
-
-typedef struct tcp_conn {
-  int fd;
-  int peer;
-  bool eof; /* the peer closed this connection (everything before it was read) */
-  tcp_frag *qhead, *qtail;
-  unsigned char* rbuf;
-  size_t rpos, rlen;
-  bool in_payload;
-  tcp_imsg* cur;
-  size_t cur_off, cur_len, cur_got;
-} tcp_conn;
-
-typedef struct tcp_peer {
-  mlxd_match_peer mq;        /* posted receives, unexpected messages */
-  mlxd_match_queue arriving; /* messages with fragments still to come */
-  unsigned rr;
-  bool closed;              /* every connection reached EOF with nothing pending */
-  char addr[MLXD_ADDR_MAX]; /* "10.0.0.2:41000"; "" when unknown (e.g. AF_UNIX) */
-} tcp_peer;
-
-typedef struct tcp_transport {
-  mlxd_transport base;
-  int nconn;
-  tcp_conn* conns; /* size * nconn; conns[p * nconn + c] */
-  tcp_peer* peers;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool progressing;
-  bool in_poll;
-  bool completed; /* something completed since the last broadcast */
-  int wake_fd;
-  mlxd_status err; /* the first failure; err.code == 0 while none */
-  double timeout_s;
-  double spin_s;
-  bool yield_spin; /* more ranks than CPUs: give the CPU away between spin polls */
-  struct pollfd* pfds;
-  tcp_conn** pconn;
-} tcp_transport;
-
-static const mlxd_transport_ops tcp_ops;
 
 /* ---------------------------------------------------------------- helpers */
-
-static void put_u64(unsigned char* p, uint64_t v) {
-  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-static uint64_t get_u64(const unsigned char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
 
 static void req_complete(tcp_transport* t, struct mlxd_req* r) {
   if (!r->m.complete) {
@@ -176,8 +82,17 @@ static void req_fail(tcp_transport* t, struct mlxd_req* r, int code) {
   req_complete(t, r);
 }
 
-static void imsg_free(tcp_imsg* m) {
+/* Free m's buffer (if owned) and give its charge back to the peer's budget. */
+static void imsg_release(tcp_transport* t, tcp_imsg* m) {
   if (m->owned) mlxd_buffer_free(m->buf, m->total);
+  m->buf = NULL;
+  m->owned = false;
+  t->peers[m->peer].ux_charged -= m->charged;
+  m->charged = 0;
+}
+
+static void imsg_free(tcp_transport* t, tcp_imsg* m) {
+  imsg_release(t, m);
   free(m);
 }
 
@@ -209,7 +124,7 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
       } else if (imsg_unexpected(m)) {
         mlxd_match_remove(&pe->mq.unexpected, &m->ux);
       }
-      imsg_free(m);
+      imsg_free(t, m);
     }
   }
   for (int i = 0; i < n * t->nconn; i++) {
@@ -218,6 +133,7 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
     c->qhead = c->qtail = NULL;
     c->cur = NULL;
     c->in_payload = false;
+    c->wpos = c->wlen = 0;
     if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
   }
   t->completed = true;
@@ -229,6 +145,20 @@ static void fail_lost(tcp_transport* t, int peer, const char* syscall, int err) 
   mlxd_status s;
   mlxd_match_lost(&s, MLXD_LAYER_TCP, peer, t->peers[peer].addr,
                   syscall ? "" : ": it closed the connection", syscall, err);
+  tcp_fail(t, &s);
+}
+
+/* Fail the transport: a socket call on c failed with err (an errno from
+ * syscall; -2 or EPROTO over TLS: c->tls_why says why). */
+static void fail_io(tcp_transport* t, tcp_conn* c, const char* syscall, int err) {
+  if (!c->ssl || (err != -2 && err != EPROTO)) {
+    fail_lost(t, c->peer, syscall, err);
+    return;
+  }
+  mlxd_status s;
+  mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP, "TLS error on the connection to rank %d: %s",
+               c->peer, c->tls_why);
+  mlxd_status_set_peer(&s, c->peer, t->peers[c->peer].addr);
   tcp_fail(t, &s);
 }
 
@@ -275,8 +205,27 @@ static void tcp_wake(tcp_transport* t) {
 
 /* ------------------------------------------------------------ send side */
 
-/* Write as much of c's queue as the socket takes. 0 or an errno. */
+void mlxd_tcp_conn_advance(tcp_transport* t, tcp_conn* c, size_t w) {
+  size_t left = w;
+  while (left > 0 && c->qhead) {
+    tcp_frag* f = c->qhead;
+    size_t need = TCP_HDR + f->len - f->sent;
+    size_t take = left < need ? left : need;
+    f->sent += take;
+    f->req->done += take;
+    left -= take;
+    if (f->sent == TCP_HDR + f->len) {
+      c->qhead = f->next;
+      if (!c->qhead) c->qtail = NULL;
+      if (--f->req->frags_left == 0) req_complete(t, f->req);
+    }
+  }
+}
+
+/* Write as much of c's queue as the socket takes. 0 or an errno (-2: a TLS
+ * error, c->tls_why says why). */
 static int conn_write(tcp_transport* t, tcp_conn* c) {
+  if (c->ssl) return mlxd_tcp_tls_write(t, c);
   while (c->qhead) {
     struct iovec iov[TCP_IOV];
     int k = 0;
@@ -310,20 +259,7 @@ static int conn_write(tcp_transport* t, tcp_conn* c) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
       return errno;
     }
-    size_t left = (size_t)w;
-    while (left > 0 && c->qhead) {
-      tcp_frag* f = c->qhead;
-      size_t need = TCP_HDR + f->len - f->sent;
-      size_t take = left < need ? left : need;
-      f->sent += take;
-      f->req->done += take;
-      left -= take;
-      if (f->sent == TCP_HDR + f->len) {
-        c->qhead = f->next;
-        if (!c->qhead) c->qtail = NULL;
-        if (--f->req->frags_left == 0) req_complete(t, f->req);
-      }
-    }
+    mlxd_tcp_conn_advance(t, c, (size_t)w);
     if ((size_t)w < tot) return 0; /* the socket is full */
   }
   return 0;
@@ -359,10 +295,8 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
     f->off = off;
     f->len = q + (i < rem);
     off += f->len;
-    put_u64(f->hdr, tag);
-    put_u64(f->hdr + 8, f->off);
-    put_u64(f->hdr + 16, f->len);
-    put_u64(f->hdr + 24, n);
+    mlxd_tcp_hdr h = {tag, f->off, f->len, n};
+    mlxd_tcp_hdr_encode(f->hdr, &h);
   }
 
   pthread_mutex_lock(&t->mu);
@@ -393,7 +327,7 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
     if (ci < 64 && !touched[ci]) continue;
     int err = conn_write(t, c);
     if (err)
-      fail_lost(t, peer, "sendmsg", err);
+      fail_io(t, c, "sendmsg", err);
     else if (c->qhead)
       queued = true;
   }
@@ -434,18 +368,16 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
       r->m.sent = m->total;
       r->m.complete = true;
       if (m->complete) {
-        imsg_free(m);
+        imsg_free(t, m);
       } else { /* still arriving: drain and drop the rest */
-        if (m->owned) mlxd_buffer_free(m->buf, m->total);
-        m->buf = NULL;
-        m->owned = false;
+        imsg_release(t, m);
         m->discard = true;
       }
     } else if (m->complete) {
       if (n) memcpy(buf, m->buf, n);
       r->done = n;
       r->m.complete = true;
-      imsg_free(m);
+      imsg_free(t, m);
     } else {
       m->req = r;
       r->im = m;
@@ -465,75 +397,92 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
   return 0;
 }
 
-/* A fragment header arrived on c: find or create its message. 0 or -1 (failed). */
-static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* h) {
-  uint64_t tag = get_u64(h), off = get_u64(h + 8), len = get_u64(h + 16), total = get_u64(h + 24);
-  tcp_peer* pe = &t->peers[c->peer];
+/* Fail the transport: peer sent a header that breaks the protocol. */
+static void fail_header(tcp_transport* t, int peer, const mlxd_tcp_hdr* h, const char* why) {
   char ts[64];
   mlxd_status s;
-  if (len > total || off > total - len || total > (uint64_t)SIZE_MAX) {
-    mlxd_match_tag_str(tag, ts, sizeof ts);
-    mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP,
-                 "corrupt message header from rank %d (%s: offset %" PRIu64 ", length %" PRIu64
-                 ", total %" PRIu64 "); is the peer an mlxdist rank of the same version?",
-                 c->peer, ts, off, len, total);
-    mlxd_status_set_peer(&s, c->peer, pe->addr);
-    tcp_fail(t, &s);
+  mlxd_match_tag_str(h->tag, ts, sizeof ts);
+  mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP,
+               "bad message header from rank %d (%s, offset %" PRIu64 ", length %" PRIu64
+               ", total %" PRIu64 "): %s; is the peer an mlxdist rank of the same version?",
+               peer, ts, h->off, h->len, h->total, why);
+  mlxd_status_set_peer(&s, peer, t->peers[peer].addr);
+  tcp_fail(t, &s);
+}
+
+/* A fragment header arrived on c: check it (tcp_wire.h), then find or
+ * create its message. 0 or -1 (failed). */
+static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
+  tcp_peer* pe = &t->peers[c->peer];
+  char why[256];
+  mlxd_tcp_hdr h;
+  if (mlxd_tcp_hdr_decode(raw, &h, why, sizeof why) != 0) {
+    fail_header(t, c->peer, &h, why);
     return -1;
   }
-  tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->arriving, tag), tcp_imsg, arr);
-  if (m && m->total != total) {
-    mlxd_match_tag_str(tag, ts, sizeof ts);
-    mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP,
-                 "rank %d sent two messages with the same tag (%s) at once (%zu and %" PRIu64
-                 " bytes); tags must be unique among messages in flight",
-                 c->peer, ts, m->total, total);
-    mlxd_status_set_peer(&s, c->peer, pe->addr);
-    tcp_fail(t, &s);
+  tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->arriving, h.tag), tcp_imsg, arr);
+  mlxd_tcp_rx_state rs = {.ux_charged = pe->ux_charged, .ux_budget = t->ux_budget};
+  struct mlxd_req* r = NULL;
+  if (m) {
+    rs.arriving = true;
+    rs.arr_total = m->total;
+    rs.arr_got = m->announced;
+  } else {
+    r = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->mq.posted, h.tag), struct mlxd_req, link);
+    rs.posted = r != NULL;
+    rs.posted_n = r ? r->m.n : 0;
+  }
+  mlxd_tcp_admit what = mlxd_tcp_hdr_admit(&h, &rs, why, sizeof why);
+  if (what == MLXD_TCP_REJECT) {
+    fail_header(t, c->peer, &h, why);
     return -1;
   }
   if (!m) {
     m = calloc(1, sizeof *m);
     if (!m) {
+      mlxd_status s;
       mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_TCP,
                    "out of memory receiving a message from rank %d", c->peer);
       mlxd_status_set_peer(&s, c->peer, pe->addr);
       tcp_fail(t, &s);
       return -1;
     }
-    m->total = (size_t)total;
-    struct mlxd_req* r =
-        MLXD_MATCH_ENTRY(mlxd_match_take(&pe->mq.posted, tag), struct mlxd_req, link);
-    if (r) {
-      if (r->m.n == m->total) {
-        m->buf = r->buf;
-        m->req = r;
-        r->im = m;
-      } else {
-        r->m.mismatch = true;
-        r->m.sent = m->total;
-        req_fail(t, r, MLXD_EINVAL);
-        m->discard = true;
-      }
+    m->total = (size_t)h.total;
+    m->peer = c->peer;
+    if (what == MLXD_TCP_DIRECT) {
+      mlxd_match_remove(&pe->mq.posted, &r->link);
+      m->buf = r->buf;
+      m->req = r;
+      r->im = m;
+    } else if (what == MLXD_TCP_MISMATCH) {
+      mlxd_match_remove(&pe->mq.posted, &r->link);
+      r->m.mismatch = true;
+      r->m.sent = m->total;
+      req_fail(t, r, MLXD_EINVAL);
+      m->discard = true; /* drained into nothing: no allocation */
     } else {
       m->owned = true;
       m->buf = mlxd_buffer_alloc(m->total);
       if (!m->buf) {
         free(m);
+        mlxd_status s;
         mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_TCP,
-                     "out of memory buffering a %" PRIu64 "-byte message from rank %d", total,
+                     "out of memory buffering a %" PRIu64 "-byte message from rank %d", h.total,
                      c->peer);
         mlxd_status_set_peer(&s, c->peer, pe->addr);
         tcp_fail(t, &s);
         return -1;
       }
-      mlxd_match_push(&pe->mq.unexpected, &m->ux, tag);
+      m->charged = h.total + MLXD_TCP_UX_OVERHEAD;
+      pe->ux_charged += m->charged;
+      mlxd_match_push(&pe->mq.unexpected, &m->ux, h.tag);
     }
-    mlxd_match_push(&pe->arriving, &m->arr, tag);
+    mlxd_match_push(&pe->arriving, &m->arr, h.tag);
   }
+  m->announced += (size_t)h.len; /* the admit check keeps the sum within total */
   c->cur = m;
-  c->cur_off = (size_t)off;
-  c->cur_len = (size_t)len;
+  c->cur_off = (size_t)h.off;
+  c->cur_len = (size_t)h.len;
   c->cur_got = 0;
   c->in_payload = true;
   return 0;
@@ -555,9 +504,9 @@ static void frag_done(tcp_transport* t, tcp_conn* c) {
     r->im = NULL;
     r->done = r->m.n;
     req_complete(t, r);
-    imsg_free(m);
+    imsg_free(t, m);
   } else if (m->discard) {
-    imsg_free(m);
+    imsg_free(t, m);
   }
   /* else: an unexpected message, kept until its receive is posted */
 }
@@ -567,7 +516,14 @@ static void payload_got(tcp_conn* c, size_t k) {
   if (c->cur->req) c->cur->req->done += k;
 }
 
-/* Read everything available on c. 0 or an errno (-1 for EOF). */
+/* recv(MSG_DONTWAIT) on c, through TLS when it is on. */
+static ssize_t conn_recv(tcp_conn* c, void* buf, size_t n) {
+  if (c->ssl) return mlxd_tcp_tls_recv(c, buf, n);
+  return recv(c->fd, buf, n, MSG_DONTWAIT);
+}
+
+/* Read everything available on c. 0 or an errno (-1 for EOF; EPROTO with
+ * c->ssl: a TLS error, c->tls_why says why). */
 static int conn_read(tcp_transport* t, tcp_conn* c) {
   for (;;) {
     if (t->err.code) return 0;
@@ -584,7 +540,7 @@ static int conn_read(tcp_transport* t, tcp_conn* c) {
         c->rlen = avail;
         c->rpos = 0;
       }
-      ssize_t k = recv(c->fd, c->rbuf + c->rlen, TCP_RBUF - c->rlen, MSG_DONTWAIT);
+      ssize_t k = conn_recv(c, c->rbuf + c->rlen, TCP_RBUF - c->rlen);
       if (k == 0) return -1;
       if (k < 0) {
         if (errno == EINTR) continue;
@@ -612,13 +568,13 @@ static int conn_read(tcp_transport* t, tcp_conn* c) {
     c->rpos = c->rlen = 0;
     ssize_t k;
     if (dst && need >= TCP_RBUF / 2) {
-      k = recv(c->fd, dst, need < TCP_IO_MAX ? need : TCP_IO_MAX, MSG_DONTWAIT);
+      k = conn_recv(c, dst, need < TCP_IO_MAX ? need : TCP_IO_MAX);
       if (k > 0) {
         payload_got(c, (size_t)k);
         continue;
       }
     } else {
-      k = recv(c->fd, c->rbuf, TCP_RBUF, MSG_DONTWAIT);
+      k = conn_recv(c, c->rbuf, TCP_RBUF);
       if (k > 0) {
         c->rlen = (size_t)k;
         continue;
@@ -645,8 +601,13 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
   for (int i = 0; i < nc; i++) {
     tcp_conn* c = &t->conns[i];
     if (c->fd < 0 || c->eof) continue;
+    bool out = c->qhead != NULL;
+    if (c->ssl) {
+      out = out || c->wlen > 0 || c->want_write;
+      if (c->kick || mlxd_tls_pending(c->ssl)) timeout_ms = 0; /* bytes poll cannot see */
+    }
     t->pfds[np].fd = c->fd;
-    t->pfds[np].events = (short)(POLLIN | (c->qhead ? POLLOUT : 0));
+    t->pfds[np].events = (short)(POLLIN | (out ? POLLOUT : 0));
     t->pconn[np] = c;
     np++;
   }
@@ -668,11 +629,24 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
     }
     return false;
   }
-  if (rc == 0) return false;
+  bool tls_pending = false;
+  for (int i = 1; t->tls && i < np; i++) {
+    tcp_conn* c = t->pconn[i];
+    if (c->ssl && (c->kick || mlxd_tls_pending(c->ssl))) {
+      c->kick = false;
+      t->pfds[i].revents |= POLLIN;
+      tls_pending = true;
+    }
+  }
+  if (rc == 0 && !tls_pending) return false;
   for (int i = 0; i < np && !t->err.code; i++) {
     short ev = t->pfds[i].revents;
     if (!ev) continue;
     tcp_conn* c = t->pconn[i];
+    if (c && c->want_write && (ev & POLLOUT)) {
+      c->want_write = false;
+      ev |= POLLIN; /* the read that waited for the socket to be writable */
+    }
     if (!c) {
       uint64_t v;
       ssize_t k = read(t->wake_fd, &v, sizeof v);
@@ -684,11 +658,11 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
       if (err < 0 && !t->err.code)
         conn_eof(t, c);
       else if (err && !t->err.code)
-        fail_lost(t, c->peer, "recv", err);
+        fail_io(t, c, "recv", err);
     }
-    if (!t->err.code && !c->eof && c->qhead && (ev & (POLLOUT | POLLERR))) {
+    if (!t->err.code && !c->eof && (c->qhead || c->wlen) && (ev & (POLLOUT | POLLERR))) {
       int err = conn_write(t, c);
-      if (err && !t->err.code) fail_lost(t, c->peer, "sendmsg", err);
+      if (err && !t->err.code) fail_io(t, c, "sendmsg", err);
     }
   }
   return true;
@@ -773,167 +747,5 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   return code;
 }
 
-/* ------------------------------------------------------ create / destroy */
-
-static void tcp_destroy(mlxd_transport* tt) {
-  tcp_transport* t = (tcp_transport*)tt;
-  if (!t) return;
-  int nc = t->base.size * t->nconn;
-  for (int i = 0; i < nc && t->conns; i++) {
-    if (t->conns[i].fd >= 0) close(t->conns[i].fd);
-    free(t->conns[i].rbuf);
-  }
-  for (int p = 0; p < t->base.size && t->peers; p++) {
-    tcp_peer* pe = &t->peers[p];
-    mlxd_match_link* l;
-    while ((l = mlxd_match_pop(&pe->arriving))) {
-      tcp_imsg* m = MLXD_MATCH_ENTRY(l, tcp_imsg, arr);
-      if (imsg_unexpected(m)) mlxd_match_remove(&pe->mq.unexpected, &m->ux);
-      imsg_free(m);
-    }
-    while ((l = mlxd_match_pop(&pe->mq.unexpected))) imsg_free(MLXD_MATCH_ENTRY(l, tcp_imsg, ux));
-  }
-  if (t->wake_fd >= 0) close(t->wake_fd);
-  pthread_mutex_destroy(&t->mu);
-  pthread_cond_destroy(&t->cv);
-  free(t->conns);
-  free(t->peers);
-  free(t->pfds);
-  free(t->pconn);
-  free(t);
-}
-
-/* "10.0.0.2:41000" / "[fe80::1]:41000" for a connected inet socket; ""
- * otherwise (a socketpair, or getpeername failing). */
-static void peer_addr(int fd, char* out, size_t n) {
-  struct sockaddr_storage ss;
-  socklen_t len = sizeof ss;
-  char ip[INET6_ADDRSTRLEN];
-  out[0] = '\0';
-  if (getpeername(fd, (struct sockaddr*)&ss, &len) != 0) return;
-  if (ss.ss_family == AF_INET) {
-    const struct sockaddr_in* a = (const struct sockaddr_in*)&ss;
-    if (inet_ntop(AF_INET, &a->sin_addr, ip, sizeof ip))
-      snprintf(out, n, "%s:%u", ip, (unsigned)ntohs(a->sin_port));
-  } else if (ss.ss_family == AF_INET6) {
-    const struct sockaddr_in6* a = (const struct sockaddr_in6*)&ss;
-    if (inet_ntop(AF_INET6, &a->sin6_addr, ip, sizeof ip))
-      snprintf(out, n, "[%s]:%u", ip, (unsigned)ntohs(a->sin6_port));
-  }
-}
-
-static void close_fds(const int* fds, int count) {
-  for (int i = 0; i < count; i++)
-    if (fds[i] >= 0) close(fds[i]);
-}
-
-mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int nconn,
-                                       mlxd_status* st) {
-  if (size < 1 || rank < 0 || rank >= size || nconn < 1 || nconn > 64 || !fds) {
-    if (fds && size > 0 && nconn > 0 && size <= (1 << 20) && nconn <= (1 << 10))
-      close_fds(fds, size * nconn);
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_TCP,
-                 "cannot build a TCP transport for rank %d of %d with %d connection(s) per "
-                 "peer: expected 0 <= rank < size and 1 <= connections <= 64",
-                 rank, size, nconn);
-    return NULL;
-  }
-  int nc = size * nconn;
-  for (int p = 0; p < size; p++) {
-    for (int c = 0; c < nconn; c++) {
-      int fd = fds[p * nconn + c];
-      int type = 0;
-      socklen_t tl = sizeof type;
-      if (p != rank &&
-          (fd < 0 || getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM)) {
-        close_fds(fds, nc);
-        mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_TCP,
-                     "connection %d to rank %d (fd %d) is not a connected stream socket", c, p, fd);
-        mlxd_status_set_peer(st, p, NULL);
-        return NULL;
-      }
-    }
-  }
-  tcp_transport* t = calloc(1, sizeof *t);
-  if (!t) {
-    close_fds(fds, nc);
-    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
-    return NULL;
-  }
-  t->base.ops = &tcp_ops;
-  t->base.rank = rank;
-  t->base.size = size;
-  t->nconn = nconn;
-  t->wake_fd = -1;
-  pthread_mutex_init(&t->mu, NULL);
-  pthread_cond_init(&t->cv, NULL);
-  t->conns = calloc((size_t)nc, sizeof *t->conns);
-  t->peers = calloc((size_t)size, sizeof *t->peers);
-  t->pfds = calloc((size_t)nc + 1, sizeof *t->pfds);
-  t->pconn = calloc((size_t)nc + 1, sizeof *t->pconn);
-  bool ok = t->conns && t->peers && t->pfds && t->pconn;
-  for (int i = 0; i < nc && t->conns; i++) t->conns[i].fd = -1;
-  if (!ok) {
-    close_fds(fds, nc);
-    tcp_destroy(&t->base);
-    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
-    return NULL;
-  }
-  for (int i = 0; i < nc; i++) {
-    tcp_conn* c = &t->conns[i];
-    c->peer = i / nconn;
-    c->fd = c->peer == rank ? -1 : fds[i];
-    if (c->peer == rank && fds[i] >= 0) close(fds[i]);
-  }
-  for (int p = 0; p < size; p++)
-    if (p != rank) peer_addr(t->conns[p * nconn].fd, t->peers[p].addr, sizeof t->peers[p].addr);
-  for (int i = 0; i < nc; i++) {
-    tcp_conn* c = &t->conns[i];
-    if (c->fd < 0) continue;
-    c->rbuf = malloc(TCP_RBUF);
-    if (!c->rbuf) {
-      tcp_destroy(&t->base);
-      mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
-      return NULL;
-    }
-    int fl = fcntl(c->fd, F_GETFL);
-    if (fl < 0 || fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-      int e = errno;
-      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP,
-                   "cannot make the connection to rank %d non-blocking", c->peer);
-      mlxd_status_set_peer(st, c->peer, t->peers[c->peer].addr);
-      mlxd_status_set_sys(st, "fcntl", e);
-      tcp_destroy(&t->base);
-      return NULL;
-    }
-    /* Best effort: TCP_NODELAY fails harmlessly on a non-TCP socket, and the
-     * buffer sizes are only raised, never lowered (setting them after the
-     * connection is up also disables the kernel's auto-tuning, so the
-     * connecting side should set them before connect/listen). */
-    int one = 1;
-    (void)setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    int cur = 0;
-    socklen_t cl = sizeof cur;
-    if (getsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &cur, &cl) == 0 && cur < TCP_SOCKBUF) {
-      int want = TCP_SOCKBUF;
-      (void)setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
-    }
-  }
-  t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (t->wake_fd < 0) {
-    int e = errno;
-    tcp_destroy(&t->base);
-    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP, "cannot create an eventfd for the TCP transport");
-    mlxd_status_set_sys(st, "eventfd", e);
-    return NULL;
-  }
-  double to = mlxd_tunable_double(MLXD_T_TIMEOUT);
-  t->timeout_s = to > 0 ? to : 60;
-  double spin = mlxd_tunable_double(MLXD_T_SPIN_US);
-  t->spin_s = spin > 0 ? spin * 1e-6 : 0;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  t->yield_spin = ncpu > 0 && size > ncpu;
-  return &t->base;
-}
-
-static const mlxd_transport_ops tcp_ops = {"tcp", tcp_isend, tcp_irecv, tcp_waitall, tcp_destroy};
+const mlxd_transport_ops mlxd_tcp_ops = {"tcp", tcp_isend, tcp_irecv, tcp_waitall,
+                                         mlxd_tcp_destroy};

@@ -46,11 +46,18 @@
     "(read by the plugin; lowered by tests to exercise the split paths).")                       \
   X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0",                                               \
     "mlxdist-launch: seconds before every rank is killed and the launcher "                      \
-    "exits 124 (0: no limit; --timeout overrides it).")                                         \
+    "exits 124 (0: no limit; --timeout overrides it).")                                          \
   X(SECRET_FILE, "MLXDIST_SECRET_FILE", "",                                                      \
     "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "    \
     "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "            \
-    "docs/security.md.")
+    "docs/security.md.")                                                                         \
+  X(TLS, "MLXDIST_TLS", "0",                                                                     \
+    "1: every TCP connection of the transport runs TLS 1.3, keyed from MLXDIST_SECRET_FILE "     \
+    "(required) as a pre-shared key; 0: plain TCP. Shared memory is unaffected. See "            \
+    "docs/security.md.")                                                                         \
+  X(TCP_UNEXPECTED_MB, "MLXDIST_TCP_UNEXPECTED_MB", "4096",                                      \
+    "TCP transport: megabytes of messages that arrived before their receive was posted that a "  \
+    "rank buffers per peer; a peer going beyond fails the transport, naming it.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, doc) MLXD_T_##id,

@@ -1,0 +1,72 @@
+/* Private: the TCP transport's fragment header, and the checks every
+ * header passes before the receiver acts on it (allocates, copies, matches).
+ * Pure functions (no I/O, no allocation, no global state), so the fuzz
+ * target tests/fuzz/fuzz_tcp_header.c drives them directly.
+ *
+ * A message of `total` bytes is sent as fragments; each fragment is a
+ * 32-byte header (tag, offset, length, total: little-endian u64) followed
+ * by `length` payload bytes that belong at `offset` of the message.
+ *
+ * What a receiver accepts (anything else fails the transport with a
+ * message naming the peer and the field):
+ *  - the header alone: length <= total, offset + length <= total (no
+ *    overflow), total <= MLXD_TCP_MSG_MAX, length <= MLXD_TCP_FRAG_MAX, and
+ *    length > 0 exactly when total > 0 (a sender never sends an empty
+ *    fragment of a non-empty message);
+ *  - against a message of the same tag still arriving: the same total, and
+ *    no more payload than total in all (duplicates are refused);
+ *  - against the receive posted for the tag: total must equal its size.
+ *    A different total fails that receive only (MLXD_EINVAL) and the
+ *    payload is drained into nothing: it allocates no memory;
+ *  - with no receive posted (an "unexpected" message): it is buffered only
+ *    if the peer's unexpected messages, this one included, stay within the
+ *    budget (MLXDIST_TCP_UNEXPECTED_MB per peer; each message is charged its
+ *    total plus MLXD_TCP_UX_OVERHEAD). So a header claiming 2^60 bytes
+ *    allocates nothing. */
+#ifndef MLXD_TCP_WIRE_H
+#define MLXD_TCP_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MLXD_TCP_HDR 32u
+#define MLXD_TCP_FRAG_MAX ((uint64_t)1 << 20) /* largest fragment a sender makes */
+#define MLXD_TCP_MSG_MAX ((uint64_t)1 << 48)  /* largest message (256 TiB) */
+#define MLXD_TCP_UX_OVERHEAD 256u             /* bytes charged per unexpected message */
+
+typedef struct mlxd_tcp_hdr {
+  uint64_t tag, off, len, total;
+} mlxd_tcp_hdr;
+
+void mlxd_tcp_hdr_encode(unsigned char out[MLXD_TCP_HDR], const mlxd_tcp_hdr* h);
+
+/* Decode and check a header on its own. 0, or -1 with why set to the bad
+ * field ("length 2097152 is above the 1048576-byte fragment limit"). */
+int mlxd_tcp_hdr_decode(const unsigned char in[MLXD_TCP_HDR], mlxd_tcp_hdr* out, char* why,
+                        size_t why_n);
+
+/* What the receiver knows about the header's tag when it arrives. */
+typedef struct mlxd_tcp_rx_state {
+  bool arriving;       /* a message with this tag is still arriving */
+  uint64_t arr_total;  /* its total */
+  uint64_t arr_got;    /* payload bytes already received or announced */
+  bool posted;         /* (not arriving) a receive is posted for the tag */
+  uint64_t posted_n;   /* its size */
+  uint64_t ux_charged; /* bytes of unexpected messages buffered from the peer */
+  uint64_t ux_budget;  /* the most that may be */
+} mlxd_tcp_rx_state;
+
+typedef enum mlxd_tcp_admit {
+  MLXD_TCP_REJECT,   /* protocol violation: why says which field */
+  MLXD_TCP_CONTINUE, /* another fragment of the arriving message */
+  MLXD_TCP_DIRECT,   /* first fragment of the posted receive's message */
+  MLXD_TCP_MISMATCH, /* the posted receive expects another size: drain, fail it */
+  MLXD_TCP_BUFFER,   /* unexpected: buffer total bytes (charge total + overhead) */
+} mlxd_tcp_admit;
+
+/* Decide what to do with a decoded header h given s. */
+mlxd_tcp_admit mlxd_tcp_hdr_admit(const mlxd_tcp_hdr* h, const mlxd_tcp_rx_state* s, char* why,
+                                  size_t why_n);
+
+#endif
