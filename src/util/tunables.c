@@ -164,7 +164,10 @@ static int parse_number(mlxd_tunable t, const char* text, double* out, char* why
   if (rest)
     while (blank(*rest)) rest++;
   if (!end || *rest) {
-    if (integer && scan_decimal(p, false)) return reject(t, text, "is not an integer", why, wl);
+    const char* real = integer ? scan_decimal(p, false) : NULL;
+    if (real)
+      while (blank(*real)) real++;
+    if (real && !*real) return reject(t, text, "is not an integer", why, wl); /* "1.5", "1e3" */
     return reject(t, text, integer ? "is not a decimal integer" : "is not a decimal number", why,
                   wl);
   }
