@@ -2,8 +2,8 @@
 # Install everything mlxdist needs to build, test and benchmark on Debian 12.
 # Run as root (or with sudo). Safe to run again.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config clang clang-format libcjson-dev openmpi-bin libopenmpi-dev
-      valgrind gnuplot-nox iproute2 nftables procps)
+pkgs=(build-essential cmake pkg-config clang clang-format libcjson-dev libssl-dev openmpi-bin libopenmpi-dev
+      valgrind gnuplot-nox iproute2 nftables procps tcpdump)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,7 +2,8 @@
 # The whole test suite: check the formatting (clang-format), then build and run
 # every test three times — a normal build (warnings are errors, gcc),
 # AddressSanitizer + UndefinedBehaviorSanitizer, and ThreadSanitizer — plus a
-# warnings-as-errors build with clang.
+# warnings-as-errors build with clang and a short run of every fuzz target
+# (MLXDIST_FUZZ_SECONDS each, default 15).
 #   usage: scripts/test.sh [--setup]
 # --setup (or MLXDIST_SETUP=1) first installs the Debian packages the tests need
 # (scripts/setup-debian.sh, as root or through sudo); without it the script
@@ -53,6 +54,10 @@ run_ctest build-test
 
 echo "== clang build (-Werror) =="
 CC=clang configure_build build-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLXDIST_BUILD_TESTS=ON
+
+echo "== fuzz targets (libFuzzer + ASan/UBSan, ${MLXDIST_FUZZ_SECONDS:-15} s each) =="
+# A short run in CI; scripts/fuzz.sh 600 is the long run (docs/security.md).
+FUZZ_BUILD="$out/build-fuzz" bash "$root/scripts/fuzz.sh" "${MLXDIST_FUZZ_SECONDS:-15}"
 
 echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer =="
 configure_build build-asan -DCMAKE_BUILD_TYPE=Debug -DMLXDIST_SANITIZE=address,undefined

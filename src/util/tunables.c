@@ -96,6 +96,10 @@ const char* mlxd_tunable_expected(mlxd_tunable t, char* buf, size_t len) {
                     "%.0f characters)",
                     s->hi);
       break;
+    case MLXD_TK_FILE:
+      mlxd_text_add(&o, "empty, or a file's path (no control characters, at most %.0f characters)",
+                    s->hi);
+      break;
   }
   return buf;
 }
@@ -254,7 +258,8 @@ int mlxd_tunable_parse(mlxd_tunable t, const char* text, double* out, char* why,
     }
     case MLXD_TK_CHOICE: return parse_choice(t, text, out, why, why_len);
     case MLXD_TK_HOST:
-    case MLXD_TK_PATHS: return parse_text(t, text, out, why, why_len);
+    case MLXD_TK_PATHS:
+    case MLXD_TK_FILE: return parse_text(t, text, out, why, why_len);
   }
   return reject(t, text, "has no known kind", why, why_len);
 }

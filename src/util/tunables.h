@@ -28,6 +28,7 @@ typedef enum mlxd_tunable_kind {
   MLXD_TK_CHOICE,  /* one of the '|'-separated words in what (case-insensitive) */
   MLXD_TK_HOST,    /* empty, or an IP address / host name (letters, digits, . - : [ ] %) */
   MLXD_TK_PATHS,   /* empty, or directories separated by ':' (no control characters) */
+  MLXD_TK_FILE,    /* empty, or a file's path (no control characters; checked where it is used) */
 } mlxd_tunable_kind;
 
 typedef struct mlxd_tunable_spec {
@@ -49,6 +50,8 @@ typedef struct mlxd_tunable_spec {
   { MLXD_TK_HOST, 0, 255, "" }
 #define MLXD_TK_PATHS() \
   { MLXD_TK_PATHS, 0, 4096, "" }
+#define MLXD_TK_FILE() \
+  { MLXD_TK_FILE, 0, 4096, "" }
 
 #define MLXD_TUNABLES(X)                                                                       \
   X(TIMEOUT, "MLXDIST_TIMEOUT", "60", MLXD_TK_NUMBER(0.001, 86400, "seconds"),                 \
@@ -90,7 +93,11 @@ typedef struct mlxd_tunable_spec {
     "(read by the plugin; lowered by tests to exercise the split paths).")                     \
   X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0", MLXD_TK_NUMBER(0, 31536000, "seconds"),     \
     "mlxdist-launch: seconds before every rank is killed and the launcher "                    \
-    "exits 124 (0: no limit; --timeout overrides it).")
+    "exits 124 (0: no limit; --timeout overrides it).")                                        \
+  X(SECRET_FILE, "MLXDIST_SECRET_FILE", "", MLXD_TK_FILE(),                                    \
+    "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "  \
+    "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "          \
+    "docs/security.md.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,

@@ -144,7 +144,8 @@ static void validate_all(void) {
           expect_bad(t, *v);
         break;
       }
-      case MLXD_TK_PATHS: {
+      case MLXD_TK_PATHS:
+      case MLXD_TK_FILE: {
         expect_good(t, "/opt/a:/opt/b c", 0);
         char lng[5000];
         memset(lng, '/', 4097);

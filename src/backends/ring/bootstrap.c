@@ -37,6 +37,12 @@ static uint32_t fnv1a(const unsigned char* p, size_t n) {
   return h;
 }
 
+static bool zeros(const unsigned char* p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i]) return false;
+  return true;
+}
+
 void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int nconn,
                           const mlxd_ring_addr* a) {
   memset(rec, 0, MLXD_RING_REC_BYTES);
@@ -87,6 +93,8 @@ int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, in
     snprintf(detail, sizeof detail, "unknown address family %u", fam);
   else if (mlxd_get16(rec + 20) == 0)
     what = "port 0";
+  else if (!zeros(rec + 22, 2) || !zeros(rec + (fam == 4 ? 28 : 40), fam == 4 ? 32 : 20))
+    what = "non-zero reserved bytes"; /* found by fuzz_ring_record: the record must be canonical */
   if (what || detail[0])
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "%s returned a malformed address record for rank %d (connection "
