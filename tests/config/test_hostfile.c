@@ -183,6 +183,20 @@ static void parse_tests(void) {
            MLXD_EINVAL); /* len is checked first: the bytes after the marker are never read */
   T_ASSERT(strstr(st.msg, "is 16777217 bytes (expected at most 16777216)"));
 
+  /* the values are counted before cJSON builds them: 16 MiB of "[0,0,..." is refused at once */
+  size_t zlen = (size_t)MLXD_RING_HOSTFILE_MAX_BYTES;
+  char* zeros = malloc(zlen);
+  T_ASSERT(zeros != NULL);
+  for (size_t i = 0; i < zlen; i += 2) zeros[i] = '0', zeros[i + 1] = ',';
+  zeros[0] = '[';
+  zeros[zlen - 1] = ']';
+  st = (mlxd_status){0};
+  T_EQ_INT(mlxd_ring_hostfile_parse(zeros, zlen, "hf.json", &h, &st), MLXD_EINVAL);
+  T_ASSERT(strstr(st.msg,
+                  "hostfile 'hf.json' holds up to 8388609 JSON values (expected at most "
+                  "65536 ranks and 262144 addresses in all)"));
+  free(zeros);
+
   /* names are resolved after parsing, then checked for duplicates again */
   const char* t = "[[\"127.1:5000\"], [\"127.0.0.1:5000\"]]";
   st = (mlxd_status){0};

@@ -376,6 +376,30 @@ static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_o
   return 0;
 }
 
+/* An upper bound of the JSON values in text, without parsing it: each
+ * container holds at most one more value than it has commas. It bounds the
+ * memory cJSON would take (a 16 MiB "[0,0,0,..." is 8 million nodes). */
+static size_t count_values(const char* t, size_t len) {
+  size_t n = 1;
+  bool in_string = false;
+  for (size_t i = 0; i < len; i++) {
+    char c = t[i];
+    if (in_string) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == ',' || c == '[' || c == '{') {
+      n++;
+    }
+  }
+  return n;
+}
+
+#define MAX_VALUES (1 + MLXD_RING_HOSTFILE_MAX_RANKS + MLXD_RING_HOSTFILE_MAX_ADDRS)
+
 int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlxd_ring_hosts* out,
                              mlxd_status* st) {
   memset(out, 0, sizeof *out);
@@ -383,6 +407,12 @@ int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlx
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' is %zu bytes (expected at most %d)", name, len,
                         MLXD_RING_HOSTFILE_MAX_BYTES);
+  size_t values = count_values(text, len);
+  if (values > MAX_VALUES)
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "hostfile '%s' holds up to %zu JSON values (expected at most %d ranks and "
+                        "%d addresses in all)",
+                        name, values, MLXD_RING_HOSTFILE_MAX_RANKS, MLXD_RING_HOSTFILE_MAX_ADDRS);
   cJSON* root = parse_one_document(text, len, name, st);
   if (!root) return st->code;
   int n = 0, k = 0;
