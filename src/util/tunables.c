@@ -40,6 +40,12 @@ const mlxd_tunable_spec* mlxd_tunable_spec_of(mlxd_tunable t) {
   return valid(t) ? &k_tunables[t].spec : NULL;
 }
 
+int mlxd_tunable_find(const char* name, size_t len) {
+  for (int i = 0; i < MLXD_T_COUNT; i++)
+    if (strlen(k_tunables[i].env) == len && strncmp(k_tunables[i].env, name, len) == 0) return i;
+  return -1;
+}
+
 const char* mlxd_tunable_str(mlxd_tunable t) {
   if (!valid(t)) return "";
   const char* v = getenv(k_tunables[t].env);

@@ -118,6 +118,8 @@ const char* mlxd_tunable_env_name(mlxd_tunable t);
 const char* mlxd_tunable_default(mlxd_tunable t);
 const char* mlxd_tunable_doc(mlxd_tunable t);
 const mlxd_tunable_spec* mlxd_tunable_spec_of(mlxd_tunable t);
+/* The tunable whose variable is the len bytes at name, or -1. */
+int mlxd_tunable_find(const char* name, size_t len);
 
 /* What a value of t must be, in words: "seconds, a number from 0.001 to
  * 86400", "auto, tcp or shm", ... Returns buf. */

@@ -124,6 +124,13 @@ static void option_tests(void) {
                      NULL);
   expect_usage_error(ARGV("-n", "2", PROG), "MLXDIST_LAUNCH_TIMEOUT=-5",
                      "MLXDIST_LAUNCH_TIMEOUT must be", "got '-5'", NULL);
+  /* a value the ranks would refuse at init is refused before they start */
+  expect_usage_error(ARGV("-n", "2", "--env", "MLXDIST_TIMEOUT=0", PROG), NULL,
+                     "--env MLXDIST_TIMEOUT=0: MLXDIST_TIMEOUT='0' is out of range; expected "
+                     "seconds, a number from 0.001 to 86400",
+                     NULL);
+  expect_usage_error(ARGV("-n", "2", "--env", "MLXDIST_TRANSPORT=udp", PROG), NULL,
+                     "MLXDIST_TRANSPORT='udp' is not valid; expected auto, tcp or shm", NULL);
   printf("options: OK\n");
 }
 

@@ -190,6 +190,9 @@ static void validate_all(void) {
   mlxd_tunable_parse(MLXD_T_PLUGIN_PATH, "/a\n", NULL, why, sizeof why);
   T_ASSERT(strstr(why, "MLXDIST_PLUGIN_PATH='/a\\x0a' has the byte 0x0a at position 3"));
   T_ASSERT(mlxd_tunable_parse((mlxd_tunable)99, "1", NULL, why, sizeof why) != 0);
+  T_EQ_INT(mlxd_tunable_find("MLXDIST_SPIN_US=5", 15), MLXD_T_SPIN_US);
+  T_EQ_INT(mlxd_tunable_find("MLXDIST_SPIN", 12), -1);
+  T_EQ_INT(mlxd_tunable_find("MLXDIST_SPIN_USX", 16), -1);
   printf("validation: %d bad values rejected, each naming its variable\n", g_rejected);
 }
 

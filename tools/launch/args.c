@@ -20,8 +20,10 @@ static void usage(FILE* f) {
           "                        mpi: run the ranks with mpirun\n"
           "  --connections K       ring: TCP connections per rank (1..%d, default 1)\n"
           "  --hostfile F          ring: use the JSON hostfile F as is (a list with one list\n"
-          "                        of \"ip:port\" strings per rank); N is its number of lists\n"
-          "  --env K=V             set K=V in every rank's environment (repeatable)\n"
+          "                        of \"ip:port\" strings per rank); N is its number of lists;\n"
+          "                        checked as the ranks check it (docs/ring.md)\n"
+          "  --env K=V             set K=V in every rank's environment (repeatable); an\n"
+          "                        MLXDIST_* value is checked as the ranks would check it\n"
           "  --verbose             print what is launched; ring: set MLX_RING_VERBOSE=1\n"
           "  --timeout S           kill all ranks after S seconds and exit 124 (default: none;\n"
           "                        also read from MLXDIST_LAUNCH_TIMEOUT; 0 means none)\n"
@@ -138,6 +140,11 @@ static bool parse_valued(int argc, char** argv, int* i, launch_opts* o, bool* ha
           "--env expects NAME=VALUE with NAME made of letters, digits and '_', "
           "got '%s'.",
           v);
+    /* an MLXDIST_* value the ranks would refuse at init is refused here, before they start */
+    int t = mlxd_tunable_find(v, (size_t)(eq - v));
+    char why[400];
+    if (t >= 0 && eq[1] && mlxd_tunable_parse((mlxd_tunable)t, eq + 1, NULL, why, sizeof why) != 0)
+      launch_bad_usage("--env %s: %s.", v, why);
     o->envs[o->n_envs++] = v;
   } else if ((v = opt_value(argc, argv, i, "--timeout", NULL, &m)) || m) {
     o->timeout = parse_seconds("--timeout", v);
