@@ -116,7 +116,10 @@ static void parse_tests(void) {
                     NULL);
   expect_parse_fail(" \n\t ", "is empty", NULL);
   expect_parse_fail("[[\"127.0.0.1:5000\"", /* cJSON names the last byte of a cut-off file */
-                    "is not valid JSON: syntax error at line 1, column 18 (at '\"')", NULL);
+                    "is not valid JSON: syntax error at line 1, column 18 (at '\"'); the file ends "
+                    "with 2 brackets still open",
+                    NULL);
+  expect_parse_fail("[[\"127.0.0.1:5000", "; the file ends inside a string", NULL);
   expect_parse_fail("[[\"127.0.0.1:5000\"],\n [\"127.0.0.1:5001\",]]",
                     "syntax error at line 2, column 20 (at ']]')", NULL);
   /* shapes and types */

@@ -285,6 +285,38 @@ static void where(const char* text, size_t len, size_t off, char* buf, size_t n)
 
 static bool json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
+/* A look at text's structure without parsing it: an upper bound of its JSON
+ * values (each container holds at most one more value than it has commas; it
+ * bounds the memory cJSON would take: a 16 MiB "[0,0,0,..." is 8 million
+ * nodes), and at the end the brackets still open and whether a string is. */
+typedef struct shape_scan {
+  size_t values;
+  long open;
+  bool in_string;
+} shape_scan;
+
+static shape_scan scan_shape(const char* t, size_t len) {
+  shape_scan s = {1, 0, false};
+  for (size_t i = 0; i < len; i++) {
+    char c = t[i];
+    if (s.in_string) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        s.in_string = false;
+    } else if (c == '"') {
+      s.in_string = true;
+    } else if (c == '[' || c == '{') {
+      s.values++, s.open++;
+    } else if (c == ']' || c == '}') {
+      s.open--;
+    } else if (c == ',') {
+      s.values++;
+    }
+  }
+  return s;
+}
+
 /* One document, nothing but whitespace after it. */
 static cJSON* parse_one_document(const char* text, size_t len, const char* name, mlxd_status* st) {
   size_t i = 0;
@@ -300,10 +332,17 @@ static cJSON* parse_one_document(const char* text, size_t len, const char* name,
   if (!root) {
     size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : len;
     where(text, len, off, at, sizeof at);
+    char cut[80] = ""; /* a file cut short: cJSON names its last byte, so say so */
+    shape_scan sh = scan_shape(text, len);
+    if (sh.in_string)
+      snprintf(cut, sizeof cut, "; the file ends inside a string");
+    else if (sh.open > 0)
+      snprintf(cut, sizeof cut, "; the file ends with %ld bracket%s still open", sh.open,
+               sh.open == 1 ? "" : "s");
     mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                 "hostfile '%s' is not valid JSON: syntax error at %s (expected " EXPECTED_FORMAT
+                 "hostfile '%s' is not valid JSON: syntax error at %s%s (expected " EXPECTED_FORMAT
                  ")",
-                 name, at);
+                 name, at, cut);
     return NULL;
   }
   size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : len;
@@ -376,28 +415,6 @@ static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_o
   return 0;
 }
 
-/* An upper bound of the JSON values in text, without parsing it: each
- * container holds at most one more value than it has commas. It bounds the
- * memory cJSON would take (a 16 MiB "[0,0,0,..." is 8 million nodes). */
-static size_t count_values(const char* t, size_t len) {
-  size_t n = 1;
-  bool in_string = false;
-  for (size_t i = 0; i < len; i++) {
-    char c = t[i];
-    if (in_string) {
-      if (c == '\\')
-        i++;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == ',' || c == '[' || c == '{') {
-      n++;
-    }
-  }
-  return n;
-}
-
 #define MAX_VALUES (1 + MLXD_RING_HOSTFILE_MAX_RANKS + MLXD_RING_HOSTFILE_MAX_ADDRS)
 
 int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlxd_ring_hosts* out,
@@ -407,7 +424,7 @@ int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlx
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' is %zu bytes (expected at most %d)", name, len,
                         MLXD_RING_HOSTFILE_MAX_BYTES);
-  size_t values = count_values(text, len);
+  size_t values = scan_shape(text, len).values;
   if (values > MAX_VALUES)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' holds up to %zu JSON values (expected at most %d ranks and "
