@@ -29,6 +29,8 @@
 #                    the range of the per-repeat ratios, and a flag where max/min of
 #                    either side exceeds 2 (such a size is noise-dominated)
 #   busbw-<op>-n<N>.png  busbw vs size from the medians, min-max error bars (gnuplot)
+# How far two such directories agree (ratio of medians per row, the count within
+# 25 %): scripts/bench-compare-runs.sh DIR_A DIR_B.
 #
 # Settings (environment):
 #   BENCH_REPEATS     runs of every configuration       (default 3, at least 1)
@@ -37,15 +39,30 @@
 #   BENCH_MIN_BYTES   smallest size                     (default 4)
 #   BENCH_MAX_BYTES   largest size                      (default 4M)
 #   BENCH_FACTOR      size factor                       (default 4)
-#   BENCH_ITERS       timed iterations per size         (default 20)
-#   BENCH_WARMUP      untimed iterations per size; > 0 also runs one untimed
+#   BENCH_MIN_TIME_MS timed work per size, at least     (default 300): both benchmarks
+#                     calibrate their iterations per batch from the warm-up so that
+#                     the batches take this long together; 0: BENCH_ITERS exactly per batch
+#   BENCH_BATCHES     timed batches per size; a row's figure is their median
+#                     (default 5; more, up to BENCH_MAX_BATCHES, while the median
+#                     is unsettled and the timed total is under 2 x BENCH_MIN_TIME_MS)
+#   BENCH_MAX_BATCHES most batches per size             (default 3 x BENCH_BATCHES)
+#   BENCH_ITERS       fewest timed iterations per batch (default 1)
+#   BENCH_MAX_ITERS   most timed iterations per batch   (default 100000)
+#   BENCH_WARMUP      untimed iterations per size (beyond the first only as many as
+#                     fit in half of BENCH_MIN_TIME_MS); > 0 also runs one untimed
 #                     pass over every op and size first (default 5)
+#   BENCH_BIND        auto (default): every rank of both benchmarks pins itself and
+#                     its threads to CPU (rank mod CPUs) when there are no more ranks
+#                     than CPUs, and nobody pins otherwise; core: always; none: never.
+#                     mpirun always gets --bind-to none (its own default binds 2
+#                     ranks but not 4), so the benchmarks' pinning is the only one
 #   BENCH_DTYPE       element type                      (default float32)
 #   BENCH_TRANSPORTS  mlxdist transports                (default "default tcp")
 #   BENCH_MPI_MCA     MCA options for every mpirun      (default "--mca pml ob1"; the
 #                     btl is set per variant; "--mca mpi_yield_when_idle 1" is added
 #                     when there are more ranks than CPUs)
 #   BENCH_MPI_ENV     VAR=value ... exported to the Open MPI ranks (default none)
+#   BENCH_MLX_ENV     VAR=value ... set in the mlxdist ranks (default none)
 #   BENCH_TIMEOUT     seconds allowed per run           (default 600)
 #   BENCH_CHECK       1: also verify results            (default 0)
 set -u
@@ -69,9 +86,15 @@ ranks=${BENCH_RANKS:-"2 4"}
 transports=${BENCH_TRANSPORTS:-"default tcp"}
 mca=${BENCH_MPI_MCA:-"--mca pml ob1"}
 mpi_env=${BENCH_MPI_ENV:-}
+mlx_env=${BENCH_MLX_ENV:-}
+bind=${BENCH_BIND:-auto}
+min_time=${BENCH_MIN_TIME_MS:-300}
 timeout_s=${BENCH_TIMEOUT:-600}
 case $repeats in '' | *[!0-9]* | 0)
   echo "[bench] BENCH_REPEATS must be a whole number >= 1, got '$repeats'." >&2; exit 2 ;;
+esac
+case $bind in auto | core | none) ;;
+  *) echo "[bench] BENCH_BIND must be auto, core or none, got '$bind'." >&2; exit 2 ;;
 esac
 for t in $transports; do
   case $t in default | shm | tcp) ;;
@@ -79,8 +102,10 @@ for t in $transports; do
   esac
 done
 set -- --op "${BENCH_OPS:-all}" -b "${BENCH_MIN_BYTES:-4}" -e "${BENCH_MAX_BYTES:-4M}" \
-  -f "${BENCH_FACTOR:-4}" -n "${BENCH_ITERS:-20}" -w "${BENCH_WARMUP:-5}" \
+  -f "${BENCH_FACTOR:-4}" --min-time "$min_time" --batches "${BENCH_BATCHES:-5}" \
+  -n "${BENCH_ITERS:-1}" --max-iters "${BENCH_MAX_ITERS:-100000}" -w "${BENCH_WARMUP:-5}" \
   --dtype "${BENCH_DTYPE:-float32}" --csv
+[ -n "${BENCH_MAX_BATCHES:-}" ] && set -- "$@" --max-batches "$BENCH_MAX_BATCHES"
 [ "${BENCH_CHECK:-0}" = 1 ] && set -- "$@" --check
 
 for f in "$launch" "$bench"; do
@@ -103,13 +128,23 @@ rm -f "$results"/summary.csv "$results"/comparison.txt "$results"/busbw-*.png
 cpus=$(nproc 2> /dev/null || getconf _NPROCESSORS_ONLN)
 mpi_base="--oversubscribe"
 [ "$(id -u)" = 0 ] && mpi_base="$mpi_base --allow-run-as-root"
+mpi_base="$mpi_base --bind-to none"
 for kv in $mpi_env; do mpi_base="$mpi_base -x $kv"; done
+mlx_envopts=""
+for kv in $mlx_env; do mlx_envopts="$mlx_envopts --env $kv"; done
 # the Open MPI command line of variant $1 with $2 ranks
 mpi_cmd() {
   if [ "$1" = mpi-tcp ]; then btl=self,tcp; else btl=self,vader; fi
   yield=""
   [ "$2" -gt "$cpus" ] && yield="--mca mpi_yield_when_idle 1"
   echo "mpirun -np $2 $mpi_base $mca --mca btl $btl $yield"
+}
+# the benchmark option that pins ranks, for $1 ranks (the same on both sides)
+bind_opt() {
+  case $bind in
+    core) echo "--bind" ;;
+    auto) [ "$1" -le "$cpus" ] && echo "--bind" ;;
+  esac
 }
 # the order of one repeat: each mlxdist transport followed by its Open MPI peer
 order=""
@@ -148,17 +183,19 @@ cond=$results/conditions.txt
     echo "Open MPI:     $(mpirun --version 2> /dev/null | head -n 1)"
     for n in $ranks; do
       for m in mpi-shm mpi-tcp; do
-        case " $order " in *" $m "*) echo "$m n=$n:    $(mpi_cmd $m "$n") $ref $*" ;; esac
+        case " $order " in *" $m "*) echo "$m n=$n:    $(mpi_cmd $m "$n") $ref $* $(bind_opt "$n")" ;; esac
       done
     done
   fi
   for n in $ranks; do
-    echo "mlxdist n=$n:  $launch -n $n --timeout $timeout_s [--env MLXDIST_TRANSPORT=shm|tcp]" \
-      "-- $bench --backend ring $*"
+    echo "mlxdist n=$n:  $launch -n $n --timeout $timeout_s$mlx_envopts" \
+      "[--env MLXDIST_TRANSPORT=shm|tcp] -- $bench --backend ring $* $(bind_opt "$n")"
   done
   echo "environment:  $(env | grep -E '^(OMPI_|MLXDIST_|MLX_|GLIBC_TUNABLES|MALLOC_)' | sort |
     tr '\n' ' ')"
   echo "repeats:      $repeats, order per repeat:$order (every other repeat reversed)"
+  echo "measurement:  per size >= ${min_time} ms of timed batches, figure = median over the" \
+    "batches of the slowest rank's time per op; pinning: BENCH_BIND=$bind"
 } > "$cond"
 cat "$cond" >&2
 # a busy machine makes the figures noise (and hurts the two sides differently:
@@ -168,6 +205,29 @@ if awk -v l="$load1" -v c="$cpus" 'BEGIN { exit !(l > c / 2) }'; then
   echo "WARNING:      load average $load1 on $cpus CPUs before the run; not a publication run" |
     tee -a "$cond" >&2
 fi
+
+# ---- how long it will take ----------------------------------------------------------
+# on an idle machine: a row takes its timed work (min-time, up to twice that where
+# the batches disagree) plus warm-up and calibration, about 1.5 x min-time; a run
+# adds ~3 s (start-up, the warm-up pass); an Open MPI all-reduce row from 32 MiB
+# adds ~2.5 s (8 ops of 0.3 s: its per-call page faults on this project's VM)
+sizes=$(awk -v b="${BENCH_MIN_BYTES:-4}" -v e="${BENCH_MAX_BYTES:-4M}" -v f="${BENCH_FACTOR:-4}" '
+  function bytes(s, m) { m = 1; if (s ~ /[kK]/) m = 1024; if (s ~ /[mM]/) m = 1048576
+    if (s ~ /[gG]/) m = 1073741824; return (s + 0) * m }
+  BEGIN { n = 0; big = 0
+    for (x = bytes(b); x <= bytes(e); x = (x * f > x + 1) ? x * f : x + 1) { n++; if (x >= 33554432) big++ }
+    print n, big }')
+nops=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++) n += ($i == "all") ? 5 : 1; print n }')
+nred=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++)
+  n += ($i == "all") ? 3 : ($i ~ /^(all_sum|all_max|sum_scatter)$/); print n }')
+rows=$((${sizes% *} * nops))
+nranks=$(echo "$ranks" | wc -w)
+nruns=$((repeats * $(echo "$order" | wc -w) * nranks))
+nmpi=$((repeats * $(echo "$order" | tr ' ' '\n' | grep -c '^mpi-') * nranks))
+est_s=$(awk -v r="$nruns" -v rows="$rows" -v t="$min_time" -v m="$nmpi" -v big="$((${sizes#* } * nred))" \
+  'BEGIN { printf "%d", r * (rows * 1.5 * t / 1000 + 3) + m * big * 2.5 }')
+echo "estimate:     about $est_s s on an idle machine ($nruns runs of $rows rows," \
+  "~1.5 x ${min_time} ms a row); more under load" | tee -a "$cond" >&2
 
 # ---- the runs ---------------------------------------------------------------------
 status=0
@@ -185,9 +245,9 @@ while [ "$r" -le "$repeats" ]; do
         mlxdist-*)
           t=${v#mlxdist-}
           if [ "$t" = default ]; then envopt=""; else envopt="--env MLXDIST_TRANSPORT=$t"; fi
-          # shellcheck disable=SC2086
-          "$launch" -n "$n" --timeout "$timeout_s" $envopt -- "$bench" --backend ring "$@" \
-            > "$base.raw" 2> "$base.log"
+          # shellcheck disable=SC2086,SC2046
+          "$launch" -n "$n" --timeout "$timeout_s" $mlx_envopts $envopt -- "$bench" \
+            --backend ring "$@" $(bind_opt "$n") > "$base.raw" 2> "$base.log"
           rc=$?
           # only rank 0 prints; drop the launcher's "[0] " prefix
           sed -n 's/^\[0\] //p' "$base.raw" > "$base.csv"
@@ -195,7 +255,8 @@ while [ "$r" -le "$repeats" ]; do
           ;;
         *)
           # shellcheck disable=SC2046
-          timeout "$timeout_s" $(mpi_cmd "$v" "$n") "$ref" "$@" > "$base.csv" 2> "$base.log"
+          timeout "$timeout_s" $(mpi_cmd "$v" "$n") "$ref" "$@" $(bind_opt "$n") \
+            > "$base.csv" 2> "$base.log"
           rc=$?
           ;;
       esac
@@ -207,6 +268,10 @@ while [ "$r" -le "$repeats" ]; do
       fi
     done
   done
+  if [ "$r" = 1 ] && [ "$repeats" -gt 1 ]; then
+    took=$(($(date +%s) - start))
+    echo "[bench] repeat 1 took $took s; about $((took * (repeats - 1))) s to go" >&2
+  fi
   r=$((r + 1))
 done
 {

@@ -1,6 +1,8 @@
 /* mlxdist-bench: argument errors exit 2 naming the bad value (before any
- * backend starts), and the shared benchmark helpers (sizes, dtype encodings,
- * expected results, busbw factors) behave as documented. */
+ * backend starts), the shared benchmark helpers (sizes, dtype encodings,
+ * expected results, busbw factors) behave as documented, and the
+ * measurement rule (warm-up, calibration, batches) keeps its promises on one
+ * rank (where the maximum over the ranks is the value itself). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -132,8 +134,105 @@ static void test_patterns(void) {
   T_EQ_INT(bits, 0xc000);
 }
 
+static void test_rule(void) {
+  mlxd_bench_opts o;
+  char prog[] = "bench";
+  char* argv[] = {prog, NULL};
+  T_EQ_INT(mlxd_bench_parse(1, argv, &o, "bench"), 0);
+  T_ASSERT(o.min_time_ms == 300 && o.batches == 5 && o.iters == 1 && o.warmup == 5);
+  T_EQ_INT(mlxd_bench_batch_limit(&o), 15);
+  /* iterations per batch: the batches together take min_time */
+  T_EQ_INT(mlxd_bench_batch_iters(&o, 1e-3), 60);
+  T_EQ_INT(mlxd_bench_batch_iters(&o, 0.7), 1);
+  T_EQ_INT(mlxd_bench_batch_iters(&o, 1e-9), 100000);
+  T_EQ_INT(mlxd_bench_batch_iters(&o, 0), 100000);
+  o.iters = 100;
+  T_EQ_INT(mlxd_bench_batch_iters(&o, 1e-3), 100);
+  o.iters = 1;
+  o.max_iters = 10;
+  T_EQ_INT(mlxd_bench_batch_iters(&o, 1e-3), 10);
+  o.min_time_ms = 0;
+  o.iters = 7;
+  T_EQ_INT(mlxd_bench_batch_iters(&o, 1e-3), 7);
+  /* warm-up beyond the first op: at most half of min_time, at least one */
+  o.min_time_ms = 300;
+  T_EQ_INT(mlxd_bench_warm_rest(&o, 0.6), 1);
+  T_EQ_INT(mlxd_bench_warm_rest(&o, 0.04), 3);
+  T_EQ_INT(mlxd_bench_warm_rest(&o, 1e-3), 4);
+  o.min_time_ms = 0;
+  T_EQ_INT(mlxd_bench_warm_rest(&o, 0.6), 4);
+  o.warmup = 1;
+  T_EQ_INT(mlxd_bench_warm_rest(&o, 1e-3), 0);
+  o.max_batches = 4;
+  o.batches = 3;
+  T_EQ_INT(mlxd_bench_batch_limit(&o), 4);
+  /* settled: equal batches are; a wide spread is not; one batch never is */
+  double same[5] = {10, 10, 10.1, 10, 9.9}, wide[5] = {10, 14, 7, 12, 9}, one[1] = {10};
+  T_ASSERT(!mlxd_bench_unsettled(same, 5));
+  T_ASSERT(mlxd_bench_unsettled(wide, 5));
+  T_ASSERT(mlxd_bench_unsettled(one, 1));
+  T_ASSERT(same[2] == 10.1); /* the caller's order is kept */
+}
+
+/* One rank: an op that busy-waits op_s, and the maximum over one rank. */
+typedef struct fake_rank {
+  double op_s;
+  long ops, fail_at;
+} fake_rank;
+
+static int fake_op(void* p) {
+  fake_rank* f = p;
+  if (++f->ops == f->fail_at) return -1;
+  double t0 = mlxd_bench_now();
+  while (mlxd_bench_now() - t0 < f->op_s) {
+  }
+  return 0;
+}
+
+static int one_rank_max(void* p, double* v, int n) {
+  (void)p;
+  (void)v;
+  return n > 0 ? 0 : -1;
+}
+
+static void test_measure(void) {
+  mlxd_bench_opts o;
+  char prog[] = "bench", mt[] = "--min-time=40";
+  char* argv[] = {prog, mt, NULL};
+  T_EQ_INT(mlxd_bench_parse(2, argv, &o, "bench"), 0);
+  fake_rank f = {100e-6, 0, -1};
+  mlxd_bench_hooks h = {&f, fake_op, one_rank_max};
+  mlxd_bench_result r;
+  T_EQ_INT(mlxd_bench_measure(&o, &h, &r), 0);
+  T_ASSERT(r.batches >= 5 && r.batches <= 15);
+  T_ASSERT(r.iters >= 1);
+  T_ASSERT(r.time_s >= 100e-6 && r.min_s <= r.time_s && r.time_s <= r.max_s);
+  T_ASSERT(r.cpu_s > 0);
+  /* the timed batches took min_time together, unless the batch limit ended them */
+  T_ASSERT(r.max_s * (double)(r.iters + 1) * r.batches >= 0.040 || r.batches == 15);
+  /* ...and were calibrated: about 40 ms / 5 batches / 100 us = 80 per batch,
+   * not one op per batch (the busy wait can only run longer, so fewer) */
+  T_ASSERT(r.iters >= 8 && r.iters <= 80);
+  T_ASSERT(f.ops > r.iters * r.batches);
+  /* fixed counts: no calibration, exactly --iters per batch */
+  o.min_time_ms = 0;
+  o.iters = 3;
+  o.warmup = 0;
+  f.ops = 0;
+  T_EQ_INT(mlxd_bench_measure(&o, &h, &r), 0);
+  T_EQ_INT(r.iters, 3);
+  T_EQ_INT(r.batches, 5);
+  T_EQ_INT(f.ops, 15);
+  /* a failing op fails the row */
+  f.ops = 0;
+  f.fail_at = 7;
+  T_EQ_INT(mlxd_bench_measure(&o, &h, &r), -1);
+}
+
 int main(int argc, char** argv) {
   T_ASSERT(argc == 2);
+  test_rule();
+  test_measure();
   const char* tool = argv[1];
   test_sizes();
   test_shapes();
@@ -148,12 +247,19 @@ int main(int argc, char** argv) {
   expect_bad(tool, "-w -1", "-w");
   expect_bad(tool, "--dtype complex64", "'complex64'");
   expect_bad(tool, "--iters", "--iters");
+  expect_bad(tool, "--min-time -1", "--min-time");
+  expect_bad(tool, "-t 1x", "'1x'");
+  expect_bad(tool, "--batches 0", "--batches");
+  expect_bad(tool, "--batches 5 --max-batches 2", "--max-batches");
+  expect_bad(tool, "--max-iters 0", "--max-iters");
+  expect_bad(tool, "-n 10 --max-iters 5", "--max-iters");
   expect_bad(tool, "--frobnicate", "--frobnicate");
   char cmd[4096];
   snprintf(cmd, sizeof cmd, "'%s' --help", tool);
   T_EQ_INT(capture(cmd), 0);
   T_ASSERT(strstr(out, "--min-bytes") && strstr(out, "busbw"));
   T_ASSERT(strstr(out, "untimed pass over every op and size"));
+  T_ASSERT(strstr(out, "--min-time") && strstr(out, "--batches") && strstr(out, "--bind"));
   printf("test_bench_args: all passed\n");
   return 0;
 }

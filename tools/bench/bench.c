@@ -80,30 +80,53 @@ static int mlxd_bench_one(const mlxd_bench_ctx* c, mlxd_bench_op op, mlx_array x
   return mlx_array_eval(*res) ? -1 : 0;
 }
 
-/* Run op on one input array of sh's size made from host: `warmup` untimed
- * iterations, then `iters` timed ones (times[i]: seconds of iteration i;
- * *cpu_s: process CPU seconds of the timed ones). res keeps the last result
- * (for --check). Returns -1, after printing why, if the op failed. */
-static int mlxd_bench_run(const mlxd_bench_ctx* c, mlxd_bench_op op, const mlxd_bench_shape* sh,
-                          const void* host, mlx_dtype mdt, int warmup, int iters, double* times,
-                          double* cpu_s, mlx_array* res) {
-  int shape = (int)sh->in_count;
-  mlx_array x = mlx_array_new_data(host, &shape, 1, mdt), tmp = mlx_array_new();
-  int rc = 0;
-  double cpu0 = 0;
-  for (int it = 0; it < warmup + iters && rc == 0; it++) {
-    if (it == warmup) cpu0 = mlxd_bench_cpu();
-    double t0 = mlxd_bench_now();
-    rc = mlxd_bench_one(c, op, x, res, &tmp);
-    if (it >= warmup) times[it - warmup] = mlxd_bench_now() - t0;
+/* The element-wise maximum over the ranks of v[0..n), through the library. */
+static int mlxd_bench_all_max(const mlxd_bench_ctx* c, double* v, int n) {
+  mlx_array la = mlx_array_new_data(v, &n, 1, MLX_FLOAT64), ga = mlx_array_new();
+  int rc = -1;
+  if (mlx_distributed_all_max(&ga, la, c->g, c->s) == 0 && mlx_array_eval(ga) == 0) {
+    const double* g = mlx_array_data_float64(ga);
+    if (g) {
+      memcpy(v, g, (size_t)n * sizeof *v);
+      rc = 0;
+    }
   }
-  if (cpu_s) *cpu_s = mlxd_bench_cpu() - cpu0;
-  if (rc != 0)
-    fprintf(stderr, "[bench] rank %d: %s of %zu bytes failed; stopping.\n", c->rank,
-            mlxd_bench_op_name(op), sh->row_bytes);
-  mlx_array_free(x);
-  mlx_array_free(tmp);
+  mlx_array_free(la);
+  mlx_array_free(ga);
   return rc;
+}
+
+/* One row being measured: op on input x; res keeps the last result (for
+ * --check). The hooks of mlxd_bench_measure. */
+typedef struct mlxd_bench_row {
+  const mlxd_bench_ctx* c;
+  mlxd_bench_op op;
+  mlx_array x, res, tmp;
+} mlxd_bench_row;
+
+static int mlxd_row_op(void* p) {
+  mlxd_bench_row* r = p;
+  return mlxd_bench_one(r->c, r->op, r->x, &r->res, &r->tmp);
+}
+
+static int mlxd_row_all_max(void* p, double* v, int n) {
+  return mlxd_bench_all_max(((mlxd_bench_row*)p)->c, v, n);
+}
+
+static void mlxd_row_init(mlxd_bench_row* r, const mlxd_bench_ctx* c, mlxd_bench_op op,
+                          const mlxd_bench_shape* sh, const void* host, mlx_dtype mdt) {
+  int shape = (int)sh->in_count;
+  r->c = c;
+  r->op = op;
+  r->x = mlx_array_new_data(host, &shape, 1, mdt);
+  r->res = mlx_array_new();
+  r->tmp = mlx_array_new();
+}
+
+static void mlxd_row_free(mlxd_bench_row* r) {
+  mlx_array_free(r->x);
+  mlx_array_free(r->res);
+  mlx_array_free(r->tmp);
 }
 
 /* The untimed pass before any timing: every selected op at every size once,
@@ -118,10 +141,15 @@ static int mlxd_bench_warm_all(const mlxd_bench_ctx* c, const mlxd_bench_opts* o
          bytes = mlxd_bench_next_size(o, bytes)) {
       mlxd_bench_shape sh;
       if (!mlxd_bench_shape_for((mlxd_bench_op)opi, bytes, o->dtype->size, c->n, &sh)) continue;
-      mlx_array res = mlx_array_new();
-      int rc = mlxd_bench_run(c, (mlxd_bench_op)opi, &sh, host, mdt, 1, 0, NULL, NULL, &res);
-      mlx_array_free(res);
-      if (rc != 0) return -1;
+      mlxd_bench_row row;
+      mlxd_row_init(&row, c, (mlxd_bench_op)opi, &sh, host, mdt);
+      int rc = mlxd_row_op(&row);
+      mlxd_row_free(&row);
+      if (rc != 0) {
+        fprintf(stderr, "[bench] rank %d: %s of %zu bytes failed in the warm-up pass.\n", c->rank,
+                mlxd_bench_op_name((mlxd_bench_op)opi), sh.row_bytes);
+        return -1;
+      }
     }
   }
   return 0;
@@ -160,8 +188,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   memset(host, 0, host_bytes);
-  double* times = calloc((size_t)o.iters, sizeof *times);
-  if (!times) return 1;
+  if (o.bind && mlxd_bench_bind(c.rank) != 0) return 1;
 
   if (o.warmup > 0 && mlxd_bench_warm_all(&c, &o, host, mdt) != 0) return 1;
 
@@ -179,40 +206,38 @@ int main(int argc, char** argv) {
       mlxd_bench_shape sh;
       if (!mlxd_bench_shape_for(op, bytes, elt, c.n, &sh)) continue;
       if (o.check) mlxd_bench_fill(o.dtype, host, sh.in_count, c.rank);
-      mlx_array res = mlx_array_new();
-      double cpu_s = 0;
-      if (mlxd_bench_run(&c, op, &sh, host, mdt, o.warmup, o.iters, times, &cpu_s, &res) != 0)
+      mlxd_bench_row row;
+      mlxd_row_init(&row, &c, op, &sh, host, mdt);
+      mlxd_bench_hooks hooks = {&row, mlxd_row_op, mlxd_row_all_max};
+      mlxd_bench_result r;
+      if (mlxd_bench_measure(&o, &hooks, &r) != 0) {
+        fprintf(stderr, "[bench] rank %d: %s of %zu bytes failed; stopping.\n", c.rank,
+                mlxd_bench_op_name(op), sh.row_bytes);
         return 1;
-      double cpu_us = cpu_s / o.iters * 1e6;
-      double local[2] = {mlxd_bench_median(times, o.iters) * 1e6, 0.0};
-      if (op == MLXD_OP_SENDRECV) local[0] *= 0.5;
+      }
+      if (op == MLXD_OP_SENDRECV) {
+        r.time_s *= 0.5;
+        r.min_s *= 0.5;
+        r.max_s *= 0.5;
+      }
+      double fail = 0.0;
       if (o.check && (op != MLXD_OP_SENDRECV || c.rank < 2)) {
-        const void* data = mlxd_bench_bytes(res);
-        size_t want = mlx_array_size(res);
+        const void* data = mlxd_bench_bytes(row.res);
+        size_t want = mlx_array_size(row.res);
         if (!data || want != sh.out_count ||
             mlxd_bench_verify(o.dtype, op, data, want, c.rank, c.n, 0) != 0)
-          local[1] = 1.0;
+          fail = 1.0;
       }
-      /* max over ranks of the median time and of the failure flag */
-      int two = 2;
-      mlx_array la = mlx_array_new_data(local, &two, 1, MLX_FLOAT64);
-      mlx_array ga = mlx_array_new();
-      if (mlx_distributed_all_max(&ga, la, c.g, c.s) || mlx_array_eval(ga)) {
-        fprintf(stderr, "[bench] rank %d: the all_max of the timings failed; stopping.\n", c.rank);
+      mlxd_row_free(&row);
+      if (o.check && mlxd_bench_all_max(&c, &fail, 1) != 0) {
+        fprintf(stderr, "[bench] rank %d: the all_max of the check failed; stopping.\n", c.rank);
         return 1;
       }
-      const double* g = mlx_array_data_float64(ga);
-      bool fail = g && g[1] != 0.0;
-      any_fail |= fail;
+      any_fail |= fail != 0.0;
       if (c.rank == 0)
-        mlxd_bench_print_row(&o, op, c.n, &sh, g ? g[0] : local[0], cpu_us,
-                             o.check ? (fail ? "FAIL" : "ok") : "-");
-      mlx_array_free(la);
-      mlx_array_free(ga);
-      mlx_array_free(res);
+        mlxd_bench_print_row(&o, op, c.n, &sh, &r, o.check ? (fail != 0.0 ? "FAIL" : "ok") : "-");
     }
   }
-  free(times);
   free(host);
   mlx_stream_free(c.s);
   mlx_distributed_group_free(c.g);

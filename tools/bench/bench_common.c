@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 static const char* const mlxd_op_names[MLXD_OP_COUNT] = {"all_sum", "all_max", "all_gather",
                                                          "sum_scatter", "sendrecv"};
@@ -59,10 +58,21 @@ static void mlxd_bench_usage(FILE* f, const char* prog) {
           "  -b, --min-bytes N  smallest size (default 4); K/M/G suffixes (powers of 1024)\n"
           "  -e, --max-bytes N  largest size (default 64M)\n"
           "  -f, --factor F     size multiplication factor (default 2)\n"
-          "  -n, --iters N      timed iterations per size (default 20)\n"
-          "  -w, --warmup N     untimed iterations per size (default 5); N > 0 also runs\n"
-          "                     one untimed pass over every op and size before the first\n"
-          "                     timed row, so start-up costs stay out of the figures\n"
+          "  -t, --min-time MS  timed work per size at least MS milliseconds (default 300):\n"
+          "                     the iterations per batch are calibrated from the warm-up;\n"
+          "                     0 runs exactly --iters per batch\n"
+          "  --batches N        timed batches per size (default 5); the figure is their median\n"
+          "  --max-batches N    more batches, up to N (default 3 x --batches), while the\n"
+          "                     median is not settled and the timed total is under twice\n"
+          "                     --min-time\n"
+          "  -n, --iters N      fewest timed iterations per batch (default 1)\n"
+          "  --max-iters N      most timed iterations per batch (default 100000)\n"
+          "  -w, --warmup N     untimed iterations per size (default 5; beyond the first only\n"
+          "                     as many as fit in half of --min-time); N > 0 also runs one\n"
+          "                     untimed pass over every op and size before the first timed\n"
+          "                     row, so start-up costs stay out of the figures (-w 0 with\n"
+          "                     --min-time 0: nothing untimed at all, to see cold costs)\n"
+          "  --bind             pin each rank, all its threads, to CPU (rank mod online CPUs)\n"
           "  --dtype T          element type (default float32)\n"
           "  --backend B        backend (default any)\n"
           "  --csv              comma-separated output\n"
@@ -70,11 +80,13 @@ static void mlxd_bench_usage(FILE* f, const char* prog) {
           "  -h, --help         print this help\n"
           "\n"
           "Columns: size in bytes (all_gather: the gathered output; sum_scatter: the input),\n"
-          "count in elements of that buffer, time in microseconds (the median over iterations\n"
-          "of t0; op; eval; t1, maximum over ranks; sendrecv: half the round trip between\n"
-          "ranks 0 and 1), algbw = size/time, busbw = algbw times 2(n-1)/n (all_sum, all_max),\n"
-          "(n-1)/n (all_gather, sum_scatter) or 1 (sendrecv), cpu = process CPU microseconds\n"
-          "per op on rank 0, and check (ok, FAIL, or - without --check). Only rank 0 prints.\n"
+          "count in elements of that buffer, time in microseconds per op: the median over the\n"
+          "batches of (batch wall time / iterations), each batch the slowest rank's (sendrecv:\n"
+          "half the round trip between ranks 0 and 1), algbw = size/time, busbw = algbw times\n"
+          "2(n-1)/n (all_sum, all_max), (n-1)/n (all_gather, sum_scatter) or 1 (sendrecv),\n"
+          "cpu = process CPU microseconds per op on rank 0, check (ok, FAIL, or - without\n"
+          "--check), iters per batch, batches, and the fastest and slowest batch (us per op).\n"
+          "Only rank 0 prints.\n"
           "Exits 1 when a check fails.\n",
           prog);
 }
@@ -94,17 +106,21 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
   o->min_bytes = 4;
   o->max_bytes = 64u << 20;
   o->factor = 2.0;
-  o->iters = 20;
+  o->iters = 1;
   o->warmup = 5;
+  o->min_time_ms = 300;
+  o->batches = 5;
+  o->max_batches = 0;
+  o->max_iters = 100000;
   o->dtype = mlxd_bench_find_dtype("float32");
   o->backend = "any";
   for (int i = 1; i < argc; i++) {
     const char* a = argv[i];
     const char* v = NULL;
-    static const char* const with_value[] = {"--op",        "-b", "--min-bytes", "-e",
-                                             "--max-bytes", "-f", "--factor",    "-n",
-                                             "--iters",     "-w", "--warmup",    "--dtype",
-                                             "--backend"};
+    static const char* const with_value[] = {
+        "--op",      "-b", "--min-bytes", "-e",        "--max-bytes",   "-f",
+        "--factor",  "-n", "--iters",     "-w",        "--warmup",      "--dtype",
+        "--backend", "-t", "--min-time",  "--batches", "--max-batches", "--max-iters"};
     const char* name = a;
     char namebuf[32];
     const char* eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
@@ -131,6 +147,32 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
       o->csv = true;
     } else if (strcmp(name, "--check") == 0) {
       o->check = true;
+    } else if (strcmp(name, "--bind") == 0) {
+      o->bind = true;
+    } else if (strcmp(name, "-t") == 0 || strcmp(name, "--min-time") == 0) {
+      char* end = NULL;
+      double ms = strtod(v, &end);
+      if (end == v || *end || !(ms >= 0) || ms > 3.6e6) {
+        fprintf(stderr, "[bench] %s expects milliseconds between 0 and 3600000, got '%s'.\n", name,
+                v);
+        return 2;
+      }
+      o->min_time_ms = ms;
+    } else if (strcmp(name, "--batches") == 0 || strcmp(name, "--max-batches") == 0) {
+      int nb;
+      if (!mlxd_parse_int(v, 1, &nb) || nb > 10000) {
+        fprintf(stderr, "[bench] %s expects an integer from 1 to 10000, got '%s'.\n", name, v);
+        return 2;
+      }
+      if (name[2] == 'b')
+        o->batches = nb;
+      else
+        o->max_batches = nb;
+    } else if (strcmp(name, "--max-iters") == 0) {
+      if (!mlxd_parse_int(v, 1, &o->max_iters)) {
+        fprintf(stderr, "[bench] %s expects an integer >= 1, got '%s'.\n", name, v);
+        return 2;
+      }
     } else if (strcmp(name, "--op") == 0) {
       memset(o->ops, 0, sizeof o->ops);
       char list[256];
@@ -206,6 +248,16 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
       fprintf(stderr, "[bench] unknown argument '%s'; run '%s --help' for the options.\n", a, prog);
       return 2;
     }
+  }
+  if (o->max_batches > 0 && o->max_batches < o->batches) {
+    fprintf(stderr, "[bench] --max-batches (%d) is smaller than --batches (%d).\n", o->max_batches,
+            o->batches);
+    return 2;
+  }
+  if (o->max_iters < o->iters) {
+    fprintf(stderr, "[bench] --max-iters (%d) is smaller than --iters (%d).\n", o->max_iters,
+            o->iters);
+    return 2;
   }
   if (o->min_bytes > o->max_bytes) {
     fprintf(stderr, "[bench] --min-bytes (%zu) is larger than --max-bytes (%zu).\n", o->min_bytes,
@@ -482,31 +534,6 @@ size_t mlxd_bench_verify(const mlxd_bench_dtype* dt, mlxd_bench_op op, const voi
   return bad;
 }
 
-/* ---- time and statistics ---- */
-
-double mlxd_bench_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-double mlxd_bench_cpu(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int mlxd_cmp_double(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return (x > y) - (x < y);
-}
-
-double mlxd_bench_median(double* v, int n) {
-  if (n <= 0) return 0;
-  qsort(v, (size_t)n, sizeof *v, mlxd_cmp_double);
-  return (n % 2) ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* ---- output ---- */
 
 static const char* mlxd_bench_impl_name = "";
@@ -514,35 +541,47 @@ static const char* mlxd_bench_impl_name = "";
 void mlxd_bench_print_title(const mlxd_bench_opts* o, const char* impl, int n) {
   mlxd_bench_impl_name = impl;
   if (o->csv) {
-    puts("impl,op,ranks,size,count,dtype,time_us,algbw_gbps,busbw_gbps,cpu_us,check");
+    puts(
+        "impl,op,ranks,size,count,dtype,time_us,algbw_gbps,busbw_gbps,cpu_us,check,iters,"
+        "batches,batch_min_us,batch_max_us");
     return;
   }
-  printf(
-      "# %s: %d ranks, dtype %s, sizes %zu..%zu bytes x%g, %d iterations (+%d warm-up), "
-      "check %s\n",
-      impl, n, o->dtype->name, o->min_bytes, o->max_bytes, o->factor, o->iters, o->warmup,
-      o->check ? "on" : "off");
+  printf("# %s: %d ranks, dtype %s, sizes %zu..%zu bytes x%g, check %s\n", impl, n, o->dtype->name,
+         o->min_bytes, o->max_bytes, o->factor, o->check ? "on" : "off");
+  if (o->min_time_ms > 0)
+    printf(
+        "# per size: %d warm-up, then %d-%d batches of %d-%d iterations timing >= %g ms in "
+        "all;\n",
+        o->warmup, o->batches, mlxd_bench_batch_limit(o), o->iters, o->max_iters, o->min_time_ms);
+  else
+    printf("# per size: %d warm-up, then %d batches of %d iterations;\n", o->warmup, o->batches,
+           o->iters);
+  printf("# time = median over the batches of the slowest rank's time per op%s\n",
+         o->bind ? "; ranks pinned to CPU rank mod CPUs" : "");
 }
 
 void mlxd_bench_print_header(const mlxd_bench_opts* o, mlxd_bench_op op) {
   if (o->csv) return;
   printf("#\n# op: %s\n", mlxd_bench_op_name(op));
-  printf("# %10s %12s %9s %11s %11s %11s %10s %6s\n", "size(B)", "count", "dtype", "time(us)",
-         "algbw(GB/s)", "busbw(GB/s)", "cpu(us)", "check");
+  printf("# %10s %12s %9s %11s %11s %11s %10s %6s %7s %4s %s\n", "size(B)", "count", "dtype",
+         "time(us)", "algbw(GB/s)", "busbw(GB/s)", "cpu(us)", "check", "iters", "bat",
+         "batches min-max(us)");
 }
 
 void mlxd_bench_print_row(const mlxd_bench_opts* o, mlxd_bench_op op, int n,
-                          const mlxd_bench_shape* s, double time_us, double cpu_us,
+                          const mlxd_bench_shape* s, const mlxd_bench_result* r,
                           const char* check) {
+  double time_us = r->time_s * 1e6, cpu_us = r->cpu_s * 1e6;
   double algbw = time_us > 0 ? (double)s->row_bytes / time_us / 1e3 : 0.0;
   double busbw = algbw * mlxd_bench_busbw_factor(op, n);
   if (o->csv) {
-    printf("%s,%s,%d,%zu,%zu,%s,%.3f,%.4f,%.4f,%.3f,%s\n", mlxd_bench_impl_name,
+    printf("%s,%s,%d,%zu,%zu,%s,%.3f,%.4f,%.4f,%.3f,%s,%ld,%d,%.3f,%.3f\n", mlxd_bench_impl_name,
            mlxd_bench_op_name(op), n, s->row_bytes, s->row_count, o->dtype->name, time_us, algbw,
-           busbw, cpu_us, check);
+           busbw, cpu_us, check, r->iters, r->batches, r->min_s * 1e6, r->max_s * 1e6);
   } else {
-    printf("  %10zu %12zu %9s %11.2f %11.3f %11.3f %10.2f %6s\n", s->row_bytes, s->row_count,
-           o->dtype->name, time_us, algbw, busbw, cpu_us, check);
+    printf("  %10zu %12zu %9s %11.2f %11.3f %11.3f %10.2f %6s %7ld %4d %.2f-%.2f\n", s->row_bytes,
+           s->row_count, o->dtype->name, time_us, algbw, busbw, cpu_us, check, r->iters, r->batches,
+           r->min_s * 1e6, r->max_s * 1e6);
   }
   fflush(stdout);
 }

@@ -36,10 +36,15 @@ typedef struct mlxd_bench_opts {
   bool ops[MLXD_OP_COUNT];
   size_t min_bytes, max_bytes;
   double factor;
-  int iters, warmup;
+  int iters;          /* fewest timed iterations per batch (exactly this with min_time_ms 0) */
+  int warmup;         /* untimed iterations per size (see mlxd_bench_measure) */
+  double min_time_ms; /* timed work per size at least this; 0: no calibration */
+  int batches;        /* timed batches per size, at least */
+  int max_batches;    /* at most (more while the median is not settled) */
+  int max_iters;      /* iterations per batch at most */
   const mlxd_bench_dtype* dtype;
   const char* backend;
-  bool csv, check;
+  bool csv, check, bind;
 } mlxd_bench_opts;
 
 /* Parse argv. Returns 0 to run, 1 when --help was printed (exit 0), 2 on a
@@ -80,6 +85,55 @@ void mlxd_bench_fill(const mlxd_bench_dtype* dt, void* buf, size_t count, int ra
 size_t mlxd_bench_verify(const mlxd_bench_dtype* dt, mlxd_bench_op op, const void* buf,
                          size_t count, int rank, int n, int peer);
 
+/* ---- the measurement rule (bench_measure.c), the same for both benchmarks ---- */
+
+/* What a benchmark provides: one op of the row being measured (complete on
+ * return, 0 on success), and the element-wise maximum over all ranks of
+ * v[0..n), in place (every rank gets the same values, so every decision
+ * taken from them is the same on every rank). */
+typedef struct mlxd_bench_hooks {
+  void* ctx;
+  int (*run_op)(void* ctx);
+  int (*all_max)(void* ctx, double* v, int n);
+} mlxd_bench_hooks;
+
+/* One row's figures. Times are seconds per op; a batch's time is its wall
+ * time divided by its iterations, the slowest rank's. */
+typedef struct mlxd_bench_result {
+  double time_s;       /* median over the batches */
+  double min_s, max_s; /* fastest and slowest batch */
+  double cpu_s;        /* this process's CPU seconds per op in the timed batches */
+  long iters;          /* iterations per batch (their mean) */
+  int batches;         /* batches run */
+} mlxd_bench_result;
+
+/* Measure one row: warm-up (o->warmup ops; beyond the first only as many as
+ * fit in half of min_time_ms), calibration of the iterations per batch from
+ * the warm-up (mlxd_bench_batch_iters), then o->batches timed batches, and
+ * more (up to max_batches, while the timed total is under twice min_time_ms)
+ * as long as mlxd_bench_unsettled says the median is not pinned down.
+ * Returns 0, or -1 when an op or an all_max failed (nothing printed). */
+int mlxd_bench_measure(const mlxd_bench_opts* o, const mlxd_bench_hooks* h, mlxd_bench_result* r);
+
+/* Pure parts of the rule (tested on their own). */
+/* Warm-up ops after the first one, which took first_s (max over ranks). */
+int mlxd_bench_warm_rest(const mlxd_bench_opts* o, double first_s);
+/* Iterations per batch for an op taking est_s: enough for the batches to
+ * take min_time_ms together, within [iters, max_iters]; iters when
+ * min_time_ms is 0. */
+long mlxd_bench_batch_iters(const mlxd_bench_opts* o, double est_s);
+/* The batch limit in effect: max_batches, or 3 x batches when it is 0. */
+int mlxd_bench_batch_limit(const mlxd_bench_opts* o);
+/* true when the median of the batch times t[0..n) is not yet settled: its
+ * standard error, estimated from the median absolute deviation
+ * (1.2533 x 1.4826 x MAD / sqrt(n)), exceeds MLXD_BENCH_SETTLED of it. */
+#define MLXD_BENCH_SETTLED 0.02
+bool mlxd_bench_unsettled(const double* t, int n);
+
+/* --bind: pin every thread of this process to CPU (rank mod online CPUs).
+ * 0, or -1 after printing why. */
+int mlxd_bench_bind(int rank);
+
 /* Seconds: monotonic wall clock, and this process's CPU time (all threads). */
 double mlxd_bench_now(void);
 double mlxd_bench_cpu(void);
@@ -89,9 +143,9 @@ double mlxd_bench_median(double* v, int n);
 /* Output. impl names the implementation ("mlxdist ring", "MPI"). */
 void mlxd_bench_print_title(const mlxd_bench_opts* o, const char* impl, int n);
 void mlxd_bench_print_header(const mlxd_bench_opts* o, mlxd_bench_op op);
-/* time_us: the per-op time; cpu_us: process CPU per op; check: "ok", "FAIL" or "-". */
+/* r: the row's figures (times per op; sendrecv: already halved); check:
+ * "ok", "FAIL" or "-". */
 void mlxd_bench_print_row(const mlxd_bench_opts* o, mlxd_bench_op op, int n,
-                          const mlxd_bench_shape* s, double time_us, double cpu_us,
-                          const char* check);
+                          const mlxd_bench_shape* s, const mlxd_bench_result* r, const char* check);
 
 #endif

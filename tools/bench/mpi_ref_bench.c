@@ -1,5 +1,5 @@
 /* mpi_ref_bench: the mlxdist-bench measurements with raw MPI, as a reference.
- * Same options, sizes, iterations, median / max-over-ranks method and output
+ * Same options, sizes, measurement rule (bench_measure.c) and output
  * columns. Run it with mpirun, e.g.
  *   mpirun -np 2 --mca btl self,tcp mpi_ref_bench --op all --csv */
 #include <mpi.h>
@@ -44,6 +44,27 @@ static int mlxd_ref_one(mlxd_bench_op op, const void* in, void* out, const mlxd_
       return MPI_SUCCESS;
     default: return MPI_ERR_OTHER;
   }
+}
+
+/* One row being measured: the hooks of mlxd_bench_measure. */
+typedef struct mlxd_ref_row {
+  mlxd_bench_op op;
+  const void* in;
+  void* out;
+  const mlxd_bench_shape* sh;
+  MPI_Datatype t;
+  int rank;
+} mlxd_ref_row;
+
+static int mlxd_ref_row_op(void* p) {
+  const mlxd_ref_row* r = p;
+  return mlxd_ref_one(r->op, r->in, r->out, r->sh, r->t, r->rank) == MPI_SUCCESS ? 0 : -1;
+}
+
+static int mlxd_ref_all_max(void* p, double* v, int n) {
+  (void)p;
+  return MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD) == MPI_SUCCESS ? 0
+                                                                                               : -1;
 }
 
 /* The untimed pass before any timing, as in mlxdist-bench: every selected op
@@ -96,13 +117,13 @@ int main(int argc, char** argv) {
 
   size_t buf_bytes = (o.max_bytes / elt + 1) * elt;
   void *in = NULL, *out = NULL;
-  double* times = calloc((size_t)o.iters, sizeof *times);
-  if (posix_memalign(&in, 64, buf_bytes) || posix_memalign(&out, 64, buf_bytes) || !times) {
+  if (posix_memalign(&in, 64, buf_bytes) || posix_memalign(&out, 64, buf_bytes)) {
     fprintf(stderr, "[bench] rank %d: cannot allocate 2 x %zu bytes.\n", rank, buf_bytes);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   memset(in, 0, buf_bytes);
   memset(out, 0, buf_bytes);
+  if (o.bind && mlxd_bench_bind(rank) != 0) MPI_Abort(MPI_COMM_WORLD, 1);
   if (o.warmup > 0) mlxd_ref_warm_all(&o, in, out, t, rank, n);
   int any_fail = 0;
   for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
@@ -122,33 +143,30 @@ int main(int argc, char** argv) {
         mlxd_bench_fill(o.dtype, in, sh.in_count, rank);
         memset(out, 0, sh.out_count * elt);
       }
-      double cpu0 = 0;
-      for (int it = 0; it < o.warmup + o.iters; it++) {
-        if (it == o.warmup) cpu0 = mlxd_bench_cpu();
-        double t0 = mlxd_bench_now();
-        if (mlxd_ref_one(op, in, out, &sh, t, rank) != MPI_SUCCESS) {
-          fprintf(stderr, "[bench] rank %d: MPI %s failed.\n", rank, mlxd_bench_op_name(op));
-          MPI_Abort(MPI_COMM_WORLD, 1);
-        }
-        double t1 = mlxd_bench_now();
-        if (it >= o.warmup) times[it - o.warmup] = t1 - t0;
+      mlxd_ref_row row = {op, in, out, &sh, t, rank};
+      mlxd_bench_hooks hooks = {&row, mlxd_ref_row_op, mlxd_ref_all_max};
+      mlxd_bench_result r;
+      if (mlxd_bench_measure(&o, &hooks, &r) != 0) {
+        fprintf(stderr, "[bench] rank %d: MPI %s failed.\n", rank, mlxd_bench_op_name(op));
+        MPI_Abort(MPI_COMM_WORLD, 1);
       }
-      double cpu_us = (mlxd_bench_cpu() - cpu0) / o.iters * 1e6;
-      double local[2] = {mlxd_bench_median(times, o.iters) * 1e6, 0.0}, global[2];
-      if (op == MLXD_OP_SENDRECV) local[0] *= 0.5;
+      if (op == MLXD_OP_SENDRECV) {
+        r.time_s *= 0.5;
+        r.min_s *= 0.5;
+        r.max_s *= 0.5;
+      }
+      double fail = 0.0;
       if (o.check && (op != MLXD_OP_SENDRECV || rank < 2) &&
           mlxd_bench_verify(o.dtype, op, out, sh.out_count, rank, n, 0) != 0)
-        local[1] = 1.0;
-      MPI_Allreduce(local, global, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-      any_fail |= global[1] != 0.0;
+        fail = 1.0;
+      if (o.check) mlxd_ref_all_max(NULL, &fail, 1);
+      any_fail |= fail != 0.0;
       if (rank == 0)
-        mlxd_bench_print_row(&o, op, n, &sh, global[0], cpu_us,
-                             o.check ? (global[1] != 0.0 ? "FAIL" : "ok") : "-");
+        mlxd_bench_print_row(&o, op, n, &sh, &r, o.check ? (fail != 0.0 ? "FAIL" : "ok") : "-");
     }
   }
   free(in);
   free(out);
-  free(times);
   MPI_Finalize();
   return any_fail ? 1 : 0;
 }
