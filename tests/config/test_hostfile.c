@@ -169,7 +169,10 @@ static void parse_tests(void) {
                     "rank 0 connection 0 ('[::1]:5000') and rank 1 connection 0 ('[0:0::1]:5000') "
                     "are the same address [::1]:5000",
                     NULL);
-  expect_parse_fail("[[\"Node1:5000\"], [\"node1:5000\"]]", "are the same address", NULL);
+  expect_parse_fail("[[\"Node1:5000\"], [\"node1:5000\"]]",
+                    "rank 0 connection 0 ('Node1:5000') and rank 1 connection 0 ('node1:5000') "
+                    "name the same host and port (expected",
+                    NULL);
   /* limits */
   char many[64 * 24 + 16];
   size_t o = (size_t)snprintf(many, sizeof many, "[[");

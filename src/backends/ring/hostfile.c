@@ -230,9 +230,12 @@ static int check_duplicates(const char* name, const mlxd_ring_hosts* h, mlxd_sta
   if (second == m) return 0;
   int k = h->nconn;
   const mlxd_ring_addr *a = &h->addrs[first], *b = &h->addrs[second];
-  char same[80] = "";
-  if (a->sa.ss_family != AF_UNSPEC)
-    mlxd_ring_format_addr((const struct sockaddr*)&a->sa, same, sizeof same);
+  char same[120] = "name the same host and port"; /* host names not yet resolved */
+  if (a->sa.ss_family != AF_UNSPEC) {
+    char sa_text[80];
+    mlxd_ring_format_addr((const struct sockaddr*)&a->sa, sa_text, sizeof sa_text);
+    snprintf(same, sizeof same, "are the same address %s", sa_text);
+  }
   if (strcmp(a->text, b->text) == 0)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s': duplicate address: rank %zu connection %zu and rank %zu "
@@ -242,8 +245,8 @@ static int check_duplicates(const char* name, const mlxd_ring_hosts* h, mlxd_sta
                         second % (size_t)k, a->text);
   return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                       "hostfile '%s': duplicate address: rank %zu connection %zu ('%s') and rank "
-                      "%zu connection %zu ('%s') are the same address %s (expected a different "
-                      "address for every rank and connection)",
+                      "%zu connection %zu ('%s') %s (expected a different address for every rank "
+                      "and connection)",
                       name, first / (size_t)k, first % (size_t)k, a->text, second / (size_t)k,
                       second % (size_t)k, b->text, same);
 }
