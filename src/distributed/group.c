@@ -24,6 +24,7 @@
 #include "distributed/group_impl.h"
 #include "distributed/plugin.h"
 #include "util/text.h"
+#include "util/tunables.h"
 
 /* Cache slots: one per registry entry, and "any". */
 #define ANY_IDX MLXD_REGISTRY_MAX
@@ -279,6 +280,12 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
         "[distributed] init was called again while an init is running on this thread (from "
         "inside an all_gather callback?); that would deadlock");
     *code = MLXD_EINVAL;
+    return NULL;
+  }
+  mlxd_status cst = {0}; /* a bad MLXDIST_* value fails init, strict or not */
+  if (mlxd_tunables_check(&cst) != 0) {
+    mlxd_text_add(&t, "[distributed] init: %s", cst.msg);
+    *code = cst.code;
     return NULL;
   }
   pthread_mutex_lock(&g_init_mu);

@@ -1,66 +1,114 @@
 /* Private: every MLXDIST_* tunable, declared once.
  *
- * X(ID, "ENV_NAME", "default", "what it does") — the default is a string,
- * parsed like a value from the environment. docs/environment.md and
- * `mlxdist-info --env` are generated from / print this list. */
+ * X(ID, "ENV_NAME", "default", SPEC, "what it does") — the default is a
+ * string, parsed like a value from the environment; SPEC is what a value
+ * must be (one of the MLXD_TK_* forms below: kind, range, unit or choices).
+ * docs/environment.md and `mlxdist-info --env` are generated from / print
+ * this list, the expected values included.
+ *
+ * Validation: mlxd_tunable_parse() checks one value completely (syntax,
+ * NaN/inf, overflow, range, choices). Init (src/distributed/group.c) calls
+ * mlxd_tunables_check() first: a bad value of any variable makes init fail,
+ * strict or not, with a message naming the variable, the value and what was
+ * expected. The readers (mlxd_tunable_double/long) always return a valid
+ * value: code that runs without init (streams, buffers) gets the default for
+ * a bad value, with one warning per variable. */
 #ifndef MLXD_TUNABLES_H
 #define MLXD_TUNABLES_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
-#define MLXD_TUNABLES(X)                                                                         \
-  X(TIMEOUT, "MLXDIST_TIMEOUT", "60",                                                            \
-    "Seconds a blocking network wait may make no progress before the op "                        \
-    "fails with a timeout (and the group is marked failed).")                                    \
-  X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30",                                            \
-    "Seconds init keeps retrying connections to peers (with back-off).")                         \
-  X(SPIN_US, "MLXDIST_SPIN_US", "1000", "Microseconds a waiting thread polls before it blocks.") \
-  X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1",                                                     \
-    "1: stream worker threads run at idle priority (SCHED_IDLE), so queued "                     \
-    "work never preempts a busy thread; a thread that waits for a result runs "                  \
-    "its task itself. 0: normal priority (more overlap of queued work with a "                   \
-    "busy CPU, at the cost of a wake-up per op).")                                               \
-  X(TRANSPORT, "MLXDIST_TRANSPORT", "auto",                                                      \
-    "Ring transport: auto (shared memory between ranks on one host, tcp "                        \
-    "otherwise), tcp, or shm.")                                                                  \
-  X(RING_ADDR, "MLXDIST_RING_ADDR", "",                                                          \
-    "Address this rank listens on when bootstrapped by a caller's "                              \
-    "all-gather (default: the address of the host name, else 127.0.0.1).")                       \
-  X(RING_CONNECTIONS, "MLXDIST_RING_CONNECTIONS", "1",                                           \
-    "Connections per peer when bootstrapped by a caller's all-gather.")                          \
-  X(SMALL_BYTES, "MLXDIST_SMALL_BYTES", "65536",                                                 \
-    "Reductions up to this many bytes use the low-latency algorithm.")                           \
-  X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "",                                                      \
-    "Colon-separated directories searched first for backend plugins "                            \
-    "(libmlxdist-<name>.so).")                                                                   \
-  X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "0",                                                 \
-    "Shared-memory transport: messages of at least this many bytes are read "                    \
-    "in one copy from the sender's memory (process_vm_readv) where the "                         \
-    "kernel allows it; 0 disables that (every message goes through the "                         \
-    "shared rings).")                                                                            \
-  X(BUFFER_CACHE_MB, "MLXDIST_BUFFER_CACHE_MB", "1024",                                          \
-    "Megabytes of freed large buffers (>= 64 KiB) kept for reuse by later "                      \
-    "arrays and transfers (0: give every buffer back at once).")                                 \
-  X(MPI_CHUNK_BYTES, "MLXDIST_MPI_CHUNK_BYTES", "1073741824",                                    \
-    "mpi backend: the most bytes one MPI call moves; larger ops are split "                      \
-    "(read by the plugin; lowered by tests to exercise the split paths).")                       \
-  X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0",                                               \
-    "mlxdist-launch: seconds before every rank is killed and the launcher "                      \
-    "exits 124 (0: no limit; --timeout overrides it).")                                          \
-  X(SECRET_FILE, "MLXDIST_SECRET_FILE", "",                                                      \
-    "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "    \
-    "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "            \
-    "docs/security.md.")                                                                         \
-  X(TLS, "MLXDIST_TLS", "0",                                                                     \
-    "1: every TCP connection of the transport runs TLS 1.3, keyed from MLXDIST_SECRET_FILE "     \
-    "(required) as a pre-shared key; 0: plain TCP. Shared memory is unaffected. See "            \
-    "docs/security.md.")                                                                         \
-  X(TCP_UNEXPECTED_MB, "MLXDIST_TCP_UNEXPECTED_MB", "4096",                                      \
-    "TCP transport: megabytes of messages that arrived before their receive was posted that a "  \
-    "rank buffers per peer; a peer going beyond fails the transport, naming it.")
+#include "core/status.h"
+
+typedef enum mlxd_tunable_kind {
+  MLXD_TK_NUMBER,  /* a decimal number in [lo, hi] (no inf, nan, hex) */
+  MLXD_TK_INTEGER, /* a decimal integer in [lo, hi] */
+  MLXD_TK_FLAG,    /* 0 or 1 */
+  MLXD_TK_CHOICE,  /* one of the '|'-separated words in what (case-insensitive) */
+  MLXD_TK_HOST,    /* empty, or an IP address / host name (letters, digits, . - : [ ] %) */
+  MLXD_TK_PATHS,   /* empty, or directories separated by ':' (no control characters) */
+  MLXD_TK_FILE,    /* empty, or a file's path (no control characters; checked where it is used) */
+} mlxd_tunable_kind;
+
+typedef struct mlxd_tunable_spec {
+  mlxd_tunable_kind kind;
+  double lo, hi;    /* NUMBER, INTEGER: the range, both ends included */
+  const char* what; /* NUMBER, INTEGER: the unit; CHOICE: the words "a|b|c" */
+} mlxd_tunable_spec;
+
+/* The SPEC forms. Numbers that must be > 0 have a small positive lower end. */
+#define MLXD_TK_NUMBER(lo, hi, unit) \
+  { MLXD_TK_NUMBER, (lo), (hi), (unit) }
+#define MLXD_TK_INTEGER(lo, hi, unit) \
+  { MLXD_TK_INTEGER, (lo), (hi), (unit) }
+#define MLXD_TK_FLAG() \
+  { MLXD_TK_FLAG, 0, 1, "" }
+#define MLXD_TK_CHOICE(words) \
+  { MLXD_TK_CHOICE, 0, 0, (words) }
+#define MLXD_TK_HOST() \
+  { MLXD_TK_HOST, 0, 255, "" }
+#define MLXD_TK_PATHS() \
+  { MLXD_TK_PATHS, 0, 4096, "" }
+#define MLXD_TK_FILE() \
+  { MLXD_TK_FILE, 0, 4096, "" }
+
+#define MLXD_TUNABLES(X)                                                                       \
+  X(TIMEOUT, "MLXDIST_TIMEOUT", "60", MLXD_TK_NUMBER(0.001, 86400, "seconds"),                 \
+    "Seconds a blocking network wait may make no progress before the op "                      \
+    "fails with a timeout (and the group is marked failed).")                                  \
+  X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30", MLXD_TK_NUMBER(0.001, 86400, "seconds"), \
+    "Seconds init keeps retrying connections to peers (with back-off).")                       \
+  X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),            \
+    "Microseconds a waiting thread polls before it blocks.")                                   \
+  X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1", MLXD_TK_FLAG(),                                   \
+    "1: stream worker threads run at idle priority (SCHED_IDLE), so queued "                   \
+    "work never preempts a busy thread; a thread that waits for a result runs "                \
+    "its task itself. 0: normal priority (more overlap of queued work with a "                 \
+    "busy CPU, at the cost of a wake-up per op).")                                             \
+  X(TRANSPORT, "MLXDIST_TRANSPORT", "auto", MLXD_TK_CHOICE("auto|tcp|shm"),                    \
+    "Ring transport: auto (shared memory between ranks on one host, tcp "                      \
+    "otherwise), tcp, or shm.")                                                                \
+  X(RING_ADDR, "MLXDIST_RING_ADDR", "", MLXD_TK_HOST(),                                        \
+    "Address this rank listens on when bootstrapped by a caller's "                            \
+    "all-gather (default: the address of the host name, else 127.0.0.1).")                     \
+  X(RING_CONNECTIONS, "MLXDIST_RING_CONNECTIONS", "1", MLXD_TK_INTEGER(1, 64, "connections"),  \
+    "Connections per peer when bootstrapped by a caller's all-gather.")                        \
+  X(SMALL_BYTES, "MLXDIST_SMALL_BYTES", "65536", MLXD_TK_INTEGER(0, 16777216, "bytes"),        \
+    "Reductions up to this many bytes use the low-latency algorithm (0: never).")              \
+  X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "", MLXD_TK_PATHS(),                                   \
+    "Colon-separated directories searched first for backend plugins "                          \
+    "(libmlxdist-<name>.so).")                                                                 \
+  X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "0", MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"), \
+    "Shared-memory transport: messages of at least this many bytes are read "                  \
+    "in one copy from the sender's memory (process_vm_readv) where the "                       \
+    "kernel allows it; 0 disables that (every message goes through the "                       \
+    "shared rings).")                                                                          \
+  X(BUFFER_CACHE_MB, "MLXDIST_BUFFER_CACHE_MB", "1024", MLXD_TK_INTEGER(0, 1048576, "MiB"),    \
+    "Megabytes of freed large buffers (>= 64 KiB) kept for reuse by later "                    \
+    "arrays and transfers (0: give every buffer back at once).")                               \
+  X(MPI_CHUNK_BYTES, "MLXDIST_MPI_CHUNK_BYTES", "1073741824",                                  \
+    MLXD_TK_INTEGER(16, 1073741824, "bytes"),                                                  \
+    "mpi backend: the most bytes one MPI call moves; larger ops are split "                    \
+    "(read by the plugin; lowered by tests to exercise the split paths).")                     \
+  X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0", MLXD_TK_NUMBER(0, 31536000, "seconds"),     \
+    "mlxdist-launch: seconds before every rank is killed and the launcher "                    \
+    "exits 124 (0: no limit; --timeout overrides it).")                                        \
+  X(SECRET_FILE, "MLXDIST_SECRET_FILE", "", MLXD_TK_FILE(),                                    \
+    "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "  \
+    "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "          \
+    "docs/security.md.")                                                                       \
+  X(TLS, "MLXDIST_TLS", "0", MLXD_TK_FLAG(),                                                   \
+    "1: every TCP connection of the transport runs TLS 1.3, keyed from MLXDIST_SECRET_FILE "   \
+    "(required) as a pre-shared key; 0: plain TCP. Shared memory is unaffected. See "          \
+    "docs/security.md.")                                                                       \
+  X(TCP_UNEXPECTED_MB, "MLXDIST_TCP_UNEXPECTED_MB", "4096",                                    \
+    MLXD_TK_INTEGER(1, 268435456, "MiB"),                                                      \
+    "TCP transport: megabytes of messages that arrived before their receive was posted that "  \
+    "a rank buffers per peer; a peer going beyond fails the transport, naming it.")
 
 typedef enum mlxd_tunable {
-#define MLXD_TUNABLE_ENUM(id, env, def, doc) MLXD_T_##id,
+#define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,
   MLXD_TUNABLES(MLXD_TUNABLE_ENUM)
 #undef MLXD_TUNABLE_ENUM
       MLXD_T_COUNT
@@ -68,11 +116,32 @@ typedef enum mlxd_tunable {
 
 /* The raw value: the environment's if set and non-empty, else the default. */
 const char* mlxd_tunable_str(mlxd_tunable t);
-/* Parsed as a number; an unparsable value prints one warning to stderr and gives the default. */
+/* The value as a number, always valid for t's spec: a value that does not
+ * pass mlxd_tunable_parse prints one warning to stderr and gives the default
+ * (init never gets there: mlxd_tunables_check fails first). FLAG: 0 or 1;
+ * CHOICE: the index of the word; HOST, PATHS: 0. */
 double mlxd_tunable_double(mlxd_tunable t);
 long mlxd_tunable_long(mlxd_tunable t);
 const char* mlxd_tunable_env_name(mlxd_tunable t);
 const char* mlxd_tunable_default(mlxd_tunable t);
 const char* mlxd_tunable_doc(mlxd_tunable t);
+const mlxd_tunable_spec* mlxd_tunable_spec_of(mlxd_tunable t);
+/* The tunable whose variable is the len bytes at name, or -1. */
+int mlxd_tunable_find(const char* name, size_t len);
+
+/* What a value of t must be, in words: "seconds, a number from 0.001 to
+ * 86400", "auto, tcp or shm", ... Returns buf. */
+const char* mlxd_tunable_expected(mlxd_tunable t, char* buf, size_t len);
+
+/* Parse text (NUL-terminated) as a value of t; pure (no environment). On
+ * success returns 0 and stores the value in *out (as mlxd_tunable_double
+ * describes; out may be NULL). On failure returns -1 with why = "NAME='text'
+ * <what is wrong>; expected <what>". Numbers may have blanks around them;
+ * words and addresses may not. */
+int mlxd_tunable_parse(mlxd_tunable t, const char* text, double* out, char* why, size_t why_len);
+
+/* Check every MLXDIST_* variable set in the environment; on the first bad
+ * ones, fail st (MLXD_EINVAL, plain) naming each of them. Returns st->code. */
+int mlxd_tunables_check(mlxd_status* st);
 
 #endif

@@ -46,14 +46,24 @@ int main(int argc, char** argv) {
   snprintf(cmd, sizeof cmd, "MLXDIST_TIMEOUT=7.5 '%s' --env", tool);
   T_EQ_INT(capture(cmd), 0);
   T_ASSERT(strstr(out, "currently set to: 7.5") != NULL);
+  T_ASSERT(strstr(out, "INVALID") == NULL);
+  /* every variable shows what it accepts; a bad value is flagged */
+  T_ASSERT(strstr(out, "MLXDIST_TRANSPORT (default: auto)\n    expected: auto, tcp or shm\n"));
+  snprintf(cmd, sizeof cmd, "MLXDIST_TIMEOUT=-1 '%s' --env", tool);
+  T_EQ_INT(capture(cmd), 0);
+  T_ASSERT(strstr(out,
+                  "INVALID: MLXDIST_TIMEOUT='-1' is out of range; expected seconds, a number "
+                  "from 0.001 to 86400") != NULL);
 
   snprintf(cmd, sizeof cmd, "'%s' --env --markdown", tool);
   T_EQ_INT(capture(cmd), 0);
-  T_ASSERT(strncmp(out, "| Variable | Default | Description |\n|---|---|---|\n", 50) == 0);
+  const char* head = "| Variable | Default | Expected | Description |\n|---|---|---|---|\n";
+  T_ASSERT(strncmp(out, head, strlen(head)) == 0);
   int rows = 0;
   for (char* p = out; (p = strstr(p, "\n| `MLXDIST_")) != NULL; p++) rows++;
   T_EQ_INT(rows, MLXD_T_COUNT);
-  T_ASSERT(strstr(out, "| `MLXDIST_TIMEOUT` | `60` |") != NULL);
+  T_ASSERT(strstr(out, "| `MLXDIST_TIMEOUT` | `60` | seconds, a number from 0.001 to 86400 |") !=
+           NULL);
 
   snprintf(cmd, sizeof cmd, "'%s'", tool);
   T_EQ_INT(capture(cmd), 0);

@@ -1,7 +1,7 @@
 /* mlxdist-info: the library version, the backends of the registry (whether
  * each is available and configured here), one started group described by
  * its backend (--group), and every MLXDIST_* tunable (name, default,
- * description) from src/util/tunables.h. */
+ * expected values, description) from src/util/tunables.h. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,18 +14,7 @@
 #include "mlx/c/version.h"
 #include "util/tunables.h"
 
-typedef struct mlxd_info_tunable {
-  const char* name;
-  const char* def;
-  const char* doc;
-} mlxd_info_tunable;
-
-static const mlxd_info_tunable mlxd_info_tunables[] = {
-#define MLXD_INFO_ROW(id, env, def, doc) {env, def, doc},
-    MLXD_TUNABLES(MLXD_INFO_ROW)
-#undef MLXD_INFO_ROW
-};
-#define MLXD_INFO_N (sizeof mlxd_info_tunables / sizeof mlxd_info_tunables[0])
+#define MLXD_INFO_N ((size_t)MLXD_T_COUNT)
 
 static void mlxd_info_usage(FILE* f) {
   fputs(
@@ -38,7 +27,8 @@ static void mlxd_info_usage(FILE* f) {
       "                     (e.g. the MPI library and thread level); run it under the\n"
       "                     launcher, e.g. mpirun -n 2 mlxdist-info --group mpi\n"
       "  --env              print every MLXDIST_* environment variable: name, default,\n"
-      "                     description, and the current value when it is set\n"
+      "                     the values it accepts, description, and the current value\n"
+      "                     when it is set (with what is wrong with it, if anything)\n"
       "  --env --markdown   the same as a markdown table (docs/environment.md)\n"
       "  -h, --help         print this help\n",
       f);
@@ -53,30 +43,41 @@ static void mlxd_md_cell(const char* s) {
 }
 
 static void mlxd_print_env(bool markdown) {
+  char exp[256], why[400];
   if (markdown) {
-    puts("| Variable | Default | Description |");
-    puts("|---|---|---|");
+    puts("| Variable | Default | Expected | Description |");
+    puts("|---|---|---|---|");
     for (size_t i = 0; i < MLXD_INFO_N; i++) {
-      const mlxd_info_tunable* t = &mlxd_info_tunables[i];
-      printf("| `%s` | ", t->name);
-      if (t->def[0]) {
+      mlxd_tunable t = (mlxd_tunable)i;
+      const char* def = mlxd_tunable_default(t);
+      printf("| `%s` | ", mlxd_tunable_env_name(t));
+      if (def[0]) {
         fputc('`', stdout);
-        mlxd_md_cell(t->def);
+        mlxd_md_cell(def);
         fputc('`', stdout);
       } else {
         fputs("*(empty)*", stdout);
       }
       fputs(" | ", stdout);
-      mlxd_md_cell(t->doc);
+      mlxd_md_cell(mlxd_tunable_expected(t, exp, sizeof exp));
+      fputs(" | ", stdout);
+      mlxd_md_cell(mlxd_tunable_doc(t));
       puts(" |");
     }
     return;
   }
   for (size_t i = 0; i < MLXD_INFO_N; i++) {
-    const mlxd_info_tunable* t = &mlxd_info_tunables[i];
-    printf("%s (default: %s)\n    %s\n", t->name, t->def[0] ? t->def : "(empty)", t->doc);
-    const char* cur = getenv(t->name);
-    if (cur && *cur) printf("    currently set to: %s\n", cur);
+    mlxd_tunable t = (mlxd_tunable)i;
+    const char* def = mlxd_tunable_default(t);
+    printf("%s (default: %s)\n    expected: %s\n    %s\n", mlxd_tunable_env_name(t),
+           def[0] ? def : "(empty)", mlxd_tunable_expected(t, exp, sizeof exp),
+           mlxd_tunable_doc(t));
+    const char* cur = getenv(mlxd_tunable_env_name(t));
+    if (cur && *cur) {
+      printf("    currently set to: %s\n", cur);
+      if (mlxd_tunable_parse(t, cur, NULL, why, sizeof why) != 0)
+        printf("    INVALID: %s (init fails until it is fixed or unset)\n", why);
+    }
   }
 }
 

@@ -1,12 +1,12 @@
 /* mlxdist-launch: the command line, the help text and the "[launch]" messages. */
 #include <ctype.h>
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "launch.h"
+#include "util/tunables.h"
 
 static void usage(FILE* f) {
   fprintf(f,
@@ -20,8 +20,10 @@ static void usage(FILE* f) {
           "                        mpi: run the ranks with mpirun\n"
           "  --connections K       ring: TCP connections per rank (1..%d, default 1)\n"
           "  --hostfile F          ring: use the JSON hostfile F as is (a list with one list\n"
-          "                        of \"ip:port\" strings per rank); N is its number of lists\n"
-          "  --env K=V             set K=V in every rank's environment (repeatable)\n"
+          "                        of \"ip:port\" strings per rank); N is its number of lists;\n"
+          "                        checked as the ranks check it (docs/ring.md)\n"
+          "  --env K=V             set K=V in every rank's environment (repeatable); an\n"
+          "                        MLXDIST_* value is checked as the ranks would check it\n"
           "  --verbose             print what is launched; ring: set MLX_RING_VERBOSE=1\n"
           "  --timeout S           kill all ranks after S seconds and exit 124 (default: none;\n"
           "                        also read from MLXDIST_LAUNCH_TIMEOUT; 0 means none)\n"
@@ -66,21 +68,24 @@ void launch_msg(const char* fmt, ...) {
   fflush(stderr);
 }
 
+/* An option's integer: decimal digits only (no sign, blanks, hex or suffix), in [lo, hi]. */
 static long parse_long(const char* what, const char* s, long lo, long hi) {
-  char* end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || end == s || *end != '\0' || v < lo || v > hi)
+  size_t nd = strspn(s, "0123456789");
+  long v = -1;
+  if (nd > 0 && nd <= 9 && s[nd] == '\0') v = strtol(s, NULL, 10);
+  if (v < lo || v > hi)
     launch_bad_usage("%s must be an integer from %ld to %ld, got '%s'.", what, lo, hi, s);
   return v;
 }
 
+/* --timeout and MLXDIST_LAUNCH_TIMEOUT: checked by the tunable's own rule
+ * (src/util/tunables.h), so both accept the same values. */
 static double parse_seconds(const char* what, const char* s) {
-  char* end = NULL;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || *end != '\0' || !(v >= 0.0) || v > 1e9)
-    launch_bad_usage("%s must be a number of seconds >= 0, got '%s'.", what, s);
+  double v = 0;
+  char why[400], exp[256];
+  if (mlxd_tunable_parse(MLXD_T_LAUNCH_TIMEOUT, s, &v, why, sizeof why) != 0)
+    launch_bad_usage("%s must be %s (0: no limit), got '%s'.", what,
+                     mlxd_tunable_expected(MLXD_T_LAUNCH_TIMEOUT, exp, sizeof exp), s);
   return v;
 }
 
@@ -135,6 +140,11 @@ static bool parse_valued(int argc, char** argv, int* i, launch_opts* o, bool* ha
           "--env expects NAME=VALUE with NAME made of letters, digits and '_', "
           "got '%s'.",
           v);
+    /* an MLXDIST_* value the ranks would refuse at init is refused here, before they start */
+    int t = mlxd_tunable_find(v, (size_t)(eq - v));
+    char why[400];
+    if (t >= 0 && eq[1] && mlxd_tunable_parse((mlxd_tunable)t, eq + 1, NULL, why, sizeof why) != 0)
+      launch_bad_usage("--env %s: %s.", v, why);
     o->envs[o->n_envs++] = v;
   } else if ((v = opt_value(argc, argv, i, "--timeout", NULL, &m)) || m) {
     o->timeout = parse_seconds("--timeout", v);

@@ -1,8 +1,9 @@
 /* mlxdist-launch: the ring hostfile MLX_HOSTFILE names.
  *
- * A user's file (--hostfile) is read with the ranks' own parser
- * (src/backends/ring/hostfile.c), so a file the ranks would refuse is refused
- * here, before anything starts, with the same reason. Without one, N*K ports
+ * A user's file (--hostfile) is read with the ranks' own reader and parser
+ * (src/backends/ring/hostfile.c; the launcher's own checks are in
+ * hostfile_check.c), so a file the ranks would refuse is refused here, before
+ * anything starts, with the same reason. Without one, N*K ports
  * of 127.0.0.1 are reserved (bound and listening, so nothing else takes them
  * until the ranks start) and written as MLX's JSON hostfile into a private
  * temporary directory that is removed at exit. */
@@ -62,23 +63,24 @@ static int write_text(const char* path, const char* text) {
   return rc;
 }
 
-/* Parse the user's file as the ranks will; exits 2 when they would refuse it
- * or it disagrees with the command line. */
+/* Read and parse the user's file as the ranks will; exits 2 when they would
+ * refuse it or it disagrees with the command line. */
 static void use_given(const launch_opts* o, launch_hostfile* hf, mlxd_ring_hosts* h) {
   mlxd_status st = {0};
-  if (mlxd_ring_hostfile_load(o->hostfile, h, &st) != 0) {
+  char* text = NULL;
+  size_t len = 0;
+  char why[MLXD_MSG_MAX + 128];
+  if (mlxd_ring_hostfile_read(o->hostfile, &text, &len, &st) != 0) {
     mlxd_status_render(&st, NULL); /* the "[launch]" tag is added by launch_bad_usage */
     launch_bad_usage("%s.", st.msg);
   }
-  if (h->size > LAUNCH_MAX_RANKS)
-    launch_bad_usage("hostfile '%s' has %d ranks; at most %d are supported.", o->hostfile, h->size,
-                     LAUNCH_MAX_RANKS);
-  if (o->connections && h->nconn != o->connections)
-    launch_bad_usage("hostfile '%s' lists %d address%s per rank but --connections is %d.",
-                     o->hostfile, h->nconn, h->nconn == 1 ? "" : "es", o->connections);
-  if (o->n && o->n != h->size)
-    launch_bad_usage("-n %d does not match hostfile '%s', which lists %d ranks.", o->n, o->hostfile,
-                     h->size);
+  int rc = launch_hostfile_check(text, len, o->hostfile, o->n, o->connections, h, why, sizeof why);
+  free(text);
+  if (rc != 0) launch_bad_usage("%s.", why);
+  if (mlxd_ring_hostfile_resolve(o->hostfile, h, &st) != 0) {
+    mlxd_status_render(&st, NULL);
+    launch_bad_usage("%s.", st.msg);
+  }
   if (!realpath(o->hostfile, hf->path)) snprintf(hf->path, sizeof hf->path, "%s", o->hostfile);
 }
 

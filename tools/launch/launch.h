@@ -2,6 +2,7 @@
  *   args.c      the command line (options, usage, the "[launch]" messages)
  *   hostfile.c  the ring hostfile: a user's, checked with the ranks' own parser,
  *               or one written on free local ports
+ *   hostfile_check.c  the launcher's checks of a user's hostfile (pure, fuzzed)
  *   mpi.c       the mpirun command line for --backend mpi
  *   relay.c     a child's output, line by line, with the "[rank] " prefix
  *   supervise.c starting the children, stopping them all on the first failure,
@@ -54,6 +55,14 @@ typedef struct launch_hostfile {
   int* fds;            /* generated: the reserved ports, held until the ranks start */
   int n_fds;
 } launch_hostfile;
+
+struct mlxd_ring_hosts;
+/* hostfile_check.c (pure, fuzzed): parse a user's hostfile of len bytes (name
+ * for messages) with the ranks' parser and check it against -n and
+ * --connections (0: not given) and LAUNCH_MAX_RANKS. Returns 0 with out filled
+ * (host names not yet resolved), or -1 with why. */
+int launch_hostfile_check(const char* text, size_t len, const char* name, int n, int connections,
+                          struct mlxd_ring_hosts* out, char* why, size_t why_len);
 
 /* The given hostfile (checked; exits 2 when it is bad or disagrees with -n or
  * --connections) or a new one on free ports of 127.0.0.1 in a private temporary

@@ -1,16 +1,27 @@
 /* The ring hostfile (MLX_HOSTFILE): a JSON list with one entry per rank, each
  * a list of "ip:port" strings; entry r, string c is the address rank r
  * listens on for connection c. Every rank must list the same number of
- * addresses. Parsed with cJSON. */
+ * addresses. Parsed with cJSON.
+ *
+ * Three steps, so that the parser can be fuzzed: read (a regular file,
+ * bounded), parse (pure: exactly one JSON document, limits, addresses that
+ * are IP literals, duplicates), resolve (host names, then duplicates again).
+ * Arrays are walked with cJSON_ArrayForEach: cJSON_GetArrayItem is O(n). */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
+
+#define EXPECTED_FORMAT "a JSON list with one list of \"ip:port\" strings per rank"
 
 void mlxd_ring_hosts_free(mlxd_ring_hosts* h) {
   free(h->addrs);
@@ -33,18 +44,18 @@ void mlxd_ring_format_addr(const struct sockaddr* sa, char* buf, size_t n) {
   }
 }
 
-int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, char* why,
-                         size_t why_len) {
-  memset(out, 0, sizeof *out);
-  snprintf(out->text, sizeof out->text, "%s", s);
+/* ---- one address ---- */
+
+/* "host:port" or "[v6]:port" into host (brackets removed) and port. */
+static int split_addr(const char* s, bool allow_port0, char* host, size_t host_len, long* port,
+                      char* why, size_t why_len) {
   const char* colon = strrchr(s, ':');
   if (!colon) {
     snprintf(why, why_len, "'%s' has no ':port' (expected \"ip:port\")", s);
     return -1;
   }
-  char host[256];
   size_t hl = (size_t)(colon - s);
-  if (hl == 0 || hl >= sizeof host) {
+  if (hl == 0 || hl >= host_len) {
     snprintf(why, why_len, "'%s' has an empty or too long host part (expected \"ip:port\")", s);
     return -1;
   }
@@ -59,14 +70,43 @@ int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, c
     host[hl - 2] = '\0';
   }
   const char* ps = colon + 1;
-  char* end = NULL;
-  errno = 0;
-  long port = strtol(ps, &end, 10);
-  if (*ps == '\0' || *end != '\0' || errno || port < (allow_port0 ? 0 : 1) || port > 65535) {
-    snprintf(why, why_len, "'%s' has an invalid port '%s' (expected an integer in [1, 65535])", s,
-             ps);
+  size_t nd = strspn(ps, "0123456789");
+  long p = nd > 0 && nd <= 5 && ps[nd] == '\0' ? strtol(ps, NULL, 10) : -1;
+  if (p < (allow_port0 ? 0 : 1) || p > 65535) {
+    snprintf(why, why_len, "'%s' has an invalid port '%s' (expected an integer in [%d, 65535])", s,
+             ps, allow_port0 ? 0 : 1);
     return -1;
   }
+  *port = p;
+  return 0;
+}
+
+static void set_port(struct sockaddr_storage* sa, long port) {
+  if (sa->ss_family == AF_INET)
+    ((struct sockaddr_in*)(void*)sa)->sin_port = htons((uint16_t)port);
+  else if (sa->ss_family == AF_INET6)
+    ((struct sockaddr_in6*)(void*)sa)->sin6_port = htons((uint16_t)port);
+}
+
+/* An IP literal without any lookup; false if host is not one. */
+static bool numeric_host(const char* host, mlxd_ring_addr* out) {
+  struct sockaddr_in* in = (struct sockaddr_in*)(void*)&out->sa;
+  struct sockaddr_in6* in6 = (struct sockaddr_in6*)(void*)&out->sa;
+  if (inet_pton(AF_INET, host, &in->sin_addr) == 1) {
+    in->sin_family = AF_INET;
+    out->len = sizeof *in;
+    return true;
+  }
+  if (inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+    in6->sin6_family = AF_INET6;
+    out->len = sizeof *in6;
+    return true;
+  }
+  return false;
+}
+
+static int resolve_host(const char* s, const char* host, mlxd_ring_addr* out, char* why,
+                        size_t why_len) {
   struct addrinfo hints, *res = NULL;
   memset(&hints, 0, sizeof hints);
   hints.ai_family = AF_UNSPEC;
@@ -76,136 +116,488 @@ int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, c
     snprintf(why, why_len, "'%s': cannot resolve host '%s' (%s)", s, host, gai_strerror(rc));
     return -1;
   }
-  memcpy(&out->sa, res->ai_addr, res->ai_addrlen);
-  out->len = res->ai_addrlen;
+  bool ok = (res->ai_family == AF_INET || res->ai_family == AF_INET6) &&
+            res->ai_addrlen <= sizeof out->sa;
+  if (ok) {
+    memcpy(&out->sa, res->ai_addr, res->ai_addrlen);
+    out->len = res->ai_addrlen;
+  }
   freeaddrinfo(res);
-  if (out->sa.ss_family == AF_INET)
-    ((struct sockaddr_in*)(void*)&out->sa)->sin_port = htons((uint16_t)port);
-  else if (out->sa.ss_family == AF_INET6)
-    ((struct sockaddr_in6*)(void*)&out->sa)->sin6_port = htons((uint16_t)port);
-  else {
+  if (!ok) {
     snprintf(why, why_len, "'%s': host '%s' is not an IPv4/IPv6 address", s, host);
     return -1;
   }
   return 0;
 }
 
-static char* read_file(const char* path, mlxd_status* st) {
-  FILE* f = fopen(path, "rb");
-  if (!f) {
-    int e = errno;
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot read hostfile '%s' (MLX_HOSTFILE)",
-                 path);
-    mlxd_status_set_sys(st, "fopen", e);
+int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, char* why,
+                         size_t why_len) {
+  memset(out, 0, sizeof *out);
+  snprintf(out->text, sizeof out->text, "%s", s);
+  char host[256];
+  long port = 0;
+  if (split_addr(s, allow_port0, host, sizeof host, &port, why, why_len) != 0) return -1;
+  if (!numeric_host(host, out) && resolve_host(s, host, out, why, why_len) != 0) return -1;
+  set_port(&out->sa, port);
+  return 0;
+}
+
+/* Pure: an IP literal is converted, a host name is only checked for its
+ * characters and left for mlxd_ring_hostfile_resolve (AF_UNSPEC). */
+static int addr_from_text(const char* s, mlxd_ring_addr* out, char* why, size_t why_len) {
+  memset(out, 0, sizeof *out);
+  size_t n = strlen(s);
+  if (n > MLXD_RING_ADDR_MAX_CHARS) {
+    snprintf(why, why_len, "'%.24s...' is %zu characters long (expected \"ip:port\" of at most %d)",
+             s, n, MLXD_RING_ADDR_MAX_CHARS);
+    return -1;
+  }
+  memcpy(out->text, s, n + 1);
+  char host[MLXD_RING_ADDR_MAX_CHARS + 1];
+  long port = 0;
+  if (split_addr(s, false, host, sizeof host, &port, why, why_len) != 0) return -1;
+  if (numeric_host(host, out)) {
+    set_port(&out->sa, port);
+    return 0;
+  }
+  size_t bad = strspn(host, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_%:");
+  if (host[bad] != '\0') {
+    unsigned char c = (unsigned char)host[bad];
+    if (c > 0x20 && c < 0x7f)
+      snprintf(why, why_len,
+               "'%s' has the character '%c' in its host (expected an IP address or host name)", s,
+               c);
+    else
+      snprintf(why, why_len,
+               "'%s' has the byte 0x%02x in its host (expected an IP address or host name)", s, c);
+    return -1;
+  }
+  out->sa.ss_family = AF_UNSPEC; /* a name: resolved later */
+  return 0;
+}
+
+/* ---- duplicates: sort, then compare neighbours ---- */
+
+static int addr_cmp(const mlxd_ring_addr* a, const mlxd_ring_addr* b) {
+  int fa = a->sa.ss_family, fb = b->sa.ss_family;
+  if (fa != fb) return fa < fb ? -1 : 1;
+  if (fa == AF_INET) {
+    const struct sockaddr_in* x = (const struct sockaddr_in*)(const void*)&a->sa;
+    const struct sockaddr_in* y = (const struct sockaddr_in*)(const void*)&b->sa;
+    int c = memcmp(&x->sin_addr, &y->sin_addr, sizeof x->sin_addr);
+    if (c) return c;
+    return (int)ntohs(x->sin_port) - (int)ntohs(y->sin_port);
+  }
+  if (fa == AF_INET6) {
+    const struct sockaddr_in6* x = (const struct sockaddr_in6*)(const void*)&a->sa;
+    const struct sockaddr_in6* y = (const struct sockaddr_in6*)(const void*)&b->sa;
+    int c = memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
+    if (c) return c;
+    if (x->sin6_port != y->sin6_port) return (int)ntohs(x->sin6_port) - (int)ntohs(y->sin6_port);
+    return x->sin6_scope_id < y->sin6_scope_id ? -1 : x->sin6_scope_id > y->sin6_scope_id;
+  }
+  return strcasecmp(a->text, b->text);
+}
+
+static int ptr_cmp(const void* pa, const void* pb) {
+  const mlxd_ring_addr* a = *(const mlxd_ring_addr* const*)pa;
+  const mlxd_ring_addr* b = *(const mlxd_ring_addr* const*)pb;
+  int c = addr_cmp(a, b);
+  if (c) return c;
+  return a < b ? -1 : a > b; /* equal keys in file order */
+}
+
+/* The duplicate whose second occurrence comes first in the file is named. */
+static int check_duplicates(const char* name, const mlxd_ring_hosts* h, mlxd_status* st) {
+  size_t m = (size_t)h->size * (size_t)h->nconn;
+  if (m < 2) return 0;
+  const mlxd_ring_addr** p = malloc(m * sizeof *p);
+  if (!p)
+    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
+                        "out of memory checking hostfile '%s'", name);
+  for (size_t i = 0; i < m; i++) p[i] = &h->addrs[i];
+  qsort(p, m, sizeof *p, ptr_cmp);
+  size_t first = 0, second = m;
+  for (size_t i = 1; i < m; i++) {
+    if (addr_cmp(p[i - 1], p[i]) != 0) continue;
+    size_t j = (size_t)(p[i] - h->addrs);
+    if (j < second) {
+      second = j;
+      first = (size_t)(p[i - 1] - h->addrs);
+    }
+  }
+  free(p);
+  if (second == m) return 0;
+  int k = h->nconn;
+  const mlxd_ring_addr *a = &h->addrs[first], *b = &h->addrs[second];
+  char same[120] = "name the same host and port"; /* host names not yet resolved */
+  if (a->sa.ss_family != AF_UNSPEC) {
+    char sa_text[80];
+    mlxd_ring_format_addr((const struct sockaddr*)&a->sa, sa_text, sizeof sa_text);
+    snprintf(same, sizeof same, "are the same address %s", sa_text);
+  }
+  if (strcmp(a->text, b->text) == 0)
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "hostfile '%s': duplicate address: rank %zu connection %zu and rank %zu "
+                        "connection %zu both list '%s' (expected a different address for every "
+                        "rank and connection)",
+                        name, first / (size_t)k, first % (size_t)k, second / (size_t)k,
+                        second % (size_t)k, a->text);
+  return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "hostfile '%s': duplicate address: rank %zu connection %zu ('%s') and rank "
+                      "%zu connection %zu ('%s') %s (expected a different address for every rank "
+                      "and connection)",
+                      name, first / (size_t)k, first % (size_t)k, a->text, second / (size_t)k,
+                      second % (size_t)k, b->text, same);
+}
+
+/* ---- the JSON ---- */
+
+static const char* json_kind(const cJSON* v) {
+  if (cJSON_IsArray(v)) return cJSON_GetArraySize(v) ? "a list" : "an empty list";
+  if (cJSON_IsObject(v)) return "an object";
+  if (cJSON_IsString(v)) return "a string";
+  if (cJSON_IsNumber(v)) return "a number";
+  if (cJSON_IsBool(v)) return "a boolean";
+  if (cJSON_IsNull(v)) return "null";
+  return "a value of unknown type";
+}
+
+/* "line L, column C (at 'text...')" for offset off of text. */
+static void where(const char* text, size_t len, size_t off, char* buf, size_t n) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < off && i < len; i++) {
+    if (text[i] == '\n')
+      line++, col = 1;
+    else
+      col++;
+  }
+  char near[80];
+  size_t o = 0;
+  for (size_t i = off; i < len && i < off + 16 && o + 5 < sizeof near; i++) {
+    unsigned char c = (unsigned char)text[i];
+    o += (size_t)snprintf(near + o, sizeof near - o, c >= 0x20 && c < 0x7f ? "%c" : "\\x%02x", c);
+  }
+  near[o] = '\0';
+  if (off >= len)
+    snprintf(buf, n, "line %zu, column %zu (at the end of the file)", line, col);
+  else
+    snprintf(buf, n, "line %zu, column %zu (at '%s%s')", line, col, near,
+             len - off > 16 ? "..." : "");
+}
+
+static bool json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* A look at text's structure without parsing it: an upper bound of its JSON
+ * values (each container holds at most one more value than it has commas; it
+ * bounds the memory cJSON would take: a 16 MiB "[0,0,0,..." is 8 million
+ * nodes), and at the end the brackets still open and whether a string is. */
+typedef struct shape_scan {
+  size_t values;
+  long open;
+  bool in_string;
+} shape_scan;
+
+static shape_scan scan_shape(const char* t, size_t len) {
+  shape_scan s = {1, 0, false};
+  for (size_t i = 0; i < len; i++) {
+    char c = t[i];
+    if (s.in_string) {
+      if (c == '\\')
+        i++;
+      else if (c == '"')
+        s.in_string = false;
+    } else if (c == '"') {
+      s.in_string = true;
+    } else if (c == '[' || c == '{') {
+      s.values++, s.open++;
+    } else if (c == ']' || c == '}') {
+      s.open--;
+    } else if (c == ',') {
+      s.values++;
+    }
+  }
+  return s;
+}
+
+/* One document, nothing but whitespace after it. */
+static cJSON* parse_one_document(const char* text, size_t len, const char* name, mlxd_status* st) {
+  size_t i = 0;
+  while (i < len && json_space(text[i])) i++;
+  if (i == len) {
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                 "hostfile '%s' is empty (expected " EXPECTED_FORMAT ")", name);
     return NULL;
   }
-  size_t cap = 4096, len = 0;
-  char* buf = malloc(cap);
+  const char* end = NULL;
+  cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+  char at[160];
+  if (!root) {
+    size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : len;
+    where(text, len, off, at, sizeof at);
+    char cut[80] = ""; /* a file cut short: cJSON names its last byte, so say so */
+    shape_scan sh = scan_shape(text, len);
+    if (sh.in_string)
+      snprintf(cut, sizeof cut, "; the file ends inside a string");
+    else if (sh.open > 0)
+      snprintf(cut, sizeof cut, "; the file ends with %ld bracket%s still open", sh.open,
+               sh.open == 1 ? "" : "s");
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                 "hostfile '%s' is not valid JSON: syntax error at %s%s (expected " EXPECTED_FORMAT
+                 ")",
+                 name, at, cut);
+    return NULL;
+  }
+  size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : len;
+  while (off < len && json_space(text[off])) off++;
+  if (off < len) {
+    cJSON_Delete(root);
+    where(text, len, off, at, sizeof at);
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                 "hostfile '%s' has more after its JSON value, at %s (expected exactly one JSON "
+                 "list and nothing but whitespace after it: a stray ']' or a second document?)",
+                 name, at);
+    return NULL;
+  }
+  return root;
+}
+
+/* The shape: a non-empty list of non-empty lists of strings, all of one
+ * length, within the limits. Sets *n and *k. */
+static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_out,
+                       mlxd_status* st) {
+  if (!cJSON_IsArray(root) || !root->child)
+    return mlxd_fail_at(
+        st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+        "hostfile '%s' is not a non-empty JSON list: it is %s (expected " EXPECTED_FORMAT ")", name,
+        json_kind(root));
+  long n = 0;
+  const cJSON* e;
+  cJSON_ArrayForEach(e, root) n++;
+  if (n > MLXD_RING_HOSTFILE_MAX_RANKS)
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "hostfile '%s' lists %ld ranks (expected at most %d)", name, n,
+                        MLXD_RING_HOSTFILE_MAX_RANKS);
+  int r = 0, k = -1;
+  cJSON_ArrayForEach(e, root) {
+    if (!cJSON_IsArray(e) || !e->child)
+      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "hostfile '%s': the entry of rank %d is not a non-empty list of "
+                          "\"ip:port\" strings: it is %s",
+                          name, r, json_kind(e));
+    int c = 0;
+    const cJSON* s;
+    cJSON_ArrayForEach(s, e) {
+      if (!cJSON_IsString(s) || !s->valuestring)
+        return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                            "hostfile '%s': the entry of rank %d is not a list of strings: item "
+                            "%d is %s (expected \"ip:port\")",
+                            name, r, c, json_kind(s));
+      if (++c > MLXD_RING_HOSTFILE_MAX_CONNECTIONS)
+        return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                            "hostfile '%s': rank %d lists more than %d addresses (expected one "
+                            "per connection, at most %d connections)",
+                            name, r, MLXD_RING_HOSTFILE_MAX_CONNECTIONS,
+                            MLXD_RING_HOSTFILE_MAX_CONNECTIONS);
+    }
+    if (k < 0) k = c;
+    if (c != k)
+      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "hostfile '%s': rank %d lists %d addresses but rank 0 lists %d "
+                          "(every rank needs the same number, one per connection)",
+                          name, r, c, k);
+    r++;
+  }
+  if (n * k > MLXD_RING_HOSTFILE_MAX_ADDRS)
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "hostfile '%s' lists %ld ranks with %d addresses each, %ld in all "
+                        "(expected at most %d addresses)",
+                        name, n, k, n * k, MLXD_RING_HOSTFILE_MAX_ADDRS);
+  *n_out = (int)n;
+  *k_out = k;
+  return 0;
+}
+
+#define MAX_VALUES (1 + MLXD_RING_HOSTFILE_MAX_RANKS + MLXD_RING_HOSTFILE_MAX_ADDRS)
+
+int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlxd_ring_hosts* out,
+                             mlxd_status* st) {
+  memset(out, 0, sizeof *out);
+  if (len > MLXD_RING_HOSTFILE_MAX_BYTES)
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "hostfile '%s' is %zu bytes (expected at most %d)", name, len,
+                        MLXD_RING_HOSTFILE_MAX_BYTES);
+  size_t values = scan_shape(text, len).values;
+  if (values > MAX_VALUES)
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "hostfile '%s' holds up to %zu JSON values (expected at most %d ranks and "
+                        "%d addresses in all)",
+                        name, values, MLXD_RING_HOSTFILE_MAX_RANKS, MLXD_RING_HOSTFILE_MAX_ADDRS);
+  cJSON* root = parse_one_document(text, len, name, st);
+  if (!root) return st->code;
+  int n = 0, k = 0;
+  int rc = check_shape(root, name, &n, &k, st);
+  if (rc) goto done;
+  out->addrs = calloc((size_t)n * (size_t)k, sizeof *out->addrs);
+  if (!out->addrs) {
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory parsing hostfile '%s'",
+                      name);
+    goto done;
+  }
+  out->size = n;
+  out->nconn = k;
+  int r = 0;
+  const cJSON* e;
+  cJSON_ArrayForEach(e, root) {
+    int c = 0;
+    const cJSON* s;
+    cJSON_ArrayForEach(s, e) {
+      char why[300];
+      if (addr_from_text(s->valuestring, &out->addrs[r * k + c], why, sizeof why) != 0) {
+        rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "hostfile '%s': rank %d connection %d: bad address %s", name, r, c, why);
+        goto done;
+      }
+      c++;
+    }
+    r++;
+  }
+  rc = check_duplicates(name, out, st);
+done:
+  cJSON_Delete(root);
+  if (rc) mlxd_ring_hosts_free(out);
+  return rc;
+}
+
+int mlxd_ring_hostfile_resolve(const char* name, mlxd_ring_hosts* h, mlxd_status* st) {
+  int m = h->size * h->nconn, resolved = 0;
+  char last_host[MLXD_RING_ADDR_MAX_CHARS + 1] = "";
+  mlxd_ring_addr last = {0};
+  for (int i = 0; i < m; i++) {
+    mlxd_ring_addr* a = &h->addrs[i];
+    if (a->sa.ss_family != AF_UNSPEC) continue;
+    char host[MLXD_RING_ADDR_MAX_CHARS + 1], why[300];
+    long port = 0;
+    int rc = split_addr(a->text, false, host, sizeof host, &port, why, sizeof why);
+    if (rc == 0 && strcmp(host, last_host) != 0) { /* ranks often share a host: one lookup */
+      rc = resolve_host(a->text, host, &last, why, sizeof why);
+      snprintf(last_host, sizeof last_host, "%s", rc == 0 ? host : "");
+    }
+    if (rc != 0)
+      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "hostfile '%s': rank %d connection %d: bad address %s", name,
+                          i / h->nconn, i % h->nconn, why);
+    a->sa = last.sa;
+    a->len = last.len;
+    set_port(&a->sa, port);
+    resolved++;
+  }
+  return resolved ? check_duplicates(name, h, st) : 0;
+}
+
+/* ---- the file ---- */
+
+static const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+int mlxd_ring_hostfile_read(const char* path, char** text, size_t* len, mlxd_status* st) {
+  *text = NULL;
+  *len = 0;
+  /* O_NONBLOCK: opening a FIFO without a writer does not wait (it is refused below) */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  struct stat sb;
+  if (fd < 0) {
+    int e = errno;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
+      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "hostfile '%s' is %s (expected a regular file)", path,
+                          file_kind(sb.st_mode));
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot open hostfile '%s'", path);
+    mlxd_status_set_sys(st, "open", e);
+    return st->code;
+  }
+  int rc = 0;
+  char* buf = NULL;
+  if (fstat(fd, &sb) != 0) {
+    int e = errno;
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot read hostfile '%s'", path);
+    mlxd_status_set_sys(st, "fstat", e);
+    goto done;
+  }
+  if (!S_ISREG(sb.st_mode)) {
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "hostfile '%s' is %s (expected a regular file)", path, file_kind(sb.st_mode));
+    goto done;
+  }
+  const size_t limit = MLXD_RING_HOSTFILE_MAX_BYTES;
+  if (sb.st_size > (off_t)limit) {
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "hostfile '%s' is %lld bytes (expected at most %zu)", path,
+                      (long long)sb.st_size, limit);
+    goto done;
+  }
+  /* the size may be wrong (a file that grows, /proc): never read more than limit + 1 */
+  size_t cap = (size_t)sb.st_size + 2, n = 0;
+  if (cap < 4096) cap = 4096;
+  buf = malloc(cap);
   while (buf) {
-    size_t n = fread(buf + len, 1, cap - len - 1, f);
-    len += n;
-    if (n == 0) break;
-    if (len + 1 == cap) {
-      char* nb = realloc(buf, cap * 2);
+    if (n + 1 == cap) {
+      if (cap > limit + 1) break;
+      size_t nc = cap * 2 > limit + 2 ? limit + 2 : cap * 2;
+      char* nb = realloc(buf, nc);
       if (!nb) {
         free(buf);
         buf = NULL;
         break;
       }
       buf = nb;
-      cap *= 2;
+      cap = nc;
     }
+    ssize_t r = read(fd, buf + n, cap - n - 1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      int e = errno;
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot read hostfile '%s'", path);
+      mlxd_status_set_sys(st, "read", e);
+      goto done;
+    }
+    if (r == 0) break;
+    n += (size_t)r;
   }
-  int err = ferror(f) ? errno : 0;
-  fclose(f);
   if (!buf) {
-    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory reading hostfile '%s'",
-                 path);
-    return NULL;
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory reading hostfile '%s'",
+                      path);
+    goto done;
   }
-  if (err) {
-    free(buf);
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot read hostfile '%s' (MLX_HOSTFILE)",
-                 path);
-    mlxd_status_set_sys(st, "fread", err);
-    return NULL;
+  if (n > limit) {
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "hostfile '%s' is more than %zu bytes (expected at most %zu)", path, limit,
+                      limit);
+    goto done;
   }
-  buf[len] = '\0';
-  return buf;
+  buf[n] = '\0';
+  *text = buf;
+  *len = n;
+  buf = NULL;
+done:
+  free(buf);
+  close(fd);
+  return rc;
 }
 
 int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status* st) {
   memset(out, 0, sizeof *out);
-  char* text = read_file(path, st);
-  if (!text) return st->code;
-  cJSON* root = cJSON_Parse(text);
+  char* text = NULL;
+  size_t len = 0;
+  if (mlxd_ring_hostfile_read(path, &text, &len, st)) return st->code;
+  int rc = mlxd_ring_hostfile_parse(text, len, path, out, st);
   free(text);
-  int rc = 0;
-  if (!root) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "hostfile '%s' is not valid JSON (expected a list with one list of "
-                      "\"ip:port\" strings per rank)",
-                      path);
-    goto done;
-  }
-  if (!cJSON_IsArray(root) || cJSON_GetArraySize(root) == 0) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "hostfile '%s' is not a non-empty JSON list (expected one list of "
-                      "\"ip:port\" strings per rank)",
-                      path);
-    goto done;
-  }
-  int n = cJSON_GetArraySize(root);
-  int k = -1;
-  for (int r = 0; r < n; r++) {
-    cJSON* e = cJSON_GetArrayItem(root, r);
-    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) == 0) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "hostfile '%s': the entry of rank %d is not a non-empty list of "
-                        "\"ip:port\" strings",
-                        path, r);
-      goto done;
-    }
-    int kr = cJSON_GetArraySize(e);
-    if (k < 0) k = kr;
-    if (kr != k) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "hostfile '%s': rank %d lists %d addresses but rank 0 lists %d "
-                        "(every rank needs the same number, one per connection)",
-                        path, r, kr, k);
-      goto done;
-    }
-  }
-  out->addrs = calloc((size_t)n * (size_t)k, sizeof *out->addrs);
-  if (!out->addrs) {
-    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory parsing hostfile '%s'",
-                      path);
-    goto done;
-  }
-  out->size = n;
-  out->nconn = k;
-  for (int r = 0; r < n; r++) {
-    cJSON* e = cJSON_GetArrayItem(root, r);
-    for (int c = 0; c < k; c++) {
-      cJSON* s = cJSON_GetArrayItem(e, c);
-      if (!cJSON_IsString(s) || !s->valuestring) {
-        rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                          "hostfile '%s': the entry of rank %d is not a list of strings "
-                          "(item %d is not a string; expected \"ip:port\")",
-                          path, r, c);
-        goto done;
-      }
-      char why[300];
-      if (mlxd_ring_parse_addr(s->valuestring, false, &out->addrs[r * k + c], why, sizeof why) !=
-          0) {
-        rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                          "hostfile '%s': rank %d: bad address %s", path, r, why);
-        goto done;
-      }
-    }
-  }
-done:
-  cJSON_Delete(root);
-  if (rc) mlxd_ring_hosts_free(out);
+  if (rc == 0 && (rc = mlxd_ring_hostfile_resolve(path, out, st)) != 0) mlxd_ring_hosts_free(out);
   return rc;
 }

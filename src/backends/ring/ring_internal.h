@@ -34,8 +34,30 @@ typedef struct mlxd_ring_hosts {
 
 void mlxd_ring_hosts_free(mlxd_ring_hosts* h);
 
-/* hostfile.c: parse MLX_HOSTFILE-style JSON from path. Errors name the file. */
+/* hostfile.c: MLX_HOSTFILE, MLX's JSON (a list with one list of "ip:port"
+ * strings per rank). The rules (docs/ring.md): exactly one JSON document and
+ * nothing but whitespace after it; limits checked before the work they bound;
+ * only a regular file is read, and never more than its limit; every address
+ * once. Every error names the file, what is wrong, where (rank, connection)
+ * and what was expected. */
+#define MLXD_RING_HOSTFILE_MAX_BYTES (16 << 20)
+#define MLXD_RING_HOSTFILE_MAX_RANKS 65536
+#define MLXD_RING_HOSTFILE_MAX_CONNECTIONS 64
+#define MLXD_RING_HOSTFILE_MAX_ADDRS (1 << 18) /* ranks x connections */
+#define MLXD_RING_ADDR_MAX_CHARS 79            /* one "ip:port" string (mlxd_ring_addr.text) */
+/* Read, parse and resolve path. */
 int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status* st);
+/* Read path, a regular file of at most MLXD_RING_HOSTFILE_MAX_BYTES, without
+ * blocking (a FIFO or device is refused by its kind, not opened for reading);
+ * *text is NUL-terminated, free() it. */
+int mlxd_ring_hostfile_read(const char* path, char** text, size_t* len, mlxd_status* st);
+/* Parse len bytes of text (no NUL needed) named name in messages. Pure: no
+ * files, no name lookups; an address with a host name (not an IP literal)
+ * is left unresolved (sa.ss_family == AF_UNSPEC, text kept). */
+int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlxd_ring_hosts* out,
+                             mlxd_status* st);
+/* Resolve the host names parse left, then check again that no two addresses are the same. */
+int mlxd_ring_hostfile_resolve(const char* name, mlxd_ring_hosts* h, mlxd_status* st);
 /* Parse "ip:port" (also "[v6]:port", "host:port"); port 0 allowed only if allow_port0. */
 int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, char* why,
                          size_t why_len);

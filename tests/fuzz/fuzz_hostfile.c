@@ -1,0 +1,45 @@
+/* Fuzz target: the ring hostfile parser (backends/ring/hostfile.c,
+ * mlxd_ring_hostfile_parse), the whole input as the file's bytes (no NUL
+ * after them). It must never crash, look anything up or read past the input;
+ * what it accepts must be a well-formed group: 1..MAX ranks, the same number
+ * of connections each, every address an IP with a port or a host name left
+ * for later, no address twice; what it refuses must say why, naming the file. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "backends/ring/ring_internal.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  mlxd_ring_hosts h;
+  mlxd_status st = {0};
+  int rc = mlxd_ring_hostfile_parse((const char*)data, size, "fuzz.json", &h, &st);
+  if (rc != 0) {
+    if (h.addrs || h.size || !st.msg[0] || st.code != rc) abort();
+    if (!strstr(st.msg, "fuzz.json") && rc != MLXD_ENOMEM) abort();
+    return 0;
+  }
+  if (h.size < 1 || h.size > MLXD_RING_HOSTFILE_MAX_RANKS || h.nconn < 1 ||
+      h.nconn > MLXD_RING_HOSTFILE_MAX_CONNECTIONS ||
+      h.size * h.nconn > MLXD_RING_HOSTFILE_MAX_ADDRS)
+    abort();
+  int m = h.size * h.nconn;
+  for (int i = 0; i < m; i++) {
+    const mlxd_ring_addr* a = &h.addrs[i];
+    int fam = a->sa.ss_family;
+    if (fam != AF_INET && fam != AF_INET6 && fam != AF_UNSPEC) abort();
+    if (!a->text[0] || strlen(a->text) > MLXD_RING_ADDR_MAX_CHARS) abort();
+    if (fam != AF_UNSPEC && (a->len == 0 || a->len > sizeof a->sa)) abort();
+  }
+  /* no two the same (pairwise for small groups: the parser sorts) */
+  if (m <= 64)
+    for (int i = 0; i < m; i++)
+      for (int j = i + 1; j < m; j++) {
+        const mlxd_ring_addr *a = &h.addrs[i], *b = &h.addrs[j];
+        if (a->sa.ss_family == AF_UNSPEC || b->sa.ss_family == AF_UNSPEC) continue;
+        if (a->len == b->len && memcmp(&a->sa, &b->sa, a->len) == 0) abort();
+      }
+  mlxd_ring_hosts_free(&h);
+  return 0;
+}
