@@ -50,7 +50,11 @@
   X(SECRET_FILE, "MLXDIST_SECRET_FILE", "",                                                      \
     "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "    \
     "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "            \
-    "docs/security.md.")
+    "docs/security.md.")                                                                         \
+  X(JOB_TOKEN, "MLXDIST_JOB_TOKEN", "",                                                          \
+    "The job's identity: 32 hex digits every connection of the job must carry (mlxdist-launch "  \
+    "sets a random one per job). Unset: derived from the hostfile (cross-job protection, not "   \
+    "authentication). See docs/security.md.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, doc) MLXD_T_##id,
