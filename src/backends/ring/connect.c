@@ -250,9 +250,9 @@ static void refuse(mesh* m, pending* p, const char* fmt, ...) {
   if (m->shown < LOG_LINES) {
     m->shown++;
     fprintf(stderr, "[ring] rank %d: refused a connection from %s: %s\n", m->rank, p->addr, why);
-    if (m->shown == LOG_LINES)
-      fprintf(stderr, "[ring] rank %d: further refused connections are counted, not shown\n",
-              m->rank);
+  } else if (m->refused == LOG_LINES + 1) {
+    fprintf(stderr, "[ring] rank %d: further refused connections are counted, not shown\n",
+            m->rank);
   }
   close(p->fd);
   p->fd = -1;
@@ -621,7 +621,7 @@ static int mesh_timeout(mesh* m, mlxd_status* st) {
       if (m->fds[j * m->K + c] < 0) missing = j;
   char seen[300] = "";
   if (m->refused > 0)
-    snprintf(seen, sizeof seen, "; %d connection%s refused, the last from %.200s", m->refused,
+    snprintf(seen, sizeof seen, " %d connection%s refused, the last from %.200s", m->refused,
              m->refused == 1 ? " was" : "s were", m->last_refused);
   mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
                "rank %d did not connect to this rank (%d, listening on %s) within %g s "
@@ -722,9 +722,12 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
       break;
     }
   }
-  /* What is left pending is closed quietly: the group is formed (or failed). */
+  /* What is still pending is refused too: every slot is filled (or set-up failed). */
   for (int i = 0; i < MAX_PENDING; i++)
-    if (m->pend[i].state != P_FREE) close(m->pend[i].fd);
+    if (m->pend[i].state != P_FREE)
+      refuse(m, &m->pend[i], "%s when the set-up ended",
+             m->pend[i].got == 0 && m->pend[i].state == P_HELLO ? "it had sent nothing"
+                                                                : "its handshake was incomplete");
   for (int i = 0; i < m->nouts; i++)
     if (outs[i].fd >= 0) close(outs[i].fd);
   if (m->refused > m->shown)
