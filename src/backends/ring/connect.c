@@ -439,19 +439,25 @@ static int out_read(mesh* m, outgoing* o, mlxd_status* st) {
 
 /* ---- incoming ---- */
 
+static void pend_read(mesh* m, pending* p);
+
 static void pend_accept(mesh* m, int lfd) {
   for (int round = 0; round < 4 * MAX_PENDING; round++) {
     struct sockaddr_storage sa;
     socklen_t sl = sizeof sa;
     int fd = accept4(lfd, (struct sockaddr*)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return; /* EAGAIN: all taken; anything else: try again next round */
+    /* A free entry, else the oldest that has not even sent its hello (a
+     * rightful peer sends it right after connecting), else the oldest. */
     pending* p = NULL;
     pending* oldest = NULL;
     for (int i = 0; i < MAX_PENDING && !p; i++) {
-      if (m->pend[i].state == P_FREE)
-        p = &m->pend[i];
-      else if (!oldest || m->pend[i].since < oldest->since)
-        oldest = &m->pend[i];
+      pending* q = &m->pend[i];
+      if (q->state == P_FREE)
+        p = q;
+      else if (!oldest || (q->state == P_HELLO && oldest->state != P_HELLO) ||
+               (q->state == oldest->state && q->since < oldest->since))
+        oldest = q;
     }
     if (!p) {
       refuse(m, oldest, "too many connections waiting for a handshake (%d); the oldest is dropped",
@@ -465,6 +471,7 @@ static void pend_accept(mesh* m, int lfd) {
     p->since = mlxd_now();
     p->deadline = p->since + HS_TIMEOUT_S;
     mlxd_ring_format_addr((struct sockaddr*)&sa, p->addr, sizeof p->addr);
+    pend_read(m, p); /* the hello is usually there already: a flood cannot push it out */
   }
 }
 
@@ -645,8 +652,7 @@ static int mesh_step(mesh* m, struct pollfd* pfd, double deadline, mlxd_status* 
   for (int i = 0; i < MAX_PENDING; i++)
     if (m->pend[i].state != P_FREE && m->pend[i].deadline < wake) wake = m->pend[i].deadline;
   int n = 0;
-  for (int c = 0; c < m->K; c++)
-    pfd[n++] = (struct pollfd){m->filled < m->need ? m->lfds[c] : -1, POLLIN, 0};
+  for (int c = 0; c < m->K; c++) pfd[n++] = (struct pollfd){m->lfds[c], POLLIN, 0};
   for (int i = 0; i < MAX_PENDING; i++)
     pfd[n++] = (struct pollfd){m->pend[i].state != P_FREE ? m->pend[i].fd : -1, POLLIN, 0};
   for (int i = 0; i < m->nouts; i++) {
