@@ -11,6 +11,8 @@
  *   test_trust secret MODE  wrong: rank 1 has another secret; none: rank 1 has no
  *                           secret: rank 1 fails saying the secret did not match,
  *                           rank 0 fails within its bound and logs the refusal
+ *   test_trust badtoken     MLXDIST_JOB_TOKEN not 32 hex digits: an error naming it
+ *   test_trust badtoken     MLXDIST_JOB_TOKEN not 32 hex digits: an error naming it
  *   test_trust twojobs LAUNCHER   two mlxdist-launch jobs with one hostfile, in
  *                           several start orders: never a mixed result
  *   test_trust job ID D0 D1 (a rank of twojobs, under the launcher)
@@ -136,10 +138,11 @@ static int listening_sockets(void) {
 /* ---- the ranks ---- */
 
 typedef struct job {
-  const char* secret[2]; /* MLXDIST_SECRET_FILE per rank, or NULL */
-  bool token;            /* MLXDIST_JOB_TOKEN=TOKEN_HEX on both ranks */
-  double delay[2];       /* before init */
-  bool split;            /* rank 0 attacks its own split listeners */
+  const char* secret[2];   /* MLXDIST_SECRET_FILE per rank, or NULL */
+  bool token;              /* MLXDIST_JOB_TOKEN=TOKEN_HEX on both ranks */
+  const char* token_value; /* or this value */
+  double delay[2];         /* before init */
+  bool split;              /* rank 0 attacks its own split listeners */
   void (*split_attack)(int port);
   double connect_timeout; /* 0: the default */
 } job;
@@ -253,7 +256,9 @@ static pid_t start_rank(const job* j, int rank) {
     setenv("MLXDIST_SECRET_FILE", j->secret[rank], 1);
   else
     unsetenv("MLXDIST_SECRET_FILE");
-  if (j->token)
+  if (j->token_value)
+    setenv("MLXDIST_JOB_TOKEN", j->token_value, 1);
+  else if (j->token)
     setenv("MLXDIST_JOB_TOKEN", TOKEN_HEX, 1);
   else
     unsetenv("MLXDIST_JOB_TOKEN");
@@ -576,6 +581,27 @@ static int case_secret(const char* mode) {
   return t_exit_status();
 }
 
+/* MLXDIST_JOB_TOKEN that is not 32 hex digits: an error naming it, at once. */
+static int case_badtoken(void) {
+  const char* bad[3] = {"xyz", "00112233445566778899aabbccddeef",
+                        "00112233445566778899aabbccddeefg"};
+  for (int i = 0; i < 3; i++) {
+    job j = {.token_value = bad[i]};
+    new_hostfile();
+    double t0 = now_s();
+    int c = wait_rank(start_rank(&j, 0), 10);
+    char* e = rank_err(0);
+    char want[120];
+    snprintf(want, sizeof want,
+             "MLXDIST_JOB_TOKEN='%s' is not a job token (expected exactly 32 hex", bad[i]);
+    T_CHECKF(c != 0 && strstr(e, want), "'%s': exit %d:\n%s", bad[i], c, e);
+    T_CHECKF(now_s() - t0 < 2, "'%s' took %.1f s to refuse", bad[i], now_s() - t0);
+    if (i == 0) printf("%s", e);
+    free(e);
+  }
+  return t_exit_status();
+}
+
 /* ---- two launcher jobs, one hostfile ---- */
 
 static int case_job(int id, double d0, double d1) {
@@ -679,6 +705,8 @@ int main(int argc, char** argv) {
     rc = case_split();
   else if (argc == 3 && !strcmp(argv[1], "secret"))
     rc = case_secret(argv[2]);
+  else if (argc == 2 && !strcmp(argv[1], "badtoken"))
+    rc = case_badtoken();
   else if (argc == 3 && !strcmp(argv[1], "twojobs"))
     rc = case_twojobs(argv[2], argv[0]);
   else
