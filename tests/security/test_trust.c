@@ -659,7 +659,7 @@ static int case_twojobs(const char* launcher, const char* self) {
        "A0 first, then B1, then A1 and B0 (the order a hostfile token "
        "cannot tell apart)"},
       {0.8, 0, 0.2, 0, 0.6, "A1 first, then B0, then A0 and B1"},
-      {0, 0, 1.5, 0, 0, "B after A has formed"},
+      {0, 0, 2.5, 0, 0, "B after A has formed"},
   };
   for (size_t i = 0; i < sizeof orders / sizeof orders[0]; i++) {
     new_hostfile();
@@ -690,7 +690,8 @@ static int case_twojobs(const char* launcher, const char* self) {
                  "%s: job %c failed without a clear error", orders[i].what, 'A' + k);
       }
     }
-    if (i == 0 || i == 3) T_CHECKF(ca == 0, "%s: job A (first) failed", orders[i].what);
+    /* which job wins a race is up to the scheduler; once A has formed, both must succeed */
+    if (i == 3) T_CHECKF(ca == 0, "%s: job A (first) failed", orders[i].what);
     if (i == 3) T_CHECKF(cb == 0, "%s: job B (after A) failed", orders[i].what);
     free(ta);
     free(tb);
