@@ -13,6 +13,8 @@
  *                           rank 0 fails within its bound and logs the refusal
  *   test_trust badtoken     MLXDIST_JOB_TOKEN not 32 hex digits: an error naming it
  *   test_trust badtoken     MLXDIST_JOB_TOKEN not 32 hex digits: an error naming it
+ *   test_trust launchsecret LAUNCHER   mlxdist-launch --secret: a private file, only
+ *                           its path in the environment, removed at exit; a job runs
  *   test_trust twojobs LAUNCHER   two mlxdist-launch jobs with one hostfile, in
  *                           several start orders: never a mixed result
  *   test_trust job ID D0 D1 (a rank of twojobs, under the launcher)
@@ -607,6 +609,77 @@ static int case_badtoken(void) {
   return t_exit_status();
 }
 
+/* ---- mlxdist-launch --secret ---- */
+
+/* Under the launcher: the secret file is private, only its path is in the
+ * environment, the job token is 32 hex digits; prints the path. */
+static int case_checkenv(void) {
+  const char* path = getenv("MLXDIST_SECRET_FILE");
+  const char* tok = getenv("MLXDIST_JOB_TOKEN");
+  unsigned char t[MLXD_HS_TOKEN_BYTES];
+  T_REQUIRE(path && tok);
+  T_CHECKF(mlxd_hs_token_parse(tok, t) == 0, "MLXDIST_JOB_TOKEN='%s'", tok);
+  struct stat sf, sd;
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s", path);
+  *strrchr(dir, '/') = '\0';
+  T_REQUIRE(stat(path, &sf) == 0 && stat(dir, &sd) == 0);
+  T_CHECKF((sf.st_mode & 0777) == 0600, "secret file mode %o", (unsigned)(sf.st_mode & 0777));
+  T_CHECKF((sd.st_mode & 0777) == 0700, "secret dir mode %o", (unsigned)(sd.st_mode & 0777));
+  char* secret = read_text(path);
+  T_CHECKF(strlen(secret) == 65, "secret of %zu bytes", strlen(secret));
+  secret[64] = '\0';
+  extern char** environ;
+  for (char** e = environ; *e; e++) T_CHECKF(!strstr(*e, secret), "the secret is in %s", *e);
+  free(secret);
+  printf("secret file: %s\n", path);
+  return t_exit_status();
+}
+
+static int case_launchsecret(const char* launcher, const char* self) {
+  char out[300];
+  snprintf(out, sizeof out, "%s/launch.out", g_dir);
+  fflush(NULL);
+  pid_t p = fork();
+  T_ASSERT(p >= 0);
+  if (p == 0) {
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(99);
+    execl(launcher, launcher, "-n", "2", "--secret", "--timeout", "20", "--", self, "checkenv",
+          (char*)NULL);
+    _exit(127);
+  }
+  int c = wait_rank(p, 30);
+  char* text = read_text(out);
+  printf("%s", text);
+  T_CHECKF(c == 0, "the launcher exited %d", c);
+  const char* at = strstr(text, "secret file: ");
+  T_REQUIRE(at);
+  char path[300];
+  T_REQUIRE(sscanf(at + 13, "%299s", path) == 1);
+  struct stat sb;
+  T_CHECKF(stat(path, &sb) != 0 && errno == ENOENT, "%s is left after the launcher", path);
+  *strrchr(path, '/') = '\0';
+  T_CHECKF(stat(path, &sb) != 0 && errno == ENOENT, "%s is left after the launcher", path);
+  free(text);
+  /* and a job with it works */
+  p = fork();
+  T_ASSERT(p >= 0);
+  if (p == 0) {
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(99);
+    execl(launcher, launcher, "-n", "2", "--secret", "--timeout", "20", "--", self, "job", "3", "0",
+          "0", (char*)NULL);
+    _exit(127);
+  }
+  c = wait_rank(p, 30);
+  text = read_text(out);
+  printf("%s", text);
+  T_CHECKF(c == 0 && strstr(text, "job 3 rank 1: sum 601 (right)"), "the --secret job failed");
+  free(text);
+  return t_exit_status();
+}
+
 /* ---- two launcher jobs, one hostfile ---- */
 
 static int case_job(int id, double d0, double d1) {
@@ -700,6 +773,7 @@ static int case_twojobs(const char* launcher, const char* self) {
 }
 
 int main(int argc, char** argv) {
+  if (argc == 2 && !strcmp(argv[1], "checkenv")) return case_checkenv();
   if (argc >= 5 && !strcmp(argv[1], "job"))
     return case_job(atoi(argv[2]), atof(argv[3]), atof(argv[4]));
   snprintf(g_dir, sizeof g_dir, "/tmp/mlxdist-trust-XXXXXX");
@@ -713,6 +787,8 @@ int main(int argc, char** argv) {
     rc = case_secret(argv[2]);
   else if (argc == 2 && !strcmp(argv[1], "badtoken"))
     rc = case_badtoken();
+  else if (argc == 3 && !strcmp(argv[1], "launchsecret"))
+    rc = case_launchsecret(argv[2], argv[0]);
   else if (argc == 3 && !strcmp(argv[1], "twojobs"))
     rc = case_twojobs(argv[2], argv[0]);
   else
