@@ -191,14 +191,19 @@ static void* split_attacker(void* arg) {
     char line[512];
     int port = 0;
     while (f && fgets(line, sizeof line, f)) {
-      char st[8];
+      char st[8], laddr[9];
       unsigned lport = 0;
       long ino = 0;
-      if (sscanf(line, " %*d: %*8s:%x %*s %7s %*s %*s %*s %*s %*s %ld", &lport, st, &ino) != 3)
+      if (sscanf(line, " %*d: %8[0-9A-F]:%x %*s %7s %*s %*s %*s %*s %*s %ld", laddr, &lport, st,
+                 &ino) != 4)
         continue;
       if (strcmp(st, "0A") != 0) continue;
       for (int i = 0; i < ni; i++)
-        if (inodes[i] == ino) port = (int)lport;
+        if (inodes[i] == ino) {
+          port = (int)lport;
+          /* bound to the rank's own address (127.0.0.1), not to every interface */
+          T_CHECKF(strcmp(laddr, "0100007F") == 0, "split listens on %s, not 127.0.0.1", laddr);
+        }
     }
     if (f) fclose(f);
     if (port) {
