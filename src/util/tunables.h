@@ -46,7 +46,7 @@
     "(read by the plugin; lowered by tests to exercise the split paths).")                       \
   X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0",                                               \
     "mlxdist-launch: seconds before every rank is killed and the launcher "                      \
-    "exits 124 (0: no limit; --timeout overrides it).")                                         \
+    "exits 124 (0: no limit; --timeout overrides it).")                                          \
   X(SECRET_FILE, "MLXDIST_SECRET_FILE", "",                                                      \
     "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "    \
     "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "            \
