@@ -5,6 +5,7 @@
  * decides whether a value is valid. */
 #include "util/tunables.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -102,6 +103,7 @@ const char* mlxd_tunable_expected(mlxd_tunable t, char* buf, size_t len) {
                     "%.0f characters)",
                     s->hi);
       break;
+    case MLXD_TK_HEX: mlxd_text_add(&o, "empty, or exactly %.0f hex digits", s->hi); break;
     case MLXD_TK_FILE:
       mlxd_text_add(&o, "empty, or a file's path (no control characters, at most %.0f characters)",
                     s->hi);
@@ -242,6 +244,28 @@ static int parse_text(mlxd_tunable t, const char* text, double* out, char* why, 
   return 0;
 }
 
+/* HEX: empty, or exactly hi hex digits. */
+static int parse_hex(mlxd_tunable t, const char* text, double* out, char* why, size_t wl) {
+  size_t n = strlen(text);
+  if (n == 0) {
+    if (out) *out = 0;
+    return 0;
+  }
+  if ((double)n != k_tunables[t].spec.hi) {
+    char problem[64];
+    snprintf(problem, sizeof problem, "has %zu characters", n);
+    return reject(t, text, problem, why, wl);
+  }
+  for (size_t i = 0; i < n; i++)
+    if (!isxdigit((unsigned char)text[i])) {
+      char problem[64];
+      snprintf(problem, sizeof problem, "is not hexadecimal at position %zu", i + 1);
+      return reject(t, text, problem, why, wl);
+    }
+  if (out) *out = 0;
+  return 0;
+}
+
 int mlxd_tunable_parse(mlxd_tunable t, const char* text, double* out, char* why, size_t why_len) {
   if (why && why_len) why[0] = '\0';
   if (!valid(t)) {
@@ -266,6 +290,7 @@ int mlxd_tunable_parse(mlxd_tunable t, const char* text, double* out, char* why,
     case MLXD_TK_HOST:
     case MLXD_TK_PATHS:
     case MLXD_TK_FILE: return parse_text(t, text, out, why, why_len);
+    case MLXD_TK_HEX: return parse_hex(t, text, out, why, why_len);
   }
   return reject(t, text, "has no known kind", why, why_len);
 }

@@ -29,6 +29,7 @@ typedef enum mlxd_tunable_kind {
   MLXD_TK_HOST,    /* empty, or an IP address / host name (letters, digits, . - : [ ] %) */
   MLXD_TK_PATHS,   /* empty, or directories separated by ':' (no control characters) */
   MLXD_TK_FILE,    /* empty, or a file's path (no control characters; checked where it is used) */
+  MLXD_TK_HEX,     /* empty, or exactly hi hex digits */
 } mlxd_tunable_kind;
 
 typedef struct mlxd_tunable_spec {
@@ -52,60 +53,65 @@ typedef struct mlxd_tunable_spec {
   { MLXD_TK_PATHS, 0, 4096, "" }
 #define MLXD_TK_FILE() \
   { MLXD_TK_FILE, 0, 4096, "" }
+#define MLXD_TK_HEX(digits) \
+  { MLXD_TK_HEX, 0, (digits), "" }
 
-#define MLXD_TUNABLES(X)                                                                       \
-  X(TIMEOUT, "MLXDIST_TIMEOUT", "60", MLXD_TK_NUMBER(0.001, 86400, "seconds"),                 \
-    "Seconds a blocking network wait may make no progress before the op "                      \
-    "fails with a timeout (and the group is marked failed).")                                  \
-  X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30", MLXD_TK_NUMBER(0.001, 86400, "seconds"), \
-    "Seconds init keeps retrying connections to peers (with back-off).")                       \
-  X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),            \
-    "Microseconds a waiting thread polls before it blocks.")                                   \
-  X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1", MLXD_TK_FLAG(),                                   \
-    "1: stream worker threads run at idle priority (SCHED_IDLE), so queued "                   \
-    "work never preempts a busy thread; a thread that waits for a result runs "                \
-    "its task itself. 0: normal priority (more overlap of queued work with a "                 \
-    "busy CPU, at the cost of a wake-up per op).")                                             \
-  X(TRANSPORT, "MLXDIST_TRANSPORT", "auto", MLXD_TK_CHOICE("auto|tcp|shm"),                    \
-    "Ring transport: auto (shared memory between ranks on one host, tcp "                      \
-    "otherwise), tcp, or shm.")                                                                \
-  X(RING_ADDR, "MLXDIST_RING_ADDR", "", MLXD_TK_HOST(),                                        \
-    "Address this rank listens on when bootstrapped by a caller's "                            \
-    "all-gather (default: the address of the host name, else 127.0.0.1).")                     \
-  X(RING_CONNECTIONS, "MLXDIST_RING_CONNECTIONS", "1", MLXD_TK_INTEGER(1, 64, "connections"),  \
-    "Connections per peer when bootstrapped by a caller's all-gather.")                        \
-  X(SMALL_BYTES, "MLXDIST_SMALL_BYTES", "65536", MLXD_TK_INTEGER(0, 16777216, "bytes"),        \
-    "Reductions up to this many bytes use the low-latency algorithm (0: never).")              \
-  X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "", MLXD_TK_PATHS(),                                   \
-    "Colon-separated directories searched first for backend plugins "                          \
-    "(libmlxdist-<name>.so).")                                                                 \
-  X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "0", MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"), \
-    "Shared-memory transport: messages of at least this many bytes are read "                  \
-    "in one copy from the sender's memory (process_vm_readv) where the "                       \
-    "kernel allows it; 0 disables that (every message goes through the "                       \
-    "shared rings).")                                                                          \
-  X(BUFFER_CACHE_MB, "MLXDIST_BUFFER_CACHE_MB", "1024", MLXD_TK_INTEGER(0, 1048576, "MiB"),    \
-    "Megabytes of freed large buffers (>= 64 KiB) kept for reuse by later "                    \
-    "arrays and transfers (0: give every buffer back at once).")                               \
-  X(MPI_CHUNK_BYTES, "MLXDIST_MPI_CHUNK_BYTES", "1073741824",                                  \
-    MLXD_TK_INTEGER(16, 1073741824, "bytes"),                                                  \
-    "mpi backend: the most bytes one MPI call moves; larger ops are split "                    \
-    "(read by the plugin; lowered by tests to exercise the split paths).")                     \
-  X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0", MLXD_TK_NUMBER(0, 31536000, "seconds"),     \
-    "mlxdist-launch: seconds before every rank is killed and the launcher "                    \
-    "exits 124 (0: no limit; --timeout overrides it).")                                        \
-  X(SECRET_FILE, "MLXDIST_SECRET_FILE", "", MLXD_TK_FILE(),                                    \
-    "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "  \
-    "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "          \
-    "docs/security.md.")                                                                       \
-  X(TLS, "MLXDIST_TLS", "0", MLXD_TK_FLAG(),                                                   \
-    "1: every TCP connection of the transport runs TLS 1.3, keyed from MLXDIST_SECRET_FILE "   \
-    "(required) as a pre-shared key; 0: plain TCP. Shared memory is unaffected. See "          \
-    "docs/security.md.")                                                                       \
-  X(TCP_UNEXPECTED_MB, "MLXDIST_TCP_UNEXPECTED_MB", "4096",                                    \
-    MLXD_TK_INTEGER(1, 268435456, "MiB"),                                                      \
-    "TCP transport: megabytes of messages that arrived before their receive was posted that "  \
-    "a rank buffers per peer; a peer going beyond fails the transport, naming it.")
+#define MLXD_TUNABLES(X)                                                                          \
+  X(TIMEOUT, "MLXDIST_TIMEOUT", "60", MLXD_TK_NUMBER(0.001, 86400, "seconds"),                    \
+    "Seconds a blocking network wait may make no progress before the op "                         \
+    "fails with a timeout (and the group is marked failed).")                                     \
+  X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30", MLXD_TK_NUMBER(0.001, 86400, "seconds"),    \
+    "Seconds init keeps retrying connections to peers (with back-off).")                          \
+  X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),               \
+    "Microseconds a waiting thread polls before it blocks.")                                      \
+  X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1", MLXD_TK_FLAG(),                                      \
+    "1: stream worker threads run at idle priority (SCHED_IDLE), so queued "                      \
+    "work never preempts a busy thread; a thread that waits for a result runs "                   \
+    "its task itself. 0: normal priority (more overlap of queued work with a "                    \
+    "busy CPU, at the cost of a wake-up per op).")                                                \
+  X(TRANSPORT, "MLXDIST_TRANSPORT", "auto", MLXD_TK_CHOICE("auto|tcp|shm"),                       \
+    "Ring transport: auto (shared memory between ranks on one host, tcp "                         \
+    "otherwise), tcp, or shm.")                                                                   \
+  X(RING_ADDR, "MLXDIST_RING_ADDR", "", MLXD_TK_HOST(),                                           \
+    "Address this rank listens on when bootstrapped by a caller's "                               \
+    "all-gather (default: the address of the host name, else 127.0.0.1).")                        \
+  X(RING_CONNECTIONS, "MLXDIST_RING_CONNECTIONS", "1", MLXD_TK_INTEGER(1, 64, "connections"),     \
+    "Connections per peer when bootstrapped by a caller's all-gather.")                           \
+  X(SMALL_BYTES, "MLXDIST_SMALL_BYTES", "65536", MLXD_TK_INTEGER(0, 16777216, "bytes"),           \
+    "Reductions up to this many bytes use the low-latency algorithm (0: never).")                 \
+  X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "", MLXD_TK_PATHS(),                                      \
+    "Colon-separated directories searched first for backend plugins "                             \
+    "(libmlxdist-<name>.so).")                                                                    \
+  X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "0", MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),    \
+    "Shared-memory transport: messages of at least this many bytes are read "                     \
+    "in one copy from the sender's memory (process_vm_readv) where the "                          \
+    "kernel allows it; 0 disables that (every message goes through the "                          \
+    "shared rings).")                                                                             \
+  X(BUFFER_CACHE_MB, "MLXDIST_BUFFER_CACHE_MB", "1024", MLXD_TK_INTEGER(0, 1048576, "MiB"),       \
+    "Megabytes of freed large buffers (>= 64 KiB) kept for reuse by later "                       \
+    "arrays and transfers (0: give every buffer back at once).")                                  \
+  X(MPI_CHUNK_BYTES, "MLXDIST_MPI_CHUNK_BYTES", "1073741824",                                     \
+    MLXD_TK_INTEGER(16, 1073741824, "bytes"),                                                     \
+    "mpi backend: the most bytes one MPI call moves; larger ops are split "                       \
+    "(read by the plugin; lowered by tests to exercise the split paths).")                        \
+  X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0", MLXD_TK_NUMBER(0, 31536000, "seconds"),        \
+    "mlxdist-launch: seconds before every rank is killed and the launcher "                       \
+    "exits 124 (0: no limit; --timeout overrides it).")                                           \
+  X(SECRET_FILE, "MLXDIST_SECRET_FILE", "", MLXD_TK_FILE(),                                       \
+    "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "     \
+    "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "             \
+    "docs/security.md.")                                                                          \
+  X(TLS, "MLXDIST_TLS", "0", MLXD_TK_FLAG(),                                                      \
+    "1: every TCP connection of the transport runs TLS 1.3, keyed from MLXDIST_SECRET_FILE "      \
+    "(required) as a pre-shared key; 0: plain TCP. Shared memory is unaffected. See "             \
+    "docs/security.md.")                                                                          \
+  X(TCP_UNEXPECTED_MB, "MLXDIST_TCP_UNEXPECTED_MB", "4096", MLXD_TK_INTEGER(1, 268435456, "MiB"), \
+    "TCP transport: megabytes of messages that arrived before their receive was posted that "     \
+    "a rank buffers per peer; a peer going beyond fails the transport, naming it.")               \
+  X(JOB_TOKEN, "MLXDIST_JOB_TOKEN", "", MLXD_TK_HEX(32),                                          \
+    "The job's identity: 32 hex digits every connection of the job must carry (mlxdist-launch "   \
+    "sets a random one per job). Unset: derived from the hostfile (cross-job protection, not "    \
+    "authentication). See docs/security.md.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,

@@ -130,6 +130,19 @@ static void validate_all(void) {
              *v; v++)
           expect_bad(t, *v);
         break;
+      case MLXD_TK_HEX:
+        expect_good(t, "", 0);
+        expect_good(t, "0123456789abcdefABCDEF0123456789", 0);
+        for (const char* const* v =
+                 (const char* const[]){"0123456789abcdef0123456789abcde", /* 31 digits */
+                                       "0123456789abcdef0123456789abcdef0", "xyz",
+                                       "0123456789abcdef0123456789abcdeg",
+                                       " 0123456789abcdef012345678"
+                                       "9abcdef",
+                                       NULL};
+             *v; v++)
+          expect_bad(t, *v);
+        break;
       case MLXD_TK_HOST: {
         expect_good(t, "", 0);
         expect_good(t, "10.0.0.1", 0);

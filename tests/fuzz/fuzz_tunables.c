@@ -3,6 +3,7 @@
  * value (up to its first NUL, as the environment would give it). It must never
  * crash; an accepted value lies within the variable's declared kind and range,
  * a refused one is named with the variable and what was expected. */
+#include <ctype.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,6 +41,11 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case MLXD_TK_PATHS:
       case MLXD_TK_FILE:
         if (v != 0 || (double)strlen(text) > s->hi) abort();
+        break;
+      case MLXD_TK_HEX:
+        if (v != 0 || (strlen(text) != 0 && (double)strlen(text) != s->hi)) abort();
+        for (const char* p = text; *p; p++)
+          if (!isxdigit((unsigned char)*p)) abort();
         break;
     }
   } else {

@@ -9,40 +9,44 @@
 #include "util/tunables.h"
 
 static void usage(FILE* f) {
-  fprintf(f,
-          "Usage: mlxdist-launch -n N [options] [--] PROGRAM [ARGS...]\n"
-          "\n"
-          "Start N ranks of PROGRAM on this host and supervise them.\n"
-          "\n"
-          "Options:\n"
-          "  -n, --np N            number of ranks (1..%d); with --hostfile, taken from the file\n"
-          "  --backend ring|mpi    ring (default): local TCP ring, hostfile in MLX's format;\n"
-          "                        mpi: run the ranks with mpirun\n"
-          "  --connections K       ring: TCP connections per rank (1..%d, default 1)\n"
-          "  --hostfile F          ring: use the JSON hostfile F as is (a list with one list\n"
-          "                        of \"ip:port\" strings per rank); N is its number of lists;\n"
-          "                        checked as the ranks check it (docs/ring.md)\n"
-          "  --env K=V             set K=V in every rank's environment (repeatable); an\n"
-          "                        MLXDIST_* value is checked as the ranks would check it\n"
-          "  --verbose             print what is launched; ring: set MLX_RING_VERBOSE=1\n"
-          "  --timeout S           kill all ranks after S seconds and exit 124 (default: none;\n"
-          "                        also read from MLXDIST_LAUNCH_TIMEOUT; 0 means none)\n"
-          "  -h, --help            print this help\n"
-          "\n"
-          "ring: each rank gets MLX_RANK, MLX_WORLD_SIZE and MLX_HOSTFILE. Every complete\n"
-          "line a rank writes is printed with the prefix \"[rank] \", stdout lines on stdout\n"
-          "and stderr lines on stderr.\n"
-          "\n"
-          "mpi: runs `mpirun -np N --oversubscribe [--allow-run-as-root] --tag-output -x K=V\n"
-          "PROGRAM ARGS` for Open MPI (lines are prefixed by Open MPI as \"[1,rank]<stdout>:\"),\n"
-          "or `mpirun -np N -prepend-rank -genv K V PROGRAM ARGS` for MPICH (prefix \"[rank] \");\n"
-          "the flavour is detected from `mpirun --version`.\n"
-          "\n"
-          "Exit status: 0 when every rank succeeds; otherwise the status of the first rank\n"
-          "that failed (128+signal when it was killed by a signal) after the other ranks\n"
-          "were stopped (SIGTERM, then SIGKILL after %.0f s); 124 on timeout; 2 for bad\n"
-          "arguments. SIGINT and SIGTERM are forwarded to the ranks.\n",
-          LAUNCH_MAX_RANKS, LAUNCH_MAX_CONNECTIONS, LAUNCH_GRACE_S);
+  fprintf(
+      f,
+      "Usage: mlxdist-launch -n N [options] [--] PROGRAM [ARGS...]\n"
+      "\n"
+      "Start N ranks of PROGRAM on this host and supervise them.\n"
+      "\n"
+      "Options:\n"
+      "  -n, --np N            number of ranks (1..%d); with --hostfile, taken from the file\n"
+      "  --backend ring|mpi    ring (default): local TCP ring, hostfile in MLX's format;\n"
+      "                        mpi: run the ranks with mpirun\n"
+      "  --connections K       ring: TCP connections per rank (1..%d, default 1)\n"
+      "  --hostfile F          ring: use the JSON hostfile F as is (a list with one list\n"
+      "                        of \"ip:port\" strings per rank); N is its number of lists;\n"
+      "                        checked as the ranks check it (docs/ring.md)\n"
+      "  --env K=V             set K=V in every rank's environment (repeatable); an\n"
+      "                        MLXDIST_* value is checked as the ranks would check it\n"
+      "  --verbose             print what is launched; ring: set MLX_RING_VERBOSE=1\n"
+      "  --timeout S           kill all ranks after S seconds and exit 124 (default: none;\n"
+      "                        also read from MLXDIST_LAUNCH_TIMEOUT; 0 means none)\n"
+      "  --secret              ring: a fresh secret for this job in a private file, passed\n"
+      "                        as MLXDIST_SECRET_FILE; every connection proves it\n"
+      "  -h, --help            print this help\n"
+      "\n"
+      "ring: each rank gets MLX_RANK, MLX_WORLD_SIZE, MLX_HOSTFILE and a random\n"
+      "MLXDIST_JOB_TOKEN for this job (its connections refuse any other job's). Every complete\n"
+      "line a rank writes is printed with the prefix \"[rank] \", stdout lines on stdout\n"
+      "and stderr lines on stderr.\n"
+      "\n"
+      "mpi: runs `mpirun -np N --oversubscribe [--allow-run-as-root] --tag-output -x K=V\n"
+      "PROGRAM ARGS` for Open MPI (lines are prefixed by Open MPI as \"[1,rank]<stdout>:\"),\n"
+      "or `mpirun -np N -prepend-rank -genv K V PROGRAM ARGS` for MPICH (prefix \"[rank] \");\n"
+      "the flavour is detected from `mpirun --version`.\n"
+      "\n"
+      "Exit status: 0 when every rank succeeds; otherwise the status of the first rank\n"
+      "that failed (128+signal when it was killed by a signal) after the other ranks\n"
+      "were stopped (SIGTERM, then SIGKILL after %.0f s); 124 on timeout; 2 for bad\n"
+      "arguments. SIGINT and SIGTERM are forwarded to the ranks.\n",
+      LAUNCH_MAX_RANKS, LAUNCH_MAX_CONNECTIONS, LAUNCH_GRACE_S);
 }
 
 static void vmsg(const char* fmt, va_list ap) {
@@ -166,6 +170,7 @@ static void check_combination(launch_opts* o, bool have_timeout) {
           "--hostfile applies to the ring backend only (use an mpirun hostfile "
           "through your MPI instead).");
     if (o->connections) launch_bad_usage("--connections applies to the ring backend only.");
+    if (o->secret) launch_bad_usage("--secret applies to the ring backend only.");
   }
   if (!o->hostfile && o->n == 0)
     launch_bad_usage("the number of ranks is missing: give -n N (or --hostfile F).");
@@ -193,6 +198,8 @@ void launch_parse_args(int argc, char** argv, launch_opts* o) {
     }
     if (strcmp(a, "--verbose") == 0 || strcmp(a, "-v") == 0)
       o->verbose = true;
+    else if (strcmp(a, "--secret") == 0)
+      o->secret = true;
     else if (!parse_valued(argc, argv, &i, o, &have_timeout))
       launch_bad_usage("unknown option '%s'.", a);
   }

@@ -7,7 +7,8 @@
  *   relay.c     a child's output, line by line, with the "[rank] " prefix
  *   supervise.c starting the children, stopping them all on the first failure,
  *               --timeout, forwarded signals and the exit status
- *   main.c      the outline. */
+ *   main.c      the outline, the job's token (MLXDIST_JOB_TOKEN) and --secret's
+ *               per-job secret file (docs/security.md). */
 #ifndef MLXD_LAUNCH_H
 #define MLXD_LAUNCH_H
 
@@ -33,6 +34,7 @@ typedef struct launch_opts {
   int n_envs;
   bool verbose;
   double timeout; /* 0: none */
+  bool secret;    /* --secret: a per-job secret file for the ranks (MLXDIST_SECRET_FILE) */
   char** program; /* argv of the program, NULL-terminated */
 } launch_opts;
 

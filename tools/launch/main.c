@@ -10,15 +10,102 @@
  * mpi: run `mpirun -np N ...` (OpenMPI or MPICH flags) under the same
  * supervision (timeout, signal forwarding, exit status).
  *
+ * Every ring job gets MLXDIST_JOB_TOKEN, 16 random bytes in hex, so that its
+ * ranks refuse connections of any other job (two jobs given the same hostfile
+ * by mistake never exchange data). --secret writes 32 random bytes (hex) into
+ * a file of mode 0600 in a private 0700 directory, removed at exit, and hands
+ * its PATH to the ranks in MLXDIST_SECRET_FILE: the secret is never on a
+ * command line, in the environment or in ps. docs/security.md.
+ *
  * The parts are listed in launch.h. The launcher links the static library for
  * the ring's hostfile parser and clock only: it needs no libmlxdist.so. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "launch.h"
+#include "security/secret.h"
+
+#define TOKEN_BYTES 16
+#define SECRET_BYTES 32
+
+static void to_hex(const unsigned char* b, size_t n, char* out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[b[i] >> 4];
+    out[2 * i + 1] = digits[b[i] & 15];
+  }
+  out[2 * n] = '\0';
+}
+
+/* "MLXDIST_JOB_TOKEN=<32 hex digits>" from the CSPRNG; 0 or -1 after a message. */
+static int make_token(char* kv, size_t n) {
+  unsigned char t[TOKEN_BYTES];
+  char hex[2 * TOKEN_BYTES + 1];
+  mlxd_status st = {0};
+  if (mlxd_random_bytes(t, sizeof t, &st) != 0) {
+    launch_msg("cannot generate the job token: %s", st.msg);
+    return -1;
+  }
+  to_hex(t, sizeof t, hex);
+  snprintf(kv, n, "MLXDIST_JOB_TOKEN=%s", hex);
+  return 0;
+}
+
+/* --secret: a private directory and a 0600 file with a fresh secret. */
+typedef struct job_secret {
+  char dir[PATH_MAX - 16];
+  char path[PATH_MAX];
+  char kv[PATH_MAX + 32]; /* "MLXDIST_SECRET_FILE=<path>" */
+} job_secret;
+
+static void secret_remove(job_secret* s) {
+  if (s->path[0]) unlink(s->path);
+  if (s->dir[0]) rmdir(s->dir);
+  s->path[0] = s->dir[0] = '\0';
+}
+
+static int secret_make(job_secret* s) {
+  memset(s, 0, sizeof *s);
+  const char* tmp = getenv("TMPDIR");
+  if (!tmp || !*tmp) tmp = "/tmp";
+  snprintf(s->dir, sizeof s->dir, "%s/mlxdist-secret-XXXXXX", tmp);
+  if (!mkdtemp(s->dir)) { /* mkdtemp makes it 0700 */
+    launch_msg("--secret: cannot create a private directory in %s: %s.", tmp, strerror(errno));
+    s->dir[0] = '\0';
+    return -1;
+  }
+  snprintf(s->path, sizeof s->path, "%s/secret", s->dir);
+  unsigned char b[SECRET_BYTES];
+  char hex[2 * SECRET_BYTES + 2];
+  mlxd_status st = {0};
+  int fd = open(s->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) {
+    launch_msg("--secret: cannot create %s: %s.", s->path, strerror(errno));
+    s->path[0] = '\0';
+    secret_remove(s);
+    return -1;
+  }
+  int ok = mlxd_random_bytes(b, sizeof b, &st) == 0;
+  if (ok) {
+    to_hex(b, sizeof b, hex);
+    strcat(hex, "\n");
+    ok = write(fd, hex, strlen(hex)) == (ssize_t)strlen(hex);
+  }
+  memset(b, 0, sizeof b);
+  memset(hex, 0, sizeof hex);
+  if (close(fd) != 0) ok = 0;
+  if (!ok) {
+    launch_msg("--secret: cannot write the secret file %s.", s->path);
+    secret_remove(s);
+    return -1;
+  }
+  snprintf(s->kv, sizeof s->kv, "MLXDIST_SECRET_FILE=%s", s->path);
+  return 0;
+}
 
 static int run_mpi(const launch_opts* o, int sfd) {
   int status = 1;
@@ -46,23 +133,31 @@ static int run_ring(const launch_opts* o, int sfd) {
   /* Every rank's environment besides MLX_RANK: the ring's variables first,
    * then --env (which may override them). */
   char* hostfile_kv = malloc(strlen(hf.path) + sizeof "MLX_HOSTFILE=");
-  const char** env = calloc((size_t)(3 + o->n_envs), sizeof *env);
+  const char** env = calloc((size_t)(5 + o->n_envs), sizeof *env);
   char world_kv[32];
+  char token_kv[64];
+  job_secret secret = {0};
   int rc = 1;
   if (!hostfile_kv || !env) {
     launch_msg("out of memory");
+  } else if (make_token(token_kv, sizeof token_kv) != 0 ||
+             (o->secret && secret_make(&secret) != 0)) {
+    /* said why */
   } else {
     sprintf(hostfile_kv, "MLX_HOSTFILE=%s", hf.path);
     snprintf(world_kv, sizeof world_kv, "MLX_WORLD_SIZE=%d", hf.n);
     int e = 0;
     env[e++] = hostfile_kv;
     env[e++] = world_kv;
+    env[e++] = token_kv;
+    if (o->secret) env[e++] = secret.kv;
     if (o->verbose) env[e++] = "MLX_RING_VERBOSE=1";
     for (int i = 0; i < o->n_envs; i++) env[e++] = o->envs[i];
     launch_spawn sp = {.argv = o->program, .set_env = env, .n_env = e};
     launch_hostfile_release_ports(&hf); /* just before the ranks start, so they can bind them */
     rc = launch_ranks(&sp, hf.n, sfd, o->timeout);
   }
+  secret_remove(&secret);
   free(env);
   free(hostfile_kv);
   launch_hostfile_free(&hf);

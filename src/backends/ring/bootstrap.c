@@ -13,8 +13,12 @@
  *   0  magic "MXRB"        4  version (u16)      6  conn (u16)
  *   8  nconn (u16)        10  family (4 or 6)   12  rank (u32)
  *  16  size (u32)         20  port (u16)        22  zero (u16)
- *  24  address (16 bytes; IPv4 uses the first 4) 40  zero (20 bytes)
- *  60  FNV-1a checksum of bytes 0..59 */
+ *  24  address (16 bytes; IPv4 uses the first 4, the rest zero)
+ *  40  nonce (16 random bytes of this rank)       56  zero (4 bytes)
+ *  60  FNV-1a checksum of bytes 0..59
+ * Version 2 added the nonce: the job token of a caller-bootstrapped group is
+ * derived from every record after the all-gather (handshake.h), so it is
+ * fresh and random per job and identical on every rank. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <ifaddrs.h>
@@ -24,12 +28,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backends/ring/handshake.h"
 #include "backends/ring/ring_internal.h"
+#include "security/secret.h"
 #include "util/bytes.h"
 #include "util/tunables.h"
 
 #define REC_MAGIC 0x4D585242u /* "MXRB" */
-#define REC_VERSION 1u
+#define REC_VERSION 2u
 
 static uint32_t fnv1a(const unsigned char* p, size_t n) {
   uint32_t h = 2166136261u;
@@ -44,7 +50,7 @@ static bool zeros(const unsigned char* p, size_t n) {
 }
 
 void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int nconn,
-                          const mlxd_ring_addr* a) {
+                          const mlxd_ring_addr* a, const unsigned char* nonce) {
   memset(rec, 0, MLXD_RING_REC_BYTES);
   mlxd_put32(rec, REC_MAGIC);
   mlxd_put16(rec + 4, REC_VERSION);
@@ -63,6 +69,7 @@ void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int 
     mlxd_put16(rec + 20, ntohs(in6->sin6_port));
     memcpy(rec + 24, &in6->sin6_addr, 16);
   }
+  if (nonce) memcpy(rec + 40, nonce, MLXD_RING_REC_NONCE_BYTES);
   mlxd_put32(rec + 60, fnv1a(rec, 60));
 }
 
@@ -93,7 +100,7 @@ int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, in
     snprintf(detail, sizeof detail, "unknown address family %u", fam);
   else if (mlxd_get16(rec + 20) == 0)
     what = "port 0";
-  else if (!zeros(rec + 22, 2) || !zeros(rec + (fam == 4 ? 28 : 40), fam == 4 ? 32 : 20))
+  else if (!zeros(rec + 22, 2) || (fam == 4 && !zeros(rec + 28, 12)) || !zeros(rec + 56, 4))
     what = "non-zero reserved bytes"; /* found by fuzz_ring_record: the record must be canonical */
   if (what || detail[0])
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
@@ -193,6 +200,13 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
   bs->size = (int)size;
   mlxd_ring_addr host;
   if (mlxd_ring_default_addr(&host, st)) return st->code;
+  mlxd_ring_auth auth;
+  if (mlxd_ring_auth_load(&auth, st)) return st->code; /* a bad secret file: before anyone waits */
+  unsigned char nonce[MLXD_RING_REC_NONCE_BYTES];
+  if (mlxd_random_bytes(nonce, sizeof nonce, st)) {
+    mlxd_ring_auth_clear(&auth);
+    return st->code;
+  }
   mlxd_ring_log(
       "rank %ld of %ld: bootstrapping through the caller's all-gather, %ld "
       "connection(s) per peer, address %s",
@@ -219,7 +233,8 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
     for (int c = 0; c < k; c++) mine[c] = host;
   }
   for (int c = 0; c < k; c++)
-    mlxd_ring_rec_encode(src + (size_t)c * MLXD_RING_REC_BYTES, (int)rank, n, c, k, &mine[c]);
+    mlxd_ring_rec_encode(src + (size_t)c * MLXD_RING_REC_BYTES, (int)rank, n, c, k, &mine[c],
+                         nonce);
   /* Called for size one too, so the callback sees the same sequence on every path. */
   if ((rc = bs->all_gather(bs, dst, src, (size_t)k * MLXD_RING_REC_BYTES, st))) {
     if (!st->code)
@@ -232,12 +247,15 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
         if ((rc = mlxd_ring_rec_decode(dst + ((size_t)r * k + c) * MLXD_RING_REC_BYTES, r, n, c, k,
                                        "the all-gather callback", &hosts.addrs[r * k + c], st)))
           goto done;
-    if ((rc = mlxd_ring_mesh((int)rank, &hosts, lfds, fds, st))) goto done;
+    /* every rank holds the same records now, with every rank's fresh nonce */
+    mlxd_hs_token_records(dst, (size_t)n * (size_t)k * MLXD_RING_REC_BYTES, auth.token);
+    if ((rc = mlxd_ring_mesh((int)rank, &hosts, lfds, &auth, fds, st))) goto done;
   } else {
     fds[0] = -1;
   }
-  rc = mlxd_ring_backend_new((int)rank, n, k, &host, fds, out, st);
+  rc = mlxd_ring_backend_new((int)rank, n, k, &host, &auth, fds, out, st);
 done:
+  mlxd_ring_auth_clear(&auth);
   if (lfds) mlxd_ring_close_all(lfds, k);
   free(lfds);
   free(fds);

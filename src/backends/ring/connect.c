@@ -1,15 +1,26 @@
 /* Connection set-up for the ring backend: listen, connect with retries and
- * exponential back-off, accept, and a small handshake that identifies every
- * connection. The result is a full mesh: nconn sockets between every pair
- * of ranks, so send/recv works between any two ranks.
+ * exponential back-off, accept, and the handshake of handshake.h on every
+ * connection. The result is a full mesh: nconn sockets between every pair of
+ * ranks, so send/recv works between any two ranks.
  *
- * Order (deterministic, deadlock-free): every rank first listens, then
- * connects to every lower rank j (connection c to j's address c) and sends
- * a hello {magic, version, rank, size, conn, nconn}; then accepts from every
- * higher rank, checks its hello and answers with its own; finally it reads
- * the answers on its outgoing connections. Connecting only needs the peer to
- * be listening (the kernel completes it from the backlog), so no rank waits
- * on another rank's progress until all connections exist. */
+ * Every rank listens (bound to its own address, a bounded backlog), then runs
+ * ONE non-blocking loop (poll) over everything at once until every slot is
+ * filled or MLXDIST_CONNECT_TIMEOUT runs out:
+ *  - outgoing: a connection c to every lower rank j: connect (retried with
+ *    back-off while j is not listening yet), send the hello, read j's reply,
+ *    check it (and j's proof of the secret), send the confirm; done;
+ *  - incoming: every connection accepted on the listeners is a pending
+ *    handshake with its own short deadline (HS_TIMEOUT_S), at most
+ *    MAX_PENDING at once (the oldest is dropped to make room): read the
+ *    hello, check it, answer with the reply, read the confirm; only then is
+ *    the slot (rank, conn) filled.
+ * A pending connection that is silent, garbage, of another job (token), of
+ * another group shape, claims a rank whose slot is taken, or fails the proof
+ * is closed with ONE line on stderr naming its address and why
+ * ("[ring] rank R: refused a connection from A: why"; at most LOG_LINES per
+ * set-up, then a count) and never ends or delays the set-up: the rightful
+ * peer still gets in. Nothing waits on another rank's progress in a fixed
+ * order, so no rank can block another. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -23,15 +34,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backends/ring/handshake.h"
 #include "backends/ring/ring_internal.h"
+#include "security/secret.h"
 #include "util/bytes.h"
 #include "util/clock.h"
 #include "util/tunables.h"
 
-#define HELLO_MAGIC 0x4D4C5852u /* "MLXR" */
-#define HELLO_VERSION 1u
-#define HELLO_BYTES 24
 #define SOCK_BUF_BYTES (4 << 20)
+#define LISTEN_BACKLOG 64     /* bounded: a flood fills it, not memory; accepted at once anyway */
+#define MAX_PENDING 64        /* incoming handshakes in progress at once */
+#define HS_TIMEOUT_S 3.0      /* an incoming connection's time to complete its handshake */
+#define CONNECT_ATTEMPT_S 2.0 /* one outgoing connect() attempt (then a fresh one) */
+#define LOG_LINES 20          /* refused connections logged per set-up, then counted */
 
 bool mlxd_ring_verbose(void) {
   const char* v = getenv("MLX_RING_VERBOSE");
@@ -82,7 +97,8 @@ static int setup_fail_sys(mlxd_status* st, const char* what, const char* addr, c
 
 int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st) {
   *fd_out = -1;
-  int fd = socket(addr->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  /* non-blocking: the mesh loop accepts until the queue is empty */
+  int fd = socket(addr->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0)
     return setup_fail_sys(st, "cannot create a socket to listen on", addr->text, "socket", errno);
   int one = 1;
@@ -91,9 +107,11 @@ int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st) {
   if (bind(fd, (struct sockaddr*)&addr->sa, addr->len) != 0) {
     int e = errno;
     close(fd);
+    /* EADDRINUSE: another process listens there (another job with the same
+     * hostfile?): the bind exclusivity that keeps two such jobs apart. */
     return setup_fail_sys(st, "cannot bind this rank's listen address", addr->text, "bind", e);
   }
-  if (listen(fd, SOMAXCONN) != 0) {
+  if (listen(fd, LISTEN_BACKLOG) != 0) {
     int e = errno;
     close(fd);
     return setup_fail_sys(st, "cannot listen on", addr->text, "listen", e);
@@ -125,235 +143,611 @@ int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd
   return 0;
 }
 
-/* ---- bounded I/O on non-blocking sockets ---- */
+/* ---- the job's identity and secret ---- */
 
-static int io_all(int fd, void* buf, size_t n, bool wr, double deadline) {
-  unsigned char* p = buf;
-  while (n > 0) {
-    ssize_t k = wr ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-    if (k > 0) {
-      p += k;
-      n -= (size_t)k;
-      continue;
-    }
-    if (k == 0) {
-      errno = ECONNRESET;
-      return -1;
-    }
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
-    struct pollfd pfd = {fd, (short)(wr ? POLLOUT : POLLIN), 0};
-    int left = mlxd_ms_left(deadline);
-    if (left == 0) {
-      errno = ETIMEDOUT;
-      return -1;
-    }
-    if (poll(&pfd, 1, left) < 0 && errno != EINTR) return -1;
-  }
+/* Clear memory that held key material (a volatile store the compiler keeps). */
+static void wipe(void* p, size_t n) {
+  volatile unsigned char* v = p;
+  while (n--) *v++ = 0;
+}
+
+void mlxd_ring_auth_clear(mlxd_ring_auth* a) { wipe(a, sizeof *a); }
+
+int mlxd_ring_auth_env_token(mlxd_ring_auth* a, bool* found, mlxd_status* st) {
+  const char* v = mlxd_tunable_str(MLXD_T_JOB_TOKEN);
+  *found = v && *v;
+  if (!*found) return 0;
+  if (mlxd_hs_token_parse(v, a->token) != 0)
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "MLXDIST_JOB_TOKEN='%.80s%s' is not a job token (expected exactly %d hex "
+                        "digits, as mlxdist-launch sets it; unset it to derive one from the "
+                        "hostfile)",
+                        v, strlen(v) > 80 ? "..." : "", 2 * MLXD_RING_TOKEN_BYTES);
   return 0;
 }
 
-static void hello_encode(unsigned char* h, int rank, int size, int conn, int nconn) {
-  mlxd_put32(h, HELLO_MAGIC);
-  mlxd_put32(h + 4, HELLO_VERSION);
-  mlxd_put32(h + 8, (uint32_t)rank);
-  mlxd_put32(h + 12, (uint32_t)size);
-  mlxd_put32(h + 16, (uint32_t)conn);
-  mlxd_put32(h + 20, (uint32_t)nconn);
+int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
+  memset(a, 0, sizeof *a);
+  mlxd_secret s;
+  if (mlxd_secret_load(&s, st)) {
+    /* the secret's own messages are plain; keep them, under the bootstrap layer */
+    char msg[MLXD_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", st->msg);
+    int code = st->code;
+    mlxd_fail_at(st, code, MLXD_LAYER_BOOTSTRAP, "%s", msg);
+    return code;
+  }
+  if (s.have) {
+    if (mlxd_secret_derive(&s, "handshake", a->key) != 0) {
+      memset(&s, 0, sizeof s);
+      return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
+                          "cannot derive the handshake key from MLXDIST_SECRET_FILE (libcrypto)");
+    }
+    a->have_key = true;
+  }
+  wipe(&s, sizeof s);
+  return 0;
 }
 
-/* One attempt-loop to connect to a; returns a connected non-blocking fd or -1 (st set). */
-static int connect_retry(const mlxd_ring_addr* a, int peer, double deadline, double budget,
-                         mlxd_status* st) {
-  double backoff = 0.01;
-  int last = 0;
-  int attempts = 0;
-  for (;;) {
-    attempts++;
-    int fd = socket(a->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-      int e = errno;
-      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
-                   "cannot create a socket to connect to rank %d", peer);
-      mlxd_status_set_peer(st, peer, a->text);
-      mlxd_status_set_sys(st, "socket", e);
-      return -1;
-    }
-    set_buffers(fd);
-    int rc = connect(fd, (const struct sockaddr*)&a->sa, a->len);
-    if (rc != 0 && errno == EINPROGRESS) {
-      struct pollfd pfd = {fd, POLLOUT, 0};
-      int left = mlxd_ms_left(deadline);
-      int pr = poll(&pfd, 1, left);
-      if (pr == 1) {
-        int err = 0;
-        socklen_t el = sizeof err;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
-        rc = err ? -1 : 0;
-        errno = err;
-      } else {
-        rc = -1;
-        errno = ETIMEDOUT;
-      }
-    }
-    if (rc == 0) {
-      set_nodelay(fd);
-      if (attempts > 1)
-        mlxd_ring_log("connected to rank %d at %s after %d attempts", peer, a->text, attempts);
-      return fd;
-    }
-    last = errno;
-    close(fd);
-    bool transient = last == ECONNREFUSED || last == ETIMEDOUT || last == ENETUNREACH ||
-                     last == EHOSTUNREACH || last == ECONNRESET || last == EADDRNOTAVAIL ||
-                     last == EAGAIN || last == EINTR;
-    if (!transient) break;
-    double now = mlxd_now();
-    if (now >= deadline) break;
-    double pause = backoff;
-    if (now + pause > deadline) pause = deadline - now;
-    struct timespec ts = {(time_t)pause, (long)((pause - (double)(time_t)pause) * 1e9)};
-    nanosleep(&ts, NULL);
-    backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
+/* ---- the mesh: one loop over every connection and handshake ---- */
+
+enum { O_IDLE, O_CONNECTING, O_WAIT_REPLY, O_DONE };
+enum { P_FREE, P_HELLO, P_CONFIRM };
+
+typedef struct outgoing { /* this rank's connection c to lower rank j */
+  int j, c;
+  int fd;
+  int state;
+  double retry_at;   /* O_IDLE: when to connect again */
+  double attempt_by; /* O_CONNECTING: when this attempt is given up */
+  double backoff;
+  int attempts, closed; /* connect attempts; handshakes the peer closed */
+  int last_errno;
+  unsigned char nonce[MLXD_HS_NONCE_BYTES];
+  unsigned char in[MLXD_HS_REPLY_BYTES];
+  size_t got;
+} outgoing;
+
+typedef struct pending { /* an accepted connection in its handshake */
+  int fd;
+  int state;
+  double since, deadline;
+  char addr[80];
+  unsigned char in[MLXD_HS_HELLO_BYTES]; /* the hello, then the confirm */
+  size_t got;
+  mlxd_hs_msg hello;
+  unsigned char expect[MLXD_HS_MAC_BYTES]; /* the confirm's MAC */
+} pending;
+
+typedef struct mesh {
+  int rank, size, K;
+  const mlxd_ring_hosts* hosts;
+  const int* lfds;
+  const mlxd_ring_auth* auth;
+  mlxd_hs_expect ex;
+  int* fds;
+  int filled, need;
+  outgoing* outs;
+  int nouts;
+  pending pend[MAX_PENDING];
+  /* refused connections: logged up to LOG_LINES, the rest counted */
+  int refused, shown;
+  char last_refused[260];
+  double budget;
+} mesh;
+
+/* One line on stderr for a refused incoming connection (always, not only
+ * with MLX_RING_VERBOSE; at most LOG_LINES per set-up), then close it. */
+static void refuse(mesh* m, pending* p, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+static void refuse(mesh* m, pending* p, const char* fmt, ...) {
+  char why[160];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(why, sizeof why, fmt, ap);
+  va_end(ap);
+  m->refused++;
+  snprintf(m->last_refused, sizeof m->last_refused, "%s: %s", p->addr, why);
+  if (m->shown < LOG_LINES) {
+    m->shown++;
+    fprintf(stderr, "[ring] rank %d: refused a connection from %s: %s\n", m->rank, p->addr, why);
+  } else if (m->refused == LOG_LINES + 1) {
+    fprintf(stderr, "[ring] rank %d: further refused connections are counted, not shown\n",
+            m->rank);
   }
-  mlxd_fail_at(st, last == ECONNREFUSED || last == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_ESYS,
-               MLXD_LAYER_BOOTSTRAP,
-               "cannot connect to rank %d within %g s (MLXDIST_CONNECT_TIMEOUT) after %d "
-               "attempt%s",
-               peer, budget, attempts, attempts == 1 ? "" : "s");
-  mlxd_status_set_peer(st, peer, a->text);
-  mlxd_status_set_sys(st, "connect", last);
+  close(p->fd);
+  p->fd = -1;
+  p->state = P_FREE;
+}
+
+static bool transient_errno(int e) {
+  return e == ECONNREFUSED || e == ETIMEDOUT || e == ENETUNREACH || e == EHOSTUNREACH ||
+         e == ECONNRESET || e == EADDRNOTAVAIL || e == EAGAIN || e == EINTR || e == EPIPE ||
+         e == ECONNABORTED;
+}
+
+static void out_retry(outgoing* o, int err) {
+  if (o->fd >= 0) close(o->fd);
+  o->fd = -1;
+  o->state = O_IDLE;
+  o->got = 0;
+  o->last_errno = err;
+  o->retry_at = mlxd_now() + o->backoff;
+  o->backoff = o->backoff * 2 > 0.5 ? 0.5 : o->backoff * 2;
+}
+
+/* The connection is up: send the hello. */
+static void out_send_hello(mesh* m, outgoing* o) {
+  set_nodelay(o->fd);
+  mlxd_hs_msg h;
+  memset(&h, 0, sizeof h);
+  h.rank = (uint32_t)m->rank;
+  h.size = (uint32_t)m->size;
+  h.conn = (uint32_t)o->c;
+  h.nconn = (uint32_t)m->K;
+  h.flags = m->auth->have_key ? MLXD_HS_FLAG_SECRET : 0;
+  memcpy(h.token, m->auth->token, MLXD_HS_TOKEN_BYTES);
+  mlxd_status ignore = {0};
+  if (mlxd_random_bytes(o->nonce, sizeof o->nonce, &ignore) != 0) {
+    out_retry(o, EAGAIN);
+    return;
+  }
+  memcpy(h.nonce, o->nonce, sizeof o->nonce);
+  unsigned char buf[MLXD_HS_HELLO_BYTES];
+  mlxd_hs_encode_hello(buf, &h);
+  /* A fresh socket's send buffer takes it whole; anything else is a failed attempt. */
+  ssize_t k = send(o->fd, buf, sizeof buf, MSG_NOSIGNAL);
+  if (k != (ssize_t)sizeof buf) {
+    out_retry(o, k < 0 ? errno : EPIPE);
+    return;
+  }
+  o->state = O_WAIT_REPLY;
+  o->got = 0;
+}
+
+/* Start a connect() attempt (O_IDLE -> O_CONNECTING or straight on); a
+ * non-transient failure is fatal (st set, -1). */
+static int out_start(mesh* m, outgoing* o, mlxd_status* st) {
+  const mlxd_ring_addr* a = &m->hosts->addrs[o->j * m->K + o->c];
+  o->attempts++;
+  int fd = socket(a->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    int e = errno;
+    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
+                 "cannot create a socket to connect to rank %d", o->j);
+    mlxd_status_set_peer(st, o->j, a->text);
+    mlxd_status_set_sys(st, "socket", e);
+    return -1;
+  }
+  set_buffers(fd);
+  o->fd = fd;
+  if (connect(fd, (const struct sockaddr*)&a->sa, a->len) == 0) {
+    out_send_hello(m, o);
+    return 0;
+  }
+  int e = errno;
+  if (e == EINPROGRESS) {
+    o->state = O_CONNECTING;
+    o->attempt_by = mlxd_now() + CONNECT_ATTEMPT_S;
+    return 0;
+  }
+  if (transient_errno(e)) {
+    out_retry(o, e);
+    return 0;
+  }
+  close(fd);
+  o->fd = -1;
+  mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot connect to rank %d", o->j);
+  mlxd_status_set_peer(st, o->j, a->text);
+  mlxd_status_set_sys(st, "connect", e);
   return -1;
 }
 
-int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds, int* fds,
-                   mlxd_status* st) {
+/* O_CONNECTING and the socket is writable (or the attempt is over). */
+static void out_connected(mesh* m, outgoing* o, bool expired) {
+  int err = 0;
+  socklen_t el = sizeof err;
+  if (expired)
+    err = ETIMEDOUT;
+  else if (getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
+    err = errno;
+  if (err) {
+    out_retry(o, err);
+    return;
+  }
+  out_send_hello(m, o);
+}
+
+/* The reply is complete: check it and j's proof, send the confirm. */
+static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
+  const char* at = m->hosts->addrs[o->j * m->K + o->c].text;
+  mlxd_hs_msg r;
+  mlxd_hs_err e = mlxd_hs_check_reply(o->in, o->got, &m->ex, o->j, o->c, &r);
+  const unsigned char* key = m->auth->have_key ? m->auth->key : NULL;
+  unsigned char mac[MLXD_HS_MAC_BYTES];
+  if (e == MLXD_HS_OK) {
+    if (mlxd_hs_mac(key, false, m->auth->token, m->size, m->K, o->c, m->rank, o->j, o->nonce,
+                    r.nonce, mac) != 0)
+      return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "libcrypto failed (HMAC)");
+    if (key && !mlxd_hs_mac_equal(mac, r.mac)) e = MLXD_HS_MAC_E;
+  }
+  /* The confirm carries this rank's proof; sent even when j's proof failed, so
+   * that j logs the mismatch too. */
+  if (e == MLXD_HS_OK || e == MLXD_HS_MAC_E) {
+    unsigned char cbuf[MLXD_HS_CONFIRM_BYTES];
+    if (mlxd_hs_mac(key, true, m->auth->token, m->size, m->K, o->c, m->rank, o->j, o->nonce,
+                    r.nonce, mac) != 0)
+      return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "libcrypto failed (HMAC)");
+    mlxd_hs_encode_confirm(cbuf, mac);
+    ssize_t k = send(o->fd, cbuf, sizeof cbuf, MSG_NOSIGNAL);
+    if (e == MLXD_HS_OK && k != (ssize_t)sizeof cbuf) {
+      out_retry(o, k < 0 ? errno : EPIPE);
+      return 0;
+    }
+  }
+  if (e == MLXD_HS_MAC_E)
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                 "the shared secret did not match: rank %d's proof does not match this rank's "
+                 "MLXDIST_SECRET_FILE (every rank needs a file with the same secret)",
+                 o->j);
+  else if (e == MLXD_HS_NO_SECRET)
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                 "the shared secret did not match: rank %d uses no secret but this rank has "
+                 "MLXDIST_SECRET_FILE (every rank needs the same secret)",
+                 o->j);
+  else if (e == MLXD_HS_SECRET)
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                 "the shared secret did not match: rank %d requires a shared secret but this "
+                 "rank has none (set MLXDIST_SECRET_FILE on every rank)",
+                 o->j);
+  else if (e != MLXD_HS_OK)
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                 "the process listening at rank %d's address is not rank %d of this job (%s); "
+                 "check the hostfile",
+                 o->j, o->j, mlxd_hs_reason(e));
+  if (e != MLXD_HS_OK) {
+    mlxd_status_set_peer(st, o->j, at);
+    return -1;
+  }
+  o->state = O_DONE;
+  m->fds[o->j * m->K + o->c] = o->fd;
+  o->fd = -1;
+  m->filled++;
+  mlxd_ring_log("rank %d: connection %d to rank %d at %s ready", m->rank, o->c, o->j, at);
+  return 0;
+}
+
+/* O_WAIT_REPLY and readable. */
+static int out_read(mesh* m, outgoing* o, mlxd_status* st) {
+  ssize_t k = recv(o->fd, o->in + o->got, sizeof o->in - o->got, 0);
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  if (k <= 0) {
+    /* Closed before the reply: j refused the hello (another job on that port?)
+     * or was not ready; try again until the deadline. */
+    o->closed++;
+    out_retry(o, k == 0 ? ECONNRESET : errno);
+    return 0;
+  }
+  o->got += (size_t)k;
+  /* garbage is known as soon as the magic is */
+  if (o->got >= 4 && o->got < sizeof o->in) {
+    mlxd_hs_msg r;
+    if (mlxd_hs_check_reply(o->in, o->got, &m->ex, o->j, o->c, &r) == MLXD_HS_MAGIC)
+      return out_finish(m, o, st);
+  }
+  return o->got == sizeof o->in ? out_finish(m, o, st) : 0;
+}
+
+/* ---- incoming ---- */
+
+static void pend_read(mesh* m, pending* p);
+
+static void pend_accept(mesh* m, int lfd) {
+  for (int round = 0; round < 4 * MAX_PENDING; round++) {
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    int fd = accept4(lfd, (struct sockaddr*)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return; /* EAGAIN: all taken; anything else: try again next round */
+    /* A free entry, else the oldest that has not even sent its hello (a
+     * rightful peer sends it right after connecting), else the oldest. */
+    pending* p = NULL;
+    pending* oldest = NULL;
+    for (int i = 0; i < MAX_PENDING && !p; i++) {
+      pending* q = &m->pend[i];
+      if (q->state == P_FREE)
+        p = q;
+      else if (!oldest || (q->state == P_HELLO && oldest->state != P_HELLO) ||
+               (q->state == oldest->state && q->since < oldest->since))
+        oldest = q;
+    }
+    if (!p) {
+      refuse(m, oldest, "too many connections waiting for a handshake (%d); the oldest is dropped",
+             MAX_PENDING);
+      p = oldest;
+    }
+    set_nodelay(fd);
+    memset(p, 0, sizeof *p);
+    p->fd = fd;
+    p->state = P_HELLO;
+    p->since = mlxd_now();
+    p->deadline = p->since + HS_TIMEOUT_S;
+    mlxd_ring_format_addr((struct sockaddr*)&sa, p->addr, sizeof p->addr);
+    pend_read(m, p); /* the hello is usually there already: a flood cannot push it out */
+  }
+}
+
+/* The hello is complete: check it, answer, wait for the confirm. */
+static int pend_hello(mesh* m, pending* p) {
+  mlxd_hs_msg* h = &p->hello;
+  mlxd_hs_err e = mlxd_hs_check_hello(p->in, p->got, &m->ex, h);
+  if (e != MLXD_HS_OK && e != MLXD_HS_NO_SECRET && e != MLXD_HS_SECRET) {
+    if (e == MLXD_HS_SIZE)
+      refuse(m, p, "%s (it says %u ranks with %u connections each, this group has %d with %d)",
+             mlxd_hs_reason(e), (unsigned)h->size, (unsigned)h->nconn, m->size, m->K);
+    else if (e == MLXD_HS_RANK || e == MLXD_HS_CONN)
+      refuse(m, p, "%s (it claims rank %u, connection %u)", mlxd_hs_reason(e), (unsigned)h->rank,
+             (unsigned)h->conn);
+    else
+      refuse(m, p, "%s", mlxd_hs_reason(e));
+    return 0;
+  }
+  int slot = (int)h->rank * m->K + (int)h->conn;
+  if (e == MLXD_HS_OK && m->fds[slot] >= 0) {
+    refuse(m, p, "rank %u's connection %u is already established (a duplicate or an impostor)",
+           (unsigned)h->rank, (unsigned)h->conn);
+    return 0;
+  }
+  mlxd_hs_msg r;
+  memset(&r, 0, sizeof r);
+  r.rank = (uint32_t)m->rank;
+  r.size = (uint32_t)m->size;
+  r.conn = h->conn;
+  r.nconn = (uint32_t)m->K;
+  r.flags = m->auth->have_key ? MLXD_HS_FLAG_SECRET : 0;
+  memcpy(r.token, m->auth->token, MLXD_HS_TOKEN_BYTES);
+  mlxd_status ignore = {0};
+  if (mlxd_random_bytes(r.nonce, sizeof r.nonce, &ignore) != 0) {
+    refuse(m, p, "no random bytes for the handshake (libcrypto)");
+    return 0;
+  }
+  const unsigned char* key = m->auth->have_key ? m->auth->key : NULL;
+  if (mlxd_hs_mac(key, false, m->auth->token, m->size, m->K, (int)h->conn, (int)h->rank, m->rank,
+                  h->nonce, r.nonce, r.mac) != 0 ||
+      mlxd_hs_mac(key, true, m->auth->token, m->size, m->K, (int)h->conn, (int)h->rank, m->rank,
+                  h->nonce, r.nonce, p->expect) != 0) {
+    refuse(m, p, "libcrypto failed (HMAC)");
+    return 0;
+  }
+  unsigned char buf[MLXD_HS_REPLY_BYTES];
+  mlxd_hs_encode_reply(buf, &r);
+  ssize_t k = send(p->fd, buf, sizeof buf, MSG_NOSIGNAL);
+  if (e != MLXD_HS_OK) { /* answered, so that the peer can name the problem too */
+    refuse(m, p, "%s (it claims rank %u)", mlxd_hs_reason(e), (unsigned)h->rank);
+    return 0;
+  }
+  if (k != (ssize_t)sizeof buf) {
+    refuse(m, p, "cannot send the handshake reply: %s", k < 0 ? strerror(errno) : "short write");
+    return 0;
+  }
+  p->state = P_CONFIRM;
+  p->got = 0;
+  return 0;
+}
+
+static void pend_confirm(mesh* m, pending* p) {
+  mlxd_hs_err e = mlxd_hs_check_confirm(p->in, p->got, p->expect);
+  const mlxd_hs_msg* h = &p->hello;
+  if (e != MLXD_HS_OK) {
+    refuse(m, p, "%s (it claimed rank %u)", mlxd_hs_reason(e), (unsigned)h->rank);
+    return;
+  }
+  int slot = (int)h->rank * m->K + (int)h->conn;
+  if (m->fds[slot] >= 0) { /* two complete handshakes for one slot: the first won */
+    refuse(m, p, "rank %u's connection %u is already established (a duplicate or an impostor)",
+           (unsigned)h->rank, (unsigned)h->conn);
+    return;
+  }
+  m->fds[slot] = p->fd;
+  m->filled++;
+  mlxd_ring_log("rank %d: accepted connection %u from rank %u at %s", m->rank, (unsigned)h->conn,
+                (unsigned)h->rank, p->addr);
+  p->fd = -1;
+  p->state = P_FREE;
+}
+
+static void pend_read(mesh* m, pending* p) {
+  size_t want = p->state == P_HELLO ? MLXD_HS_HELLO_BYTES : MLXD_HS_CONFIRM_BYTES;
+  ssize_t k = recv(p->fd, p->in + p->got, want - p->got, 0);
+  if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+  if (k <= 0) {
+    if (p->got == 0 && p->state == P_HELLO)
+      refuse(m, p, "it closed the connection without a handshake");
+    else
+      refuse(m, p, "it closed the connection in the middle of the handshake (%s)",
+             p->state == P_HELLO ? "partial hello" : "no proof sent");
+    return;
+  }
+  p->got += (size_t)k;
+  if (p->got >= 4 && p->got < want) { /* garbage is refused as soon as it shows */
+    mlxd_hs_msg tmp;
+    mlxd_hs_err e = p->state == P_HELLO ? mlxd_hs_check_hello(p->in, p->got, &m->ex, &tmp)
+                                        : mlxd_hs_check_confirm(p->in, p->got, p->expect);
+    if (e == MLXD_HS_MAGIC) {
+      refuse(m, p, "%s", mlxd_hs_reason(e));
+      return;
+    }
+  }
+  if (p->got < want) return;
+  if (p->state == P_HELLO)
+    pend_hello(m, p);
+  else
+    pend_confirm(m, p);
+}
+
+static void pend_expire(mesh* m, double now) {
+  for (int i = 0; i < MAX_PENDING; i++) {
+    pending* p = &m->pend[i];
+    if (p->state == P_FREE || now < p->deadline) continue;
+    if (p->state == P_HELLO && p->got == 0)
+      refuse(m, p, "it sent nothing within %g s", HS_TIMEOUT_S);
+    else
+      refuse(m, p, "it did not complete the handshake within %g s", HS_TIMEOUT_S);
+  }
+}
+
+/* ---- the loop ---- */
+
+/* MLXDIST_CONNECT_TIMEOUT ran out: say which peer is missing and what was seen. */
+static int mesh_timeout(mesh* m, mlxd_status* st) {
+  for (int i = 0; i < m->nouts; i++) {
+    outgoing* o = &m->outs[i];
+    if (o->state == O_DONE) continue;
+    const char* at = m->hosts->addrs[o->j * m->K + o->c].text;
+    if (o->closed > 0)
+      mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
+                   "rank %d closed this rank's handshake %d time%s within %g s "
+                   "(MLXDIST_CONNECT_TIMEOUT): the process listening at its address refused it "
+                   "(another job on that port, or a different MLXDIST_JOB_TOKEN?)",
+                   o->j, o->closed, o->closed == 1 ? "" : "s", m->budget);
+    else if (o->state == O_WAIT_REPLY)
+      mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
+                   "no handshake answer from rank %d within %g s (MLXDIST_CONNECT_TIMEOUT)", o->j,
+                   m->budget);
+    else
+      mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
+                   "cannot connect to rank %d within %g s (MLXDIST_CONNECT_TIMEOUT) after %d "
+                   "attempt%s",
+                   o->j, m->budget, o->attempts, o->attempts == 1 ? "" : "s");
+    mlxd_status_set_peer(st, o->j, at);
+    if (o->state != O_WAIT_REPLY && o->last_errno)
+      mlxd_status_set_sys(st, "connect", o->last_errno);
+    return st->code;
+  }
+  int missing = -1;
+  for (int j = m->rank + 1; j < m->size && missing < 0; j++)
+    for (int c = 0; c < m->K; c++)
+      if (m->fds[j * m->K + c] < 0) missing = j;
+  char seen[300] = "";
+  if (m->refused > 0)
+    snprintf(seen, sizeof seen, " %d connection%s refused, the last from %.200s", m->refused,
+             m->refused == 1 ? " was" : "s were", m->last_refused);
+  mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
+               "rank %d did not connect to this rank (%d, listening on %s) within %g s "
+               "(MLXDIST_CONNECT_TIMEOUT); is it running with the same hostfile%s?%s",
+               missing, m->rank, m->hosts->addrs[m->rank * m->K].text, m->budget,
+               m->auth->have_key ? " and secret" : "", seen);
+  if (missing >= 0) mlxd_status_set_peer(st, missing, NULL);
+  return st->code;
+}
+
+/* One poll over the listeners, the pending handshakes and the outgoing connections. */
+static int mesh_step(mesh* m, struct pollfd* pfd, double deadline, mlxd_status* st) {
+  double now = mlxd_now();
+  double wake = deadline;
+  for (int i = 0; i < m->nouts; i++) {
+    outgoing* o = &m->outs[i];
+    if (o->state == O_IDLE && o->retry_at <= now && out_start(m, o, st) != 0) return -1;
+    if (o->state == O_IDLE && o->retry_at < wake) wake = o->retry_at;
+    if (o->state == O_CONNECTING && o->attempt_by < wake) wake = o->attempt_by;
+  }
+  for (int i = 0; i < MAX_PENDING; i++)
+    if (m->pend[i].state != P_FREE && m->pend[i].deadline < wake) wake = m->pend[i].deadline;
+  int n = 0;
+  for (int c = 0; c < m->K; c++) pfd[n++] = (struct pollfd){m->lfds[c], POLLIN, 0};
+  for (int i = 0; i < MAX_PENDING; i++)
+    pfd[n++] = (struct pollfd){m->pend[i].state != P_FREE ? m->pend[i].fd : -1, POLLIN, 0};
+  for (int i = 0; i < m->nouts; i++) {
+    outgoing* o = &m->outs[i];
+    short ev = o->state == O_CONNECTING ? POLLOUT : O_WAIT_REPLY == o->state ? POLLIN : 0;
+    pfd[n++] = (struct pollfd){ev ? o->fd : -1, ev, 0};
+  }
+  int pr = poll(pfd, (nfds_t)n, mlxd_ms_left(wake));
+  if (pr < 0 && errno != EINTR) {
+    int e = errno;
+    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "waiting for connections failed");
+    mlxd_status_set_sys(st, "poll", e);
+    return -1;
+  }
+  now = mlxd_now();
+  int k = 0;
+  for (int c = 0; c < m->K; c++, k++)
+    if (pfd[k].revents) pend_accept(m, m->lfds[c]);
+  for (int i = 0; i < MAX_PENDING; i++, k++)
+    if (pfd[k].revents && m->pend[i].state != P_FREE && m->pend[i].fd == pfd[k].fd)
+      pend_read(m, &m->pend[i]);
+  for (int i = 0; i < m->nouts; i++, k++) {
+    outgoing* o = &m->outs[i];
+    if (o->state == O_CONNECTING && (pfd[k].revents || now >= o->attempt_by))
+      out_connected(m, o, pfd[k].revents == 0);
+    else if (o->state == O_WAIT_REPLY && pfd[k].revents && out_read(m, o, st) != 0)
+      return -1;
+  }
+  pend_expire(m, now);
+  return 0;
+}
+
+int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds,
+                   const mlxd_ring_auth* auth, int* fds, mlxd_status* st) {
   const int size = hosts->size, K = hosts->nconn;
   const int total = size * K;
   for (int i = 0; i < total; i++) fds[i] = -1;
   double budget = mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
   if (!(budget > 0)) budget = 30;
   const double deadline = mlxd_now() + budget;
-  unsigned char h[HELLO_BYTES];
-
-  /* 1. connect to every lower rank and say hello */
-  for (int j = 0; j < rank; j++) {
-    for (int c = 0; c < K; c++) {
-      const mlxd_ring_addr* a = &hosts->addrs[j * K + c];
-      int fd = connect_retry(a, j, deadline, budget, st);
-      if (fd < 0) goto fail;
-      fds[j * K + c] = fd;
-      hello_encode(h, rank, size, c, K);
-      if (io_all(fd, h, HELLO_BYTES, true, deadline) != 0) {
-        int e = errno;
-        mlxd_fail_at(st, e == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_EREMOTE, MLXD_LAYER_BOOTSTRAP,
-                     "cannot send the handshake to rank %d", j);
-        mlxd_status_set_peer(st, j, a->text);
-        mlxd_status_set_sys(st, "send", e);
-        goto fail;
-      }
+  mesh* m = calloc(1, sizeof *m);
+  outgoing* outs = calloc((size_t)(rank * K) + 1, sizeof *outs);
+  struct pollfd* pfd = calloc((size_t)(K + MAX_PENDING + rank * K), sizeof *pfd);
+  int rc = 0;
+  if (!m || !outs || !pfd) {
+    rc =
+        mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory setting up connections");
+    goto out;
+  }
+  *m = (mesh){.rank = rank,
+              .size = size,
+              .K = K,
+              .hosts = hosts,
+              .lfds = listen_fds,
+              .auth = auth,
+              .fds = fds,
+              .need = (size - 1) * K,
+              .outs = outs,
+              .nouts = rank * K,
+              .budget = budget};
+  m->ex = (mlxd_hs_expect){rank, size, K, auth->token, auth->have_key};
+  for (int i = 0; i < MAX_PENDING; i++) m->pend[i].fd = -1;
+  for (int j = 0; j < rank; j++)
+    for (int c = 0; c < K; c++)
+      outs[j * K + c] = (outgoing){.j = j, .c = c, .fd = -1, .state = O_IDLE, .backoff = 0.01};
+  while (m->filled < m->need) {
+    if (mlxd_now() >= deadline) {
+      rc = mesh_timeout(m, st);
+      break;
+    }
+    if (mesh_step(m, pfd, deadline, st) != 0) {
+      rc = st->code ? st->code : MLXD_ESYS;
+      break;
     }
   }
-
-  /* 2. accept every higher rank */
-  int expected = (size - 1 - rank) * K;
-  struct pollfd* pfds = calloc((size_t)K, sizeof *pfds);
-  if (!pfds) {
-    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory setting up connections");
-    goto fail;
-  }
-  while (expected > 0) {
-    for (int c = 0; c < K; c++) pfds[c] = (struct pollfd){listen_fds[c], POLLIN, 0};
-    int left = mlxd_ms_left(deadline);
-    int pr = left ? poll(pfds, (nfds_t)K, left) : 0;
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0) {
-      int missing = -1;
-      for (int j = rank + 1; j < size && missing < 0; j++)
-        for (int c = 0; c < K; c++)
-          if (fds[j * K + c] < 0) missing = j;
-      free(pfds);
-      mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
-                   "rank %d did not connect to this rank (%d, listening on %s) within %g s "
-                   "(MLXDIST_CONNECT_TIMEOUT); is it running with the same hostfile?",
-                   missing, rank, hosts->addrs[rank * K].text, budget);
-      if (missing >= 0) mlxd_status_set_peer(st, missing, NULL);
-      goto fail;
-    }
-    for (int c = 0; c < K; c++) {
-      if (!(pfds[c].revents & POLLIN)) continue;
-      int fd = accept4(listen_fds[c], NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) continue;
-      set_nodelay(fd);
-      double hd = mlxd_now() + 5.0;
-      if (hd > deadline) hd = deadline;
-      if (io_all(fd, h, HELLO_BYTES, false, hd) != 0 || mlxd_get32(h) != HELLO_MAGIC ||
-          mlxd_get32(h + 4) != HELLO_VERSION) {
-        mlxd_ring_log("rank %d: ignored a connection without a valid handshake", rank);
-        close(fd);
-        continue;
-      }
-      uint32_t pr_ = mlxd_get32(h + 8), ps = mlxd_get32(h + 12), pc = mlxd_get32(h + 16),
-               pk = mlxd_get32(h + 20);
-      if (ps != (uint32_t)size || pk != (uint32_t)K || pr_ <= (uint32_t)rank ||
-          pr_ >= (uint32_t)size || pc >= (uint32_t)K) {
-        close(fd);
-        free(pfds);
-        mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                     "rank %u connected to rank %d as connection %u of %u in a group of %u, "
-                     "but this rank expects %d connections per peer in a group of %d (are all "
-                     "ranks using the same hostfile / settings?)",
-                     pr_, rank, pc, pk, ps, K, size);
-        goto fail;
-      }
-      int slot = (int)pr_ * K + (int)pc;
-      if (fds[slot] >= 0) {
-        mlxd_ring_log("rank %d: duplicate connection %u from rank %u ignored", rank, pc, pr_);
-        close(fd);
-        continue;
-      }
-      hello_encode(h, rank, size, (int)pc, K);
-      if (io_all(fd, h, HELLO_BYTES, true, deadline) != 0) {
-        mlxd_ring_log("rank %d: could not answer rank %u: %s", rank, pr_, strerror(errno));
-        close(fd);
-        continue;
-      }
-      fds[slot] = fd;
-      expected--;
-      mlxd_ring_log("rank %d: accepted connection %u from rank %u", rank, pc, pr_);
-    }
-  }
-  free(pfds);
-
-  /* 3. read the answers on the outgoing connections */
-  for (int j = 0; j < rank; j++) {
-    for (int c = 0; c < K; c++) {
-      int fd = fds[j * K + c];
-      const char* at = hosts->addrs[j * K + c].text;
-      if (io_all(fd, h, HELLO_BYTES, false, deadline) != 0) {
-        int e = errno;
-        mlxd_fail_at(st, e == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_EREMOTE, MLXD_LAYER_BOOTSTRAP,
-                     "no handshake answer from rank %d", j);
-        mlxd_status_set_peer(st, j, at);
-        mlxd_status_set_sys(st, "recv", e);
-        goto fail;
-      }
-      if (mlxd_get32(h) != HELLO_MAGIC || mlxd_get32(h + 4) != HELLO_VERSION ||
-          mlxd_get32(h + 8) != (uint32_t)j || mlxd_get32(h + 16) != (uint32_t)c) {
-        mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                     "the process listening at rank %d's address is not rank %d of this group "
-                     "(handshake mismatch); check the hostfile",
-                     j, j);
-        mlxd_status_set_peer(st, j, at);
-        goto fail;
-      }
-      mlxd_ring_log("rank %d: connection %d to rank %d at %s ready", rank, c, j, at);
-    }
+  /* What is still pending is refused too: every slot is filled (or set-up failed). */
+  for (int i = 0; i < MAX_PENDING; i++)
+    if (m->pend[i].state != P_FREE)
+      refuse(m, &m->pend[i], "%s when the set-up ended",
+             m->pend[i].got == 0 && m->pend[i].state == P_HELLO ? "it had sent nothing"
+                                                                : "its handshake was incomplete");
+  for (int i = 0; i < m->nouts; i++)
+    if (outs[i].fd >= 0) close(outs[i].fd);
+  if (m->refused > m->shown)
+    fprintf(stderr, "[ring] rank %d: %d more refused connection%s not shown\n", rank,
+            m->refused - m->shown, m->refused - m->shown == 1 ? "" : "s");
+out:
+  free(m);
+  free(outs);
+  free(pfd);
+  if (rc) {
+    mlxd_ring_close_all(fds, total);
+    return rc;
   }
   for (int i = 0; i < total; i++)
     if (fds[i] >= 0) set_nonblock(fds[i], false);
   return 0;
-fail:
-  mlxd_ring_close_all(fds, total);
-  return st->code ? st->code : MLXD_ESYS;
 }

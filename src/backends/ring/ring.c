@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "algo/algo.h"
+#include "backends/ring/handshake.h"
 #include "backends/ring/ring_internal.h"
 #include "transport/tcp.h"
 #include "util/bytes.h"
@@ -85,6 +86,7 @@ static void ring_destroy(mlxd_backend* b) {
   mlxd_ring* r = (mlxd_ring*)b;
   if (!r) return;
   if (r->t) r->t->ops->destroy(r->t);
+  mlxd_ring_auth_clear(&r->auth);
   free(r);
 }
 
@@ -106,9 +108,16 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   mlxd_ring* r = (mlxd_ring*)b;
   *out = NULL;
   const int n = b->size, k = r->nconn;
+  /* The child's connections prove the parent's secret and a token of their own:
+   * derived from the parent's, this split's sequence number and the color, so
+   * two splits (or two colors) never take each other's connections. */
+  mlxd_ring_auth child = r->auth;
+  mlxd_hs_token_split(r->auth.token, seq, color, child.token);
   if (!r->t) {
     int none = -1;
-    return mlxd_ring_backend_new(0, 1, k, &r->self, &none, out, st);
+    int rc0 = mlxd_ring_backend_new(0, 1, k, &r->self, &child, &none, out, st);
+    mlxd_ring_auth_clear(&child);
+    return rc0;
   }
   int mode;
   if (mlxd_ring_transport_mode(&mode, st)) return st->code;
@@ -131,7 +140,8 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   mlxd_put32(src, (uint32_t)color);
   mlxd_put32(src + 4, (uint32_t)key);
   for (int c = 0; c < k; c++)
-    mlxd_ring_rec_encode(src + 8 + (size_t)c * MLXD_RING_REC_BYTES, b->rank, n, c, k, &mine[c]);
+    mlxd_ring_rec_encode(src + 8 + (size_t)c * MLXD_RING_REC_BYTES, b->rank, n, c, k, &mine[c],
+                         NULL);
   if ((rc = mlxd_algo_all_gather(r->t, seq, src, all, per, st))) goto done;
 
   int m = 0;
@@ -156,7 +166,7 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
                 m);
   if (m == 1) {
     int none = -1;
-    rc = mlxd_ring_backend_new(0, 1, k, &r->self, &none, out, st);
+    rc = mlxd_ring_backend_new(0, 1, k, &r->self, &child, &none, out, st);
     goto done;
   }
   hosts.size = m;
@@ -173,9 +183,10 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
                                      n, c, k, "split's exchange", &hosts.addrs[i * k + c], st)))
         goto done;
   }
-  if ((rc = mlxd_ring_mesh(me, &hosts, lfds, fds, st))) goto done;
-  rc = mlxd_ring_backend_new(me, m, k, &r->self, fds, out, st);
+  if ((rc = mlxd_ring_mesh(me, &hosts, lfds, &child, fds, st))) goto done;
+  rc = mlxd_ring_backend_new(me, m, k, &r->self, &child, fds, out, st);
 done:
+  mlxd_ring_auth_clear(&child);
   if (lfds) mlxd_ring_close_all(lfds, k);
   free(lfds);
   free(mine);
@@ -197,8 +208,9 @@ static const mlxd_backend_ops ring_ops = {
     ring_send, ring_recv,       ring_split,      ring_destroy,
 };
 
-int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self, int* fds,
-                          mlxd_backend** out, mlxd_status* st) {
+int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
+                          const mlxd_ring_auth* auth, int* fds, mlxd_backend** out,
+                          mlxd_status* st) {
   *out = NULL;
   mlxd_ring* r = calloc(1, sizeof *r);
   if (!r) {
@@ -211,10 +223,12 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
   r->base.comm_device = MLX_CPU;
   r->nconn = nconn;
   r->self = *self;
+  r->auth = *auth;
   if (size > 1) {
     r->t = mlxd_tcp_transport_new(rank, size, fds, nconn, st);
     for (int i = 0; i < size * nconn; i++) fds[i] = -1; /* owned (or closed) by the transport */
     if (!r->t) {
+      mlxd_ring_auth_clear(&r->auth);
       free(r);
       if (!st->code)
         mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot create the TCP transport");
@@ -222,6 +236,7 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
     }
     if (mlxd_ring_select_transport(&r->t, st) != 0) {
       r->t->ops->destroy(r->t);
+      mlxd_ring_auth_clear(&r->auth);
       free(r);
       if (!st->code)
         mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot choose the transport");
@@ -272,6 +287,17 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   if (mlxd_ring_hostfile_load(path, &hosts, st)) return st->code;
   const int n = hosts.size, k = hosts.nconn;
   int rc = 0;
+  /* The job's identity: mlxdist-launch's random token, else one derived from the
+   * hostfile (every rank of the job has the same file); and the secret, if any. */
+  mlxd_ring_auth auth;
+  bool have_token = false;
+  if ((rc = mlxd_ring_auth_load(&auth, st)) ||
+      (rc = mlxd_ring_auth_env_token(&auth, &have_token, st))) {
+    mlxd_ring_hosts_free(&hosts);
+    mlxd_ring_auth_clear(&auth);
+    return rc;
+  }
+  if (!have_token) mlxd_hs_token_hosts(&hosts, auth.token);
   int* lfds = NULL;
   int* fds = NULL;
   if (rank >= n) {
@@ -285,7 +311,7 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   mlxd_ring_addr self = hosts.addrs[rank * k];
   if (n == 1) {
     int none = -1;
-    rc = mlxd_ring_backend_new(0, 1, k, &self, &none, out, st);
+    rc = mlxd_ring_backend_new(0, 1, k, &self, &auth, &none, out, st);
     goto done;
   }
   lfds = malloc(sizeof(int) * (size_t)k);
@@ -301,9 +327,10 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
     mlxd_ring_addr a = hosts.addrs[rank * k + c];
     if ((rc = mlxd_ring_listen(&a, &lfds[c], st))) goto done;
   }
-  if ((rc = mlxd_ring_mesh((int)rank, &hosts, lfds, fds, st))) goto done;
-  rc = mlxd_ring_backend_new((int)rank, n, k, &self, fds, out, st);
+  if ((rc = mlxd_ring_mesh((int)rank, &hosts, lfds, &auth, fds, st))) goto done;
+  rc = mlxd_ring_backend_new((int)rank, n, k, &self, &auth, fds, out, st);
 done:
+  mlxd_ring_auth_clear(&auth);
   if (lfds) mlxd_ring_close_all(lfds, k);
   free(lfds);
   free(fds);

@@ -63,22 +63,43 @@ int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, c
                          size_t why_len);
 void mlxd_ring_format_addr(const struct sockaddr* sa, char* buf, size_t n);
 
+/* What every connection of a group proves (handshake.h, docs/security.md):
+ * the job token, and with MLXDIST_SECRET_FILE the key derived from the secret. */
+#define MLXD_RING_TOKEN_BYTES 16
+typedef struct mlxd_ring_auth {
+  unsigned char token[MLXD_RING_TOKEN_BYTES];
+  bool have_key;
+  unsigned char key[32]; /* mlxd_secret_derive(secret, "handshake") */
+} mlxd_ring_auth;
+
 /* connect.c */
 bool mlxd_ring_verbose(void);
 void mlxd_ring_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Load MLXDIST_SECRET_FILE (if set) into a's key; the token is zeroed. */
+int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st);
+/* MLXDIST_JOB_TOKEN into a->token: *found false when unset; an error naming the
+ * variable when it is not 32 hex digits. */
+int mlxd_ring_auth_env_token(mlxd_ring_auth* a, bool* found, mlxd_status* st);
+/* Wipe the key. */
+void mlxd_ring_auth_clear(mlxd_ring_auth* a);
 /* Listen on addr (port 0: an ephemeral port; addr is updated with the port chosen). */
 int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st);
 /* Build the full mesh: rank connects to every lower rank (connection c goes to
- * peer's address c) and accepts every higher rank on listen_fds (nconn of them).
- * fds (size * nconn entries) receives the connected sockets, -1 for self.
- * Bounded by MLXDIST_CONNECT_TIMEOUT. Closes nothing of listen_fds. */
-int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds, int* fds,
-                   mlxd_status* st);
+ * peer's address c) and accepts every higher rank on listen_fds (nconn of them);
+ * every connection completes the handshake of handshake.h with auth. Foreign,
+ * silent or malformed connections are refused with one line on stderr and
+ * never fill a slot. fds (size * nconn entries) receives the connected
+ * sockets, -1 for self. Bounded by MLXDIST_CONNECT_TIMEOUT. Closes nothing of
+ * listen_fds. */
+int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds,
+                   const mlxd_ring_auth* auth, int* fds, mlxd_status* st);
 
 /* bootstrap.c: the 64-byte address record exchanged through an all-gather. */
 #define MLXD_RING_REC_BYTES 64
+#define MLXD_RING_REC_NONCE_BYTES 16
+/* nonce: MLXD_RING_REC_NONCE_BYTES random bytes of this rank (NULL: zeros). */
 void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int nconn,
-                          const mlxd_ring_addr* a);
+                          const mlxd_ring_addr* a, const unsigned char* nonce);
 /* Validate rank r's record c and decode it into out; on error st names rank r. */
 int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, int nconn,
                          const char* via, mlxd_ring_addr* out, mlxd_status* st);
@@ -102,12 +123,14 @@ typedef struct mlxd_ring {
   mlxd_backend base;
   int nconn;
   mlxd_ring_addr self; /* the address this rank listens on (port 0 form is reused by split) */
+  mlxd_ring_auth auth; /* the group's token and key; split derives its child's from them */
   mlxd_transport* t;   /* tcp or shm (select.c); NULL when size == 1 */
 } mlxd_ring;
 
 /* Finish a group from connected fds (takes ownership of fds; closes them on failure). */
-int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self, int* fds,
-                          mlxd_backend** out, mlxd_status* st);
+int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
+                          const mlxd_ring_auth* auth, int* fds, mlxd_backend** out,
+                          mlxd_status* st);
 /* Listen on nconn ephemeral ports on host (port ignored); fills recs' addresses. */
 int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd_ring_addr* addrs,
                           mlxd_status* st);
