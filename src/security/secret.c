@@ -135,6 +135,8 @@ void mlxd_sha256(const void* buf, size_t len, unsigned char out[MLXD_KEY_BYTES])
   SHA256(buf, len, out);
 }
 
+void mlxd_wipe(void* p, size_t n) { OPENSSL_cleanse(p, n); }
+
 bool mlxd_ct_equal(const void* a, const void* b, size_t n) { return CRYPTO_memcmp(a, b, n) == 0; }
 
 int mlxd_random_bytes(void* buf, size_t n, mlxd_status* st) {

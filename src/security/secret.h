@@ -49,6 +49,8 @@ int mlxd_hmac_sha256(const unsigned char* key, size_t key_len, const void* const
 void mlxd_sha256(const void* buf, size_t len, unsigned char out[MLXD_KEY_BYTES]);
 /* Constant-time equality of two n-byte buffers (CRYPTO_memcmp). */
 bool mlxd_ct_equal(const void* a, const void* b, size_t n);
+/* Clear memory that held key material (OPENSSL_cleanse: not optimised away). */
+void mlxd_wipe(void* p, size_t n);
 /* n bytes from OpenSSL's CSPRNG. 0, or an MLXD_ESYS error. */
 int mlxd_random_bytes(void* buf, size_t n, mlxd_status* st);
 

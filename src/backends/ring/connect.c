@@ -145,13 +145,7 @@ int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd
 
 /* ---- the job's identity and secret ---- */
 
-/* Clear memory that held key material (a volatile store the compiler keeps). */
-static void wipe(void* p, size_t n) {
-  volatile unsigned char* v = p;
-  while (n--) *v++ = 0;
-}
-
-void mlxd_ring_auth_clear(mlxd_ring_auth* a) { wipe(a, sizeof *a); }
+void mlxd_ring_auth_clear(mlxd_ring_auth* a) { mlxd_wipe(a, sizeof *a); }
 
 int mlxd_ring_auth_env_token(mlxd_ring_auth* a, bool* found, mlxd_status* st) {
   const char* v = mlxd_tunable_str(MLXD_T_JOB_TOKEN);
@@ -185,7 +179,7 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
     }
     a->have_key = true;
   }
-  wipe(&s, sizeof s);
+  mlxd_wipe(&s, sizeof s);
   return 0;
 }
 
