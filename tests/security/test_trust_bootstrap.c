@@ -14,6 +14,12 @@
  *   garbage  an HTTP request and 300 bytes of noise on each port
  *   silence  20 connections on each port that never say a word
  *   other    a well-formed hello of another job (wrong token) on each port
+ *   flood    100 connections (silent, or 8 bytes of junk) on each port, more
+ *            than its backlog, then 60 more each once every rank goes on; the
+ *            first 20 refusals of a rank are logged, the rest counted. A rank
+ *            still in the all-gather does not accept, so its backlog is full
+ *            when its peers connect: their first SYN may be dropped and the
+ *            kernel resends it after 1 s, so the set-up takes either ms or ~1 s
  *   replay   (N = 2, a secret set on both ranks) the gathered records are
  *            rewritten so that rank 1 reaches rank 0 through a relay in this
  *            process (every rank gets the same records, so the same token);
@@ -212,11 +218,11 @@ static int wait_rank(pid_t p, double limit) {
 
 /* ---- intruders ---- */
 
-static int g_open[200];
+static int g_open[512];
 static int g_nopen;
 
 static void keep(int fd) {
-  T_ASSERT(g_nopen < 200);
+  T_ASSERT(g_nopen < 512);
   g_open[g_nopen++] = fd;
 }
 
@@ -247,6 +253,19 @@ static void attack(int port, int nranks) {
     keep(b);
   } else if (!strcmp(g_kind, "silence")) {
     for (int i = 0; i < 20; i++) keep(dial(port));
+  } else if (!strcmp(g_kind, "flood")) { /* 100 now, 60 more once every rank goes on */
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    static int round;
+    for (int i = 0; i < (round < nranks ? 100 : 60); i++) {
+      int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      T_ASSERT(s >= 0);
+      if (connect(s, (struct sockaddr*)&a, sizeof a) == 0 && i % 3 == 0)
+        (void)!send(s, "xxxxxxxx", 8, MSG_NOSIGNAL);
+      keep(s);
+    }
+    round++;
   } else if (!strcmp(g_kind, "other")) {
     mlxd_hs_msg h;
     memset(&h, 0, sizeof h);
@@ -384,6 +403,7 @@ static int run(void) {
   const char* want = !strcmp(g_kind, "garbage")   ? "not an mlxdist handshake (wrong magic)"
                      : !strcmp(g_kind, "silence") ? "it had sent nothing when the set-up ended"
                      : !strcmp(g_kind, "other")   ? "wrong job token"
+                     : !strcmp(g_kind, "flood")   ? "too many connections waiting for a handshake"
                      : replay                     ? "or a replayed handshake"
                                                   : NULL;
   T_REQUIREF(want, "unknown kind '%s'", g_kind);
@@ -431,6 +451,8 @@ static int run(void) {
     sleep_s(0.05);
   }
   for (int r = 1; r < g_n; r++) T_ASSERT(write_full(g_to[r], all, (size_t)g_n * REC) == 0);
+  if (!strcmp(g_kind, "flood"))
+    for (int r = 0; r < g_n; r++) attack(port[r], g_n);
   int code[MAXN];
   for (int r = 0; r < g_n; r++) code[r] = wait_rank(g_pid[r], 20);
   double took = now_s() - t0;
