@@ -18,8 +18,9 @@
  *            than its backlog, then 60 more each once every rank goes on; the
  *            first 20 refusals of a rank are logged, the rest counted. A rank
  *            still in the all-gather does not accept, so its backlog is full
- *            when its peers connect: their first SYN may be dropped and the
- *            kernel resends it after 1 s, so the set-up takes either ms or ~1 s
+ *            when its peers connect: their first SYN may be dropped; the
+ *            connector gives that attempt up after 0.25 s (connect.c), so the
+ *            set-up takes milliseconds or about 0.27 s (the kernel alone: 1 s)
  *   replay   (N = 2, a secret set on both ranks) the gathered records are
  *            rewritten so that rank 1 reaches rank 0 through a relay in this
  *            process (every rank gets the same records, so the same token);
