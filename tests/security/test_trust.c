@@ -7,11 +7,14 @@
  *                           token claiming rank 1, without the secret), replay
  *                           (an earlier connection's bytes, secret set), flood
  *                           (300 connections while the job forms)
- *   test_trust split        intruders on the short-lived listeners of split
+ *   test_trust split [KIND] intruders on the short-lived listeners of split: by
+ *                           default garbage, another job's hello, the parent's
+ *                           token and silence; replay (a recorded handshake of
+ *                           the parent with a valid proof, secret set); flood
+ *                           (200 connections, 100 before rank 1 joins the split)
  *   test_trust secret MODE  wrong: rank 1 has another secret; none: rank 1 has no
  *                           secret: rank 1 fails saying the secret did not match,
  *                           rank 0 fails within its bound and logs the refusal
- *   test_trust badtoken     MLXDIST_JOB_TOKEN not 32 hex digits: an error naming it
  *   test_trust badtoken     MLXDIST_JOB_TOKEN not 32 hex digits: an error naming it
  *   test_trust launchsecret LAUNCHER   mlxdist-launch --secret: a private file, only
  *                           its path in the environment, removed at exit; a job runs
@@ -239,7 +242,10 @@ static int rank_main(int rank) {
     mlx_distributed_group h = mlx_distributed_group_new();
     double s0 = now_s();
     if (mlx_distributed_group_split(&h, g, 0, rank) != 0) T_FAIL("split: %s", t_last_error());
-    fprintf(stderr, "rank %d: split took %.3f s\n", rank, now_s() - s0);
+    double split_s = now_s() - s0;
+    fprintf(stderr, "rank %d: split took %.3f s\n", rank, split_s);
+    /* rank 1 starts its split once the intruders are in: its time is the split's */
+    if (rank == 1) T_CHECKF(split_s < 5, "rank 1: split took %.1f s", split_s);
     if (rank == 0) pthread_join(th, NULL);
     T_CHECKF(listening_sockets() == 0, "rank %d: a listening socket is left after split", rank);
     check_sum(h, 5000);
@@ -543,21 +549,70 @@ static void split_attack(int port) {
   T_ASSERT(write(g_sync[1], "g", 1) == 1);
 }
 
-static int case_split(void) {
+/* A recorded rank-1 handshake of this job's init (with a valid proof of the
+ * secret), replayed at split's listener: the child's token is not the parent's. */
+static void split_attack_replay(int port) {
+  attack_replay(port);
+  T_ASSERT(write(g_sync[1], "g", 1) == 1);
+}
+
+/* 200 connections that say nothing or garbage: 100 while the split's listener
+ * waits for the exchange (more than its backlog), 100 more once rank 1 goes on. */
+static void split_attack_flood(int port) {
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)port),
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  for (int i = 0; i < 200; i++) {
+    if (i == 100) T_ASSERT(write(g_sync[1], "g", 1) == 1);
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    T_ASSERT(s >= 0);
+    if (connect(s, (struct sockaddr*)&a, sizeof a) == 0 && i % 3 == 0)
+      (void)!send(s, "xxxxxxxx", 8, MSG_NOSIGNAL);
+    keep(s);
+  }
+}
+
+/* kind: "" (garbage, another job, the parent's token, silence), "replay", "flood" */
+static int case_split(const char* kind) {
   make_secrets();
   T_ASSERT(pipe(g_sync) == 0);
   job j = {.token = true, .split = true, .split_attack = split_attack};
   j.secret[0] = j.secret[1] = g_secret; /* the child's handshakes prove the secret too */
-  new_hostfile();
-  pid_t r0 = start_rank(&j, 0), r1 = start_rank(&j, 1);
-  int c1 = wait_rank(r1, 30), c0 = wait_rank(r0, 30);
-  char* e0 = rank_err(0);
-  T_CHECKF(c0 == 0 && c1 == 0, "split job failed (%d, %d):\n%s", c0, c1, e0);
   const char* wants[3] = {"not an mlxdist handshake", "wrong job token",
                           "it had sent nothing when the set-up ended"};
-  for (int i = 0; i < 3; i++) T_CHECKF(strstr(e0, wants[i]), "missing '%s' in:\n%s", wants[i], e0);
-  printf("--- rank 0's stderr:\n%s", e0);
+  int nwant = 3;
+  if (!strcmp(kind, "replay")) {
+    j.split_attack = split_attack_replay;
+    wants[0] = "wrong job token";
+    nwant = 1;
+  } else if (!strcmp(kind, "flood")) {
+    j.split_attack = split_attack_flood;
+    wants[0] = "too many connections waiting for a handshake";
+    wants[1] = "more refused connections not shown";
+    nwant = 2;
+  } else if (kind[0]) {
+    T_FAIL("unknown split kind '%s'", kind);
+  }
+  new_hostfile();
+  if (j.split_attack == split_attack_replay) record_handshake(&j);
+  double t0 = now_s();
+  pid_t r0 = start_rank(&j, 0), r1 = start_rank(&j, 1);
+  int c1 = wait_rank(r1, 30), c0 = wait_rank(r0, 30);
+  double took = now_s() - t0;
+  close_kept();
+  char* e0 = rank_err(0);
+  char* e1 = rank_err(1);
+  T_CHECKF(c0 == 0 && c1 == 0, "split job failed (%d, %d):\nrank 0:\n%s\nrank 1:\n%s", c0, c1, e0,
+           e1);
+  T_CHECKF(strstr(e0, "[ring] rank 0: refused a connection from 127.0.0.1:"),
+           "rank 0 logged no refusal:\n%s", e0);
+  for (int i = 0; i < nwant; i++)
+    T_CHECKF(strstr(e0, wants[i]), "missing '%s' in:\n%s", wants[i], e0);
+  /* init, split and both all_sums; the split itself is timed in the rank's log */
+  T_CHECKF(took < 10, "the job took %.1f s", took);
+  printf("--- rank 0's stderr (%.2f s in all):\n%s--- rank 1's stderr:\n%s", took, e0, e1);
   free(e0);
+  free(e1);
   return t_exit_status();
 }
 
@@ -804,8 +859,8 @@ int main(int argc, char** argv) {
   int rc = 2;
   if (argc == 3 && !strcmp(argv[1], "init"))
     rc = case_init(argv[2]);
-  else if (argc == 2 && !strcmp(argv[1], "split"))
-    rc = case_split();
+  else if ((argc == 2 || argc == 3) && !strcmp(argv[1], "split"))
+    rc = case_split(argc == 3 ? argv[2] : "");
   else if (argc == 3 && !strcmp(argv[1], "secret"))
     rc = case_secret(argv[2]);
   else if (argc == 2 && !strcmp(argv[1], "badtoken"))

@@ -42,11 +42,17 @@
 #include "util/tunables.h"
 
 #define SOCK_BUF_BYTES (4 << 20)
-#define LISTEN_BACKLOG 64     /* bounded: a flood fills it, not memory; accepted at once anyway */
-#define MAX_PENDING 64        /* incoming handshakes in progress at once */
-#define HS_TIMEOUT_S 3.0      /* an incoming connection's time to complete its handshake */
-#define CONNECT_ATTEMPT_S 2.0 /* one outgoing connect() attempt (then a fresh one) */
-#define LOG_LINES 20          /* refused connections logged per set-up, then counted */
+#define LISTEN_BACKLOG 64 /* bounded: a flood fills it, not memory; accepted at once anyway */
+#define MAX_PENDING 64    /* incoming handshakes in progress at once */
+#define HS_TIMEOUT_S 3.0  /* an incoming connection's time to complete its handshake */
+/* One outgoing connect() attempt waits CONNECT_FIRST_S, doubling per expired
+ * attempt up to CONNECT_ATTEMPT_S, then a fresh one. Short at first: a flood
+ * that fills a listener's backlog while it cannot accept (during split's
+ * exchange or a caller's all-gather) gets the rightful SYN dropped, and the
+ * kernel would resend it only after 1 s (test_trust split flood). */
+#define CONNECT_FIRST_S 0.25
+#define CONNECT_ATTEMPT_S 2.0
+#define LOG_LINES 20 /* refused connections logged per set-up, then counted */
 
 bool mlxd_ring_verbose(void) {
   const char* v = getenv("MLX_RING_VERBOSE");
@@ -195,6 +201,7 @@ typedef struct outgoing { /* this rank's connection c to lower rank j */
   double retry_at;   /* O_IDLE: when to connect again */
   double attempt_by; /* O_CONNECTING: when this attempt is given up */
   double backoff;
+  double attempt_s;     /* the next connect() attempt's bound */
   int attempts, closed; /* connect attempts; handshakes the peer closed */
   int last_errno;
   unsigned char nonce[MLXD_HS_NONCE_BYTES];
@@ -321,7 +328,7 @@ static int out_start(mesh* m, outgoing* o, mlxd_status* st) {
   int e = errno;
   if (e == EINPROGRESS) {
     o->state = O_CONNECTING;
-    o->attempt_by = mlxd_now() + CONNECT_ATTEMPT_S;
+    o->attempt_by = mlxd_now() + o->attempt_s;
     return 0;
   }
   if (transient_errno(e)) {
@@ -340,9 +347,10 @@ static int out_start(mesh* m, outgoing* o, mlxd_status* st) {
 static void out_connected(mesh* m, outgoing* o, bool expired) {
   int err = 0;
   socklen_t el = sizeof err;
-  if (expired)
+  if (expired) {
     err = ETIMEDOUT;
-  else if (getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
+    o->attempt_s = o->attempt_s * 2 > CONNECT_ATTEMPT_S ? CONNECT_ATTEMPT_S : o->attempt_s * 2;
+  } else if (getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
     err = errno;
   if (err) {
     out_retry(o, err);
@@ -711,7 +719,8 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
   for (int i = 0; i < MAX_PENDING; i++) m->pend[i].fd = -1;
   for (int j = 0; j < rank; j++)
     for (int c = 0; c < K; c++)
-      outs[j * K + c] = (outgoing){.j = j, .c = c, .fd = -1, .state = O_IDLE, .backoff = 0.01};
+      outs[j * K + c] = (outgoing){
+          .j = j, .c = c, .fd = -1, .state = O_IDLE, .backoff = 0.01, .attempt_s = CONNECT_FIRST_S};
   while (m->filled < m->need) {
     if (mlxd_now() >= deadline) {
       rc = mesh_timeout(m, st);
