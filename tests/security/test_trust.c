@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "backends/ring/handshake.h"
+#include "intruder.h"
 #include "mlx/c/mlx.h"
 #include "security/secret.h"
 #include "testutil.h"
@@ -52,17 +53,6 @@
 static char g_dir[256];
 static char g_hostfile[300];
 static int g_port[2];
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
-}
 
 static int free_port(void) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -90,17 +80,6 @@ static void new_hostfile(void) {
   snprintf(buf, sizeof buf, "[[\"127.0.0.1:%d\"], [\"127.0.0.1:%d\"]]\n", g_port[0], g_port[1]);
   snprintf(g_hostfile, sizeof g_hostfile, "%s/hostfile.json", g_dir);
   write_file(g_hostfile, buf, 0644);
-}
-
-static char* read_text(const char* path) {
-  FILE* f = fopen(path, "r");
-  if (!f) return calloc(1, 1);
-  char* buf = calloc(1, 1 << 20);
-  T_ASSERT(buf);
-  size_t n = fread(buf, 1, (1 << 20) - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-  return buf;
 }
 
 /* ---- sockets of this process that listen (from /proc) ---- */
@@ -291,21 +270,6 @@ static pid_t start_rank(const job* j, int rank) {
 }
 
 /* Wait (bounded) for a rank; its exit status. */
-static int wait_rank(pid_t p, double limit) {
-  double until = now_s() + limit;
-  for (;;) {
-    int st;
-    pid_t r = waitpid(p, &st, WNOHANG);
-    if (r == p) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (now_s() > until) {
-      kill(p, SIGKILL);
-      waitpid(p, &st, 0);
-      return -1;
-    }
-    sleep_s(0.01);
-  }
-}
-
 static char* rank_err(int rank) {
   char path[300];
   snprintf(path, sizeof path, "%s/rank%d.err", g_dir, rank);
@@ -313,37 +277,6 @@ static char* rank_err(int rank) {
 }
 
 /* ---- intruders ---- */
-
-static int dial(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  T_ASSERT(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((uint16_t)port),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  for (int i = 0; i < 200; i++) {
-    if (connect(fd, (struct sockaddr*)&a, sizeof a) == 0) return fd;
-    close(fd);
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sleep_s(0.01);
-  }
-  T_FAIL("cannot connect to port %d", port);
-}
-
-static int g_open[400];
-static int g_nopen;
-
-static void keep(int fd) {
-  if (g_nopen < 400) g_open[g_nopen++] = fd;
-}
-
-static void close_kept(void) {
-  for (int i = 0; i < g_nopen; i++) close(g_open[i]);
-  g_nopen = 0;
-}
-
-static void send_all(int fd, const void* b, size_t n) {
-  T_ASSERT(send(fd, b, n, MSG_NOSIGNAL) == (ssize_t)n);
-}
 
 static void hello_bytes(unsigned char* out, const unsigned char* token, int rank, unsigned flags) {
   mlxd_hs_msg h;
@@ -467,7 +400,7 @@ static void record_handshake(const job* j) {
   T_ASSERT(recv(fd, g_rec + MLXD_HS_HELLO_BYTES, MLXD_HS_CONFIRM_BYTES, MSG_WAITALL) ==
            MLXD_HS_CONFIRM_BYTES);
   kill(r1, SIGKILL); /* it now waits for the rest of its group: no longer needed */
-  wait_rank(r1, 5);
+  wait_child(r1, 5);
   close(fd);
   close(lfd);
 }
@@ -503,7 +436,7 @@ static void run_intruded(job* j, void (*attack)(int port), bool flood, const cha
     attack(g_port[0]);
     r1 = start_rank(j, 1);
   }
-  int c1 = wait_rank(r1, 20), c0 = wait_rank(r0, 20);
+  int c1 = wait_child(r1, 20), c0 = wait_child(r0, 20);
   if (flood) {
     pthread_join(th, NULL);
     printf("flood: 100 + %d connections\n", g_flooded);
@@ -597,7 +530,7 @@ static int case_split(const char* kind) {
   if (j.split_attack == split_attack_replay) record_handshake(&j);
   double t0 = now_s();
   pid_t r0 = start_rank(&j, 0), r1 = start_rank(&j, 1);
-  int c1 = wait_rank(r1, 30), c0 = wait_rank(r0, 30);
+  int c1 = wait_child(r1, 30), c0 = wait_child(r0, 30);
   double took = now_s() - t0;
   close_kept();
   char* e0 = rank_err(0);
@@ -651,7 +584,7 @@ static int case_secret(const char* mode) {
   new_hostfile();
   double t0 = now_s();
   pid_t r0 = start_rank(&j, 0), r1 = start_rank(&j, 1);
-  int c1 = wait_rank(r1, 20), c0 = wait_rank(r0, 20);
+  int c1 = wait_child(r1, 20), c0 = wait_child(r0, 20);
   double took = now_s() - t0;
   char* e0 = rank_err(0);
   char* e1 = rank_err(1);
@@ -674,7 +607,7 @@ static int case_badtoken(void) {
     job j = {.token_value = bad[i]};
     new_hostfile();
     double t0 = now_s();
-    int c = wait_rank(start_rank(&j, 0), 10);
+    int c = wait_child(start_rank(&j, 0), 10);
     char* e = rank_err(0);
     char want[120];
     snprintf(want, sizeof want, "MLXDIST_JOB_TOKEN='%s' ", bad[i]);
@@ -727,7 +660,7 @@ static int case_launchsecret(const char* launcher, const char* self) {
           (char*)NULL);
     _exit(127);
   }
-  int c = wait_rank(p, 30);
+  int c = wait_child(p, 30);
   char* text = read_text(out);
   printf("%s", text);
   T_CHECKF(c == 0, "the launcher exited %d", c);
@@ -750,7 +683,7 @@ static int case_launchsecret(const char* launcher, const char* self) {
           "0", (char*)NULL);
     _exit(127);
   }
-  c = wait_rank(p, 30);
+  c = wait_child(p, 30);
   text = read_text(out);
   printf("%s", text);
   T_CHECKF(c == 0 && strstr(text, "job 3 rank 1: sum 601 (right)"), "the --secret job failed");
@@ -820,7 +753,7 @@ static int case_twojobs(const char* launcher, const char* self) {
     pid_t a = start_launcher(launcher, self, 1, orders[i].a0, orders[i].a1, oa);
     sleep_s(orders[i].b_after);
     pid_t b = start_launcher(launcher, self, 2, orders[i].b0, orders[i].b1, ob);
-    int ca = wait_rank(a, 30), cb = wait_rank(b, 30);
+    int ca = wait_child(a, 30), cb = wait_child(b, 30);
     char* ta = read_text(oa);
     char* tb = read_text(ob);
     printf("=== %s: job A exit %d, job B exit %d\n--- A:\n%s--- B:\n%s", orders[i].what, ca, cb, ta,

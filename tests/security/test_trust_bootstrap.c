@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include "backends/ring/handshake.h"
+#include "intruder.h"
 #include "mlx/c/mlx.h"
 #include "testutil.h"
 
@@ -61,28 +62,6 @@ static char g_dir[256];
 static char g_secret[300];
 static const char* g_kind;
 static int g_n;
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void sleep_s(double s) {
-  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-  nanosleep(&ts, NULL);
-}
-
-static char* read_text(const char* path) {
-  FILE* f = fopen(path, "r");
-  if (!f) return calloc(1, 1);
-  char* buf = calloc(1, 1 << 20);
-  T_ASSERT(buf);
-  size_t n = fread(buf, 1, (1 << 20) - 1, f);
-  buf[n] = '\0';
-  fclose(f);
-  return buf;
-}
 
 /* Exactly n bytes from fd within limit seconds: 0, or -1. */
 static int read_full(int fd, void* buf, size_t n, double limit) {
@@ -203,44 +182,7 @@ static void start_rank(int rank) {
   g_from[rank] = up[0];
 }
 
-static int wait_rank(pid_t p, double limit) {
-  double until = now_s() + limit;
-  for (;;) {
-    int st;
-    if (waitpid(p, &st, WNOHANG) == p) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (now_s() > until) {
-      kill(p, SIGKILL);
-      waitpid(p, &st, 0);
-      return -1;
-    }
-    sleep_s(0.01);
-  }
-}
-
 /* ---- intruders ---- */
-
-static int g_open[512];
-static int g_nopen;
-
-static void keep(int fd) {
-  T_ASSERT(g_nopen < 512);
-  g_open[g_nopen++] = fd;
-}
-
-static int dial(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  T_ASSERT(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((uint16_t)port),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  T_REQUIREF(connect(fd, (struct sockaddr*)&a, sizeof a) == 0, "cannot connect to port %d: %s",
-             port, strerror(errno));
-  return fd;
-}
-
-static void send_all(int fd, const void* b, size_t n) {
-  T_ASSERT(send(fd, b, n, MSG_NOSIGNAL) == (ssize_t)n);
-}
 
 static void attack(int port, int nranks) {
   if (!strcmp(g_kind, "garbage")) {
@@ -455,13 +397,13 @@ static int run(void) {
   if (!strcmp(g_kind, "flood"))
     for (int r = 0; r < g_n; r++) attack(port[r], g_n);
   int code[MAXN];
-  for (int r = 0; r < g_n; r++) code[r] = wait_rank(g_pid[r], 20);
+  for (int r = 0; r < g_n; r++) code[r] = wait_child(g_pid[r], 20);
   double took = now_s() - t0;
   if (replay) {
     pthread_join(th, NULL);
     close(rl.lfd);
   }
-  for (int i = 0; i < g_nopen; i++) close(g_open[i]);
+  close_kept();
   for (int r = 0; r < g_n; r++) {
     char path[300];
     snprintf(path, sizeof path, "%s/rank%d.err", g_dir, r);
