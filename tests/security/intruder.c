@@ -2,6 +2,7 @@
 #include "intruder.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -79,4 +80,33 @@ void close_kept(void) {
 
 void send_all(int fd, const void* b, size_t n) {
   T_ASSERT(send(fd, b, n, MSG_NOSIGNAL) == (ssize_t)n);
+}
+
+void send_garbage(int port) {
+  int a = dial(port);
+  send_all(a, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
+  keep(a);
+  int b = dial(port);
+  unsigned char junk[300];
+  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (unsigned char)(i * 131 + 7);
+  send_all(b, junk, sizeof junk);
+  keep(b);
+}
+
+int own_socket_inodes(long* out, int max) {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return 0;
+  struct dirent* e;
+  while ((e = readdir(d)) && n < max) {
+    char p[300], l[64];
+    snprintf(p, sizeof p, "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(p, l, sizeof l - 1);
+    if (k <= 0) continue;
+    l[k] = '\0';
+    long ino;
+    if (sscanf(l, "socket:[%ld]", &ino) == 1) out[n++] = ino;
+  }
+  closedir(d);
+  return n;
 }

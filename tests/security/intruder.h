@@ -19,5 +19,9 @@ int dial(int port);
 void keep(int fd);
 void close_kept(void);
 void send_all(int fd, const void* b, size_t n);
+/* Two kept connections to port: one sends an HTTP request, one 300 bytes of junk. */
+void send_garbage(int port);
+/* The inodes of this process's sockets (from /proc/self/fd), at most max: their number. */
+int own_socket_inodes(long* out, int max);
 
 #endif

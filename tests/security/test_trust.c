@@ -87,20 +87,7 @@ static void new_hostfile(void) {
 static int listening_sockets(void) {
   /* inodes of this process's sockets */
   long inodes[512];
-  int ni = 0;
-  DIR* d = opendir("/proc/self/fd");
-  T_ASSERT(d);
-  struct dirent* e;
-  while ((e = readdir(d)) && ni < 512) {
-    char p[300], l[64];
-    snprintf(p, sizeof p, "/proc/self/fd/%s", e->d_name);
-    ssize_t k = readlink(p, l, sizeof l - 1);
-    if (k <= 0) continue;
-    l[k] = '\0';
-    long ino;
-    if (sscanf(l, "socket:[%ld]", &ino) == 1) inodes[ni++] = ino;
-  }
-  closedir(d);
+  int ni = own_socket_inodes(inodes, 512);
   int count = 0;
   const char* tables[2] = {"/proc/self/net/tcp", "/proc/self/net/tcp6"};
   for (int t = 0; t < 2; t++) {
@@ -155,20 +142,8 @@ static void* split_attacker(void* arg) {
   double until = now_s() + 5;
   while (now_s() < until) {
     /* the hostfile listeners are closed after init: any listener now is split's */
-    DIR* d = opendir("/proc/self/fd");
-    struct dirent* e;
     long inodes[256];
-    int ni = 0;
-    while (d && (e = readdir(d)) && ni < 256) {
-      char p[300], l[64];
-      snprintf(p, sizeof p, "/proc/self/fd/%s", e->d_name);
-      ssize_t k = readlink(p, l, sizeof l - 1);
-      if (k <= 0) continue;
-      l[k] = '\0';
-      long ino;
-      if (sscanf(l, "socket:[%ld]", &ino) == 1) inodes[ni++] = ino;
-    }
-    if (d) closedir(d);
+    int ni = own_socket_inodes(inodes, 256);
     FILE* f = fopen("/proc/self/net/tcp", "r");
     char line[512];
     int port = 0;
@@ -291,16 +266,7 @@ static void hello_bytes(unsigned char* out, const unsigned char* token, int rank
   mlxd_hs_encode_hello(out, &h);
 }
 
-static void attack_garbage(int port) {
-  int a = dial(port);
-  send_all(a, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
-  keep(a);
-  int b = dial(port);
-  unsigned char junk[300];
-  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (unsigned char)(i * 131 + 7);
-  send_all(b, junk, sizeof junk);
-  keep(b);
-}
+static void attack_garbage(int port) { send_garbage(port); }
 
 static void attack_silence(int port) {
   for (int i = 0; i < 20; i++) keep(dial(port));

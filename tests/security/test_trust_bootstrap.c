@@ -186,14 +186,7 @@ static void start_rank(int rank) {
 
 static void attack(int port, int nranks) {
   if (!strcmp(g_kind, "garbage")) {
-    int a = dial(port);
-    send_all(a, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
-    keep(a);
-    int b = dial(port);
-    unsigned char junk[300];
-    for (size_t i = 0; i < sizeof junk; i++) junk[i] = (unsigned char)(i * 131 + 7);
-    send_all(b, junk, sizeof junk);
-    keep(b);
+    send_garbage(port);
   } else if (!strcmp(g_kind, "silence")) {
     for (int i = 0; i < 20; i++) keep(dial(port));
   } else if (!strcmp(g_kind, "flood")) { /* 100 now, 60 more once every rank goes on */
