@@ -9,6 +9,9 @@
  * a peer is a rank of the transport other than its own; buffers are
  * non-NULL when their size is non-zero; no byte count overflows size_t.
  *
+ * sig: what the caller is doing (transport.h), passed with every message so
+ * that ranks making different calls fail with both named; NULL: unchecked.
+ *
  * Errors: a transport's status is passed on untouched; the algorithms'
  * own failures (out of memory, a group too large for the ring schedule)
  * are structured (MLXD_LAYER_ALGO) with a detail that names no op. The
@@ -25,18 +28,20 @@
 #include "transport/transport.h"
 
 /* out[i] = OP over ranks of in[i] (count elements; in == out allowed). */
-int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const void* in, void* out, size_t count,
-                         mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
-/* out (size * nbytes) = every rank's in (nbytes), in rank order. */
-int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const void* in, void* out, size_t nbytes,
+int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                         void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                          mlxd_status* st);
+/* out (size * nbytes) = every rank's in (nbytes), in rank order. */
+int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                         void* out, size_t nbytes, mlxd_status* st);
 /* in: size * count elements; out: count elements = block `rank` of the all_reduce. */
-int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                             size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                             void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                             mlxd_status* st);
 /* Point to point; seq is the per-(peer, direction) number from the front-end. */
-int mlxd_algo_send(mlxd_transport* t, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                   mlxd_status* st);
-int mlxd_algo_recv(mlxd_transport* t, uint64_t seq, void* buf, size_t nbytes, int src,
-                   mlxd_status* st);
+int mlxd_algo_send(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* buf,
+                   size_t nbytes, int dst, mlxd_status* st);
+int mlxd_algo_recv(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, void* buf, size_t nbytes,
+                   int src, mlxd_status* st);
 
 #endif

@@ -18,23 +18,24 @@
 
 /* all_reduce: every rank sends its buffer to every other and reduces all
  * contributions in rank order (low latency; bit-identical results). */
-int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                                 size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                 const void* in, void* out, size_t count, mlx_dtype dtype,
+                                 mlxd_reduce_op op, mlxd_status* st);
 /* all_reduce: pipelined ring reduce-scatter + all-gather; bidir < 0: choose,
  * 0: one direction, 1: both directions (each carries half the buffer). */
-int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                              size_t count, mlx_dtype dtype, mlxd_reduce_op op, int bidir,
-                              mlxd_status* st);
-int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                                size_t nbytes, mlxd_status* st);
-int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                              size_t nbytes, int bidir, mlxd_status* st);
-int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                                    size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                                    mlxd_status* st);
-int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                                  size_t count, mlx_dtype dtype, mlxd_reduce_op op, int bidir,
-                                  mlxd_status* st);
+int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                              void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                              int bidir, mlxd_status* st);
+int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                const void* in, void* out, size_t nbytes, mlxd_status* st);
+int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                              void* out, size_t nbytes, int bidir, mlxd_status* st);
+int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                    const void* in, void* out, size_t count, mlx_dtype dtype,
+                                    mlxd_reduce_op op, mlxd_status* st);
+int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                  const void* in, void* out, size_t count, mlx_dtype dtype,
+                                  mlxd_reduce_op op, int bidir, mlxd_status* st);
 
 /* ---- helpers (common.c) ---- */
 
@@ -59,6 +60,7 @@ bool mlxd_algo_bidir(int size, size_t nbytes, int bidir);
 typedef enum { MLXD_RING_AR, MLXD_RING_AG, MLXD_RING_RS } mlxd_ring_mode;
 typedef struct mlxd_ring_plan {
   mlxd_ring_mode mode;
+  const mlxd_sig* sig; /* every message's signature (transport.h) */
   size_t esz;
   mlx_dtype dtype;
   mlxd_reduce_op op;

@@ -17,8 +17,8 @@ static void gather_prologue(mlxd_transport* t, const void* in, void* out, size_t
 }
 
 /* Every rank sends its block to every other rank. */
-int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                                size_t nbytes, mlxd_status* st) {
+int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                const void* in, void* out, size_t nbytes, mlxd_status* st) {
   gather_prologue(t, in, out, nbytes, st);
   int n = t->size, r = t->rank;
   if (nbytes == 0) return 0;
@@ -29,18 +29,18 @@ int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const void* in,
   int rc = 0;
   for (int p = 0; p < n && !rc; p++)
     if (p != r)
-      rc = t->ops->irecv(t, p, tag, (char*)out + (size_t)p * nbytes, nbytes, &reqs[p], st);
+      rc = t->ops->irecv(t, p, tag, sig, (char*)out + (size_t)p * nbytes, nbytes, &reqs[p], st);
   for (int k = 1; k < n && !rc; k++) {
     int p = (r + k) % n;
-    rc = t->ops->isend(t, p, tag, own, nbytes, &reqs[n + p], st);
+    rc = t->ops->isend(t, p, tag, sig, own, nbytes, &reqs[n + p], st);
   }
   mlxd_algo_drain(t, reqs, 2 * n, st);
   free(reqs);
   return st->code;
 }
 
-int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                              size_t nbytes, int bidir, mlxd_status* st) {
+int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                              void* out, size_t nbytes, int bidir, mlxd_status* st) {
   gather_prologue(t, in, out, nbytes, st);
   int n = t->size;
   if (nbytes == 0) return 0;
@@ -62,16 +62,17 @@ int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const void* in, v
       p.blen[di][b] = di == 0 ? half : nbytes - half;
     }
   }
+  p.sig = sig;
   mlxd_ring_run(t, seq, &p, st);
   free(tab);
   return st->code;
 }
 
-int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const void* in, void* out, size_t nbytes,
-                         mlxd_status* st) {
+int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                         void* out, size_t nbytes, mlxd_status* st) {
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
   long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
   if (t->size <= 2 || total <= (small > 0 ? (size_t)small : 0))
-    return mlxd_algo_all_gather_direct(t, seq, in, out, nbytes, st);
-  return mlxd_algo_all_gather_ring(t, seq, in, out, nbytes, -1, st);
+    return mlxd_algo_all_gather_direct(t, seq, sig, in, out, nbytes, st);
+  return mlxd_algo_all_gather_ring(t, seq, sig, in, out, nbytes, -1, st);
 }

@@ -10,9 +10,9 @@
  * the size contributions in rank order 0..n-1, so every rank performs the
  * same operations on the same values: bit-identical results. Cost: one
  * latency, (n-1) * nbytes sent per rank. */
-int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                                 size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                                 mlxd_status* st) {
+int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                 const void* in, void* out, size_t count, mlx_dtype dtype,
+                                 mlxd_reduce_op op, mlxd_status* st) {
   mlxd_status_clear(st);
   assert(t->size >= 2 && (count == 0 || (in && out)));
   size_t esz = mlxd_algo_esize(dtype, op);
@@ -29,10 +29,10 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const void* in
   uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
   int rc = 0;
   for (int p = 0; p < n && !rc; p++)
-    if (p != r) rc = t->ops->irecv(t, p, tag, tmp + (size_t)p * nbytes, nbytes, &reqs[p], st);
+    if (p != r) rc = t->ops->irecv(t, p, tag, sig, tmp + (size_t)p * nbytes, nbytes, &reqs[p], st);
   for (int k = 1; k < n && !rc; k++) {
     int p = (r + k) % n; /* stagger the sends so no rank is hit by everyone first */
-    rc = t->ops->isend(t, p, tag, in, nbytes, &reqs[n + p], st);
+    rc = t->ops->isend(t, p, tag, sig, in, nbytes, &reqs[n + p], st);
   }
   mlxd_algo_drain(t, reqs, 2 * n, st);
   if (!st->code) {
@@ -56,9 +56,9 @@ static void partition(size_t base, size_t total, int n, size_t* off, size_t* len
   }
 }
 
-int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                              size_t count, mlx_dtype dtype, mlxd_reduce_op op, int bidir,
-                              mlxd_status* st) {
+int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                              void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                              int bidir, mlxd_status* st) {
   mlxd_status_clear(st);
   assert(t->size >= 2 && (count == 0 || (in && out)));
   size_t esz = mlxd_algo_esize(dtype, op), nbytes = mlxd_algo_mul(count, esz);
@@ -82,16 +82,18 @@ int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const void* in, v
   }
   partition(0, half, n, p.boff[0], p.blen[0]);
   if (p.ndir == 2) partition(half, count - half, n, p.boff[1], p.blen[1]);
+  p.sig = sig;
   mlxd_ring_run(t, seq, &p, st);
   free(tab);
   return st->code;
 }
 
-int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const void* in, void* out, size_t count,
-                         mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                         void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                         mlxd_status* st) {
   size_t esz = mlxd_algo_esize(dtype, op);
   long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
   if (count <= (small > 0 ? (size_t)small : 0) / esz)
-    return mlxd_algo_all_reduce_oneshot(t, seq, in, out, count, dtype, op, st);
-  return mlxd_algo_all_reduce_ring(t, seq, in, out, count, dtype, op, -1, st);
+    return mlxd_algo_all_reduce_oneshot(t, seq, sig, in, out, count, dtype, op, st);
+  return mlxd_algo_all_reduce_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
 }

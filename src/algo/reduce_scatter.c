@@ -24,9 +24,9 @@ static size_t rs_prologue(mlxd_transport* t, const void* in, void* out, size_t c
 
 /* Every rank sends block p of its input to rank p, then each rank reduces
  * the size contributions to its block in rank order. */
-int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                                    size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                                    mlxd_status* st) {
+int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                    const void* in, void* out, size_t count, mlx_dtype dtype,
+                                    mlxd_reduce_op op, mlxd_status* st) {
   size_t blk;
   rs_prologue(t, in, out, count, dtype, op, &blk, st);
   int n = t->size, r = t->rank;
@@ -42,10 +42,10 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const void*
   uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
   int rc = 0;
   for (int p = 0; p < n && !rc; p++)
-    if (p != r) rc = t->ops->irecv(t, p, tag, tmp + (size_t)p * blk, blk, &reqs[p], st);
+    if (p != r) rc = t->ops->irecv(t, p, tag, sig, tmp + (size_t)p * blk, blk, &reqs[p], st);
   for (int k = 1; k < n && !rc; k++) {
     int p = (r + k) % n;
-    rc = t->ops->isend(t, p, tag, (const char*)in + (size_t)p * blk, blk, &reqs[n + p], st);
+    rc = t->ops->isend(t, p, tag, sig, (const char*)in + (size_t)p * blk, blk, &reqs[n + p], st);
   }
   mlxd_algo_drain(t, reqs, 2 * n, st);
   if (!st->code) {
@@ -58,9 +58,9 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const void*
   return st->code;
 }
 
-int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                                  size_t count, mlx_dtype dtype, mlxd_reduce_op op, int bidir,
-                                  mlxd_status* st) {
+int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                  const void* in, void* out, size_t count, mlx_dtype dtype,
+                                  mlxd_reduce_op op, int bidir, mlxd_status* st) {
   size_t blk;
   size_t esz = rs_prologue(t, in, out, count, dtype, op, &blk, st);
   int n = t->size, r = t->rank;
@@ -94,18 +94,20 @@ int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const void* i
       p.blen[di][b] = di == 0 ? half : count - half;
     }
   }
+  p.sig = sig;
   mlxd_ring_run(t, seq, &p, st);
   free(tab);
   mlxd_buffer_free(work, blk * (size_t)n);
   return st->code;
 }
 
-int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const void* in, void* out,
-                             size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                             void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                             mlxd_status* st) {
   size_t blk;
   rs_prologue(t, in, out, count, dtype, op, &blk, st);
   long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
   if (blk <= ((small > 0 ? (size_t)small : 0)) / (size_t)t->size)
-    return mlxd_algo_reduce_scatter_direct(t, seq, in, out, count, dtype, op, st);
-  return mlxd_algo_reduce_scatter_ring(t, seq, in, out, count, dtype, op, -1, st);
+    return mlxd_algo_reduce_scatter_direct(t, seq, sig, in, out, count, dtype, op, st);
+  return mlxd_algo_reduce_scatter_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
 }

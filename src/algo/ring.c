@@ -114,7 +114,7 @@ static int post_send(ring_ctx* x, int di, size_t u, mlxd_status* st) {
     src = p->in;
   else
     src = p->mode == MLXD_RING_AR ? p->out : p->work;
-  return x->t->ops->isend(x->t, d->to, unit_tag(x, di, u), src + off * p->esz, len * p->esz,
+  return x->t->ops->isend(x->t, d->to, unit_tag(x, di, u), p->sig, src + off * p->esz, len * p->esz,
                           &d->send[u], st);
 }
 
@@ -126,7 +126,8 @@ static int post_recv(ring_ctx* x, int di, size_t u, mlxd_status* st) {
   chunk_range(x, d, recv_block(x, d, s), u % x->C, &off, &len);
   char* dst =
       step_reduces(x, s) ? d->tmp + (u % x->W) * x->chunk_max * p->esz : p->out + off * p->esz;
-  return x->t->ops->irecv(x->t, d->from, unit_tag(x, di, u), dst, len * p->esz, &d->recv[u], st);
+  return x->t->ops->irecv(x->t, d->from, unit_tag(x, di, u), p->sig, dst, len * p->esz, &d->recv[u],
+                          st);
 }
 
 static void process(ring_ctx* x, int di, size_t u) {

@@ -15,18 +15,20 @@ static void p2p_prologue(mlxd_transport* t, const void* buf, size_t nbytes, int 
   (void)peer;
 }
 
-int mlxd_algo_send(mlxd_transport* t, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                   mlxd_status* st) {
+int mlxd_algo_send(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* buf,
+                   size_t nbytes, int dst, mlxd_status* st) {
   p2p_prologue(t, buf, nbytes, dst, st);
   mlxd_req* r = NULL;
-  if (t->ops->isend(t, dst, mlxd_tag(MLXD_TAG_P2P, seq, 0), buf, nbytes, &r, st)) return st->code;
+  if (t->ops->isend(t, dst, mlxd_tag(MLXD_TAG_P2P, seq, 0), sig, buf, nbytes, &r, st))
+    return st->code;
   return t->ops->waitall(t, &r, 1, st);
 }
 
-int mlxd_algo_recv(mlxd_transport* t, uint64_t seq, void* buf, size_t nbytes, int src,
-                   mlxd_status* st) {
+int mlxd_algo_recv(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, void* buf, size_t nbytes,
+                   int src, mlxd_status* st) {
   p2p_prologue(t, buf, nbytes, src, st);
   mlxd_req* r = NULL;
-  if (t->ops->irecv(t, src, mlxd_tag(MLXD_TAG_P2P, seq, 0), buf, nbytes, &r, st)) return st->code;
+  if (t->ops->irecv(t, src, mlxd_tag(MLXD_TAG_P2P, seq, 0), sig, buf, nbytes, &r, st))
+    return st->code;
   return t->ops->waitall(t, &r, 1, st);
 }

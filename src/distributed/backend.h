@@ -49,15 +49,18 @@ typedef struct mlxd_backend_ops {
   /* out[i] = OP over ranks of in[i]; in == out allowed. */
   int (*all_reduce)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                     mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
-  /* out = concat over ranks of in (nbytes each). */
+  /* out = concat over ranks of in (nbytes each). dtype (here and in
+   * send/recv): the element type the caller passed, for checks and messages
+   * only (the data moves as bytes). */
   int (*all_gather)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
-                    mlxd_status* st);
+                    mlx_dtype dtype, mlxd_status* st);
   /* in has size*count elements; out (count) = block `rank` of the all_reduce. */
   int (*reduce_scatter)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                         mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
-  int (*send)(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+  int (*send)(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
+              int dst, mlxd_status* st);
+  int (*recv)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype, int src,
               mlxd_status* st);
-  int (*recv)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src, mlxd_status* st);
   /* Collective over b: ranks with the same color form *out, ordered by
    * (key, parent rank); the front-end passes key = parent rank when the
    * caller's key is negative. */

@@ -54,14 +54,19 @@ static void op_run(void* arg, mlxd_status* st) {
                               t->rop, st);
       break;
     case OP_GATHER:
-      rc = b->ops->all_gather(b, t->seq, t->in->data, t->out->data, t->in->nbytes, st);
+      rc =
+          b->ops->all_gather(b, t->seq, t->in->data, t->out->data, t->in->nbytes, t->in->dtype, st);
       break;
     case OP_SCATTER:
       rc = b->ops->reduce_scatter(b, t->seq, t->in->data, t->out->data, t->out->size, t->in->dtype,
                                   MLXD_SUM, st);
       break;
-    case OP_SEND: rc = b->ops->send(b, t->seq, t->in->data, t->in->nbytes, t->peer, st); break;
-    case OP_RECV: rc = b->ops->recv(b, t->seq, t->out->data, t->out->nbytes, t->peer, st); break;
+    case OP_SEND:
+      rc = b->ops->send(b, t->seq, t->in->data, t->in->nbytes, t->in->dtype, t->peer, st);
+      break;
+    case OP_RECV:
+      rc = b->ops->recv(b, t->seq, t->out->data, t->out->nbytes, t->out->dtype, t->peer, st);
+      break;
   }
   if (rc != 0 && st->code == 0)
     mlxd_fail(st, rc, "[%s] the operation failed without a message (code %d)", b->ops->name, rc);

@@ -230,8 +230,10 @@ static int a_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out
   return take_status(a->slot, rc, &ps, st);
 }
 
+/* Plugin ABI v2 moves all_gather/send/recv data as bytes: the dtype stays here. */
 static int a_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
-                        mlxd_status* st) {
+                        mlx_dtype dtype, mlxd_status* st) {
+  (void)dtype;
   adapted* a = (adapted*)b;
   mlxdist_v2_status ps;
   pstatus_clear(&ps);
@@ -249,8 +251,9 @@ static int a_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void*
   return take_status(a->slot, rc, &ps, st);
 }
 
-static int a_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                  mlxd_status* st) {
+static int a_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
+                  int dst, mlxd_status* st) {
+  (void)dtype;
   adapted* a = (adapted*)b;
   mlxdist_v2_status ps;
   pstatus_clear(&ps);
@@ -258,8 +261,9 @@ static int a_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes,
   return take_status(a->slot, rc, &ps, st);
 }
 
-static int a_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+static int a_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype, int src,
                   mlxd_status* st) {
+  (void)dtype;
   adapted* a = (adapted*)b;
   mlxdist_v2_status ps;
   pstatus_clear(&ps);

@@ -20,8 +20,8 @@ static int single_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void
 }
 
 static int single_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                             size_t nbytes, mlxd_status* st) {
-  (void)b, (void)seq, (void)st;
+                             size_t nbytes, mlx_dtype dtype, mlxd_status* st) {
+  (void)b, (void)seq, (void)dtype, (void)st;
   copy_bytes(in, out, nbytes);
   return 0;
 }
@@ -34,18 +34,18 @@ static int single_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, 
   return 0;
 }
 
-static int single_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                       mlxd_status* st) {
-  (void)b, (void)seq, (void)buf, (void)nbytes;
+static int single_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes,
+                       mlx_dtype dtype, int dst, mlxd_status* st) {
+  (void)b, (void)seq, (void)buf, (void)nbytes, (void)dtype;
   return mlxd_fail(st, MLXD_EINVAL,
                    "[distributed] send/recv need a group of at least two processes (send to "
                    "rank %d in a group of one)",
                    dst);
 }
 
-static int single_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
-                       mlxd_status* st) {
-  (void)b, (void)seq, (void)buf, (void)nbytes;
+static int single_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype,
+                       int src, mlxd_status* st) {
+  (void)b, (void)seq, (void)buf, (void)nbytes, (void)dtype;
   return mlxd_fail(st, MLXD_EINVAL,
                    "[distributed] send/recv need a group of at least two processes (recv from "
                    "rank %d in a group of one)",

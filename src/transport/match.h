@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "transport/transport.h"
 
 struct mlxd_req; /* a transport's request (transport.h) */
 
@@ -120,6 +121,31 @@ int mlxd_match_lost(mlxd_status* st, mlxd_layer layer, int peer, const char* add
 int mlxd_match_timeout(mlxd_status* st, mlxd_layer layer, double timeout_s, int peer,
                        const char* addr, bool is_send, size_t n, uint64_t tag, size_t moved);
 
+/* ---- signatures (transport.h: mlxd_sig) ---- */
+
+/* The 16 bytes a signature travels as (big-endian, as util/bytes.h), and back. decode
+ * accepts any bytes (an unknown op or dtype is printed as such, never
+ * indexed with). */
+void mlxd_sig_encode(unsigned char out[MLXD_SIG_BYTES], const mlxd_sig* s);
+void mlxd_sig_decode(const unsigned char in[MLXD_SIG_BYTES], mlxd_sig* s);
+/* A NULL pointer as the all-zero signature (nothing to compare). */
+mlxd_sig mlxd_sig_or_none(const mlxd_sig* s);
+/* Whether a message signed `sent` may meet a receive signed `posted`:
+ * true when either is unset, else the same call (a send meets a recv with
+ * the same dtype, byte count and group size). */
+bool mlxd_sig_agree(const mlxd_sig* sent, const mlxd_sig* posted);
+/* The call in words: "all_sum(float32 x 10)", "send(float32 x 10, 40 bytes)",
+ * "split(16 bytes)". */
+void mlxd_sig_str(const mlxd_sig* s, char* out, size_t n);
+/* Two ranks made different calls for one operation: fails st (MLXD_EINVAL,
+ * structured, peer set) with both sides, lower rank first: "mismatched
+ * calls: rank 0 called all_sum(float32 x 10), rank 1 called
+ * all_gather(int32 x 20)". mine: this rank's; theirs: the peer's. A
+ * transport fails for good with it (the calls of the group no longer line
+ * up) and relays it to its peers. */
+int mlxd_sig_mismatch(mlxd_status* st, mlxd_layer layer, int rank, const mlxd_sig* mine, int peer,
+                      const char* addr, const mlxd_sig* theirs);
+
 /* ---- the first failure of a transport ---- */
 
 /* Keep *st as the transport's failure unless one is kept already. Returns
@@ -144,6 +170,7 @@ typedef struct mlxd_match_req {
   size_t n;
   size_t sent;
   const char* addr; /* the peer's address (owned by the transport) */
+  mlxd_sig sig;     /* what the caller said it is doing (all zero: unchecked) */
 } mlxd_match_req;
 
 /* The outcome of waiting for reqs[0..n) (NULL entries skipped; each starts

@@ -437,8 +437,8 @@ static int fail_status(shm_transport* t, mlxd_status* st) {
 /* Common start of isend/irecv: a request for (peer, tag, buf, n) with mu
  * held, or NULL with mu released, st and *rc set. The front-end guarantees
  * the arguments (transport.h). */
-static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, const void* buf,
-                          size_t n, mlxd_req** req, mlxd_status* st, int* rc) {
+static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, const mlxd_sig* sig,
+                          const void* buf, size_t n, mlxd_req** req, mlxd_status* st, int* rc) {
   assert(req && peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0));
   *req = NULL;
   pthread_mutex_lock(&t->mu);
@@ -458,16 +458,17 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
   r->m.peer = peer;
   r->m.addr = t->peers[peer].addr;
   r->m.tag = tag;
+  r->m.sig = mlxd_sig_or_none(sig);
   r->buf = (char*)(uintptr_t)buf; /* a send's buffer is only read */
   r->m.n = n;
   return r;
 }
 
-static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf, size_t n,
-                     mlxd_req** req, mlxd_status* st) {
+static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig,
+                     const void* buf, size_t n, mlxd_req** req, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
   int rc = 0;
-  shm_req* r = req_start(t, REQ_SEND, peer, tag, buf, n, req, st, &rc);
+  shm_req* r = req_start(t, REQ_SEND, peer, tag, sig, buf, n, req, st, &rc);
   if (!r) return rc;
   shm_peer* p = &t->peers[peer];
   r->rndv = p->cma && t->cma_min && n >= t->cma_min;
@@ -479,11 +480,11 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
   return 0;
 }
 
-static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size_t n,
-                     mlxd_req** req, mlxd_status* st) {
+static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig, void* buf,
+                     size_t n, mlxd_req** req, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
   int rc = 0;
-  shm_req* r = req_start(t, REQ_RECV, peer, tag, buf, n, req, st, &rc);
+  shm_req* r = req_start(t, REQ_RECV, peer, tag, sig, buf, n, req, st, &rc);
   if (!r) return rc;
   shm_peer* p = &t->peers[peer];
   /* Take over a message that arrived first. */
@@ -635,10 +636,19 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
   free(t);
 }
 
+static void shm_abort(mlxd_transport* tt, const mlxd_status* st) {
+  shm_transport* t = (shm_transport*)tt;
+  pthread_mutex_lock(&t->mu);
+  shm_fail(t, st); /* publishes it and rings every doorbell, this rank's included */
+  ring_bell(t, t->base.rank);
+  pthread_mutex_unlock(&t->mu);
+}
+
 const mlxd_transport_ops mlxd_shm_ops = {
     .name = "shm",
     .isend = shm_isend,
     .irecv = shm_irecv,
     .waitall = shm_waitall,
+    .abort = shm_abort,
     .destroy = mlxd_shm_destroy,
 };

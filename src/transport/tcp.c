@@ -265,8 +265,8 @@ static int conn_write(tcp_transport* t, tcp_conn* c) {
   return 0;
 }
 
-static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf, size_t n,
-                     mlxd_req** out, mlxd_status* st) {
+static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig,
+                     const void* buf, size_t n, mlxd_req** out, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
   assert(peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0) && out);
   *out = NULL;
@@ -281,6 +281,7 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
     return code;
   }
   r->is_send = true;
+  r->m.sig = mlxd_sig_or_none(sig);
   r->m.peer = peer;
   r->m.addr = t->peers[peer].addr;
   r->m.tag = tag;
@@ -340,8 +341,8 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const void* buf
 
 /* --------------------------------------------------------- receive side */
 
-static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size_t n,
-                     mlxd_req** out, mlxd_status* st) {
+static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig, void* buf,
+                     size_t n, mlxd_req** out, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
   assert(peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0) && out);
   *out = NULL;
@@ -352,6 +353,7 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, void* buf, size
     mlxd_status_set_peer(st, peer, t->peers[peer].addr);
     return code;
   }
+  r->m.sig = mlxd_sig_or_none(sig);
   r->m.peer = peer;
   r->m.addr = t->peers[peer].addr;
   r->m.tag = tag;
@@ -747,5 +749,14 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   return code;
 }
 
-const mlxd_transport_ops mlxd_tcp_ops = {"tcp", tcp_isend, tcp_irecv, tcp_waitall,
-                                         mlxd_tcp_destroy};
+static void tcp_abort(mlxd_transport* tt, const mlxd_status* st) {
+  tcp_transport* t = (tcp_transport*)tt;
+  pthread_mutex_lock(&t->mu);
+  tcp_fail(t, st);
+  tcp_wake(t);
+  pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+}
+
+const mlxd_transport_ops mlxd_tcp_ops = {"tcp",       tcp_isend, tcp_irecv,
+                                         tcp_waitall, tcp_abort, mlxd_tcp_destroy};

@@ -49,6 +49,40 @@
 typedef struct mlxd_transport mlxd_transport;
 typedef struct mlxd_req mlxd_req;
 
+/* What the rank posting a message says it is doing: the operation, the
+ * element type, the element count (collectives: per rank as the caller
+ * passed it; point to point: bytes) and the group size. Every message
+ * carries its sender's signature; a receiver compares it with its own for
+ * the same operation (the same tag kind and sequence number, whatever the
+ * step), so ranks that disagree on the call fail at once with both sides
+ * named (mlxd_sig_mismatch, match.h) instead of hanging or mixing data.
+ * An all-zero signature (op == MLXD_SIG_NONE, or a NULL pointer where one
+ * is taken) is never compared: set-up exchanges and tests use it. */
+typedef enum mlxd_sig_op {
+  MLXD_SIG_NONE = 0,
+  MLXD_SIG_ALL_SUM,
+  MLXD_SIG_ALL_MAX,
+  MLXD_SIG_ALL_MIN,
+  MLXD_SIG_ALL_GATHER,
+  MLXD_SIG_SUM_SCATTER,
+  MLXD_SIG_MAX_SCATTER,
+  MLXD_SIG_MIN_SCATTER,
+  MLXD_SIG_SEND, /* a send and its matching recv carry MLXD_SIG_SEND / MLXD_SIG_RECV */
+  MLXD_SIG_RECV,
+  MLXD_SIG_SPLIT,
+  MLXD_SIG_COUNT
+} mlxd_sig_op;
+
+#define MLXD_SIG_BYTES 16
+#define MLXD_SIG_NO_DTYPE 0xFF /* the op has no element type (split) */
+typedef struct mlxd_sig {
+  uint8_t op;     /* mlxd_sig_op */
+  uint8_t dtype;  /* mlx_dtype, or MLXD_SIG_NO_DTYPE */
+  uint16_t pad;   /* zero */
+  uint32_t size;  /* the group size the caller sees */
+  uint64_t count; /* elements (collectives), bytes (send/recv, split) */
+} mlxd_sig;
+
 typedef struct mlxd_transport_ops {
   const char* name; /* "tcp", "shm" */
   /* Start sending n bytes of buf to peer with tag. Never blocks beyond the
@@ -60,29 +94,47 @@ typedef struct mlxd_transport_ops {
    * peer closed its connections after finishing its work), or MLXD_ENOMEM.
    * Allocates at most one block per request; takes no lock but the
    * transport's. */
-  int (*isend)(mlxd_transport* t, int peer, uint64_t tag, const void* buf, size_t n, mlxd_req** req,
-               mlxd_status* st);
+  /* sig: what the caller is doing (NULL: nothing to compare); copied. */
+  int (*isend)(mlxd_transport* t, int peer, uint64_t tag, const mlxd_sig* sig, const void* buf,
+               size_t n, mlxd_req** req, mlxd_status* st);
   /* Post a receive of exactly n bytes from peer with tag into buf. Never
    * blocks beyond the transport's mutex; a message that already arrived is
    * copied (or taken over) at once. buf must stay valid until waitall
    * returned for *req. Returns as isend; a size mismatch is not reported
-   * here but by waitall (MLXD_EINVAL, this request only). */
-  int (*irecv)(mlxd_transport* t, int peer, uint64_t tag, void* buf, size_t n, mlxd_req** req,
-               mlxd_status* st);
+   * here but by waitall (MLXD_EINVAL, this request only). A signature that
+   * differs from the sender's (for the same tag kind and sequence number)
+   * fails the whole transport with mlxd_sig_mismatch's status, on both
+   * ranks (the failure is relayed to the peer). */
+  int (*irecv)(mlxd_transport* t, int peer, uint64_t tag, const mlxd_sig* sig, void* buf, size_t n,
+               mlxd_req** req, mlxd_status* st);
   /* Wait until every reqs[i] (NULL entries are skipped; n >= 0) completes,
    * then free them all and set reqs[i] = NULL (also on failure). The calling
    * thread drives the transport (there is no progress thread): it polls the
    * wire, spins for MLXDIST_SPIN_US after the last event, then sleeps at most
-   * ~0.1-1 s at a time. Bounded: fails with MLXD_ETIMEDOUT when none of its
-   * requests moved for MLXDIST_TIMEOUT seconds; a dead or failed peer is
-   * noticed sooner (a socket error; shm: a liveness check every 100 ms).
-   * Several threads may wait at once on disjoint sets; each request is
-   * waited exactly once. Returns 0, or the first failed request's status:
-   * MLXD_EINVAL for a size mismatch (the transport stays usable), else the
-   * transport's first failure (MLXD_EREMOTE, MLXD_ETIMEDOUT, MLXD_ESYS,
-   * MLXD_ENOMEM; for shm, a relayed failure of another rank keeps its
-   * code). */
+   * ~0.1-1 s at a time. Several threads may wait at once on disjoint sets;
+   * each request is waited exactly once.
+   * Bounded, with liveness apart from progress (liveness.h): a peer this
+   * wait involves that shows no sign of life (no byte, no heartbeat) for
+   * MLXDIST_TIMEOUT seconds fails the transport (MLXD_EREMOTE, "rank 1 ...
+   * has shown no sign of life"); a peer that is alive but has not got to
+   * the matching operation is waited for: one warning line after
+   * MLXDIST_WARN_AFTER seconds, MLXD_ETIMEDOUT after MLXDIST_OP_TIMEOUT
+   * seconds without progress. A dead or failed peer is noticed sooner (a
+   * socket error; shm: a check every 100 ms).
+   * Returns 0, or the first failed request's status: MLXD_EINVAL for a size
+   * mismatch (the transport stays usable), else the transport's first
+   * failure (MLXD_EREMOTE, MLXD_ETIMEDOUT, MLXD_ESYS, MLXD_ENOMEM, a
+   * signature mismatch, a peer's relayed failure keeping its code). When
+   * the transport has failed by the time the wait ends, the wait fails even
+   * if its requests completed (a peer that gave up on this operation must
+   * not see it succeed here). */
   int (*waitall)(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);
+  /* Fail the transport for good with st (unless it failed already): every
+   * pending and later operation fails with it, waiters wake up, and the
+   * peers are told (they fail with st relayed, "reported by" this rank).
+   * Never blocks beyond the transport's mutex (what the wire does not take
+   * at once is dropped). Any thread; not after destroy. */
+  void (*abort)(mlxd_transport* t, const mlxd_status* st);
   /* Close the transport and free it (NULL is a no-op). Call it once, from
    * one thread, after every request was waited and with no other op in
    * flight. Does not block: sockets are closed (peers see an orderly close),

@@ -17,4 +17,12 @@ static inline uint32_t mlxd_get32(const unsigned char* p) {
   return ((uint32_t)mlxd_get16(p) << 16) | mlxd_get16(p + 2);
 }
 
+static inline void mlxd_put64(unsigned char* p, uint64_t v) {
+  mlxd_put32(p, (uint32_t)(v >> 32));
+  mlxd_put32(p + 4, (uint32_t)v);
+}
+static inline uint64_t mlxd_get64(const unsigned char* p) {
+  return ((uint64_t)mlxd_get32(p) << 32) | mlxd_get32(p + 4);
+}
+
 #endif

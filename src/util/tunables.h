@@ -58,8 +58,22 @@ typedef struct mlxd_tunable_spec {
 
 #define MLXD_TUNABLES(X)                                                                          \
   X(TIMEOUT, "MLXDIST_TIMEOUT", "60", MLXD_TK_NUMBER(0.001, 86400, "seconds"),                    \
-    "Seconds a blocking network wait may make no progress before the op "                         \
-    "fails with a timeout (and the group is marked failed).")                                     \
+    "Seconds a peer may show no sign of life (no data, no heartbeat) while this rank waits on "   \
+    "it before it is taken for dead (stopped, frozen, cut off) and the op fails naming it. A "    \
+    "peer that is alive but busy elsewhere is waited for (MLXDIST_OP_TIMEOUT).")                  \
+  X(WARN_AFTER, "MLXDIST_WARN_AFTER", "60", MLXD_TK_NUMBER(0, 86400, "seconds"),                  \
+    "Seconds a wait on a live peer may last before one warning line names that peer and what "    \
+    "it was doing last, followed by this rank's operation record (0: never warn).")               \
+  X(OP_TIMEOUT, "MLXDIST_OP_TIMEOUT", "1800", MLXD_TK_NUMBER(0.001, 31536000, "seconds"),         \
+    "Seconds a wait may make no progress while its peers are alive before the op fails with a "   \
+    "timeout (a peer that never gets to the matching operation).")                                \
+  X(DUMP_SIGNAL, "MLXDIST_DUMP_SIGNAL", "0", MLXD_TK_FLAG(),                                      \
+    "1: SIGUSR1 makes this process print its operation record on stderr (mlxdist-launch sets "    \
+    "it). 0: the signal keeps its default action.")                                               \
+  X(CHECK, "MLXDIST_CHECK", "0", MLXD_TK_FLAG(),                                                  \
+    "mpi backend: 1 exchanges a signature of every op (op, dtype, count) before it runs, so "     \
+    "ranks that make different calls fail with both calls named (the ring backend always "        \
+    "checks).")                                                                                   \
   X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30", MLXD_TK_NUMBER(0.001, 86400, "seconds"),    \
     "Seconds init keeps retrying connections to peers (with back-off).")                          \
   X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),               \

@@ -66,10 +66,10 @@ static int call_all_reduce(mlxd_transport* t, int v, const void* in, void* out, 
   mlx_dtype d = (mlx_dtype)dt;
   mlxd_reduce_op o = (mlxd_reduce_op)op;
   switch (v) {
-    case V_AUTO: return mlxd_algo_all_reduce(t, seq, in, out, count, d, o, st);
-    case V_DIRECT: return mlxd_algo_all_reduce_oneshot(t, seq, in, out, count, d, o, st);
-    case V_RING: return mlxd_algo_all_reduce_ring(t, seq, in, out, count, d, o, 0, st);
-    default: return mlxd_algo_all_reduce_ring(t, seq, in, out, count, d, o, 1, st);
+    case V_AUTO: return mlxd_algo_all_reduce(t, seq, NULL, in, out, count, d, o, st);
+    case V_DIRECT: return mlxd_algo_all_reduce_oneshot(t, seq, NULL, in, out, count, d, o, st);
+    case V_RING: return mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, d, o, 0, st);
+    default: return mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, d, o, 1, st);
   }
 }
 
@@ -79,10 +79,10 @@ static int call_reduce_scatter(mlxd_transport* t, int v, const void* in, void* o
   mlx_dtype d = (mlx_dtype)dt;
   mlxd_reduce_op o = (mlxd_reduce_op)op;
   switch (v) {
-    case V_AUTO: return mlxd_algo_reduce_scatter(t, seq, in, out, count, d, o, st);
-    case V_DIRECT: return mlxd_algo_reduce_scatter_direct(t, seq, in, out, count, d, o, st);
-    case V_RING: return mlxd_algo_reduce_scatter_ring(t, seq, in, out, count, d, o, 0, st);
-    default: return mlxd_algo_reduce_scatter_ring(t, seq, in, out, count, d, o, 1, st);
+    case V_AUTO: return mlxd_algo_reduce_scatter(t, seq, NULL, in, out, count, d, o, st);
+    case V_DIRECT: return mlxd_algo_reduce_scatter_direct(t, seq, NULL, in, out, count, d, o, st);
+    case V_RING: return mlxd_algo_reduce_scatter_ring(t, seq, NULL, in, out, count, d, o, 0, st);
+    default: return mlxd_algo_reduce_scatter_ring(t, seq, NULL, in, out, count, d, o, 1, st);
   }
 }
 
@@ -90,10 +90,10 @@ static int call_all_gather(mlxd_transport* t, int v, const void* in, void* out, 
                            mlxd_status* st) {
   uint64_t seq = g_seq++;
   switch (v) {
-    case V_AUTO: return mlxd_algo_all_gather(t, seq, in, out, nbytes, st);
-    case V_DIRECT: return mlxd_algo_all_gather_direct(t, seq, in, out, nbytes, st);
-    case V_RING: return mlxd_algo_all_gather_ring(t, seq, in, out, nbytes, 0, st);
-    default: return mlxd_algo_all_gather_ring(t, seq, in, out, nbytes, 1, st);
+    case V_AUTO: return mlxd_algo_all_gather(t, seq, NULL, in, out, nbytes, st);
+    case V_DIRECT: return mlxd_algo_all_gather_direct(t, seq, NULL, in, out, nbytes, st);
+    case V_RING: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 0, st);
+    default: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 1, st);
   }
 }
 
@@ -174,7 +174,7 @@ static void inexact_case(mlxd_transport* t, bufs* b, int dt, size_t count, unsig
              r_dt_name(dt), count);
     require_ok(call_all_reduce(t, v, b->in, b->out, count, dt, 0, &st), &st, what);
     uint64_t mine = fnv(b->out, count * es), all[T_MAX_RANKS];
-    require_ok(mlxd_algo_all_gather_direct(t, g_seq++, &mine, all, sizeof mine, &st), &st,
+    require_ok(mlxd_algo_all_gather_direct(t, g_seq++, NULL, &mine, all, sizeof mine, &st), &st,
                "checksum all_gather");
     for (int p = 0; p < t->size; p++)
       T_CHECKF(all[p] == mine, "%s: rank %d's result differs from rank %d's", what, p, t->rank);
@@ -339,14 +339,15 @@ static void test_send_recv(mlxd_transport* t, bufs* b) {
     for (int j = 1; j < n; j++) {
       int to = (r + j) % n;
       snprintf(what, sizeof what, "send of %zu bytes to rank %d", len, to);
-      require_ok(mlxd_algo_send(t, sent[to]++, b->in + (size_t)to * len, len, to, &st), &st, what);
+      require_ok(mlxd_algo_send(t, sent[to]++, NULL, b->in + (size_t)to * len, len, to, &st), &st,
+                 what);
     }
     for (int j = n - 1; j >= 1; j--) {
       int from = (r + j) % n;
       snprintf(what, sizeof what, "recv of %zu bytes from rank %d", len, from);
       char* dst = b->out + (size_t)from * len;
       set_canary(dst + len);
-      require_ok(mlxd_algo_recv(t, recvd[from]++, dst, len, from, &st), &st, what);
+      require_ok(mlxd_algo_recv(t, recvd[from]++, NULL, dst, len, from, &st), &st, what);
       for (size_t i = 0; i < len; i++) b->ref[i] = (char)(gval(from, i) ^ (unsigned char)(r * 29));
       check_equal(what, 1, dst, b->ref, len);
       check_canary(what, dst + len);
@@ -378,7 +379,7 @@ static int rank_main(mlxd_transport* t, void* arg) {
   /* end together: nobody closes its transport while another still sends */
   uint64_t x = 1, all[T_MAX_RANKS];
   mlxd_status st;
-  require_ok(mlxd_algo_all_gather_direct(t, g_seq++, &x, all, sizeof x, &st), &st,
+  require_ok(mlxd_algo_all_gather_direct(t, g_seq++, NULL, &x, all, sizeof x, &st), &st,
              "final all_gather");
   if (t->rank == 0)
     printf(

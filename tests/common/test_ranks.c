@@ -42,8 +42,8 @@ static int exchange(mlxd_transport* t, void* arg) {
   int peer = 1 - t->rank, mine = 100 + t->rank, got = -1;
   mlxd_status st;
   mlxd_req* q[2] = {NULL, NULL};
-  T_REQUIRE(t->ops->isend(t, peer, 1, &mine, sizeof mine, &q[0], &st) == 0);
-  T_REQUIRE(t->ops->irecv(t, peer, 1, &got, sizeof got, &q[1], &st) == 0);
+  T_REQUIRE(t->ops->isend(t, peer, 1, NULL, &mine, sizeof mine, &q[0], &st) == 0);
+  T_REQUIRE(t->ops->irecv(t, peer, 1, NULL, &got, sizeof got, &q[1], &st) == 0);
   T_REQUIREF(t->ops->waitall(t, q, 2, &st) == 0, "%s", st.msg);
   T_CHECK_EQ(got, 100 + peer);
   return 0;

@@ -121,8 +121,8 @@ static int secrets_rank(int r, int size, const char* session, void* arg) {
     char out[64], in[64] = {0};
     snprintf(out, sizeof out, "hello from rank %d", r);
     mlxd_req* q[2] = {NULL, NULL};
-    rc = t->ops->irecv(t, 1 - r, 7, in, sizeof in, &q[0], &st);
-    if (rc == 0) rc = t->ops->isend(t, 1 - r, 7, out, sizeof out, &q[1], &st);
+    rc = t->ops->irecv(t, 1 - r, 7, NULL, in, sizeof in, &q[0], &st);
+    if (rc == 0) rc = t->ops->isend(t, 1 - r, 7, NULL, out, sizeof out, &q[1], &st);
     int w = t->ops->waitall(t, q, 2, rc == 0 ? &st : NULL);
     if (rc == 0) rc = w;
     if (rc == 0)
@@ -281,7 +281,7 @@ static int header_rank(int r, int size, const char* session, void* arg) {
   mlxd_req* q = NULL;
   double t0 = t_now();
   uint64_t tag = c->posted ? ATTACK_TAG : 1;
-  int rc = t->ops->irecv(t, 1, tag, buf, sizeof buf, &q, &st);
+  int rc = t->ops->irecv(t, 1, tag, NULL, buf, sizeof buf, &q, &st);
   if (rc == 0) rc = t->ops->waitall(t, &q, 1, &st);
   double dt = t_now() - t0;
   T_CHECKF(rc == c->code, "%s: code %d, expected %d: %s", c->name, rc, c->code, st.msg);
@@ -322,7 +322,7 @@ static int gather_rank(mlxd_transport* t, void* arg) {
   int ul = snprintf(unit, sizeof unit, "%s%d|", CANARY, t->rank);
   for (size_t i = 0; i < GATHER_BYTES; i++) in[i] = unit[i % (size_t)ul];
   mlxd_status st;
-  T_REQUIREF(mlxd_algo_all_gather(t, 1, in, out, GATHER_BYTES, &st) == 0, "%s", st.msg);
+  T_REQUIREF(mlxd_algo_all_gather(t, 1, NULL, in, out, GATHER_BYTES, &st) == 0, "%s", st.msg);
   for (int r = 0; r < t->size; r++) {
     int l = snprintf(unit, sizeof unit, "%s%d|", CANARY, r);
     for (size_t i = 0; i < GATHER_BYTES; i += 4099)

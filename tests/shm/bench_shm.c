@@ -47,7 +47,7 @@ static int bench_rank(mlxd_transport* t, void* argp) {
     double* ts = malloc((size_t)it * sizeof *ts);
     for (int i = -warm; i < it; i++) {
       double t0 = t_now();
-      if (mlxd_algo_all_reduce(t, seq++, in, out, b / 4, MLX_FLOAT32, MLXD_SUM, &st) != 0) {
+      if (mlxd_algo_all_reduce(t, seq++, NULL, in, out, b / 4, MLX_FLOAT32, MLXD_SUM, &st) != 0) {
         fprintf(stderr, "rank %d: %s\n", rank, st.msg);
         return 1;
       }

@@ -74,12 +74,14 @@ static void exchange_round(mlxd_transport* t, uint64_t tagbase, int recv_first) 
         if (do_recv) {
           rbufs[idx] = malloc(n ? n : 1);
           memset(rbufs[idx], 0xEE, n);
-          T_REQUIREF(t->ops->irecv(t, p, tag, n ? rbufs[idx] : NULL, n, &reqs[nr++], &st) == 0,
+          T_REQUIREF(t->ops->irecv(t, p, tag, NULL, n ? rbufs[idx] : NULL, n, &reqs[nr++], &st) ==
+                         0,
                      "%s", st.msg);
         } else {
           sbufs[idx] = malloc(n ? n : 1);
           fill(sbufs[idx], n, rank, p, tag);
-          T_REQUIREF(t->ops->isend(t, p, tag, n ? sbufs[idx] : NULL, n, &reqs[nr++], &st) == 0,
+          T_REQUIREF(t->ops->isend(t, p, tag, NULL, n ? sbufs[idx] : NULL, n, &reqs[nr++], &st) ==
+                         0,
                      "%s", st.msg);
         }
       }
@@ -124,10 +126,10 @@ static void big_both_send_first(mlxd_transport* t, size_t n) {
   memset(r, 0, n);
   mlxd_status st;
   mlxd_req* q = NULL;
-  T_REQUIREF(t->ops->isend(t, peer, 900, s, n, &q, &st) == 0, "%s", st.msg);
+  T_REQUIREF(t->ops->isend(t, peer, 900, NULL, s, n, &q, &st) == 0, "%s", st.msg);
   T_REQUIREF(wait1(t, q, &st) == 0, "both-send-first: send wait: %s", st.msg);
   memset(s, 0, n); /* the send is complete: its buffer is ours again */
-  T_REQUIREF(t->ops->irecv(t, peer, 900, r, n, &q, &st) == 0, "%s", st.msg);
+  T_REQUIREF(t->ops->irecv(t, peer, 900, NULL, r, n, &q, &st) == 0, "%s", st.msg);
   T_REQUIREF(wait1(t, q, &st) == 0, "both-send-first: recv wait: %s", st.msg);
   size_t bad = first_bad(r, n, peer, rank, 900);
   T_REQUIREF(bad == (size_t)-1, "64 MiB message wrong at byte %zu", bad);
@@ -148,14 +150,14 @@ static void mismatch(mlxd_transport* t) {
     uint64_t tag = 500 + (uint64_t)k;
     if (rank == 0) {
       fill(s, sent[k], 0, 1, tag);
-      T_REQUIREF(t->ops->isend(t, 1, tag, s, sent[k], &q, &st) == 0, "%s", st.msg);
+      T_REQUIREF(t->ops->isend(t, 1, tag, NULL, s, sent[k], &q, &st) == 0, "%s", st.msg);
       T_REQUIREF(wait1(t, q, &st) == 0, "%s", st.msg);
     } else {
       if (k == 1) { /* let this one arrive before its receive */
         struct timespec ts = {0, 30 * 1000 * 1000};
         nanosleep(&ts, NULL);
       }
-      T_REQUIREF(t->ops->irecv(t, 0, tag, r, want[k], &q, &st) == 0, "%s", st.msg);
+      T_REQUIREF(t->ops->irecv(t, 0, tag, NULL, r, want[k], &q, &st) == 0, "%s", st.msg);
       int rc = wait1(t, q, &st);
       if (sent[k] != want[k]) {
         T_REQUIREF(rc == MLXD_EINVAL, "mismatch rc %d (%s)", rc, st.msg);
@@ -227,13 +229,13 @@ static void* th_main(void* p) {
     int nr = 0;
     for (int p2 = 0; p2 < size; p2++) {
       if (p2 == rank) continue;
-      T_REQUIREF(t->ops->irecv(t, p2, tag, r + (size_t)p2 * maxn, n, &reqs[nr++], &st) == 0, "%s",
-                 st.msg);
+      T_REQUIREF(t->ops->irecv(t, p2, tag, NULL, r + (size_t)p2 * maxn, n, &reqs[nr++], &st) == 0,
+                 "%s", st.msg);
     }
     fill(s, n, rank, -1, tag); /* same bytes for every destination */
     for (int p2 = 0; p2 < size; p2++) {
       if (p2 == rank) continue;
-      T_REQUIREF(t->ops->isend(t, p2, tag, s, n, &reqs[nr++], &st) == 0, "%s", st.msg);
+      T_REQUIREF(t->ops->isend(t, p2, tag, NULL, s, n, &reqs[nr++], &st) == 0, "%s", st.msg);
     }
     T_REQUIREF(t->ops->waitall(t, reqs, nr, &st) == 0, "thread %d iteration %d: %s", a->k, it,
                st.msg);
@@ -273,18 +275,18 @@ static int rank_death(int rank, int size, const char* name, void* arg) {
   if (rank == victim) {
     /* first make sure a message already sent still arrives after death */
     fill((unsigned char*)b, sizeof b, rank, 0, 7);
-    T_REQUIREF(t->ops->isend(t, 0, 7, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->isend(t, 0, 7, NULL, b, sizeof b, &q, &st) == 0, "%s", st.msg);
     T_REQUIREF(wait1(t, q, &st) == 0, "%s", st.msg);
     _exit(0);
   }
   if (rank == 0) {
     struct timespec ts = {0, 50 * 1000 * 1000};
     nanosleep(&ts, NULL);
-    T_REQUIREF(t->ops->irecv(t, victim, 7, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->irecv(t, victim, 7, NULL, b, sizeof b, &q, &st) == 0, "%s", st.msg);
     T_REQUIREF(wait1(t, q, &st) == 0, "a message sent before death: %s", st.msg);
   }
   double t0 = t_now();
-  T_REQUIREF(t->ops->irecv(t, victim, 8, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+  T_REQUIREF(t->ops->irecv(t, victim, 8, NULL, b, sizeof b, &q, &st) == 0, "%s", st.msg);
   int rc = wait1(t, q, &st);
   double dt = t_now() - t0;
   char want[64];
@@ -302,7 +304,8 @@ static int rank_death(int rank, int size, const char* name, void* arg) {
   mlxd_status_clear(&st);
   int other = rank == 0 ? (size > 2 ? 1 : -1) : 0;
   if (other >= 0) {
-    T_REQUIREF(t->ops->isend(t, other, 9, b, 8, &q, &st) != 0, "send after failure succeeded");
+    T_REQUIREF(t->ops->isend(t, other, 9, NULL, b, 8, &q, &st) != 0,
+               "send after failure succeeded");
     mlxd_status_render(&st, "ring");
     T_REQUIREF(strcmp(st.msg, first) == 0, "later error '%s' vs first '%s'", st.msg, first);
   }
@@ -321,7 +324,7 @@ static int rank_timeout(int rank, int size, const char* name, void* arg) {
   mlxd_req* q;
   char b[16];
   double t0 = t_now();
-  T_REQUIREF(t->ops->irecv(t, 1 - rank, 1, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+  T_REQUIREF(t->ops->irecv(t, 1 - rank, 1, NULL, b, sizeof b, &q, &st) == 0, "%s", st.msg);
   int rc = wait1(t, q, &st);
   double dt = t_now() - t0;
   if (rank == 0) {
@@ -369,11 +372,11 @@ static int rank_idle(int rank, int size, const char* name, void* arg) {
     struct timespec ts = {1, 0};
     nanosleep(&ts, NULL);
     fill((unsigned char*)b, sizeof b, 1, 0, 3);
-    T_REQUIREF(t->ops->isend(t, 0, 3, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->isend(t, 0, 3, NULL, b, sizeof b, &q, &st) == 0, "%s", st.msg);
     T_REQUIREF(wait1(t, q, &st) == 0, "%s", st.msg);
   } else if (rank == 0) {
     double c0 = cpu_s(), t0 = t_now();
-    T_REQUIREF(t->ops->irecv(t, 1, 3, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->irecv(t, 1, 3, NULL, b, sizeof b, &q, &st) == 0, "%s", st.msg);
     T_REQUIREF(wait1(t, q, &st) == 0, "%s", st.msg);
     double dt = t_now() - t0, dc = cpu_s() - c0;
     T_REQUIREF(first_bad((unsigned char*)b, sizeof b, 1, 0, 3) == (size_t)-1, "data");

@@ -61,14 +61,14 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
     bool send_first = rep == 0 ? r != 1 : (r == 1 || r == 2);
     int rc;
     if (send_first) {
-      rc = mlxd_algo_send(t, (uint64_t)rep, a, big, peer, &st);
+      rc = mlxd_algo_send(t, (uint64_t)rep, NULL, a, big, peer, &st);
       T_REQUIREF(rc == 0, "send: %s", st.msg);
-      rc = mlxd_algo_recv(t, (uint64_t)rep, b, big, peer, &st);
+      rc = mlxd_algo_recv(t, (uint64_t)rep, NULL, b, big, peer, &st);
       T_REQUIREF(rc == 0, "recv: %s", st.msg);
     } else {
-      rc = mlxd_algo_recv(t, (uint64_t)rep, b, big, peer, &st);
+      rc = mlxd_algo_recv(t, (uint64_t)rep, NULL, b, big, peer, &st);
       T_REQUIREF(rc == 0, "recv: %s", st.msg);
-      rc = mlxd_algo_send(t, (uint64_t)rep, a, big, peer, &st);
+      rc = mlxd_algo_send(t, (uint64_t)rep, NULL, a, big, peer, &st);
       T_REQUIREF(rc == 0, "send: %s", st.msg);
     }
     size_t wrong = 0, first = 0;
@@ -87,8 +87,8 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
     for (int k = 0; k < 4; k++) {
       char* m = a + ((size_t)k << 22);
       for (size_t i = 0; i < sizes[k]; i++) m[i] = (char)(k * 7 + (int)i);
-      int rc = t->ops->isend(t, 3, mlxd_tag(MLXD_TAG_P2P, 100 + (uint64_t)k, 0), m, sizes[k], &q[k],
-                             &st);
+      int rc = t->ops->isend(t, 3, mlxd_tag(MLXD_TAG_P2P, 100 + (uint64_t)k, 0), NULL, m, sizes[k],
+                             &q[k], &st);
       T_REQUIREF(rc == 0 && q[k] != NULL, "isend: %s", st.msg);
     }
     T_REQUIREF(t->ops->waitall(t, q, 4, &st) == 0, "waitall: %s", st.msg);
@@ -98,7 +98,7 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
     usleep(100000); /* let some of them arrive unexpected */
     for (int j = 0; j < 4; j++) {
       int k = order[j];
-      int rc = t->ops->irecv(t, 0, mlxd_tag(MLXD_TAG_P2P, 100 + (uint64_t)k, 0),
+      int rc = t->ops->irecv(t, 0, mlxd_tag(MLXD_TAG_P2P, 100 + (uint64_t)k, 0), NULL,
                              b + ((size_t)k << 22), sizes[k], &q[k], &st);
       T_REQUIREF(rc == 0, "irecv: %s", st.msg);
       if (j == 1) {
@@ -118,27 +118,28 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
   /* Size mismatch, both orders (0 sends 100 bytes, 3 expects 200), then the
    * transport still works. */
   if (r == 0) {
-    T_REQUIREF(mlxd_algo_send(t, 200, a, 100, 3, &st) == 0, "send: %s", st.msg);
-    T_REQUIREF(mlxd_algo_recv(t, 201, b, 1, 3, &st) == 0, "go: %s", st.msg); /* 3 posted */
-    T_REQUIREF(mlxd_algo_send(t, 202, a, 100, 3, &st) == 0, "send: %s", st.msg);
+    T_REQUIREF(mlxd_algo_send(t, 200, NULL, a, 100, 3, &st) == 0, "send: %s", st.msg);
+    T_REQUIREF(mlxd_algo_recv(t, 201, NULL, b, 1, 3, &st) == 0, "go: %s", st.msg); /* 3 posted */
+    T_REQUIREF(mlxd_algo_send(t, 202, NULL, a, 100, 3, &st) == 0, "send: %s", st.msg);
     for (int i = 0; i < 1000; i++) a[i] = (char)(i * 13);
-    T_REQUIREF(mlxd_algo_send(t, 203, a, 1000, 3, &st) == 0, "send: %s", st.msg);
+    T_REQUIREF(mlxd_algo_send(t, 203, NULL, a, 1000, 3, &st) == 0, "send: %s", st.msg);
   } else if (r == 3) {
     usleep(50000);
-    int rc = mlxd_algo_recv(t, 200, b, 200, 0, &st);
+    int rc = mlxd_algo_recv(t, 200, NULL, b, 200, 0, &st);
     /* the code, the peer and both sizes; not the wording */
     T_CHECKF(rc == MLXD_EINVAL && t_status_names_peer(&st, 0) && strstr(st.msg, "100") &&
                  strstr(st.msg, "200"),
              "mismatch (unexpected first): rc %d '%s'", rc, st.msg);
     mlxd_req* q = NULL;
-    T_REQUIREF(t->ops->irecv(t, 0, mlxd_tag(MLXD_TAG_P2P, 202, 0), b, 200, &q, &st) == 0, "irecv");
-    T_REQUIREF(mlxd_algo_send(t, 201, a, 1, 0, &st) == 0, "go: %s", st.msg);
+    T_REQUIREF(t->ops->irecv(t, 0, mlxd_tag(MLXD_TAG_P2P, 202, 0), NULL, b, 200, &q, &st) == 0,
+               "irecv");
+    T_REQUIREF(mlxd_algo_send(t, 201, NULL, a, 1, 0, &st) == 0, "go: %s", st.msg);
     rc = wait1(t, q, &st);
     T_CHECKF(rc == MLXD_EINVAL && t_status_names_peer(&st, 0) && strstr(st.msg, "100") &&
                  strstr(st.msg, "200"),
              "mismatch (receive first): rc %d '%s'", rc, st.msg);
     memset(b, 0, 1000);
-    T_REQUIREF(mlxd_algo_recv(t, 203, b, 1000, 0, &st) == 0, "after mismatch: %s", st.msg);
+    T_REQUIREF(mlxd_algo_recv(t, 203, NULL, b, 1000, 0, &st) == 0, "after mismatch: %s", st.msg);
     int i = 0;
     while (i < 1000 && b[i] == (char)(i * 13)) i++;
     T_CHECKF(i == 1000, "after mismatch: byte %d wrong", i);
@@ -146,7 +147,7 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
 
   /* end together so nobody closes its sockets while others still talk */
   uint64_t x = 1, all[4];
-  T_REQUIREF(mlxd_algo_all_gather(t, 999, &x, all, 8, &st) == 0, "final: %s", st.msg);
+  T_REQUIREF(mlxd_algo_all_gather(t, 999, NULL, &x, all, 8, &st) == 0, "final: %s", st.msg);
   free(a);
   free(b);
   return 0;
@@ -180,9 +181,10 @@ static void* thr_main(void* p) {
         ref[i] += (float)((int)((i * 7 + (size_t)(p * 13 + it * 5 + x->k)) % 11) - 5);
     }
     mlxd_status st;
-    int rc = x->k == 2
-                 ? mlxd_algo_all_reduce_ring(t, seq, in, out, count, MLX_FLOAT32, MLXD_SUM, 1, &st)
-                 : mlxd_algo_all_reduce(t, seq, in, out, count, MLX_FLOAT32, MLXD_SUM, &st);
+    int rc =
+        x->k == 2
+            ? mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, MLX_FLOAT32, MLXD_SUM, 1, &st)
+            : mlxd_algo_all_reduce(t, seq, NULL, in, out, count, MLX_FLOAT32, MLXD_SUM, &st);
     if (rc) {
       fprintf(stderr, "thread %d: %s\n", x->k, st.msg);
       return NULL;
@@ -217,7 +219,7 @@ static int threads_rank(mlxd_transport* t, void* arg) {
   T_CHECKF(!bad, "a thread failed");
   mlxd_status st;
   uint64_t x = 1, all[16];
-  T_REQUIREF(mlxd_algo_all_gather(t, 5, &x, all, 8, &st) == 0, "final: %s", st.msg);
+  T_REQUIREF(mlxd_algo_all_gather(t, 5, NULL, &x, all, 8, &st) == 0, "final: %s", st.msg);
   return 0;
 }
 
@@ -237,12 +239,12 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
     /* put some data on the wire (a message nobody receives), then vanish
      * while the others are inside the all_reduce */
     mlxd_req* q = NULL;
-    t->ops->isend(t, 0, mlxd_tag(MLXD_TAG_P2P, 77, 0), buf, 1 << 20, &q, &st);
+    t->ops->isend(t, 0, mlxd_tag(MLXD_TAG_P2P, 77, 0), NULL, buf, 1 << 20, &q, &st);
     usleep(300000);
     _exit(0);
   }
   double t0 = mlxd_now();
-  int rc = mlxd_algo_all_reduce(t, 1, buf, buf, count, MLX_FLOAT32, MLXD_SUM, &st);
+  int rc = mlxd_algo_all_reduce(t, 1, NULL, buf, buf, count, MLX_FLOAT32, MLXD_SUM, &st);
   double dt = mlxd_now() - t0;
   T_CHECKF(rc == MLXD_EREMOTE, "rc %d: %s", rc, st.msg);
   /* with 2 ranks the lost peer is rank 1; with more, a rank may first see
@@ -253,7 +255,7 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
   mlxd_status first = st;
   t0 = mlxd_now();
   char tmp[8];
-  rc = mlxd_algo_send(t, 5, tmp, 8, r == 0 ? 1 : 0, &st);
+  rc = mlxd_algo_send(t, 5, NULL, tmp, 8, r == 0 ? 1 : 0, &st);
   T_CHECKF(rc == MLXD_EREMOTE && strcmp(st.msg, first.msg) == 0 && st.has_peer == first.has_peer &&
                st.peer == first.peer,
            "later op: %d '%s', first failure '%s'", rc, st.msg, first.msg);
@@ -275,7 +277,7 @@ static int stall_rank(mlxd_transport* t, void* arg) {
   memset(buf, 0, sizeof buf);
   mlxd_status st;
   double t0 = mlxd_now();
-  int rc = mlxd_algo_all_reduce(t, 1, buf, buf, 1000, MLX_FLOAT32, MLXD_SUM, &st);
+  int rc = mlxd_algo_all_reduce(t, 1, NULL, buf, buf, 1000, MLX_FLOAT32, MLXD_SUM, &st);
   double dt = mlxd_now() - t0;
   T_CHECKF(rc == MLXD_ETIMEDOUT, "rc %d: %s", rc, st.msg);
   T_CHECKF(t_status_names_peer(&st, 1), "does not name rank 1: %s", st.msg);
@@ -294,7 +296,7 @@ static int large_rank(mlxd_transport* t, void* arg) {
   T_REQUIREF(buf, "out of memory");
   for (size_t i = 0; i < count; i++) buf[i] = (float)((i + (size_t)t->rank * 3) % 1000);
   mlxd_status st;
-  int rc = mlxd_algo_all_reduce(t, 1, buf, buf, count, MLX_FLOAT32, MLXD_SUM, &st);
+  int rc = mlxd_algo_all_reduce(t, 1, NULL, buf, buf, count, MLX_FLOAT32, MLXD_SUM, &st);
   T_REQUIREF(rc == 0, "%s", st.msg);
   size_t i = 0;
   while (i < count && buf[i] == (float)(i % 1000) + (float)((i + 3) % 1000)) i++;
@@ -318,12 +320,12 @@ static int bench_rank(mlxd_transport* t, void* arg) {
   T_REQUIREF(in && out, "out of memory");
   for (size_t i = 0; i < count; i++) in[i] = 1.0f;
   mlxd_status st;
-  T_REQUIREF(mlxd_algo_all_reduce(t, 1, in, out, count, MLX_FLOAT32, MLXD_SUM, &st) == 0, "%s",
-             st.msg);
+  T_REQUIREF(mlxd_algo_all_reduce(t, 1, NULL, in, out, count, MLX_FLOAT32, MLXD_SUM, &st) == 0,
+             "%s", st.msg);
   double t0 = mlxd_now();
   for (int it = 0; it < b->iters; it++)
-    T_REQUIREF(mlxd_algo_all_reduce(t, 2 + (uint64_t)it, in, out, count, MLX_FLOAT32, MLXD_SUM,
-                                    &st) == 0,
+    T_REQUIREF(mlxd_algo_all_reduce(t, 2 + (uint64_t)it, NULL, in, out, count, MLX_FLOAT32,
+                                    MLXD_SUM, &st) == 0,
                "%s", st.msg);
   double dt = (mlxd_now() - t0) / b->iters;
   T_CHECKF(out[count - 1] == (float)t->size, "wrong result");

@@ -39,6 +39,11 @@ static const char* reduce_name(mlxd_reduce_op op) {
   return op == MLXD_MAX ? "all_max" : op == MLXD_MIN ? "all_min" : "all_sum";
 }
 
+/* What this rank is calling, for every message of the op (transport.h). */
+static mlxd_sig make_sig(const mlxd_backend* b, mlxd_sig_op op, mlx_dtype dtype, size_t count) {
+  return (mlxd_sig){(uint8_t)op, (uint8_t)dtype, 0, (uint32_t)b->size, (uint64_t)count};
+}
+
 /* Every op runs on a group of two or more ranks (the front-end answers size
  * one itself) with the arguments backend.h guarantees: asserted, not
  * checked again. */
@@ -46,37 +51,43 @@ static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* 
                            mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
-  return ring_done(mlxd_algo_all_reduce(r->t, seq, in, out, count, dtype, op, st), st,
+  mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_SUM + (op - MLXD_SUM), dtype, count);
+  return ring_done(mlxd_algo_all_reduce(r->t, seq, &sig, in, out, count, dtype, op, st), st,
                    reduce_name(op), seq);
 }
 
 static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
-                           mlxd_status* st) {
+                           mlx_dtype dtype, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
-  return ring_done(mlxd_algo_all_gather(r->t, seq, in, out, nbytes, st), st, "all_gather", seq);
+  mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_GATHER, dtype, nbytes / mlx_dtype_size(dtype));
+  return ring_done(mlxd_algo_all_gather(r->t, seq, &sig, in, out, nbytes, st), st, "all_gather",
+                   seq);
 }
 
 static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
                                size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
-  return ring_done(mlxd_algo_reduce_scatter(r->t, seq, in, out, count, dtype, op, st), st,
+  mlxd_sig sig = make_sig(b, MLXD_SIG_SUM_SCATTER + (op - MLXD_SUM), dtype, count);
+  return ring_done(mlxd_algo_reduce_scatter(r->t, seq, &sig, in, out, count, dtype, op, st), st,
                    op == MLXD_SUM ? "sum_scatter" : "reduce_scatter", seq);
 }
 
-static int ring_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                     mlxd_status* st) {
+static int ring_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
+                     int dst, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t && dst >= 0 && dst < b->size && dst != b->rank);
-  return ring_done(mlxd_algo_send(r->t, seq, buf, nbytes, dst, st), st, "send", seq);
+  mlxd_sig sig = make_sig(b, MLXD_SIG_SEND, dtype, nbytes);
+  return ring_done(mlxd_algo_send(r->t, seq, &sig, buf, nbytes, dst, st), st, "send", seq);
 }
 
-static int ring_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
-                     mlxd_status* st) {
+static int ring_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype,
+                     int src, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t && src >= 0 && src < b->size && src != b->rank);
-  return ring_done(mlxd_algo_recv(r->t, seq, buf, nbytes, src, st), st, "recv", seq);
+  mlxd_sig sig = make_sig(b, MLXD_SIG_RECV, dtype, nbytes);
+  return ring_done(mlxd_algo_recv(r->t, seq, &sig, buf, nbytes, src, st), st, "recv", seq);
 }
 
 /* Closing is enough: the TCP transport treats a peer that closes after its
@@ -142,7 +153,9 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   for (int c = 0; c < k; c++)
     mlxd_ring_rec_encode(src + 8 + (size_t)c * MLXD_RING_REC_BYTES, b->rank, n, c, k, &mine[c],
                          NULL);
-  if ((rc = mlxd_algo_all_gather(r->t, seq, src, all, per, st))) goto done;
+  mlxd_sig sig = make_sig(b, MLXD_SIG_SPLIT, MLX_UINT8, per);
+  sig.dtype = MLXD_SIG_NO_DTYPE;
+  if ((rc = mlxd_algo_all_gather(r->t, seq, &sig, src, all, per, st))) goto done;
 
   int m = 0;
   for (int p = 0; p < n; p++) {

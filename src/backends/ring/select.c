@@ -97,8 +97,8 @@ static int boot_exchange(mlxd_transport* t, unsigned step, const unsigned char* 
   int rc = 0;
   for (int p = 0; p < size && rc == 0; p++) {
     if (p == rank) continue;
-    rc = t->ops->irecv(t, p, tag, out + (size_t)p * n, n, &reqs[2 * p], st);
-    if (rc == 0) rc = t->ops->isend(t, p, tag, in, n, &reqs[2 * p + 1], st);
+    rc = t->ops->irecv(t, p, tag, NULL, out + (size_t)p * n, n, &reqs[2 * p], st);
+    if (rc == 0) rc = t->ops->isend(t, p, tag, NULL, in, n, &reqs[2 * p + 1], st);
   }
   if (rc != 0) {
     mlxd_status ignore = {0};
