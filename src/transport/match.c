@@ -176,3 +176,9 @@ int mlxd_sig_mismatch(mlxd_status* st, mlxd_layer layer, int rank, const mlxd_si
   mlxd_status_set_peer(st, peer, addr);
   return code;
 }
+
+int mlxd_sig_check(mlxd_status* st, mlxd_layer layer, int rank, const mlxd_sig* mine, int peer,
+                   const char* addr, const mlxd_sig* theirs) {
+  if (!mine || !theirs || mlxd_sig_agree(theirs, mine)) return 0;
+  return mlxd_sig_mismatch(st, layer, rank, mine, peer, addr, theirs);
+}

@@ -90,6 +90,20 @@ static inline mlxd_match_link* mlxd_match_take(mlxd_match_queue* q, uint64_t tag
   return l;
 }
 
+/* The operation a tag belongs to: its kind and sequence number, without
+ * the step (transport.h: mlxd_tag). Messages of one call share it. */
+static inline uint64_t mlxd_tag_op(uint64_t tag) { return tag >> 16; }
+
+/* The oldest entry of q of the same operation as tag (mlxd_tag_op), or NULL.
+ * Used only when the exact tag found nothing, to compare the signatures of
+ * two calls that line up in sequence but not in their steps. */
+static inline mlxd_match_link* mlxd_match_find_op(const mlxd_match_queue* q, uint64_t tag) {
+  uint64_t op = mlxd_tag_op(tag);
+  mlxd_match_link* l = q->head;
+  while (l && mlxd_tag_op(l->tag) != op) l = l->next;
+  return l;
+}
+
 /* Take the oldest entry out of q; NULL when q is empty. */
 static inline mlxd_match_link* mlxd_match_pop(mlxd_match_queue* q) {
   mlxd_match_link* l = q->head;
@@ -145,6 +159,12 @@ void mlxd_sig_str(const mlxd_sig* s, char* out, size_t n);
  * up) and relays it to its peers. */
 int mlxd_sig_mismatch(mlxd_status* st, mlxd_layer layer, int rank, const mlxd_sig* mine, int peer,
                       const char* addr, const mlxd_sig* theirs);
+/* Compare this rank's call `mine` with the signature `theirs` of a message
+ * from peer for the same operation (either may be NULL: nothing to compare).
+ * 0 when they agree (mlxd_sig_agree), else mlxd_sig_mismatch's code with st
+ * filled: the caller fails its transport with st. */
+int mlxd_sig_check(mlxd_status* st, mlxd_layer layer, int rank, const mlxd_sig* mine, int peer,
+                   const char* addr, const mlxd_sig* theirs);
 
 /* ---- the first failure of a transport ---- */
 

@@ -11,7 +11,8 @@
  *
  * Rings. A ring is a single-producer single-consumer queue of SHM_NSLOTS
  * fixed slots of SHM_SLOT_BYTES, each with a 64-byte header (kind, tag,
- * message length, chunk length, address). The producer owns `head`, the
+ * message length, chunk length, address; in a message's first chunk the
+ * sender's call signature). The producer owns `head`, the
  * consumer owns `tail` and `acked`, each on its own cache line; they are
  * C11 atomics published with release and read with acquire, and the slot
  * contents are plain memory ordered by them. A message is a sequence of
@@ -37,8 +38,12 @@
  * bytes written straight into its buffer. A message without a posted
  * receive is buffered (mlxd_buffer_alloc, or read at once through CMA and acked), so
  * two ranks that both send before receiving never deadlock; a later receive
- * takes it over (a partly arrived one continues in the receive buffer). A
- * size mismatch fails that receive only; the bytes are drained and dropped.
+ * takes it over (a partly arrived one continues in the receive buffer).
+ * Signatures must agree (sig_clash: the message's with its receive's, or
+ * with any receive or message of the same operation when the tags differ);
+ * a disagreement fails the transport (published: the peers fail with it
+ * too). A size mismatch of unsigned messages fails that receive only; the
+ * bytes are drained and dropped.
  *
  * Progress and waiting. There is no background thread: isend/irecv try to
  * move data at once and waitall drives every ring. All local state is under
@@ -206,18 +211,39 @@ static shm_slot_hdr* slot_at(shm_transport* t, char* slots, uint64_t idx) {
   return (shm_slot_hdr*)(slots + (size_t)(idx % SHM_NSLOTS) * t->slot_stride);
 }
 
-/* First chunk of a message from peer pi: bind it to a posted receive or a
- * new unexpected buffer. Returns -1 if the transport failed. */
+/* Whether this rank's call `mine` and a message of the same operation from
+ * peer pi, signed `theirs`, disagree; if so the transport has failed with
+ * both calls named (mu held). */
+static bool sig_clash(shm_transport* t, int pi, const mlxd_sig* mine, const mlxd_sig* theirs) {
+  mlxd_status s;
+  if (!mlxd_sig_check(&s, MLXD_LAYER_SHM, t->base.rank, mine, pi, t->peers[pi].addr, theirs))
+    return false;
+  shm_fail(t, &s);
+  return true;
+}
+
+/* First chunk of a message from peer pi: compare its signature with this
+ * rank's call, then bind it to a posted receive or a new unexpected buffer.
+ * Returns -1 if the transport failed. */
 static int start_message(shm_transport* t, int pi, const shm_slot_hdr* h) {
   shm_peer* p = &t->peers[pi];
   size_t len = (size_t)h->msg_len;
+  uint64_t tag = h->tag;
+  mlxd_sig sent;
+  mlxd_sig_decode(h->sig, &sent);
+  shm_req* r = MLXD_MATCH_ENTRY(mlxd_match_find(&p->mq.posted, tag), shm_req, link);
+  if (sent.op != MLXD_SIG_NONE) {
+    shm_req* same = r;
+    if (!same) same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&p->mq.posted, tag), shm_req, link);
+    if (same && sig_clash(t, pi, &same->m.sig, &sent)) return -1;
+  }
   p->cur_active = true;
   p->cur_len = len;
   p->cur_off = 0;
   p->cur_req = NULL;
   p->cur_ux = NULL;
-  shm_req* r = MLXD_MATCH_ENTRY(mlxd_match_take(&p->mq.posted, h->tag), shm_req, link);
   if (r) {
+    mlxd_match_remove(&p->mq.posted, &r->link);
     r->where = W_NONE;
     if (r->m.n != len) {
       req_mismatch(r, len);
@@ -237,7 +263,8 @@ static int start_message(shm_transport* t, int pi, const shm_slot_hdr* h) {
   }
   u->len = len;
   u->buf = buf;
-  mlxd_match_push(&p->mq.unexpected, &u->link, h->tag);
+  u->sig = sent;
+  mlxd_match_push(&p->mq.unexpected, &u->link, tag);
   p->cur_ux = u;
   return 0;
 }
@@ -329,6 +356,7 @@ static int progress_out(shm_transport* t, int pi) {
     shm_slot_hdr* h = slot_at(t, p->out_slots, p->out_head);
     h->tag = r->m.tag;
     h->msg_len = r->m.n;
+    if (r->off == 0) mlxd_sig_encode(h->sig, &r->m.sig); /* the message's first chunk */
     bool finished;
     if (r->rndv) {
       h->kind = SLOT_RTS;
@@ -487,9 +515,20 @@ static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   shm_req* r = req_start(t, REQ_RECV, peer, tag, sig, buf, n, req, st, &rc);
   if (!r) return rc;
   shm_peer* p = &t->peers[peer];
+  /* Compare with a message of the same operation that arrived first. */
+  shm_unexp* u = MLXD_MATCH_ENTRY(mlxd_match_find(&p->mq.unexpected, tag), shm_unexp, link);
+  shm_unexp* same = u;
+  if (!same && r->m.sig.op != MLXD_SIG_NONE)
+    same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&p->mq.unexpected, tag), shm_unexp, link);
+  if (same && sig_clash(t, peer, &r->m.sig, &same->sig)) {
+    req_release(t, r);
+    rc = fail_status(t, st);
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+  }
   /* Take over a message that arrived first. */
-  shm_unexp* u = MLXD_MATCH_ENTRY(mlxd_match_take(&p->mq.unexpected, tag), shm_unexp, link);
   if (u) {
+    mlxd_match_remove(&p->mq.unexpected, &u->link);
     bool current = p->cur_ux == u;
     if (u->len != n) {
       req_mismatch(r, u->len);

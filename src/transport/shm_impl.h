@@ -45,7 +45,7 @@
 #endif
 
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
-#define SHM_VERSION 2u                  /* 2: structured failure records */
+#define SHM_VERSION 3u /* 2: structured failure records; 3: call signatures in slots */
 #define SHM_CL 64
 #ifndef SHM_SLOT_BYTES
 #define SHM_SLOT_BYTES ((size_t)64 * 1024)
@@ -107,7 +107,8 @@ typedef struct shm_slot_hdr {
   uint64_t msg_len;
   uint64_t chunk_len;
   uint64_t addr;
-  uint64_t pad2_[3];
+  unsigned char sig[MLXD_SIG_BYTES]; /* the sender's call (mlxd_sig_encode); first chunk only */
+  uint64_t pad2_;
 } shm_slot_hdr;
 
 _Static_assert(sizeof(shm_slot_hdr) == SHM_CL, "slot header is one cache line");
@@ -131,6 +132,7 @@ typedef struct shm_req {
 
 typedef struct shm_unexp {
   size_t len, got;
+  mlxd_sig sig; /* the sender's call */
   char* buf;
   bool complete;
   mlxd_match_link link; /* in the unexpected queue */

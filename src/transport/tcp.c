@@ -1,9 +1,9 @@
 /* The TCP transport: tag-matched messages over connected stream sockets.
  *
  * Wire format. Every message is sent as one or more fragments; each
- * fragment is a 32-byte header (tag, offset, length, total; little-endian
- * u64) followed by `length` payload bytes that belong at `offset` of the
- * `total`-byte message. Small messages are one fragment on one connection
+ * fragment is a header (tcp_wire.h: tag, offset, length, total, the
+ * sender's call signature) followed by `length` payload bytes that belong
+ * at `offset` of the `total`-byte message. Small messages are one fragment on one connection
  * (connections to a peer are used round-robin). Larger ones are cut into
  * fragments of at most TCP_FRAG_MAX bytes spread round-robin over all
  * connections to the peer, so K connections carry K streams in parallel.
@@ -14,8 +14,11 @@
  * Matching. A receive that is posted before its message arrives gets the
  * payload written straight into its buffer. A message that arrives first
  * is buffered (mlxd_buffer_alloc) and copied when its receive is posted, so two ranks
- * that both send before receiving never deadlock. Sizes must agree: a
- * mismatch fails that receive only (the bytes are drained and dropped).
+ * that both send before receiving never deadlock. Signatures must agree
+ * (sig_clash: the message's with its receive's, or with any receive or
+ * message of the same operation when the tags differ); a disagreement fails
+ * the transport. Sizes of unsigned messages must agree: a mismatch fails
+ * that receive only (the bytes are drained and dropped).
  *
  * Progress. There is no background thread; the threads inside waitall
  * drive the sockets. One of them at a time (the "progressor") polls every
@@ -296,7 +299,7 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     f->off = off;
     f->len = q + (i < rem);
     off += f->len;
-    mlxd_tcp_hdr h = {tag, f->off, f->len, n};
+    mlxd_tcp_hdr h = {tag, f->off, f->len, n, r->m.sig};
     mlxd_tcp_hdr_encode(f->hdr, &h);
   }
 
@@ -341,6 +344,17 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
 
 /* --------------------------------------------------------- receive side */
 
+/* Whether this rank's call `mine` and a message of the same operation from
+ * peer, signed `theirs`, disagree; if so the transport has failed with both
+ * calls named (mu held). */
+static bool sig_clash(tcp_transport* t, int peer, const mlxd_sig* mine, const mlxd_sig* theirs) {
+  mlxd_status s;
+  if (!mlxd_sig_check(&s, MLXD_LAYER_TCP, t->base.rank, mine, peer, t->peers[peer].addr, theirs))
+    return false;
+  tcp_fail(t, &s);
+  return true;
+}
+
 static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig, void* buf,
                      size_t n, mlxd_req** out, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
@@ -362,8 +376,18 @@ static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
 
   pthread_mutex_lock(&t->mu);
   tcp_peer* pe = &t->peers[peer];
-  tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_take(&pe->mq.unexpected, tag), tcp_imsg, ux);
+  tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->mq.unexpected, tag), tcp_imsg, ux);
+  tcp_imsg* same = m;
+  if (!same && r->m.sig.op != MLXD_SIG_NONE)
+    same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&pe->mq.unexpected, tag), tcp_imsg, ux);
+  if (same && sig_clash(t, peer, &r->m.sig, &same->sig)) {
+    int code = fail_status(t, st);
+    pthread_mutex_unlock(&t->mu);
+    free(r);
+    return code;
+  }
   if (m) {
+    mlxd_match_remove(&pe->mq.unexpected, &m->ux);
     if (m->total != n) {
       r->m.code = MLXD_EINVAL;
       r->m.mismatch = true;
@@ -439,6 +463,12 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
     fail_header(t, c->peer, &h, why);
     return -1;
   }
+  if (!m && h.sig.op != MLXD_SIG_NONE) { /* a new message: compare the calls */
+    struct mlxd_req* same = r;
+    if (!same)
+      same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&pe->mq.posted, h.tag), struct mlxd_req, link);
+    if (same && sig_clash(t, c->peer, &same->m.sig, &h.sig)) return -1;
+  }
   if (!m) {
     m = calloc(1, sizeof *m);
     if (!m) {
@@ -451,6 +481,7 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
     }
     m->total = (size_t)h.total;
     m->peer = c->peer;
+    m->sig = h.sig;
     if (what == MLXD_TCP_DIRECT) {
       mlxd_match_remove(&pe->mq.posted, &r->link);
       m->buf = r->buf;

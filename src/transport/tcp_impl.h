@@ -62,6 +62,7 @@ struct tcp_imsg {
   bool complete;
   int peer;
   uint64_t charged; /* bytes charged to the peer's unexpected budget */
+  mlxd_sig sig;     /* the sender's call (its first fragment's header) */
   struct mlxd_req* req;
   mlxd_match_link arr; /* in arriving (tag = the message's tag) */
   mlxd_match_link ux;  /* in the unexpected queue */

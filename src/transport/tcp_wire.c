@@ -4,6 +4,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 
+#include "transport/match.h"
+
+_Static_assert(MLXD_TCP_HDR == 32 + MLXD_SIG_BYTES, "four u64 fields, then the signature");
+
 static void put_u64(unsigned char* p, uint64_t v) {
   for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
@@ -18,13 +22,18 @@ void mlxd_tcp_hdr_encode(unsigned char out[MLXD_TCP_HDR], const mlxd_tcp_hdr* h)
   put_u64(out + 8, h->off);
   put_u64(out + 16, h->len);
   put_u64(out + 24, h->total);
+  mlxd_sig_encode(out + 32, &h->sig);
 }
 
 int mlxd_tcp_hdr_decode(const unsigned char in[MLXD_TCP_HDR], mlxd_tcp_hdr* out, char* why,
                         size_t why_n) {
-  mlxd_tcp_hdr h = {get_u64(in), get_u64(in + 8), get_u64(in + 16), get_u64(in + 24)};
+  mlxd_tcp_hdr h = {get_u64(in), get_u64(in + 8), get_u64(in + 16), get_u64(in + 24), {0}};
+  mlxd_sig_decode(in + 32, &h.sig);
   *out = h;
-  if (h.total > MLXD_TCP_MSG_MAX) {
+  if (in[32 + 2] || in[32 + 3]) {
+    snprintf(why, why_n, "the signature's padding bytes are 0x%02x%02x, not zero", in[32 + 2],
+             in[32 + 3]);
+  } else if (h.total > MLXD_TCP_MSG_MAX) {
     snprintf(why, why_n, "total %" PRIu64 " is above the %" PRIu64 "-byte message limit", h.total,
              MLXD_TCP_MSG_MAX);
   } else if (h.total > SIZE_MAX) {

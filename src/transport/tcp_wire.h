@@ -4,12 +4,17 @@
  * target tests/fuzz/fuzz_tcp_header.c drives them directly.
  *
  * A message of `total` bytes is sent as fragments; each fragment is a
- * 32-byte header (tag, offset, length, total: little-endian u64) followed
- * by `length` payload bytes that belong at `offset` of the message.
+ * 48-byte header (MLXD_TCP_HDR: tag, offset, length, total as little-endian
+ * u64, then the sender's 16-byte call signature, mlxd_sig_encode) followed
+ * by `length` payload bytes that belong at `offset` of the message. Every
+ * fragment of a message carries the same signature; the receiver compares
+ * the first one's with its own call (tcp.c, match.h: mlxd_sig_check).
  *
  * What a receiver accepts (anything else fails the transport with a
  * message naming the peer and the field):
- *  - the header alone: length <= total, offset + length <= total (no
+ *  - the header alone: the signature's padding bytes are zero (any op
+ *    and dtype pass: an unknown one is a mismatch, named as such),
+ *    length <= total, offset + length <= total (no
  *    overflow), total <= MLXD_TCP_MSG_MAX, length <= MLXD_TCP_FRAG_MAX, and
  *    length > 0 exactly when total > 0 (a sender never sends an empty
  *    fragment of a non-empty message);
@@ -30,13 +35,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MLXD_TCP_HDR 32u
+#include "transport/transport.h"
+
+#define MLXD_TCP_HDR 48u                      /* 4 u64 + the signature (MLXD_SIG_BYTES) */
 #define MLXD_TCP_FRAG_MAX ((uint64_t)1 << 20) /* largest fragment a sender makes */
 #define MLXD_TCP_MSG_MAX ((uint64_t)1 << 48)  /* largest message (256 TiB) */
 #define MLXD_TCP_UX_OVERHEAD 256u             /* bytes charged per unexpected message */
 
 typedef struct mlxd_tcp_hdr {
   uint64_t tag, off, len, total;
+  mlxd_sig sig; /* the sender's call (all zero: unchecked) */
 } mlxd_tcp_hdr;
 
 void mlxd_tcp_hdr_encode(unsigned char out[MLXD_TCP_HDR], const mlxd_tcp_hdr* h);

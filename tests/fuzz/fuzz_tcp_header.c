@@ -1,16 +1,20 @@
-/* Fuzz target: the TCP transport's 32-byte fragment header and the checks a
- * receiver makes before it acts on one (transport/tcp_wire.h). Input: the
- * header (zero-padded to 32 bytes), then one byte choosing what the receiver
+/* Fuzz target: the TCP transport's fragment header (MLXD_TCP_HDR bytes: four
+ * u64 and the sender's call signature) and the checks a receiver makes before
+ * it acts on one (transport/tcp_wire.h). Input: the header (zero-padded to
+ * MLXD_TCP_HDR bytes), then one byte choosing what the receiver
  * knows about the tag (a message arriving, a receive posted, neither), then
  * the state's numbers as little-endian u64s (missing bytes are zero).
  * Whatever the bytes, decoding and admitting must not crash, and what is
- * accepted must keep every bound the transport relies on: the fragment lies
+ * accepted must keep every bound the transport relies on: the header
+ * re-encodes to the same bytes (signature included: padding is refused), any
+ * decoded signature can be printed and compared, the fragment lies
  * within its message, never beyond what a message arriving still lacks, and
  * an unexpected message is buffered only within the peer's budget. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "transport/match.h"
 #include "transport/tcp_wire.h"
 
 static uint64_t take_u64(const uint8_t** p, size_t* left) {
@@ -31,6 +35,13 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!why[0]) abort(); /* a refusal always says why */
     return 0;
   }
+  if (h.sig.pad != 0) abort();
+  char text[128];
+  mlxd_sig_str(&h.sig, text, sizeof text); /* any op or dtype is printable */
+  mlxd_sig none = {0};
+  if (!mlxd_sig_agree(&h.sig, &none) || !mlxd_sig_agree(&h.sig, &h.sig)) abort();
+  mlxd_status st;
+  if (mlxd_sig_check(&st, MLXD_LAYER_TCP, 0, &none, 1, "", &h.sig) != 0) abort();
   if (h.len > h.total || h.off > h.total || h.off + h.len > h.total) abort();
   if (h.total > MLXD_TCP_MSG_MAX || h.len > MLXD_TCP_FRAG_MAX) abort();
   if ((h.len == 0) != (h.total == 0)) abort();

@@ -188,7 +188,7 @@ static void test_secrets(void) {
 
 typedef struct {
   const char* name;
-  mlxd_tcp_hdr h[2]; /* sent in turn (a zero total in the second: only one) */
+  mlxd_tcp_hdr h[2]; /* sent in turn (a zero total in the second: only one); unsigned */
   size_t payload[2]; /* bytes of payload sent after each header */
   bool posted;       /* rank 0 posts the receive for the tag first */
   int code;          /* expected failure */
@@ -198,28 +198,28 @@ typedef struct {
 #define ATTACK_TAG 0x2000000000010001ull
 
 static const hdr_case g_hdr_cases[] = {
-    {"absurd total", {{ATTACK_TAG, 0, 16, 1ull << 60}}, {16}, false, MLXD_EREMOTE, "total"},
+    {"absurd total", {{ATTACK_TAG, 0, 16, 1ull << 60, {0}}}, {16}, false, MLXD_EREMOTE, "total"},
     {"total over the unexpected budget",
-     {{ATTACK_TAG, 0, 16, 1ull << 36}},
+     {{ATTACK_TAG, 0, 16, 1ull << 36, {0}}},
      {16},
      false,
      MLXD_EREMOTE,
      "MLXDIST_TCP_UNEXPECTED_MB"},
-    {"offset overflow", {{ATTACK_TAG, ~0ull - 7, 16, 64}}, {0}, false, MLXD_EREMOTE, "offset"},
+    {"offset overflow", {{ATTACK_TAG, ~0ull - 7, 16, 64, {0}}}, {0}, false, MLXD_EREMOTE, "offset"},
     {"oversized fragment",
-     {{ATTACK_TAG, 0, 2u << 20, 4u << 20}},
+     {{ATTACK_TAG, 0, 2u << 20, 4u << 20, {0}}},
      {0},
      false,
      MLXD_EREMOTE,
      "length"},
     {"duplicate payload",
-     {{ATTACK_TAG, 0, 32, 64}, {ATTACK_TAG, 0, 64, 64}},
+     {{ATTACK_TAG, 0, 32, 64, {0}}, {ATTACK_TAG, 0, 64, 64, {0}}},
      {32, 0},
      false,
      MLXD_EREMOTE,
      "past its total"},
     {"huge total for a posted receive",
-     {{ATTACK_TAG, 0, 16, 1ull << 36}},
+     {{ATTACK_TAG, 0, 16, 1ull << 36, {0}}},
      {16},
      true,
      MLXD_EINVAL,
