@@ -9,8 +9,10 @@
  * algorithms and the front-end guarantee it with sequence numbers). A send
  * completes when its data has been handed to the transport (it may be
  * buffered by the receiver if no receive is posted yet), so two ranks that
- * both send before they receive never deadlock. Sizes of a matched pair
- * must agree: a mismatch fails that receive only.
+ * both send before they receive never deadlock. Signatures of the calls
+ * behind a message and its receive must agree (see mlxd_sig, below): a
+ * disagreement fails the transport. Sizes of a matched pair of unsigned
+ * messages must agree: a mismatch fails that receive only.
  *
  * Threads and locks. Every op but destroy may be called from any thread,
  * concurrently with the others on the same transport. Each transport
@@ -37,7 +39,7 @@
  * A failure of the transport (a peer closed/reset/died, a corrupt header, a
  * timeout, a failed system call, out of memory while receiving) fails it
  * for good: every pending and later operation fails fast with that first
- * status. A size mismatch fails only its receive. */
+ * status. A size mismatch of unsigned messages fails only its receive. */
 #ifndef MLXD_TRANSPORT_H
 #define MLXD_TRANSPORT_H
 
