@@ -148,7 +148,15 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
 
 /* Fail the transport: the connection to peer is gone (syscall/err: the
  * call that found out; NULL/0 for an orderly close by the peer). */
+static int conn_read(tcp_transport* t, tcp_conn* c);
 static void fail_lost(tcp_transport* t, int peer, const char* syscall, int err) {
+  /* The peer may have said why before it went (an abort frame, tcp_live.c;
+   * sent before its sockets closed): read what it sent first. */
+  for (int i = 0; i < t->nconn && !t->err.code; i++) {
+    tcp_conn* c = &t->conns[peer * t->nconn + i];
+    if (c->fd >= 0 && !c->eof) (void)conn_read(t, c);
+  }
+  if (t->err.code) return;
   mlxd_status s;
   mlxd_match_lost(&s, MLXD_LAYER_TCP, peer, t->peers[peer].addr,
                   syscall ? "" : ": it closed the connection", syscall, err);
