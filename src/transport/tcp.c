@@ -789,18 +789,9 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   return code;
 }
 
-static void tcp_abort(mlxd_transport* tt, const mlxd_status* st) {
-  tcp_transport* t = (tcp_transport*)tt;
-  pthread_mutex_lock(&t->mu);
-  tcp_fail(t, st);
-  tcp_wake(t);
-  pthread_cond_broadcast(&t->cv);
-  pthread_mutex_unlock(&t->mu);
-}
-
 int mlxd_tcp_conn_write(tcp_transport* t, tcp_conn* c) { return conn_write(t, c); }
 void mlxd_tcp_fail(tcp_transport* t, const mlxd_status* st) { tcp_fail(t, st); }
 void mlxd_tcp_wake(tcp_transport* t) { tcp_wake(t); }
 
-const mlxd_transport_ops mlxd_tcp_ops = {"tcp",       tcp_isend, tcp_irecv,
-                                         tcp_waitall, tcp_abort, mlxd_tcp_destroy};
+const mlxd_transport_ops mlxd_tcp_ops = {"tcp",       tcp_isend,      tcp_irecv,
+                                         tcp_waitall, mlxd_tcp_abort, mlxd_tcp_destroy};

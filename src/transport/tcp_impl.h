@@ -157,6 +157,8 @@ void mlxd_tcp_live_stop(tcp_transport* t);
  * dropped fragments' requests). prepare encodes t->err once first. */
 void mlxd_tcp_relay_prepare(tcp_transport* t);
 void mlxd_tcp_relay_conn(tcp_transport* t, tcp_conn* c);
+/* The transport's abort op (transport.h). */
+void mlxd_tcp_abort(mlxd_transport* t, const mlxd_status* st);
 /* The control frame whose payload c->ctrl_buf holds is in (mu held). */
 void mlxd_tcp_ctrl_done(tcp_transport* t, tcp_conn* c);
 

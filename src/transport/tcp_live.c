@@ -93,6 +93,15 @@ void mlxd_tcp_live_stop(tcp_transport* t) {
   t->watch = 0;
 }
 
+void mlxd_tcp_abort(mlxd_transport* tt, const mlxd_status* st) {
+  tcp_transport* t = (tcp_transport*)tt;
+  pthread_mutex_lock(&t->mu);
+  mlxd_tcp_fail(t, st); /* relayed to the peers unless st names a reporter */
+  mlxd_tcp_wake(t);
+  pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+}
+
 void mlxd_tcp_relay_prepare(tcp_transport* t) {
   mlxd_tcp_abort_rec r;
   memset(&r, 0, sizeof r);
