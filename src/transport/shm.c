@@ -59,8 +59,14 @@
  * pending requests involve: a process that exited ("lost connection to
  * rank N: its process exited", peer address "pid P"), a transport that was
  * closed, or one that failed (its structured status is published in the
- * segment; this rank relays it with "reported by" that rank). No progress
- * for MLXDIST_TIMEOUT seconds gives MLXD_ETIMEDOUT. Any of these fails the
+ * segment; this rank relays it with "reported by" that rank), and their
+ * liveness (liveness.h): each rank's watchdog bumps a heartbeat counter in
+ * its record every beat_s, so a peer whose counter stands still for
+ * MLXDIST_TIMEOUT (stopped, frozen) is dead, while one that is alive but
+ * not there yet gets one warning after MLXDIST_WARN_AFTER and fails the
+ * wait only after MLXDIST_OP_TIMEOUT without progress. At the end of every
+ * wait one load per peer of its state catches a failure a peer published
+ * (it gave up on this operation): the wait fails. Any of these fails the
  * whole transport: pending and later operations fail with the first status,
  * and the failure is published in the segment so peers waiting on this rank
  * fail promptly too. Sizes are size_t throughout (CMA reads are looped), so
@@ -570,12 +576,76 @@ static void block_wait(shm_transport* t, uint64_t snap, double max_s) {
   atomic_fetch_sub(&me->sleepers, 1);
 }
 
+/* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
+ * a wait without progress: a peer of a pending request whose heartbeat
+ * counter did not move for MLXDIST_TIMEOUT (counted from the wait's start
+ * at the earliest) is dead; no progress since `last` for
+ * MLXDIST_WARN_AFTER warns once, for MLXDIST_OP_TIMEOUT fails. Returns
+ * true if the transport failed. mu held. */
+static bool live_check(shm_transport* t, shm_req** reqs, int n, double start, double last,
+                       double now, bool* warned) {
+  shm_req* w = NULL;
+  char note[MLXD_NOTE_MAX];
+  for (int i = 0; i < n; i++) {
+    shm_req* r = reqs[i];
+    if (!r || r->m.complete) continue;
+    if (!w) w = r;
+    shm_peer* p = &t->peers[r->m.peer];
+    uint64_t b = atomic_load_explicit(&rank_rec(t, r->m.peer)->beat, memory_order_acquire);
+    if (b != p->beat_seen) {
+      p->beat_seen = b;
+      p->heard = now;
+    }
+    double heard = p->heard > start ? p->heard : start;
+    if (now - heard >= t->live.dead_s) {
+      mlxd_status s;
+      mlxd_shm_note_read(t, r->m.peer, note, sizeof note);
+      mlxd_live_dead(&s, MLXD_LAYER_SHM, r->m.peer, p->addr, now - heard, note);
+      shm_fail(t, &s);
+      return true;
+    }
+  }
+  if (!w) return false;
+  shm_peer* p = &t->peers[w->m.peer];
+  if (now - last >= t->live.op_s) {
+    mlxd_status s;
+    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
+    mlxd_live_op_timeout(&s, MLXD_LAYER_SHM, w->m.peer, p->addr, t->live.op_s, w->kind == REQ_SEND,
+                         w->m.n, w->m.tag, note);
+    shm_fail(t, &s);
+    return true;
+  }
+  if (!*warned && t->live.warn_s > 0 && now - last >= t->live.warn_s) {
+    *warned = true;
+    double heard = p->heard > start ? p->heard : start;
+    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
+    mlxd_live_warn(MLXD_LAYER_SHM, t->base.rank, w->m.peer, p->addr, now - last, w->m.tag,
+                   now - heard, note);
+  }
+  return false;
+}
+
+/* The end of a wait: a peer that published a failure (it gave up on an
+ * operation, maybe this one) fails this wait too (transport.h). One
+ * atomic load per peer. mu held. */
+static void check_failed(shm_transport* t) {
+  for (int r = 0; r < t->base.size && !t->err.code; r++) {
+    if (r == t->base.rank) continue;
+    if (atomic_load_explicit(&rank_rec(t, r)->state, memory_order_acquire) == RANK_FAILED) {
+      mlxd_status s;
+      mlxd_shm_fail_read(t, r, &s);
+      shm_fail(t, &s);
+    }
+  }
+}
+
 static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
   shm_req** reqs = (shm_req**)rr;
   assert(n >= 0 && (n == 0 || reqs));
   pthread_mutex_lock(&t->mu);
-  double last = mlxd_now(), last_check = last;
+  double start = mlxd_now(), last = start, last_check = start;
+  bool warned = false;
   for (;;) {
     int ev = t->err.code ? 0 : progress_all(t);
     bool pending = false;
@@ -587,21 +657,10 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
       last = last_check = now;
       continue;
     }
-    if (now - last >= t->timeout_s) {
-      shm_req* w = NULL;
-      for (int i = 0; i < n && !w; i++)
-        if (reqs[i] && !reqs[i]->m.complete) w = reqs[i];
-      shm_peer* p = &t->peers[w->m.peer];
-      size_t moved = w->kind == REQ_SEND ? w->off : (w->where == W_CUR ? p->cur_off : 0);
-      mlxd_status s;
-      mlxd_match_timeout(&s, MLXD_LAYER_SHM, t->timeout_s, w->m.peer, p->addr, w->kind == REQ_SEND,
-                         w->m.n, w->m.tag, moved);
-      shm_fail(t, &s);
-      break;
-    }
     if (now - last_check >= SHM_CHECK_S) {
       last_check = now;
       if (check_peers(t, reqs, n)) break;
+      if (live_check(t, reqs, n, start, last, now, &warned)) break;
     }
     if (now - last < t->spin_s) {
       pthread_mutex_unlock(&t->mu);
@@ -613,13 +672,14 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
       continue;
     }
     uint64_t snap = activity(t);
-    double left = t->timeout_s - (now - last);
     double to_check = SHM_CHECK_S - (now - last_check);
     pthread_mutex_unlock(&t->mu);
-    block_wait(t, snap, left < to_check ? left : to_check);
+    block_wait(t, snap, to_check);
     pthread_mutex_lock(&t->mu);
   }
+  if (!t->err.code) check_failed(t);
   int rc = mlxd_match_result(st, &t->err, MLXD_LAYER_SHM, rr, n);
+  if (rc == 0 && t->err.code) rc = fail_status(t, st); /* failed meanwhile: not a success */
   for (int i = 0; i < n; i++) {
     shm_req* r = reqs[i];
     if (!r) continue;
@@ -642,6 +702,7 @@ static void free_req_list(shm_transport* t, shm_req* r) {
 void mlxd_shm_destroy(mlxd_transport* tt) {
   shm_transport* t = (shm_transport*)tt;
   if (!t) return;
+  mlxd_shm_live_stop(t); /* no heartbeat runs from here on */
   if (t->map) {
     shm_rank_rec* me = rank_rec(t, t->base.rank);
     int s = RANK_ATTACHED;

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "core/buffer.h"
+#include "transport/liveness.h"
 #include "transport/match.h"
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -45,7 +46,7 @@
 #endif
 
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
-#define SHM_VERSION 3u /* 2: structured failure records; 3: call signatures in slots */
+#define SHM_VERSION 3u /* 2: structured failure records; 3: call signatures in slots, heartbeats */
 #define SHM_CL 64
 #ifndef SHM_SLOT_BYTES
 #define SHM_SLOT_BYTES ((size_t)64 * 1024)
@@ -83,6 +84,11 @@ typedef struct shm_rank_rec {
   shm_fail_rec fail; /* published by state = RANK_FAILED */
   alignas(SHM_CL) _Atomic uint32_t doorbell;
   alignas(SHM_CL) _Atomic uint32_t sleepers;
+  /* Liveness (liveness.h): bumped by the rank's watchdog every beat_s, with
+   * its note (up to MLXD_NOTE_MAX - 1 bytes, NUL-padded; read word by word,
+   * so a note may be torn: it is advice, cleaned before it is printed). */
+  alignas(SHM_CL) _Atomic uint64_t beat;
+  _Atomic uint64_t note[MLXD_NOTE_MAX / 8];
 } shm_rank_rec;
 
 typedef struct shm_hdr {
@@ -157,7 +163,9 @@ typedef struct shm_peer {
   shm_unexp* cur_ux; /* cur_req == cur_ux == NULL while active: discard */
   size_t cur_len, cur_off;
   pid_t pid;
-  char addr[24]; /* "pid 1234": where the peer lives, for statuses */
+  char addr[24];      /* "pid 1234": where the peer lives, for statuses */
+  uint64_t beat_seen; /* its heartbeat counter when last looked at */
+  double heard;       /* mlxd_now() when it last changed */
 } shm_peer;
 
 typedef struct shm_transport {
@@ -169,7 +177,9 @@ typedef struct shm_transport {
   shm_hdr* hdr;
   shm_peer* peers;
   size_t slot_stride;
-  double timeout_s, spin_s;
+  mlxd_live_cfg live; /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
+  int watch;          /* the heartbeat's watchdog registration (0: none) */
+  double spin_s;
   size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
   bool oversubscribed;
   mlxd_status err;         /* the first failure; err.code == 0 while none */
@@ -211,6 +221,12 @@ bool mlxd_shm_pid_dead(pid_t pid);
 void mlxd_shm_fail_publish(shm_fail_rec* rec, const mlxd_status* st);
 /* Rank r's published failure into st (validated); returns its code. */
 int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st);
+/* Register / remove this rank's heartbeat (end of create / start of
+ * destroy, without mu). */
+void mlxd_shm_live_start(shm_transport* t);
+void mlxd_shm_live_stop(shm_transport* t);
+/* Rank r's note, cleaned (liveness.h). */
+void mlxd_shm_note_read(shm_transport* t, int r, char* out, size_t n);
 /* Read n bytes at src of process pid into dst (process_vm_readv, looped).
  * 0, or -1 with *err set. */
 int mlxd_shm_cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err);

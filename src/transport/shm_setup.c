@@ -4,6 +4,9 @@
 #include "transport/shm.h"
 #include "transport/shm_impl.h"
 
+#include "core/oprec.h"
+#include "core/watchdog.h"
+
 static void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
   nanosleep(&ts, NULL);
@@ -82,6 +85,42 @@ int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st) {
   mlxd_status_set_reporter(st,
                            v.has_reporter && v.reporter >= 0 && v.reporter < size ? v.reporter : r);
   return code;
+}
+
+/* ---- heartbeats (liveness.h) ---- */
+
+static void beat(void* ctx, double now) {
+  (void)now;
+  shm_transport* t = ctx;
+  char note[MLXD_NOTE_MAX] = {0};
+  mlxd_oprec_note(note, sizeof note);
+  note[sizeof note - 1] = '\0';
+  shm_rank_rec* me = rank_rec(t, t->base.rank);
+  for (size_t i = 0; i < MLXD_NOTE_MAX / 8; i++) {
+    uint64_t w;
+    memcpy(&w, note + 8 * i, 8);
+    atomic_store_explicit(&me->note[i], w, memory_order_relaxed);
+  }
+  atomic_fetch_add_explicit(&me->beat, 1, memory_order_release);
+}
+
+void mlxd_shm_live_start(shm_transport* t) {
+  if (t->base.size > 1) t->watch = mlxd_watchdog_add(beat, t, t->live.beat_s);
+}
+
+void mlxd_shm_live_stop(shm_transport* t) {
+  mlxd_watchdog_remove(t->watch);
+  t->watch = 0;
+}
+
+void mlxd_shm_note_read(shm_transport* t, int r, char* out, size_t n) {
+  unsigned char raw[MLXD_NOTE_MAX];
+  shm_rank_rec* rec = rank_rec(t, r);
+  for (size_t i = 0; i < MLXD_NOTE_MAX / 8; i++) {
+    uint64_t w = atomic_load_explicit(&rec->note[i], memory_order_relaxed);
+    memcpy(raw + 8 * i, &w, 8);
+  }
+  mlxd_live_note_clean(out, n, raw, sizeof raw);
 }
 
 /* ---- CMA ---- */
@@ -286,8 +325,7 @@ mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlx
   pthread_mutex_init(&t->mu, NULL);
   snprintf(t->path, sizeof t->path, "/%s", name);
   t->slot_stride = slot_stride();
-  t->timeout_s = mlxd_tunable_double(MLXD_T_TIMEOUT);
-  if (!(t->timeout_s > 0)) t->timeout_s = 60;
+  mlxd_live_cfg_load(&t->live);
   t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
   if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
   long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
@@ -353,7 +391,9 @@ mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlx
     p->out_slots = ring_slots(p->out);
     p->in = ring_ctl(t, r, rank);
     p->in_slots = ring_slots(p->in);
+    p->heard = mlxd_now();
   }
+  mlxd_shm_live_start(t);
   return &t->base;
 
 fail:

@@ -31,10 +31,12 @@
  * progressor drops only while it sits in poll().
  *
  * Failure. A peer that closes or resets its connection, a corrupt header,
- * or a wait that makes no progress for MLXDIST_TIMEOUT seconds fails the
+ * a peer silent for MLXDIST_TIMEOUT or a wait without progress for
+ * MLXDIST_OP_TIMEOUT (tcp_live.c: liveness apart from progress) fails the
  * whole transport: every pending and later operation fails with the first
- * error's message, and the sockets are shut down so the other ranks learn
- * about it at once instead of waiting for their own timeout. Messages that
+ * error's message, the peers get an abort frame with it (tcp_live.c), and
+ * the sockets are shut down so the other ranks learn about it at once
+ * instead of waiting for their own timeout. Messages that
  * had fully arrived before the failure can still be received.
  *
  * Sizes. Every length is a size_t and every socket call is capped at
@@ -112,6 +114,9 @@ static void fail_posted(void* ctx, mlxd_match_link* l) {
 static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
   if (!mlxd_match_fail_first(&t->err, st)) return;
   int code = t->err.code;
+  /* A failure found here (not relayed to us) is told to every peer. */
+  bool relay = !t->err.has_reporter;
+  if (relay) mlxd_tcp_relay_prepare(t);
   int n = t->base.size;
   for (int p = 0; p < n; p++) {
     tcp_peer* pe = &t->peers[p];
@@ -132,7 +137,9 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
   }
   for (int i = 0; i < n * t->nconn; i++) {
     tcp_conn* c = &t->conns[i];
-    for (tcp_frag* f = c->qhead; f; f = f->next) req_fail(t, f->req, code);
+    for (tcp_frag* f = c->qhead; f; f = f->next)
+      if (f->req) req_fail(t, f->req, code);
+    if (relay && i % t->nconn == 0) mlxd_tcp_relay_conn(t, c);
     c->qhead = c->qtail = NULL;
     c->cur = NULL;
     c->in_payload = false;
@@ -144,7 +151,15 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
 
 /* Fail the transport: the connection to peer is gone (syscall/err: the
  * call that found out; NULL/0 for an orderly close by the peer). */
+static int conn_read(tcp_transport* t, tcp_conn* c);
 static void fail_lost(tcp_transport* t, int peer, const char* syscall, int err) {
+  /* The peer may have said why before it went (an abort frame, tcp_live.c;
+   * sent before its sockets closed): read what it sent first. */
+  for (int i = 0; i < t->nconn && !t->err.code; i++) {
+    tcp_conn* c = &t->conns[peer * t->nconn + i];
+    if (c->fd >= 0 && !c->eof) (void)conn_read(t, c);
+  }
+  if (t->err.code) return;
   mlxd_status s;
   mlxd_match_lost(&s, MLXD_LAYER_TCP, peer, t->peers[peer].addr,
                   syscall ? "" : ": it closed the connection", syscall, err);
@@ -215,12 +230,12 @@ void mlxd_tcp_conn_advance(tcp_transport* t, tcp_conn* c, size_t w) {
     size_t need = TCP_HDR + f->len - f->sent;
     size_t take = left < need ? left : need;
     f->sent += take;
-    f->req->done += take;
+    if (f->req) f->req->done += take;
     left -= take;
     if (f->sent == TCP_HDR + f->len) {
       c->qhead = f->next;
       if (!c->qhead) c->qtail = NULL;
-      if (--f->req->frags_left == 0) req_complete(t, f->req);
+      if (f->req && --f->req->frags_left == 0) req_complete(t, f->req);
     }
   }
 }
@@ -246,7 +261,7 @@ static int conn_write(tcp_transport* t, tcp_conn* c) {
       if (pdone < f->len) {
         size_t m = f->len - pdone;
         if (m > TCP_IO_MAX - tot) m = TCP_IO_MAX - tot;
-        iov[k].iov_base = f->req->buf + f->off + pdone;
+        iov[k].iov_base = (char*)(uintptr_t)mlxd_tcp_frag_data(f) + pdone;
         iov[k].iov_len = m;
         tot += m;
         k++;
@@ -463,6 +478,16 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
     fail_header(t, c->peer, &h, why);
     return -1;
   }
+  if (what == MLXD_TCP_CONTROL) { /* tcp_live.c: no message, no match */
+    c->ctrl = true;
+    c->ctrl_step = (unsigned)(h.tag & 0xFFFF);
+    c->cur = NULL;
+    c->cur_off = 0;
+    c->cur_len = (size_t)h.len;
+    c->cur_got = 0;
+    c->in_payload = true;
+    return 0;
+  }
   if (!m && h.sig.op != MLXD_SIG_NONE) { /* a new message: compare the calls */
     struct mlxd_req* same = r;
     if (!same)
@@ -523,6 +548,12 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
 
 /* The current fragment of c is complete. */
 static void frag_done(tcp_transport* t, tcp_conn* c) {
+  if (c->ctrl) {
+    c->ctrl = false;
+    c->in_payload = false;
+    mlxd_tcp_ctrl_done(t, c);
+    return;
+  }
   tcp_imsg* m = c->cur;
   tcp_peer* pe = &t->peers[c->peer];
   c->cur = NULL;
@@ -546,7 +577,7 @@ static void frag_done(tcp_transport* t, tcp_conn* c) {
 
 static void payload_got(tcp_conn* c, size_t k) {
   c->cur_got += k;
-  if (c->cur->req) c->cur->req->done += k;
+  if (c->cur && c->cur->req) c->cur->req->done += k;
 }
 
 /* recv(MSG_DONTWAIT) on c, through TLS when it is on. */
@@ -589,7 +620,9 @@ static int conn_read(tcp_transport* t, tcp_conn* c) {
       continue;
     }
     tcp_imsg* m = c->cur;
-    char* dst = m->buf ? m->buf + c->cur_off + c->cur_got : NULL; /* NULL: discard */
+    char* dst = c->ctrl  ? (char*)c->ctrl_buf + c->cur_got
+                : m->buf ? m->buf + c->cur_off + c->cur_got
+                         : NULL; /* NULL: discard */
     size_t avail = c->rlen - c->rpos;
     if (avail > 0) {
       size_t k = avail < need ? avail : need;
@@ -672,10 +705,12 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
     }
   }
   if (rc == 0 && !tls_pending) return false;
+  double now = mlxd_now(); /* peers heard from (liveness) */
   for (int i = 0; i < np && !t->err.code; i++) {
     short ev = t->pfds[i].revents;
     if (!ev) continue;
     tcp_conn* c = t->pconn[i];
+    if (c && (ev & POLLIN)) t->peers[c->peer].heard = now;
     if (c && c->want_write && (ev & POLLOUT)) {
       c->want_write = false;
       ev |= POLLIN; /* the read that waited for the socket to be writable */
@@ -705,9 +740,10 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   tcp_transport* t = (tcp_transport*)tt;
   pthread_mutex_lock(&t->mu);
   double now = mlxd_now();
-  double last_change = now;
+  tcp_live_wait lw = {.start = now, .last_change = now, .next_check = now, .deadline = now};
   size_t last_sum = (size_t)-1;
   double last_event = now; /* spin right away */
+  bool polled = false;     /* this thread's last poll read everything that had arrived */
   for (;;) {
     size_t sum = 0;
     struct mlxd_req* waiting = NULL;
@@ -721,28 +757,21 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
     now = mlxd_now();
     if (sum != last_sum) {
       last_sum = sum;
-      last_change = now;
+      lw.last_change = now;
     }
-    double deadline = last_change + t->timeout_s;
-    if (now >= deadline) {
-      mlxd_status s;
-      mlxd_match_timeout(&s, MLXD_LAYER_TCP, t->timeout_s, waiting->m.peer,
-                         t->peers[waiting->m.peer].addr, waiting->is_send, waiting->m.n,
-                         waiting->m.tag, waiting->done);
-      tcp_fail(t, &s);
-      break;
-    }
+    if (mlxd_tcp_live_check(t, reqs, n, &lw, now)) break;
     if (!t->progressing) {
       t->progressing = true;
       int ms = 0;
       if (now - last_event >= t->spin_s) {
-        ms = mlxd_ms_left(deadline);
+        ms = mlxd_ms_left(lw.deadline);
         if (ms > TCP_BLOCK_MS) ms = TCP_BLOCK_MS;
       }
       if (progress_round(t, ms))
         last_event = mlxd_now();
       else if (ms == 0 && t->yield_spin)
         sched_yield(); /* the rank we wait for may need this CPU */
+      polled = true;
       t->progressing = false;
       /* Let a sleeping waiter take over if we leave, and tell waiters
        * whose requests completed. */
@@ -751,6 +780,7 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
         pthread_cond_broadcast(&t->cv);
       }
     } else {
+      polled = false;
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
       ts.tv_nsec += TCP_CV_MS * 1000000L;
@@ -761,6 +791,15 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
       pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     }
   }
+  /* Requests that completed without this thread reading the sockets (a
+   * message buffered earlier, another thread's progress): read once what
+   * has arrived, so that a peer's abort sent before this wait ended fails
+   * it (transport.h). */
+  if (!polled && !t->err.code && !t->progressing && n > 0) {
+    t->progressing = true;
+    progress_round(t, 0);
+    t->progressing = false;
+  }
   if (t->completed) {
     t->completed = false;
     pthread_cond_broadcast(&t->cv);
@@ -768,6 +807,7 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   /* Another waiter may be asleep with nobody progressing: wake one up. */
   pthread_cond_broadcast(&t->cv);
   int code = mlxd_match_result(st, &t->err, MLXD_LAYER_TCP, reqs, n);
+  if (code == 0 && t->err.code) code = fail_status(t, st); /* failed meanwhile: not a success */
   /* Pending requests can only remain when the transport failed, and tcp_fail
    * detached every request from its lists, so they can all be freed. */
   for (int i = 0; i < n; i++) {
@@ -780,14 +820,9 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   return code;
 }
 
-static void tcp_abort(mlxd_transport* tt, const mlxd_status* st) {
-  tcp_transport* t = (tcp_transport*)tt;
-  pthread_mutex_lock(&t->mu);
-  tcp_fail(t, st);
-  tcp_wake(t);
-  pthread_cond_broadcast(&t->cv);
-  pthread_mutex_unlock(&t->mu);
-}
+int mlxd_tcp_conn_write(tcp_transport* t, tcp_conn* c) { return conn_write(t, c); }
+void mlxd_tcp_fail(tcp_transport* t, const mlxd_status* st) { tcp_fail(t, st); }
+void mlxd_tcp_wake(tcp_transport* t) { tcp_wake(t); }
 
-const mlxd_transport_ops mlxd_tcp_ops = {"tcp",       tcp_isend, tcp_irecv,
-                                         tcp_waitall, tcp_abort, mlxd_tcp_destroy};
+const mlxd_transport_ops mlxd_tcp_ops = {"tcp",       tcp_isend,      tcp_irecv,
+                                         tcp_waitall, mlxd_tcp_abort, mlxd_tcp_destroy};

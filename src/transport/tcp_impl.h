@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "transport/liveness.h"
 #include "transport/match.h"
 #include "transport/tcp_wire.h"
 #include "transport/tls.h"
@@ -42,7 +43,8 @@ struct mlxd_req {
 };
 
 struct tcp_frag {
-  struct mlxd_req* req;
+  struct mlxd_req* req; /* NULL for a control frame (tcp_live.c) */
+  const char* data;     /* a control frame's payload */
   unsigned char hdr[TCP_HDR];
   size_t off, len;
   size_t sent; /* bytes of header + payload written */
@@ -85,6 +87,13 @@ typedef struct tcp_conn {
   bool want_write; /* a read needs the socket writable first */
   bool kick;       /* read before polling: OpenSSL may hold bytes from the handshake */
   char tls_why[200];
+  /* Control frames (tcp_live.c; only the first connection to a peer sends
+   * them): the one being received, and the two this side sends. */
+  bool ctrl;          /* the current payload is a control frame's */
+  unsigned ctrl_step; /* MLXD_TCP_CTRL_BEAT / _ABORT */
+  unsigned char ctrl_buf[MLXD_TCP_ABORT_MAX];
+  tcp_frag beat, abort;
+  char beat_note[MLXD_TCP_BEAT_MAX];
 } tcp_conn;
 
 typedef struct tcp_peer {
@@ -94,6 +103,8 @@ typedef struct tcp_peer {
   bool closed;              /* every connection reached EOF with nothing pending */
   uint64_t ux_charged;      /* bytes of unexpected messages buffered (tcp_wire.h) */
   char addr[MLXD_ADDR_MAX]; /* "10.0.0.2:41000"; "" when unknown (e.g. AF_UNIX) */
+  double heard;             /* mlxd_now() when a byte from it was last read */
+  char note[MLXD_NOTE_MAX]; /* what it said it was doing (its last heartbeat) */
 } tcp_peer;
 
 typedef struct tcp_transport {
@@ -107,8 +118,11 @@ typedef struct tcp_transport {
   bool in_poll;
   bool completed; /* something completed since the last broadcast */
   int wake_fd;
-  mlxd_status err; /* the first failure; err.code == 0 while none */
-  double timeout_s;
+  mlxd_status err;                    /* the first failure; err.code == 0 while none */
+  mlxd_live_cfg live;                 /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
+  int watch;                          /* the heartbeat's watchdog registration (0: none) */
+  char abort_pay[MLXD_TCP_ABORT_MAX]; /* this rank's failure record, once failed */
+  size_t abort_len;
   double spin_s;
   bool yield_spin;    /* more ranks than CPUs: give the CPU away between spin polls */
   uint64_t ux_budget; /* per peer (MLXDIST_TCP_UNEXPECTED_MB) */
@@ -119,8 +133,48 @@ typedef struct tcp_transport {
 
 extern const mlxd_transport_ops mlxd_tcp_ops;
 
-/* tcp.c: account w bytes written from the head of c's queue (mu held). */
+/* Where a fragment's payload comes from. */
+static inline const char* mlxd_tcp_frag_data(const tcp_frag* f) {
+  return f->req ? f->req->buf + f->off : f->data;
+}
+
+/* tcp.c (mu held): account w bytes written from the head of c's queue;
+ * write what the socket takes of c's queue (0 or an errno, -2: TLS error);
+ * fail the transport for good (the first failure wins); wake a progressor
+ * blocked in poll. */
 void mlxd_tcp_conn_advance(tcp_transport* t, tcp_conn* c, size_t w);
+int mlxd_tcp_conn_write(tcp_transport* t, tcp_conn* c);
+void mlxd_tcp_fail(tcp_transport* t, const mlxd_status* st);
+void mlxd_tcp_wake(tcp_transport* t);
+
+/* tcp_live.c: liveness apart from progress (liveness.h), control frames. */
+/* Register / remove the heartbeat (end of create / start of destroy,
+ * without mu). */
+void mlxd_tcp_live_start(tcp_transport* t);
+void mlxd_tcp_live_stop(tcp_transport* t);
+/* c (a peer's first connection) of a transport that just failed: queue the
+ * failure record after whatever fragment is partly written, drop the rest,
+ * and write what the socket takes at once (mu held; the caller failed the
+ * dropped fragments' requests). prepare encodes t->err once first. */
+void mlxd_tcp_relay_prepare(tcp_transport* t);
+void mlxd_tcp_relay_conn(tcp_transport* t, tcp_conn* c);
+/* The transport's abort op (transport.h). */
+void mlxd_tcp_abort(mlxd_transport* t, const mlxd_status* st);
+/* The control frame whose payload c->ctrl_buf holds is in (mu held). */
+void mlxd_tcp_ctrl_done(tcp_transport* t, tcp_conn* c);
+
+/* One wait's liveness clocks. */
+typedef struct tcp_live_wait {
+  double start;       /* when the wait began: silence before it does not count */
+  double last_change; /* the last progress of its requests */
+  double next_check;  /* the next full check (they run at most every 50 ms) */
+  double deadline;    /* the earliest time a check may fail or warn */
+  bool warned;
+} tcp_live_wait;
+/* Check the peers of the pending reqs (mu held): fails the transport for a
+ * silent peer or the op timeout (returns true), prints the one warning. */
+bool mlxd_tcp_live_check(tcp_transport* t, struct mlxd_req* const* reqs, int n, tcp_live_wait* w,
+                         double now);
 
 /* tcp_setup.c */
 void mlxd_tcp_destroy(mlxd_transport* tt);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "transport/tcp_impl.h"
+#include "util/clock.h"
 #include "util/tunables.h"
 
 /* Free a message at destruction (its charge goes with the transport). */
@@ -28,6 +29,7 @@ static void imsg_drop(tcp_imsg* m) {
 void mlxd_tcp_destroy(mlxd_transport* tt) {
   tcp_transport* t = (tcp_transport*)tt;
   if (!t) return;
+  mlxd_tcp_live_stop(t); /* no heartbeat runs from here on */
   int nc = t->base.size * t->nconn;
   for (int i = 0; i < nc && t->conns; i++) {
     mlxd_tls_conn_free(t->conns[i].ssl); /* close_notify first */
@@ -180,8 +182,7 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
     mlxd_status_set_sys(st, "eventfd", e);
     return NULL;
   }
-  double to = mlxd_tunable_double(MLXD_T_TIMEOUT);
-  t->timeout_s = to > 0 ? to : 60;
+  mlxd_live_cfg_load(&t->live);
   double spin = mlxd_tunable_double(MLXD_T_SPIN_US);
   t->spin_s = spin > 0 ? spin * 1e-6 : 0;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -194,5 +195,8 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
     mlxd_tcp_destroy(&t->base);
     return NULL;
   }
+  double now = mlxd_now();
+  for (int p = 0; p < size; p++) t->peers[p].heard = now;
+  mlxd_tcp_live_start(t);
   return &t->base;
 }

@@ -89,7 +89,7 @@ static void stage(tcp_conn* c) {
     } else {
       size_t pdone = s - TCP_HDR;
       m = f->len - pdone < room ? f->len - pdone : room;
-      memcpy(c->wbuf + c->wlen, f->req->buf + f->off + pdone, m);
+      memcpy(c->wbuf + c->wlen, mlxd_tcp_frag_data(f) + pdone, m);
     }
     c->wlen += m;
     s += m;
@@ -119,7 +119,7 @@ int mlxd_tcp_tls_write(tcp_transport* t, tcp_conn* c) {
     size_t pdone = f->sent >= TCP_HDR ? f->sent - TCP_HDR : 0;
     if (f->sent >= TCP_HDR && f->len - pdone >= TCP_TLS_WBUF) {
       size_t m = f->len - pdone < TCP_IO_MAX ? f->len - pdone : TCP_IO_MAX;
-      io = mlxd_tls_write(c->ssl, f->req->buf + f->off + pdone, m, &k, &err, c->tls_why,
+      io = mlxd_tls_write(c->ssl, mlxd_tcp_frag_data(f) + pdone, m, &k, &err, c->tls_why,
                           sizeof c->tls_why);
       if (io != MLXD_TLS_OK) return io_error(io, err);
       mlxd_tcp_conn_advance(t, c, k);

@@ -3,6 +3,15 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
+
+#include "core/status.h"
+#include "transport/liveness.h"
+#include "transport/transport.h"
+
+_Static_assert(MLXD_TCP_BEAT_MAX == MLXD_NOTE_MAX - 1, "a heartbeat carries a note");
+_Static_assert(MLXD_TCP_DETAIL_MAX == MLXD_MSG_MAX - 1, "an abort carries a status detail");
+_Static_assert(MLXD_TCP_ADDR_MAX == MLXD_ADDR_MAX - 1, "an abort carries a peer address");
 
 #include "transport/match.h"
 
@@ -54,8 +63,40 @@ int mlxd_tcp_hdr_decode(const unsigned char in[MLXD_TCP_HDR], mlxd_tcp_hdr* out,
   return -1;
 }
 
+/* A control frame (tag kind MLXD_TAG_CTRL): one fragment, a known step,
+ * a bounded payload. */
+static mlxd_tcp_admit ctrl_admit(const mlxd_tcp_hdr* h, char* why, size_t why_n) {
+  uint64_t seq = (h->tag >> 16) & ((1ull << 44) - 1);
+  unsigned step = (unsigned)(h->tag & 0xFFFF);
+  uint64_t lo = 0, hi = 0;
+  if (step == MLXD_TCP_CTRL_BEAT) {
+    hi = MLXD_TCP_BEAT_MAX;
+  } else if (step == MLXD_TCP_CTRL_ABORT) {
+    lo = MLXD_TCP_ABORT_MIN;
+    hi = MLXD_TCP_ABORT_MAX;
+  } else {
+    snprintf(why, why_n, "control frame of unknown kind %u", step);
+    return MLXD_TCP_REJECT;
+  }
+  if (seq != 0 || h->off != 0 || h->len != h->total) {
+    snprintf(why, why_n,
+             "control frame with sequence number %" PRIu64 ", offset %" PRIu64
+             " (expected 0, 0 and length == total)",
+             seq, h->off);
+    return MLXD_TCP_REJECT;
+  }
+  if (h->len < lo || h->len > hi) {
+    snprintf(why, why_n,
+             "control frame kind %u of %" PRIu64 " bytes (expected %" PRIu64 " to %" PRIu64 ")",
+             step, h->len, lo, hi);
+    return MLXD_TCP_REJECT;
+  }
+  return MLXD_TCP_CONTROL;
+}
+
 mlxd_tcp_admit mlxd_tcp_hdr_admit(const mlxd_tcp_hdr* h, const mlxd_tcp_rx_state* s, char* why,
                                   size_t why_n) {
+  if ((h->tag >> 60) == MLXD_TAG_CTRL) return ctrl_admit(h, why, why_n);
   if (s->arriving) {
     if (h->total != s->arr_total) {
       snprintf(why, why_n,
@@ -86,4 +127,72 @@ mlxd_tcp_admit mlxd_tcp_hdr_admit(const mlxd_tcp_hdr* h, const mlxd_tcp_rx_state
     return MLXD_TCP_REJECT;
   }
   return MLXD_TCP_BUFFER;
+}
+
+static void put_u32(unsigned char* p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get_u32(const unsigned char* p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+
+/* The system calls an abort record may name (index + 1 on the wire). */
+static const char* const k_syscalls[] = {"recv", "sendmsg", "poll", "fcntl", "eventfd"};
+#define N_SYSCALLS (sizeof k_syscalls / sizeof k_syscalls[0])
+
+size_t mlxd_tcp_abort_encode(unsigned char* out, const mlxd_tcp_abort_rec* r) {
+  size_t na = strnlen(r->addr, MLXD_TCP_ADDR_MAX);
+  size_t nd = strnlen(r->detail, MLXD_TCP_DETAIL_MAX);
+  uint32_t sc = 0;
+  for (uint32_t i = 0; r->syscall && i < N_SYSCALLS; i++)
+    if (strcmp(r->syscall, k_syscalls[i]) == 0) sc = i + 1;
+  put_u32(out, r->code);
+  put_u32(out + 4, (uint32_t)r->reporter);
+  put_u32(out + 8, (uint32_t)r->peer);
+  put_u32(out + 12, (uint32_t)r->sys_errno);
+  put_u32(out + 16, sc);
+  put_u32(out + 20, (uint32_t)na);
+  put_u32(out + 24, (uint32_t)nd);
+  memcpy(out + MLXD_TCP_ABORT_MIN, r->addr, na);
+  memcpy(out + MLXD_TCP_ABORT_MIN + na, r->detail, nd);
+  return MLXD_TCP_ABORT_MIN + na + nd;
+}
+
+int mlxd_tcp_abort_decode(const unsigned char* in, size_t len, int from, int size,
+                          mlxd_tcp_abort_rec* r, char* why, size_t why_n) {
+  memset(r, 0, sizeof *r);
+  if (len < MLXD_TCP_ABORT_MIN || len > MLXD_TCP_ABORT_MAX) {
+    snprintf(why, why_n, "abort record of %zu bytes (expected %u to %u)", len, MLXD_TCP_ABORT_MIN,
+             MLXD_TCP_ABORT_MAX);
+    return -1;
+  }
+  r->code = get_u32(in);
+  r->reporter = (int32_t)get_u32(in + 4);
+  r->peer = (int32_t)get_u32(in + 8);
+  r->sys_errno = (int32_t)get_u32(in + 12);
+  uint32_t sc = get_u32(in + 16), na = get_u32(in + 20), nd = get_u32(in + 24);
+  if (r->code < MLXD_EINVAL || r->code > MLXD_ECALLBACK) {
+    snprintf(why, why_n, "abort record with unknown failure code %" PRIu32, r->code);
+  } else if (r->reporter != from) {
+    snprintf(why, why_n, "abort record names rank %" PRId32 " as its sender", r->reporter);
+  } else if (r->peer < -1 || r->peer >= size) {
+    snprintf(why, why_n, "abort record names rank %" PRId32 " in a group of %d", r->peer, size);
+  } else if (r->sys_errno < 0 || r->sys_errno > 4095 || sc > N_SYSCALLS) {
+    snprintf(why, why_n, "abort record with errno %" PRId32 " and system call #%" PRIu32,
+             r->sys_errno, sc);
+  } else if (na > MLXD_TCP_ADDR_MAX || nd > MLXD_TCP_DETAIL_MAX ||
+             (size_t)na + nd != len - MLXD_TCP_ABORT_MIN) {
+    snprintf(why, why_n,
+             "abort record with a %" PRIu32 "-byte address and a %" PRIu32
+             "-byte detail in %zu bytes",
+             na, nd, len);
+  } else {
+    r->syscall = sc ? k_syscalls[sc - 1] : NULL;
+    mlxd_live_note_clean(r->addr, sizeof r->addr, in + MLXD_TCP_ABORT_MIN, na);
+    mlxd_live_note_clean(r->detail, sizeof r->detail, in + MLXD_TCP_ABORT_MIN + na, nd);
+    return 0;
+  }
+  return -1;
 }

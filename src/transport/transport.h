@@ -152,8 +152,11 @@ struct mlxd_transport {
 };
 
 /* Tags: kind (4 bits) | sequence number (44 bits) | step (16 bits). */
-/* Kind 3 is unused (split's exchange is a collective: MLXD_TAG_COLL). */
-enum { MLXD_TAG_P2P = 1, MLXD_TAG_COLL = 2, MLXD_TAG_BOOT = 4 };
+/* Kind 3 is unused (split's exchange is a collective: MLXD_TAG_COLL).
+ * Kind 15 (MLXD_TAG_CTRL) is the transports' own: control frames between
+ * two ranks' transports (tcp: heartbeats and abort records, tcp_wire.h),
+ * never matched with a receive; callers never use it. */
+enum { MLXD_TAG_P2P = 1, MLXD_TAG_COLL = 2, MLXD_TAG_BOOT = 4, MLXD_TAG_CTRL = 15 };
 static inline uint64_t mlxd_tag(unsigned kind, uint64_t seq, unsigned step) {
   return ((uint64_t)(kind & 0xF) << 60) | ((seq & ((1ull << 44) - 1)) << 16) | (step & 0xFFFF);
 }

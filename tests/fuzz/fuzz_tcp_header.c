@@ -9,7 +9,9 @@
  * re-encodes to the same bytes (signature included: padding is refused), any
  * decoded signature can be printed and compared, the fragment lies
  * within its message, never beyond what a message arriving still lacks, and
- * an unexpected message is buffered only within the peer's budget. */
+ * an unexpected message is buffered only within the peer's budget. A
+ * control frame (tag kind 15) must be one bounded fragment; for one, the
+ * bytes after the state are also decoded as an abort record. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -85,6 +87,23 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           h.total + MLXD_TCP_UX_OVERHEAD > s.ux_budget - s.ux_charged)
         abort();
       break;
+    case MLXD_TCP_CONTROL: {
+      /* a control frame: one bounded fragment; the rest of the input as
+       * its record must decode to a bounded, printable one or be refused */
+      if ((h.tag >> 60) != 15 || h.off != 0 || h.len != h.total || h.len > MLXD_TCP_ABORT_MAX)
+        abort();
+      mlxd_tcp_abort_rec r;
+      why[0] = '\0';
+      size_t rl = left < MLXD_TCP_ABORT_MAX + 8 ? left : MLXD_TCP_ABORT_MAX + 8;
+      if (mlxd_tcp_abort_decode(p, rl, 1, 4, &r, why, sizeof why) != 0) {
+        if (!why[0]) abort();
+      } else {
+        if (r.reporter != 1 || r.peer < -1 || r.peer >= 4 || r.code == 0) abort();
+        for (const char* c = r.detail; *c; c++)
+          if (*c < 0x20 || *c > 0x7e) abort();
+      }
+      break;
+    }
     default: abort();
   }
   return 0;

@@ -265,8 +265,8 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
   return 0;
 }
 
-/* Rank 1 sleeps instead of taking part; with MLXDIST_TIMEOUT=2 rank 0
- * times out within a few seconds. */
+/* Rank 1 sleeps instead of taking part: alive (its heartbeats arrive), so
+ * with MLXDIST_OP_TIMEOUT=2 rank 0 times out within a few seconds. */
 static int stall_rank(mlxd_transport* t, void* arg) {
   (void)arg;
   if (t->rank == 1) {
@@ -372,7 +372,7 @@ int main(int argc, char** argv) {
     setenv("MLXDIST_TIMEOUT", "30", 1);
     expect_all_ok(n, peer_exit_rank, NULL, 60);
   } else if (strcmp(mode, "stall") == 0) {
-    setenv("MLXDIST_TIMEOUT", "2", 1);
+    setenv("MLXDIST_OP_TIMEOUT", "2", 1);
     expect_all_ok(2, stall_rank, NULL, 60);
   } else if (strcmp(mode, "large") == 0) {
     g_spec.kind = T_TP_TCP;

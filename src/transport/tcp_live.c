@@ -1,0 +1,201 @@
+/* The TCP transport's liveness apart from progress (liveness.h) and its
+ * control frames (tcp_wire.h: tag kind MLXD_TAG_CTRL, never matched).
+ *
+ * Heartbeats. The watchdog thread (core/watchdog.h) calls beat() every
+ * mlxd_live_cfg.beat_s: for every peer, when the first connection's send
+ * queue is empty, it queues a heartbeat frame carrying this rank's note
+ * (core/oprec.h) and writes what the socket takes at once; when the queue
+ * is not empty and no thread is progressing, it writes what the socket
+ * takes of it (a rank busy in its own computation still finishes a
+ * heartbeat that was only partly written). It never blocks: a peer that
+ * reads nothing (it is stopped) fills the socket and gets no more.
+ *
+ * Hearing. Any byte read from a peer counts as a sign of life (tcp.c
+ * stamps tcp_peer.heard in each progress round with input from it); only
+ * a thread that waits reads, so silence is measured from
+ * max(heard, the wait's start): a rank that computed for an hour without
+ * reading does not take its peers for dead when it gets back.
+ *
+ * The checks of a wait (mlxd_tcp_live_check, every 50 ms at most): a peer
+ * of a pending request silent for MLXDIST_TIMEOUT fails the transport
+ * (mlxd_live_dead, naming it and its last note); no progress for
+ * MLXDIST_WARN_AFTER prints one warning (mlxd_live_warn); no progress for
+ * MLXDIST_OP_TIMEOUT fails it (mlxd_live_op_timeout).
+ *
+ * Relay. A transport that fails for a reason found on this rank (not one
+ * relayed to it) queues an abort frame holding its status on the first
+ * connection to every peer, after a fragment that is partly written (the
+ * rest is dropped), and writes what the socket takes before the sockets
+ * are shut down. A peer that reads it fails with that status, its code
+ * kept, "reported by" this rank. */
+#include <stdio.h>
+#include <string.h>
+
+#include "core/oprec.h"
+#include "core/watchdog.h"
+#include "transport/tcp_impl.h"
+#include "util/clock.h"
+
+#define LIVE_CHECK_S 0.05
+
+static void frag_ctrl(tcp_frag* f, unsigned step, const char* data, size_t len) {
+  mlxd_tcp_hdr h = {mlxd_tag(MLXD_TAG_CTRL, 0, step), 0, len, len};
+  mlxd_tcp_hdr_encode(f->hdr, &h);
+  f->req = NULL;
+  f->data = data;
+  f->off = 0;
+  f->len = len;
+  f->sent = 0;
+  f->next = NULL;
+}
+
+static void enqueue(tcp_conn* c, tcp_frag* f) {
+  if (c->qtail)
+    c->qtail->next = f;
+  else
+    c->qhead = f;
+  c->qtail = f;
+}
+
+static void beat(void* ctx, double now) {
+  (void)now;
+  tcp_transport* t = ctx;
+  char note[MLXD_NOTE_MAX];
+  mlxd_oprec_note(note, sizeof note);
+  size_t len = strnlen(note, MLXD_TCP_BEAT_MAX);
+  pthread_mutex_lock(&t->mu);
+  bool queued = false;
+  for (int p = 0; p < t->base.size && !t->err.code; p++) {
+    tcp_conn* c = &t->conns[p * t->nconn];
+    if (p == t->base.rank || c->fd < 0 || c->eof) continue;
+    if (!c->qhead) {
+      memcpy(c->beat_note, note, len);
+      frag_ctrl(&c->beat, MLXD_TCP_CTRL_BEAT, c->beat_note, len);
+      enqueue(c, &c->beat);
+    } else if (t->progressing) {
+      continue; /* the progressor writes it */
+    }
+    int err = mlxd_tcp_conn_write(t, c);
+    if (err == 0 && c->qhead) queued = true;
+    /* A write error is left to the next wait, which reads the same socket
+     * and words it (a heartbeat does not fail the transport). */
+  }
+  if (queued) mlxd_tcp_wake(t);
+  pthread_mutex_unlock(&t->mu);
+}
+
+void mlxd_tcp_live_start(tcp_transport* t) {
+  if (t->base.size > 1) t->watch = mlxd_watchdog_add(beat, t, t->live.beat_s);
+}
+
+void mlxd_tcp_live_stop(tcp_transport* t) {
+  mlxd_watchdog_remove(t->watch);
+  t->watch = 0;
+}
+
+void mlxd_tcp_abort(mlxd_transport* tt, const mlxd_status* st) {
+  tcp_transport* t = (tcp_transport*)tt;
+  pthread_mutex_lock(&t->mu);
+  mlxd_tcp_fail(t, st); /* relayed to the peers unless st names a reporter */
+  mlxd_tcp_wake(t);
+  pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+}
+
+void mlxd_tcp_relay_prepare(tcp_transport* t) {
+  mlxd_tcp_abort_rec r;
+  memset(&r, 0, sizeof r);
+  r.code = (uint32_t)t->err.code;
+  r.reporter = t->base.rank;
+  r.peer = t->err.has_peer ? t->err.peer : -1;
+  r.sys_errno = t->err.sys_errno > 0 && t->err.sys_errno < 4096 ? t->err.sys_errno : 0;
+  r.syscall = t->err.syscall;
+  snprintf(r.addr, sizeof r.addr, "%s", t->err.has_peer ? t->err.peer_addr : "");
+  snprintf(r.detail, sizeof r.detail, "%s", t->err.msg);
+  t->abort_len = mlxd_tcp_abort_encode((unsigned char*)t->abort_pay, &r);
+}
+
+void mlxd_tcp_relay_conn(tcp_transport* t, tcp_conn* c) {
+  if (c->fd < 0 || c->eof || c->peer == t->base.rank) return;
+  if (!(c->ssl && c->wlen > c->wpos)) {
+    /* Keep a fragment that is partly on the wire (the stream must stay
+     * whole), drop the ones not started. Over TLS with bytes staged, they
+     * may span several fragments: the record goes after all of them. */
+    tcp_frag* h = c->qhead;
+    if (h && h->sent == 0) h = NULL;
+    if (h) h->next = NULL;
+    c->qhead = c->qtail = h;
+  }
+  frag_ctrl(&c->abort, MLXD_TCP_CTRL_ABORT, t->abort_pay, t->abort_len);
+  enqueue(c, &c->abort);
+  (void)mlxd_tcp_conn_write(t, c); /* best effort */
+}
+
+void mlxd_tcp_ctrl_done(tcp_transport* t, tcp_conn* c) {
+  tcp_peer* pe = &t->peers[c->peer];
+  if (c->ctrl_step == MLXD_TCP_CTRL_BEAT) {
+    mlxd_live_note_clean(pe->note, sizeof pe->note, c->ctrl_buf, c->cur_len);
+    return;
+  }
+  mlxd_tcp_abort_rec r;
+  char why[200];
+  mlxd_status s;
+  if (mlxd_tcp_abort_decode(c->ctrl_buf, c->cur_len, c->peer, t->base.size, &r, why, sizeof why) !=
+      0) {
+    mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP,
+                 "bad abort record from rank %d: %s; is the peer an mlxdist rank of the same "
+                 "version?",
+                 c->peer, why);
+    mlxd_status_set_peer(&s, c->peer, pe->addr);
+  } else {
+    mlxd_fail_at(&s, (int)r.code, MLXD_LAYER_TCP, "%s", r.detail[0] ? r.detail : "failed");
+    if (r.peer >= 0) mlxd_status_set_peer(&s, r.peer, r.addr);
+    if (r.syscall || r.sys_errno) mlxd_status_set_sys(&s, r.syscall, r.sys_errno);
+    mlxd_status_set_reporter(&s, c->peer);
+  }
+  mlxd_tcp_fail(t, &s);
+}
+
+bool mlxd_tcp_live_check(tcp_transport* t, struct mlxd_req* const* reqs, int n, tcp_live_wait* w,
+                         double now) {
+  if (now < w->next_check && now < w->deadline) return false;
+  const mlxd_live_cfg* cfg = &t->live;
+  w->next_check = now + LIVE_CHECK_S;
+  double deadline = w->last_change + cfg->op_s;
+  struct mlxd_req* first = NULL;
+  for (int i = 0; i < n; i++) {
+    struct mlxd_req* r = reqs[i];
+    if (!r || r->m.complete) continue;
+    if (!first) first = r;
+    tcp_peer* pe = &t->peers[r->m.peer];
+    double heard = pe->heard > w->start ? pe->heard : w->start;
+    if (now - heard >= cfg->dead_s) {
+      mlxd_status s;
+      mlxd_live_dead(&s, MLXD_LAYER_TCP, r->m.peer, pe->addr, now - heard, pe->note);
+      mlxd_tcp_fail(t, &s);
+      return true;
+    }
+    if (heard + cfg->dead_s < deadline) deadline = heard + cfg->dead_s;
+  }
+  if (!first) return false;
+  tcp_peer* pe = &t->peers[first->m.peer];
+  if (now - w->last_change >= cfg->op_s) {
+    mlxd_status s;
+    mlxd_live_op_timeout(&s, MLXD_LAYER_TCP, first->m.peer, pe->addr, cfg->op_s, first->is_send,
+                         first->m.n, first->m.tag, pe->note);
+    mlxd_tcp_fail(t, &s);
+    return true;
+  }
+  if (!w->warned && cfg->warn_s > 0) {
+    if (now - w->last_change >= cfg->warn_s) {
+      w->warned = true;
+      double heard = pe->heard > w->start ? pe->heard : w->start;
+      mlxd_live_warn(MLXD_LAYER_TCP, t->base.rank, first->m.peer, pe->addr, now - w->last_change,
+                     first->m.tag, now - heard, pe->note);
+    } else if (w->last_change + cfg->warn_s < deadline) {
+      deadline = w->last_change + cfg->warn_s;
+    }
+  }
+  w->deadline = deadline;
+  return false;
+}
