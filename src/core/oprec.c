@@ -1,6 +1,6 @@
 /* The operation record (oprec.h): a ring of the last MLXD_OPREC_N ops of
- * this process, one mutex held for a few stores per call, formatted and
- * written outside it. */
+ * this process, written with a few relaxed atomic stores per call (no
+ * lock), read seqlock-style, formatted and written by the reader. */
 #include "core/oprec.h"
 
 #include <errno.h>
@@ -13,14 +13,15 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <time.h>
 #include "core/array_impl.h"
 #include "core/status.h"
 #include "core/watchdog.h"
-#include "util/clock.h"
 #include "util/tunables.h"
 
+/* What a reader copies out of a slot. */
 typedef struct ent {
-  uint64_t h; /* 0: empty slot */
+  uint64_t h;
   unsigned group;
   uint64_t seq;
   const char* op;
@@ -29,62 +30,138 @@ typedef struct ent {
   int peer;
   int state; /* mlxd_oprec_state */
   int code;
-  double t_queued, t_run, t_end; /* mlxd_now(); 0 = not yet */
+  double t_queued, t_run, t_end; /* rec_now(); 0 = not yet */
 } ent;
 
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static ent g_tab[MLXD_OPREC_N];
-static uint64_t g_next = 1;
-/* The identity in the heading: the largest group seen (the first of that size). */
-static unsigned g_id_group;
-static int g_rank = -1, g_size;
-static uint64_t g_colls;  /* collectives entered on that group (highest seq + 1) */
-static bool g_fail_shown; /* a failure's record was printed; cleared by a success */
+/* A slot: every field atomic (relaxed), the tag (handle << 3 | phase)
+ * published last, seqlock-style: a reader copies the fields between two
+ * reads of the tag and keeps the copy only when the tag did not move. No
+ * lock: the stream workers run at idle priority (stream.c), and a lock one
+ * of them held while preempted would stall the caller's next op. */
+enum { PH_WRITING = 0, PH_QUEUED, PH_RUNNING, PH_DONE, PH_FAILED };
+typedef struct slot {
+  _Atomic uint64_t tag;
+  _Atomic unsigned group;
+  _Atomic uint64_t seq;
+  _Atomic(const char*) op;
+  _Atomic int dtype, peer, code;
+  _Atomic size_t bytes;
+  _Atomic double t_queued, t_run, t_end;
+} slot;
+
+/* The record's clock: CLOCK_MONOTONIC_COARSE (a few ns; ticks of 1-4 ms,
+ * plenty for a record printed in tenths of a second). mlxd_now() costs
+ * ~80 ns on a VM's kvm-clock, three times per op. */
+static double rec_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+#define TAG(h, ph) (((h) << 3) | (uint64_t)(ph))
+#define RLX memory_order_relaxed
+
+static slot g_tab[MLXD_OPREC_N];
+static _Atomic uint64_t g_next = 1;
+/* The identity in the heading: the largest group seen (the first of that
+ * size); changed under g_id_mu (only while groups are being made). */
+static pthread_mutex_t g_id_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic unsigned g_id_group;
+static _Atomic int g_rank = -1, g_size;
+static _Atomic uint64_t g_colls; /* collectives entered on that group (highest seq + 1) */
+static atomic_bool g_fail_shown; /* a failure's record was printed; cleared by a success */
 
 uint64_t mlxd_oprec_begin(unsigned group, int rank, int size, uint64_t seq, const char* op,
                           int dtype, size_t bytes, int peer) {
-  double now = mlxd_now();
-  pthread_mutex_lock(&g_mu);
-  uint64_t h = g_next++;
-  g_tab[h % MLXD_OPREC_N] =
-      (ent){h, group, seq, op, dtype, bytes, peer, MLXD_OPREC_QUEUED, 0, now, 0, 0};
-  if (size > g_size) {
-    g_size = size;
-    g_rank = rank;
-    g_id_group = group;
-    g_colls = 0;
+  double now = rec_now();
+  uint64_t h = atomic_fetch_add_explicit(&g_next, 1, RLX);
+  slot* e = &g_tab[h % MLXD_OPREC_N];
+  atomic_store_explicit(&e->tag, TAG(h, PH_WRITING), RLX);
+  atomic_thread_fence(memory_order_release);
+  atomic_store_explicit(&e->group, group, RLX);
+  atomic_store_explicit(&e->seq, seq, RLX);
+  atomic_store_explicit(&e->op, op, RLX);
+  atomic_store_explicit(&e->dtype, dtype, RLX);
+  atomic_store_explicit(&e->peer, peer, RLX);
+  atomic_store_explicit(&e->code, 0, RLX);
+  atomic_store_explicit(&e->bytes, bytes, RLX);
+  atomic_store_explicit(&e->t_queued, now, RLX);
+  atomic_store_explicit(&e->t_run, 0.0, RLX);
+  atomic_store_explicit(&e->t_end, 0.0, RLX);
+  atomic_store_explicit(&e->tag, TAG(h, PH_QUEUED), memory_order_release);
+  if (size > atomic_load_explicit(&g_size, RLX)) {
+    pthread_mutex_lock(&g_id_mu);
+    if (size > atomic_load_explicit(&g_size, RLX)) {
+      atomic_store(&g_id_group, group);
+      atomic_store(&g_rank, rank);
+      atomic_store(&g_colls, 0);
+      atomic_store(&g_size, size);
+    }
+    pthread_mutex_unlock(&g_id_mu);
   }
-  if (group == g_id_group && peer < 0 && seq + 1 > g_colls) g_colls = seq + 1;
-  pthread_mutex_unlock(&g_mu);
+  /* One group's ops begin under its mutex (ops.c): one writer per group. */
+  if (peer < 0 && group == atomic_load_explicit(&g_id_group, RLX) &&
+      seq + 1 > atomic_load_explicit(&g_colls, RLX))
+    atomic_store_explicit(&g_colls, seq + 1, RLX);
   return h;
 }
 
 void mlxd_oprec_running(uint64_t h) {
-  double now = mlxd_now();
-  pthread_mutex_lock(&g_mu);
-  ent* e = &g_tab[h % MLXD_OPREC_N];
-  if (e->h == h) {
-    e->state = MLXD_OPREC_RUNNING;
-    e->t_run = now;
-  }
-  pthread_mutex_unlock(&g_mu);
+  slot* e = &g_tab[h % MLXD_OPREC_N];
+  uint64_t want = TAG(h, PH_QUEUED);
+  if (atomic_load_explicit(&e->tag, RLX) != want) return; /* fell out of the table */
+  atomic_store_explicit(&e->t_run, rec_now(), RLX);
+  atomic_compare_exchange_strong_explicit(&e->tag, &want, TAG(h, PH_RUNNING), memory_order_release,
+                                          RLX);
 }
 
 void mlxd_oprec_end(uint64_t h, int code) {
-  double now = mlxd_now();
-  pthread_mutex_lock(&g_mu);
-  ent* e = &g_tab[h % MLXD_OPREC_N];
-  if (e->h == h) {
-    e->state = code ? MLXD_OPREC_FAILED : MLXD_OPREC_DONE;
-    e->code = code;
-    if (e->t_run == 0) e->t_run = now;
-    e->t_end = now;
-  }
-  if (code == 0) g_fail_shown = false;
-  pthread_mutex_unlock(&g_mu);
+  if (code == 0 && atomic_load_explicit(&g_fail_shown, RLX))
+    atomic_store_explicit(&g_fail_shown, false, RLX);
+  slot* e = &g_tab[h % MLXD_OPREC_N];
+  uint64_t tag = atomic_load_explicit(&e->tag, RLX);
+  if (tag >> 3 != h || (tag & 7) == PH_WRITING) return;
+  double now = rec_now();
+  if ((tag & 7) == PH_QUEUED) atomic_store_explicit(&e->t_run, now, RLX);
+  atomic_store_explicit(&e->code, code, RLX);
+  atomic_store_explicit(&e->t_end, now, RLX);
+  atomic_compare_exchange_strong_explicit(&e->tag, &tag, TAG(h, code ? PH_FAILED : PH_DONE),
+                                          memory_order_release, RLX);
 }
 
-/* ---- formatting (on a snapshot, outside the mutex) ---- */
+/* Copy slot h's entry into *out; false when it holds another op or kept
+ * changing. */
+static bool read_slot(uint64_t h, ent* out) {
+  const slot* e = &g_tab[h % MLXD_OPREC_N];
+  for (int tries = 0; tries < 8; tries++) {
+    uint64_t t1 = atomic_load_explicit(&e->tag, memory_order_acquire);
+    if (t1 >> 3 != h) return false;
+    if ((t1 & 7) == PH_WRITING) continue;
+    out->h = h;
+    out->group = atomic_load_explicit(&e->group, RLX);
+    out->seq = atomic_load_explicit(&e->seq, RLX);
+    out->op = atomic_load_explicit(&e->op, RLX);
+    out->dtype = atomic_load_explicit(&e->dtype, RLX);
+    out->peer = atomic_load_explicit(&e->peer, RLX);
+    out->code = atomic_load_explicit(&e->code, RLX);
+    out->bytes = atomic_load_explicit(&e->bytes, RLX);
+    out->t_queued = atomic_load_explicit(&e->t_queued, RLX);
+    out->t_run = atomic_load_explicit(&e->t_run, RLX);
+    out->t_end = atomic_load_explicit(&e->t_end, RLX);
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&e->tag, RLX) != t1) continue;
+    int ph = (int)(t1 & 7);
+    out->state = ph == PH_QUEUED    ? MLXD_OPREC_QUEUED
+                 : ph == PH_RUNNING ? MLXD_OPREC_RUNNING
+                 : ph == PH_DONE    ? MLXD_OPREC_DONE
+                                    : MLXD_OPREC_FAILED;
+    if (out->op == NULL) return false;
+    return true;
+  }
+  return false;
+}
+
+/* ---- formatting (on a snapshot) ---- */
 
 typedef struct snap {
   ent e[MLXD_OPREC_N]; /* oldest first */
@@ -95,18 +172,14 @@ typedef struct snap {
 } snap;
 
 static void take(snap* s) {
-  pthread_mutex_lock(&g_mu);
-  uint64_t last = g_next - 1;
+  uint64_t last = atomic_load_explicit(&g_next, memory_order_acquire) - 1;
   uint64_t first = last >= MLXD_OPREC_N ? last - MLXD_OPREC_N + 1 : 1;
   s->n = 0;
-  for (uint64_t h = first; h <= last && h > 0; h++) {
-    const ent* e = &g_tab[h % MLXD_OPREC_N];
-    if (e->h == h) s->e[s->n++] = *e;
-  }
-  s->rank = g_rank;
-  s->size = g_size;
-  s->colls = g_colls;
-  pthread_mutex_unlock(&g_mu);
+  for (uint64_t h = first; h <= last && h > 0; h++)
+    if (read_slot(h, &s->e[s->n])) s->n++;
+  s->rank = atomic_load(&g_rank);
+  s->size = atomic_load(&g_size);
+  s->colls = atomic_load(&g_colls);
   s->groups = 0;
   for (int i = 0; i < s->n; i++) {
     bool seen = false;
@@ -142,7 +215,7 @@ static void note_of(const snap* s, double now, char* out, size_t n) {
 void mlxd_oprec_note(char* out, size_t n) {
   snap s;
   take(&s);
-  note_of(&s, mlxd_now(), out, n);
+  note_of(&s, rec_now(), out, n);
 }
 
 static const char* code_word(int code) {
@@ -221,7 +294,7 @@ void mlxd_oprec_dump(int fd, const char* why) {
   pthread_once(&g_host_once, fill_host);
   snap s;
   take(&s);
-  double now = mlxd_now();
+  double now = rec_now();
   char note[96];
   note_of(&s, now, note, sizeof note);
   outbuf o;
@@ -234,11 +307,7 @@ void mlxd_oprec_dump(int fd, const char* why) {
 }
 
 void mlxd_oprec_dump_failure(void) {
-  pthread_mutex_lock(&g_mu);
-  bool shown = g_fail_shown;
-  g_fail_shown = true;
-  pthread_mutex_unlock(&g_mu);
-  if (!shown) mlxd_oprec_dump(2, "failure");
+  if (!atomic_exchange(&g_fail_shown, true)) mlxd_oprec_dump(2, "failure");
 }
 
 /* ---- SIGUSR1 (MLXDIST_DUMP_SIGNAL=1) ---- */

@@ -10,7 +10,9 @@
  * and summarised in one short note ("in all_sum #17 for 3.2 s", "after
  * all_sum #16, 61.0 s ago") that heartbeats carry to the peers.
  *
- * Thread-safe (one mutex, held for a few stores; never across I/O). */
+ * Thread-safe and lock-free: a few relaxed atomic stores per call (the
+ * stream workers run at idle priority; a lock they held while preempted
+ * would stall the caller), read seqlock-style by the note and the dump. */
 #ifndef MLXD_OPREC_H
 #define MLXD_OPREC_H
 
@@ -48,8 +50,7 @@ void mlxd_oprec_end(uint64_t h, int code);
 void mlxd_oprec_note(char* out, size_t n);
 
 /* Print the record as one block on fd (stderr: 2) with a heading giving
- * why ("timeout", "warning", "signal"), formatted outside the mutex and
- * written with write(2). The first line is for programs (mlxdist-launch
+ * why ("failure", "warning", "signal"), written with write(2). The first line is for programs (mlxdist-launch
  * reads it, docs/troubleshooting.md):
  *   [mlxdist] record rank 1/4 pid 123 host h1 (why): <note>; colls 18
  * colls: how many collectives this rank has entered on its largest group.
