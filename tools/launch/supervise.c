@@ -33,6 +33,7 @@
 #include "util/clock.h"
 
 #define LAUNCH_CHECK_S 0.5        /* how often /proc is read for stopped ranks */
+#define LAUNCH_SETTLE_S 0.5       /* from the first failure to stopping the others */
 #define LAUNCH_TABLE_EVERY_S 30.0 /* at most one table for warnings this often */
 
 struct run;
@@ -65,7 +66,7 @@ typedef struct run {
   bool timed_out;
   double drain_until; /* 0 until every child is gone */
   char first_how[96]; /* how the first failing rank ended */
-  double stop_at;     /* the timeout's stop, after the records (0: none) */
+  double stop_at;     /* stop the job then (0: none): after the records, after a failure */
   double table_at;    /* print the table then (0: none) */
   double table_last;  /* when the last table for a stall or warning was printed */
   double next_check;  /* the next look at /proc */
@@ -239,10 +240,14 @@ static void child_exited(run* rn, int i, int st) {
   if (rn->stopping) return; /* stopped by us (timeout or forwarded signal) */
   if (rn->name_ranks) {
     if (rn->alive > 0)
-      launch_msg("rank %d %s; stopping the other %d rank%s.", i, how, rn->alive,
-                 rn->alive == 1 ? "" : "s");
+      launch_msg("rank %d %s; stopping the other %d rank%s in %.1f s.", i, how, rn->alive,
+                 rn->alive == 1 ? "" : "s", LAUNCH_SETTLE_S);
     else
       launch_msg("rank %d %s.", i, how);
+    /* A moment for the others to notice and say what they saw (the summary
+     * tells the failures it caused from the ranks the launcher stopped). */
+    rn->stop_at = mlxd_now() + LAUNCH_SETTLE_S;
+    return;
   }
   begin_stop(rn);
 }
@@ -342,7 +347,7 @@ static void check_timers(run* rn, double now) {
     else
       begin_stop(rn);
   }
-  if (rn->stop_at > 0 && now >= rn->stop_at) {
+  if (rn->stop_at > 0 && (now >= rn->stop_at || rn->alive == 0)) {
     rn->stop_at = 0;
     begin_stop(rn);
   }
