@@ -5,7 +5,8 @@
 #             each rank's record, and the table marks rank 2 as behind
 #   kill      rank 1 dies of SIGKILL: the summary names rank 1 as the first failure
 #   exitrecv  rank 0 exits with a recv pending: the job ends within 5 s, and rank 1's
-#             recv fails naming rank 0 and the closed group
+#             recv fails naming rank 0 and the closed group (exitrecv_tcp: over TCP;
+#             exitrecv: the default transport, shared memory on one host)
 #   stop      rank 1 stops itself (SIGSTOP): the launcher reports it stopped
 #   signal    MLXDIST_DUMP_SIGNAL=0 given by the user: no record is asked for (the
 #             ranks keep SIGUSR1's default) and the table says so
@@ -66,9 +67,17 @@ kill)
     fail=1
   fi
   ;;
-exitrecv)
-  run 0 5 -n 2 -- "$prog" exitrecv
-  check "rank 1's recv fails naming rank 0" "^\[1\] rec_rank: rank 1's recv failed after [0-4]\.[0-9]+ s: \[ring\] recv #0: the group was closed with this operation pending.*rank 0"
+exitrecv | exitrecv_tcp)
+  transport=auto
+  [ "$case_" = exitrecv_tcp ] && transport=tcp
+  run 0 5 -n 2 --env MLXDIST_TRANSPORT=$transport -- "$prog" exitrecv
+  if [ "$case_" = exitrecv ]; then
+    # shm relays the abort: the peer's recv fails with rank 0's own reason
+    check "rank 1's recv fails naming rank 0" "^\[1\] rec_rank: rank 1's recv failed after [0-4]\.[0-9]+ s: \[ring\] recv #0: the group was closed with this operation pending.*rank 0"
+  else
+    # TCP: the relayed reason where the transport relays aborts, else the closed connection
+    check "rank 1's recv fails naming rank 0" "^\[1\] rec_rank: rank 1's recv failed after [0-4]\.[0-9]+ s: \[ring\] recv #0: (the group was closed with this operation pending.*reported by rank 0|lost connection to rank 0)"
+  fi
   ;;
 stop)
   run 124 20 -n 3 --timeout 5 -- "$prog" stop
