@@ -261,6 +261,10 @@ static size_t g_kept_n, g_kept_cap;
 static atomic_bool g_exiting;
 static mlxd_stream** volatile g_kept_forgotten; /* a forked child's copy of the parent's kept list */
 
+static void (*_Atomic g_exit_hook)(void);
+
+void mlxd_stream_set_exit_hook(void (*fn)(void)) { atomic_store(&g_exit_hook, fn); }
+
 static void at_exit_teardown(void) {
   atomic_store(&g_exiting, true);
   if (tls_current) return;       /* exit() from a worker: it cannot wait for itself */
@@ -279,6 +283,13 @@ static void at_exit_teardown(void) {
   if (g_init_status.code == 0) {
     stream_stop(&g_cpu_static);
     for (size_t i = 0; i < n; i++) stream_stop(kept[i]);
+    /* Ops still pending after a short grace wait for something that will
+     * not come (a receive nobody sends): the hook fails them at once. */
+    void (*hook)(void) = atomic_load(&g_exit_hook);
+    double grace = mlxd_now() + (MLXD_EXIT_GRACE_S < timeout ? MLXD_EXIT_GRACE_S : timeout);
+    bool drained = stream_join(&g_cpu_static, grace);
+    for (size_t i = 0; i < n && drained; i++) drained = stream_join(kept[i], grace);
+    if (!drained && hook) hook();
     if (stream_join(&g_cpu_static, deadline)) {
       /* The struct stays valid (static); later submits fail cleanly. */
     } else {

@@ -48,6 +48,13 @@ void mlxd_array_set_producer(mlxd_array* a, mlxd_stream* s);
 /* Wait until every task queued so far has finished. */
 void mlxd_stream_sync(mlxd_stream* s);
 
+/* At process exit the default streams get MLXD_EXIT_GRACE_S seconds to
+ * drain; then fn (set once, by the distributed front-end: abort the groups
+ * with ops still pending, distributed/group.c) runs, and the joins go on
+ * within what is left of MLXDIST_TIMEOUT. */
+#define MLXD_EXIT_GRACE_S 1.0
+void mlxd_stream_set_exit_hook(void (*fn)(void));
+
 static inline mlxd_stream* mlxd_stream_of(mlx_stream h) { return (mlxd_stream*)h.ctx; }
 
 #endif

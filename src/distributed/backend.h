@@ -68,6 +68,14 @@ typedef struct mlxd_backend_ops {
                mlxd_status* st);
   /* Release everything (sockets, threads, communicators). Never blocks unbounded. */
   void (*destroy)(mlxd_backend* b);
+  /* Fail the group for good with st (code and detail; the backend renders
+   * its own "[name] op #seq: " before it): every pending and later op
+   * returns at once with it, and the peers are told where the backend can
+   * (ring: the transport's abort). Any thread, concurrently with ops; never
+   * blocks beyond a lock; not after destroy. NULL: the backend cannot
+   * interrupt its ops (the size-one backend has nothing to wait for). Used
+   * when the process exits with ops pending (group.c). */
+  void (*abort)(mlxd_backend* b, const mlxd_status* st);
 } mlxd_backend_ops;
 
 /* Implementations embed this as their first member. */

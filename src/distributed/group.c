@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/oprec.h"
 #include "distributed/group_impl.h"
 #include "distributed/plugin.h"
 #include "util/text.h"
@@ -117,6 +118,61 @@ static void user_gather_release(mlxd_user_gather* u) {
 /* ------------------------------------------------------------------ */
 /* groups                                                              */
 
+/* ------------------------------------------------------------------ */
+/* the process's live groups (for the record's numbers and for exit)   */
+
+static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
+static mlxd_group* g_live; /* doubly linked through live_prev/live_next */
+static unsigned g_next_id = 1;
+
+static void live_add(mlxd_group* g) {
+  pthread_mutex_lock(&g_live_mu);
+  g->id = g_next_id++;
+  g->live_prev = NULL;
+  g->live_next = g_live;
+  if (g_live) g_live->live_prev = g;
+  g_live = g;
+  pthread_mutex_unlock(&g_live_mu);
+}
+
+static void live_remove(mlxd_group* g) {
+  pthread_mutex_lock(&g_live_mu);
+  if (g->live_prev)
+    g->live_prev->live_next = g->live_next;
+  else if (g_live == g)
+    g_live = g->live_next;
+  if (g->live_next) g->live_next->live_prev = g->live_prev;
+  g->live_prev = g->live_next = NULL;
+  pthread_mutex_unlock(&g_live_mu);
+}
+
+void mlxd_groups_abort_pending(void) {
+  mlxd_status st;
+  mlxd_fail_at(&st, MLXD_EABORTED, MLXD_LAYER_BACKEND,
+               "the group was closed with this operation pending (the process is exiting)");
+  /* A group's last reference is dropped (live_remove) only after its ops
+   * are gone, and with an op pending it holds a reference: take one under
+   * the list's mutex, where the group cannot be removed, from a count > 0. */
+  for (;;) {
+    mlxd_group* hit = NULL;
+    pthread_mutex_lock(&g_live_mu);
+    for (mlxd_group* g = g_live; g && !hit; g = g->live_next) {
+      if (g->aborted || atomic_load(&g->pending) == 0 || !g->backend->ops->abort) continue;
+      int r = atomic_load(&g->refs);
+      while (r > 0 && !atomic_compare_exchange_weak(&g->refs, &r, r + 1)) {
+      }
+      if (r > 0) {
+        g->aborted = true;
+        hit = g;
+      }
+    }
+    pthread_mutex_unlock(&g_live_mu);
+    if (!hit) return;
+    hit->backend->ops->abort(hit->backend, &st);
+    mlxd_group_release(hit);
+  }
+}
+
 /* Takes ownership of b (destroyed on failure); retains u and parent.
  * A group of one always holds the size-one backend (single.c), whatever
  * started it (a one-rank hostfile, mpirun -n 1, a split into singletons):
@@ -158,6 +214,10 @@ static mlxd_group* group_new(mlxd_backend* b, const char* kind, mlxd_user_gather
   pthread_mutex_init(&g->mu, NULL);
   g->send_seq = seqs;
   g->recv_seq = seqs + b->size;
+  atomic_init(&g->pending, 0);
+  live_add(g);
+  mlxd_stream_set_exit_hook(mlxd_groups_abort_pending);
+  if (b->size > 1) mlxd_oprec_signal_setup();
   return g;
 }
 
@@ -177,6 +237,7 @@ mlxd_group* mlxd_group_retain(mlxd_group* g) {
 
 void mlxd_group_release(mlxd_group* g) {
   if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
+  live_remove(g);
   g->backend->ops->destroy(g->backend);
   mlxd_group_release(g->parent);
   user_gather_release(g->gather);

@@ -18,6 +18,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "core/status.h"
@@ -42,6 +43,11 @@ typedef struct mlxd_group {
   uint64_t coll_seq;  /* collectives and split */
   uint64_t* send_seq; /* size entries, per destination */
   uint64_t* recv_seq; /* size entries, per source */
+  /* The operation record (core/oprec.h) and teardown at exit. */
+  unsigned id;        /* 1, 2, ... in the order groups were made (the record's g<id>) */
+  atomic_int pending; /* ops queued and not finished (ops.c) */
+  bool aborted;       /* under group.c's list mutex: abort was called */
+  struct mlxd_group *live_prev, *live_next; /* the process's live groups (group.c) */
 } mlxd_group;
 
 static inline mlxd_group* mlxd_group_of(mlx_distributed_group h) { return (mlxd_group*)h.ctx; }
@@ -51,6 +57,13 @@ static inline mlx_distributed_group mlxd_group_handle(mlxd_group* g) {
 }
 
 mlxd_group* mlxd_group_retain(mlxd_group* g);
+/* At process exit, after the streams had a short time to drain: abort
+ * (backend abort op) every live group that still has ops pending, so they
+ * fail at once ("[ring] recv #3: the group was closed with this operation
+ * pending") instead of holding the exit for MLXDIST_TIMEOUT; their peers'
+ * operations fail naming this rank. Groups with nothing pending are left
+ * alone (their peers may still be finishing an op this rank completed). */
+void mlxd_groups_abort_pending(void);
 void mlxd_group_release(mlxd_group* g);
 
 /* The default group for an op given an empty handle: what a non-strict

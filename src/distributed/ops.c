@@ -18,6 +18,7 @@
 
 #include "core/array_impl.h"
 #include "core/error.h"
+#include "core/oprec.h"
 #include "core/stream_impl.h"
 #include "distributed/group_impl.h"
 #include "mlx/c/distributed.h"
@@ -34,6 +35,8 @@ typedef struct op_task {
   int peer;
   mlxd_array* in;  /* held by the stream task (its input); NULL for recv */
   mlxd_array* out; /* held by the stream task (its output) */
+  uint64_t rec;    /* the operation record's handle (core/oprec.h) */
+  bool ended;      /* the record has its end */
 } op_task;
 
 static const char* dev_name(mlx_device_type t) { return t == MLX_GPU ? "gpu" : "cpu"; }
@@ -47,6 +50,7 @@ static void op_run(void* arg, mlxd_status* st) {
   assert((t->kind != OP_SEND && t->kind != OP_RECV) ||
          (t->peer >= 0 && t->peer < b->size && t->peer != b->rank));
   assert(b->size >= 2 || b->ops == mlxd_single_ops());
+  mlxd_oprec_running(t->rec);
   int rc = 0;
   switch (t->kind) {
     case OP_REDUCE:
@@ -72,10 +76,17 @@ static void op_run(void* arg, mlxd_status* st) {
     mlxd_fail(st, rc, "[%s] the operation failed without a message (code %d)", b->ops->name, rc);
   else if (rc == 0 && st->code != 0)
     mlxd_status_clear(st);
+  mlxd_oprec_end(t->rec, st->code);
+  t->ended = true;
+  /* A timeout or a lost peer: show where this rank stands (once for the
+   * whole cascade of ops failing with it). */
+  if (st->code == MLXD_ETIMEDOUT || st->code == MLXD_EREMOTE) mlxd_oprec_dump_failure();
 }
 
 static void op_cleanup(void* arg) {
   op_task* t = arg;
+  if (!t->ended) mlxd_oprec_end(t->rec, MLXD_EABORTED); /* the stream dropped it */
+  atomic_fetch_sub(&t->g->pending, 1);
   mlxd_group_release(t->g);
   free(t);
 }
@@ -196,11 +207,19 @@ static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind, m
                       : kind == OP_RECV ? &g->recv_seq[peer]
                                         : &g->coll_seq;
   t->seq = (*counter)++;
+  const mlxd_array* data = in ? in : out;
+  t->rec =
+      mlxd_oprec_begin(g->id, g->backend->rank, g->backend->size, t->seq,
+                       kind == OP_RECV ? "recv" : op, /* recv_like: a recv, as the backend says */
+                       (int)data->dtype, data->nbytes, peer);
+  atomic_fetch_add(&g->pending, 1);
   int rc = mlxd_stream_submit(s, op_run, op_cleanup, t, in ? &in : NULL, in ? 1 : 0, &out, 1, &st);
   if (rc != 0) (*counter)--; /* nothing was queued: the number is unused */
   pthread_mutex_unlock(&g->mu);
 
   if (rc != 0) {
+    mlxd_oprec_end(t->rec, rc);
+    atomic_fetch_sub(&g->pending, 1);
     mlxd_group_release(g);
     free(t);
     mlxd_array_release(out);

@@ -473,6 +473,7 @@ const mlxd_backend_kind* mlxd_plugin_adapt(void* handle, const char* path, const
       .recv = a_recv,
       .split = a_split,
       .destroy = a_destroy,
+      .abort = NULL, /* the plugin ABI has no abort; the mpi plugin bounds its exit itself */
   };
   s->kind = (mlxd_backend_kind){
       .name = s->name,

@@ -71,6 +71,7 @@ static const mlxd_backend_ops k_single_ops = {
     .recv = single_recv,
     .split = single_split,
     .destroy = single_destroy,
+    .abort = NULL, /* nothing ever waits */
 };
 
 const mlxd_backend_ops* mlxd_single_ops(void) { return &k_single_ops; }

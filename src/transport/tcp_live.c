@@ -39,7 +39,7 @@
 #define LIVE_CHECK_S 0.05
 
 static void frag_ctrl(tcp_frag* f, unsigned step, const char* data, size_t len) {
-  mlxd_tcp_hdr h = {mlxd_tag(MLXD_TAG_CTRL, 0, step), 0, len, len};
+  mlxd_tcp_hdr h = {mlxd_tag(MLXD_TAG_CTRL, 0, step), 0, len, len, {0}};
   mlxd_tcp_hdr_encode(f->hdr, &h);
   f->req = NULL;
   f->data = data;

@@ -7,6 +7,8 @@
  *   relay.c     a child's output, line by line, with the "[rank] " prefix
  *   supervise.c starting the children, stopping them all on the first failure,
  *               --timeout, forwarded signals and the exit status
+ *   watch.c     what the supervisor knows of each rank: its records (the table),
+ *               its first error line (the failure summary), /proc (stopped?)
  *   main.c      the outline, the job's token (MLXDIST_JOB_TOKEN) and --secret's
  *               per-job secret file (docs/security.md). */
 #ifndef MLXD_LAUNCH_H
@@ -89,6 +91,9 @@ typedef struct launch_relay {
   int fd; /* read end of the child's pipe (non-blocking), -1 when closed */
   int out_fd;
   const char* prefix; /* "[r] ", or "" */
+  /* Called with every line relayed (without the prefix; NULL: none). */
+  void (*on_line)(void* ctx, const char* line, size_t len);
+  void* ctx;
   char* buf;
   size_t len, cap;
 } launch_relay;
@@ -98,6 +103,42 @@ typedef struct launch_relay {
 void launch_relay_read(launch_relay* r);
 /* Print what is left (also a last line without a newline), close, free. */
 void launch_relay_finish(launch_relay* r);
+
+/* ---- watch.c ---- */
+
+#define LAUNCH_VIEW_LINE 512
+#define LAUNCH_DUMP_WAIT_S 1.0 /* how long the ranks get to print their records */
+#define LAUNCH_STOPPED_S 2.0   /* a rank stopped (state T) this long is reported */
+
+/* One rank as the supervisor sees it. */
+typedef struct launch_view {
+  bool has_record; /* its last record's heading: */
+  char host[64];
+  char why[32];
+  char note[128]; /* "in all_sum #17 for 3.2 s" */
+  unsigned long long colls;
+  double record_at;
+  char first_err[LAUNCH_VIEW_LINE]; /* its first line that reports a failure */
+  char last_line[LAUNCH_VIEW_LINE]; /* its last stderr line (not a record's) */
+  bool stopped;                     /* state T/t in /proc/<pid>/stat */
+  double stopped_since;             /* 0: not stopped */
+  bool stopped_reported;
+} launch_view;
+
+/* A line of the rank's stderr (len bytes, maybe with its newline). */
+void launch_view_line(launch_view* v, const char* line, size_t len);
+/* The state letter of /proc/<pid>/stat ('R', 'S', 'T', ...), 0 if unknown. */
+char launch_proc_state(pid_t pid);
+/* Whether the process catches SIGUSR1 (SigCgt of /proc/<pid>/status): an
+ * mlxdist rank with MLXDIST_DUMP_SIGNAL=1 and a group does. */
+bool launch_catches_sigusr1(pid_t pid);
+/* The ranks' last records side by side under title, the rank behind marked. */
+void launch_view_table(const launch_view* v, int n, const char* title);
+/* The failure summary: the first rank to fail (how: "was killed by signal 9
+ * (Killed)"), its message, then the others: codes[i] (exit code, 0 if it
+ * succeeded), by_us[i] (it ended after the launcher began to stop the job). */
+void launch_view_summary(const launch_view* v, int n, int first, const char* how, const int* codes,
+                         const bool* by_us);
 
 /* ---- supervise.c ---- */
 

@@ -43,6 +43,7 @@ static void emit_line(const launch_relay* r, const char* line, size_t len, bool 
   iov[n++] = (struct iovec){(void*)line, len};
   if (add_newline) iov[n++] = (struct iovec){(void*)"\n", 1};
   write_all(r->out_fd, iov, n);
+  if (r->on_line) r->on_line(r->ctx, line, len);
 }
 
 /* Print every complete line in r->buf (and everything when flush_all). */

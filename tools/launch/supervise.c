@@ -5,7 +5,19 @@
  * waits on those pipes and on a signalfd for SIGCHLD and the user's signals:
  * the first child to fail stops the others (SIGTERM, then SIGKILL after
  * LAUNCH_GRACE_S) and gives the exit status; --timeout does the same and
- * exits 124; SIGINT/SIGTERM/SIGHUP are forwarded, a second one kills. */
+ * exits 124; SIGINT/SIGTERM/SIGHUP are forwarded, a second one kills.
+ *
+ * Where everyone is (docs/troubleshooting.md): the ring ranks get
+ * MLXDIST_DUMP_SIGNAL=1 (unless the user set it), so an mlxdist rank with a
+ * group prints its operation record on SIGUSR1. When --timeout expires the
+ * launcher sends SIGUSR1 to every rank that catches it, relays the records
+ * for LAUNCH_DUMP_WAIT_S, then stops the job and prints the records side by
+ * side (watch.c). While the job runs it checks every LAUNCH_CHECK_S whether
+ * a rank is stopped (state T in /proc/<pid>/stat: SIGSTOP, a debugger, ^Z)
+ * and reports one stopped for LAUNCH_STOPPED_S, with the others' records;
+ * a rank's long-wait warning (it prints its record) brings the table too.
+ * On a failure the summary at the end names the first rank that failed and
+ * its message before the cascade it caused. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -20,11 +32,21 @@
 #include "launch.h"
 #include "util/clock.h"
 
+#define LAUNCH_CHECK_S 0.5        /* how often /proc is read for stopped ranks */
+#define LAUNCH_SETTLE_S 0.5       /* from the first failure to stopping the others */
+#define LAUNCH_TABLE_EVERY_S 30.0 /* at most one table for warnings this often */
+
+struct run;
+
 typedef struct child {
   pid_t pid;
   bool alive;
   char prefix[24];
   launch_relay out, err;
+  launch_view view; /* from its stderr and /proc (watch.c) */
+  int code;         /* the launcher's code for its end (0: success) */
+  bool by_us;       /* it ended after the launcher began to stop the job */
+  struct run* rn;
 } child;
 
 typedef struct run {
@@ -43,6 +65,11 @@ typedef struct run {
   double deadline; /* mlxd_now() when the timeout expires; 0: none */
   bool timed_out;
   double drain_until; /* 0 until every child is gone */
+  char first_how[96]; /* how the first failing rank ended */
+  double stop_at;     /* stop the job then (0: none): after the records, after a failure */
+  double table_at;    /* print the table then (0: none) */
+  double table_last;  /* when the last table for a stall or warning was printed */
+  double next_check;  /* the next look at /proc */
   struct pollfd* pfd; /* the signalfd and every open pipe */
   launch_relay** who; /* who[i]: the pipe of pfd[i], i >= 1 */
 } run;
@@ -78,6 +105,7 @@ static void begin_stop(run* rn) {
   rn->stopping = true;
   rn->kill_at = mlxd_now() + LAUNCH_GRACE_S;
   signal_all(rn, SIGTERM);
+  signal_all(rn, SIGCONT); /* a stopped rank acts on SIGTERM only once continued */
 }
 
 /* ---- starting a child ---- */
@@ -95,6 +123,7 @@ static _Noreturn void exec_child(const launch_spawn* sp, int rank, int out_fd, i
     char v[16];
     snprintf(v, sizeof v, "%d", rank);
     setenv("MLX_RANK", v, 1);
+    setenv("MLXDIST_DUMP_SIGNAL", "1", 0); /* the record on SIGUSR1; the user's value wins */
   }
   for (int i = 0; i < sp->n_env; i++) {
     const char* kv = sp->set_env[i];
@@ -118,6 +147,35 @@ static _Noreturn void exec_child(const launch_spawn* sp, int rank, int out_fd, i
 static void close_pair(int p[2]) {
   close(p[0]);
   close(p[1]);
+}
+
+/* Ask every live rank that catches SIGUSR1 for its record (the signal's
+ * default would kill a rank that does not). Returns how many were asked. */
+static int request_records(run* rn, int except) {
+  int asked = 0;
+  for (int i = 0; i < rn->n; i++) {
+    child* c = &rn->kids[i];
+    if (i == except || !c->alive || c->view.stopped || !launch_catches_sigusr1(c->pid)) continue;
+    if (kill(c->pid, SIGUSR1) == 0) asked++;
+  }
+  return asked;
+}
+
+/* A rank's stderr line: remember what it says; a rank's long-wait warning
+ * (it comes with its record) asks the others for theirs, for the table. */
+static void on_err_line(void* ctx, const char* line, size_t len) {
+  child* c = ctx;
+  run* rn = c->rn;
+  launch_view_line(&c->view, line, len);
+  if (!rn || !rn->name_ranks || rn->stopping || rn->stop_at > 0 || rn->table_at > 0) return;
+  if (!c->view.has_record || strcmp(c->view.why, "warning") != 0 ||
+      c->view.record_at < mlxd_now() - 0.5)
+    return;
+  double now = mlxd_now();
+  if (rn->table_last > 0 && now - rn->table_last < LAUNCH_TABLE_EVERY_S) return;
+  snprintf(c->view.why, sizeof c->view.why, "warning seen");
+  request_records(rn, (int)(c - rn->kids));
+  rn->table_at = now + LAUNCH_DUMP_WAIT_S;
 }
 
 /* Fork and exec one child with its output relayed; -1 with errno on failure. */
@@ -147,7 +205,8 @@ static int start_child(const launch_spawn* sp, child* c, int rank) {
   c->pid = pid;
   c->alive = true;
   c->out = (launch_relay){.fd = po[0], .out_fd = 1, .prefix = c->prefix};
-  c->err = (launch_relay){.fd = pe[0], .out_fd = 2, .prefix = c->prefix};
+  c->err = (launch_relay){
+      .fd = pe[0], .out_fd = 2, .prefix = c->prefix, .on_line = on_err_line, .ctx = c};
   return 0;
 }
 
@@ -172,21 +231,38 @@ static void child_exited(run* rn, int i, int st) {
   rn->alive--;
   char how[96];
   int code = exit_code(st, how, sizeof how);
+  rn->kids[i].code = code;
+  rn->kids[i].by_us = rn->stopping;
   if (code == 0 || rn->first_fail_rank >= 0) return;
   rn->first_fail_rank = i;
   rn->first_fail_code = code;
+  snprintf(rn->first_how, sizeof rn->first_how, "%s", how);
   if (rn->stopping) return; /* stopped by us (timeout or forwarded signal) */
   if (rn->name_ranks) {
     if (rn->alive > 0)
-      launch_msg("rank %d %s; stopping the other %d rank%s.", i, how, rn->alive,
-                 rn->alive == 1 ? "" : "s");
+      launch_msg("rank %d %s; stopping the other %d rank%s in %.1f s.", i, how, rn->alive,
+                 rn->alive == 1 ? "" : "s", LAUNCH_SETTLE_S);
     else
       launch_msg("rank %d %s.", i, how);
+    /* A moment for the others to notice and say what they saw (the summary
+     * tells the failures it caused from the ranks the launcher stopped). */
+    rn->stop_at = mlxd_now() + LAUNCH_SETTLE_S;
+    return;
   }
   begin_stop(rn);
 }
 
-static void reap(run* rn) {
+/* Reap pid first (0: none), then whatever else has ended. The first
+ * SIGCHLD's sender is the first child that ended (later ones merge into the
+ * pending signal), so reaping it first keeps "the first rank to fail" right
+ * when several ended before the launcher looked. */
+static void reap(run* rn, pid_t first) {
+  if (first > 0) {
+    int st = 0;
+    if (waitpid(first, &st, WNOHANG) == first)
+      for (int i = 0; i < rn->n; i++)
+        if (rn->kids[i].pid == first && rn->kids[i].alive) child_exited(rn, i, st);
+  }
   for (;;) {
     int st = 0;
     pid_t pid = waitpid(-1, &st, WNOHANG);
@@ -199,8 +275,10 @@ static void reap(run* rn) {
 /* The signalfd is readable: forward the user's signals (a second one kills), reap. */
 static void on_signals(run* rn) {
   struct signalfd_siginfo si;
+  pid_t first = 0;
   while (read(rn->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
     int sig = (int)si.ssi_signo;
+    if (sig == SIGCHLD && first == 0) first = (pid_t)si.ssi_pid;
     if (sig == SIGCHLD || rn->alive == 0) continue;
     if (rn->interrupted) {
       rn->killed = true;
@@ -213,21 +291,72 @@ static void on_signals(run* rn) {
     rn->stopping = true;
     rn->kill_at = mlxd_now() + LAUNCH_GRACE_S;
   }
-  reap(rn);
+  reap(rn, first);
 }
 
 /* ---- the supervision loop ---- */
 
+static void child_views_table(run* rn, const char* title) {
+  launch_view* v = calloc((size_t)rn->n, sizeof *v);
+  if (!v) return;
+  for (int i = 0; i < rn->n; i++) v[i] = rn->kids[i].view;
+  launch_view_table(v, rn->n, title);
+  free(v);
+}
+
 /* Act on the timeout and on the end of the grace period. */
+/* Ranks stopped (state T) for LAUNCH_STOPPED_S are reported once per stop. */
+static void check_stopped(run* rn, double now) {
+  if (now < rn->next_check || rn->stopping || !rn->name_ranks) return;
+  rn->next_check = now + LAUNCH_CHECK_S;
+  for (int i = 0; i < rn->n; i++) {
+    child* c = &rn->kids[i];
+    if (!c->alive) continue;
+    char s = launch_proc_state(c->pid);
+    if (s != 'T' && s != 't') {
+      c->view.stopped = c->view.stopped_reported = false;
+      c->view.stopped_since = 0;
+      continue;
+    }
+    c->view.stopped = true;
+    if (c->view.stopped_since == 0) c->view.stopped_since = now;
+    if (c->view.stopped_reported || now - c->view.stopped_since < LAUNCH_STOPPED_S) continue;
+    c->view.stopped_reported = true;
+    launch_msg(
+        "rank %d (pid %ld) is stopped (state %c in /proc/%ld/stat for %.1f s: SIGSTOP, a "
+        "debugger or job control); it makes no progress and its peers will fail when "
+        "MLXDIST_TIMEOUT finds it silent. Its last record: %s",
+        i, (long)c->pid, s, (long)c->pid, now - c->view.stopped_since,
+        c->view.has_record ? c->view.note : "none");
+    if (rn->table_at == 0 && request_records(rn, i) > 0) rn->table_at = now + LAUNCH_DUMP_WAIT_S;
+  }
+}
+
 static void check_timers(run* rn, double now) {
   if (rn->deadline > 0 && !rn->timed_out && now >= rn->deadline && rn->alive > 0) {
     rn->timed_out = true;
+    int asked = rn->name_ranks ? request_records(rn, -1) : 0;
     launch_msg(
         "timeout: the ranks ran longer than the %g s limit (--timeout or "
-        "MLXDIST_LAUNCH_TIMEOUT); killing %d rank%s.",
-        rn->timeout, rn->alive, rn->alive == 1 ? "" : "s");
+        "MLXDIST_LAUNCH_TIMEOUT); %skilling %d rank%s.",
+        rn->timeout, asked ? "asking them for their records (SIGUSR1), then " : "", rn->alive,
+        rn->alive == 1 ? "" : "s");
+    rn->table_at = 0;
+    if (asked)
+      rn->stop_at = now + LAUNCH_DUMP_WAIT_S;
+    else
+      begin_stop(rn);
+  }
+  if (rn->stop_at > 0 && (now >= rn->stop_at || rn->alive == 0)) {
+    rn->stop_at = 0;
     begin_stop(rn);
   }
+  if (rn->table_at > 0 && now >= rn->table_at) {
+    rn->table_at = 0;
+    rn->table_last = now;
+    child_views_table(rn, "where every rank is (their operation records):");
+  }
+  check_stopped(rn, now);
   if (rn->stopping && !rn->killed && now >= rn->kill_at && rn->alive > 0) {
     rn->killed = true;
     if (rn->name_ranks)
@@ -244,6 +373,10 @@ static int poll_ms(const run* rn) {
   if (rn->stopping && !rn->killed && rn->alive > 0 && (wake < 0 || rn->kill_at < wake))
     wake = rn->kill_at;
   if (rn->drain_until > 0 && (wake < 0 || rn->drain_until < wake)) wake = rn->drain_until;
+  double more[3] = {rn->stop_at, rn->table_at,
+                    rn->name_ranks && !rn->stopping && rn->alive > 0 ? rn->next_check : 0};
+  for (int i = 0; i < 3; i++)
+    if (more[i] > 0 && (wake < 0 || more[i] < wake)) wake = more[i];
   return wake < 0 ? -1 : mlxd_ms_left(wake);
 }
 
@@ -313,6 +446,25 @@ static int supervise(run* rn, double timeout) {
     if (poll_once(rn) != 0) break;
   }
   finish(rn);
+  if (rn->timed_out && rn->name_ranks)
+    child_views_table(rn, "where every rank was when the timeout expired (their records):");
+  if (!rn->timed_out && !rn->interrupted && rn->first_fail_rank >= 0 && rn->name_ranks &&
+      rn->n > 1) {
+    int* codes = calloc((size_t)rn->n, sizeof *codes);
+    bool* by_us = calloc((size_t)rn->n, sizeof *by_us);
+    launch_view* v = calloc((size_t)rn->n, sizeof *v);
+    if (codes && by_us && v) {
+      for (int i = 0; i < rn->n; i++) {
+        codes[i] = rn->kids[i].code;
+        by_us[i] = rn->kids[i].by_us;
+        v[i] = rn->kids[i].view;
+      }
+      launch_view_summary(v, rn->n, rn->first_fail_rank, rn->first_how, codes, by_us);
+    }
+    free(codes);
+    free(by_us);
+    free(v);
+  }
   if (rn->timed_out) return 124;
   if (rn->first_fail_rank >= 0) return rn->first_fail_code;
   if (rn->interrupted) return 128 + rn->interrupted;
@@ -347,6 +499,7 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
   int rc = -1;
   for (int r = 0; r < n && rc < 0; r++) {
     snprintf(rn.kids[r].prefix, sizeof rn.kids[r].prefix, "[%d] ", r);
+    rn.kids[r].rn = &rn;
     if (start_child(sp, &rn.kids[r], r) == 0) {
       rn.alive++;
       continue;

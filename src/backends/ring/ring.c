@@ -216,9 +216,15 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
   return ring_done(split_run(b, seq, color, key, out, st), st, "split", seq);
 }
 
+/* The transport fails every pending op and tells the peers. */
+static void ring_abort(mlxd_backend* b, const mlxd_status* st) {
+  mlxd_ring* r = (mlxd_ring*)b;
+  if (r->t) r->t->ops->abort(r->t, st);
+}
+
 static const mlxd_backend_ops ring_ops = {
-    "ring",    ring_all_reduce, ring_all_gather, ring_reduce_scatter,
-    ring_send, ring_recv,       ring_split,      ring_destroy,
+    "ring",    ring_all_reduce, ring_all_gather, ring_reduce_scatter, ring_send,
+    ring_recv, ring_split,      ring_destroy,    ring_abort,
 };
 
 int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
