@@ -379,12 +379,19 @@ int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st) {
     return rc;
   }
   mpi_group* g = mlxd_mpi_group_new(comm, st);
-  mlxd_mpi_op_end();
   if (!g) {
+    mlxd_mpi_op_end();
     mlxd_mpi_call_lock();
     MPI_Comm_free(&comm);
     mlxd_mpi_call_unlock();
     return MPIP_ENOMEM;
+  }
+  /* Whether the group checks every call (MLXDIST_CHECK): all ranks must agree. */
+  rc = mlxd_mpi_check_agree(g, st);
+  mlxd_mpi_op_end();
+  if (rc) {
+    g->base.ops->destroy(&g->base);
+    return rc;
   }
   *out = &g->base;
   return 0;
