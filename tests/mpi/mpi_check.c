@@ -11,6 +11,9 @@
  *                        words.
  *   mpi_check match      the same ops with matching calls still give the
  *                        right results (both ranks sending first included).
+ *   mpi_check partial    rank 0 alone sets MLXDIST_CHECK=1 (before init),
+ *                        the others unset it: the group still checks on
+ *                        every rank.
  *
  * The test sets MLXDIST_TIMEOUT=20: a mismatch noticed by a timeout instead
  * of the check would take 20 s, and each case must end within 10 s. */
@@ -221,12 +224,29 @@ static int run_match(void) {
   return t_exit_status();
 }
 
+static int run_partial(void) {
+  const char* lr = getenv("OMPI_COMM_WORLD_RANK");
+  if (!lr) lr = getenv("PMI_RANK");
+  T_ASSERT(lr != NULL);
+  if (atoi(lr) == 0)
+    setenv("MLXDIST_CHECK", "1", 1);
+  else
+    unsetenv("MLXDIST_CHECK");
+  coll_case("dtype, the check set on rank 0 only", 1, OP_SUM, MLX_FLOAT32, 10, OP_SUM, MLX_INT32,
+            10,
+            "mismatched calls: rank 0 called all_sum(float32 x 10), rank 1 called "
+            "all_sum(int32 x 10)");
+  printf("rank %d: mpi_check partial %s\n", g_rank, t_check_failures() ? "FAILED" : "OK");
+  return t_exit_status();
+}
+
 int main(int argc, char** argv) {
   t_capture_errors();
   setvbuf(stdout, NULL, _IOLBF, 0);
   const char* mode = argc > 1 ? argv[1] : "mismatch";
   if (strcmp(mode, "match") == 0) return run_match();
   if (strcmp(mode, "mismatch") == 0) return run_mismatch();
-  fprintf(stderr, "usage: mpi_check mismatch|match\n");
+  if (strcmp(mode, "partial") == 0) return run_partial();
+  fprintf(stderr, "usage: mpi_check mismatch|match|partial\n");
   return 2;
 }

@@ -30,6 +30,9 @@
  *   completed in the background, so sends posted before receives on both
  *   sides never deadlock.
  * - If this plugin initialised MPI, it finalises it once, at process exit.
+ * - MLXDIST_CHECK=1 (agreed by all ranks at create): every op first
+ *   exchanges a signature of the call (mpi_check.c); a send's data leaves
+ *   only once the receiver's answer agrees. Without it nothing changes.
  *
  * The plugin does not link libmlxdist: the reduction kernels, the dtype sizes
  * and the tunables come through the host table given to mlxdist_plugin_v2

@@ -282,7 +282,7 @@ static int ensure_mpi_locked(mpip_status* st) {
 /* One line (mlxdist-info --group prints it): the first line of the MPI
  * library's version string up to its first comma ("Open MPI v4.1.4"), tabs
  * as spaces ("MPICH Version: 4.0"), the MPI version, the thread level and
- * the communicator size. */
+ * the communicator size, and whether calls are checked (MLXDIST_CHECK). */
 void mlxd_mpi_describe(mpip_backend* b, char* buf, size_t len) {
   if (!buf || len == 0) return;
   char lib[MPI_MAX_LIBRARY_VERSION_STRING + 1];
@@ -296,8 +296,9 @@ void mlxd_mpi_describe(mpip_backend* b, char* buf, size_t len) {
   lib[strcspn(lib, "\r\n,")] = '\0';
   for (char* c = lib; *c; c++)
     if (*c == '\t') *c = ' ';
-  snprintf(buf, len, "%s (MPI-%d.%d), %s, communicator of %d", lib[0] ? lib : "unknown MPI library",
-           major, minor, thread_level_name(provided), (int)b->size);
+  snprintf(buf, len, "%s (MPI-%d.%d), %s, communicator of %d%s",
+           lib[0] ? lib : "unknown MPI library", major, minor, thread_level_name(provided),
+           (int)b->size, ((const mpi_group*)b)->check ? ", call checks on (MLXDIST_CHECK)" : "");
 }
 #endif
 
