@@ -73,7 +73,7 @@ typedef struct mlxd_tunable_spec {
   X(CHECK, "MLXDIST_CHECK", "0", MLXD_TK_FLAG(),                                                  \
     "mpi backend: 1 exchanges a signature of every op (op, dtype, count) before it runs, so "     \
     "ranks that make different calls fail with both calls named (the ring backend always "        \
-    "checks).")                                                                                   \
+    "checks). One rank's 1 turns it on for the whole group (agreed at init).")                    \
   X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30", MLXD_TK_NUMBER(0.001, 86400, "seconds"),    \
     "Seconds init keeps retrying connections to peers (with back-off).")                          \
   X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),               \

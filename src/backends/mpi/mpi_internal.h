@@ -10,6 +10,7 @@
  * - mpi_dtype.c: mlx dtypes to MPI datatypes, reductions as MPI ops.
  * - mpi_ops.c: groups, staging buffers, the collectives, split and destroy.
  * - mpi_p2p.c: send and recv.
+ * - mpi_check.c: MLXDIST_CHECK=1, the signatures exchanged before each op.
  * - mpi_plugin.c: the entry point and the plugin table.
  * - mpi_abi.h: which plugin ABI header this build speaks (v2; v1 for a test).
  *
@@ -29,6 +30,9 @@
  *   completed in the background, so sends posted before receives on both
  *   sides never deadlock.
  * - If this plugin initialised MPI, it finalises it once, at process exit.
+ * - MLXDIST_CHECK=1 (agreed by all ranks at create): every op first
+ *   exchanges a signature of the call (mpi_check.c); a send's data leaves
+ *   only once the receiver's answer agrees. Without it nothing changes.
  *
  * The plugin does not link libmlxdist: the reduction kernels, the dtype sizes
  * and the tunables come through the host table given to mlxdist_plugin_v2
@@ -50,6 +54,35 @@
 /* Idle staging buffers kept per group. */
 #define MPI_STAGE_POOL 2
 
+/* A call's signature (mpi_check.c): what this rank is doing. */
+enum {
+  MPIP_SIG_ALL_SUM = 1,
+  MPIP_SIG_ALL_MAX,
+  MPIP_SIG_ALL_MIN,
+  MPIP_SIG_ALL_GATHER,
+  MPIP_SIG_SUM_SCATTER,
+  MPIP_SIG_MAX_SCATTER,
+  MPIP_SIG_MIN_SCATTER,
+  MPIP_SIG_SEND,
+  MPIP_SIG_RECV,
+  MPIP_SIG_SPLIT,
+  MPIP_SIG_OPS
+};
+#define MPIP_SIG_BYTES 24
+#define MPIP_SIG_NO_DTYPE 0xFF /* all_gather, send/recv, split: bytes only */
+typedef struct mpip_sig {
+  uint8_t op;     /* MPIP_SIG_* */
+  uint8_t dtype;  /* mpip_dtype, or MPIP_SIG_NO_DTYPE */
+  uint32_t size;  /* the group size */
+  uint64_t count; /* elements (reductions), bytes (the others) */
+  uint64_t seq;   /* the op's sequence number */
+} mpip_sig;
+
+/* Point-to-point tags of one message (mlxd_mpi_p2p_tags). */
+typedef struct mpip_tags {
+  int data, sig, answer; /* sig/answer: -1 without the check */
+} mpip_tags;
+
 /* A staging buffer (see mlxd_mpi_stage_get). */
 typedef struct stage {
   void* p;
@@ -63,6 +96,8 @@ typedef struct mpi_group {
   pthread_cond_t cv; /* CLOCK_MONOTONIC */
   uint64_t next_seq; /* the collective allowed to be issued next */
   bool failed;
+  int failed_flag; /* failed, read without mu (__atomic) by check-mode waits */
+  bool check;      /* MLXDIST_CHECK=1 agreed at create (constant) */
   mpip_status fail_st;
   stage pool[MPI_STAGE_POOL]; /* idle staging buffers (under mu) */
 } mpi_group;
@@ -78,6 +113,14 @@ typedef struct pending_send {
   size_t nbytes;
   int dst;
   double deadline;
+  /* MLXDIST_CHECK=1 (mpi_check.c): the signature went out first, and the
+   * data (reqs) is posted only once the receiver's answer agrees. */
+  bool awaiting_answer;
+  MPI_Request check_reqs[2]; /* [0] our signature, [1] the answer */
+  unsigned char check_buf[2 * MPIP_SIG_BYTES];
+  uint64_t seq;
+  MPI_Comm comm;
+  int data_tag;
 } pending_send;
 
 /* ---- mpi_runtime.c ---------------------------------------------------- */
@@ -151,7 +194,29 @@ mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mpip_status* st);
 int mlxd_mpi_stage_get(mpi_group* g, size_t n, stage* out);
 void mlxd_mpi_stage_put(mpi_group* g, stage* sgs);
 
+/* ---- mpi_check.c ------------------------------------------------------ */
+
+bool mlxd_mpi_check_env(void);
+void mlxd_mpi_sig_encode(unsigned char out[MPIP_SIG_BYTES], const mpip_sig* s);
+void mlxd_mpi_sig_decode(const unsigned char in[MPIP_SIG_BYTES], mpip_sig* s);
+/* dtype < 0: none. */
+mpip_sig mlxd_mpi_sig(const mpi_group* g, int op, int dtype, uint64_t count, uint64_t seq);
+void mlxd_mpi_sig_str(const mpip_sig* s, char* out, size_t n);
+int mlxd_mpi_sig_mismatch(mpip_status* st, const char* name, uint64_t seq, int ra,
+                          const mpip_sig* a, int rb, const mpip_sig* b, int peer);
+/* At create: g->check = whether any rank set MLXDIST_CHECK=1. */
+int mlxd_mpi_check_agree(mpi_group* g, mpip_status* st);
+/* Collectives, with the turn held: 0, or the mismatch (group failed). */
+int mlxd_mpi_check_coll(mpi_group* g, const mpip_sig* mine, const char* name, mpip_status* st);
+mpip_tags mlxd_mpi_p2p_tags(const mpi_group* g, uint64_t seq);
+int mlxd_mpi_check_recv(mpi_group* g, uint64_t seq, size_t nbytes, int src, mpip_status* st);
+int mlxd_mpi_check_send_post(pending_send* p, mpi_group* g, uint64_t seq, mpip_status* st);
+int mlxd_mpi_check_send_answer(const pending_send* p, int rank, mpip_status* st);
+
 /* ---- mpi_p2p.c -------------------------------------------------------- */
+
+/* Post the data pieces of p (p->reqs, p->nreq set); 0 or the MPI failure. */
+int mlxd_mpi_send_post_data(pending_send* p, mpip_status* st);
 
 int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                   mpip_status* st);

@@ -159,6 +159,14 @@ static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* o
   if (rc) goto out_free;
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
   if (rc) goto out;
+  if (g->check) {
+    mpip_sig sig = mlxd_mpi_sig(g, MPIP_SIG_ALL_SUM + op, dtype, count, seq);
+    rc = mlxd_mpi_check_coll(g, &sig, mlxd_mpi_reduce_name(op), st);
+    if (rc) {
+      mlxd_mpi_turn_done(g);
+      goto out;
+    }
+  }
   if (count == 0) {
     mlxd_mpi_turn_done(g);
     goto out;
@@ -210,6 +218,14 @@ static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* o
   if (rc) goto out_free;
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
   if (rc) goto out;
+  if (g->check) {
+    mpip_sig sig = mlxd_mpi_sig(g, MPIP_SIG_ALL_GATHER, -1, nbytes, seq);
+    rc = mlxd_mpi_check_coll(g, &sig, "all_gather", st);
+    if (rc) {
+      mlxd_mpi_turn_done(g);
+      goto out;
+    }
+  }
   if (nbytes == 0) {
     mlxd_mpi_turn_done(g);
     goto out;
@@ -285,6 +301,14 @@ static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, voi
   if (rc) goto out_free;
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
   if (rc) goto out;
+  if (g->check) {
+    mpip_sig sig = mlxd_mpi_sig(g, MPIP_SIG_SUM_SCATTER + op, dtype, count, seq);
+    rc = mlxd_mpi_check_coll(g, &sig, mlxd_mpi_scatter_name(op), st);
+    if (rc) {
+      mlxd_mpi_turn_done(g);
+      goto out;
+    }
+  }
   if (count == 0) {
     mlxd_mpi_turn_done(g);
     goto out;
@@ -360,6 +384,14 @@ static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_bac
   }
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
   if (rc) goto out;
+  if (g->check) {
+    mpip_sig sig = mlxd_mpi_sig(g, MPIP_SIG_SPLIT, -1, 0, seq);
+    rc = mlxd_mpi_check_coll(g, &sig, "split", st);
+    if (rc) {
+      mlxd_mpi_turn_done(g);
+      goto out;
+    }
+  }
   if (!all || !colors) {
     mlxd_mpi_turn_done(g);
     rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
@@ -408,6 +440,7 @@ static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_bac
     rc = MPIP_ENOMEM;
     goto out;
   }
+  child->check = g->check; /* agreed by every rank of the parent */
   *out = &child->base;
 out:
   free(all);

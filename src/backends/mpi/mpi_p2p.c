@@ -10,9 +10,58 @@
 #include "backends/mpi/mpi_internal.h"
 #include "util/clock.h"
 
-/* Tags for point-to-point messages: seq modulo a bound every MPI library
- * accepts (the standard guarantees MPI_TAG_UB >= 32767). */
-#define MPI_P2P_TAG_MOD 32768u
+/* Post the data pieces of p on its communicator (p->reqs has room for
+ * p->nreq). On failure p->nreq is the number posted. */
+int mlxd_mpi_send_post_data(pending_send* p, mpip_status* st) {
+  size_t ch = mlxd_mpi_chunk_bytes();
+  if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
+  int rc = 0, issued = 0;
+  mlxd_mpi_call_lock();
+  for (size_t off = 0; issued < p->nreq; off += ch) {
+    size_t c = p->nbytes - off < ch ? p->nbytes - off : ch;
+    int mrc = MPI_Isend((char*)p->buf + off, (int)c, MPI_BYTE, p->dst, p->data_tag, p->comm,
+                        &p->reqs[issued]);
+    if (mrc != MPI_SUCCESS) {
+      char what[96];
+      snprintf(what, sizeof what, "send of %zu bytes to rank %d", p->nbytes, p->dst);
+      rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Isend", what);
+      break;
+    }
+    issued++;
+  }
+  mlxd_mpi_call_unlock();
+  p->nreq = issued;
+  p->left = issued;
+  return rc;
+}
+
+/* Without a progress thread: complete p here, bounded (the check's answer
+ * first, then the data). */
+static int send_complete_inline(mpi_group* g, pending_send* p, mpip_status* st) {
+  if (p->awaiting_answer) {
+    int rc = mlxd_mpi_wait_reqs(g, p->check_reqs, 2, NULL, false, "send (call check)", st);
+    if (rc) return rc; /* p is kept: MPI may still use it */
+    p->awaiting_answer = false;
+    rc = mlxd_mpi_check_send_answer(p, g->base.rank, st);
+    if (rc) {
+      mlxd_mpi_group_fail(g, st);
+      mlxd_mpi_pending_free(p); /* nothing of it reached MPI but the completed check */
+      return rc;
+    }
+    rc = mlxd_mpi_send_post_data(p, st);
+    if (rc) {
+      mlxd_mpi_group_fail(g, st);
+      if (p->nreq)
+        mlxd_mpi_abandon(p->reqs, p->nreq); /* p is kept: they may still read it */
+      else
+        mlxd_mpi_pending_free(p);
+      return rc;
+    }
+  }
+  int rc = mlxd_mpi_wait_reqs(g, p->reqs, p->nreq, NULL, false, "send", st);
+  if (rc == 0) mlxd_mpi_pending_free(p);
+  return rc;
+}
 
 int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                   mpip_status* st) {
@@ -41,24 +90,25 @@ int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes,
   p->g = g;
   p->nbytes = nbytes;
   p->dst = dst;
-  int tag = (int)(seq % MPI_P2P_TAG_MOD);
-  int issued = 0;
-  mlxd_mpi_call_lock();
-  for (size_t off = 0; issued < nreq; off += ch) {
-    size_t c = nbytes - off < ch ? nbytes - off : ch;
-    int mrc = MPI_Isend((char*)p->buf + off, (int)c, MPI_BYTE, dst, tag, g->comm, &p->reqs[issued]);
-    if (mrc != MPI_SUCCESS) {
-      char what[96];
-      snprintf(what, sizeof what, "send of %zu bytes to rank %d", nbytes, dst);
-      rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Isend", what);
-      break;
-    }
-    issued++;
-  }
-  mlxd_mpi_call_unlock();
+  p->nreq = nreq;
+  p->comm = g->comm;
+  p->seq = seq;
+  p->data_tag = mlxd_mpi_p2p_tags(g, seq).data;
+  p->check_reqs[0] = p->check_reqs[1] = MPI_REQUEST_NULL;
+  /* With the check, only the signature goes now; the data follows the answer. */
+  rc = g->check ? mlxd_mpi_check_send_post(p, g, seq, st) : mlxd_mpi_send_post_data(p, st);
   if (rc) {
-    if (issued) {
-      mlxd_mpi_abandon(p->reqs, issued); /* the issued pieces may still read p->buf */
+    if (g->check) {
+      if (p->check_reqs[0] != MPI_REQUEST_NULL || p->check_reqs[1] != MPI_REQUEST_NULL) {
+        /* p itself is kept: MPI may still write the answer into p->check_buf. */
+        mlxd_mpi_abandon(p->check_reqs, 2);
+        free(p->reqs), free(p->buf);
+        p->reqs = NULL, p->buf = NULL;
+      } else {
+        mlxd_mpi_pending_free(p);
+      }
+    } else if (p->nreq) {
+      mlxd_mpi_abandon(p->reqs, p->nreq); /* the issued pieces may still read p->buf */
       free(p->reqs);
       free(p);
     } else {
@@ -67,15 +117,9 @@ int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes,
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
-  p->nreq = issued;
-  p->left = issued;
   p->deadline = mlxd_now() + mlxd_mpi_timeout_s();
   rc = mlxd_mpi_sends_add(p, st);
-  if (rc) {
-    /* No progress thread: complete it here, bounded. */
-    rc = mlxd_mpi_wait_reqs(g, p->reqs, p->nreq, NULL, false, "send", st);
-    if (rc == 0) mlxd_mpi_pending_free(p);
-  }
+  if (rc) rc = send_complete_inline(g, p, st); /* no progress thread */
 out:
   mlxd_mpi_op_end();
   return rc;
@@ -103,7 +147,8 @@ int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
     rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
     goto done;
   }
-  int tag = (int)(seq % MPI_P2P_TAG_MOD);
+  if (g->check && (rc = mlxd_mpi_check_recv(g, seq, nbytes, src, st)) != 0) goto done;
+  int tag = mlxd_mpi_p2p_tags(g, seq).data;
   int issued = 0;
   mlxd_mpi_call_lock();
   for (size_t off = 0; issued < nreq; off += ch) {

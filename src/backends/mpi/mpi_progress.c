@@ -65,6 +65,7 @@ void mlxd_mpi_group_fail(mpi_group* g, const mpip_status* st) {
   if (!g->failed) {
     g->failed = true;
     g->fail_st = *st;
+    __atomic_store_n(&g->failed_flag, 1, __ATOMIC_RELEASE);
   }
   pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
@@ -113,6 +114,7 @@ int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mpip_status
                     t, what, (unsigned long long)g->next_seq, (unsigned long long)seq);
       g->failed = true;
       g->fail_st = *st;
+      __atomic_store_n(&g->failed_flag, 1, __ATOMIC_RELEASE);
       pthread_cond_broadcast(&g->cv);
       rc = MPIP_ETIMEDOUT;
       break;
@@ -172,6 +174,13 @@ int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statu
       backoff_reset(&bo);
       continue;
     }
+    /* With the check, a group that failed meanwhile (a mismatch found by
+     * another op, e.g. a send's answer) ends the wait: its peers may never
+     * get here. */
+    if (g->check && __atomic_load_n(&g->failed_flag, __ATOMIC_ACQUIRE)) {
+      rc = mlxd_mpi_group_check(g, st);
+      break;
+    }
     if (mlxd_now() >= deadline) {
       rc = mlxd_mpi_fail(st, MPIP_ETIMEDOUT,
                          "[mpi] timed out after %g s in %s (rank %d of %d): no progress; a peer "
@@ -223,12 +232,82 @@ void mlxd_mpi_pending_free(pending_send* p) {
   free(p);
 }
 
+/* MLXDIST_CHECK=1: a send waiting for the receiver's answer (mpi_check.c).
+ * Returns 0 (still waiting or data posted now) or 1: p is done with, and
+ * was freed or (MPI may still use it) kept; the caller unlinks it. */
+static int answer_poll_locked(pending_send* p, bool* progressed) {
+  int flag = 0;
+  MPI_Status sts[2];
+  mlxd_mpi_call_lock();
+  int mrc = MPI_Testall(2, p->check_reqs, &flag, sts);
+  mlxd_mpi_call_unlock();
+  if (mrc == MPI_SUCCESS && !flag && mlxd_now() < p->deadline) return 0; /* the common case */
+  mpip_status st;
+  memset(&st, 0, sizeof st);
+  int rc = 0;
+  char what[128];
+  snprintf(what, sizeof what, "send #%llu of %zu bytes to rank %d", (unsigned long long)p->seq,
+           p->nbytes, p->dst);
+  if (mrc != MPI_SUCCESS) {
+    rc = mlxd_mpi_fail_call(&st, MPIP_EREMOTE, mrc, "MPI_Isend", what);
+  } else if (!flag) {
+    rc = mlxd_mpi_fail(&st, MPIP_ETIMEDOUT,
+                       "[mpi] timed out after %g s in %s: the receiver never called recv "
+                       "(MLXDIST_CHECK=1: the data leaves only once it has)",
+                       mlxd_mpi_timeout_s(), what);
+    mlxd_mpi_call_lock();
+    if (p->check_reqs[1] != MPI_REQUEST_NULL) MPI_Cancel(&p->check_reqs[1]);
+    mlxd_mpi_call_unlock();
+  } else {
+    *progressed = true;
+    p->awaiting_answer = false;
+    if (!p->g) { /* its group was destroyed (only after the answer: see forget_group) */
+      mlxd_mpi_pending_free(p);
+      return 1;
+    }
+    rc = mlxd_mpi_check_send_answer(p, p->g->base.rank, &st);
+    if (rc) {
+      mlxd_mpi_group_fail(p->g, &st);
+      mlxd_mpi_pending_free(p);
+      return 1;
+    }
+    rc = mlxd_mpi_send_post_data(p, &st);
+    if (rc == 0) {
+      p->deadline = mlxd_now() + mlxd_mpi_timeout_s();
+      return 0;
+    }
+    if (p->g) mlxd_mpi_group_fail(p->g, &st);
+    if (p->nreq) {
+      mlxd_mpi_abandon(p->reqs, p->nreq); /* p is kept */
+    } else {
+      mlxd_mpi_pending_free(p);
+    }
+    return 1;
+  }
+  /* Failed or timed out before the answer: p is kept (MPI may still use it). */
+  *progressed = true;
+  if (p->g) mlxd_mpi_group_fail(p->g, &st);
+  mlxd_mpi_abandon(p->check_reqs, 2);
+  return 1;
+}
+
 /* One pass over the pending sends (g_send_mu held). Returns whether any progressed. */
 static bool sends_poll_locked(void) {
   bool progressed = false;
   pending_send** pp = &g_sends;
   while (*pp) {
     pending_send* p = *pp;
+    if (p->awaiting_answer) {
+      pending_send* next = p->next; /* p may be freed */
+      if (answer_poll_locked(p, &progressed)) {
+        *pp = next;
+        continue;
+      }
+      if (p->awaiting_answer) {
+        pp = &p->next;
+        continue;
+      }
+    }
     int outc = 0;
     int* idx = malloc(sizeof(int) * (size_t)p->nreq);
     MPI_Status* sts = malloc(sizeof(MPI_Status) * (size_t)p->nreq);
@@ -330,6 +409,17 @@ int mlxd_mpi_sends_add(pending_send* p, mpip_status* st) {
 
 void mlxd_mpi_sends_forget_group(mpi_group* g) {
   pthread_mutex_lock(&g_send_mu);
+  /* MLXDIST_CHECK=1: a send still waiting for its answer posts its data on
+   * g's communicator once the answer comes; wait for those (each is
+   * bounded by its deadline, which the progress thread enforces). */
+  for (;;) {
+    bool waiting = false;
+    for (pending_send* p = g_sends; p && !waiting; p = p->next)
+      waiting = p->g == g && p->awaiting_answer;
+    if (!waiting) break;
+    struct timespec ts = mlxd_mpi_abs_monotonic(mlxd_now() + 0.1);
+    pthread_cond_timedwait(&g_send_cv, &g_send_mu, &ts);
+  }
   for (pending_send* p = g_sends; p; p = p->next)
     if (p->g == g) p->g = NULL;
   pthread_mutex_unlock(&g_send_mu);

@@ -282,7 +282,7 @@ static int ensure_mpi_locked(mpip_status* st) {
 /* One line (mlxdist-info --group prints it): the first line of the MPI
  * library's version string up to its first comma ("Open MPI v4.1.4"), tabs
  * as spaces ("MPICH Version: 4.0"), the MPI version, the thread level and
- * the communicator size. */
+ * the communicator size, and whether calls are checked (MLXDIST_CHECK). */
 void mlxd_mpi_describe(mpip_backend* b, char* buf, size_t len) {
   if (!buf || len == 0) return;
   char lib[MPI_MAX_LIBRARY_VERSION_STRING + 1];
@@ -296,8 +296,9 @@ void mlxd_mpi_describe(mpip_backend* b, char* buf, size_t len) {
   lib[strcspn(lib, "\r\n,")] = '\0';
   for (char* c = lib; *c; c++)
     if (*c == '\t') *c = ' ';
-  snprintf(buf, len, "%s (MPI-%d.%d), %s, communicator of %d", lib[0] ? lib : "unknown MPI library",
-           major, minor, thread_level_name(provided), (int)b->size);
+  snprintf(buf, len, "%s (MPI-%d.%d), %s, communicator of %d%s",
+           lib[0] ? lib : "unknown MPI library", major, minor, thread_level_name(provided),
+           (int)b->size, ((const mpi_group*)b)->check ? ", call checks on (MLXDIST_CHECK)" : "");
 }
 #endif
 
@@ -379,12 +380,19 @@ int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st) {
     return rc;
   }
   mpi_group* g = mlxd_mpi_group_new(comm, st);
-  mlxd_mpi_op_end();
   if (!g) {
+    mlxd_mpi_op_end();
     mlxd_mpi_call_lock();
     MPI_Comm_free(&comm);
     mlxd_mpi_call_unlock();
     return MPIP_ENOMEM;
+  }
+  /* Whether the group checks every call (MLXDIST_CHECK): all ranks must agree. */
+  rc = mlxd_mpi_check_agree(g, st);
+  mlxd_mpi_op_end();
+  if (rc) {
+    g->base.ops->destroy(&g->base);
+    return rc;
   }
   *out = &g->base;
   return 0;
