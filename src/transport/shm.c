@@ -225,6 +225,7 @@ static bool sig_clash(shm_transport* t, int pi, const mlxd_sig* mine, const mlxd
   if (!mlxd_sig_check(&s, MLXD_LAYER_SHM, t->base.rank, mine, pi, t->peers[pi].addr, theirs))
     return false;
   shm_fail(t, &s);
+  ring_bell(t, t->base.rank); /* from irecv: other threads of this rank may sleep */
   return true;
 }
 

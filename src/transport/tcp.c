@@ -3,8 +3,8 @@
  * Wire format. Every message is sent as one or more fragments; each
  * fragment is a header (tcp_wire.h: tag, offset, length, total, the
  * sender's call signature) followed by `length` payload bytes that belong
- * at `offset` of the `total`-byte message. Small messages are one fragment on one connection
- * (connections to a peer are used round-robin). Larger ones are cut into
+ * at `offset` of the `total`-byte message. Small messages are one fragment
+ * on one connection (connections to a peer are used round-robin). Larger ones are cut into
  * fragments of at most TCP_FRAG_MAX bytes spread round-robin over all
  * connections to the peer, so K connections carry K streams in parallel.
  * The receiver matches a fragment to a message by (peer, tag): tags must be
@@ -367,6 +367,8 @@ static bool sig_clash(tcp_transport* t, int peer, const mlxd_sig* mine, const ml
   if (!mlxd_sig_check(&s, MLXD_LAYER_TCP, t->base.rank, mine, peer, t->peers[peer].addr, theirs))
     return false;
   tcp_fail(t, &s);
+  tcp_wake(t); /* from irecv: a progressor may sit in poll, other waiters on cv */
+  pthread_cond_broadcast(&t->cv);
   return true;
 }
 
