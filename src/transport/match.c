@@ -10,7 +10,10 @@
 void mlxd_match_tag_str(uint64_t tag, char* out, size_t n) {
   static const char* kinds[] = {"?", "p2p", "collective", "split", "bootstrap"};
   unsigned kind = (unsigned)(tag >> 60);
-  snprintf(out, n, "%s #%" PRIu64 " step %u", kind < 5 ? kinds[kind] : "?",
+  snprintf(out, n, "%s #%" PRIu64 " step %u",
+           kind < 5                ? kinds[kind]
+           : kind == MLXD_TAG_CTRL ? "control"
+                                   : "?",
            (uint64_t)((tag >> 16) & ((UINT64_C(1) << 44) - 1)), (unsigned)(tag & 0xFFFF));
 }
 

@@ -27,6 +27,7 @@
 #define TCP_BLOCK_MS 1000                        /* longest single blocking poll */
 #define TCP_CV_MS 20                             /* longest single condition-variable sleep */
 #define TCP_TLS_WBUF ((size_t)16 << 10)          /* TLS: headers and small payloads coalesced */
+#define TCP_CLOSE_MS 500 /* destroy: longest wait for peers to acknowledge the last bytes */
 
 typedef struct tcp_frag tcp_frag;
 typedef struct tcp_imsg tcp_imsg;

@@ -9,11 +9,14 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "transport/tcp_impl.h"
@@ -26,14 +29,53 @@ static void imsg_drop(tcp_imsg* m) {
   free(m);
 }
 
+/* Read and drop whatever fd has to give (non-blocking). */
+static void drain(int fd) {
+  char b[4096];
+  while (recv(fd, b, sizeof b, MSG_DONTWAIT) > 0) {
+  }
+}
+
+/* Close the connections without losing what this rank sent last. A peer's
+ * heartbeats may wait unread here, and closing a socket with unread data
+ * resets it (RST), which drops the bytes the peer has not read yet. So:
+ * FIN first, read and drop what arrived, give the peers at most
+ * TCP_CLOSE_MS to acknowledge every byte sent (TIOCOUTQ == 0), reading
+ * meanwhile, read once more, close. A reset after that loses nothing (a
+ * peer that reads nothing for TCP_CLOSE_MS may still lose bytes, if one of
+ * its heartbeats lands between the last read and the close). */
+static void close_all(tcp_transport* t, int nc) {
+  for (int i = 0; i < nc; i++)
+    if (t->conns[i].fd >= 0) shutdown(t->conns[i].fd, SHUT_WR);
+  /* A failed transport promises nothing more: no wait. */
+  double deadline = mlxd_now() + (t->err.code ? 0 : TCP_CLOSE_MS * 1e-3);
+  for (;;) {
+    bool pending = false;
+    for (int i = 0; i < nc; i++) {
+      int fd = t->conns[i].fd, outq = 0;
+      if (fd < 0) continue;
+      drain(fd);
+      if (ioctl(fd, TIOCOUTQ, &outq) == 0 && outq > 0) pending = true;
+    }
+    if (!pending || mlxd_now() >= deadline) break;
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+  }
+  for (int i = 0; i < nc; i++)
+    if (t->conns[i].fd >= 0) {
+      drain(t->conns[i].fd);
+      close(t->conns[i].fd);
+    }
+}
+
 void mlxd_tcp_destroy(mlxd_transport* tt) {
   tcp_transport* t = (tcp_transport*)tt;
   if (!t) return;
   mlxd_tcp_live_stop(t); /* no heartbeat runs from here on */
   int nc = t->base.size * t->nconn;
+  for (int i = 0; i < nc && t->conns; i++) mlxd_tls_conn_free(t->conns[i].ssl); /* close_notify */
+  if (t->conns) close_all(t, nc);
   for (int i = 0; i < nc && t->conns; i++) {
-    mlxd_tls_conn_free(t->conns[i].ssl); /* close_notify first */
-    if (t->conns[i].fd >= 0) close(t->conns[i].fd);
     free(t->conns[i].rbuf);
     free(t->conns[i].wbuf);
   }

@@ -139,7 +139,10 @@ typedef struct mlxd_transport_ops {
   void (*abort)(mlxd_transport* t, const mlxd_status* st);
   /* Close the transport and free it (NULL is a no-op). Call it once, from
    * one thread, after every request was waited and with no other op in
-   * flight. Does not block: sockets are closed (peers see an orderly close),
+   * flight. Blocks at most 0.5 s, and only over TCP while a peer has not yet
+   * acknowledged the last bytes sent (so that closing does not reset a
+   * connection holding a peer's unread heartbeats and drop them): sockets
+   * are closed (peers see an orderly close),
    * shm marks this rank closed and wakes its peers, and the segment is
    * unmapped. Messages that arrived without a receive are dropped. */
   void (*destroy)(mlxd_transport* t);

@@ -227,7 +227,12 @@ static int loop_rank(int rank, int size) {
   int iters = 0;
   while (now_s() < end) {
     if (one_sum(g, size, 1000) != 0) break;
-    iters++;
+    if (iters++ == 0) { /* tell the parent this rank is in its loop */
+      char p[300];
+      snprintf(p, sizeof p, "%s/ready.%d", g_dir, rank);
+      FILE* f = fopen(p, "w");
+      if (f) fclose(f);
+    }
   }
   if (now_s() >= end) T_FAIL("rank %d: 60 s of all_sum without a failure", rank);
   fprintf(stderr, "rank %d failed after %d all_sums: %s\n", rank, iters, t_last_error());
@@ -241,7 +246,14 @@ static void test_victim(int sig, double limit_s, const char* want) {
   setenv("LIVE_WANT", want, 1);
   run R;
   start(&R, 3, loop_rank);
-  sleep_s(2.0); /* every rank is in its loop (set-up takes well under this) */
+  /* every rank is in its loop (its first all_sum passed), then a few more iterations */
+  double ready_by = now_s() + 60;
+  for (int r = 0; r < 3; r++) {
+    char p[300];
+    snprintf(p, sizeof p, "%s/ready.%d", g_dir, r);
+    while (access(p, F_OK) != 0 && now_s() < ready_by) sleep_s(0.02);
+  }
+  sleep_s(0.5);
   reap(&R, 7, now_s());
   for (int r = 0; r < 3; r++) T_CHECKF(R.code[r] < 0, "rank %d exited %d early", r, R.code[r]);
   double t0 = now_s();

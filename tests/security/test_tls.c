@@ -196,6 +196,7 @@ typedef struct {
 } hdr_case;
 
 #define ATTACK_TAG 0x2000000000010001ull
+#define CTRL_TAG 0xF000000000000000ull
 
 static const hdr_case g_hdr_cases[] = {
     {"absurd total", {{ATTACK_TAG, 0, 16, 1ull << 60, {0}}}, {16}, false, MLXD_EREMOTE, "total"},
@@ -224,6 +225,26 @@ static const hdr_case g_hdr_cases[] = {
      true,
      MLXD_EINVAL,
      "size mismatch"},
+    /* control frames (tag kind 15: heartbeats, abort records; tcp_wire.h) */
+    {"control frame of an unknown kind",
+     {{CTRL_TAG | 7, 0, 8, 8}},
+     {8},
+     false,
+     MLXD_EREMOTE,
+     "control frame of unknown kind 7"},
+    {"control frame with a sequence number",
+     {{CTRL_TAG | (5u << 16) | 1, 0, 4, 4}},
+     {4},
+     false,
+     MLXD_EREMOTE,
+     "control frame with sequence number 5"},
+    {"oversized heartbeat", {{CTRL_TAG | 1, 0, 64, 64}}, {64}, false, MLXD_EREMOTE, "kind 1 of 64"},
+    {"abort record with an unknown code",
+     {{CTRL_TAG | 2, 0, 28, 28}},
+     {28},
+     false,
+     MLXD_EREMOTE,
+     "unknown failure code 0"},
 };
 
 static long status_kb(const char* key) {
