@@ -159,19 +159,8 @@ static const mm_case g_cases[] = {
      "recv(float32 x 11, 44 bytes)"},
 };
 
-/* MLXD_TEST_MISMATCH_ONE_SIDE=1: only one rank of the pair needs to show the
- * text, the other must still fail within the bound (a rank whose peer
- * failed first sees the connection close). TCP runs so until its failure
- * relay (issue 11, item 1: an "abort" control frame carries the detecting
- * rank's status to its peers) is in; shm publishes failures already. */
-static bool one_side(void) {
-  const char* v = getenv("MLXD_TEST_MISMATCH_ONE_SIDE");
-  return v && strcmp(v, "1") == 0;
-}
-
 /* Eval res; it must fail within LIMIT_S of t0 with a message that starts
- * with `prefix` and has `text` (when not NULL; in one-side mode a missing
- * text is reported by the return value instead). Returns whether the text
+ * with `prefix` and has `text` (when not NULL). Returns whether the text
  * was there. */
 static bool expect_failure(mlx_array res, double t0, const char* prefix, const char* text,
                            const char* what) {
@@ -186,11 +175,9 @@ static bool expect_failure(mlx_array res, double t0, const char* prefix, const c
   T_CHECKF(strstr(msg, prefix) == msg, "%s: message does not start with \"%s\": %s", what, prefix,
            msg);
   bool has = !text || strstr(msg, text) != NULL;
-  if (!one_side()) T_CHECKF(has, "%s: message lacks \"%s\": %s", what, text, msg);
+  T_CHECKF(has, "%s: message lacks \"%s\": %s", what, text, msg);
   return has;
 }
-
-#define EXIT_NO_TEXT 3 /* one-side mode: this rank failed in time without the text */
 
 static int mismatch_rank(int rank, int size, const char* session, void* arg) {
   (void)size;
@@ -225,7 +212,7 @@ static int mismatch_rank(int rank, int size, const char* session, void* arg) {
       const char* msg = t_last_error();
       T_CHECKF(strstr(msg, prefix) == msg, "%s: message is %s", what, msg);
       has_text = strstr(msg, mc->text) != NULL;
-      if (!one_side()) T_CHECKF(has_text, "%s: message lacks \"%s\": %s", what, mc->text, msg);
+      T_CHECKF(has_text, "%s: message lacks \"%s\": %s", what, mc->text, msg);
     }
   } else {
     has_text = expect_failure(res, t0, prefix, mc->text, what);
@@ -243,7 +230,7 @@ static int mismatch_rank(int rank, int size, const char* session, void* arg) {
   mlx_array_free(next);
   mlx_distributed_group_free(g);
   if (late) has_text = next_text;
-  return has_text ? 0 : EXIT_NO_TEXT;
+  return has_text ? 0 : 1;
 }
 
 /* ---- matching calls: no false positive ---- */
@@ -404,7 +391,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < 2; r++) {
       if (ex[r].code == 0)
         named++;
-      else if (!(one_side() && ex[r].code == EXIT_NO_TEXT))
+      else
         bad++;
     }
     if (!bad && named == 0) fprintf(stderr, "no rank named the mismatched calls\n");
