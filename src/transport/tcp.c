@@ -144,7 +144,10 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
     c->cur = NULL;
     c->in_payload = false;
     c->wpos = c->wlen = 0;
-    if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+    /* FIN after the abort record. Not SHUT_RD: data a peer still sends to
+     * a socket shut for reading is answered with a reset, which would drop
+     * the record before the peer reads it (destroy drains instead). */
+    if (c->fd >= 0) shutdown(c->fd, SHUT_WR);
   }
   t->completed = true;
 }

@@ -44,18 +44,34 @@ static void drain(int fd) {
  * meanwhile, read once more, close. A reset after that loses nothing (a
  * peer that reads nothing for TCP_CLOSE_MS may still lose bytes, if one of
  * its heartbeats lands between the last read and the close). */
+/* Whether the peer has closed its side of fd (its FIN arrived), or fd is
+ * not TCP (an AF_UNIX pair: nothing to wait for). */
+static bool peer_closed(int fd) {
+  struct tcp_info ti;
+  socklen_t len = sizeof ti;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return true;
+  return ti.tcpi_state == TCP_TIME_WAIT || ti.tcpi_state == TCP_CLOSE ||
+         ti.tcpi_state == TCP_CLOSE_WAIT || ti.tcpi_state == TCP_LAST_ACK ||
+         ti.tcpi_state == TCP_CLOSING;
+}
+
 static void close_all(tcp_transport* t, int nc) {
   for (int i = 0; i < nc; i++)
     if (t->conns[i].fd >= 0) shutdown(t->conns[i].fd, SHUT_WR);
-  /* A failed transport promises nothing more: no wait. */
-  double deadline = mlxd_now() + (t->err.code ? 0 : TCP_CLOSE_MS * 1e-3);
+  /* A healthy transport waits until its last bytes are acknowledged. A
+   * failed one has written its abort record (tcp_live.c): closing while a
+   * peer still sends (e.g. the rest of a large message) would reset the
+   * connection and drop that record before the peer reads it, so it reads
+   * and drops until each peer has closed too, for at most TCP_CLOSE_MS. */
+  double deadline = mlxd_now() + TCP_CLOSE_MS * 1e-3;
   for (;;) {
     bool pending = false;
     for (int i = 0; i < nc; i++) {
       int fd = t->conns[i].fd, outq = 0;
       if (fd < 0) continue;
       drain(fd);
-      if (ioctl(fd, TIOCOUTQ, &outq) == 0 && outq > 0) pending = true;
+      if (t->err.code ? !peer_closed(fd) : (ioctl(fd, TIOCOUTQ, &outq) == 0 && outq > 0))
+        pending = true;
     }
     if (!pending || mlxd_now() >= deadline) break;
     struct timespec ts = {0, 2000000};
