@@ -312,17 +312,20 @@ void mlxd_oprec_dump_failure(void) {
 
 /* ---- SIGUSR1 (MLXDIST_DUMP_SIGNAL=1) ---- */
 
-static volatile sig_atomic_t g_sig_flag;
+/* Set by the handler, taken by the watchdog thread: a lock-free atomic (safe
+ * in a handler, C17 7.14.1.1) rather than a volatile sig_atomic_t, which
+ * is not meant to be shared between threads. */
+static atomic_int g_sig_flag;
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "the signal flag must be lock-free");
 
 static void on_sigusr1(int sig) {
   (void)sig;
-  g_sig_flag = 1; /* all a handler may do here; the watchdog tick prints */
+  atomic_store(&g_sig_flag, 1); /* all a handler may do here; the watchdog tick prints */
 }
 
 static void sig_tick(void* ctx, double now) {
   (void)ctx, (void)now;
-  if (!g_sig_flag) return;
-  g_sig_flag = 0;
+  if (!atomic_exchange(&g_sig_flag, 0)) return;
   mlxd_oprec_dump(2, "signal");
 }
 
