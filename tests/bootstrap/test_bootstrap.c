@@ -24,6 +24,7 @@
 
 #include "bootstrap_examples.h"
 #include "mlx/c/mlx.h"
+#include "ranks.h"
 #include "testutil.h"
 
 static char g_dir[256];
@@ -325,19 +326,6 @@ static int spawn(int n, rank_fn fn, int* codes, double limit_s) {
   return ok;
 }
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  T_ASSERT(bind(fd, (struct sockaddr*)&a, sizeof a) == 0);
-  socklen_t len = sizeof a;
-  getsockname(fd, (struct sockaddr*)&a, &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 /* ---- configuration errors (one process) ---- */
 static int never_called(void* d, const void* s, size_t n, int r, int z, void* p) {
   (void)d, (void)s, (void)n, (void)r, (void)z;
@@ -427,7 +415,7 @@ int main(int argc, char** argv) {
   } else if (strcmp(what, "garbage") == 0) {
     T_EQ_INT(spawn(n, garbage_rank, codes, 30), n);
   } else if (strcmp(what, "tcpkv") == 0) {
-    g_kv_port = free_port();
+    g_kv_port = t_free_port();
     T_EQ_INT(spawn(n, tcpkv_rank, codes, 60), n);
   } else if (strcmp(what, "env") == 0) {
     env_tests();

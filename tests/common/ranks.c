@@ -1,6 +1,10 @@
 /* The rank harness (see ranks.h). */
 #include "ranks.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <errno.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -149,4 +153,18 @@ int t_run_ranks(int size, t_rank_fn fn, void* arg, const t_ranks_opts* opts, t_r
   if (exits)
     for (int r = 0; r < size; r++) exits[r] = ex[r];
   return bad;
+}
+
+int t_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  T_ASSERT(fd >= 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  T_ASSERT(bind(fd, (struct sockaddr*)&a, sizeof a) == 0);
+  socklen_t len = sizeof a;
+  T_ASSERT(getsockname(fd, (struct sockaddr*)&a, &len) == 0);
+  close(fd);
+  return ntohs(a.sin_port);
 }

@@ -49,6 +49,10 @@ int t_rank(void);
 /* Monotonic seconds. */
 double t_now(void);
 
+/* A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0 and
+ * released), for hostfiles written by the tests. */
+int t_free_port(void);
+
 /* A name nobody else uses (for shared-memory sessions): mlxdist-test-<what>-... */
 void t_session_name(char* buf, size_t n, const char* what);
 

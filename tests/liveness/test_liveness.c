@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "mlx/c/mlx.h"
+#include "ranks.h"
 #include "testutil.h"
 
 #define MAX_RANKS 4
@@ -43,25 +44,11 @@ static void sleep_s(double s) {
   }
 }
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  T_ASSERT(fd >= 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  T_ASSERT(bind(fd, (struct sockaddr*)&a, sizeof a) == 0);
-  socklen_t len = sizeof a;
-  T_ASSERT(getsockname(fd, (struct sockaddr*)&a, &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 static void write_hostfile(const char* path, int n) {
   FILE* f = fopen(path, "w");
   T_ASSERT(f);
   fputs("[", f);
-  for (int r = 0; r < n; r++) fprintf(f, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", free_port());
+  for (int r = 0; r < n; r++) fprintf(f, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", t_free_port());
   fputs("]\n", f);
   fclose(f);
 }

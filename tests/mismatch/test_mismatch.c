@@ -39,20 +39,6 @@
 
 static char g_hostfile[300];
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  T_ASSERT(fd >= 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  T_ASSERT(bind(fd, (struct sockaddr*)&a, sizeof a) == 0);
-  socklen_t len = sizeof a;
-  T_ASSERT(getsockname(fd, (struct sockaddr*)&a, &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 static void write_hostfile(int n) {
   char dir[] = "/tmp/mlxdist-mismatch-XXXXXX";
   T_REQUIRE(mkdtemp(dir) != NULL);
@@ -60,7 +46,7 @@ static void write_hostfile(int n) {
   FILE* f = fopen(g_hostfile, "w");
   T_REQUIRE(f);
   fputs("[", f);
-  for (int r = 0; r < n; r++) fprintf(f, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", free_port());
+  for (int r = 0; r < n; r++) fprintf(f, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", t_free_port());
   fputs("]\n", f);
   fclose(f);
 }

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "mlx/c/mlx.h"
+#include "ranks.h"
 #include "testutil.h"
 
 static char g_dir[256];
@@ -36,20 +37,6 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  T_ASSERT(fd >= 0);
-  struct sockaddr_in a;
-  memset(&a, 0, sizeof a);
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  T_ASSERT(bind(fd, (struct sockaddr*)&a, sizeof a) == 0);
-  socklen_t len = sizeof a;
-  T_ASSERT(getsockname(fd, (struct sockaddr*)&a, &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
 }
 
 static void write_text(const char* path, const char* text) {
@@ -68,7 +55,7 @@ static void write_hostfile(const char* path, int n, int k) {
     o += (size_t)snprintf(buf + o, sizeof buf - o, "%s[", r ? ", " : "");
     for (int c = 0; c < k; c++)
       o += (size_t)snprintf(buf + o, sizeof buf - o, "%s\"127.0.0.1:%d\"", c ? ", " : "",
-                            free_port());
+                            t_free_port());
     o += (size_t)snprintf(buf + o, sizeof buf - o, "]");
   }
   snprintf(buf + o, sizeof buf - o, "]\n");
@@ -552,7 +539,7 @@ static void badhost(void) {
   getsockname(blocker, (struct sockaddr*)&a, &len);
   char text[200], addr[64], want[200];
   snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
-  snprintf(text, sizeof text, "[[\"%s\"], [\"127.0.0.1:%d\"]]", addr, free_port());
+  snprintf(text, sizeof text, "[[\"%s\"], [\"127.0.0.1:%d\"]]", addr, t_free_port());
   /* the failing call and its errno come after the detail */
   snprintf(want, sizeof want, "cannot bind this rank's listen address %s (bind: %s)", addr,
            strerror(EADDRINUSE));

@@ -45,6 +45,7 @@
 #include "backends/ring/handshake.h"
 #include "intruder.h"
 #include "mlx/c/mlx.h"
+#include "ranks.h"
 #include "security/secret.h"
 #include "testutil.h"
 
@@ -53,17 +54,6 @@
 static char g_dir[256];
 static char g_hostfile[300];
 static int g_port[2];
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  T_ASSERT(fd >= 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  T_ASSERT(bind(fd, (struct sockaddr*)&a, sizeof a) == 0);
-  socklen_t len = sizeof a;
-  T_ASSERT(getsockname(fd, (struct sockaddr*)&a, &len) == 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 static void write_file(const char* path, const char* text, mode_t mode) {
   FILE* f = fopen(path, "w");
@@ -74,8 +64,8 @@ static void write_file(const char* path, const char* text, mode_t mode) {
 }
 
 static void new_hostfile(void) {
-  g_port[0] = free_port();
-  g_port[1] = free_port();
+  g_port[0] = t_free_port();
+  g_port[1] = t_free_port();
   char buf[200];
   snprintf(buf, sizeof buf, "[[\"127.0.0.1:%d\"], [\"127.0.0.1:%d\"]]\n", g_port[0], g_port[1]);
   snprintf(g_hostfile, sizeof g_hostfile, "%s/hostfile.json", g_dir);
