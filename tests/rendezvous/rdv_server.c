@@ -66,7 +66,9 @@ int main(int argc, char** argv) {
   if (!r) return 1;
   printf("ADDR %s\n", addr);
   fflush(stdout);
-  while (!launch_rdv_done(r) && now_s() - t0 < timeout + 1.5) usleep(10000);
+  while (!launch_rdv_done(r) && !launch_rdv_failed(r) && now_s() - t0 < timeout + 1.5)
+    usleep(10000);
+  if (launch_rdv_failed(r)) fprintf(stderr, "rdv_server: failed after %.2f s\n", now_s() - t0);
   bool done = launch_rdv_done(r);
   fprintf(stderr, "rdv_server: %s after %.2f s\n", done ? "done" : "not done", now_s() - t0);
   /* RDV_LINGER=S: keep serving (ranks that init again, or late ones after a failure) until

@@ -140,6 +140,7 @@ case $case_ in
     e=$(elapsed "$t0")
     lt "$e" 6 || fail "the ranks failed only after $e s"
     grep_in "$dir/server.err" "\[launch\] rank 2 (host 10.9.0.3) did not reach the rendezvous within 3 s"
+    grep_in "$dir/server.err" "rdv_server: failed after 3"
     echo "both ranks failed after $e s"
     # rank 2 arrives late: told why at once
     t0=$(now)

@@ -71,6 +71,7 @@ struct launch_rdv {
   bool started;
   atomic_bool stop;
   atomic_bool done;
+  atomic_bool gave_up;      /* the first round failed (launch_rdv_failed) */
   char (*host)[HOST_CHARS]; /* per rank, for messages */
   int nslots;
   conn* slots;
@@ -144,6 +145,7 @@ static void refuse(launch_rdv* r, conn* c, unsigned status, const char* why) {
 static void fail_all(launch_rdv* r, const char* reason) {
   r->decided = true;
   if (!r->failed) snprintf(r->fail_reason, sizeof r->fail_reason, "%s", reason);
+  if (!atomic_load(&r->done)) atomic_store(&r->gave_up, true);
   r->failed = true;
   r->flush_deadline = now_s() + FLUSH_S;
   for (int i = 0; i < r->n; i++) {
@@ -590,6 +592,8 @@ fail:
 }
 
 bool launch_rdv_done(const launch_rdv* r) { return r && atomic_load(&r->done); }
+
+bool launch_rdv_failed(const launch_rdv* r) { return r && atomic_load(&r->gave_up); }
 
 void launch_rdv_stop(launch_rdv* r) {
   if (!r) return;
