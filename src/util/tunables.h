@@ -49,6 +49,9 @@ typedef struct mlxd_tunable_spec {
   { MLXD_TK_CHOICE, 0, 0, (words) }
 #define MLXD_TK_HOST() \
   { MLXD_TK_HOST, 0, 255, "" }
+/* A HOST-like word (same characters) that is something else, what says what ("ip:port"). */
+#define MLXD_TK_WORD(what) \
+  { MLXD_TK_HOST, 0, 255, (what) }
 #define MLXD_TK_PATHS() \
   { MLXD_TK_PATHS, 0, 4096, "" }
 #define MLXD_TK_FILE() \
@@ -125,7 +128,18 @@ typedef struct mlxd_tunable_spec {
   X(JOB_TOKEN, "MLXDIST_JOB_TOKEN", "", MLXD_TK_HEX(32),                                          \
     "The job's identity: 32 hex digits every connection of the job must carry (mlxdist-launch "   \
     "sets a random one per job). Unset: derived from the hostfile (cross-job protection, not "    \
-    "authentication). See docs/security.md.")
+    "authentication). See docs/security.md.")                                                     \
+  X(RENDEZVOUS, "MLXDIST_RENDEZVOUS", "", MLXD_TK_WORD("ip:port or [ipv6]:port"),                 \
+    "ip:port (or [ipv6]:port) of mlxdist-launch's rendezvous: with MLX_HOSTFILE unset, the ring " \
+    "backend posts its addresses there (the launcher is the job's all-gather), authenticated "    \
+    "with MLXDIST_JOB_TOKEN (required). Set by mlxdist-launch across hosts. See docs/ring.md.")   \
+  X(IFNAME, "MLXDIST_IFNAME", "", MLXD_TK_WORD("a network interface's name"),                     \
+    "Bootstrapped ranks (all-gather or rendezvous) listen on this network interface's first "     \
+    "IPv4 address, else its IPv6 one, when MLXDIST_RING_ADDR is unset (like "                     \
+    "NCCL_SOCKET_IFNAME).")                                                                       \
+  X(PORT_RANGE, "MLXDIST_PORT_RANGE", "", MLXD_TK_WORD("A-B, ports 1 <= A <= B <= 65535"),        \
+    "A-B: bootstrapped ranks listen on the first free ports from A to B instead of ephemeral "    \
+    "ones (for firewalled sites); none free is an error naming the range.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,
