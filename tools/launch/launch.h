@@ -16,7 +16,9 @@
  *   remote.c    a remote rank: the ssh command line and the POSIX sh script
  *               it runs on the host (pure)
  *   across.c    a job across hosts: addresses, the rendezvous, the ranks'
- *               command lines and environment */
+ *               command lines and environment
+ *   rendezvous.c the launcher as the job's all-gather (MLXDIST_RENDEZVOUS): ranks
+ *               started across hosts post their addresses to it. */
 #ifndef MLXD_LAUNCH_H
 #define MLXD_LAUNCH_H
 
@@ -274,5 +276,24 @@ typedef struct launch_spawn {
 int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout);
 /* Run one child (mpirun) under the same supervision, its output as is. */
 int launch_one(const launch_spawn* sp, int sfd, double timeout);
+
+/* ---- rendezvous.c (contract C1; protocol: src/backends/ring/rendezvous_wire.h) ---- */
+
+typedef struct launch_rdv launch_rdv;
+/* Listen on bind_ip ("10.0.0.1", "127.0.0.1", "::1"; never 0.0.0.0), on port 0 or the first free
+ * port of port_range ("A-B", NULL: any), for the n ranks of a job whose token is token_hex (32
+ * hex). rank_host[r] names rank r's host for messages (may be NULL). Serves the all-gather from
+ * its own thread: ends when all n ranks got the result, or after timeout_s with one message per
+ * missing rank ("[launch] rank 3 (host 10.0.0.3) did not reach the rendezvous within 30 s") and
+ * the connected ranks told to fail. A peer that fails the authentication or sends garbage is
+ * dropped with a message and does not count. Writes "ip:port" (for MLXDIST_RENDEZVOUS) to
+ * addr_out. Returns NULL after a message. */
+launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
+                             const char* port_range, double timeout_s, const char* const* rank_host,
+                             char* addr_out, size_t addr_len);
+/* Whether every rank got the result (true), is still pending or failed (false). */
+bool launch_rdv_done(const launch_rdv* r);
+/* Stop serving (if still), join the thread (bounded: 1 s), close, free. NULL: no-op. */
+void launch_rdv_stop(launch_rdv* r);
 
 #endif
