@@ -125,7 +125,18 @@ typedef struct mlxd_tunable_spec {
   X(JOB_TOKEN, "MLXDIST_JOB_TOKEN", "", MLXD_TK_HEX(32),                                          \
     "The job's identity: 32 hex digits every connection of the job must carry (mlxdist-launch "   \
     "sets a random one per job). Unset: derived from the hostfile (cross-job protection, not "    \
-    "authentication). See docs/security.md.")
+    "authentication). See docs/security.md.")                                                     \
+  X(RENDEZVOUS, "MLXDIST_RENDEZVOUS", "", MLXD_TK_HOST(),                                         \
+    "ip:port (or [ipv6]:port) of mlxdist-launch's rendezvous: with MLX_HOSTFILE unset, the ring " \
+    "backend posts its addresses there (the launcher is the job's all-gather), authenticated "    \
+    "with MLXDIST_JOB_TOKEN (required). Set by mlxdist-launch across hosts. See docs/ring.md.")   \
+  X(IFNAME, "MLXDIST_IFNAME", "", MLXD_TK_HOST(),                                                 \
+    "Bootstrapped ranks (all-gather or rendezvous) listen on this network interface's first "     \
+    "IPv4 address, else its IPv6 one, when MLXDIST_RING_ADDR is unset (like "                     \
+    "NCCL_SOCKET_IFNAME).")                                                                       \
+  X(PORT_RANGE, "MLXDIST_PORT_RANGE", "", MLXD_TK_HOST(),                                         \
+    "A-B: bootstrapped ranks listen on the first free ports from A to B instead of ephemeral "    \
+    "ones (for firewalled sites); none free is an error naming the range.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,
