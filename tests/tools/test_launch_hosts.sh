@@ -18,6 +18,8 @@
 #            host ...", exit 127
 #   token    the job token (and --secret's contents) on no process's command
 #            line while the job runs, and the all_sum right
+#   ifname   --ifname lo --port-range: no MLXDIST_RING_ADDR, the ranks pick lo's
+#            address and ports in the range; the all_sum right
 #   mixed    localhost (forked here) and 127.0.0.2 (over ssh) in one job
 #   start    a rank never reaches the rendezvous (host gone): the rendezvous
 #            gives up after its bound (3 x --connect-timeout 1), the other rank
@@ -127,6 +129,11 @@ case $case_ in
     for r in 0 1 2 3; do check "rank $r: not on a command line" "^\[$r\] token not on any command line \(nor the secret\)$"; done
     check_not "no command line" "is on the command line"
     for r in 0 1 2 3; do check "rank $r all_sum" "^\[$r\] rank $r/4 addr .*: all_sum ok$"; done
+    ;;
+  ifname)
+    run 0 30 --ssh "$fake" --hosts 127.0.0.2,127.0.0.3 -n 2 --ifname lo --port-range 31000-31999 \
+      --timeout 60 -- "$prog" sum
+    for r in 0 1 2 3; do check "rank $r on lo's address" "^\[$r\] rank $r/4 addr -: all_sum ok$"; done
     ;;
   mixed)
     log=$(mktemp)
