@@ -109,7 +109,7 @@ case $case_ in
   down)
     FAKE_SSH_DOWN=127.0.0.3 run 255 10 --ssh "$fake" --hosts 127.0.0.2,127.0.0.3 --timeout 60 \
       -- "$prog" hang "$mark"
-    check "cannot reach" "^\[launch\] cannot reach host 127\.0\.0\.3 over ssh \(rank 1\): ssh: connect to host 127\.0\.0\.3 port 22: Connection refused"
+    check "cannot reach" "^\[launch\] cannot reach host 127\.0\.0\.3 over ssh: ssh: connect to host 127\.0\.0\.3 port 22: Connection refused \(rank 1\)"
     none_left
     ;;
   gone)

@@ -334,8 +334,8 @@ static int remote_code(child* c, int i, int st, char* how, size_t n) {
   snprintf(last, sizeof last, "%s", c->view.last_line);
   last[strcspn(last, "\r\n")] = '\0';
   if (code == 255 && !c->started) /* ssh's own failure: its script never ran */
-    snprintf(how, n, "cannot reach host %s over ssh (rank %d): %s", c->host, i,
-             last[0] ? last : "ssh exited with status 255");
+    snprintf(how, n, "cannot reach host %s over ssh: %s (rank %d)", c->host,
+             last[0] ? last : "ssh exited with status 255", i);
   else if (code == 127)
     snprintf(how, n, "program not found on host %s (rank %d): %s", c->host, i,
              last[0] ? last : "exit status 127");
