@@ -133,10 +133,15 @@ char* launch_remote_script(const launch_remote* r) {
   free(prog.p);
   /* the watcher: the end of the channel stops the program (its group first) */
   snprintf(num, sizeof num, "%.0f", r->grace > 0 ? r->grace : 1);
-  put(&b, "{ cat >/dev/null; kill -TERM -\"$p\" || kill -TERM \"$p\"; sleep ");
+  /* The grace is slept a second at a time, while the program lives, so that
+   * no sleep outlives the job by more than a second. */
+  put(&b,
+      "{ cat >/dev/null; kill -TERM -\"$p\" || kill -TERM \"$p\"; n=0; "
+      "while [ \"$n\" -lt ");
   put(&b, num);
   put(&b,
-      "; kill -KILL -\"$p\" || kill -KILL \"$p\"; } <&3 >/dev/null 2>&1 & w=$!; exec 3<&-; "
+      " ] && kill -0 \"$p\"; do sleep 1; n=$((n+1)); done; "
+      "kill -KILL -\"$p\" || kill -KILL \"$p\"; } <&3 >/dev/null 2>&1 & w=$!; exec 3<&-; "
       "wait \"$p\"; st=$?; kill \"$w\" 2>/dev/null; exit \"$st\"");
   if (b.oom) {
     free(b.p);

@@ -62,6 +62,9 @@ typedef struct child {
   launch_view view; /* from its stderr and /proc (watch.c) */
   int code;         /* the launcher's code for its end (0: success) */
   bool by_us;       /* it ended after the launcher began to stop the job */
+  bool deferred;    /* a remote rank that failed on its own: maybe not the cause (see defer) */
+  double failed_at; /* when a deferred rank's end was seen */
+  char how[LAUNCH_VIEW_LINE + 160]; /* a deferred rank's end, as child_exited described it */
   struct run* rn;
 } child;
 
@@ -87,6 +90,7 @@ typedef struct run {
   double drain_until;                     /* 0 until every child is gone */
   char first_how[LAUNCH_VIEW_LINE + 160]; /* how the first failing rank ended */
   double stop_at;     /* stop the job then (0: none): after the records, after a failure */
+  double defer_until; /* name the first failure then, if none was clear sooner (0: none) */
   double table_at;    /* print the table then (0: none) */
   double table_last;  /* when the last table for a stall or warning was printed */
   double next_check;  /* the next look at /proc */
@@ -344,6 +348,8 @@ static int remote_code(child* c, int i, int st, char* how, size_t n) {
   return code;
 }
 
+static void first_failure(run* rn, int i, int code, const char* how, bool whole);
+
 static void child_exited(run* rn, int i, int st) {
   child* c = &rn->kids[i];
   rn->kids[i].alive = false;
@@ -357,13 +363,42 @@ static void child_exited(run* rn, int i, int st) {
   rn->kids[i].code = code;
   rn->kids[i].by_us = rn->stopping;
   if (code == 0 || rn->first_fail_rank >= 0) return;
+  bool whole = c->remote && WIFEXITED(st) && (code == 127 || (code == 255 && !c->started));
+  if (!rn->stopping && rn->name_ranks && c->remote && WIFEXITED(st) && !whole &&
+      !(code > 128 && code <= 128 + 64)) {
+    /* Over ssh, the order in which exits are seen is not the order they
+     * happened in: a survivor that saw its peer's connection drop can exit,
+     * and its ssh report it, before the killed rank's ssh does. A remote rank
+     * that exited with a status of its own is named only if nothing more
+     * telling (a signal, an unreachable host, a missing program) turns up
+     * within LAUNCH_SETTLE_S. */
+    c->deferred = true;
+    c->failed_at = mlxd_now();
+    snprintf(c->how, sizeof c->how, "%s", how);
+    if (rn->defer_until == 0) rn->defer_until = c->failed_at + LAUNCH_SETTLE_S;
+    return;
+  }
+  first_failure(rn, i, code, how, whole);
+}
+
+/* The deferred failures settle: name the earliest, unless one was named since. */
+static void settle_deferred(run* rn) {
+  rn->defer_until = 0;
+  int j = -1;
+  for (int i = 0; i < rn->n; i++)
+    if (rn->kids[i].deferred && (j < 0 || rn->kids[i].failed_at < rn->kids[j].failed_at)) j = i;
+  if (j < 0 || rn->first_fail_rank >= 0) return;
+  first_failure(rn, j, rn->kids[j].code, rn->kids[j].how, false);
+}
+
+static void first_failure(run* rn, int i, int code, const char* how, bool whole) {
+  child* c = &rn->kids[i];
   rn->first_fail_rank = i;
   rn->first_fail_code = code;
   snprintf(rn->first_how, sizeof rn->first_how, "%s", how);
   if (rn->stopping) return; /* stopped by us (timeout or forwarded signal) */
   if (rn->name_ranks) {
     char who[400];
-    bool whole = c->remote && WIFEXITED(st) && (code == 127 || (code == 255 && !c->started));
     if (whole) /* the message names rank and host itself */
       who[0] = '\0';
     else if (c->host)
@@ -505,6 +540,7 @@ static void check_timers(run* rn, double now) {
     else
       begin_stop(rn);
   }
+  if (rn->defer_until > 0 && (now >= rn->defer_until || rn->alive == 0)) settle_deferred(rn);
   if (rn->stop_at > 0 && (now >= rn->stop_at || rn->alive == 0)) {
     rn->stop_at = 0;
     begin_stop(rn);
@@ -547,14 +583,15 @@ static int poll_ms(const run* rn) {
   if (rn->stopping && !rn->killed && rn->alive > 0 && (wake < 0 || rn->kill_at < wake))
     wake = rn->kill_at;
   if (rn->drain_until > 0 && (wake < 0 || rn->drain_until < wake)) wake = rn->drain_until;
-  double more[7] = {rn->stop_at,
+  double more[8] = {rn->stop_at,
+                    rn->defer_until,
                     rn->stopping ? 0 : rn->rdv_check_at,
                     rn->table_at,
                     rn->name_ranks && !rn->stopping && rn->alive > 0 ? rn->next_check : 0,
                     rn->start_deadline,
                     rn->alive > 0 ? rn->remote_term_at : 0,
                     rn->alive > 0 ? rn->remote_kill_at : 0};
-  for (int i = 0; i < 7; i++)
+  for (int i = 0; i < 8; i++)
     if (more[i] > 0 && (wake < 0 || more[i] < wake)) wake = more[i];
   return wake < 0 ? -1 : mlxd_ms_left(wake);
 }
@@ -626,6 +663,7 @@ static int supervise(run* rn, double timeout) {
     if (poll_once(rn) != 0) break;
   }
   finish(rn);
+  if (rn->defer_until > 0) settle_deferred(rn);
   if (rn->timed_out && rn->name_ranks)
     child_views_table(rn, "where every rank was when the timeout expired (their records):");
   if (!rn->timed_out && !rn->interrupted && rn->first_fail_rank >= 0 &&
@@ -638,7 +676,7 @@ static int supervise(run* rn, double timeout) {
         codes[i] = rn->kids[i].code;
         by_us[i] = rn->kids[i].by_us;
         v[i] = rn->kids[i].view;
-        if (rn->kids[i].host && !v[i].has_record) { /* the summary names the rank's host */
+        if (rn->kids[i].host) { /* the summary names hosts as the user gave them */
           snprintf(v[i].host, sizeof v[i].host, "%s", rn->kids[i].host);
           v[i].has_record = true;
         }
