@@ -12,17 +12,33 @@ static void usage(FILE* f) {
   fprintf(
       f,
       "Usage: mlxdist-launch -n N [options] [--] PROGRAM [ARGS...]\n"
+      "       mlxdist-launch --hosts H1,H2,... [-n K] [options] [--] PROGRAM [ARGS...]\n"
       "\n"
-      "Start N ranks of PROGRAM on this host and supervise them.\n"
+      "Start N ranks of PROGRAM on this host, or K ranks on each host (over ssh), and\n"
+      "supervise them.\n"
       "\n"
       "Options:\n"
-      "  -n, --np N            number of ranks (1..%d); with --hostfile, taken from the file\n"
+      "  -n, --np N            number of ranks (1..%d); with --hostfile, taken from the file;\n"
+      "                        with --hosts or a hostfile of hosts: ranks per host (default 1)\n"
+      "  --hosts H1,H2,...     hosts (ssh names or addresses), rank order host-major;\n"
+      "                        localhost, 127.0.0.1 and ::1 are started without ssh\n"
       "  --backend ring|mpi    ring (default): local TCP ring, hostfile in MLX's format;\n"
       "                        mpi: run the ranks with mpirun\n"
       "  --connections K       ring: TCP connections per rank (1..%d, default 1)\n"
       "  --hostfile F          ring: use the JSON hostfile F as is (a list with one list\n"
       "                        of \"ip:port\" strings per rank); N is its number of lists;\n"
-      "                        checked as the ranks check it (docs/ring.md)\n"
+      "                        checked as the ranks check it (docs/ring.md); or hosts:\n"
+      "                        MLX's [{\"ssh\": \"h1\", \"ips\": [\"10.0.0.1\"]}, ...], its\n"
+      "                        {\"backend\": .., \"envs\": [..], \"hosts\": [..]}, or lines\n"
+      "                        \"host[:slots]\" (docs/launch.md)\n"
+      "  --ssh CMD             the ssh command, split into words (default: ssh); BatchMode,\n"
+      "                        ConnectTimeout and ServerAlive options are added\n"
+      "  --cwd DIR             directory the remote ranks run in (default: this one)\n"
+      "  --ifname NAME         ranks listen on this interface's address (MLXDIST_IFNAME)\n"
+      "                        where the hostfile gives no \"ips\"\n"
+      "  --port-range A-B      ranks and the rendezvous listen on ports A..B only\n"
+      "  --connect-timeout S   ssh connect bound; the ranks must reach the rendezvous\n"
+      "                        within %.0f times S (default %.0f)\n"
       "  --env K=V             set K=V in every rank's environment (repeatable); an\n"
       "                        MLXDIST_* value is checked as the ranks would check it\n"
       "  --verbose             print what is launched; ring: set MLX_RING_VERBOSE=1\n"
@@ -46,7 +62,8 @@ static void usage(FILE* f) {
       "that failed (128+signal when it was killed by a signal) after the other ranks\n"
       "were stopped (SIGTERM, then SIGKILL after %.0f s); 124 on timeout; 2 for bad\n"
       "arguments. SIGINT and SIGTERM are forwarded to the ranks.\n",
-      LAUNCH_MAX_RANKS, LAUNCH_MAX_CONNECTIONS, LAUNCH_GRACE_S);
+      LAUNCH_MAX_RANKS, LAUNCH_RDV_FACTOR, LAUNCH_CONNECT_TIMEOUT_S, LAUNCH_MAX_CONNECTIONS,
+      LAUNCH_GRACE_S);
 }
 
 static void vmsg(const char* fmt, va_list ap) {
@@ -93,6 +110,36 @@ static double parse_seconds(const char* what, const char* s) {
   return v;
 }
 
+/* --connect-timeout: seconds, > 0 and at most a day. */
+static double parse_positive(const char* what, const char* s) {
+  char* end = NULL;
+  double v = strtod(s, &end);
+  if (!*s || *end || !(v > 0 && v <= 86400))
+    launch_bad_usage("%s must be a number of seconds above 0 and at most 86400, got '%s'.", what,
+                     s);
+  return v;
+}
+
+/* --port-range A-B: 1 <= A <= B <= 65535. */
+static void check_port_range(const char* s) {
+  unsigned a = 0, b = 0;
+  int used = 0;
+  if (sscanf(s, "%5u-%5u%n", &a, &b, &used) != 2 || s[used] || !isdigit((unsigned char)s[0]) ||
+      a < 1 || b > 65535 || a > b)
+    launch_bad_usage("--port-range must be A-B with 1 <= A <= B <= 65535, got '%s'.", s);
+}
+
+/* --ifname: a Linux interface name (1..15 bytes, no '/', blank or ':'). */
+static void check_ifname(const char* s) {
+  size_t n = strlen(s);
+  bool ok = n >= 1 && n <= 15;
+  for (size_t i = 0; ok && i < n; i++)
+    ok = isgraph((unsigned char)s[i]) && s[i] != '/' && s[i] != ':';
+  if (!ok)
+    launch_bad_usage("--ifname must be a network interface name (1..15 characters), got '%s'.",
+                     s);
+}
+
 static bool valid_env_name(const char* s, size_t n) {
   if (n == 0 || !(isalpha((unsigned char)s[0]) || s[0] == '_')) return false;
   for (size_t i = 1; i < n; i++)
@@ -132,6 +179,7 @@ static bool parse_valued(int argc, char** argv, int* i, launch_opts* o, bool* ha
     if (strcmp(v, "ring") != 0 && strcmp(v, "mpi") != 0)
       launch_bad_usage("--backend must be 'ring' or 'mpi', got '%s'.", v);
     o->mpi = strcmp(v, "mpi") == 0;
+    o->backend_given = true;
   } else if ((v = opt_value(argc, argv, i, "--connections", NULL, &m)) || m) {
     o->connections = (int)parse_long("--connections", v, 1, LAUNCH_MAX_CONNECTIONS);
   } else if ((v = opt_value(argc, argv, i, "--hostfile", NULL, &m)) || m) {
@@ -150,6 +198,22 @@ static bool parse_valued(int argc, char** argv, int* i, launch_opts* o, bool* ha
     if (t >= 0 && eq[1] && mlxd_tunable_parse((mlxd_tunable)t, eq + 1, NULL, why, sizeof why) != 0)
       launch_bad_usage("--env %s: %s.", v, why);
     o->envs[o->n_envs++] = v;
+  } else if ((v = opt_value(argc, argv, i, "--hosts", NULL, &m)) || m) {
+    if (!*v) launch_bad_usage("--hosts needs a list of hosts, got an empty string.");
+    o->hosts = v;
+  } else if ((v = opt_value(argc, argv, i, "--ssh", NULL, &m)) || m) {
+    o->ssh = v;
+  } else if ((v = opt_value(argc, argv, i, "--cwd", NULL, &m)) || m) {
+    if (!*v) launch_bad_usage("--cwd needs a directory, got an empty string.");
+    o->cwd = v;
+  } else if ((v = opt_value(argc, argv, i, "--ifname", NULL, &m)) || m) {
+    check_ifname(v);
+    o->ifname = v;
+  } else if ((v = opt_value(argc, argv, i, "--port-range", NULL, &m)) || m) {
+    check_port_range(v);
+    o->port_range = v;
+  } else if ((v = opt_value(argc, argv, i, "--connect-timeout", NULL, &m)) || m) {
+    o->connect_timeout = parse_positive("--connect-timeout", v);
   } else if ((v = opt_value(argc, argv, i, "--timeout", NULL, &m)) || m) {
     o->timeout = parse_seconds("--timeout", v);
     *have_timeout = true;
@@ -164,20 +228,21 @@ static void check_combination(launch_opts* o, bool have_timeout) {
     const char* e = getenv("MLXDIST_LAUNCH_TIMEOUT");
     if (e && *e) o->timeout = parse_seconds("MLXDIST_LAUNCH_TIMEOUT", e);
   }
+  if (o->hosts && o->hostfile)
+    launch_bad_usage("--hosts and --hostfile both name the hosts; give one of them.");
+  if (o->hosts && o->connections)
+    launch_bad_usage("--connections applies to a job on this host only (a hostfile of ranks).");
   if (o->mpi) {
-    if (o->hostfile)
-      launch_bad_usage(
-          "--hostfile applies to the ring backend only (use an mpirun hostfile "
-          "through your MPI instead).");
     if (o->connections) launch_bad_usage("--connections applies to the ring backend only.");
     if (o->secret) launch_bad_usage("--secret applies to the ring backend only.");
   }
-  if (!o->hostfile && o->n == 0)
-    launch_bad_usage("the number of ranks is missing: give -n N (or --hostfile F).");
+  if (!o->hostfile && !o->hosts && o->n == 0)
+    launch_bad_usage("the number of ranks is missing: give -n N (or --hosts or --hostfile F).");
 }
 
 void launch_parse_args(int argc, char** argv, launch_opts* o) {
   memset(o, 0, sizeof *o);
+  o->connect_timeout = LAUNCH_CONNECT_TIMEOUT_S;
   o->envs = calloc((size_t)argc, sizeof *o->envs);
   if (!o->envs) {
     launch_msg("out of memory");

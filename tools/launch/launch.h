@@ -10,7 +10,15 @@
  *   watch.c     what the supervisor knows of each rank: its records (the table),
  *               its first error line (the failure summary), /proc (stopped?)
  *   main.c      the outline, the job's token (MLXDIST_JOB_TOKEN) and --secret's
- *               per-job secret file (docs/security.md). */
+ *               per-job secret file (docs/security.md).
+ *   hosts.c     the hosts of a job across machines: --hosts, and the hostfile
+ *               forms of MLX's launcher and host:slots (pure, fuzzed)
+ *   remote.c    a remote rank: the ssh command line and the POSIX sh script
+ *               it runs on the host (pure)
+ *   across.c    a job across hosts: addresses, the rendezvous, the ranks'
+ *               command lines and environment
+ *   rendezvous.c the launcher as the job's all-gather (MLXDIST_RENDEZVOUS): ranks
+ *               started across hosts post their addresses to it. */
 #ifndef MLXD_LAUNCH_H
 #define MLXD_LAUNCH_H
 
@@ -24,6 +32,10 @@
 #define LAUNCH_GRACE_S 3.0    /* SIGTERM to SIGKILL */
 #define LAUNCH_DRAIN_S 1.0    /* how long output of orphans is read after the ranks are gone */
 #define LAUNCH_MAX_LINE 65536 /* a longer line is printed in pieces */
+#define LAUNCH_CONNECT_TIMEOUT_S 10.0 /* --connect-timeout's default */
+#define LAUNCH_RDV_FACTOR 3.0         /* the rendezvous waits this many connect timeouts */
+#define LAUNCH_ALIVE_INTERVAL_S 5     /* ssh ServerAliveInterval ... */
+#define LAUNCH_ALIVE_COUNT 3          /* ... and ServerAliveCountMax: a dead link in 15 s */
 
 /* ---- args.c ---- */
 
@@ -37,6 +49,13 @@ typedef struct launch_opts {
   bool verbose;
   double timeout; /* 0: none */
   bool secret;    /* --secret: a per-job secret file for the ranks (MLXDIST_SECRET_FILE) */
+  bool backend_given;
+  const char* hosts;      /* --hosts h1,h2,... */
+  const char* ssh;        /* --ssh CMD (default "ssh") */
+  const char* cwd;        /* --cwd DIR (default: the launcher's) */
+  const char* ifname;     /* --ifname NAME */
+  const char* port_range; /* --port-range A-B */
+  double connect_timeout; /* --connect-timeout S (default LAUNCH_CONNECT_TIMEOUT_S) */
   char** program; /* argv of the program, NULL-terminated */
 } launch_opts;
 
@@ -78,9 +97,17 @@ void launch_hostfile_free(launch_hostfile* hf);
 
 /* ---- mpi.c ---- */
 
+typedef struct launch_hosts launch_hosts; /* hosts.c */
+
+typedef enum { LAUNCH_MPI_NONE, LAUNCH_MPI_OPENMPI, LAUNCH_MPI_MPICH, LAUNCH_MPI_OTHER } launch_mpi_kind;
+
 /* The mpirun command line for o (NULL-terminated; free with launch_mpi_argv_free);
- * NULL after a message, with *status the exit status to use. */
-char** launch_mpi_argv(const launch_opts* o, int* status);
+ * hs: the hosts (NULL: this host only). NULL after a message, with *status the
+ * exit status to use. */
+char** launch_mpi_argv(const launch_opts* o, const launch_hosts* hs, int* status);
+/* The same for a given MPI flavour (pure: unit-tested); NULL with why. */
+char** launch_mpi_build(const launch_opts* o, const launch_hosts* hs, launch_mpi_kind kind,
+                        bool as_root, char* why, size_t why_len);
 void launch_mpi_argv_free(char** av);
 
 /* ---- relay.c ---- */
@@ -140,6 +167,87 @@ void launch_view_table(const launch_view* v, int n, const char* title);
 void launch_view_summary(const launch_view* v, int n, int first, const char* how, const int* codes,
                          const bool* by_us);
 
+/* ---- hosts.c ---- */
+
+typedef struct launch_host {
+  char name[256]; /* the ssh destination ("host", "user@host" or an IP) */
+  char ip[64];    /* the address its ranks listen on: "ips"[0], "" when not given */
+  int slots;      /* ranks on this host */
+  bool local;     /* localhost, 127.0.0.1 or ::1: started without ssh */
+} launch_host;
+
+typedef struct launch_hosts {
+  launch_host* h;
+  int n;       /* hosts */
+  int ranks;   /* the sum of the slots */
+  int backend; /* the object form's "backend": -1 not given, 0 ring, 1 mpi */
+  char** envs; /* the object form's "envs" ("K=V", checked) */
+  int n_envs;
+} launch_hosts;
+
+/* --hosts: "h1,h2,..." with per_host ranks each (0: not given, 1). Returns 0
+ * with out filled, or -1 with why. Pure. */
+int launch_hosts_from_list(const char* list, int per_host, launch_hosts* out, char* why,
+                           size_t why_len);
+/* A hostfile's text (name for messages): MLX's launcher's list of
+ * {"ssh": h, "ips": [...]} or its object {"backend", "envs", "hosts"}, or
+ * lines "host[:slots]" ("host slots=K" too). per_host ranks per host (0: 1;
+ * a line's own slots win). Returns 0 with out filled, 1 when the text is the
+ * ring's own format (a list of lists: out untouched), or -1 with why. Pure
+ * (fuzzed: tests/fuzz/fuzz_launch_hostfile.c). */
+int launch_hosts_from_file(const char* text, size_t len, const char* name, int per_host,
+                           launch_hosts* out, char* why, size_t why_len);
+void launch_hosts_free(launch_hosts* hs);
+/* The host index of rank r (host-major order). */
+int launch_hosts_of_rank(const launch_hosts* hs, int r);
+/* Whether every host is local (the job stays on this machine). */
+bool launch_hosts_all_local(const launch_hosts* hs);
+/* Whether name is an ssh destination the launcher accepts (no blank, no
+ * quote, no leading '-', 1..255 bytes). */
+bool launch_host_name_ok(const char* name);
+
+/* ---- remote.c ---- */
+
+/* What a remote rank's script needs (remote.c). */
+typedef struct launch_remote {
+  int rank, world;
+  const char* host;       /* for the script's own messages */
+  const char* cwd;        /* the directory to run in */
+  const char* rendezvous; /* MLXDIST_RENDEZVOUS */
+  const char* ring_addr;  /* MLXDIST_RING_ADDR (NULL or "": not set) */
+  const char* ifname;     /* MLXDIST_IFNAME (NULL: not set) */
+  const char* port_range; /* MLXDIST_PORT_RANGE (NULL: not set) */
+  const char* const* envs; /* "K=V", applied after the above */
+  int n_envs;
+  bool verbose; /* MLX_RING_VERBOSE=1 */
+  bool secret;  /* a second stdin line is the secret: into a 0600 file, MLXDIST_SECRET_FILE */
+  double grace; /* SIGTERM to SIGKILL once stdin ends */
+  char* const* program;
+} launch_remote;
+
+/* s quoted for a POSIX shell ('...'), appended to a malloc'd string *buf of
+ * *len bytes; -1 when out of memory. */
+int launch_sh_quote(char** buf, size_t* len, const char* s);
+/* The sh script (one line) that runs rank r on its host: cd, environment,
+ * token (and secret) read from stdin, the program with stdin from /dev/null
+ * killed when stdin ends, the program's exit status (128+signal). malloc'd. */
+char* launch_remote_script(const launch_remote* r);
+/* The words of --ssh CMD (blanks separate, '...' and "..." quote, \ escapes):
+ * a NULL-terminated malloc'd list, or NULL with why. */
+char** launch_split_words(const char* cmd, char* why, size_t why_len);
+/* The ssh command for one remote rank: ssh's words, -T, BatchMode=yes,
+ * ConnectTimeout, ServerAlive options, the host, then "sh -c '<script>'". */
+char** launch_ssh_argv(char* const* ssh_words, double connect_timeout, const char* host,
+                       const char* script);
+void launch_argv_free(char** av);
+
+/* ---- across.c ---- */
+
+/* Run the job on hs (with remote hosts) over the rendezvous; returns the
+ * launcher's exit status. */
+int launch_run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd, const char* token_hex,
+                     const char* secret_path);
+
 /* ---- supervise.c ---- */
 
 /* Route SIGCHLD, SIGINT, SIGTERM and SIGHUP to a signalfd (returned, -1 on error). */
@@ -147,8 +255,19 @@ int launch_block_signals(void);
 
 typedef struct launch_spawn {
   char** argv;          /* NULL-terminated */
-  const char** set_env; /* "K=V" strings, applied in order after MLX_RANK */
+  const char** set_env; /* "K=V" strings, applied in order after MLX_RANK (local ranks) */
   int n_env;
+  /* Across hosts (all NULL for a job on this host): */
+  char** const* rank_argv;        /* rank r's own argv (an ssh command for a remote rank) */
+  const char* const* rank_host;   /* rank r's host: messages, and "[r host] " with host_prefix */
+  const char* const* rank_stdin;  /* non-NULL for an ssh rank: written to its stdin, a pipe
+                                     held open until the job stops (its end stops the rank) */
+  bool host_prefix;
+  /* The start-up bound: when started(ctx) is still false start_timeout
+   * seconds after the start, the job is stopped (0: none). */
+  bool (*started)(void* ctx);
+  void* started_ctx;
+  double start_timeout;
 } launch_spawn;
 
 /* Start n ranks of sp, rank r with MLX_RANK=r and its output prefixed "[r] ",
@@ -157,5 +276,24 @@ typedef struct launch_spawn {
 int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout);
 /* Run one child (mpirun) under the same supervision, its output as is. */
 int launch_one(const launch_spawn* sp, int sfd, double timeout);
+
+/* ---- rendezvous.c (contract C1; protocol: src/backends/ring/rendezvous_wire.h) ---- */
+
+typedef struct launch_rdv launch_rdv;
+/* Listen on bind_ip ("10.0.0.1", "127.0.0.1", "::1"; never 0.0.0.0), on port 0 or the first free
+ * port of port_range ("A-B", NULL: any), for the n ranks of a job whose token is token_hex (32
+ * hex). rank_host[r] names rank r's host for messages (may be NULL). Serves the all-gather from
+ * its own thread: ends when all n ranks got the result, or after timeout_s with one message per
+ * missing rank ("[launch] rank 3 (host 10.0.0.3) did not reach the rendezvous within 30 s") and
+ * the connected ranks told to fail. A peer that fails the authentication or sends garbage is
+ * dropped with a message and does not count. Writes "ip:port" (for MLXDIST_RENDEZVOUS) to
+ * addr_out. Returns NULL after a message. */
+launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
+                             const char* port_range, double timeout_s, const char* const* rank_host,
+                             char* addr_out, size_t addr_len);
+/* Whether every rank got the result (true), is still pending or failed (false). */
+bool launch_rdv_done(const launch_rdv* r);
+/* Stop serving (if still), join the thread (bounded: 1 s), close, free. NULL: no-op. */
+void launch_rdv_stop(launch_rdv* r);
 
 #endif

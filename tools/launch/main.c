@@ -17,6 +17,10 @@
  * its PATH to the ranks in MLXDIST_SECRET_FILE: the secret is never on a
  * command line, in the environment or in ps. docs/security.md.
  *
+ * Across hosts (--hosts, or a hostfile of hosts: hosts.c), a job with a host
+ * other than this one runs over the launcher's rendezvous (across.c); a job
+ * whose hosts are all localhost keeps the path above (a written hostfile).
+ *
  * The parts are listed in launch.h. The launcher links the static library for
  * the ring's hostfile parser and clock only: it needs no libmlxdist.so. */
 #include <errno.h>
@@ -26,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backends/ring/ring_internal.h"
 #include "launch.h"
 #include "security/secret.h"
 
@@ -107,9 +112,9 @@ static int secret_make(job_secret* s) {
   return 0;
 }
 
-static int run_mpi(const launch_opts* o, int sfd) {
+static int run_mpi(const launch_opts* o, const launch_hosts* hs, int sfd) {
   int status = 1;
-  char** av = launch_mpi_argv(o, &status);
+  char** av = launch_mpi_argv(o, hs, &status);
   if (!av) return status;
   if (o->verbose) {
     fputs("[launch] running:", stderr);
@@ -164,16 +169,81 @@ static int run_ring(const launch_opts* o, int sfd) {
   return rc;
 }
 
+/* The hosts of --hosts or of a hostfile of hosts into hs; false for a job on
+ * this host (no --hosts, or a hostfile in the ring's own format). Exits 2 on
+ * a bad list or file. */
+static bool read_hosts(const launch_opts* o, launch_hosts* hs) {
+  char why[MLXD_MSG_MAX + 256];
+  if (o->hosts) {
+    if (launch_hosts_from_list(o->hosts, o->n, hs, why, sizeof why) != 0)
+      launch_bad_usage("%s.", why);
+    return true;
+  }
+  if (!o->hostfile) return false;
+  mlxd_status st = {0};
+  char* text = NULL;
+  size_t len = 0;
+  if (mlxd_ring_hostfile_read(o->hostfile, &text, &len, &st) != 0) {
+    mlxd_status_render(&st, NULL);
+    launch_bad_usage("%s.", st.msg);
+  }
+  int rc = launch_hosts_from_file(text, len, o->hostfile, o->n, hs, why, sizeof why);
+  free(text);
+  if (rc < 0) launch_bad_usage("%s.", why);
+  if (rc == 1 && o->mpi)
+    launch_bad_usage(
+        "--hostfile of ranks (lists of \"ip:port\") applies to the ring backend only (give a "
+        "hostfile of hosts, or --hosts, for mpirun).");
+  return rc == 0;
+}
+
+/* A job whose hosts are all this one: today's path with N = the ranks, the
+ * hostfile's variables before --env's. */
+static int run_local_hosts(const launch_opts* o, const launch_hosts* hs, int sfd) {
+  launch_opts lo = *o;
+  lo.hosts = lo.hostfile = NULL;
+  lo.n = hs->ranks;
+  lo.envs = calloc((size_t)(hs->n_envs + o->n_envs + 1), sizeof *lo.envs);
+  if (!lo.envs) {
+    launch_msg("out of memory");
+    return 1;
+  }
+  lo.n_envs = 0;
+  for (int i = 0; i < hs->n_envs; i++) lo.envs[lo.n_envs++] = hs->envs[i];
+  for (int i = 0; i < o->n_envs; i++) lo.envs[lo.n_envs++] = o->envs[i];
+  int rc = lo.mpi ? run_mpi(&lo, NULL, sfd) : run_ring(&lo, sfd);
+  free(lo.envs);
+  return rc;
+}
+
+static int run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd) {
+  if (launch_hosts_all_local(hs)) return run_local_hosts(o, hs, sfd);
+  if (o->mpi) return run_mpi(o, hs, sfd);
+  char token_kv[64];
+  job_secret secret = {0};
+  int rc = 1;
+  if (make_token(token_kv, sizeof token_kv) == 0 && (!o->secret || secret_make(&secret) == 0))
+    rc = launch_run_hosts(o, hs, sfd, strchr(token_kv, '=') + 1, o->secret ? secret.path : NULL);
+  secret_remove(&secret);
+  memset(token_kv, 0, sizeof token_kv);
+  return rc;
+}
+
 int main(int argc, char** argv) {
   launch_opts o;
   launch_parse_args(argc, argv, &o); /* exits 2 on bad arguments */
+  launch_hosts hs = {0};
+  bool across = read_hosts(&o, &hs); /* exits 2 on a bad list or file */
+  if (across && hs.backend >= 0 && !o.backend_given) o.mpi = hs.backend == 1;
+  if (across && o.mpi && o.secret) launch_bad_usage("--secret applies to the ring backend only.");
   int sfd = launch_block_signals();
   if (sfd < 0) {
     launch_msg("cannot set up signal handling: %s.", strerror(errno));
     return 1;
   }
-  int rc = o.mpi ? run_mpi(&o, sfd) : run_ring(&o, sfd);
+  int rc = across ? run_hosts(&o, &hs, sfd) : o.mpi ? run_mpi(&o, NULL, sfd) : run_ring(&o, sfd);
   close(sfd);
+  launch_hosts_free(&hs);
   launch_free_args(&o);
   return rc;
 }

@@ -17,7 +17,16 @@
  * and reports one stopped for LAUNCH_STOPPED_S, with the others' records;
  * a rank's long-wait warning (it prints its record) brings the table too.
  * On a failure the summary at the end names the first rank that failed and
- * its message before the cascade it caused. */
+ * its message before the cascade it caused.
+ *
+ * Across hosts (across.c) a remote rank is its ssh client: its stdin is a
+ * pipe the launcher writes the token into and holds open; closing it (every
+ * stop closes them all first) makes the rank's script on the host stop the
+ * program (remote.c), and the SIGTERM/SIGKILL to the ssh client ends the
+ * connection in a bounded time even when the host is gone. Its exit status
+ * is read the ssh way: 255 is ssh's own failure ("cannot reach host"), 127
+ * a program missing on the host, 129..192 the program killed by a signal.
+ * The record table and SIGUSR1 dump stay local: remote ranks are left out. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -41,7 +50,10 @@ struct run;
 typedef struct child {
   pid_t pid;
   bool alive;
-  char prefix[24];
+  char prefix[300];
+  int in_fd;        /* an ssh rank's stdin (held open until the job stops), -1 if none */
+  bool remote;      /* started over ssh: its exit status is read the ssh way */
+  const char* host; /* NULL: this host, unnamed */
   launch_relay out, err;
   launch_view view; /* from its stderr and /proc (watch.c) */
   int code;         /* the launcher's code for its end (0: success) */
@@ -54,6 +66,8 @@ typedef struct run {
   int n;
   int alive;
   int sfd;             /* the signalfd */
+  const launch_spawn* sp;
+  double start_deadline; /* sp->started must hold by then (0: no bound) */
   bool name_ranks;     /* ring: messages name the rank that failed */
   int first_fail_rank; /* -1: none yet */
   int first_fail_code;
@@ -65,7 +79,7 @@ typedef struct run {
   double deadline; /* mlxd_now() when the timeout expires; 0: none */
   bool timed_out;
   double drain_until; /* 0 until every child is gone */
-  char first_how[96]; /* how the first failing rank ended */
+  char first_how[LAUNCH_VIEW_LINE + 160]; /* how the first failing rank ended */
   double stop_at;     /* stop the job then (0: none): after the records, after a failure */
   double table_at;    /* print the table then (0: none) */
   double table_last;  /* when the last table for a stall or warning was printed */
@@ -100,9 +114,19 @@ static void signal_all(run* rn, int sig) {
   }
 }
 
+/* The end of every ssh rank's stdin: its script on the host stops it. */
+static void close_stdins(run* rn) {
+  for (int i = 0; i < rn->n; i++)
+    if (rn->kids[i].in_fd >= 0) {
+      close(rn->kids[i].in_fd);
+      rn->kids[i].in_fd = -1;
+    }
+}
+
 static void begin_stop(run* rn) {
   if (rn->stopping) return;
   rn->stopping = true;
+  close_stdins(rn);
   rn->kill_at = mlxd_now() + LAUNCH_GRACE_S;
   signal_all(rn, SIGTERM);
   signal_all(rn, SIGCONT); /* a stopped rank acts on SIGTERM only once continued */
@@ -112,13 +136,22 @@ static void begin_stop(run* rn) {
 
 /* In the child: its own process group, default signals, the pipes as stdout
  * and stderr, MLX_RANK (rank >= 0) and sp's variables; then the program. */
-static _Noreturn void exec_child(const launch_spawn* sp, int rank, int out_fd, int err_fd) {
+static _Noreturn void exec_child(const launch_spawn* sp, int rank, int out_fd, int err_fd,
+                                 int in_fd) {
   setpgid(0, 0);
   signal(SIGPIPE, SIG_DFL);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
   sigprocmask(SIG_SETMASK, &old_mask, NULL);
   if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(127);
+  if (in_fd >= 0 && dup2(in_fd, 0) < 0) _exit(127);
+  char** argv = rank >= 0 && sp->rank_argv && sp->rank_argv[rank] ? sp->rank_argv[rank] : sp->argv;
+  if (argv != sp->argv) { /* ssh: the rank's variables travel in its script, not here */
+    execvp(argv[0], argv);
+    dprintf(2, "[launch] rank %d: cannot run the ssh command '%s': %s.\n", rank, argv[0],
+            strerror(errno));
+    _exit(255);
+  }
   if (rank >= 0) {
     char v[16];
     snprintf(v, sizeof v, "%d", rank);
@@ -155,7 +188,9 @@ static int request_records(run* rn, int except) {
   int asked = 0;
   for (int i = 0; i < rn->n; i++) {
     child* c = &rn->kids[i];
-    if (i == except || !c->alive || c->view.stopped || !launch_catches_sigusr1(c->pid)) continue;
+    if (i == except || !c->alive || c->remote || c->view.stopped ||
+        !launch_catches_sigusr1(c->pid))
+      continue;
     if (kill(c->pid, SIGUSR1) == 0) asked++;
   }
   return asked;
@@ -180,11 +215,20 @@ static void on_err_line(void* ctx, const char* line, size_t len) {
 
 /* Fork and exec one child with its output relayed; -1 with errno on failure. */
 static int start_child(const launch_spawn* sp, child* c, int rank) {
-  int po[2], pe[2];
+  int po[2], pe[2], pi[2] = {-1, -1};
+  const char* in = rank >= 0 && sp->rank_stdin ? sp->rank_stdin[rank] : NULL;
+  c->in_fd = -1;
   if (pipe2(po, O_CLOEXEC) != 0) return -1;
   if (pipe2(pe, O_CLOEXEC) != 0) {
     int e = errno;
     close_pair(po);
+    errno = e;
+    return -1;
+  }
+  if (in && pipe2(pi, O_CLOEXEC) != 0) {
+    int e = errno;
+    close_pair(po);
+    close_pair(pe);
     errno = e;
     return -1;
   }
@@ -193,13 +237,25 @@ static int start_child(const launch_spawn* sp, child* c, int rank) {
     int e = errno;
     close_pair(po);
     close_pair(pe);
+    if (in) close_pair(pi);
     errno = e;
     return -1;
   }
-  if (pid == 0) exec_child(sp, rank, po[1], pe[1]);
+  if (pid == 0) exec_child(sp, rank, po[1], pe[1], pi[0]);
   setpgid(pid, pid); /* also in the parent, so a signal right away reaches the group */
   close(po[1]);
   close(pe[1]);
+  if (in) {
+    close(pi[0]);
+    /* a few bytes into an empty pipe: never blocks; the rank reads them over ssh */
+    size_t len = strlen(in);
+    if (write(pi[1], in, len) != (ssize_t)len) {
+      /* the ssh client is gone already: its exit says why */
+    }
+    c->in_fd = pi[1];
+    c->remote = true;
+  }
+  if (rank >= 0 && sp->rank_host) c->host = sp->rank_host[rank];
   fcntl(po[0], F_SETFL, fcntl(po[0], F_GETFL) | O_NONBLOCK);
   fcntl(pe[0], F_SETFL, fcntl(pe[0], F_GETFL) | O_NONBLOCK);
   c->pid = pid;
@@ -226,11 +282,47 @@ static int exit_code(int st, char* how, size_t n) {
   return 0;
 }
 
+/* Read what the child left in its stderr pipe, so that its last line is known. */
+static void drain_err(child* c) {
+  for (int k = 0; k < 256 && c->err.fd >= 0; k++) {
+    struct pollfd p = {.fd = c->err.fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) break;
+    launch_relay_read(&c->err);
+  }
+}
+
+/* How a remote rank ended, read the ssh way (see the top of this file). */
+static int remote_code(child* c, int i, int st, char* how, size_t n) {
+  int code = exit_code(st, how, n);
+  if (!WIFEXITED(st)) {
+    snprintf(how, n, "its ssh client %s", c->view.last_line[0] ? c->view.last_line : "ended");
+    return code;
+  }
+  drain_err(c);
+  char last[LAUNCH_VIEW_LINE];
+  snprintf(last, sizeof last, "%s", c->view.last_line);
+  last[strcspn(last, "\r\n")] = '\0';
+  if (code == 255)
+    snprintf(how, n, "cannot reach host %s over ssh (rank %d): %s", c->host, i,
+             last[0] ? last : "ssh exited with status 255");
+  else if (code == 127)
+    snprintf(how, n, "program not found on host %s (rank %d): %s", c->host, i,
+             last[0] ? last : "exit status 127");
+  else if (code > 128 && code <= 128 + 64)
+    snprintf(how, n, "was killed by signal %d (%s)", code - 128, strsignal(code - 128));
+  return code;
+}
+
 static void child_exited(run* rn, int i, int st) {
+  child* c = &rn->kids[i];
   rn->kids[i].alive = false;
   rn->alive--;
-  char how[96];
-  int code = exit_code(st, how, sizeof how);
+  if (c->in_fd >= 0) {
+    close(c->in_fd);
+    c->in_fd = -1;
+  }
+  char how[LAUNCH_VIEW_LINE + 160];
+  int code = c->remote ? remote_code(c, i, st, how, sizeof how) : exit_code(st, how, sizeof how);
   rn->kids[i].code = code;
   rn->kids[i].by_us = rn->stopping;
   if (code == 0 || rn->first_fail_rank >= 0) return;
@@ -239,11 +331,19 @@ static void child_exited(run* rn, int i, int st) {
   snprintf(rn->first_how, sizeof rn->first_how, "%s", how);
   if (rn->stopping) return; /* stopped by us (timeout or forwarded signal) */
   if (rn->name_ranks) {
+    char who[400];
+    bool whole = c->remote && (code == 255 || code == 127) && WIFEXITED(st);
+    if (whole) /* the message names rank and host itself */
+      who[0] = '\0';
+    else if (c->host)
+      snprintf(who, sizeof who, "rank %d on host %s ", i, c->host);
+    else
+      snprintf(who, sizeof who, "rank %d ", i);
     if (rn->alive > 0)
-      launch_msg("rank %d %s; stopping the other %d rank%s in %.1f s.", i, how, rn->alive,
+      launch_msg("%s%s; stopping the other %d rank%s in %.1f s.", who, how, rn->alive,
                  rn->alive == 1 ? "" : "s", LAUNCH_SETTLE_S);
     else
-      launch_msg("rank %d %s.", i, how);
+      launch_msg("%s%s.", who, how);
     /* A moment for the others to notice and say what they saw (the summary
      * tells the failures it caused from the ranks the launcher stopped). */
     rn->stop_at = mlxd_now() + LAUNCH_SETTLE_S;
@@ -287,6 +387,7 @@ static void on_signals(run* rn) {
     }
     rn->interrupted = sig;
     if (rn->name_ranks) launch_msg("received %s; forwarding it to the ranks.", strsignal(sig));
+    close_stdins(rn);
     signal_all(rn, sig);
     rn->stopping = true;
     rn->kill_at = mlxd_now() + LAUNCH_GRACE_S;
@@ -333,6 +434,18 @@ static void check_stopped(run* rn, double now) {
 }
 
 static void check_timers(run* rn, double now) {
+  if (rn->start_deadline > 0 && now >= rn->start_deadline) {
+    rn->start_deadline = 0;
+    if (!rn->stopping && rn->alive > 0 && !rn->sp->started(rn->sp->started_ctx)) {
+      launch_msg("the ranks did not all reach the rendezvous within %.0f s; stopping the job.",
+                 rn->sp->start_timeout);
+      if (rn->first_fail_rank < 0) {
+        rn->first_fail_rank = rn->n; /* none of the ranks: the start */
+        rn->first_fail_code = 1;
+      }
+      begin_stop(rn);
+    }
+  }
   if (rn->deadline > 0 && !rn->timed_out && now >= rn->deadline && rn->alive > 0) {
     rn->timed_out = true;
     int asked = rn->name_ranks ? request_records(rn, -1) : 0;
@@ -373,9 +486,10 @@ static int poll_ms(const run* rn) {
   if (rn->stopping && !rn->killed && rn->alive > 0 && (wake < 0 || rn->kill_at < wake))
     wake = rn->kill_at;
   if (rn->drain_until > 0 && (wake < 0 || rn->drain_until < wake)) wake = rn->drain_until;
-  double more[3] = {rn->stop_at, rn->table_at,
-                    rn->name_ranks && !rn->stopping && rn->alive > 0 ? rn->next_check : 0};
-  for (int i = 0; i < 3; i++)
+  double more[4] = {rn->stop_at, rn->table_at,
+                    rn->name_ranks && !rn->stopping && rn->alive > 0 ? rn->next_check : 0,
+                    rn->start_deadline};
+  for (int i = 0; i < 4; i++)
     if (more[i] > 0 && (wake < 0 || more[i] < wake)) wake = more[i];
   return wake < 0 ? -1 : mlxd_ms_left(wake);
 }
@@ -418,6 +532,7 @@ static bool all_done(run* rn, double now) {
 
 /* Make sure nothing is left running, reap everything, print what is left. */
 static void finish(run* rn) {
+  close_stdins(rn);
   if (rn->alive > 0) signal_all(rn, SIGKILL);
   while (rn->alive > 0) {
     pid_t pid = waitpid(-1, NULL, 0); /* bounded: every child was sent SIGKILL */
@@ -448,8 +563,8 @@ static int supervise(run* rn, double timeout) {
   finish(rn);
   if (rn->timed_out && rn->name_ranks)
     child_views_table(rn, "where every rank was when the timeout expired (their records):");
-  if (!rn->timed_out && !rn->interrupted && rn->first_fail_rank >= 0 && rn->name_ranks &&
-      rn->n > 1) {
+  if (!rn->timed_out && !rn->interrupted && rn->first_fail_rank >= 0 &&
+      rn->first_fail_rank < rn->n && rn->name_ranks && rn->n > 1) {
     int* codes = calloc((size_t)rn->n, sizeof *codes);
     bool* by_us = calloc((size_t)rn->n, sizeof *by_us);
     launch_view* v = calloc((size_t)rn->n, sizeof *v);
@@ -478,7 +593,10 @@ static int run_init(run* rn, int n, int sfd, bool name_ranks) {
   rn->kids = calloc((size_t)n, sizeof *rn->kids);
   rn->pfd = calloc((size_t)(1 + 2 * n), sizeof *rn->pfd);
   rn->who = calloc((size_t)(1 + 2 * n), sizeof *rn->who);
-  if (rn->kids && rn->pfd && rn->who) return 0;
+  if (rn->kids && rn->pfd && rn->who) {
+    for (int i = 0; i < n; i++) rn->kids[i].in_fd = -1;
+    return 0;
+  }
   launch_msg("out of memory");
   return -1;
 }
@@ -497,8 +615,13 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
   }
   fflush(NULL); /* nothing buffered may be written twice by the children */
   int rc = -1;
+  rn.sp = sp;
+  if (sp->started && sp->start_timeout > 0) rn.start_deadline = mlxd_now() + sp->start_timeout;
   for (int r = 0; r < n && rc < 0; r++) {
-    snprintf(rn.kids[r].prefix, sizeof rn.kids[r].prefix, "[%d] ", r);
+    if (sp->host_prefix && sp->rank_host)
+      snprintf(rn.kids[r].prefix, sizeof rn.kids[r].prefix, "[%d %s] ", r, sp->rank_host[r]);
+    else
+      snprintf(rn.kids[r].prefix, sizeof rn.kids[r].prefix, "[%d] ", r);
     rn.kids[r].rn = &rn;
     if (start_child(sp, &rn.kids[r], r) == 0) {
       rn.alive++;
