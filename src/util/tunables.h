@@ -125,7 +125,11 @@ typedef struct mlxd_tunable_spec {
   X(JOB_TOKEN, "MLXDIST_JOB_TOKEN", "", MLXD_TK_HEX(32),                                          \
     "The job's identity: 32 hex digits every connection of the job must carry (mlxdist-launch "   \
     "sets a random one per job). Unset: derived from the hostfile (cross-job protection, not "    \
-    "authentication). See docs/security.md.")
+    "authentication). See docs/security.md.")                                                     \
+  X(HOST_ID, "MLXDIST_HOST_ID", "", MLXD_TK_HOST(),                                               \
+    "Ring transport: the host this rank counts as (at most 127 characters). Ranks with the "      \
+    "same id use shared memory among themselves and TCP to the others; unset: the machine, its "  \
+    "network and IPC namespaces. Lets one machine emulate several hosts (tests).")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,
