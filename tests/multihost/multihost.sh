@@ -292,6 +292,18 @@ case_mpi() {
     lpid=$!
     MH_BG_PIDS+=("$lpid")
   }
+  # where mpirun put each rank: rank r on host r / k (host-major, as the ring)
+  local r line where=""
+  start_launch_mpi --backend mpi --ssh "$(mh_ssh_cmd)" --hosts "$(mh_hosts_csv)" -n $k \
+    --timeout 60 -- /bin/hostname
+  wait_launch 80
+  [ "$lrc" = 0 ] || mh_fail "--backend mpi, hostname on every rank: launcher exit status $lrc"
+  for ((r = 0; r < n; r++)); do
+    line=$(grep -E "^\[[0-9]+,$r\]<stdout>:|^\[$r\] " "$MH_DIR/launch.log" | head -n1)
+    [ "${line##*[:\] ]}" = "mh$((r / k))" ] || mh_fail "--backend mpi: rank $r ran on '${line}', expected host mh$((r / k))"
+    where+=" $r:${line##*[:\] ]}"
+  done
+  mh_say "--backend mpi: rank:host$where"
   start_launch_mpi --backend mpi --ssh "$(mh_ssh_cmd)" --hosts "$(mh_hosts_csv)" -n $k --verbose \
     --timeout 200 -- "$mpi_ranks" quick
   wait_launch 220
