@@ -112,11 +112,11 @@ static int read_secret(const char* path, char* out, size_t n) {
 
 typedef struct plan {
   int n;
-  char (*ip)[64];        /* per host: MLXDIST_RING_ADDR ("" with --ifname) */
-  const char** host;     /* per rank */
-  char*** argv;          /* per rank (NULL: the program, local) */
-  const char** in;       /* per rank: stdin data (remote ranks) */
-  const char** env;      /* local ranks' environment */
+  char (*ip)[64];    /* per host: MLXDIST_RING_ADDR ("" with --ifname) */
+  const char** host; /* per rank */
+  char*** argv;      /* per rank (NULL: the program, local) */
+  const char** in;   /* per rank: stdin data (remote ranks) */
+  const char** env;  /* local ranks' environment */
   int n_env;
   char** ssh_words;
   char rdv[128];
@@ -221,8 +221,7 @@ static void print_plan(const launch_opts* o, const launch_hosts* hs, const plan*
   for (int i = 0, r = 0; i < hs->n; r += hs->h[i].slots, i++)
     launch_msg("  host %s: rank%s %d..%d, %s, listening on %s", hs->h[i].name,
                hs->h[i].slots == 1 ? "" : "s", r, r + hs->h[i].slots - 1,
-               hs->h[i].local ? "local (no ssh)" : "over ssh",
-               p->ip[i][0] ? p->ip[i] : o->ifname);
+               hs->h[i].local ? "local (no ssh)" : "over ssh", p->ip[i][0] ? p->ip[i] : o->ifname);
 }
 
 int launch_run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd, const char* token_hex,

@@ -62,7 +62,7 @@ static void usage(FILE* f) {
       "that failed (128+signal when it was killed by a signal) after the other ranks\n"
       "were stopped (SIGTERM, then SIGKILL after %.0f s); 124 on timeout; 2 for bad\n"
       "arguments. SIGINT and SIGTERM are forwarded to the ranks.\n",
-      LAUNCH_MAX_RANKS, LAUNCH_RDV_FACTOR, LAUNCH_CONNECT_TIMEOUT_S, LAUNCH_MAX_CONNECTIONS,
+      LAUNCH_MAX_RANKS, LAUNCH_MAX_CONNECTIONS, LAUNCH_RDV_FACTOR, LAUNCH_CONNECT_TIMEOUT_S,
       LAUNCH_GRACE_S);
 }
 
@@ -136,8 +136,7 @@ static void check_ifname(const char* s) {
   for (size_t i = 0; ok && i < n; i++)
     ok = isgraph((unsigned char)s[i]) && s[i] != '/' && s[i] != ':';
   if (!ok)
-    launch_bad_usage("--ifname must be a network interface name (1..15 characters), got '%s'.",
-                     s);
+    launch_bad_usage("--ifname must be a network interface name (1..15 characters), got '%s'.", s);
 }
 
 static bool valid_env_name(const char* s, size_t n) {

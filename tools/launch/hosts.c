@@ -46,18 +46,19 @@ void launch_hosts_free(launch_hosts* hs) {
 }
 
 /* Append a host of slots ranks; -1 with why. */
-static int add_host(launch_hosts* hs, const char* name, const char* ip, int slots, const char* where,
-                    char* why, size_t why_len) {
+static int add_host(launch_hosts* hs, const char* name, const char* ip, int slots,
+                    const char* where, char* why, size_t why_len) {
   if (!launch_host_name_ok(name))
-    return WHY("%s: host '%.64s' is not a host name or address (1..255 letters, digits and "
-               "'.-_:@[]%%', not starting with '-')",
-               where, name);
+    return WHY(
+        "%s: host '%.64s' is not a host name or address (1..255 letters, digits and "
+        "'.-_:@[]%%', not starting with '-')",
+        where, name);
   if (ip && !ip_literal(ip))
     return WHY("%s: \"ips\" entry '%.64s' of host '%.64s' is not an IPv4 or IPv6 address", where,
                ip, name);
   if (hs->n >= LAUNCH_MAX_RANKS || hs->ranks + slots > LAUNCH_MAX_RANKS)
-    return WHY("%s: more than %d ranks; mlxdist-launch starts at most %d", where,
-               LAUNCH_MAX_RANKS, LAUNCH_MAX_RANKS);
+    return WHY("%s: more than %d ranks; mlxdist-launch starts at most %d", where, LAUNCH_MAX_RANKS,
+               LAUNCH_MAX_RANKS);
   if ((hs->n & (hs->n - 1)) == 0) { /* 0, 1, 2, 4, ...: grow */
     launch_host* nh = realloc(hs->h, (size_t)(hs->n ? 2 * hs->n : 1) * sizeof *nh);
     if (!nh) return WHY("out of memory");
@@ -154,9 +155,10 @@ static int json_envs(launch_hosts* hs, const cJSON* envs, const char* name, char
     bool ok = eq && eq > s && (isalpha((unsigned char)s[0]) || s[0] == '_');
     for (const char* c = s; ok && c < eq; c++) ok = isalnum((unsigned char)*c) || *c == '_';
     if (!ok)
-      return WHY("hostfile '%.200s': \"envs\" entry %d is not \"NAME=VALUE\" (NAME of letters, "
-                 "digits and '_')",
-                 name, hs->n_envs);
+      return WHY(
+          "hostfile '%.200s': \"envs\" entry %d is not \"NAME=VALUE\" (NAME of letters, "
+          "digits and '_')",
+          name, hs->n_envs);
     if (!(hs->envs[hs->n_envs++] = strdup(s))) return WHY("out of memory");
   }
   return 0;
@@ -167,25 +169,28 @@ static int json_object(launch_hosts* hs, const cJSON* root, int k, const char* n
   static const char* const known[] = {"backend", "envs", "hosts", NULL};
   for (const cJSON* m = root->child; m; m = m->next)
     if (!m->string || !key_known(m->string, known))
-      return WHY("hostfile '%.200s': unknown key \"%.64s\" (known: \"backend\", \"envs\", "
-                 "\"hosts\")",
-                 name, m->string ? m->string : "");
+      return WHY(
+          "hostfile '%.200s': unknown key \"%.64s\" (known: \"backend\", \"envs\", "
+          "\"hosts\")",
+          name, m->string ? m->string : "");
   const cJSON* b = cJSON_GetObjectItemCaseSensitive(root, "backend");
   if (b) {
     if (!cJSON_IsString(b) || !b->valuestring ||
         (strcmp(b->valuestring, "ring") != 0 && strcmp(b->valuestring, "mpi") != 0))
-      return WHY("hostfile '%.200s': \"backend\" must be \"ring\" or \"mpi\" (mlxdist has no "
-                 "other backend across hosts)",
-                 name);
+      return WHY(
+          "hostfile '%.200s': \"backend\" must be \"ring\" or \"mpi\" (mlxdist has no "
+          "other backend across hosts)",
+          name);
     hs->backend = strcmp(b->valuestring, "mpi") == 0;
   }
   const cJSON* e = cJSON_GetObjectItemCaseSensitive(root, "envs");
   if (e && json_envs(hs, e, name, why, why_len) != 0) return -1;
   const cJSON* h = cJSON_GetObjectItemCaseSensitive(root, "hosts");
   if (!cJSON_IsArray(h))
-    return WHY("hostfile '%.200s': \"hosts\" (a list of {\"ssh\": ..., \"ips\": [...]}) is "
-               "missing or not a list",
-               name);
+    return WHY(
+        "hostfile '%.200s': \"hosts\" (a list of {\"ssh\": ..., \"ips\": [...]}) is "
+        "missing or not a list",
+        name);
   int i = 0;
   for (const cJSON* x = h->child; x; x = x->next)
     if (json_host(hs, x, i++, k, name, why, why_len) != 0) return -1;
@@ -196,16 +201,11 @@ static int from_json(launch_hosts* hs, const char* text, size_t len, const char*
                      char* why, size_t why_len) {
   const char* end = NULL;
   cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, false);
-  if (!root) {
-    size_t at = end && end >= text ? (size_t)(end - text) : 0;
-    return WHY("hostfile '%.200s' is not valid JSON (near byte %zu)", name, at);
-  }
-  while (end && (size_t)(end - text) < len && (isspace((unsigned char)*end) || *end == '\0'))
-    end++;
+  if (!root) return 1; /* the ring's parser says where the JSON is wrong */
+  while (end && (size_t)(end - text) < len && isspace((unsigned char)*end)) end++;
   int rc;
   if (end && (size_t)(end - text) < len)
-    rc = WHY("hostfile '%.200s' holds more than one JSON value (extra text at byte %zu)", name,
-             (size_t)(end - text));
+    rc = 1; /* a second value or stray text: the ring's parser names it */
   else if (cJSON_IsArray(root) && (!root->child || cJSON_IsArray(root->child)))
     rc = 1; /* the ring's list of lists: hostfile.c */
   else if (cJSON_IsArray(root)) {
@@ -216,8 +216,7 @@ static int from_json(launch_hosts* hs, const char* text, size_t len, const char*
   } else if (cJSON_IsObject(root))
     rc = json_object(hs, root, k, name, why, why_len);
   else
-    rc = WHY("hostfile '%.200s': expected a JSON list of hosts or an object with \"hosts\"",
-             name);
+    rc = WHY("hostfile '%.200s': expected a JSON list of hosts or an object with \"hosts\"", name);
   cJSON_Delete(root);
   return rc;
 }
@@ -305,7 +304,8 @@ int launch_hosts_from_file(const char* text, size_t len, const char* name, int p
   size_t i = 0;
   while (i < len && isspace((unsigned char)text[i])) i++;
   int rc;
-  if (i < len && (text[i] == '[' || text[i] == '{'))
+  if (i == len) return 1; /* empty: the ring's reader says so */
+  if (text[i] == '[' || text[i] == '{')
     rc = from_json(out, text, len, name, k, why, why_len);
   else
     rc = from_text(out, text, len, name, k, why, why_len);

@@ -56,7 +56,7 @@ typedef struct launch_opts {
   const char* ifname;     /* --ifname NAME */
   const char* port_range; /* --port-range A-B */
   double connect_timeout; /* --connect-timeout S (default LAUNCH_CONNECT_TIMEOUT_S) */
-  char** program; /* argv of the program, NULL-terminated */
+  char** program;         /* argv of the program, NULL-terminated */
 } launch_opts;
 
 /* Parse the command line into o; prints the help and exits 0 for --help, and
@@ -99,7 +99,12 @@ void launch_hostfile_free(launch_hostfile* hf);
 
 typedef struct launch_hosts launch_hosts; /* hosts.c */
 
-typedef enum { LAUNCH_MPI_NONE, LAUNCH_MPI_OPENMPI, LAUNCH_MPI_MPICH, LAUNCH_MPI_OTHER } launch_mpi_kind;
+typedef enum {
+  LAUNCH_MPI_NONE,
+  LAUNCH_MPI_OPENMPI,
+  LAUNCH_MPI_MPICH,
+  LAUNCH_MPI_OTHER
+} launch_mpi_kind;
 
 /* The mpirun command line for o (NULL-terminated; free with launch_mpi_argv_free);
  * hs: the hosts (NULL: this host only). NULL after a message, with *status the
@@ -193,7 +198,8 @@ int launch_hosts_from_list(const char* list, int per_host, launch_hosts* out, ch
  * {"ssh": h, "ips": [...]} or its object {"backend", "envs", "hosts"}, or
  * lines "host[:slots]" ("host slots=K" too). per_host ranks per host (0: 1;
  * a line's own slots win). Returns 0 with out filled, 1 when the text is the
- * ring's own format (a list of lists: out untouched), or -1 with why. Pure
+ * ring's own format (a list of lists), empty, or not one valid JSON value
+ * (the ring's parser says what is wrong; out untouched), or -1 with why. Pure
  * (fuzzed: tests/fuzz/fuzz_launch_hostfile.c). */
 int launch_hosts_from_file(const char* text, size_t len, const char* name, int per_host,
                            launch_hosts* out, char* why, size_t why_len);
@@ -211,12 +217,12 @@ bool launch_host_name_ok(const char* name);
 /* What a remote rank's script needs (remote.c). */
 typedef struct launch_remote {
   int rank, world;
-  const char* host;       /* for the script's own messages */
-  const char* cwd;        /* the directory to run in */
-  const char* rendezvous; /* MLXDIST_RENDEZVOUS */
-  const char* ring_addr;  /* MLXDIST_RING_ADDR (NULL or "": not set) */
-  const char* ifname;     /* MLXDIST_IFNAME (NULL: not set) */
-  const char* port_range; /* MLXDIST_PORT_RANGE (NULL: not set) */
+  const char* host;        /* for the script's own messages */
+  const char* cwd;         /* the directory to run in */
+  const char* rendezvous;  /* MLXDIST_RENDEZVOUS */
+  const char* ring_addr;   /* MLXDIST_RING_ADDR (NULL or "": not set) */
+  const char* ifname;      /* MLXDIST_IFNAME (NULL: not set) */
+  const char* port_range;  /* MLXDIST_PORT_RANGE (NULL: not set) */
   const char* const* envs; /* "K=V", applied after the above */
   int n_envs;
   bool verbose; /* MLX_RING_VERBOSE=1 */
@@ -258,9 +264,9 @@ typedef struct launch_spawn {
   const char** set_env; /* "K=V" strings, applied in order after MLX_RANK (local ranks) */
   int n_env;
   /* Across hosts (all NULL for a job on this host): */
-  char** const* rank_argv;        /* rank r's own argv (an ssh command for a remote rank) */
-  const char* const* rank_host;   /* rank r's host: messages, and "[r host] " with host_prefix */
-  const char* const* rank_stdin;  /* non-NULL for an ssh rank: written to its stdin, a pipe
+  char** const* rank_argv;       /* rank r's own argv (an ssh command for a remote rank) */
+  const char* const* rank_host;  /* rank r's host: messages, and "[r host] " with host_prefix */
+  const char* const* rank_stdin; /* non-NULL for an ssh rank: written to its stdin, a pipe
                                      held open until the job stops (its end stops the rank) */
   bool host_prefix;
   /* The start-up bound: when started(ctx) is still false start_timeout

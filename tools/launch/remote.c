@@ -131,8 +131,7 @@ char* launch_remote_script(const launch_remote* r) {
   free(prog.p);
   /* the watcher: the end of the channel stops the program (its group first) */
   snprintf(num, sizeof num, "%.0f", r->grace > 0 ? r->grace : 1);
-  put(&b,
-      "{ cat >/dev/null; kill -TERM -\"$p\" || kill -TERM \"$p\"; sleep ");
+  put(&b, "{ cat >/dev/null; kill -TERM -\"$p\" || kill -TERM \"$p\"; sleep ");
   put(&b, num);
   put(&b,
       "; kill -KILL -\"$p\" || kill -KILL \"$p\"; } <&3 >/dev/null 2>&1 & w=$!; exec 3<&-; "
@@ -212,8 +211,8 @@ char** launch_ssh_argv(char* const* ssh_words, double connect_timeout, const cha
   snprintf(opt[0], sizeof opt[0], "ConnectTimeout=%d", ct);
   snprintf(opt[1], sizeof opt[1], "ServerAliveInterval=%d", LAUNCH_ALIVE_INTERVAL_S);
   snprintf(opt[2], sizeof opt[2], "ServerAliveCountMax=%d", LAUNCH_ALIVE_COUNT);
-  const char* fixed[] = {"-T", "-o", "BatchMode=yes", "-o", opt[0], "-o", opt[1], "-o", opt[2],
-                         host};
+  const char* fixed[] = {"-T",   "-o", "BatchMode=yes", "-o", opt[0], "-o",
+                         opt[1], "-o", opt[2],          host};
   for (size_t i = 0; i < sizeof fixed / sizeof *fixed && ok; i++)
     ok = (av[k++] = strdup(fixed[i])) != NULL;
   char* cmd = NULL;

@@ -65,11 +65,11 @@ typedef struct run {
   child* kids;
   int n;
   int alive;
-  int sfd;             /* the signalfd */
+  int sfd; /* the signalfd */
   const launch_spawn* sp;
   double start_deadline; /* sp->started must hold by then (0: no bound) */
-  bool name_ranks;     /* ring: messages name the rank that failed */
-  int first_fail_rank; /* -1: none yet */
+  bool name_ranks;       /* ring: messages name the rank that failed */
+  int first_fail_rank;   /* -1: none yet */
   int first_fail_code;
   bool stopping; /* SIGTERM (or the user's signal) sent */
   bool killed;   /* SIGKILL sent */
@@ -78,7 +78,7 @@ typedef struct run {
   double timeout;  /* 0: none */
   double deadline; /* mlxd_now() when the timeout expires; 0: none */
   bool timed_out;
-  double drain_until; /* 0 until every child is gone */
+  double drain_until;                     /* 0 until every child is gone */
   char first_how[LAUNCH_VIEW_LINE + 160]; /* how the first failing rank ended */
   double stop_at;     /* stop the job then (0: none): after the records, after a failure */
   double table_at;    /* print the table then (0: none) */
@@ -188,8 +188,7 @@ static int request_records(run* rn, int except) {
   int asked = 0;
   for (int i = 0; i < rn->n; i++) {
     child* c = &rn->kids[i];
-    if (i == except || !c->alive || c->remote || c->view.stopped ||
-        !launch_catches_sigusr1(c->pid))
+    if (i == except || !c->alive || c->remote || c->view.stopped || !launch_catches_sigusr1(c->pid))
       continue;
     if (kill(c->pid, SIGUSR1) == 0) asked++;
   }
@@ -573,6 +572,10 @@ static int supervise(run* rn, double timeout) {
         codes[i] = rn->kids[i].code;
         by_us[i] = rn->kids[i].by_us;
         v[i] = rn->kids[i].view;
+        if (rn->kids[i].host && !v[i].has_record) { /* the summary names the rank's host */
+          snprintf(v[i].host, sizeof v[i].host, "%s", rn->kids[i].host);
+          v[i].has_record = true;
+        }
       }
       launch_view_summary(v, rn->n, rn->first_fail_rank, rn->first_how, codes, by_us);
     }
