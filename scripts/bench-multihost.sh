@@ -29,9 +29,9 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
 set +e # hosts.sh reports its own failures
+export MH_PREFIX=mlxdmhb # apart from the tests' namespaces
 # shellcheck source=../tests/multihost/hosts.sh
 . "$root/tests/multihost/hosts.sh"
-MH_PREFIX=mlxdmhb
 mh_setup "$hosts"
 set -e
 if [ -n "${MHB_RATE:-}" ]; then
