@@ -129,7 +129,18 @@ typedef struct mlxd_tunable_spec {
   X(HOST_ID, "MLXDIST_HOST_ID", "", MLXD_TK_HOST(),                                               \
     "Ring transport: the host this rank counts as (at most 127 characters). Ranks with the "      \
     "same id use shared memory among themselves and TCP to the others; unset: the machine, its "  \
-    "network and IPC namespaces. Lets one machine emulate several hosts (tests).")
+    "network and IPC namespaces. Lets one machine emulate several hosts (tests).")                \
+  X(RENDEZVOUS, "MLXDIST_RENDEZVOUS", "", MLXD_TK_HOST(),                                         \
+    "ip:port (or [ipv6]:port) of mlxdist-launch's rendezvous: with MLX_HOSTFILE unset, the ring " \
+    "backend posts its addresses there (the launcher is the job's all-gather), authenticated "    \
+    "with MLXDIST_JOB_TOKEN (required). Set by mlxdist-launch across hosts. See docs/ring.md.")   \
+  X(IFNAME, "MLXDIST_IFNAME", "", MLXD_TK_HOST(),                                                 \
+    "Bootstrapped ranks (all-gather or rendezvous) listen on this network interface's first "     \
+    "IPv4 address, else its IPv6 one, when MLXDIST_RING_ADDR is unset (like "                     \
+    "NCCL_SOCKET_IFNAME).")                                                                       \
+  X(PORT_RANGE, "MLXDIST_PORT_RANGE", "", MLXD_TK_HOST(),                                         \
+    "A-B: bootstrapped ranks listen on the first free ports from A to B instead of ephemeral "    \
+    "ones (for firewalled sites); none free is an error naming the range.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,

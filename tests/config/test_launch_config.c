@@ -134,6 +134,61 @@ static void option_tests(void) {
   printf("options: OK\n");
 }
 
+/* Across hosts: the options and hostfiles of hosts, refused before any ssh starts. */
+static void hosts_tests(void) {
+  expect_usage_error(ARGV("--hosts", "", PROG), NULL, "--hosts needs a list of hosts", NULL);
+  expect_usage_error(ARGV("--hosts", "h1,,h2", PROG), NULL,
+                     "--hosts 'h1,,h2' has an empty host name", NULL);
+  expect_usage_error(ARGV("--hosts", "-oProxyCommand=sh", PROG), NULL,
+                     "host '-oProxyCommand=sh' is not a host name or address", NULL);
+  expect_usage_error(ARGV("--hosts", "h1", "-n", "0", PROG), NULL,
+                     "must be an integer from 1 to 1024, got '0'", NULL);
+  expect_usage_error(ARGV("--hosts", "h1,h2", "-n", "600", PROG), NULL, "more than 1024 ranks",
+                     NULL);
+  const char* p = hostfile("hosts.json", "[{\"ssh\": \"h1\"}]");
+  expect_usage_error(ARGV("--hosts", "h1", "--hostfile", p, PROG), NULL,
+                     "--hosts and --hostfile both name the hosts; give one of them", NULL);
+  expect_usage_error(ARGV("--hosts", "h1", "--connections", "2", PROG), NULL,
+                     "--connections applies to a job on this host only", NULL);
+  const char* bad_range[] = {"5000",    "5000-", "-5000",  "6000-5000", "0-10",
+                             "1-65536", "a-b",   "10-20x", "+1-2"};
+  for (size_t i = 0; i < sizeof bad_range / sizeof *bad_range; i++) {
+    char want[160];
+    snprintf(want, sizeof want, "--port-range must be A-B with 1 <= A <= B <= 65535, got '%s'",
+             bad_range[i]);
+    expect_usage_error(ARGV("--hosts", "h1", "--port-range", bad_range[i], PROG), NULL, want, NULL);
+  }
+  const char* bad_if[] = {"", "a/b", "eth 0", "averyveryverylongname", "eth0:1"};
+  for (size_t i = 0; i < sizeof bad_if / sizeof *bad_if; i++)
+    expect_usage_error(ARGV("--hosts", "h1", "--ifname", bad_if[i], PROG), NULL,
+                       "--ifname must be a network interface name (1..15 characters)", NULL);
+  const char* bad_ct[] = {"0", "-1", "x", "", "1e9", "nan"};
+  for (size_t i = 0; i < sizeof bad_ct / sizeof *bad_ct; i++)
+    expect_usage_error(ARGV("--hosts", "h1", "--connect-timeout", bad_ct[i], PROG), NULL,
+                       "--connect-timeout must be a number of seconds above 0", NULL);
+  expect_usage_error(ARGV("--hosts", "h1", "--cwd", "", PROG), NULL, "--cwd needs a directory",
+                     NULL);
+  expect_usage_error(ARGV("--hosts", "h1", "--ssh", "ssh -F 'x", PROG), NULL,
+                     "--ssh 'ssh -F 'x' has an unclosed single quote", NULL);
+  /* hostfiles of hosts, through the launcher */
+  p = hostfile("unknown.json", "[{\"ssh\": \"h1\", \"ip\": [\"10.0.0.1\"]}]");
+  expect_usage_error(ARGV("--hostfile", p, PROG), NULL, "host 0: unknown key \"ip\"", NULL);
+  p = hostfile("backend.json", "{\"backend\": \"jaccl\", \"hosts\": [{\"ssh\": \"h1\"}]}");
+  expect_usage_error(ARGV("--hostfile", p, PROG), NULL, "\"backend\" must be \"ring\" or \"mpi\"",
+                     NULL);
+  p = hostfile("slots.txt", "h1:2\nh2:zero\n");
+  expect_usage_error(ARGV("--hostfile", p, PROG), NULL,
+                     "line 2: the slots of host 'h2' must be an integer from 1 to 1024", NULL);
+  p = hostfile("ranks.json", "[[\"127.0.0.1:45001\"], [\"127.0.0.1:45002\"]]");
+  expect_usage_error(ARGV("--backend", "mpi", "--hostfile", p, PROG), NULL,
+                     "--hostfile of ranks (lists of \"ip:port\") applies to the ring backend only",
+                     NULL);
+  p = hostfile("mpisecret.json", "{\"backend\": \"mpi\", \"hosts\": [{\"ssh\": \"h1\"}]}");
+  expect_usage_error(ARGV("--secret", "--hostfile", p, PROG), NULL,
+                     "--secret applies to the ring backend only", NULL);
+  printf("hosts: OK\n");
+}
+
 int main(int argc, char** argv) {
   T_ASSERT(argc == 2);
   g_launcher = argv[1];
@@ -143,6 +198,7 @@ int main(int argc, char** argv) {
   T_ASSERT(mkdtemp(g_dir) != NULL);
   hostfile_tests();
   option_tests();
+  hosts_tests();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
   T_ASSERT(system(cmd) == 0);

@@ -201,6 +201,10 @@ static bool parse_valued(int argc, char** argv, int* i, launch_opts* o, bool* ha
     if (!*v) launch_bad_usage("--hosts needs a list of hosts, got an empty string.");
     o->hosts = v;
   } else if ((v = opt_value(argc, argv, i, "--ssh", NULL, &m)) || m) {
+    char why[300];
+    char** w = launch_split_words(v, why, sizeof why);
+    if (!w) launch_bad_usage("%s.", why);
+    launch_argv_free(w);
     o->ssh = v;
   } else if ((v = opt_value(argc, argv, i, "--cwd", NULL, &m)) || m) {
     if (!*v) launch_bad_usage("--cwd needs a directory, got an empty string.");

@@ -9,7 +9,13 @@
  * slot (at most SLOTS_SPARE of them beyond the ranks, each dropped after
  * HELLO_S without a complete hello), nothing blocks. Bounded: after
  * timeout_s the missing ranks are named and the connected ones told to fail;
- * replies get FLUSH_S to leave. */
+ * replies get FLUSH_S to leave.
+ *
+ * Rounds: once every rank has the result (launch_rdv_done), the server keeps
+ * serving until launch_rdv_stop, for ranks that initialise again after
+ * clear_backends: each further round is one more all-gather of every rank,
+ * bounded by timeout_s from its first rank's arrival. A failed round ends the
+ * service (the job is failing). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -74,6 +80,9 @@ struct launch_rdv {
   unsigned char* all; /* n * rec_bytes once all arrived */
   bool decided;       /* replies (ok or failed) are queued */
   double flush_deadline;
+  int round;       /* 1: the job's start; 2, 3...: a re-initialisation (init after
+                    * clear_backends) rendezvouses again */
+  double deadline; /* of this round: start + timeout_s, later rounds from their first arrival */
 };
 
 static double now_s(void) {
@@ -181,6 +190,7 @@ static void hello_complete(launch_rdv* r, conn* c) {
   r->by_rank[rank] = (int)(c - r->slots);
   c->state = C_WAIT;
   if (r->arrived == 0) r->rec_bytes = c->h.rec_bytes;
+  if (r->arrived == 0 && r->round > 1) r->deadline = now_s() + r->timeout_s;
   r->arrived++;
   if (c->h.rec_bytes != r->rec_bytes) {
     int first = -1;
@@ -339,7 +349,13 @@ static void give_up(launch_rdv* r) {
       snprintf(one, sizeof one, "rank %d (host %s)", i, r->host[i]);
     else
       snprintf(one, sizeof one, "rank %d", i);
-    rdv_msg("%s did not reach the rendezvous within %g s", one, r->timeout_s);
+    if (r->round > 1)
+      rdv_msg(
+          "%s did not reach the rendezvous of its re-initialisation (round %d) within %g s "
+          "of the first rank's",
+          one, r->round, r->timeout_s);
+    else
+      rdv_msg("%s did not reach the rendezvous within %g s", one, r->timeout_s);
     if (missing < 8 && o < sizeof reason - 1)
       o += (size_t)snprintf(reason + o, sizeof reason - o, "%s%s", missing ? ", " : "", one);
     missing++;
@@ -350,6 +366,21 @@ static void give_up(launch_rdv* r) {
   snprintf(reason + o, sizeof reason - o, " did not reach the rendezvous within %g s",
            r->timeout_s);
   fail_all(r, reason);
+}
+
+/* A round succeeded: forget its ranks and serve the next (a re-initialisation). */
+static void next_round(launch_rdv* r) {
+  for (int i = 0; i < r->n; i++) {
+    if (r->by_rank[i] >= 0) conn_close(&r->slots[r->by_rank[i]]);
+    r->by_rank[i] = -1;
+  }
+  free(r->all);
+  r->all = NULL;
+  r->arrived = 0;
+  r->rec_bytes = 0;
+  r->decided = false;
+  r->round++;
+  r->deadline = 1e300; /* until its first rank arrives */
 }
 
 /* Whether every counted rank's reply is out (all: and every rank is counted). */
@@ -368,7 +399,8 @@ static bool replies_out(const launch_rdv* r, bool all) {
 
 static void* serve(void* arg) {
   launch_rdv* r = arg;
-  double deadline = now_s() + r->timeout_s;
+  r->round = 1;
+  r->deadline = now_s() + r->timeout_s;
   struct pollfd* pfd = calloc((size_t)r->nslots + 2, sizeof *pfd);
   if (!pfd) {
     rdv_msg("rendezvous: out of memory");
@@ -376,14 +408,15 @@ static void* serve(void* arg) {
   }
   while (!atomic_load(&r->stop)) {
     double t = now_s();
-    if (!r->decided && t >= deadline) give_up(r);
+    if (!r->decided && t >= r->deadline) give_up(r);
     if (r->decided && r->all && replies_out(r, true)) {
       atomic_store(&r->done, true);
-      break;
+      next_round(r); /* keep serving: a rank may init again after clear_backends */
+      continue;
     }
     if (r->decided && !r->all && replies_out(r, false)) break;
     if (r->decided && t >= r->flush_deadline) break;
-    double next = r->decided ? r->flush_deadline : deadline;
+    double next = r->decided ? r->flush_deadline : r->deadline;
     for (int i = 0; i < r->nslots; i++) {
       conn* c = &r->slots[i];
       if ((c->state == C_HELLO || c->state == C_RECS) && t >= c->deadline) {

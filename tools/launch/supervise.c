@@ -44,6 +44,7 @@
 #define LAUNCH_CHECK_S 0.5        /* how often /proc is read for stopped ranks */
 #define LAUNCH_SETTLE_S 0.5       /* from the first failure to stopping the others */
 #define LAUNCH_TABLE_EVERY_S 30.0 /* at most one table for warnings this often */
+#define LAUNCH_REMOTE_SLACK_S 1.0 /* ssh: after the host's own grace, before SIGTERM, SIGKILL */
 
 struct run;
 
@@ -67,9 +68,10 @@ typedef struct run {
   int alive;
   int sfd; /* the signalfd */
   const launch_spawn* sp;
-  double start_deadline; /* sp->started must hold by then (0: no bound) */
-  bool name_ranks;       /* ring: messages name the rank that failed */
-  int first_fail_rank;   /* -1: none yet */
+  double start_deadline;                 /* sp->started must hold by then (0: no bound) */
+  double remote_term_at, remote_kill_at; /* ssh clients still there then get these (0: none) */
+  bool name_ranks;                       /* ring: messages name the rank that failed */
+  int first_fail_rank;                   /* -1: none yet */
   int first_fail_code;
   bool stopping; /* SIGTERM (or the user's signal) sent */
   bool killed;   /* SIGKILL sent */
@@ -104,15 +106,21 @@ int launch_block_signals(void) {
   return signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 }
 
-static void signal_all(run* rn, int sig) {
+enum { ALL, LOCAL, REMOTE }; /* which ranks a signal is for */
+
+static void signal_all_of(run* rn, int sig, int which) {
   for (int i = 0; i < rn->n; i++) {
     pid_t pid = rn->kids[i].pid;
-    if (pid <= 0) continue;
+    if (pid <= 0 || (which == LOCAL && rn->kids[i].remote) ||
+        (which == REMOTE && !rn->kids[i].remote))
+      continue;
     /* Each rank leads its own process group: reach its children too. A dead
      * rank's group may still hold orphans; its id cannot be reused meanwhile. */
     if (kill(-pid, sig) != 0 && rn->kids[i].alive) kill(pid, sig);
   }
 }
+
+static void signal_all(run* rn, int sig) { signal_all_of(rn, sig, ALL); }
 
 /* The end of every ssh rank's stdin: its script on the host stops it. */
 static void close_stdins(run* rn) {
@@ -123,13 +131,27 @@ static void close_stdins(run* rn) {
     }
 }
 
+/* The ssh ranks: their stdin ends now, so that their scripts stop the
+ * programs on the hosts (SIGTERM, SIGKILL after the grace) and ssh exits
+ * once they are gone; an ssh client still there after that (a host that
+ * vanished) gets SIGTERM, then SIGKILL. */
+static void stop_remote(run* rn, double now) {
+  close_stdins(rn);
+  bool any = false;
+  for (int i = 0; i < rn->n; i++) any = any || (rn->kids[i].remote && rn->kids[i].alive);
+  if (!any || rn->remote_term_at > 0) return;
+  rn->remote_term_at = now + LAUNCH_GRACE_S + LAUNCH_REMOTE_SLACK_S;
+  rn->remote_kill_at = rn->remote_term_at + LAUNCH_REMOTE_SLACK_S;
+}
+
 static void begin_stop(run* rn) {
   if (rn->stopping) return;
   rn->stopping = true;
-  close_stdins(rn);
-  rn->kill_at = mlxd_now() + LAUNCH_GRACE_S;
-  signal_all(rn, SIGTERM);
-  signal_all(rn, SIGCONT); /* a stopped rank acts on SIGTERM only once continued */
+  double now = mlxd_now();
+  stop_remote(rn, now);
+  rn->kill_at = now + LAUNCH_GRACE_S;
+  signal_all_of(rn, SIGTERM, LOCAL);
+  signal_all_of(rn, SIGCONT, LOCAL); /* a stopped rank acts on SIGTERM only once continued */
 }
 
 /* ---- starting a child ---- */
@@ -386,8 +408,8 @@ static void on_signals(run* rn) {
     }
     rn->interrupted = sig;
     if (rn->name_ranks) launch_msg("received %s; forwarding it to the ranks.", strsignal(sig));
-    close_stdins(rn);
-    signal_all(rn, sig);
+    stop_remote(rn, mlxd_now());
+    signal_all_of(rn, sig, LOCAL);
     rn->stopping = true;
     rn->kill_at = mlxd_now() + LAUNCH_GRACE_S;
   }
@@ -471,10 +493,26 @@ static void check_timers(run* rn, double now) {
   check_stopped(rn, now);
   if (rn->stopping && !rn->killed && now >= rn->kill_at && rn->alive > 0) {
     rn->killed = true;
-    if (rn->name_ranks)
-      launch_msg("%d rank%s still running %.0f s after SIGTERM; sending SIGKILL.", rn->alive,
-                 rn->alive == 1 ? "" : "s", LAUNCH_GRACE_S);
-    signal_all(rn, SIGKILL);
+    int local = 0;
+    for (int i = 0; i < rn->n; i++) local += rn->kids[i].alive && !rn->kids[i].remote;
+    if (rn->name_ranks && local > 0)
+      launch_msg("%d rank%s still running %.0f s after SIGTERM; sending SIGKILL.", local,
+                 local == 1 ? "" : "s", LAUNCH_GRACE_S);
+    signal_all_of(rn, SIGKILL, LOCAL);
+  }
+  if (rn->remote_term_at > 0 && now >= rn->remote_term_at && rn->alive > 0) {
+    rn->remote_term_at = 0;
+    for (int i = 0; i < rn->n; i++)
+      if (rn->kids[i].remote && rn->kids[i].alive && rn->name_ranks)
+        launch_msg(
+            "rank %d on host %s: its ssh is still there %.0f s after its stdin ended "
+            "(host or link gone?); ending it.",
+            i, rn->kids[i].host, LAUNCH_GRACE_S + LAUNCH_REMOTE_SLACK_S);
+    signal_all_of(rn, SIGTERM, REMOTE);
+  }
+  if (rn->remote_kill_at > 0 && now >= rn->remote_kill_at && rn->alive > 0) {
+    rn->remote_kill_at = 0;
+    signal_all_of(rn, SIGKILL, REMOTE);
   }
 }
 
@@ -485,10 +523,13 @@ static int poll_ms(const run* rn) {
   if (rn->stopping && !rn->killed && rn->alive > 0 && (wake < 0 || rn->kill_at < wake))
     wake = rn->kill_at;
   if (rn->drain_until > 0 && (wake < 0 || rn->drain_until < wake)) wake = rn->drain_until;
-  double more[4] = {rn->stop_at, rn->table_at,
+  double more[6] = {rn->stop_at,
+                    rn->table_at,
                     rn->name_ranks && !rn->stopping && rn->alive > 0 ? rn->next_check : 0,
-                    rn->start_deadline};
-  for (int i = 0; i < 4; i++)
+                    rn->start_deadline,
+                    rn->alive > 0 ? rn->remote_term_at : 0,
+                    rn->alive > 0 ? rn->remote_kill_at : 0};
+  for (int i = 0; i < 6; i++)
     if (more[i] > 0 && (wake < 0 || more[i] < wake)) wake = more[i];
   return wake < 0 ? -1 : mlxd_ms_left(wake);
 }

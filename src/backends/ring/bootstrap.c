@@ -1,9 +1,10 @@
 /* Bootstrapping the ring through a caller's all-gather (init_with_all_gather)
  * and the address records it exchanges.
  *
- * Every rank listens on MLXDIST_RING_CONNECTIONS ephemeral ports on its
- * address (MLXDIST_RING_ADDR, default: the first non-loopback IPv4 address
- * of the host name, else 127.0.0.1), encodes one 64-byte record per port and
+ * Every rank listens on MLXDIST_RING_CONNECTIONS ephemeral ports (or ports
+ * of MLXDIST_PORT_RANGE) on its address (MLXDIST_RING_ADDR, else
+ * MLXDIST_IFNAME's address, else the first non-loopback IPv4 address of the
+ * host name, else 127.0.0.1; endpoint.c), encodes one 64-byte record per port and
  * all-gathers them. Every record that comes back is validated (magic,
  * version, checksum, rank, size, connection index) before it is used: a
  * callback that returns garbage gives an error naming the rank whose record
@@ -138,6 +139,8 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
                           env, why);
     return 0;
   }
+  const char* ifname = mlxd_tunable_str(MLXD_T_IFNAME); /* endpoint.c */
+  if (ifname && *ifname) return mlxd_ring_ifname_addr(ifname, out, st);
   char host[256];
   if (gethostname(host, sizeof host) == 0) {
     host[sizeof host - 1] = '\0';

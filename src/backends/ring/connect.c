@@ -135,13 +135,16 @@ int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st) {
 int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd_ring_addr* addrs,
                           mlxd_status* st) {
   for (int c = 0; c < nconn; c++) lfds[c] = -1;
+  unsigned lo, hi; /* MLXDIST_PORT_RANGE (endpoint.c) */
+  if (mlxd_ring_port_range(&lo, &hi, st)) return st->code;
   for (int c = 0; c < nconn; c++) {
     addrs[c] = *host;
     if (addrs[c].sa.ss_family == AF_INET)
       ((struct sockaddr_in*)(void*)&addrs[c].sa)->sin_port = 0;
     else
       ((struct sockaddr_in6*)(void*)&addrs[c].sa)->sin6_port = 0;
-    if (mlxd_ring_listen(&addrs[c], &lfds[c], st) != 0) {
+    if ((lo ? mlxd_ring_listen_in_range(&addrs[c], lo, hi, &lfds[c], st)
+            : mlxd_ring_listen(&addrs[c], &lfds[c], st)) != 0) {
       mlxd_ring_close_all(lfds, nconn);
       return st->code;
     }

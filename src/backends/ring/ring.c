@@ -283,6 +283,8 @@ static bool env_set(const char* name) {
 
 static bool ring_configured(bool with_bootstrap) {
   if (with_bootstrap) return env_set("MLX_RANK") && env_set("MLX_WORLD_SIZE");
+  /* started by mlxdist-launch across hosts: the launcher is the all-gather (rendezvous.c) */
+  if (mlxd_ring_rendezvous_configured()) return env_set("MLX_RANK");
   return env_set("MLX_RANK") && env_set("MLX_HOSTFILE");
 }
 
@@ -359,7 +361,9 @@ done:
 
 static int ring_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
   *out = NULL;
-  int rc = bs ? mlxd_ring_create_bootstrap(bs, out, st) : ring_create_hostfile(out, st);
+  int rc = bs                                  ? mlxd_ring_create_bootstrap(bs, out, st)
+           : mlxd_ring_rendezvous_configured() ? mlxd_ring_create_rendezvous(out, st)
+                                               : ring_create_hostfile(out, st);
   return ring_done(rc, st, NULL, 0);
 }
 

@@ -136,4 +136,22 @@ int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd
                           mlxd_status* st);
 void mlxd_ring_close_all(int* fds, int n);
 
+/* endpoint.c: where a bootstrapped rank listens. */
+/* MLXDIST_IFNAME: name's first IPv4 address, else its IPv6 one (port 0); an
+ * unknown interface or one without an address is an error naming it (and the
+ * interfaces that exist). */
+int mlxd_ring_ifname_addr(const char* name, mlxd_ring_addr* out, mlxd_status* st);
+/* MLXDIST_PORT_RANGE: *lo = *hi = 0 when unset; bad syntax is an error. */
+int mlxd_ring_port_range(unsigned* lo, unsigned* hi, mlxd_status* st);
+/* Listen on addr's IP at the first free port of lo..hi (addr gets the port);
+ * none free: an error naming the range. */
+int mlxd_ring_listen_in_range(mlxd_ring_addr* addr, unsigned lo, unsigned hi, int* fd_out,
+                              mlxd_status* st);
+
+/* rendezvous.c: started by mlxdist-launch across hosts (MLXDIST_RENDEZVOUS). */
+/* MLXDIST_RENDEZVOUS is set and MLX_HOSTFILE is not. */
+bool mlxd_ring_rendezvous_configured(void);
+/* Bootstrap as mlxd_ring_create_bootstrap, the all-gather done by the launcher. */
+int mlxd_ring_create_rendezvous(mlxd_backend** out, mlxd_status* st);
+
 #endif
