@@ -137,6 +137,11 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
                           "MLXDIST_RING_ADDR='%s' is not a usable address (%s); expected "
                           "this host's IP address",
                           env, why);
+    if (mlxd_ring_addr_is_wildcard(out))
+      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "MLXDIST_RING_ADDR='%s' is the wildcard address: a rank listens on, "
+                          "and tells its peers, one address of this host; name it",
+                          env);
     return 0;
   }
   const char* ifname = mlxd_tunable_str(MLXD_T_IFNAME); /* endpoint.c */

@@ -14,6 +14,14 @@
 #include "backends/ring/ring_internal.h"
 #include "util/tunables.h"
 
+bool mlxd_ring_addr_is_wildcard(const mlxd_ring_addr* a) {
+  if (a->sa.ss_family == AF_INET)
+    return ((const struct sockaddr_in*)(const void*)&a->sa)->sin_addr.s_addr == htonl(INADDR_ANY);
+  if (a->sa.ss_family == AF_INET6)
+    return IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6*)(const void*)&a->sa)->sin6_addr);
+  return false;
+}
+
 /* The interfaces that exist, "lo, eth0, ..." (each once), into buf. */
 static void list_interfaces(const struct ifaddrs* all, char* buf, size_t n) {
   size_t o = 0;

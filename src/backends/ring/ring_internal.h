@@ -137,6 +137,8 @@ int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd
 void mlxd_ring_close_all(int* fds, int n);
 
 /* endpoint.c: where a bootstrapped rank listens. */
+/* 0.0.0.0 or :: (never listened on by a bootstrapped rank). */
+bool mlxd_ring_addr_is_wildcard(const mlxd_ring_addr* a);
 /* MLXDIST_IFNAME: name's first IPv4 address, else its IPv6 one (port 0); an
  * unknown interface or one without an address is an error naming it (and the
  * interfaces that exist). */
