@@ -7,7 +7,8 @@
  *                              ("[ring] rank 0: transports: shm with ranks 1; tcp with
  *                              ranks 2,3"); all_sum / all_gather / sum_scatter and
  *                              send/recv around the ring give the reference results;
- *                              split by host gives shm-only children (no TCP line),
+ *                              split by host gives shm-only children (no TCP line, no
+ *                              TCP connection made),
  *                              split off the last rank a child that mixes again
  *   test_mixed kill HOSTS      the last rank is killed inside a 4 MiB all_sum: every
  *                              other rank fails within a bound naming a lost rank
@@ -268,6 +269,9 @@ static int choice_rank(int rank, int size) {
     expected_line(gr, m, me, want, sizeof want);
     check_line(log, want, rank);
     if (strstr(log, "tcp with")) T_FAIL("rank %d: a one-host child uses tcp:\n%s", rank, log);
+    /* and builds no TCP mesh at all (connect.c logs every connection) */
+    if (strstr(log, ": connection ") || !strstr(log, "no TCP mesh"))
+      T_FAIL("rank %d: a one-host child connected over TCP:\n%s", rank, log);
     check_collectives(h, 1000);
   }
   mlx_distributed_group_free(h);
