@@ -213,7 +213,7 @@ static void rank_list(const int* ranks, int m, char* out, size_t n) {
 /* The line of docs/ring.md that says what this rank chose:
  * "rank R: transports: shm with ranks 1,3; tcp with ranks 2,4,5". on[p]
  * is true for the peers reached over shm. */
-static void log_choice(int rank, int size, const bool* on) {
+void mlxd_ring_log_transports(int rank, int size, const bool* on) {
   if (!mlxd_ring_verbose()) return;
   char* line = malloc((size_t)size * 24 + 64);
   if (!line) return;
@@ -247,7 +247,8 @@ static int host_id_get(const char** out, mlxd_status* st) {
   return 0;
 }
 
-int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
+int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_out,
+                               mlxd_status* st) {
   mlxd_transport* tcp = *tp;
   const int rank = tcp->rank, size = tcp->size;
   int mode = MLXD_RING_T_AUTO;
@@ -294,9 +295,20 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
       goto done;
     }
   }
+  for (int p = 0; p < size; p++) {
+    host_of[p] = p;
+    for (int q = 0; q < p; q++)
+      if (memcmp(ids + (size_t)p * ID_BYTES + ID_HOST_FIRST,
+                 ids + (size_t)q * ID_BYTES + ID_HOST_FIRST, ID_HOST_END - ID_HOST_FIRST) == 0) {
+        host_of[p] = q;
+        break;
+      }
+  }
+  snprintf(session_out, MLXD_RING_SESSION_MAX, "%.*s", ID_SESSION_MAX,
+           (const char*)ids + ID_SESSION);
   if (mode == MLXD_RING_T_TCP) {
     mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=tcp)", rank, size);
-    log_choice(rank, size, on_shm);
+    mlxd_ring_log_transports(rank, size, on_shm);
     goto done;
   }
   /* Who shares a host with rank 0 (for MLXDIST_TRANSPORT=shm's message),
@@ -379,7 +391,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
       mlxd_ring_log("rank %d of %d: transport tcp (no other rank on host '%s')", rank, size,
                     (const char*)mine + 80);
     }
-    log_choice(rank, size, on_shm);
+    mlxd_ring_log_transports(rank, size, on_shm);
     goto done;
   }
   char reason[STATUS_BYTES];
@@ -397,7 +409,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
       "rank %d of %d: shared memory could not start on rank %d (%s); falling back "
       "to transport tcp (MLXDIST_TRANSPORT=auto)",
       rank, size, bad, reason);
-  log_choice(rank, size, on_shm);
+  mlxd_ring_log_transports(rank, size, on_shm);
 done:
   if (shm) shm->ops->destroy(shm);
   free(ids);
