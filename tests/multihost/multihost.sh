@@ -129,6 +129,7 @@ check_transport_lines() {
       *) mh_fail "rank $r's transport line does not name its host $(mh_ip "$h"): '$line'" ;;
     esac
   done
+  grep -F "transports:" "$MH_DIR/launch.log" | sort -t' ' -k4,4n | sed 's/^/  /'
   mh_say "transport lines of all $n ranks as expected ($([ -n "$force_tcp" ] && echo "all tcp" || echo "shm within a host, tcp across"))"
 }
 
