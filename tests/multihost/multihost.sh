@@ -81,6 +81,14 @@ show_left() {
     mh_ps "$i" | sed "s/^/  $1: host $(mh_ip "$i") still has: /"
   done
 }
+# Processes of the job on host I other than sshd (its listener and its sessions).
+job_count() {
+  local p c=0
+  for p in $(mh_pids "$1"); do
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = sshd ] || c=$((c + 1))
+  done
+  echo "$c"
+}
 # Sets gone_ms.
 check_all_gone() {
   gone_ms=$(mh_wait_all_gone $(($1 * 1000))) ||
@@ -281,10 +289,23 @@ case_cut() {
     [ "$(mh_count $i)" = 0 ] || mh_fail "processes left on host $(mh_ip $i) after the launcher exited: $(mh_ps $i)"
   done
   # the cut host cannot be told anything: its ranks fail on their own (no sign of life
-  # within MLXDIST_TIMEOUT) and sshd ends the sessions
-  check_all_gone 30 "host 2 cut off"
-  ms=$gone_ms
-  echo "RESULT cut: launcher exit $lrc $took_ms ms after the cut; cut host empty $((ms + took_ms)) ms after it: $msg"
+  # within MLXDIST_TIMEOUT), the launcher's script there ends with them; then sshd ends the
+  # sessions (ClientAlive: 3 x 5 s here) once it gives up on the client
+  local t_prog=""
+  while :; do
+    if [ -z "$t_prog" ] && [ "$(job_count 2)" = 0 ]; then
+      t_prog=$(($(mh_now_ms) - t_cut))
+    fi
+    [ "$(mh_count 2)" = 0 ] && break
+    [ $(($(mh_now_ms) - t_cut)) -lt 60000 ] || {
+      show_left "60 s after the cut"
+      mh_fail "host 2 cut off: processes still there 60 s after the cut"
+    }
+    sleep 0.1
+  done
+  [ -n "$t_prog" ] || t_prog=$(($(mh_now_ms) - t_cut))
+  [ "$t_prog" -le 15000 ] || mh_fail "host 2 cut off: its ranks still ran $t_prog ms after the cut (MLXDIST_TIMEOUT=3)"
+  echo "RESULT cut: launcher exit $lrc $took_ms ms after the cut; on the cut host the job's processes gone $t_prog ms after it, its sshd sessions $(($(mh_now_ms) - t_cut)) ms after it: $msg"
   grep -E '\[ring\].*(no sign of life|rank [45])' "$MH_DIR/launch.log" | head -n 3
 }
 
