@@ -15,8 +15,9 @@
 #                on every host gone within a few seconds, launcher exit non-zero naming the
 #                rank and the host
 #   sshd         sshd stopped on one host, then that host unreachable (nftables), then the
-#                program missing on one host: a clear error naming the host in bounded time,
-#                nothing left on the others
+#                program missing on one host, then a firewall on one host that lets ssh in but
+#                not its ranks out to the launcher's rendezvous port: each time a clear error
+#                naming the host in bounded time, nothing left on the others
 #   cut          a host cut off by nftables during a collective (MLXDIST_TIMEOUT=3): error,
 #                no process of the job left on any host
 #   mpi          --backend mpi across the same hosts (mpirun through the same ssh)
@@ -266,6 +267,24 @@ case_sshd() {
   check_all_gone 10 "program missing on one host"
   ms=$gone_ms
   echo "RESULT program-missing: launcher exit $lrc after $took_ms ms (nothing left after $ms ms more): $msg"
+
+  # (d) a firewall on host 1 lets ssh through but not its ranks' connections to the
+  # launcher's rendezvous port: the rendezvous gives up after 3 connect timeouts
+  mh_on 1 nft -f - <<EOF || mh_fail "nft (firewall on host 1)"
+table inet mlxd_mh_fw {
+  chain out { type filter hook output priority 0; ip daddr $MH_SUBNET.1 tcp sport != 22 drop; }
+}
+EOF
+  start_launch --ssh "$(mh_ssh_cmd)" --hosts "$(mh_ip 0),$(mh_ip 1)" -n $k --connect-timeout 3 \
+    --timeout 60 -- "$netns_rank" collectives 4
+  wait_launch 30
+  [ "$lrc" != 0 ] || mh_fail "rendezvous port blocked on host 1: the launcher exited 0"
+  msg=$(first_failure)
+  echo "$msg" | grep -qF "$(mh_ip 1)" || mh_fail "rendezvous port blocked on host $(mh_ip 1): the message does not name it: '$msg'"
+  check_all_gone 10 "rendezvous port blocked on one host"
+  ms=$gone_ms
+  echo "RESULT rendezvous-blocked: launcher exit $lrc after $took_ms ms (--connect-timeout 3; nothing left after $ms ms more): $msg"
+  launch_lines | grep -i rendezvous | head -n 4
 }
 
 case_cut() {
