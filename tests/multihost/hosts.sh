@@ -82,6 +82,7 @@ mh_dump_logs() {
 
 mh_cleanup() {
   local p ns
+  set +e # also for callers under set -e: a failed kill or wait must not end the cleanup
   for p in "${MH_BG_PIDS[@]}"; do
     [ -n "$p" ] && kill -KILL "$p" 2>/dev/null
   done
