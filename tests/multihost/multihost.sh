@@ -11,9 +11,11 @@
 #   hostfile     netns_rank collectives from MLX launcher hostfiles: the list form
 #                [{"ssh","ips"}] and the object form {"backend","envs","hosts"} (whose envs
 #                force MLXDIST_TRANSPORT=tcp: every pair tcp)
-#   kill         a rank on host 2 killed by SIGKILL in the middle of collectives: every rank
-#                on every host gone within a few seconds, launcher exit non-zero naming the
-#                rank and the host
+#   kill         (with --port-range: the ranks' connections are from their host's address
+#                with a listening end in the range, and the rendezvous port too) a rank on
+#                host 2 killed by SIGKILL in the middle of collectives: every rank on every
+#                host gone within a few seconds, launcher exit non-zero naming the rank and
+#                the host
 #   sshd         sshd stopped on one host, then that host unreachable (nftables), then the
 #                program missing on one host, then a firewall on one host that lets ssh in but
 #                not its ranks out to the launcher's rendezvous port: each time a clear error
@@ -205,9 +207,39 @@ start_cutoff_job() {
   sleep 0.5 # a few iterations on every rank
 }
 
+# The ranks' TCP connections on every host: from the host's address, and each one has the
+# listening end of a rank on a port of --port-range A-B (the ranks close their listeners once
+# connected: one end of every rank-to-rank connection is the port a rank listened on); the
+# launcher's rendezvous port is in the range too.
+check_ports() {
+  local a=$1 b=$2 i line la ra lp rp cnt rdv port
+  for ((i = 0; i < MH_N; i++)); do
+    cnt=0
+    while read -r line; do
+      [ -n "$line" ] || continue
+      la=$(echo "$line" | awk '{print $3}')
+      ra=$(echo "$line" | awk '{print $4}')
+      lp=${la##*:}
+      rp=${ra##*:}
+      [ "${la%:*}" = "$(mh_ip "$i")" ] || mh_fail "host $(mh_ip "$i"): a rank's connection from $la, not from its host's address: $line"
+      [ "${ra%:*}" = "$MH_SUBNET.1" ] && continue # to the launcher's rendezvous
+      { [ "$lp" -ge "$a" ] && [ "$lp" -le "$b" ]; } || { [ "$rp" -ge "$a" ] && [ "$rp" -le "$b" ]; } ||
+        mh_fail "host $(mh_ip "$i"): connection $la -> $ra: neither end within --port-range $a-$b"
+      cnt=$((cnt + 1))
+    done < <(mh_on "$i" ss -Htnp state established | grep -F '"'"$(basename "$netns_rank")"'"')
+    [ "$cnt" -ge 1 ] || mh_fail "host $(mh_ip "$i"): no TCP connection of its ranks"
+  done
+  rdv=$(grep -oE 'rendezvous at [0-9.]+:[0-9]+' "$MH_DIR/launch.log" | head -n1)
+  port=${rdv##*:}
+  [ -n "$port" ] && [ "$port" -ge "$a" ] && [ "$port" -le "$b" ] ||
+    mh_fail "the launcher's '$rdv' is not within --port-range $a-$b"
+  mh_say "every rank-to-rank connection from the hosts' addresses with a listening end within --port-range $a-$b; $rdv"
+}
+
 case_kill() {
   local p ms msg
-  start_cutoff_job
+  start_cutoff_job --port-range 42100-42140
+  check_ports 42100 42140
   p=$(rank_pid 1 2) || mh_fail "rank 2 not found among the processes of host 1 ($(mh_ip 1))"
   mh_say "killing rank 2 (pid $p) on host $(mh_ip 1) with SIGKILL; processes per host: $(for i in 0 1 2; do printf '%s ' "$(mh_count $i)"; done)"
   t_kill=$(mh_now_ms)
