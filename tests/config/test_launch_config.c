@@ -183,6 +183,9 @@ static void hosts_tests(void) {
   expect_usage_error(ARGV("--backend", "mpi", "--hostfile", p, PROG), NULL,
                      "--hostfile of ranks (lists of \"ip:port\") applies to the ring backend only",
                      NULL);
+  p = hostfile("conns.txt", "h1\nh2\n");
+  expect_usage_error(ARGV("--connections", "2", "--hostfile", p, PROG), NULL,
+                     "--connections applies to a job on this host only", NULL);
   p = hostfile("mpisecret.json", "{\"backend\": \"mpi\", \"hosts\": [{\"ssh\": \"h1\"}]}");
   expect_usage_error(ARGV("--secret", "--hostfile", p, PROG), NULL,
                      "--secret applies to the ring backend only", NULL);

@@ -37,17 +37,18 @@ static void host_part(const char* name, char* out, size_t n) {
   snprintf(out, n, "%.*s", (int)len, h);
 }
 
-/* name's first address (IPv4 preferred) as text; -1 after a message. */
-static int resolve(const char* name, char* ip, size_t n) {
+/* name's first address (IPv4 preferred) as text; -1 (after a message unless quiet). */
+static int resolve(const char* name, char* ip, size_t n, bool quiet) {
   char h[256];
   host_part(name, h, sizeof h);
   struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
   int e = getaddrinfo(h, NULL, &hints, &res);
   if (e != 0) {
-    launch_msg(
-        "cannot resolve host '%s' here: %s; give its address in the hostfile (\"ips\") or "
-        "choose the interface with --ifname.",
-        h, gai_strerror(e));
+    if (!quiet)
+      launch_msg(
+          "cannot resolve host '%s' here: %s; give its address in the hostfile (\"ips\") or "
+          "choose the interface with --ifname.",
+          h, gai_strerror(e));
     return -1;
   }
   const struct addrinfo* pick = res;
@@ -144,16 +145,25 @@ static int addresses(const launch_opts* o, const launch_hosts* hs, plan* p, char
     const launch_host* h = &hs->h[i];
     if (h->ip[0])
       snprintf(p->ip[i], sizeof p->ip[i], "%s", h->ip);
-    else if (h->local)
-      snprintf(p->ip[i], sizeof p->ip[i], "%s", strcmp(h->name, "::1") == 0 ? "::1" : "127.0.0.1");
-    else if (resolve(h->name, p->ip[i], sizeof p->ip[i]) != 0)
+    else if (!h->local && resolve(h->name, p->ip[i], sizeof p->ip[i], o->ifname != NULL) != 0 &&
+             !o->ifname)
       return -1;
-    if (!h->local && !route_to) route_to = p->ip[i];
+    if (!h->local && !route_to && p->ip[i][0]) route_to = p->ip[i];
+  }
+  if (!route_to) {
+    launch_msg(
+        "cannot tell which address of this machine the hosts reach: give their addresses "
+        "in the hostfile (\"ips\").");
+    return -1;
   }
   if (local_addr_to(route_to, bind_ip, bn) != 0) return -1;
-  if (o->ifname) /* the ranks pick their interface's address; hostfile "ips" still win */
-    for (int i = 0; i < hs->n; i++)
-      if (!hs->h[i].ip[0] && !hs->h[i].local) p->ip[i][0] = '\0';
+  for (int i = 0; i < hs->n; i++) {
+    if (hs->h[i].ip[0]) continue; /* the hostfile's "ips" win */
+    if (o->ifname)                /* the ranks pick their interface's address */
+      p->ip[i][0] = '\0';
+    else if (hs->h[i].local) /* reachable from the other hosts: the launcher's own address */
+      snprintf(p->ip[i], sizeof p->ip[i], "%s", bind_ip);
+  }
   return 0;
 }
 
@@ -170,7 +180,13 @@ static int local_env(const launch_opts* o, const launch_hosts* hs, plan* p, cons
   p->env[e++] = p->kv[k++];
   snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_RENDEZVOUS=%s", p->rdv);
   p->env[e++] = p->kv[k++];
-  p->env[e++] = "MLXDIST_RING_ADDR=127.0.0.1";
+  int li = 0; /* the (first) local host */
+  while (li < hs->n - 1 && !hs->h[li].local) li++;
+  if (p->ip[li][0])
+    snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_RING_ADDR=%s", p->ip[li]);
+  else
+    snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_IFNAME=%s", o->ifname);
+  p->env[e++] = p->kv[k++];
   if (o->port_range) {
     snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_PORT_RANGE=%s", o->port_range);
     p->env[e++] = p->kv[k++];
@@ -221,7 +237,8 @@ static void print_plan(const launch_opts* o, const launch_hosts* hs, const plan*
   for (int i = 0, r = 0; i < hs->n; r += hs->h[i].slots, i++)
     launch_msg("  host %s: rank%s %d..%d, %s, listening on %s", hs->h[i].name,
                hs->h[i].slots == 1 ? "" : "s", r, r + hs->h[i].slots - 1,
-               hs->h[i].local ? "local (no ssh)" : "over ssh", p->ip[i][0] ? p->ip[i] : o->ifname);
+               hs->h[i].local ? "local (no ssh)" : "over ssh",
+               p->ip[i][0] ? p->ip[i] : "the address of --ifname");
 }
 
 int launch_run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd, const char* token_hex,

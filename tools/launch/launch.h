@@ -33,9 +33,10 @@
 #define LAUNCH_DRAIN_S 1.0    /* how long output of orphans is read after the ranks are gone */
 #define LAUNCH_MAX_LINE 65536 /* a longer line is printed in pieces */
 #define LAUNCH_CONNECT_TIMEOUT_S 10.0 /* --connect-timeout's default */
-#define LAUNCH_RDV_FACTOR 3.0         /* the rendezvous waits this many connect timeouts */
-#define LAUNCH_ALIVE_INTERVAL_S 5     /* ssh ServerAliveInterval ... */
-#define LAUNCH_ALIVE_COUNT 3          /* ... and ServerAliveCountMax: a dead link in 15 s */
+#define LAUNCH_STARTED_LINE "\001mlxdist-launch: remote rank started\n" /* remote.c -> stderr */
+#define LAUNCH_RDV_FACTOR 3.0     /* the rendezvous waits this many connect timeouts */
+#define LAUNCH_ALIVE_INTERVAL_S 5 /* ssh ServerAliveInterval ... */
+#define LAUNCH_ALIVE_COUNT 3      /* ... and ServerAliveCountMax: a dead link in 15 s */
 
 /* ---- args.c ---- */
 
@@ -126,6 +127,10 @@ typedef struct launch_relay {
   /* Called with every line relayed (without the prefix; NULL: none). */
   void (*on_line)(void* ctx, const char* line, size_t len);
   void* ctx;
+  /* A line (with its newline) consumed instead of printed, once; it sets
+   * *swallowed (NULL: none). A remote rank's script says it started so. */
+  const char* swallow;
+  bool* swallowed;
   char* buf;
   size_t len, cap;
 } launch_relay;

@@ -243,6 +243,8 @@ int main(int argc, char** argv) {
   bool across = read_hosts(&o, &hs); /* exits 2 on a bad list or file */
   if (across && hs.backend >= 0 && !o.backend_given) o.mpi = hs.backend == 1;
   if (across && o.mpi && o.secret) launch_bad_usage("--secret applies to the ring backend only.");
+  if (across && o.connections)
+    launch_bad_usage("--connections applies to a job on this host only (a hostfile of ranks).");
   int sfd = launch_block_signals();
   if (sfd < 0) {
     launch_msg("cannot set up signal handling: %s.", strerror(errno));

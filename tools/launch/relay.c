@@ -37,6 +37,11 @@ static void write_all(int fd, struct iovec* iov, int n) {
 
 /* One line in a single writev, so that it reaches the terminal in one piece. */
 static void emit_line(const launch_relay* r, const char* line, size_t len, bool add_newline) {
+  if (r->swallow && !*r->swallowed && len == strlen(r->swallow) &&
+      memcmp(line, r->swallow, len) == 0) {
+    *r->swallowed = true;
+    return;
+  }
   struct iovec iov[3];
   int n = 0;
   if (r->prefix && *r->prefix) iov[n++] = (struct iovec){(void*)r->prefix, strlen(r->prefix)};

@@ -8,6 +8,8 @@
  *   - keeps its stdin (the ssh channel) as fd 3 and reads the job token (and
  *     with --secret the secret, written into a 0600 file in a private
  *     directory, removed at exit) from it: neither is ever on a command line;
+ *   - says on stderr that it started (LAUNCH_STARTED_LINE, which the launcher
+ *     consumes: it tells an exit status 255 of the program from ssh's own);
  *   - cds to --cwd, exports MLX_RANK, MLX_WORLD_SIZE, MLXDIST_JOB_TOKEN,
  *     MLXDIST_RENDEZVOUS, MLXDIST_RING_ADDR / MLXDIST_IFNAME,
  *     MLXDIST_PORT_RANGE, the hostfile's and --env's K=V (MLX_HOSTFILE unset);
@@ -92,7 +94,7 @@ char* launch_remote_script(const launch_remote* r) {
   put(&b, "m=");
   putq(&b, msg);
   put(&b, "; IFS= read -r t <&3 || { echo \"${m}no job token on stdin\" >&2; exit 125; }; ");
-  put(&b, "d=; ");
+  put(&b, "printf '\\001mlxdist-launch: remote rank started\\n' >&2; d=; ");
   if (r->secret) {
     put(&b, "IFS= read -r s <&3 || { echo \"${m}no secret on stdin\" >&2; exit 125; }; ");
     put(&b,

@@ -24,8 +24,9 @@
  * stop closes them all first) makes the rank's script on the host stop the
  * program (remote.c), and the SIGTERM/SIGKILL to the ssh client ends the
  * connection in a bounded time even when the host is gone. Its exit status
- * is read the ssh way: 255 is ssh's own failure ("cannot reach host"), 127
- * a program missing on the host, 129..192 the program killed by a signal.
+ * is read the ssh way: 255 before its script said it started is ssh's own
+ * failure ("cannot reach host"), 127 a program missing on the host, 129..192
+ * the program killed by a signal.
  * The record table and SIGUSR1 dump stay local: remote ranks are left out. */
 #include <errno.h>
 #include <fcntl.h>
@@ -54,6 +55,7 @@ typedef struct child {
   char prefix[300];
   int in_fd;        /* an ssh rank's stdin (held open until the job stops), -1 if none */
   bool remote;      /* started over ssh: its exit status is read the ssh way */
+  bool started;     /* its script on the host said it started (LAUNCH_STARTED_LINE) */
   const char* host; /* NULL: this host, unnamed */
   launch_relay out, err;
   launch_view view; /* from its stderr and /proc (watch.c) */
@@ -284,6 +286,10 @@ static int start_child(const launch_spawn* sp, child* c, int rank) {
   c->out = (launch_relay){.fd = po[0], .out_fd = 1, .prefix = c->prefix};
   c->err = (launch_relay){
       .fd = pe[0], .out_fd = 2, .prefix = c->prefix, .on_line = on_err_line, .ctx = c};
+  if (c->remote) {
+    c->err.swallow = LAUNCH_STARTED_LINE;
+    c->err.swallowed = &c->started;
+  }
   return 0;
 }
 
@@ -314,16 +320,18 @@ static void drain_err(child* c) {
 
 /* How a remote rank ended, read the ssh way (see the top of this file). */
 static int remote_code(child* c, int i, int st, char* how, size_t n) {
-  int code = exit_code(st, how, n);
+  drain_err(c); /* its last line, and whether its script said it started */
+  char what[96];
+  int code = exit_code(st, what, sizeof what);
+  snprintf(how, n, "%s", what);
   if (!WIFEXITED(st)) {
-    snprintf(how, n, "its ssh client %s", c->view.last_line[0] ? c->view.last_line : "ended");
+    snprintf(how, n, "(its ssh client) %s", what);
     return code;
   }
-  drain_err(c);
   char last[LAUNCH_VIEW_LINE];
   snprintf(last, sizeof last, "%s", c->view.last_line);
   last[strcspn(last, "\r\n")] = '\0';
-  if (code == 255)
+  if (code == 255 && !c->started) /* ssh's own failure: its script never ran */
     snprintf(how, n, "cannot reach host %s over ssh (rank %d): %s", c->host, i,
              last[0] ? last : "ssh exited with status 255");
   else if (code == 127)
@@ -353,7 +361,7 @@ static void child_exited(run* rn, int i, int st) {
   if (rn->stopping) return; /* stopped by us (timeout or forwarded signal) */
   if (rn->name_ranks) {
     char who[400];
-    bool whole = c->remote && (code == 255 || code == 127) && WIFEXITED(st);
+    bool whole = c->remote && WIFEXITED(st) && (code == 127 || (code == 255 && !c->started));
     if (whole) /* the message names rank and host itself */
       who[0] = '\0';
     else if (c->host)
