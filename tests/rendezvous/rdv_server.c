@@ -4,8 +4,8 @@
  *   rdv_server N TOKEN BIND_IP PORT_RANGE|- TIMEOUT_S [HOST_OF_RANK...]
  *       start it, print "ADDR ip:port" on stdout, wait until every rank got
  *       the result (exit 0) or the server gave up (exit 1, after TIMEOUT_S +
- *       a little), then stop it; with RDV_LINGER=S, after done keep serving
- *       (further rounds: ranks that init again) until SIGTERM or S seconds.
+ *       a little), then stop it; with RDV_LINGER=S, keep serving (ranks that
+ *       init again, late ranks) until SIGTERM or S seconds.
  *   rdv_server hold IP PORT_LO PORT_HI SECONDS
  *       listen on every port of PORT_LO..PORT_HI of IP (busy ports for the
  *       MLXDIST_PORT_RANGE tests), print "HELD", sleep, exit. */
@@ -66,12 +66,15 @@ int main(int argc, char** argv) {
   if (!r) return 1;
   printf("ADDR %s\n", addr);
   fflush(stdout);
-  while (!launch_rdv_done(r) && now_s() - t0 < timeout + 1.5) usleep(10000);
+  while (!launch_rdv_done(r) && !launch_rdv_failed(r) && now_s() - t0 < timeout + 1.5)
+    usleep(10000);
+  if (launch_rdv_failed(r)) fprintf(stderr, "rdv_server: failed after %.2f s\n", now_s() - t0);
   bool done = launch_rdv_done(r);
   fprintf(stderr, "rdv_server: %s after %.2f s\n", done ? "done" : "not done", now_s() - t0);
-  /* RDV_LINGER=S: keep serving (ranks that init again) until SIGTERM, at most S seconds */
+  /* RDV_LINGER=S: keep serving (ranks that init again, or late ones after a failure) until
+   * SIGTERM, at most S seconds */
   const char* linger = getenv("RDV_LINGER");
-  if (done && linger) {
+  if (linger) {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);

@@ -128,6 +128,7 @@ case $case_ in
     echo "ranks done in $e s with 3 intruders connected"
     ;;
   missing) # rank 2 never comes: every connected rank fails within the bound, naming it
+    export RDV_LINGER=20
     start_server 3 3 10.9.0.1 10.9.0.2 10.9.0.3
     t0=$(now)
     start_rank 0 3
@@ -139,8 +140,17 @@ case $case_ in
     e=$(elapsed "$t0")
     lt "$e" 6 || fail "the ranks failed only after $e s"
     grep_in "$dir/server.err" "\[launch\] rank 2 (host 10.9.0.3) did not reach the rendezvous within 3 s"
-    wait_pid "$spid" 5 && fail "the server reported done"
+    grep_in "$dir/server.err" "rdv_server: failed after 3"
     echo "both ranks failed after $e s"
+    # rank 2 arrives late: told why at once
+    t0=$(now)
+    start_rank 2 3
+    wait_pid "${rpids[2]}" 10 && fail "the late rank 2 succeeded"
+    grep_in "$dir/rank2.err" "the launcher gave up: rank 2 (host 10.9.0.3) did not reach the rendezvous within 3 s"
+    e=$(elapsed "$t0")
+    lt "$e" 2 || fail "the late rank failed only after $e s"
+    kill -TERM "$spid"
+    wait_pid "$spid" 5 && fail "the server reported done"
     ;;
   no_launcher) # nobody listens at MLXDIST_RENDEZVOUS: bounded by MLXDIST_LAUNCH_TIMEOUT
     addr=127.0.0.1:1
@@ -197,6 +207,20 @@ case $case_ in
     grep_in "$dir/rank0.err" "no free port to listen on in MLXDIST_PORT_RANGE=$base-$((base + 2))"
     wait_pid "${rpids[1]}" 10 && fail "rank 1 succeeded"
     grep_in "$dir/rank1.err" "MLXDIST_PORT_RANGE: '9-x' is not a port range"
+    ;;
+  server_port_range) # the launcher's --port-range: a busy port skipped, all busy an error
+    base=$((30000 + RANDOM % 20000))
+    "$server" hold 127.0.0.1 "$base" "$((base + 1))" 30 >"$dir/hold.out" 2>&1 &
+    pids+=("$!")
+    for _ in $(seq 100); do grep -q HELD "$dir/hold.out" && break; sleep 0.05; done
+    grep -q HELD "$dir/hold.out" || fail "could not hold ports $base-$((base + 1))"
+    RANGE="$base-$((base + 5))" start_server 2 30
+    [ "$addr" = "127.0.0.1:$((base + 2))" ] || fail "the server listens on $addr, expected port $((base + 2))"
+    for r in 0 1; do start_rank $r 2; done
+    expect_ok 2 30
+    "$server" 1 "$tok" 127.0.0.1 "$base-$((base + 1))" 5 >"$dir/full.out" 2>"$dir/full.err" &&
+      fail "the server started with every port of its range busy"
+    grep_in "$dir/full.err" "no free port to listen on in --port-range $base-$((base + 1)) on 127.0.0.1"
     ;;
   *) fail "unknown case" ;;
 esac

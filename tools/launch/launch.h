@@ -302,8 +302,13 @@ typedef struct launch_rdv launch_rdv;
 launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
                              const char* port_range, double timeout_s, const char* const* rank_host,
                              char* addr_out, size_t addr_len);
-/* Whether every rank got the result (true), is still pending or failed (false). */
+/* Whether every rank got the result (true), is still pending or failed (false). The server
+ * keeps serving after that until launch_rdv_stop: a rank that initialises again (init after
+ * clear_backends) rendezvouses again; so stop it when the job ends, not when it is done. */
 bool launch_rdv_done(const launch_rdv* r);
+/* Whether the job's rendezvous failed (a rank missing at timeout_s, or ranks that disagree), its
+ * messages printed: the launcher should stop the job. (An addition to contract C1.) */
+bool launch_rdv_failed(const launch_rdv* r);
 /* Stop serving (if still), join the thread (bounded: 1 s), close, free. NULL: no-op. */
 void launch_rdv_stop(launch_rdv* r);
 

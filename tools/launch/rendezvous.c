@@ -14,8 +14,8 @@
  * Rounds: once every rank has the result (launch_rdv_done), the server keeps
  * serving until launch_rdv_stop, for ranks that initialise again after
  * clear_backends: each further round is one more all-gather of every rank,
- * bounded by timeout_s from its first rank's arrival. A failed round ends the
- * service (the job is failing). */
+ * bounded by timeout_s from its first rank's arrival. After a failed round,
+ * a rank that still arrives is told the reason at once. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -71,6 +71,7 @@ struct launch_rdv {
   bool started;
   atomic_bool stop;
   atomic_bool done;
+  atomic_bool gave_up;      /* the first round failed (launch_rdv_failed) */
   char (*host)[HOST_CHARS]; /* per rank, for messages */
   int nslots;
   conn* slots;
@@ -83,6 +84,9 @@ struct launch_rdv {
   int round;       /* 1: the job's start; 2, 3...: a re-initialisation (init after
                     * clear_backends) rendezvouses again */
   double deadline; /* of this round: start + timeout_s, later rounds from their first arrival */
+  bool failed;     /* a round failed: every later rank gets fail_reason */
+  char fail_reason[MLXD_RDV_MAX_REASON];
+  double full_msg_at; /* the last "too many connections" message (one a second at most) */
 };
 
 static double now_s(void) {
@@ -140,6 +144,9 @@ static void refuse(launch_rdv* r, conn* c, unsigned status, const char* why) {
 /* Fail the job: every connected rank gets reason, r->decided. */
 static void fail_all(launch_rdv* r, const char* reason) {
   r->decided = true;
+  if (!r->failed) snprintf(r->fail_reason, sizeof r->fail_reason, "%s", reason);
+  if (!atomic_load(&r->done)) atomic_store(&r->gave_up, true);
+  r->failed = true;
   r->flush_deadline = now_s() + FLUSH_S;
   for (int i = 0; i < r->n; i++) {
     int s = r->by_rank[i];
@@ -180,6 +187,11 @@ static void hello_complete(launch_rdv* r, conn* c) {
   }
   int rank = (int)c->h.rank;
   char why[MLXD_RDV_MAX_REASON];
+  if (r->failed) { /* a rank late for a rendezvous that failed: tell it why */
+    rdv_msg("rendezvous: rank %d (from %s) arrived after the rendezvous failed", rank, c->peer);
+    refuse(r, c, MLXD_RDV_FAILED, r->fail_reason);
+    return;
+  }
   if (r->by_rank[rank] >= 0) {
     snprintf(why, sizeof why, "rank %d connected twice (from %s and %s)", rank,
              r->slots[r->by_rank[rank]].peer, c->peer);
@@ -311,9 +323,12 @@ static void on_accept(launch_rdv* r) {
     conn* c = NULL;
     for (int i = 0; i < r->nslots && !c; i++)
       if (r->slots[i].state == C_FREE) c = &r->slots[i];
-    if (!c || r->decided) {
-      rdv_msg("rendezvous: refused a connection from %s: %s", peer,
-              r->decided ? "the rendezvous is over" : "too many connections in their hello");
+    if (!c) {
+      double t = now_s();
+      if (t - r->full_msg_at >= 1.0)
+        rdv_msg("rendezvous: refused a connection from %s: too many connections in their hello",
+                peer);
+      r->full_msg_at = t;
       close(fd);
       continue;
     }
@@ -368,7 +383,8 @@ static void give_up(launch_rdv* r) {
   fail_all(r, reason);
 }
 
-/* A round succeeded: forget its ranks and serve the next (a re-initialisation). */
+/* A round ended (all replies out, or their bound passed): forget its ranks and
+ * serve the next (a re-initialisation; after a failure, late ranks get the reason). */
 static void next_round(launch_rdv* r) {
   for (int i = 0; i < r->n; i++) {
     if (r->by_rank[i] >= 0) conn_close(&r->slots[r->by_rank[i]]);
@@ -409,13 +425,14 @@ static void* serve(void* arg) {
   while (!atomic_load(&r->stop)) {
     double t = now_s();
     if (!r->decided && t >= r->deadline) give_up(r);
-    if (r->decided && r->all && replies_out(r, true)) {
-      atomic_store(&r->done, true);
-      next_round(r); /* keep serving: a rank may init again after clear_backends */
-      continue;
+    if (r->decided) {
+      bool out = replies_out(r, r->all != NULL);
+      if (out || t >= r->flush_deadline) {
+        if (r->all && out) atomic_store(&r->done, true);
+        next_round(r); /* keep serving: a rank may init again after clear_backends */
+        continue;
+      }
     }
-    if (r->decided && !r->all && replies_out(r, false)) break;
-    if (r->decided && t >= r->flush_deadline) break;
     double next = r->decided ? r->flush_deadline : r->deadline;
     for (int i = 0; i < r->nslots; i++) {
       conn* c = &r->slots[i];
@@ -575,6 +592,8 @@ fail:
 }
 
 bool launch_rdv_done(const launch_rdv* r) { return r && atomic_load(&r->done); }
+
+bool launch_rdv_failed(const launch_rdv* r) { return r && atomic_load(&r->gave_up); }
 
 void launch_rdv_stop(launch_rdv* r) {
   if (!r) return;
