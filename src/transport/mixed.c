@@ -13,16 +13,18 @@
  *
  * Waiting on both parts. A wait whose requests all live in one part is
  * that part's own waitall. A wait with requests in both (a ring step that
- * sends over shm and receives over TCP) alternates bounded slices of the
- * two parts (wait_slice): while either part saw an event within
- * MLXDIST_SPIN_US, both are polled without blocking; after that each
- * slice may block, for 50 us at first, doubling up to MIXED_SLICE_MAX_S,
- * so neither part is starved for longer than that and an idle wait does
- * not burn a CPU. Once one part is done the other keeps its slices (its
- * liveness clocks run from the wait's start, as in one waitall). Each
- * part's wait then ends with its own waitall on its requests, which
- * reports a size mismatch and frees them. Heartbeats need nothing here:
- * each part sends its own from the watchdog thread.
+ * sends over shm and receives over TCP) alternates slices of the two parts
+ * (wait_slice): a non-blocking poll of the sockets, then the shm rings,
+ * without blocking while either part saw an event within MLXDIST_SPIN_US,
+ * after that sleeping on this rank's shm doorbell for at most
+ * MIXED_IDLE_SLICE_S: a shm peer's doorbell wakes it at once, and bytes
+ * that arrive over TCP wait at most that long. There is no sched_yield in
+ * the loop (under oversubscription a yielding loop loses the CPU for whole
+ * time slices; a sleeper is woken). Once one part is done the other waits
+ * alone, as in its own waitall (its liveness clocks run from the wait's
+ * start). Each part's wait then ends with its own waitall on its requests,
+ * which reports a size mismatch and frees them. Heartbeats need nothing
+ * here: each part sends its own from the watchdog thread.
  *
  * Failure. The first failure of either part (a wait, a post, or found at
  * the end of a wait) fails the other part with the same status through
@@ -38,8 +40,7 @@
 #include "util/clock.h"
 #include "util/tunables.h"
 
-#define MIXED_SLICE_MIN_S 50e-6
-#define MIXED_SLICE_MAX_S 2e-3
+#define MIXED_IDLE_SLICE_S 150e-6 /* the longest sleep on the shm doorbell with TCP pending */
 
 typedef struct mixed_transport {
   mlxd_transport base;
@@ -97,17 +98,18 @@ static int mixed_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_si
 static int wait_both(mixed_transport* t, mlxd_req** tr, int nt, mlxd_req** sr, int ns,
                      mlxd_status* st) {
   mlxd_wait_state wt = {0}, ws = {0};
-  double slice = 0, idle_slice = MIXED_SLICE_MIN_S;
+  bool idle = false;
   for (;;) {
     if (!wt.done) {
-      int rc = t->tcp->ops->wait_slice(t->tcp, tr, nt, ws.done ? INFINITY : slice, &wt, st);
+      int rc = t->tcp->ops->wait_slice(t->tcp, tr, nt, ws.done ? INFINITY : 0, &wt, st);
       if (rc) {
         spread(t, t->tcp, st);
         return rc;
       }
     }
     if (!ws.done) {
-      int rc = t->shm->ops->wait_slice(t->shm, sr, ns, wt.done ? INFINITY : slice, &ws, st);
+      double s = wt.done ? INFINITY : idle ? MIXED_IDLE_SLICE_S : 0;
+      int rc = t->shm->ops->wait_slice(t->shm, sr, ns, s, &ws, st);
       if (rc) {
         spread(t, t->shm, st);
         return rc;
@@ -115,13 +117,7 @@ static int wait_both(mixed_transport* t, mlxd_req** tr, int nt, mlxd_req** sr, i
     }
     if (wt.done && ws.done) return 0;
     double last = wt.last_event > ws.last_event ? wt.last_event : ws.last_event;
-    if (mlxd_now() - last < t->spin_s) {
-      slice = 0;
-      idle_slice = MIXED_SLICE_MIN_S;
-    } else {
-      slice = idle_slice;
-      if (idle_slice < MIXED_SLICE_MAX_S) idle_slice *= 2;
-    }
+    idle = mlxd_now() - last >= t->spin_s;
   }
 }
 

@@ -783,8 +783,8 @@ static bool wait_run(tcp_transport* t, mlxd_req** reqs, int n, double until, tcp
       }
       if (progress_round(t, ms))
         lw->last_event = mlxd_now();
-      else if (ms == 0 && t->yield_spin)
-        sched_yield(); /* the rank we wait for may need this CPU */
+      else if (ms == 0 && t->yield_spin && until == INFINITY)
+        sched_yield(); /* the rank we wait for may need this CPU (not in a slice: mixed.c) */
       lw->polled = true;
       t->progressing = false;
       /* Let a sleeping waiter take over if we leave, and tell waiters
