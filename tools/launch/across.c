@@ -228,6 +228,7 @@ static char** remote_argv(const launch_opts* o, const launch_hosts* hs, plan* p,
 }
 
 static bool rdv_started(void* ctx) { return launch_rdv_done(ctx); }
+static bool rdv_failed(void* ctx) { return launch_rdv_failed(ctx); }
 
 static void print_plan(const launch_opts* o, const launch_hosts* hs, const plan* p,
                        const char* bind_ip) {
@@ -302,6 +303,7 @@ int launch_run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd, cons
                      .host_prefix = o->verbose,
                      .started = rdv_started,
                      .started_ctx = rdv,
+                     .failed = rdv_failed,
                      .start_timeout = rdv_timeout + 2.0};
   rc = launch_ranks(&sp, p.n, sfd, o->timeout);
 out:

@@ -279,6 +279,9 @@ typedef struct launch_spawn {
   bool (*started)(void* ctx);
   void* started_ctx;
   double start_timeout;
+  /* Checked every LAUNCH_RDV_CHECK_S while the job runs (NULL: none): true
+   * stops the job (the rendezvous failed and said why). Its ctx: started_ctx. */
+  bool (*failed)(void* ctx);
 } launch_spawn;
 
 /* Start n ranks of sp, rank r with MLX_RANK=r and its output prefixed "[r] ",

@@ -45,6 +45,7 @@
 #define LAUNCH_CHECK_S 0.5        /* how often /proc is read for stopped ranks */
 #define LAUNCH_SETTLE_S 0.5       /* from the first failure to stopping the others */
 #define LAUNCH_TABLE_EVERY_S 30.0 /* at most one table for warnings this often */
+#define LAUNCH_RDV_CHECK_S 0.25   /* how often sp->failed is asked */
 #define LAUNCH_REMOTE_SLACK_S 1.0 /* ssh: after the host's own grace, before SIGTERM, SIGKILL */
 
 struct run;
@@ -72,6 +73,7 @@ typedef struct run {
   const launch_spawn* sp;
   double start_deadline;                 /* sp->started must hold by then (0: no bound) */
   double remote_term_at, remote_kill_at; /* ssh clients still there then get these (0: none) */
+  double rdv_check_at;                   /* the next sp->failed() (0: none) */
   bool name_ranks;                       /* ring: messages name the rank that failed */
   int first_fail_rank;                   /* -1: none yet */
   int first_fail_code;
@@ -332,8 +334,8 @@ static int remote_code(child* c, int i, int st, char* how, size_t n) {
   snprintf(last, sizeof last, "%s", c->view.last_line);
   last[strcspn(last, "\r\n")] = '\0';
   if (code == 255 && !c->started) /* ssh's own failure: its script never ran */
-    snprintf(how, n, "cannot reach host %s over ssh (rank %d): %s", c->host, i,
-             last[0] ? last : "ssh exited with status 255");
+    snprintf(how, n, "cannot reach host %s over ssh: %s (rank %d)", c->host,
+             last[0] ? last : "ssh exited with status 255", i);
   else if (code == 127)
     snprintf(how, n, "program not found on host %s (rank %d): %s", c->host, i,
              last[0] ? last : "exit status 127");
@@ -462,17 +464,31 @@ static void check_stopped(run* rn, double now) {
   }
 }
 
+/* The job cannot start (or rendezvous again): stop it; exit status 1 when no rank failed. */
+static void stop_for_start(run* rn, const char* why) {
+  launch_msg("%s; stopping the job.", why);
+  if (rn->first_fail_rank < 0) {
+    rn->first_fail_rank = rn->n; /* none of the ranks: the start */
+    rn->first_fail_code = 1;
+  }
+  begin_stop(rn);
+}
+
 static void check_timers(run* rn, double now) {
+  if (rn->rdv_check_at > 0 && now >= rn->rdv_check_at) {
+    rn->rdv_check_at = rn->stopping ? 0 : now + LAUNCH_RDV_CHECK_S;
+    if (!rn->stopping && rn->alive > 0 && rn->sp->failed(rn->sp->started_ctx)) {
+      rn->rdv_check_at = rn->start_deadline = 0;
+      stop_for_start(rn, "the rendezvous failed (see above)");
+    }
+  }
   if (rn->start_deadline > 0 && now >= rn->start_deadline) {
     rn->start_deadline = 0;
     if (!rn->stopping && rn->alive > 0 && !rn->sp->started(rn->sp->started_ctx)) {
-      launch_msg("the ranks did not all reach the rendezvous within %.0f s; stopping the job.",
-                 rn->sp->start_timeout);
-      if (rn->first_fail_rank < 0) {
-        rn->first_fail_rank = rn->n; /* none of the ranks: the start */
-        rn->first_fail_code = 1;
-      }
-      begin_stop(rn);
+      char why[128];
+      snprintf(why, sizeof why, "the ranks did not all reach the rendezvous within %.0f s",
+               rn->sp->start_timeout);
+      stop_for_start(rn, why);
     }
   }
   if (rn->deadline > 0 && !rn->timed_out && now >= rn->deadline && rn->alive > 0) {
@@ -531,13 +547,14 @@ static int poll_ms(const run* rn) {
   if (rn->stopping && !rn->killed && rn->alive > 0 && (wake < 0 || rn->kill_at < wake))
     wake = rn->kill_at;
   if (rn->drain_until > 0 && (wake < 0 || rn->drain_until < wake)) wake = rn->drain_until;
-  double more[6] = {rn->stop_at,
+  double more[7] = {rn->stop_at,
+                    rn->stopping ? 0 : rn->rdv_check_at,
                     rn->table_at,
                     rn->name_ranks && !rn->stopping && rn->alive > 0 ? rn->next_check : 0,
                     rn->start_deadline,
                     rn->alive > 0 ? rn->remote_term_at : 0,
                     rn->alive > 0 ? rn->remote_kill_at : 0};
-  for (int i = 0; i < 6; i++)
+  for (int i = 0; i < 7; i++)
     if (more[i] > 0 && (wake < 0 || more[i] < wake)) wake = more[i];
   return wake < 0 ? -1 : mlxd_ms_left(wake);
 }
@@ -669,6 +686,7 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
   int rc = -1;
   rn.sp = sp;
   if (sp->started && sp->start_timeout > 0) rn.start_deadline = mlxd_now() + sp->start_timeout;
+  if (sp->failed) rn.rdv_check_at = mlxd_now() + LAUNCH_RDV_CHECK_S;
   for (int r = 0; r < n && rc < 0; r++) {
     if (sp->host_prefix && sp->rank_host)
       snprintf(rn.kids[r].prefix, sizeof rn.kids[r].prefix, "[%d %s] ", r, sp->rank_host[r]);
