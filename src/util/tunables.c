@@ -92,10 +92,16 @@ const char* mlxd_tunable_expected(mlxd_tunable t, char* buf, size_t len) {
     case MLXD_TK_FLAG: mlxd_text_add(&o, "0 or 1"); break;
     case MLXD_TK_CHOICE: fmt_choices(&o, s->what); break;
     case MLXD_TK_HOST:
-      mlxd_text_add(&o,
-                    "empty, or an IP address or host name of this host (letters, digits and "
-                    ". - : [ ] %%, at most %.0f characters)",
-                    s->hi);
+      if (s->what && *s->what) /* MLXD_TK_WORD: what says what it is */
+        mlxd_text_add(&o,
+                      "empty, or %s (letters, digits and . - : [ ] %% _, at most %.0f "
+                      "characters)",
+                      s->what, s->hi);
+      else
+        mlxd_text_add(&o,
+                      "empty, or an IP address or host name of this host (letters, digits and "
+                      ". - : [ ] %%, at most %.0f characters)",
+                      s->hi);
       break;
     case MLXD_TK_PATHS:
       mlxd_text_add(&o,

@@ -49,6 +49,9 @@ typedef struct mlxd_tunable_spec {
   { MLXD_TK_CHOICE, 0, 0, (words) }
 #define MLXD_TK_HOST() \
   { MLXD_TK_HOST, 0, 255, "" }
+/* A HOST-like word (same characters) that is something else, what says what ("ip:port"). */
+#define MLXD_TK_WORD(what) \
+  { MLXD_TK_HOST, 0, 255, (what) }
 #define MLXD_TK_PATHS() \
   { MLXD_TK_PATHS, 0, 4096, "" }
 #define MLXD_TK_FILE() \
@@ -130,15 +133,15 @@ typedef struct mlxd_tunable_spec {
     "Ring transport: the host this rank counts as (at most 127 characters). Ranks with the "      \
     "same id use shared memory among themselves and TCP to the others; unset: the machine, its "  \
     "network and IPC namespaces. Lets one machine emulate several hosts (tests).")                \
-  X(RENDEZVOUS, "MLXDIST_RENDEZVOUS", "", MLXD_TK_HOST(),                                         \
+  X(RENDEZVOUS, "MLXDIST_RENDEZVOUS", "", MLXD_TK_WORD("ip:port or [ipv6]:port"),                 \
     "ip:port (or [ipv6]:port) of mlxdist-launch's rendezvous: with MLX_HOSTFILE unset, the ring " \
     "backend posts its addresses there (the launcher is the job's all-gather), authenticated "    \
     "with MLXDIST_JOB_TOKEN (required). Set by mlxdist-launch across hosts. See docs/ring.md.")   \
-  X(IFNAME, "MLXDIST_IFNAME", "", MLXD_TK_HOST(),                                                 \
+  X(IFNAME, "MLXDIST_IFNAME", "", MLXD_TK_WORD("a network interface's name"),                     \
     "Bootstrapped ranks (all-gather or rendezvous) listen on this network interface's first "     \
     "IPv4 address, else its IPv6 one, when MLXDIST_RING_ADDR is unset (like "                     \
     "NCCL_SOCKET_IFNAME).")                                                                       \
-  X(PORT_RANGE, "MLXDIST_PORT_RANGE", "", MLXD_TK_HOST(),                                         \
+  X(PORT_RANGE, "MLXDIST_PORT_RANGE", "", MLXD_TK_WORD("A-B, ports 1 <= A <= B <= 65535"),        \
     "A-B: bootstrapped ranks listen on the first free ports from A to B instead of ephemeral "    \
     "ones (for firewalled sites); none free is an error naming the range.")
 

@@ -70,6 +70,25 @@ expect_ok() { # every rank 0..N-1 and the server succeeded
 }
 grep_in() { grep -q -- "$2" "$1" || fail "expected '$2' in $(basename "$1")"; }
 
+# hold_ports K: hold K consecutive ports of 127.0.0.1 (below the ephemeral range, a new random
+# base on a collision) until the end; sets $base
+hold_ports() {
+  local k=$1 try
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    base=$((10000 + RANDOM % 20000))
+    : >"$dir/hold.out"
+    "$server" hold 127.0.0.1 "$base" "$((base + k - 1))" 60 >"$dir/hold.out" 2>&1 &
+    local hp=$!
+    pids+=("$hp")
+    for _ in $(seq 200); do
+      grep -q HELD "$dir/hold.out" && return 0
+      kill -0 "$hp" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -9 "$hp" 2>/dev/null
+  done
+  fail "could not hold $k ports"
+}
 declare -a rpids
 case $case_ in
   ok4) # 4 ranks, in reverse order, bootstrapped through the rendezvous and running collectives
@@ -107,7 +126,7 @@ case $case_ in
     start_rank 0 2 MLXDIST_JOB_TOKEN=
     wait_pid "${rpids[0]}" 10 && fail "a rank without a token succeeded"
     grep_in "$dir/rank0.err" "MLXDIST_RENDEZVOUS is set (127.0.0.1:9) but MLXDIST_JOB_TOKEN is not"
-    lt "$(elapsed "$t0")" 3 || fail "took $(elapsed "$t0") s"
+    lt "$(elapsed "$t0")" 5 || fail "took $(elapsed "$t0") s"
     ;;
   intruders) # garbage, a partial hello and a silent connection do not hold up the real ranks
     start_server 3 30
@@ -123,7 +142,7 @@ case $case_ in
     for r in 0 1 2; do start_rank $r 3; done
     expect_ok 3 20
     e=$(elapsed "$t0")
-    lt "$e" 8 || fail "the ranks needed $e s (held up by the intruders?)"
+    lt "$e" 9 || fail "the ranks needed $e s (held up by the intruders? they hold on for 10 s)"
     grep_in "$dir/server.err" "malformed hello (bad magic"
     echo "ranks done in $e s with 3 intruders connected"
     ;;
@@ -138,7 +157,7 @@ case $case_ in
       grep_in "$dir/rank$r.err" "the launcher gave up: rank 2 (host 10.9.0.3) did not reach the rendezvous within 3 s"
     done
     e=$(elapsed "$t0")
-    lt "$e" 6 || fail "the ranks failed only after $e s"
+    lt "$e" 8 || fail "the ranks failed only after $e s (their own bound is 30 s)"
     grep_in "$dir/server.err" "\[launch\] rank 2 (host 10.9.0.3) did not reach the rendezvous within 3 s"
     grep_in "$dir/server.err" "rdv_server: failed after 3"
     echo "both ranks failed after $e s"
@@ -148,7 +167,7 @@ case $case_ in
     wait_pid "${rpids[2]}" 10 && fail "the late rank 2 succeeded"
     grep_in "$dir/rank2.err" "the launcher gave up: rank 2 (host 10.9.0.3) did not reach the rendezvous within 3 s"
     e=$(elapsed "$t0")
-    lt "$e" 2 || fail "the late rank failed only after $e s"
+    lt "$e" 8 || fail "the late rank failed only after $e s (its own bound is 30 s)"
     kill -TERM "$spid"
     wait_pid "$spid" 5 && fail "the server reported done"
     ;;
@@ -159,7 +178,7 @@ case $case_ in
     wait_pid "${rpids[0]}" 10 && fail "rank 0 succeeded"
     grep_in "$dir/rank0.err" "did not reach the launcher within 2 s"
     e=$(elapsed "$t0")
-    lt "$e" 5 || fail "took $e s"
+    lt "$e" 7 || fail "took $e s (MLXDIST_LAUNCH_TIMEOUT=2)"
     ;;
   ifname_lo) # MLXDIST_IFNAME=lo: ranks listen on 127.0.0.1
     start_server 2 30
@@ -180,11 +199,7 @@ case $case_ in
     grep_in "$dir/rank0.err" "MLXDIST_RING_ADDR='0.0.0.0' is the wildcard address"
     ;;
   port_range) # a busy port of the range is skipped
-    base=$((30000 + RANDOM % 20000))
-    "$server" hold 127.0.0.1 "$base" "$base" 30 >"$dir/hold.out" 2>&1 &
-    pids+=("$!")
-    for _ in $(seq 100); do grep -q HELD "$dir/hold.out" && break; sleep 0.05; done
-    grep -q HELD "$dir/hold.out" || fail "could not hold port $base"
+    hold_ports 1
     start_server 2 30
     for r in 0 1; do
       start_rank $r 2 MLXDIST_PORT_RANGE="$base-$((base + 20))" MLX_RING_VERBOSE=1 MLXDIST_RING_ADDR=127.0.0.1
@@ -195,11 +210,7 @@ case $case_ in
     grep -q "listening on 127.0.0.1:$((base + 1))$" "$dir"/rank*.err || fail "no rank took port $((base + 1))"
     ;;
   port_range_full) # every port of the range busy: an error naming the range; bad syntax too
-    base=$((30000 + RANDOM % 20000))
-    "$server" hold 127.0.0.1 "$base" "$((base + 2))" 30 >"$dir/hold.out" 2>&1 &
-    pids+=("$!")
-    for _ in $(seq 100); do grep -q HELD "$dir/hold.out" && break; sleep 0.05; done
-    grep -q HELD "$dir/hold.out" || fail "could not hold ports $base-$((base + 2))"
+    hold_ports 3
     start_server 2 3
     start_rank 0 2 MLXDIST_PORT_RANGE="$base-$((base + 2))" MLXDIST_RING_ADDR=127.0.0.1
     start_rank 1 2 MLXDIST_PORT_RANGE="9-x" MLXDIST_RING_ADDR=127.0.0.1
@@ -209,11 +220,7 @@ case $case_ in
     grep_in "$dir/rank1.err" "MLXDIST_PORT_RANGE: '9-x' is not a port range"
     ;;
   server_port_range) # the launcher's --port-range: a busy port skipped, all busy an error
-    base=$((30000 + RANDOM % 20000))
-    "$server" hold 127.0.0.1 "$base" "$((base + 1))" 30 >"$dir/hold.out" 2>&1 &
-    pids+=("$!")
-    for _ in $(seq 100); do grep -q HELD "$dir/hold.out" && break; sleep 0.05; done
-    grep -q HELD "$dir/hold.out" || fail "could not hold ports $base-$((base + 1))"
+    hold_ports 2
     RANGE="$base-$((base + 5))" start_server 2 30
     [ "$addr" = "127.0.0.1:$((base + 2))" ] || fail "the server listens on $addr, expected port $((base + 2))"
     for r in 0 1; do start_rank $r 2; done
