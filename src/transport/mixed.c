@@ -17,7 +17,7 @@
  * (wait_slice): a non-blocking poll of the sockets, then the shm rings,
  * without blocking while either part saw an event within MLXDIST_SPIN_US,
  * after that sleeping on this rank's shm doorbell for at most
- * MIXED_IDLE_SLICE_S: a shm peer's doorbell wakes it at once, and bytes
+ * MIXED_IDLE_SLICE_S (100 us): a shm peer's doorbell wakes it at once, and bytes
  * that arrive over TCP wait at most that long. There is no sched_yield in
  * the loop (under oversubscription a yielding loop loses the CPU for whole
  * time slices; a sleeper is woken). Once one part is done the other waits
@@ -40,7 +40,7 @@
 #include "util/clock.h"
 #include "util/tunables.h"
 
-#define MIXED_IDLE_SLICE_S 150e-6 /* the longest sleep on the shm doorbell with TCP pending */
+#define MIXED_IDLE_SLICE_S 100e-6 /* the longest sleep on the shm doorbell with TCP pending */
 
 typedef struct mixed_transport {
   mlxd_transport base;
