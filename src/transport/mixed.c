@@ -19,8 +19,9 @@
  * after that sleeping on this rank's shm doorbell for at most
  * MIXED_IDLE_SLICE_S (100 us): a shm peer's doorbell wakes it at once, and bytes
  * that arrive over TCP wait at most that long. There is no sched_yield in
- * the loop (under oversubscription a yielding loop loses the CPU for whole
- * time slices; a sleeper is woken). Once one part is done the other waits
+ * the slices; the loop yields between spinning passes when the group has
+ * more ranks than the machine has CPUs (as tcp.c does), so the rank it
+ * waits for gets the CPU. Once one part is done the other waits
  * alone, as in its own waitall (its liveness clocks run from the wait's
  * start). Each part's wait then ends with its own waitall on its requests,
  * which reports a size mismatch and frees them. Heartbeats need nothing
@@ -34,8 +35,10 @@
 
 #include <assert.h>
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -48,6 +51,7 @@ typedef struct mixed_transport {
   mlxd_transport* shm;
   int* local; /* local[p]: p's index in shm, -1: over tcp */
   double spin_s;
+  bool yield; /* more ranks than CPUs: give the CPU away between spinning passes */
 } mixed_transport;
 
 static const mlxd_transport_ops mixed_ops;
@@ -118,6 +122,7 @@ static int wait_both(mixed_transport* t, mlxd_req** tr, int nt, mlxd_req** sr, i
     if (wt.done && ws.done) return 0;
     double last = wt.last_event > ws.last_event ? wt.last_event : ws.last_event;
     idle = mlxd_now() - last >= t->spin_s;
+    if (!idle && t->yield) sched_yield(); /* the rank we wait for may need this CPU */
   }
 }
 
@@ -227,5 +232,7 @@ mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* sh
   t->local = map;
   t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
   if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  t->yield = ncpu > 0 && tcp->size > ncpu; /* as the TCP transport decides */
   return &t->base;
 }
