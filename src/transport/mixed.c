@@ -17,10 +17,11 @@
  * (wait_slice): a non-blocking poll of the sockets, then the shm rings,
  * without blocking while either part saw an event within MLXDIST_SPIN_US,
  * after that sleeping on this rank's shm doorbell for at most
- * MIXED_IDLE_SLICE_S: a shm peer's doorbell wakes it at once, and bytes
+ * MIXED_IDLE_SLICE_S (100 us): a shm peer's doorbell wakes it at once, and bytes
  * that arrive over TCP wait at most that long. There is no sched_yield in
- * the loop (under oversubscription a yielding loop loses the CPU for whole
- * time slices; a sleeper is woken). Once one part is done the other waits
+ * the slices; the loop yields between spinning passes when the group has
+ * more ranks than the machine has CPUs (as tcp.c does), so the rank it
+ * waits for gets the CPU. Once one part is done the other waits
  * alone, as in its own waitall (its liveness clocks run from the wait's
  * start). Each part's wait then ends with its own waitall on its requests,
  * which reports a size mismatch and frees them. Heartbeats need nothing
@@ -34,13 +35,15 @@
 
 #include <assert.h>
 #include <math.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "util/clock.h"
 #include "util/tunables.h"
 
-#define MIXED_IDLE_SLICE_S 150e-6 /* the longest sleep on the shm doorbell with TCP pending */
+#define MIXED_IDLE_SLICE_S 100e-6 /* the longest sleep on the shm doorbell with TCP pending */
 
 typedef struct mixed_transport {
   mlxd_transport base;
@@ -48,6 +51,7 @@ typedef struct mixed_transport {
   mlxd_transport* shm;
   int* local; /* local[p]: p's index in shm, -1: over tcp */
   double spin_s;
+  bool yield; /* more ranks than CPUs: give the CPU away between spinning passes */
 } mixed_transport;
 
 static const mlxd_transport_ops mixed_ops;
@@ -118,6 +122,7 @@ static int wait_both(mixed_transport* t, mlxd_req** tr, int nt, mlxd_req** sr, i
     if (wt.done && ws.done) return 0;
     double last = wt.last_event > ws.last_event ? wt.last_event : ws.last_event;
     idle = mlxd_now() - last >= t->spin_s;
+    if (!idle && t->yield) sched_yield(); /* the rank we wait for may need this CPU */
   }
 }
 
@@ -227,5 +232,7 @@ mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* sh
   t->local = map;
   t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
   if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  t->yield = ncpu > 0 && tcp->size > ncpu; /* as the TCP transport decides */
   return &t->base;
 }

@@ -301,11 +301,11 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
 }
 
 mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlxd_status* st) {
-  return mlxd_shm_transport_new_named(rank, size, name, NULL, size, st);
+  return mlxd_shm_transport_new_named(rank, size, name, NULL, size, size, st);
 }
 
 mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* name, const int* names,
-                                             int name_limit, mlxd_status* st) {
+                                             int name_limit, int machine_ranks, mlxd_status* st) {
   mlxd_status local;
   if (!st) st = &local;
   if (size < 1 || size > 4096 || rank < 0 || rank >= size) {
@@ -350,7 +350,7 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
   t->cma_min = cma_min > 0 ? (size_t)cma_min : 0;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  t->oversubscribed = ncpu > 0 && size > ncpu;
+  t->oversubscribed = ncpu > 0 && (size > ncpu || machine_ranks > ncpu);
   t->peers = calloc((size_t)size, sizeof *t->peers);
   if (!t->peers) {
     mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory creating the transport");

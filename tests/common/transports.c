@@ -120,7 +120,7 @@ static mlxd_transport* make_mixed(const t_tp_spec* spec, int rank, int size, con
   if (n < 2) return tcp; /* alone on its host: plain TCP, as the ring backend does */
   char name[256];
   snprintf(name, sizeof name, "%s-h%d", session, members[0]);
-  mlxd_transport* shm = mlxd_shm_transport_new_named(me, n, name, members, size, st);
+  mlxd_transport* shm = mlxd_shm_transport_new_named(me, n, name, members, size, size, st);
   mlxd_transport* t = shm ? mlxd_mixed_transport_new(tcp, shm, local, st) : NULL;
   if (!t) {
     if (shm) shm->ops->destroy(shm);

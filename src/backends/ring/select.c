@@ -78,7 +78,9 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
 #define ID_MAGIC 0x4D585248u /* "MXRH" */
 #define ID_VERSION 1u
 /* layout: 0 magic, 4 version, 6 mode, 8 rank, 12 size, 16 netns (u64), 24 ipcns (u64),
- * 32 boot id (48), 80 host name (128), 208 session name (96, rank 0's only), 304 zero */
+ * 32 boot id (48), 80 host name (128), 208 session name (96, rank 0's only), 304 the
+ * machine (u64: a hash of the boot id, also with MLXDIST_HOST_ID), 312 zero */
+#define ID_MACHINE 304
 #define ID_HOST_FIRST 16
 #define ID_HOST_END 208
 #define ID_SESSION 208
@@ -160,6 +162,12 @@ static void make_id(unsigned char* id, int rank, int size, int mode, const char*
   put_u(id + 6, (uint64_t)mode, 2);
   put_u(id + 8, (uint64_t)rank, 4);
   put_u(id + 12, (uint64_t)size, 4);
+  char boot[48];
+  read_boot_id(boot, sizeof boot);
+  uint64_t h = 1469598103934665603ull; /* FNV-1a: which ranks share this machine's CPUs */
+  for (size_t i = 0; i < sizeof boot && boot[i]; i++)
+    h = (h ^ (unsigned char)boot[i]) * 1099511628211ull;
+  put_u(id + ID_MACHINE, h, 8);
   if (host_id && *host_id) {
     /* MLXDIST_HOST_ID: the id alone says which host this rank is on. */
     snprintf((char*)id + 32, 48, "%s", HOST_ID_MARK);
@@ -348,10 +356,13 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     size_t l = strlen(session);
     snprintf(session + l, sizeof session - l, "-h%d", members[0]);
   }
+  int machine = 0; /* the group's ranks on this machine, whatever MLXDIST_HOST_ID says */
+  for (int p = 0; p < size; p++)
+    machine += get_u(ids + (size_t)p * ID_BYTES + ID_MACHINE, 8) == get_u(mine + ID_MACHINE, 8);
   mlxd_status sst = {0};
   if (nloc >= 2)
     shm = m == 0 ? mlxd_shm_transport_new(rank, size, session, &sst)
-                 : mlxd_shm_transport_new_named(me, nloc, session, members, size, &sst);
+                 : mlxd_shm_transport_new_named(me, nloc, session, members, size, machine, &sst);
   memset(my_status, 0, sizeof my_status);
   my_status[0] = shm || nloc < 2 ? 1 : 0;
   if (!my_status[0]) {
