@@ -3,7 +3,7 @@
 # Run as root (or with sudo). Safe to run again.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang clang-format libcjson-dev libssl-dev openmpi-bin libopenmpi-dev
-      valgrind gnuplot-nox iproute2 nftables procps tcpdump)
+      valgrind gnuplot-nox iproute2 nftables procps tcpdump openssh-server openssh-client)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

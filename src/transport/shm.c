@@ -74,6 +74,8 @@
 #include "transport/shm.h"
 #include "transport/shm_impl.h"
 
+#include <math.h>
+
 /* ---- small helpers ---- */
 
 static long futex(_Atomic uint32_t* addr, int op, uint32_t val, const struct timespec* ts) {
@@ -127,7 +129,7 @@ static void shm_fail(shm_transport* t, const mlxd_status* st) {
 /* Fail the transport: peer pi is gone (why: e.g. ": its process exited"). */
 static void fail_lost(shm_transport* t, int pi, const char* why) {
   mlxd_status s;
-  mlxd_match_lost(&s, MLXD_LAYER_SHM, pi, t->peers[pi].addr, why, NULL, 0);
+  mlxd_match_lost(&s, MLXD_LAYER_SHM, shm_name(t, pi), t->peers[pi].addr, why, NULL, 0);
   shm_fail(t, &s);
 }
 
@@ -135,8 +137,8 @@ static void fail_lost(shm_transport* t, int pi, const char* why) {
 static void fail_nomem(shm_transport* t, int pi, const char* what, size_t n) {
   mlxd_status s;
   mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory %s (%zu bytes) from rank %d", what,
-               n, pi);
-  mlxd_status_set_peer(&s, pi, t->peers[pi].addr);
+               n, shm_name(t, pi));
+  mlxd_status_set_peer(&s, shm_name(t, pi), t->peers[pi].addr);
   shm_fail(t, &s);
 }
 
@@ -222,7 +224,8 @@ static shm_slot_hdr* slot_at(shm_transport* t, char* slots, uint64_t idx) {
  * both calls named (mu held). */
 static bool sig_clash(shm_transport* t, int pi, const mlxd_sig* mine, const mlxd_sig* theirs) {
   mlxd_status s;
-  if (!mlxd_sig_check(&s, MLXD_LAYER_SHM, t->base.rank, mine, pi, t->peers[pi].addr, theirs))
+  if (!mlxd_sig_check(&s, MLXD_LAYER_SHM, shm_name(t, t->base.rank), mine, shm_name(t, pi),
+                      t->peers[pi].addr, theirs))
     return false;
   shm_fail(t, &s);
   ring_bell(t, t->base.rank); /* from irecv: other threads of this rank may sleep */
@@ -310,8 +313,8 @@ static int progress_in(shm_transport* t, int pi) {
       if (dst && p->cur_len && mlxd_shm_cma_read(p->pid, dst, h->addr, p->cur_len, &err) != 0) {
         mlxd_status s;
         mlxd_fail_at(&s, MLXD_ESYS, MLXD_LAYER_SHM,
-                     "reading a %zu-byte message from rank %d failed", p->cur_len, pi);
-        mlxd_status_set_peer(&s, pi, p->addr);
+                     "reading a %zu-byte message from rank %d failed", p->cur_len, shm_name(t, pi));
+        mlxd_status_set_peer(&s, shm_name(t, pi), p->addr);
         mlxd_status_set_sys(&s, "process_vm_readv", err);
         shm_fail(t, &s);
         return -1;
@@ -454,7 +457,7 @@ static bool check_peers(shm_transport* t, shm_req** reqs, int n) {
     } else {
       char why[96];
       snprintf(why, sizeof why, ": it closed its transport while rank %d still waits for it",
-               t->base.rank);
+               shm_name(t, t->base.rank));
       fail_lost(t, pi, why);
     }
   }
@@ -484,7 +487,7 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
     } else {
       *rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory for a %s request",
                          kind == REQ_SEND ? "send" : "receive");
-      mlxd_status_set_peer(st, peer, t->peers[peer].addr);
+      mlxd_status_set_peer(st, shm_name(t, peer), t->peers[peer].addr);
     }
     pthread_mutex_unlock(&t->mu);
     return NULL;
@@ -601,7 +604,7 @@ static bool live_check(shm_transport* t, shm_req** reqs, int n, double start, do
     if (now - heard >= t->live.dead_s) {
       mlxd_status s;
       mlxd_shm_note_read(t, r->m.peer, note, sizeof note);
-      mlxd_live_dead(&s, MLXD_LAYER_SHM, r->m.peer, p->addr, now - heard, note);
+      mlxd_live_dead(&s, MLXD_LAYER_SHM, shm_name(t, r->m.peer), p->addr, now - heard, note);
       shm_fail(t, &s);
       return true;
     }
@@ -611,8 +614,8 @@ static bool live_check(shm_transport* t, shm_req** reqs, int n, double start, do
   if (now - last >= t->live.op_s) {
     mlxd_status s;
     mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
-    mlxd_live_op_timeout(&s, MLXD_LAYER_SHM, w->m.peer, p->addr, t->live.op_s, w->kind == REQ_SEND,
-                         w->m.n, w->m.tag, note);
+    mlxd_live_op_timeout(&s, MLXD_LAYER_SHM, shm_name(t, w->m.peer), p->addr, t->live.op_s,
+                         w->kind == REQ_SEND, w->m.n, w->m.tag, note);
     shm_fail(t, &s);
     return true;
   }
@@ -620,8 +623,8 @@ static bool live_check(shm_transport* t, shm_req** reqs, int n, double start, do
     *warned = true;
     double heard = p->heard > start ? p->heard : start;
     mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
-    mlxd_live_warn(MLXD_LAYER_SHM, t->base.rank, w->m.peer, p->addr, now - last, w->m.tag,
-                   now - heard, note);
+    mlxd_live_warn(MLXD_LAYER_SHM, shm_name(t, t->base.rank), shm_name(t, w->m.peer), p->addr,
+                   now - last, w->m.tag, now - heard, note);
   }
   return false;
 }
@@ -640,30 +643,36 @@ static void check_failed(shm_transport* t) {
   }
 }
 
-static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st) {
-  shm_transport* t = (shm_transport*)tt;
-  shm_req** reqs = (shm_req**)rr;
-  assert(n >= 0 && (n == 0 || reqs));
-  pthread_mutex_lock(&t->mu);
-  double start = mlxd_now(), last = start, last_check = start;
-  bool warned = false;
+/* Drive every ring until no request of reqs is pending (returns true;
+ * also when the transport failed) or until `until` (returns false, after
+ * at least one pass). ws keeps the wait's clocks across calls (start,
+ * last_change: the last progress, next_check: the last liveness check).
+ * mu held (dropped while spinning or asleep). */
+static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd_wait_state* ws) {
+  if (!ws->started) {
+    double now = mlxd_now();
+    *ws = (mlxd_wait_state){
+        .started = true, .start = now, .last_change = now, .next_check = now, .last_event = now};
+  }
   for (;;) {
     int ev = t->err.code ? 0 : progress_all(t);
     bool pending = false;
     for (int i = 0; i < n && !pending; i++)
       if (reqs[i] && !reqs[i]->m.complete) pending = true;
-    if (!pending || t->err.code) break;
+    if (!pending || t->err.code) return true;
     double now = mlxd_now();
     if (ev) {
-      last = last_check = now;
+      ws->last_change = ws->next_check = ws->last_event = now;
+      if (now >= until) return false;
       continue;
     }
-    if (now - last_check >= SHM_CHECK_S) {
-      last_check = now;
-      if (check_peers(t, reqs, n)) break;
-      if (live_check(t, reqs, n, start, last, now, &warned)) break;
+    if (now - ws->next_check >= SHM_CHECK_S) {
+      ws->next_check = now;
+      if (check_peers(t, reqs, n)) return true;
+      if (live_check(t, reqs, n, ws->start, ws->last_change, now, &ws->warned)) return true;
     }
-    if (now - last < t->spin_s) {
+    if (now >= until) return false;
+    if (now - ws->last_change < t->spin_s) {
       pthread_mutex_unlock(&t->mu);
       if (t->oversubscribed)
         sched_yield();
@@ -673,11 +682,21 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
       continue;
     }
     uint64_t snap = activity(t);
-    double to_check = SHM_CHECK_S - (now - last_check);
+    double to_check = SHM_CHECK_S - (now - ws->next_check);
+    if (until - now < to_check) to_check = until - now;
     pthread_mutex_unlock(&t->mu);
     block_wait(t, snap, to_check);
     pthread_mutex_lock(&t->mu);
   }
+}
+
+static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st) {
+  shm_transport* t = (shm_transport*)tt;
+  shm_req** reqs = (shm_req**)rr;
+  assert(n >= 0 && (n == 0 || reqs));
+  pthread_mutex_lock(&t->mu);
+  mlxd_wait_state ws = {0};
+  wait_run(t, reqs, n, INFINITY, &ws);
   if (!t->err.code) check_failed(t);
   int rc = mlxd_match_result(st, &t->err, MLXD_LAYER_SHM, rr, n);
   if (rc == 0 && t->err.code) rc = fail_status(t, st); /* failed meanwhile: not a success */
@@ -687,6 +706,21 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
     if (!r->m.complete) req_unlink(t, r);
     req_release(t, r);
     reqs[i] = NULL;
+  }
+  pthread_mutex_unlock(&t->mu);
+  return rc;
+}
+
+static int shm_wait_slice(mlxd_transport* tt, mlxd_req** rr, int n, double max_s,
+                          mlxd_wait_state* ws, mlxd_status* st) {
+  shm_transport* t = (shm_transport*)tt;
+  assert(n >= 0 && (n == 0 || rr) && max_s >= 0);
+  pthread_mutex_lock(&t->mu);
+  ws->done = wait_run(t, (shm_req**)rr, n, mlxd_now() + max_s, ws);
+  int rc = 0;
+  if (t->err.code) {
+    ws->done = true;
+    rc = fail_status(t, st);
   }
   pthread_mutex_unlock(&t->mu);
   return rc;
@@ -733,6 +767,7 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
   }
   if (t->map) munmap(t->map, t->map_len);
   free(t->peers);
+  free(t->names);
   pthread_mutex_destroy(&t->mu);
   free(t);
 }
@@ -750,6 +785,7 @@ const mlxd_transport_ops mlxd_shm_ops = {
     .isend = shm_isend,
     .irecv = shm_irecv,
     .waitall = shm_waitall,
+    .wait_slice = shm_wait_slice,
     .abort = shm_abort,
     .destroy = mlxd_shm_destroy,
 };

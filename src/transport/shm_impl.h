@@ -176,6 +176,9 @@ typedef struct shm_transport {
   size_t map_len;
   shm_hdr* hdr;
   shm_peer* peers;
+  int* names;     /* names[i]: the number messages give local rank i (a group rank when
+                   * the session is part of a larger group: mixed.c); NULL: i itself */
+  int name_limit; /* published ranks must be below this (the group size) */
   size_t slot_stride;
   mlxd_live_cfg live; /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
   int watch;          /* the heartbeat's watchdog registration (0: none) */
@@ -203,6 +206,8 @@ static inline size_t ring_bytes(void) {
 static inline size_t total_bytes(int size) {
   return rings_off(size) + (size_t)size * (size_t)size * ring_bytes();
 }
+
+static inline int shm_name(const shm_transport* t, int i) { return t->names ? t->names[i] : i; }
 
 static inline shm_rank_rec* rank_rec(shm_transport* t, int r) {
   return (shm_rank_rec*)((char*)t->map + ranks_off() + (size_t)r * sizeof(shm_rank_rec));

@@ -65,7 +65,7 @@ int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st) {
   const shm_fail_rec* rec = &rank_rec(t, r)->fail;
   shm_fail_rec v;
   memcpy(&v, rec, sizeof v);
-  int size = t->base.size;
+  int size = t->name_limit;
   char detail[MLXD_MSG_MAX];
   copy_text(detail, v.detail, sizeof detail);
   int layer = v.layer > MLXD_LAYER_NONE && v.layer <= MLXD_LAYER_BACKEND ? v.layer : MLXD_LAYER_SHM;
@@ -82,8 +82,9 @@ int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st) {
     if (strcmp(v.syscall, k_syscalls[i]) == 0) sc = k_syscalls[i];
   int err = v.sys_errno > 0 && v.sys_errno < 4096 ? v.sys_errno : 0;
   if (sc || err) mlxd_status_set_sys(st, sc, err);
-  mlxd_status_set_reporter(st,
-                           v.has_reporter && v.reporter >= 0 && v.reporter < size ? v.reporter : r);
+  mlxd_status_set_reporter(st, v.has_reporter && v.reporter >= 0 && v.reporter < size
+                                   ? v.reporter
+                                   : shm_name(t, r));
   return code;
 }
 
@@ -176,8 +177,8 @@ static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want
       return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
                           "rank %d timed out after %g s (MLXDIST_CONNECT_TIMEOUT) waiting for "
                           "every rank to %s shared memory %s%s%s",
-                          t->base.rank, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT), what, t->path,
-                          len ? "; missing ranks: " : "", missing);
+                          shm_name(t, t->base.rank), mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT),
+                          what, t->path, len ? "; missing ranks: " : "", missing);
     }
     if (now - last_check >= SHM_CHECK_S) {
       last_check = now;
@@ -190,7 +191,7 @@ static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want
         if (mlxd_shm_pid_dead(pid)) {
           char addr[24];
           snprintf(addr, sizeof addr, "pid %d", (int)pid);
-          return mlxd_match_lost(st, MLXD_LAYER_SHM, r, addr,
+          return mlxd_match_lost(st, MLXD_LAYER_SHM, shm_name(t, r), addr,
                                  ": its process exited while joining shared memory", NULL, 0);
         }
       }
@@ -234,14 +235,15 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
           return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
                               "shared memory %s has %lld bytes but rank %d expected %zu "
                               "(do all ranks agree on the group size %d?)",
-                              t->path, (long long)sb.st_size, t->base.rank, total, t->base.size);
+                              t->path, (long long)sb.st_size, shm_name(t, t->base.rank), total,
+                              t->base.size);
         }
         close(fd);
         fd = -1;
       } else if (errno != ENOENT) {
         int e = errno;
         mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "rank %d could not open shared memory %s",
-                     t->base.rank, t->path);
+                     shm_name(t, t->base.rank), t->path);
         mlxd_status_set_sys(st, "shm_open", e);
         return st->code;
       }
@@ -249,7 +251,8 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
         return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
                             "rank %d could not open shared memory %s created by rank 0 within "
                             "%g s (MLXDIST_CONNECT_TIMEOUT)",
-                            t->base.rank, t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
+                            shm_name(t, t->base.rank), t->path,
+                            mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
       sleep_us(us);
       if (us < 5000) us *= 2;
     }
@@ -291,13 +294,18 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
       return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
                           "shared memory %s was made for %u ranks (layout version %u) but rank "
                           "%d expected %d ranks (version %u)",
-                          t->path, t->hdr->size, t->hdr->version, t->base.rank, t->base.size,
-                          SHM_VERSION);
+                          t->path, t->hdr->size, t->hdr->version, shm_name(t, t->base.rank),
+                          t->base.size, SHM_VERSION);
   }
   return 0;
 }
 
 mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlxd_status* st) {
+  return mlxd_shm_transport_new_named(rank, size, name, NULL, size, size, st);
+}
+
+mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* name, const int* names,
+                                             int name_limit, int machine_ranks, mlxd_status* st) {
   mlxd_status local;
   if (!st) st = &local;
   if (size < 1 || size > 4096 || rank < 0 || rank >= size) {
@@ -322,7 +330,18 @@ mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlx
   t->base.ops = &mlxd_shm_ops;
   t->base.rank = rank;
   t->base.size = size;
+  t->name_limit = size;
   pthread_mutex_init(&t->mu, NULL);
+  if (names) {
+    t->names = malloc((size_t)size * sizeof *t->names);
+    if (!t->names) {
+      mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory creating the transport");
+      mlxd_shm_destroy(&t->base);
+      return NULL;
+    }
+    memcpy(t->names, names, (size_t)size * sizeof *t->names);
+    t->name_limit = name_limit;
+  }
   snprintf(t->path, sizeof t->path, "/%s", name);
   t->slot_stride = slot_stride();
   mlxd_live_cfg_load(&t->live);
@@ -331,7 +350,7 @@ mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlx
   long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
   t->cma_min = cma_min > 0 ? (size_t)cma_min : 0;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  t->oversubscribed = ncpu > 0 && size > ncpu;
+  t->oversubscribed = ncpu > 0 && (size > ncpu || machine_ranks > ncpu);
   t->peers = calloc((size_t)size, sizeof *t->peers);
   if (!t->peers) {
     mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory creating the transport");

@@ -58,6 +58,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -741,16 +742,22 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
   return true;
 }
 
-static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* st) {
-  tcp_transport* t = (tcp_transport*)tt;
-  pthread_mutex_lock(&t->mu);
+/* Drive the sockets until no request of reqs is pending (returns true;
+ * also when the transport failed) or until `until` (returns false, after
+ * at least one pass). lw keeps the wait's clocks across calls. mu held. */
+static bool wait_run(tcp_transport* t, mlxd_req** reqs, int n, double until, tcp_live_wait* lw) {
   double now = mlxd_now();
-  tcp_live_wait lw = {.start = now, .last_change = now, .next_check = now, .deadline = now};
-  size_t last_sum = (size_t)-1;
-  double last_event = now; /* spin right away */
-  bool polled = false;     /* this thread's last poll read everything that had arrived */
+  if (!lw->started) {
+    *lw = (tcp_live_wait){.started = true,
+                          .start = now,
+                          .last_change = now,
+                          .next_check = now,
+                          .deadline = now,
+                          .last_event = now, /* spin right away */
+                          .mark = UINT64_MAX};
+  }
   for (;;) {
-    size_t sum = 0;
+    uint64_t sum = 0;
     struct mlxd_req* waiting = NULL;
     for (int i = 0; i < n; i++) {
       struct mlxd_req* r = reqs[i];
@@ -758,25 +765,27 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
       sum += r->done + (r->m.complete ? 1 : 0);
       if (!r->m.complete && !waiting) waiting = r;
     }
-    if (!waiting) break;
+    if (!waiting) return true;
     now = mlxd_now();
-    if (sum != last_sum) {
-      last_sum = sum;
-      lw.last_change = now;
+    if (sum != lw->mark) {
+      lw->mark = sum;
+      lw->last_change = now;
     }
-    if (mlxd_tcp_live_check(t, reqs, n, &lw, now)) break;
+    if (mlxd_tcp_live_check(t, reqs, n, lw, now)) return true;
     if (!t->progressing) {
       t->progressing = true;
       int ms = 0;
-      if (now - last_event >= t->spin_s) {
-        ms = mlxd_ms_left(lw.deadline);
+      if (now - lw->last_event >= t->spin_s) {
+        ms = mlxd_ms_left(lw->deadline);
         if (ms > TCP_BLOCK_MS) ms = TCP_BLOCK_MS;
+        if (until - now < (double)ms / 1000.0) ms = (int)((until - now) * 1000.0);
+        if (ms < 0) ms = 0;
       }
       if (progress_round(t, ms))
-        last_event = mlxd_now();
-      else if (ms == 0 && t->yield_spin)
-        sched_yield(); /* the rank we wait for may need this CPU */
-      polled = true;
+        lw->last_event = mlxd_now();
+      else if (ms == 0 && t->yield_spin && until == INFINITY)
+        sched_yield(); /* the rank we wait for may need this CPU (not in a slice: mixed.c) */
+      lw->polled = true;
       t->progressing = false;
       /* Let a sleeping waiter take over if we leave, and tell waiters
        * whose requests completed. */
@@ -785,32 +794,44 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
         pthread_cond_broadcast(&t->cv);
       }
     } else {
-      polled = false;
+      lw->polled = false;
+      double cv_s = TCP_CV_MS / 1000.0;
+      if (until - now < cv_s) cv_s = until - now > 0 ? until - now : 0;
       struct timespec ts;
       clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += TCP_CV_MS * 1000000L;
+      ts.tv_nsec += (long)(cv_s * 1e9);
       if (ts.tv_nsec >= 1000000000L) {
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000L;
       }
       pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     }
+    if (mlxd_now() >= until) return false;
   }
+}
+
+/* Wake the waiters whose requests completed, and another waiter that may
+ * be asleep with nobody progressing. mu held. */
+static void wake_waiters(tcp_transport* t) {
+  t->completed = false;
+  pthread_cond_broadcast(&t->cv);
+}
+
+static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* st) {
+  tcp_transport* t = (tcp_transport*)tt;
+  pthread_mutex_lock(&t->mu);
+  tcp_live_wait lw = {0};
+  wait_run(t, reqs, n, INFINITY, &lw);
   /* Requests that completed without this thread reading the sockets (a
    * message buffered earlier, another thread's progress): read once what
    * has arrived, so that a peer's abort sent before this wait ended fails
    * it (transport.h). */
-  if (!polled && !t->err.code && !t->progressing && n > 0) {
+  if (!lw.polled && !t->err.code && !t->progressing && n > 0) {
     t->progressing = true;
     progress_round(t, 0);
     t->progressing = false;
   }
-  if (t->completed) {
-    t->completed = false;
-    pthread_cond_broadcast(&t->cv);
-  }
-  /* Another waiter may be asleep with nobody progressing: wake one up. */
-  pthread_cond_broadcast(&t->cv);
+  wake_waiters(t);
   int code = mlxd_match_result(st, &t->err, MLXD_LAYER_TCP, reqs, n);
   if (code == 0 && t->err.code) code = fail_status(t, st); /* failed meanwhile: not a success */
   /* Pending requests can only remain when the transport failed, and tcp_fail
@@ -825,9 +846,31 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   return code;
 }
 
+static int tcp_wait_slice(mlxd_transport* tt, mlxd_req** reqs, int n, double max_s,
+                          mlxd_wait_state* ws, mlxd_status* st) {
+  tcp_transport* t = (tcp_transport*)tt;
+  pthread_mutex_lock(&t->mu);
+  ws->done = wait_run(t, reqs, n, mlxd_now() + max_s, ws);
+  wake_waiters(t);
+  int code = 0;
+  if (t->err.code) {
+    ws->done = true;
+    code = fail_status(t, st);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return code;
+}
+
 int mlxd_tcp_conn_write(tcp_transport* t, tcp_conn* c) { return conn_write(t, c); }
 void mlxd_tcp_fail(tcp_transport* t, const mlxd_status* st) { tcp_fail(t, st); }
 void mlxd_tcp_wake(tcp_transport* t) { tcp_wake(t); }
 
-const mlxd_transport_ops mlxd_tcp_ops = {"tcp",       tcp_isend,      tcp_irecv,
-                                         tcp_waitall, mlxd_tcp_abort, mlxd_tcp_destroy};
+const mlxd_transport_ops mlxd_tcp_ops = {
+    .name = "tcp",
+    .isend = tcp_isend,
+    .irecv = tcp_irecv,
+    .waitall = tcp_waitall,
+    .wait_slice = tcp_wait_slice,
+    .abort = mlxd_tcp_abort,
+    .destroy = mlxd_tcp_destroy,
+};

@@ -165,13 +165,9 @@ void mlxd_tcp_abort(mlxd_transport* t, const mlxd_status* st);
 void mlxd_tcp_ctrl_done(tcp_transport* t, tcp_conn* c);
 
 /* One wait's liveness clocks. */
-typedef struct tcp_live_wait {
-  double start;       /* when the wait began: silence before it does not count */
-  double last_change; /* the last progress of its requests */
-  double next_check;  /* the next full check (they run at most every 50 ms) */
-  double deadline;    /* the earliest time a check may fail or warn */
-  bool warned;
-} tcp_live_wait;
+/* A wait's liveness clocks (transport.h: start, last_change, next_check,
+ * deadline, warned are the ones the checks use). */
+typedef mlxd_wait_state tcp_live_wait;
 /* Check the peers of the pending reqs (mu held): fails the transport for a
  * silent peer or the op timeout (returns true), prints the one warning. */
 bool mlxd_tcp_live_check(tcp_transport* t, struct mlxd_req* const* reqs, int n, tcp_live_wait* w,

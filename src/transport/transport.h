@@ -1,5 +1,6 @@
 /* Private: the point-to-point transport interface the collective algorithms
- * (src/algo) are written against. Implementations: tcp.c, shm.c; the tag
+ * (src/algo) are written against. Implementations: tcp.c, shm.c, and
+ * mixed.c (shm to the ranks on this host, tcp to the others); the tag
  * matching and failure plumbing they share is in match.h.
  *
  * Messages are matched by (peer, tag): a receive posted for (p, t) gets
@@ -43,6 +44,7 @@
 #ifndef MLXD_TRANSPORT_H
 #define MLXD_TRANSPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -85,8 +87,24 @@ typedef struct mlxd_sig {
   uint64_t count; /* elements (collectives), bytes (send/recv, split) */
 } mlxd_sig;
 
+/* What one wait keeps between its slices (wait_slice): the liveness
+ * clocks run from the wait's first slice, not from each slice. Zero it
+ * before the first slice of a wait; the transport fills the rest. */
+typedef struct mlxd_wait_state {
+  bool started;       /* the first slice ran */
+  bool done;          /* out: no request is pending any more (or the transport failed) */
+  bool warned;        /* the one MLXDIST_WARN_AFTER warning of this wait was printed */
+  bool polled;        /* tcp: the last pass read every socket */
+  double start;       /* when the wait began: silence before it does not count */
+  double last_change; /* the last progress of its requests */
+  double last_event;  /* the last event the transport saw (spinning window) */
+  double next_check;  /* tcp: the next liveness check; shm: the last one */
+  double deadline;    /* tcp: the earliest time a check may fail or warn */
+  uint64_t mark;      /* tcp: the progress count seen last */
+} mlxd_wait_state;
+
 typedef struct mlxd_transport_ops {
-  const char* name; /* "tcp", "shm" */
+  const char* name; /* "tcp", "shm", "mixed" */
   /* Start sending n bytes of buf to peer with tag. Never blocks beyond the
    * transport's mutex: it writes what the wire takes at once (non-blocking)
    * and leaves the rest to waitall. buf must stay valid and unchanged until
@@ -131,6 +149,22 @@ typedef struct mlxd_transport_ops {
    * if its requests completed (a peer that gave up on this operation must
    * not see it succeed here). */
   int (*waitall)(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);
+  /* One slice of a wait, for a caller that waits on requests of several
+   * transports at once (mixed.c): drive the transport towards completing
+   * reqs as waitall does, for at most max_s seconds (0: one non-blocking
+   * pass over the wire; a blocking sleep is cut to what is left of max_s),
+   * WITHOUT freeing them. ws carries the wait's liveness clocks from slice
+   * to slice (MLXDIST_TIMEOUT, MLXDIST_WARN_AFTER and MLXDIST_OP_TIMEOUT
+   * count from the first slice and from the last progress, as in one
+   * waitall); ws->last_event tells the caller when the transport last saw
+   * something happen (to keep spinning while it is busy). Returns 0 with
+   * ws->done set when no request is pending any more, 0 with it clear when
+   * the time ran out, or the transport's first failure (ws->done set). A
+   * size mismatch is not reported here. Either way the wait ends with
+   * waitall on the same requests: it returns at once, reports what waitall
+   * reports and frees them. Same threads rules as waitall. */
+  int (*wait_slice)(mlxd_transport* t, mlxd_req** reqs, int n, double max_s, mlxd_wait_state* ws,
+                    mlxd_status* st);
   /* Fail the transport for good with st (unless it failed already): every
    * pending and later operation fails with it, waiters wake up, and the
    * peers are told (they fail with st relayed, "reported by" this rank).

@@ -1,7 +1,7 @@
 /* The collective algorithms of src/algo called directly on an
  * mlxd_transport, over every transport, in forked ranks:
  *
- *   test_algo <tcp[:K] | unix[:K] | shm | shm-cma> <ranks>
+ *   test_algo <tcp[:K] | unix[:K] | shm | shm-cma | mixed:HOSTS> <ranks>
  *
  * (shm-cma: the shared-memory transport with its single-copy path on from
  * 64 KiB.) Every algorithm variant (the dispatcher, the direct / one-shot
@@ -397,11 +397,12 @@ int main(int argc, char** argv) {
   bool cma = argc == 3 && strcmp(argv[1], "shm-cma") == 0;
   int n = argc == 3 ? atoi(argv[2]) : 0;
   if (argc != 3 || (!cma && !t_tp_parse(argv[1], &spec)) || n < 2 || n > T_MAX_RANKS) {
-    fprintf(stderr, "usage: %s tcp[:K]|unix[:K]|shm|shm-cma <ranks 2..%d>\n", argv[0], T_MAX_RANKS);
+    fprintf(stderr, "usage: %s tcp[:K]|unix[:K]|shm|shm-cma|mixed:HOSTS <ranks 2..%d>\n", argv[0],
+            T_MAX_RANKS);
     return 2;
   }
   if (cma) {
-    spec = (t_tp_spec){T_TP_SHM, 1};
+    spec = (t_tp_spec){.kind = T_TP_SHM, .nconn = 1};
     setenv("MLXDIST_SHM_CMA_BYTES", "65536", 1);
   }
   /* a rank that falls out of step fails in bounded time, not at ctest's limit */

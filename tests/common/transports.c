@@ -11,11 +11,20 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "transport/mixed.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 
 bool t_tp_parse(const char* text, t_tp_spec* out) {
   out->nconn = 1;
+  out->hosts[0] = '\0';
+  if (strncmp(text, "mixed:", 6) == 0) {
+    size_t n = strlen(text + 6);
+    if (n < 2 || n > T_MAX_RANKS || strspn(text + 6, "0123456789") != n) return false;
+    out->kind = T_TP_MIXED;
+    memcpy(out->hosts, text + 6, n + 1);
+    return true;
+  }
   const char* colon = strchr(text, ':');
   size_t len = colon ? (size_t)(colon - text) : strlen(text);
   if (len == 3 && strncmp(text, "tcp", 3) == 0)
@@ -38,6 +47,10 @@ bool t_tp_parse(const char* text, t_tp_spec* out) {
 const char* t_tp_name(const t_tp_spec* spec) {
   static char buf[32];
   if (spec->kind == T_TP_SHM) return "shm";
+  if (spec->kind == T_TP_MIXED) {
+    snprintf(buf, sizeof buf, "mixed:%.24s", spec->hosts);
+    return buf;
+  }
   snprintf(buf, sizeof buf, "%s:%d", spec->kind == T_TP_TCP ? "tcp" : "unix", spec->nconn);
   return buf;
 }
@@ -92,6 +105,30 @@ static void close_all(void* p) {
   x->fds = NULL;
 }
 
+/* mixed: the shm session of rank's emulated host (named by group ranks)
+ * over the TCP transport tcp; NULL (st set) on failure. */
+static mlxd_transport* make_mixed(const t_tp_spec* spec, int rank, int size, const char* session,
+                                  mlxd_transport* tcp, mlxd_status* st) {
+  int members[T_MAX_RANKS], local[T_MAX_RANKS], n = 0, me = -1;
+  for (int p = 0; p < size; p++) {
+    local[p] = -1;
+    if (spec->hosts[p] != spec->hosts[rank]) continue;
+    if (p == rank) me = n;
+    local[p] = n;
+    members[n++] = p;
+  }
+  if (n < 2) return tcp; /* alone on its host: plain TCP, as the ring backend does */
+  char name[256];
+  snprintf(name, sizeof name, "%s-h%d", session, members[0]);
+  mlxd_transport* shm = mlxd_shm_transport_new_named(me, n, name, members, size, size, st);
+  mlxd_transport* t = shm ? mlxd_mixed_transport_new(tcp, shm, local, st) : NULL;
+  if (!t) {
+    if (shm) shm->ops->destroy(shm);
+    tcp->ops->destroy(tcp);
+  }
+  return t;
+}
+
 static int rank_main(int rank, int size, const char* session, void* p) {
   run_ctx* x = p;
   mlxd_status st;
@@ -109,6 +146,7 @@ static int rank_main(int rank, int size, const char* session, void* p) {
     free(x->fds);
     x->fds = NULL;
     t = mlxd_tcp_transport_new(rank, size, mine, k, &st);
+    if (t && x->spec.kind == T_TP_MIXED) t = make_mixed(&x->spec, rank, size, session, t, &st);
   }
   T_REQUIREF(t != NULL, "creating the %s transport: %s", t_tp_name(&x->spec), st.msg);
   T_REQUIRE(t->rank == rank && t->size == size);
@@ -121,6 +159,7 @@ int t_run_transport(const t_tp_spec* spec, int size, t_tp_fn fn, void* arg,
                     const t_ranks_opts* opts, t_rank_exit* exits) {
   T_REQUIRE(!opts || !opts->after_fork);
   T_REQUIRE(size >= 1 && size <= T_MAX_RANKS && spec->nconn >= 1 && spec->nconn <= 8);
+  T_REQUIRE(spec->kind != T_TP_MIXED || strlen(spec->hosts) == (size_t)size);
   run_ctx x = {*spec, size, NULL, fn, arg};
   if (spec->kind != T_TP_SHM) {
     int k = spec->nconn, total = size * size * k;
@@ -131,7 +170,7 @@ int t_run_transport(const t_tp_spec* spec, int size, t_tp_fn fn, void* arg,
       for (int j = i + 1; j < size; j++)
         for (int c = 0; c < k; c++) {
           int pr[2];
-          if (connected_pair(spec->kind == T_TP_TCP, pr))
+          if (connected_pair(spec->kind != T_TP_UNIX, pr))
             T_FAIL("cannot connect %s sockets: %s", t_tp_name(spec), strerror(errno));
           x.fds[(i * size + j) * k + c] = pr[0];
           x.fds[(j * size + i) * k + c] = pr[1];

@@ -1,6 +1,9 @@
 /* Liveness apart from progress (issue 11), with real processes through the
  * public API: this program writes an MLX hostfile, forks the ranks with
- * MLX_RANK / MLX_HOSTFILE (ring backend; MLXDIST_TRANSPORT from argv[2]),
+ * MLX_RANK / MLX_HOSTFILE (ring backend; MLXDIST_TRANSPORT from argv[2]; TR
+ * mixed: auto with ranks 0 and 1 on one emulated host (MLXDIST_HOST_ID) and
+ * the others on another, so rank 1 is reached over shm by rank 0 and over
+ * TCP by rank 2),
  * each rank's stderr into a file, and acts on them from the parent.
  *
  *   test_liveness slow TR   rank 1 sleeps 2 x MLXDIST_WARN_AFTER (and longer than
@@ -31,6 +34,7 @@
 #define MAX_RANKS 4
 
 static char g_dir[256];
+static bool g_mixed; /* TR mixed: ranks 0, 1 on emulated host A, the others on B */
 
 static double now_s(void) {
   struct timespec ts;
@@ -79,6 +83,7 @@ static void start(run* R, int n, rank_fn fn) {
       setenv("MLX_RANK", rs, 1);
       setenv("MLX_HOSTFILE", path, 1);
       unsetenv("MLX_WORLD_SIZE");
+      if (g_mixed) setenv("MLXDIST_HOST_ID", r < 2 ? "hostA" : "hostB", 1);
       snprintf(ep, sizeof ep, "%s/rank%d.err", g_dir, r);
       int fd = open(ep, O_WRONLY | O_CREAT | O_TRUNC, 0600);
       if (fd >= 0) {
@@ -286,13 +291,15 @@ static void test_late(void) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3 || (strcmp(argv[2], "tcp") != 0 && strcmp(argv[2], "shm") != 0)) {
-    fprintf(stderr, "usage: %s slow|stop|kill|late tcp|shm\n", argv[0]);
+  if (argc != 3 || (strcmp(argv[2], "tcp") != 0 && strcmp(argv[2], "shm") != 0 &&
+                    strcmp(argv[2], "mixed") != 0)) {
+    fprintf(stderr, "usage: %s slow|stop|kill|late tcp|shm|mixed\n", argv[0]);
     return 2;
   }
+  g_mixed = strcmp(argv[2], "mixed") == 0;
   snprintf(g_dir, sizeof g_dir, "/tmp/mlxd_live_test.XXXXXX");
   T_ASSERT(mkdtemp(g_dir) != NULL);
-  setenv("MLXDIST_TRANSPORT", argv[2], 1);
+  setenv("MLXDIST_TRANSPORT", g_mixed ? "auto" : argv[2], 1);
   const char* m = argv[1];
   if (strcmp(m, "slow") == 0) {
     test_slow();

@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   t_tp_spec spec;
   if (argc < 2 || !t_tp_parse(argv[1], &spec)) {
-    fprintf(stderr, "usage: test_sig_transport tcp|unix|shm\n");
+    fprintf(stderr, "usage: test_sig_transport tcp|unix|shm|mixed:HOSTS\n");
     return 2;
   }
   setenv("MLXDIST_TIMEOUT", "20", 1);

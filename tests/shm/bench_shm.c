@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
     if (pass == 0 && strcmp(which, "tcp") == 0) continue;
     if (pass == 1 && strcmp(which, "shm") == 0) continue;
     bench_arg a = {maxb};
-    t_tp_spec spec = {pass == 0 ? T_TP_SHM : T_TP_TCP, 1};
+    t_tp_spec spec = {.kind = pass == 0 ? T_TP_SHM : T_TP_TCP, .nconn = 1};
     t_ranks_opts o = {.timeout_s = 600};
     t_run_transport(&spec, n, bench_rank, &a, &o, NULL);
   }

@@ -354,7 +354,7 @@ int main(int argc, char** argv) {
     int nc = argc > 4 ? atoi(argv[4]) : 1;
     int nr = argc > 5 ? atoi(argv[5]) : 2;
     T_ASSERT(b.bytes > 0 && b.iters > 0 && nc > 0 && nc <= 8 && nr >= 2 && nr <= 16);
-    g_spec = (t_tp_spec){T_TP_TCP, nc};
+    g_spec = (t_tp_spec){.kind = T_TP_TCP, .nconn = nc};
     expect_all_ok(nr, bench_rank, &b, 600);
     return 0;
   }
@@ -362,7 +362,7 @@ int main(int argc, char** argv) {
   bool tcp = argc > 3 && strcmp(argv[3], "tcp") == 0;
   int nconn = argc > 4 ? atoi(argv[4]) : 1;
   if (n < 2 || n > 16 || nconn < 1 || nconn > 8) T_FAIL("bad arguments");
-  g_spec = (t_tp_spec){tcp ? T_TP_TCP : T_TP_UNIX, nconn};
+  g_spec = (t_tp_spec){.kind = tcp ? T_TP_TCP : T_TP_UNIX, .nconn = nconn};
   if (strcmp(mode, "p2p") == 0) {
     T_EQ_INT(n, 4);
     expect_all_ok(n, p2p_rank, NULL, 300);

@@ -3,11 +3,12 @@
  * Configuration (as MLX's launcher writes it): MLX_RANK and MLX_HOSTFILE
  * (hostfile.c), or MLX_RANK and MLX_WORLD_SIZE with a caller's all-gather
  * (bootstrap.c). Connections form a full mesh (connect.c), handed to the TCP
- * transport; when every rank is on one host the group switches to the
- * shared-memory transport (select.c, MLXDIST_TRANSPORT). Every op maps to
+ * transport; select.c (MLXDIST_TRANSPORT) then picks shared memory between
+ * ranks on one host and keeps TCP to the others (per peer). Every op maps to
  * the collective algorithms in src/algo.
  * split() bootstraps the child group's connections over the parent's
- * transport. See docs/ring.md. */
+ * transport, per peer again; a child whose ranks all share this rank's host
+ * gets shared memory only, without a TCP mesh. See docs/ring.md. */
 #include <assert.h>
 #include <errno.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "algo/algo.h"
 #include "backends/ring/handshake.h"
 #include "backends/ring/ring_internal.h"
+#include "transport/shm.h"
 #include "transport/tcp.h"
 #include "util/bytes.h"
 
@@ -98,6 +100,7 @@ static void ring_destroy(mlxd_backend* b) {
   if (!r) return;
   if (r->t) r->t->ops->destroy(r->t);
   mlxd_ring_auth_clear(&r->auth);
+  free(r->host_of);
   free(r);
 }
 
@@ -112,6 +115,41 @@ static int split_cmp(const void* a, const void* b) {
   const split_ent* y = b;
   if (x->key != y->key) return x->key < y->key ? -1 : 1;
   return (x->prank > y->prank) - (x->prank < y->prank);
+}
+
+/* A child whose ranks are all on this rank's host: shared memory only, no
+ * TCP mesh. Its session's name is the parent's with this split's sequence
+ * number and color, the same on every member and unique per split. */
+static int split_one_host(const mlxd_ring* r, uint64_t seq, int color, int me, int m,
+                          const mlxd_ring_auth* child, mlxd_backend** out, mlxd_status* st) {
+  char name[MLXD_RING_SESSION_MAX + 48];
+  snprintf(name, sizeof name, "%s-s%llu-c%d", r->session, (unsigned long long)seq, color);
+  mlxd_transport* shm = mlxd_shm_transport_new(me, m, name, st);
+  if (!shm) return st->code ? st->code : MLXD_ESYS;
+  mlxd_ring* c = calloc(1, sizeof *c);
+  int* host_of = calloc((size_t)m, sizeof *host_of); /* all on host 0 */
+  if (!c || !host_of) {
+    shm->ops->destroy(shm);
+    free(c);
+    free(host_of);
+    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
+  }
+  c->base = (mlxd_backend){.ops = r->base.ops, .rank = me, .size = m, .comm_device = MLX_CPU};
+  c->nconn = r->nconn;
+  c->self = r->self;
+  c->auth = *child;
+  c->t = shm;
+  c->host_of = host_of;
+  snprintf(c->session, sizeof c->session, "%.*s", (int)sizeof c->session - 1, name);
+  bool* on = calloc((size_t)m, sizeof *on);
+  if (on) {
+    for (int p = 0; p < m; p++) on[p] = p != me;
+    mlxd_ring_log_transports(me, m, on);
+    free(on);
+  }
+  mlxd_ring_log("rank %d of %d ready (shm transport, split on one host: no TCP mesh)", me, m);
+  *out = &c->base;
+  return 0;
 }
 
 static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
@@ -180,6 +218,15 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   if (m == 1) {
     int none = -1;
     rc = mlxd_ring_backend_new(0, 1, k, &r->self, &child, &none, out, st);
+    goto done;
+  }
+  /* (a parent on plain TCP has no shared memory that works here: TCP was
+   * forced, or shm could not start, or this rank is alone on its host) */
+  bool one_host = mode != MLXD_RING_T_TCP && strcmp(r->t->ops->name, "tcp") != 0;
+  for (int i = 0; i < m && one_host; i++)
+    one_host = r->host_of[ents[i].prank] == r->host_of[b->rank];
+  if (one_host) {
+    rc = split_one_host(r, seq, color, me, m, &child, out, st);
     goto done;
   }
   hosts.size = m;
@@ -253,9 +300,13 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
         mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot create the TCP transport");
       return st->code;
     }
-    if (mlxd_ring_select_transport(&r->t, st) != 0) {
+    r->host_of = calloc((size_t)size, sizeof *r->host_of);
+    if (!r->host_of)
+      mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
+    if (!r->host_of || mlxd_ring_select_transport(&r->t, r->host_of, r->session, st) != 0) {
       r->t->ops->destroy(r->t);
       mlxd_ring_auth_clear(&r->auth);
+      free(r->host_of);
       free(r);
       if (!st->code)
         mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot choose the transport");

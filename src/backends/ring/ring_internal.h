@@ -113,10 +113,18 @@ enum { MLXD_RING_T_AUTO = 0, MLXD_RING_T_TCP = 1, MLXD_RING_T_SHM = 2 };
 /* Parse MLXDIST_TRANSPORT; an invalid value is an error naming the variable and the choices. */
 int mlxd_ring_transport_mode(int* mode, mlxd_status* st);
 const char* mlxd_ring_mode_name(int mode);
-/* Collective over the fresh TCP transport *t (size >= 2): exchange host records and, when
- * every rank is on one host and the setting allows it, replace *t by a shared-memory
- * transport (the TCP one is destroyed). On error *t is left as it was. */
-int mlxd_ring_select_transport(mlxd_transport** t, mlxd_status* st);
+/* Collective over the fresh TCP transport *t (size >= 2): exchange host records and, as the
+ * setting allows, replace *t by a shared-memory transport (every rank on one host; the TCP
+ * one is destroyed) or by the mixed one (shm to this host's ranks, TCP to the others).
+ * host_of (size entries) receives each rank's host as the lowest rank on it; session
+ * (MLXD_RING_SESSION_MAX bytes) the group's shared-memory session name (rank 0's), from
+ * which split derives its children's. On error *t is left as it was. */
+#define MLXD_RING_SESSION_MAX 128
+int mlxd_ring_select_transport(mlxd_transport** t, int* host_of, char* session, mlxd_status* st);
+/* Print the line of docs/ring.md that says what rank chose (MLX_RING_VERBOSE=1):
+ * "[ring] rank 0: transports: shm with ranks 1; tcp with ranks 2,3"; on_shm[p]: peer p is
+ * reached over shared memory. */
+void mlxd_ring_log_transports(int rank, int size, const bool* on_shm);
 
 /* ring.c: the backend proper. */
 typedef struct mlxd_ring {
@@ -124,7 +132,9 @@ typedef struct mlxd_ring {
   int nconn;
   mlxd_ring_addr self; /* the address this rank listens on (port 0 form is reused by split) */
   mlxd_ring_auth auth; /* the group's token and key; split derives its child's from them */
-  mlxd_transport* t;   /* tcp or shm (select.c); NULL when size == 1 */
+  mlxd_transport* t;   /* tcp, shm or mixed (select.c); NULL when size == 1 */
+  int* host_of;        /* host_of[p]: the lowest rank on rank p's host (NULL when size == 1) */
+  char session[MLXD_RING_SESSION_MAX]; /* the group's shm session name (split derives from it) */
 } mlxd_ring;
 
 /* Finish a group from connected fds (takes ownership of fds; closes them on failure). */

@@ -21,8 +21,20 @@
  *                            as a normal shutdown); if not, auto keeps TCP
  *                            (logged with MLX_RING_VERBOSE) and shm fails
  *                            with the rank and its reason;
- *   auto, several hosts      TCP (a per-peer mix of shm and tcp is future
- *                            work); shm fails naming the ranks elsewhere.
+ *   auto, several hosts      per peer: the ranks of each host join a
+ *                            shared-memory session of that host's ranks
+ *                            only (rank 0's name + "-h<first rank>"), and
+ *                            after the same status exchange a rank with
+ *                            company on its host gets the mixed transport
+ *                            (transport/mixed.c: shm to its host's ranks,
+ *                            this TCP mesh to the others); a rank alone on
+ *                            its host keeps plain TCP; if any session could
+ *                            not start, every rank keeps TCP (logged);
+ *                            shm fails naming the ranks elsewhere.
+ * A host is what the record says (boot id, namespaces, host name), or
+ * MLXDIST_HOST_ID when set: ranks with the same id count as one host. With
+ * MLX_RING_VERBOSE=1 every rank prints one line of what it chose:
+ * "[ring] rank 2: transports: shm with ranks 3; tcp with ranks 0,1".
  * Ranks with different MLXDIST_TRANSPORT settings fail with both values.
  * Errors are structured (MLXD_LAYER_BOOTSTRAP, or the transport's own,
  * passed on untouched); ring.c renders them at its boundary. */
@@ -38,6 +50,7 @@
 #include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
+#include "transport/mixed.h"
 #include "transport/shm.h"
 #include "util/tunables.h"
 
@@ -65,7 +78,9 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
 #define ID_MAGIC 0x4D585248u /* "MXRH" */
 #define ID_VERSION 1u
 /* layout: 0 magic, 4 version, 6 mode, 8 rank, 12 size, 16 netns (u64), 24 ipcns (u64),
- * 32 boot id (48), 80 host name (128), 208 session name (96, rank 0's only), 304 zero */
+ * 32 boot id (48), 80 host name (128), 208 session name (96, rank 0's only), 304 the
+ * machine (u64: a hash of the boot id, also with MLXDIST_HOST_ID), 312 zero */
+#define ID_MACHINE 304
 #define ID_HOST_FIRST 16
 #define ID_HOST_END 208
 #define ID_SESSION 208
@@ -138,20 +153,34 @@ static uint64_t random64(void) {
          (uint64_t)(uintptr_t)&ts;
 }
 
-static void make_id(unsigned char* id, int rank, int size, int mode) {
+#define HOST_ID_MARK "MLXDIST_HOST_ID"
+
+static void make_id(unsigned char* id, int rank, int size, int mode, const char* host_id) {
   memset(id, 0, ID_BYTES);
   put_u(id, ID_MAGIC, 4);
   put_u(id + 4, ID_VERSION, 2);
   put_u(id + 6, (uint64_t)mode, 2);
   put_u(id + 8, (uint64_t)rank, 4);
   put_u(id + 12, (uint64_t)size, 4);
-  put_u(id + 16, ns_inode("/proc/self/ns/net"), 8);
-  put_u(id + 24, ns_inode("/proc/self/ns/ipc"), 8);
-  read_boot_id((char*)id + 32, 48);
-  char host[256] = "";
-  if (gethostname(host, sizeof host) != 0) host[0] = '\0';
-  host[sizeof host - 1] = '\0';
-  snprintf((char*)id + 80, 128, "%.127s", host); /* a longer host name is cut */
+  char boot[48];
+  read_boot_id(boot, sizeof boot);
+  uint64_t h = 1469598103934665603ull; /* FNV-1a: which ranks share this machine's CPUs */
+  for (size_t i = 0; i < sizeof boot && boot[i]; i++)
+    h = (h ^ (unsigned char)boot[i]) * 1099511628211ull;
+  put_u(id + ID_MACHINE, h, 8);
+  if (host_id && *host_id) {
+    /* MLXDIST_HOST_ID: the id alone says which host this rank is on. */
+    snprintf((char*)id + 32, 48, "%s", HOST_ID_MARK);
+    snprintf((char*)id + 80, 128, "%s", host_id);
+  } else {
+    put_u(id + 16, ns_inode("/proc/self/ns/net"), 8);
+    put_u(id + 24, ns_inode("/proc/self/ns/ipc"), 8);
+    read_boot_id((char*)id + 32, 48);
+    char host[256] = "";
+    if (gethostname(host, sizeof host) != 0) host[0] = '\0';
+    host[sizeof host - 1] = '\0';
+    snprintf((char*)id + 80, 128, "%.127s", host); /* a longer host name is cut */
+  }
   if (rank == 0)
     snprintf((char*)id + ID_SESSION, ID_SESSION_MAX, "mlxdist-%ld-%016llx", (long)getpid(),
              (unsigned long long)random64());
@@ -159,7 +188,12 @@ static void make_id(unsigned char* id, int rank, int size, int mode) {
 
 /* What differs between two host records, for messages. */
 static void host_diff(const unsigned char* a, const unsigned char* b, char* out, size_t n) {
-  if (strncmp((const char*)a + 80, (const char*)b + 80, 128) != 0)
+  bool ida = strcmp((const char*)a + 32, HOST_ID_MARK) == 0;
+  bool idb = strcmp((const char*)b + 32, HOST_ID_MARK) == 0;
+  if (ida || idb)
+    snprintf(out, n, "MLXDIST_HOST_ID '%.50s' vs '%.50s'", ida ? (const char*)a + 80 : "(unset)",
+             idb ? (const char*)b + 80 : "(unset)");
+  else if (strncmp((const char*)a + 80, (const char*)b + 80, 128) != 0)
     snprintf(out, n, "host name '%.60s' vs '%.60s'", (const char*)a + 80, (const char*)b + 80);
   else if (memcmp(a + 32, b + 32, 48) != 0)
     snprintf(out, n, "same host name '%.60s' but a different kernel boot id", (const char*)a + 80);
@@ -184,24 +218,66 @@ static void rank_list(const int* ranks, int m, char* out, size_t n) {
   }
 }
 
-int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
+/* The line of docs/ring.md that says what this rank chose:
+ * "rank R: transports: shm with ranks 1,3; tcp with ranks 2,4,5". on[p]
+ * is true for the peers reached over shm. */
+void mlxd_ring_log_transports(int rank, int size, const bool* on) {
+  if (!mlxd_ring_verbose()) return;
+  char* line = malloc((size_t)size * 24 + 64);
+  if (!line) return;
+  size_t o = (size_t)sprintf(line, "rank %d: transports:", rank);
+  bool printed = false;
+  for (int part = 0; part < 2; part++) {
+    bool want = part == 0, any = false;
+    for (int p = 0; p < size; p++) {
+      if (p == rank || on[p] != want) continue;
+      if (!any)
+        o += (size_t)sprintf(line + o, "%s %s with ranks ", printed ? ";" : "",
+                             want ? "shm" : "tcp");
+      printed = true;
+      o += (size_t)sprintf(line + o, "%s%d", any ? "," : "", p);
+      any = true;
+    }
+  }
+  fprintf(stderr, "[ring] %s\n", line);
+  free(line);
+}
+
+/* MLXDIST_HOST_ID, checked: NULL when unset. */
+static int host_id_get(const char** out, mlxd_status* st) {
+  const char* v = mlxd_tunable_str(MLXD_T_HOST_ID);
+  *out = NULL;
+  if (!v || !*v) return 0;
+  if (strlen(v) > 127)
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "MLXDIST_HOST_ID is %zu characters long; expected at most 127", strlen(v));
+  *out = v;
+  return 0;
+}
+
+int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_out,
+                               mlxd_status* st) {
   mlxd_transport* tcp = *tp;
   const int rank = tcp->rank, size = tcp->size;
   int mode = MLXD_RING_T_AUTO;
-  if (mlxd_ring_transport_mode(&mode, st)) return st->code;
+  const char* host_id = NULL;
+  if (mlxd_ring_transport_mode(&mode, st) || host_id_get(&host_id, st)) return st->code;
 
   unsigned char* ids = calloc((size_t)size, ID_BYTES);
   unsigned char* stat_all = calloc((size_t)size, STATUS_BYTES);
   int* other = calloc((size_t)size, sizeof *other);
+  int* local = calloc((size_t)size, sizeof *local);     /* peer -> shm index, -1: tcp */
+  int* members = calloc((size_t)size, sizeof *members); /* this host's ranks */
+  bool* on_shm = calloc((size_t)size, sizeof *on_shm);
   unsigned char mine[ID_BYTES], my_status[STATUS_BYTES];
   mlxd_transport* shm = NULL;
   int rc = 0;
-  if (!ids || !stat_all || !other) {
+  if (!ids || !stat_all || !other || !local || !members || !on_shm) {
     rc =
         mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory choosing the transport");
     goto done;
   }
-  make_id(mine, rank, size, mode);
+  make_id(mine, rank, size, mode, host_id);
   if ((rc = boot_exchange(tcp, 1, mine, ids, ID_BYTES, st))) goto done;
 
   /* validate, and agree on the setting */
@@ -227,43 +303,69 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
       goto done;
     }
   }
+  for (int p = 0; p < size; p++) {
+    host_of[p] = p;
+    for (int q = 0; q < p; q++)
+      if (memcmp(ids + (size_t)p * ID_BYTES + ID_HOST_FIRST,
+                 ids + (size_t)q * ID_BYTES + ID_HOST_FIRST, ID_HOST_END - ID_HOST_FIRST) == 0) {
+        host_of[p] = q;
+        break;
+      }
+  }
+  snprintf(session_out, MLXD_RING_SESSION_MAX, "%.*s", ID_SESSION_MAX,
+           (const char*)ids + ID_SESSION);
   if (mode == MLXD_RING_T_TCP) {
     mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=tcp)", rank, size);
+    mlxd_ring_log_transports(rank, size, on_shm);
     goto done;
   }
-  int m = 0;
-  for (int p = 1; p < size; p++)
-    if (memcmp(ids + ID_HOST_FIRST, ids + (size_t)p * ID_BYTES + ID_HOST_FIRST,
-               ID_HOST_END - ID_HOST_FIRST) != 0)
-      other[m++] = p;
-  if (m > 0) {
+  /* Who shares a host with rank 0 (for MLXDIST_TRANSPORT=shm's message),
+   * and with this rank. */
+  int m = 0, nloc = 0, me = -1;
+  const unsigned char* my_host = ids + (size_t)rank * ID_BYTES + ID_HOST_FIRST;
+  for (int p = 0; p < size; p++) {
+    const unsigned char* h = ids + (size_t)p * ID_BYTES + ID_HOST_FIRST;
+    if (p > 0 && memcmp(ids + ID_HOST_FIRST, h, ID_HOST_END - ID_HOST_FIRST) != 0) other[m++] = p;
+    local[p] = -1;
+    if (memcmp(my_host, h, ID_HOST_END - ID_HOST_FIRST) == 0) {
+      if (p == rank) me = nloc;
+      local[p] = nloc;
+      members[nloc++] = p;
+    }
+  }
+  if (m > 0 && mode == MLXD_RING_T_SHM) {
     char list[160], why[200];
     rank_list(other, m, list, sizeof list);
     host_diff(ids, ids + (size_t)other[0] * ID_BYTES, why, sizeof why);
-    if (mode == MLXD_RING_T_SHM) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "MLXDIST_TRANSPORT=shm needs every rank on one host, but rank%s %s "
-                        "%s on a different host than rank 0 (rank %d: %s); use "
-                        "MLXDIST_TRANSPORT=auto or tcp",
-                        m > 1 ? "s" : "", list, m > 1 ? "are" : "is", other[0], why);
-      goto done;
-    }
-    mlxd_ring_log(
-        "rank %d of %d: transport tcp (MLXDIST_TRANSPORT=auto; rank%s %s on another "
-        "host than rank 0: %s)",
-        rank, size, m > 1 ? "s" : "", list, why);
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "MLXDIST_TRANSPORT=shm needs every rank on one host, but rank%s %s "
+                      "%s on a different host than rank 0 (rank %d: %s); use "
+                      "MLXDIST_TRANSPORT=auto or tcp",
+                      m > 1 ? "s" : "", list, m > 1 ? "are" : "is", other[0], why);
     goto done;
   }
 
-  /* one host: everyone joins rank 0's session */
-  char session[ID_SESSION_MAX + 1];
+  /* Every rank with company on its host joins that host's session: rank
+   * 0's name, suffixed with the host's first rank when the group spans
+   * hosts (its ranks are numbered in the session by increasing group rank
+   * and named by their group ranks). */
+  char session[ID_SESSION_MAX + 16];
   memcpy(session, ids + ID_SESSION, ID_SESSION_MAX);
   session[ID_SESSION_MAX] = '\0';
+  if (m > 0) {
+    size_t l = strlen(session);
+    snprintf(session + l, sizeof session - l, "-h%d", members[0]);
+  }
+  int machine = 0; /* the group's ranks on this machine, whatever MLXDIST_HOST_ID says */
+  for (int p = 0; p < size; p++)
+    machine += get_u(ids + (size_t)p * ID_BYTES + ID_MACHINE, 8) == get_u(mine + ID_MACHINE, 8);
   mlxd_status sst = {0};
-  shm = mlxd_shm_transport_new(rank, size, session, &sst);
+  if (nloc >= 2)
+    shm = m == 0 ? mlxd_shm_transport_new(rank, size, session, &sst)
+                 : mlxd_shm_transport_new_named(me, nloc, session, members, size, machine, &sst);
   memset(my_status, 0, sizeof my_status);
-  my_status[0] = shm ? 1 : 0;
-  if (!shm) {
+  my_status[0] = shm || nloc < 2 ? 1 : 0;
+  if (!my_status[0]) {
     /* The reason travels to every rank as text: rendered without a tag,
      * since it becomes part of a ring message (or a log line) there. */
     if (!sst.code) mlxd_fail_at(&sst, MLXD_ESYS, MLXD_LAYER_SHM, "failed without a message");
@@ -275,13 +377,32 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
   for (int p = 0; p < size && bad < 0; p++)
     if (stat_all[(size_t)p * STATUS_BYTES] != 1) bad = p;
   if (bad < 0) {
-    mlxd_ring_log(
-        "rank %d of %d: transport shm (all %d ranks on host '%s', session %s, "
-        "MLXDIST_TRANSPORT=%s)",
-        rank, size, size, (const char*)mine + 80, session, mlxd_ring_mode_name(mode));
-    tcp->ops->destroy(tcp);
-    *tp = shm;
-    shm = NULL;
+    for (int i = 0; i < nloc; i++) on_shm[members[i]] = members[i] != rank;
+    if (m == 0) {
+      mlxd_ring_log(
+          "rank %d of %d: transport shm (all %d ranks on host '%s', session %s, "
+          "MLXDIST_TRANSPORT=%s)",
+          rank, size, size, (const char*)mine + 80, session, mlxd_ring_mode_name(mode));
+      tcp->ops->destroy(tcp);
+      *tp = shm;
+      shm = NULL;
+    } else if (shm) {
+      mlxd_transport* mixed = mlxd_mixed_transport_new(tcp, shm, local, st);
+      if (!mixed) {
+        rc = st->code;
+        goto done;
+      }
+      mlxd_ring_log(
+          "rank %d of %d: transport mixed (%d ranks on host '%s', session %s; tcp to the "
+          "other %d)",
+          rank, size, nloc, (const char*)mine + 80, session, size - nloc);
+      *tp = mixed;
+      shm = NULL;
+    } else {
+      mlxd_ring_log("rank %d of %d: transport tcp (no other rank on host '%s')", rank, size,
+                    (const char*)mine + 80);
+    }
+    mlxd_ring_log_transports(rank, size, on_shm);
     goto done;
   }
   char reason[STATUS_BYTES];
@@ -299,10 +420,14 @@ int mlxd_ring_select_transport(mlxd_transport** tp, mlxd_status* st) {
       "rank %d of %d: shared memory could not start on rank %d (%s); falling back "
       "to transport tcp (MLXDIST_TRANSPORT=auto)",
       rank, size, bad, reason);
+  mlxd_ring_log_transports(rank, size, on_shm);
 done:
   if (shm) shm->ops->destroy(shm);
   free(ids);
   free(stat_all);
   free(other);
+  free(local);
+  free(members);
+  free(on_shm);
   return rc;
 }

@@ -1,0 +1,238 @@
+/* The mixed transport: one mlxd_transport for a group that spans hosts,
+ * reaching the ranks on this rank's host over a shared-memory session of
+ * those ranks only and every other rank over TCP. The algorithms see one
+ * transport (transport.h) and never know which part carries a message.
+ *
+ * Routing. local[p] is peer p's index in the shm session (the session's
+ * ranks are this host's group ranks in increasing order, and the session
+ * names them by their group ranks: mlxd_shm_transport_new_named), or -1
+ * for a peer reached over TCP (the group's TCP mesh, group ranks). A
+ * request of the shm part is returned with its lowest pointer bit set
+ * (requests are malloc'd, so that bit is free), which lets waitall route
+ * it back without allocating anything per request.
+ *
+ * Waiting on both parts. A wait whose requests all live in one part is
+ * that part's own waitall. A wait with requests in both (a ring step that
+ * sends over shm and receives over TCP) alternates slices of the two parts
+ * (wait_slice): a non-blocking poll of the sockets, then the shm rings,
+ * without blocking while either part saw an event within MLXDIST_SPIN_US,
+ * after that sleeping on this rank's shm doorbell for at most
+ * MIXED_IDLE_SLICE_S (100 us): a shm peer's doorbell wakes it at once, and bytes
+ * that arrive over TCP wait at most that long. There is no sched_yield in
+ * the slices; the loop yields between spinning passes when the group has
+ * more ranks than the machine has CPUs (as tcp.c does), so the rank it
+ * waits for gets the CPU. Once one part is done the other waits
+ * alone, as in its own waitall (its liveness clocks run from the wait's
+ * start). Each part's wait then ends with its own waitall on its requests,
+ * which reports a size mismatch and frees them. Heartbeats need nothing
+ * here: each part sends its own from the watchdog thread.
+ *
+ * Failure. The first failure of either part (a wait, a post, or found at
+ * the end of a wait) fails the other part with the same status through
+ * its abort (so its peers hear of it too), and the composite reports it;
+ * abort() fails both. A size mismatch fails only its receive. */
+#include "transport/mixed.h"
+
+#include <assert.h>
+#include <math.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "util/clock.h"
+#include "util/tunables.h"
+
+#define MIXED_IDLE_SLICE_S 100e-6 /* the longest sleep on the shm doorbell with TCP pending */
+
+typedef struct mixed_transport {
+  mlxd_transport base;
+  mlxd_transport* tcp;
+  mlxd_transport* shm;
+  int* local; /* local[p]: p's index in shm, -1: over tcp */
+  double spin_s;
+  bool yield; /* more ranks than CPUs: give the CPU away between spinning passes */
+} mixed_transport;
+
+static const mlxd_transport_ops mixed_ops;
+
+static mlxd_req* tag_shm(mlxd_req* r) { return (mlxd_req*)((uintptr_t)r | 1u); }
+static bool is_shm(const mlxd_req* r) { return ((uintptr_t)r & 1u) != 0; }
+static mlxd_req* untag(mlxd_req* r) { return (mlxd_req*)((uintptr_t)r & ~(uintptr_t)1u); }
+
+/* One part failed with st: fail the other one with it (abort is a no-op
+ * on a transport that failed already). A size mismatch is not a failure
+ * of the transport. */
+static void spread(mixed_transport* t, const mlxd_transport* from, const mlxd_status* st) {
+  if (!st->code || st->code == MLXD_EINVAL || st->code == MLXD_ENOMEM) return;
+  mlxd_transport* other = from == t->tcp ? t->shm : t->tcp;
+  other->ops->abort(other, st);
+}
+
+static int post(mlxd_transport* tt, bool send, int peer, uint64_t tag, const mlxd_sig* sig,
+                void* buf, size_t n, mlxd_req** req, mlxd_status* st) {
+  mixed_transport* t = (mixed_transport*)tt;
+  assert(peer >= 0 && peer < tt->size && peer != tt->rank && req);
+  int li = t->local[peer];
+  mlxd_transport* part = li >= 0 ? t->shm : t->tcp;
+  int p = li >= 0 ? li : peer;
+  int rc = send ? part->ops->isend(part, p, tag, sig, buf, n, req, st)
+                : part->ops->irecv(part, p, tag, sig, buf, n, req, st);
+  if (rc) {
+    spread(t, part, st);
+    return rc;
+  }
+  assert(((uintptr_t)*req & 1u) == 0);
+  if (li >= 0) *req = tag_shm(*req);
+  return 0;
+}
+
+static int mixed_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig,
+                       const void* buf, size_t n, mlxd_req** req, mlxd_status* st) {
+  return post(tt, true, peer, tag, sig, (void*)(uintptr_t)buf, n, req, st);
+}
+
+static int mixed_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig, void* buf,
+                       size_t n, mlxd_req** req, mlxd_status* st) {
+  return post(tt, false, peer, tag, sig, buf, n, req, st);
+}
+
+/* Alternate slices of both parts until neither has a pending request or
+ * one failed. Returns 0 or the first failure (st set). */
+static int wait_both(mixed_transport* t, mlxd_req** tr, int nt, mlxd_req** sr, int ns,
+                     mlxd_status* st) {
+  mlxd_wait_state wt = {0}, ws = {0};
+  bool idle = false;
+  for (;;) {
+    if (!wt.done) {
+      int rc = t->tcp->ops->wait_slice(t->tcp, tr, nt, ws.done ? INFINITY : 0, &wt, st);
+      if (rc) {
+        spread(t, t->tcp, st);
+        return rc;
+      }
+    }
+    if (!ws.done) {
+      double s = wt.done ? INFINITY : idle ? MIXED_IDLE_SLICE_S : 0;
+      int rc = t->shm->ops->wait_slice(t->shm, sr, ns, s, &ws, st);
+      if (rc) {
+        spread(t, t->shm, st);
+        return rc;
+      }
+    }
+    if (wt.done && ws.done) return 0;
+    double last = wt.last_event > ws.last_event ? wt.last_event : ws.last_event;
+    idle = mlxd_now() - last >= t->spin_s;
+    if (!idle && t->yield) sched_yield(); /* the rank we wait for may need this CPU */
+  }
+}
+
+/* The failure of `part` found at the end of a wait, if any (its waitall
+ * on no request reports the transport's state). */
+static int check_part(mlxd_transport* part, mlxd_status* st) {
+  return part->ops->waitall(part, NULL, 0, st);
+}
+
+static int mixed_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* st) {
+  mixed_transport* t = (mixed_transport*)tt;
+  /* Partition in place: tcp requests first, then the shm ones untagged. */
+  int nt = 0;
+  for (int i = 0; i < n; i++)
+    if (reqs[i] && !is_shm(reqs[i])) {
+      mlxd_req* r = reqs[i];
+      reqs[i] = reqs[nt];
+      reqs[nt++] = r;
+    }
+  int ns = 0;
+  for (int i = nt; i < n; i++)
+    if (reqs[i]) {
+      mlxd_req* r = untag(reqs[i]);
+      reqs[i] = NULL;
+      reqs[nt + ns++] = r;
+    }
+  mlxd_req** tr = reqs;
+  mlxd_req** sr = reqs + nt;
+  mlxd_status first = {0}, s = {0};
+  int rc = 0;
+  if (nt > 0 && ns > 0) rc = wait_both(t, tr, nt, sr, ns, &first);
+  /* Each part ends its wait (returns at once when the loop above ran to
+   * the end, frees the requests); the part without requests is checked. */
+  int rt = nt > 0 ? t->tcp->ops->waitall(t->tcp, tr, nt, &s) : check_part(t->tcp, &s);
+  if (rt) {
+    spread(t, t->tcp, &s);
+    if (!rc) {
+      rc = rt;
+      first = s;
+    }
+  }
+  mlxd_status_clear(&s);
+  int rs = ns > 0 ? t->shm->ops->waitall(t->shm, sr, ns, &s) : check_part(t->shm, &s);
+  if (rs) {
+    spread(t, t->shm, &s);
+    if (!rc || (rc == MLXD_EINVAL && rs != MLXD_EINVAL)) {
+      rc = rs;
+      first = s;
+    }
+  }
+  if (rc && st) *st = first;
+  return rc;
+}
+
+static int mixed_wait_slice(mlxd_transport* tt, mlxd_req** reqs, int n, double max_s,
+                            mlxd_wait_state* ws, mlxd_status* st) {
+  /* A mixed transport is never a part of another one; a caller that
+   * slices it gets whole waits of its parts' worth, one slice each. */
+  (void)max_s;
+  int rc = mixed_waitall(tt, reqs, n, st);
+  ws->started = ws->done = true;
+  return rc;
+}
+
+static void mixed_abort(mlxd_transport* tt, const mlxd_status* st) {
+  mixed_transport* t = (mixed_transport*)tt;
+  t->tcp->ops->abort(t->tcp, st);
+  t->shm->ops->abort(t->shm, st);
+}
+
+static void mixed_destroy(mlxd_transport* tt) {
+  mixed_transport* t = (mixed_transport*)tt;
+  if (!t) return;
+  if (t->shm) t->shm->ops->destroy(t->shm);
+  if (t->tcp) t->tcp->ops->destroy(t->tcp);
+  free(t->local);
+  free(t);
+}
+
+static const mlxd_transport_ops mixed_ops = {
+    .name = "mixed",
+    .isend = mixed_isend,
+    .irecv = mixed_irecv,
+    .waitall = mixed_waitall,
+    .wait_slice = mixed_wait_slice,
+    .abort = mixed_abort,
+    .destroy = mixed_destroy,
+};
+
+mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* shm, const int* local,
+                                         mlxd_status* st) {
+  assert(tcp && shm && local && tcp->size >= 2);
+  mixed_transport* t = calloc(1, sizeof *t);
+  int* map = calloc((size_t)tcp->size, sizeof *map);
+  if (!t || !map) {
+    free(t);
+    free(map);
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory creating the transport");
+    return NULL;
+  }
+  for (int p = 0; p < tcp->size; p++) map[p] = p == tcp->rank ? -1 : local[p];
+  t->base.ops = &mixed_ops;
+  t->base.rank = tcp->rank;
+  t->base.size = tcp->size;
+  t->tcp = tcp;
+  t->shm = shm;
+  t->local = map;
+  t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
+  if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  t->yield = ncpu > 0 && tcp->size > ncpu; /* as the TCP transport decides */
+  return &t->base;
+}

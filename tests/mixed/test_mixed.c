@@ -1,0 +1,384 @@
+/* Per-peer transports through the public API: this program writes an MLX
+ * hostfile and forks ranks with MLX_RANK, MLX_HOSTFILE and MLXDIST_HOST_ID
+ * set, the host of rank r being the r-th digit of HOSTS ("0011": ranks 0,1
+ * on one emulated host, 2,3 on another). MLXDIST_TRANSPORT is auto.
+ *
+ *   test_mixed choice HOSTS    every rank prints exactly the line of docs/ring.md
+ *                              ("[ring] rank 0: transports: shm with ranks 1; tcp with
+ *                              ranks 2,3"); all_sum / all_gather / sum_scatter and
+ *                              send/recv around the ring give the reference results;
+ *                              split by host gives shm-only children (no TCP line, no
+ *                              TCP connection made),
+ *                              split off the last rank a child that mixes again
+ *   test_mixed kill HOSTS      the last rank is killed inside a 4 MiB all_sum: every
+ *                              other rank fails within a bound naming a lost rank
+ *   test_mixed mismatch HOSTS  rank 0 sums 10 floats, the others 11: every rank fails
+ *                              with the mismatch named, none hangs */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "mlx/c/mlx.h"
+#include "ranks.h"
+#include "testutil.h"
+
+static char g_dir[256];
+static const char* g_hosts;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+typedef int (*rank_fn)(int rank, int size);
+
+/* Fork n ranks on a fresh hostfile; codes[r]: exit code (128 + signal). */
+static void spawn(int n, rank_fn fn, int* codes, double limit_s) {
+  char path[300], buf[4096];
+  snprintf(path, sizeof path, "%s/hostfile.json", g_dir);
+  size_t o = (size_t)snprintf(buf, sizeof buf, "[");
+  int ports[T_MAX_RANKS];
+  for (int r = 0; r < n; r++) {
+    /* a port the kernel handed out once may come again: every rank its own */
+    bool dup;
+    do {
+      ports[r] = t_free_port();
+      dup = false;
+      for (int q = 0; q < r; q++) dup = dup || ports[q] == ports[r];
+    } while (dup);
+    o += (size_t)snprintf(buf + o, sizeof buf - o, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", ports[r]);
+  }
+  snprintf(buf + o, sizeof buf - o, "]");
+  FILE* f = fopen(path, "w");
+  T_ASSERT(f && fputs(buf, f) >= 0 && fclose(f) == 0);
+  pid_t pids[T_MAX_RANKS];
+  fflush(NULL);
+  for (int r = 0; r < n; r++) {
+    pid_t p = fork();
+    T_ASSERT(p >= 0);
+    if (p == 0) {
+      char rs[16], id[16];
+      snprintf(rs, sizeof rs, "%d", r);
+      snprintf(id, sizeof id, "host%c", g_hosts[r]);
+      setenv("MLX_RANK", rs, 1);
+      setenv("MLX_HOSTFILE", path, 1);
+      setenv("MLXDIST_HOST_ID", id, 1);
+      setenv("MLXDIST_TRANSPORT", "auto", 1);
+      unsetenv("MLX_WORLD_SIZE");
+      t_capture_errors();
+      int rc = fn(r, n);
+      fflush(NULL);
+      _exit(rc);
+    }
+    pids[r] = p;
+  }
+  double deadline = now_s() + limit_s;
+  int done = 0;
+  for (int r = 0; r < n; r++) codes[r] = -1;
+  while (done < n) {
+    int status;
+    pid_t p = waitpid(-1, &status, WNOHANG);
+    if (p > 0) {
+      for (int r = 0; r < n; r++)
+        if (pids[r] == p) {
+          codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+          done++;
+        }
+      continue;
+    }
+    if (now_s() > deadline) {
+      for (int r = 0; r < n; r++)
+        if (codes[r] < 0) kill(pids[r], SIGKILL);
+      while (waitpid(-1, NULL, 0) > 0) {
+      }
+      T_FAIL("ranks did not finish within %.0f s", limit_s);
+    }
+    usleep(10000);
+  }
+}
+
+/* The line C2 (docs/ring.md) wants from rank r of a group whose ranks are
+ * gr[0..n) in the parent and whose hosts are g_hosts[gr[i]]. */
+static void expected_line(const int* gr, int n, int r, char* out, size_t cap) {
+  size_t o = (size_t)snprintf(out, cap, "[ring] rank %d: transports:", r);
+  bool printed = false;
+  for (int part = 0; part < 2; part++) {
+    bool any = false;
+    for (int p = 0; p < n; p++) {
+      if (p == r || (g_hosts[gr[p]] == g_hosts[gr[r]]) != (part == 0)) continue;
+      if (!any)
+        o += (size_t)snprintf(out + o, cap - o, "%s %s with ranks ", printed ? ";" : "",
+                              part == 0 ? "shm" : "tcp");
+      o += (size_t)snprintf(out + o, cap - o, "%s%d", any ? "," : "", p);
+      any = printed = true;
+    }
+  }
+  snprintf(out + o, cap - o, "\n");
+}
+
+/* Run f with MLX_RING_VERBOSE=1 and stderr in a file; the log into buf. */
+static int logged(int rank, const char* what, int (*f)(void* ctx), void* ctx, char* buf, size_t n) {
+  char path[300];
+  snprintf(path, sizeof path, "%s/%s%d", g_dir, what, rank);
+  int fd = open(path, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0600);
+  T_ASSERT(fd >= 0);
+  fflush(stderr);
+  int saved = dup(2);
+  T_ASSERT(saved >= 0 && dup2(fd, 2) == 2);
+  setenv("MLX_RING_VERBOSE", "1", 1);
+  int rc = f(ctx);
+  fflush(stderr);
+  unsetenv("MLX_RING_VERBOSE");
+  dup2(saved, 2);
+  close(saved);
+  ssize_t k = pread(fd, buf, n - 1, 0);
+  buf[k > 0 ? k : 0] = '\0';
+  close(fd);
+  return rc;
+}
+
+/* Exactly one transports line, and it is want. */
+static void check_line(const char* log, const char* want, int rank) {
+  const char* a = strstr(log, "transports:");
+  if (!a || strstr(a + 1, "transports:"))
+    T_FAIL("rank %d: expected one transports line, log:\n%s", rank, log);
+  if (!strstr(log, want)) T_FAIL("rank %d: no line '%s' in the log:\n%s", rank, want, log);
+}
+
+static int do_init(void* g) { return mlx_distributed_init(g, true, "ring"); }
+typedef struct split_ctx {
+  mlx_distributed_group parent, *child;
+  int color, key;
+} split_ctx;
+static int do_split(void* p) {
+  split_ctx* s = p;
+  return mlx_distributed_group_split(s->child, s->parent, s->color, s->key);
+}
+
+static void eval_ok(mlx_array a, const char* what) {
+  if (mlx_array_eval(a) != 0) T_FAIL("eval of %s failed: %s", what, t_last_error());
+}
+
+static mlx_array floats(int n, int rank, float salt) {
+  float* v = malloc(sizeof(float) * (size_t)n);
+  T_ASSERT(v || n == 0);
+  for (int i = 0; i < n; i++) v[i] = (float)(rank * 7 + (i % 1000)) + salt;
+  int shape[1] = {n};
+  mlx_array x = mlx_array_new_data(v, shape, 1, MLX_FLOAT32);
+  free(v);
+  return x;
+}
+
+/* all_sum, all_gather, sum_scatter and a send/recv around the ring of g
+ * on n floats per rank, checked against the sums computed here. */
+static void check_collectives(mlx_distributed_group g, int n) {
+  int rank = mlx_distributed_group_rank(g), size = mlx_distributed_group_size(g);
+  mlx_stream s = mlx_stream_new();
+  mlx_array x = floats(n, rank, 0.5f), y = mlx_array_new();
+  T_EQ_INT(mlx_distributed_all_sum(&y, x, g, s), 0);
+  eval_ok(y, "y");
+  const float* d = mlx_array_data_float32(y);
+  for (int i = 0; i < n; i++) {
+    float want = 0;
+    for (int r = 0; r < size; r++) want += (float)(r * 7 + (i % 1000)) + 0.5f;
+    if (d[i] != want) T_FAIL("all_sum[%d] = %g, expected %g", i, (double)d[i], (double)want);
+  }
+  mlx_array_free(y);
+  y = mlx_array_new();
+  T_EQ_INT(mlx_distributed_all_gather(&y, x, g, s), 0);
+  eval_ok(y, "y");
+  d = mlx_array_data_float32(y);
+  for (int r = 0; r < size; r++)
+    for (int i = 0; i < n; i++)
+      if (d[(size_t)r * (size_t)n + (size_t)i] != (float)(r * 7 + (i % 1000)) + 0.5f)
+        T_FAIL("all_gather: rank %d's element %d is wrong", r, i);
+  mlx_array_free(y);
+  mlx_array_free(x);
+  /* sum_scatter: size * n elements in, n out */
+  x = floats(size * n, rank, 0.25f);
+  y = mlx_array_new();
+  T_EQ_INT(mlx_distributed_sum_scatter(&y, x, g, s), 0);
+  eval_ok(y, "y");
+  d = mlx_array_data_float32(y);
+  for (int i = 0; i < n; i++) {
+    int gi = rank * n + i;
+    float want = 0;
+    for (int r = 0; r < size; r++) want += (float)(r * 7 + (gi % 1000)) + 0.25f;
+    if (d[i] != want) T_FAIL("sum_scatter[%d] = %g, expected %g", i, (double)d[i], (double)want);
+  }
+  mlx_array_free(y);
+  mlx_array_free(x);
+  /* send to the right, receive from the left (even ranks send first) */
+  int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  x = floats(n, rank, 0);
+  y = mlx_array_new();
+  mlx_array sent = mlx_array_new();
+  if (rank % 2 == 0) {
+    T_EQ_INT(mlx_distributed_send(&sent, x, right, g, s), 0);
+    eval_ok(sent, "sent");
+    T_EQ_INT(mlx_distributed_recv_like(&y, x, left, g, s), 0);
+    eval_ok(y, "y");
+  } else {
+    T_EQ_INT(mlx_distributed_recv_like(&y, x, left, g, s), 0);
+    eval_ok(y, "y");
+    T_EQ_INT(mlx_distributed_send(&sent, x, right, g, s), 0);
+    eval_ok(sent, "sent");
+  }
+  d = mlx_array_data_float32(y);
+  for (int i = 0; i < n; i++)
+    if (d[i] != (float)(left * 7 + (i % 1000))) T_FAIL("recv from rank %d: element %d", left, i);
+  mlx_array_free(sent);
+  mlx_array_free(y);
+  mlx_array_free(x);
+}
+
+static int choice_rank(int rank, int size) {
+  setenv("MLXDIST_TIMEOUT", "30", 1);
+  static char log[16384];
+  char want[512];
+  int all[T_MAX_RANKS];
+  for (int i = 0; i < size; i++) all[i] = i;
+  mlx_distributed_group g = mlx_distributed_group_new();
+  if (logged(rank, "init", do_init, &g, log, sizeof log) != 0)
+    T_FAIL("init: %s\nlog:\n%s", t_last_error(), log);
+  expected_line(all, size, rank, want, sizeof want);
+  check_line(log, want, rank);
+  const int sizes[] = {1, 1000, 300000}; /* one element, small, above the ring switch */
+  for (int i = 0; i < 3; i++) check_collectives(g, sizes[i]);
+
+  /* split by host: every child is on one host, so it is shm only */
+  mlx_distributed_group h = mlx_distributed_group_new();
+  split_ctx sc = {g, &h, g_hosts[rank] - '0', rank};
+  if (logged(rank, "split1-", do_split, &sc, log, sizeof log) != 0)
+    T_FAIL("split by host: %s\nlog:\n%s", t_last_error(), log);
+  int gr[T_MAX_RANKS], m = 0, me = 0;
+  for (int p = 0; p < size; p++)
+    if (g_hosts[p] == g_hosts[rank]) {
+      if (p == rank) me = m;
+      gr[m++] = p;
+    }
+  T_EQ_INT(mlx_distributed_group_size(h), m);
+  if (m > 1) {
+    expected_line(gr, m, me, want, sizeof want);
+    check_line(log, want, rank);
+    if (strstr(log, "tcp with")) T_FAIL("rank %d: a one-host child uses tcp:\n%s", rank, log);
+    /* and builds no TCP mesh at all (connect.c logs every connection) */
+    if (strstr(log, ": connection ") || !strstr(log, "no TCP mesh"))
+      T_FAIL("rank %d: a one-host child connected over TCP:\n%s", rank, log);
+    check_collectives(h, 1000);
+  }
+  mlx_distributed_group_free(h);
+
+  /* split off the last rank: the others' child spans hosts again */
+  h = mlx_distributed_group_new();
+  split_ctx sc2 = {g, &h, rank == size - 1, rank};
+  if (logged(rank, "split2-", do_split, &sc2, log, sizeof log) != 0)
+    T_FAIL("split off the last rank: %s\nlog:\n%s", t_last_error(), log);
+  if (rank < size - 1) {
+    T_EQ_INT(mlx_distributed_group_size(h), size - 1);
+    expected_line(all, size - 1, rank, want, sizeof want);
+    check_line(log, want, rank);
+    check_collectives(h, 70000);
+  }
+  mlx_distributed_group_free(h);
+  T_EXPECT_NO_ERROR();
+  mlx_distributed_group_free(g);
+  mlx_distributed_clear_backends();
+  return 0;
+}
+
+static int kill_rank(int rank, int size) {
+  setenv("MLXDIST_TIMEOUT", "20", 1);
+  mlx_distributed_group g = mlx_distributed_group_new();
+  if (mlx_distributed_init(&g, true, "ring") != 0) T_FAIL("init: %s", t_last_error());
+  check_collectives(g, 100);
+  usleep(300000); /* every rank is out of the warm-up before the failure comes */
+  mlx_stream s = mlx_stream_new();
+  mlx_array x = floats(1 << 20, rank, 0), y = mlx_array_new();
+  if (rank == size - 1) {
+    /* die inside the sum: the others are in it (or about to be) */
+    T_EQ_INT(mlx_distributed_all_sum(&y, x, g, s), 0);
+    usleep(20000);
+    raise(SIGKILL);
+  }
+  double t0 = now_s();
+  t_clear_errors();
+  T_ASSERT(mlx_distributed_all_sum(&y, x, g, s) != 0 || mlx_array_eval(y) != 0);
+  double dt = now_s() - t0;
+  const char* m = t_last_error();
+  if (!strstr(m, "[ring] all_sum #") || !strstr(m, "lost connection to rank ") ||
+      strstr(strstr(m, "[ring]") + 1, "[ring]"))
+    T_FAIL("rank %d: unexpected error '%s'", rank, m);
+  if (dt > 10.0) T_FAIL("rank %d: the failure took %.1f s", rank, dt);
+  mlx_array_free(x);
+  mlx_array_free(y);
+  mlx_distributed_group_free(g);
+  return 0;
+}
+
+static int mismatch_rank(int rank, int size) {
+  (void)size;
+  setenv("MLXDIST_TIMEOUT", "20", 1);
+  mlx_distributed_group g = mlx_distributed_group_new();
+  if (mlx_distributed_init(&g, true, "ring") != 0) T_FAIL("init: %s", t_last_error());
+  check_collectives(g, 100);
+  usleep(300000); /* every rank is out of the warm-up before the failure comes */
+  mlx_array x = floats(rank == 0 ? 10 : 11, rank, 0), y = mlx_array_new();
+  double t0 = now_s();
+  t_clear_errors();
+  T_ASSERT(mlx_distributed_all_sum(&y, x, g, mlx_stream_new()) != 0 || mlx_array_eval(y) != 0);
+  const char* m = t_last_error();
+  if (!strstr(m, "[ring] all_sum #") ||
+      !strstr(m, "mismatched calls: rank 0 called all_sum(float32 x 10), rank "))
+    T_FAIL("rank %d: unexpected error '%s'", rank, m);
+  if (now_s() - t0 > 10.0) T_FAIL("rank %d: the failure took %.1f s", rank, now_s() - t0);
+  /* Keep the group open a moment: a rank that closes its sockets with a
+   * peer's bytes unread resets the connection, and the reset can overtake
+   * the failure it relayed (TCP's rule, the same without shm). */
+  usleep(1500000);
+  mlx_array_free(x);
+  mlx_array_free(y);
+  mlx_distributed_group_free(g);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 3 || strlen(argv[2]) < 2 || strlen(argv[2]) > T_MAX_RANKS ||
+      strspn(argv[2], "0123456789") != strlen(argv[2])) {
+    fprintf(stderr, "usage: %s choice|kill|mismatch HOSTS (one host digit per rank)\n", argv[0]);
+    return 2;
+  }
+  const char* mode = argv[1];
+  g_hosts = argv[2];
+  int n = (int)strlen(g_hosts), codes[T_MAX_RANKS];
+  snprintf(g_dir, sizeof g_dir, "/tmp/mlxd_mixed_test.XXXXXX");
+  T_ASSERT(mkdtemp(g_dir));
+  if (strcmp(mode, "choice") == 0) {
+    spawn(n, choice_rank, codes, 200);
+    for (int r = 0; r < n; r++)
+      if (codes[r] != 0) T_FAIL("rank %d exited with %d", r, codes[r]);
+  } else if (strcmp(mode, "kill") == 0) {
+    spawn(n, kill_rank, codes, 60);
+    for (int r = 0; r < n - 1; r++)
+      if (codes[r] != 0) T_FAIL("rank %d exited with %d", r, codes[r]);
+    T_EQ_INT(codes[n - 1], 128 + SIGKILL);
+  } else if (strcmp(mode, "mismatch") == 0) {
+    spawn(n, mismatch_rank, codes, 60);
+    for (int r = 0; r < n; r++)
+      if (codes[r] != 0) T_FAIL("rank %d exited with %d", r, codes[r]);
+  } else {
+    T_FAIL("unknown mode '%s'", mode);
+  }
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+  printf("test_mixed %s %s: passed\n", mode, g_hosts);
+  return 0;
+}
