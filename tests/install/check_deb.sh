@@ -33,7 +33,8 @@ force=(--force-depends)
 [ "$(id -u)" = 0 ] || force+=(--force-not-root --force-bad-path)
 dpkg --root="$root" "${force[@]}" -i "$deb" >"$work/dpkg.log" 2>&1 ||
   { cat "$work/dpkg.log"; fail "dpkg -i failed"; }
-dpkg --root="$root" -s mlxdist | grep -q '^Status: install ok installed' ||
+status=$(dpkg --root="$root" -s mlxdist)
+grep -q '^Status: install ok installed' <<<"$status" ||
   fail "dpkg does not list mlxdist as installed in the clean root"
 
 libdir=$(dirname "$(find "$root/usr" -name libmlxdist.so | head -n1)")
@@ -56,8 +57,10 @@ for page in mlxdist-launch mlxdist-bench mlxdist-info; do
   if command -v groff >/dev/null; then
     warn=$(gzip -dc "$man1" | groff -man -ww -z 2>&1) || true
     [ -z "$warn" ] || fail "man page of $page: $warn"
-    gzip -dc "$man1" | groff -man -Tutf8 2>/dev/null | grep -q "$page" ||
-      fail "man page of $page does not render its name"
+    # (the whole page first: grep -q would stop reading early, and with pipefail
+    # groff's SIGPIPE would fail the check)
+    text=$(gzip -dc "$man1" | groff -man -Tutf8 2>/dev/null)
+    grep -q "$page" <<<"$text" || fail "man page of $page does not render its name"
   fi
 done
 
@@ -89,9 +92,11 @@ out=$(timeout 60 "$root/usr/bin/mlxdist-launch" -n 2 -- "$work/cm/build/hello" 2
   { echo "$out"; fail "the installed launcher could not run two ranks of the example"; }
 echo "$out"
 [ "$(grep -c 'sum of ranks = 1$' <<<"$out")" = 2 ] || fail "both ranks must print 'sum of ranks = 1'"
-ldd "$work/hello" | grep -q "$libdir/libmlxdist.so" ||
+deps=$(ldd "$work/hello")
+grep -q "$libdir/libmlxdist.so" <<<"$deps" ||
   fail "the example did not load the installed libmlxdist.so"
-"$root/usr/bin/mlxdist-info" | head -n 8 || fail "the installed mlxdist-info does not run"
+info=$("$root/usr/bin/mlxdist-info") || fail "the installed mlxdist-info does not run"
+sed -n 1,8p <<<"$info"
 # The mpi plugin is found next to the installed libmlxdist.so (the loader's second rule), as on
 # a host where the package is installed for real.
 if [ -f "$libdir/libmlxdist-mpi.so" ]; then
