@@ -107,6 +107,22 @@ static int all_reduce_small(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
   return 0;
 }
 
+/* Phase 1: one-shot inside the host (every rank gets the host's sum, in
+ * local order); phase 2: one-shot of the host sums in each column (host
+ * order). Every rank does the same operations on the same values. */
+static int all_reduce_columns(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
+                              const mlxd_sig* sig, const void* in, void* out, size_t count,
+                              mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+  mlxd_view v;
+  host_view(&v, t, h, PH_GATHER);
+  if (mlxd_algo_all_reduce_oneshot(&v.base, seq, sig, in, out, count, dtype, op, st))
+    return phase_failed(t, st);
+  mlxd_view_init(&v, t, h->col, h->nhosts, h->host, PH_LEADERS);
+  if (mlxd_algo_all_reduce_oneshot(&v.base, seq, sig, out, out, count, dtype, op, st))
+    return phase_failed(t, st);
+  return 0;
+}
+
 /* Element offsets and lengths of the blocks of count elements cut into
  * parts equal parts (the first count % parts one longer), followed by
  * empty blocks up to n. */
@@ -166,9 +182,13 @@ int mlxd_algo_hier_all_reduce(mlxd_transport* t, const mlxd_hier* h, uint64_t se
   assert(count == 0 || (in && out));
   size_t nbytes = mlxd_algo_mul(count, mlxd_algo_esize(dtype, op));
   if (count == 0) return 0;
-  if (mlxd_hier_small(nbytes))
-    return all_reduce_small(t, h, seq, sig, in, out, count, nbytes, dtype, op, st);
-  return all_reduce_large(t, h, seq, sig, in, out, count, dtype, op, st);
+  switch (mlxd_hier_pick(h, nbytes)) {
+    case MLXD_HIER_COLUMNS:
+      return all_reduce_columns(t, h, seq, sig, in, out, count, dtype, op, st);
+    case MLXD_HIER_LEADERS:
+      return all_reduce_small(t, h, seq, sig, in, out, count, nbytes, dtype, op, st);
+    default: return all_reduce_large(t, h, seq, sig, in, out, count, dtype, op, st);
+  }
 }
 
 /* ---------------------------------------------------------- all_gather */
@@ -185,7 +205,7 @@ int mlxd_algo_hier_all_gather(mlxd_transport* t, const mlxd_hier* h, uint64_t se
   size_t total = mlxd_algo_mul(nbytes, (size_t)n);
   if (nbytes == 0) return 0;
   char* own = (char*)out + (size_t)h->rank * nbytes;
-  if (mlxd_hier_small(total) || !regular(h)) {
+  if (mlxd_hier_pick(h, total) != MLXD_HIER_SLICES || !regular(h)) {
     /* byte-wise max over zeros and each rank's block: exact for any bytes */
     if (own != (const char*)in) memmove(own, in, nbytes);
     memset(out, 0, (size_t)h->rank * nbytes);
@@ -231,7 +251,7 @@ int mlxd_algo_hier_reduce_scatter(mlxd_transport* t, const mlxd_hier* h, uint64_
   size_t esz = mlxd_algo_esize(dtype, op), blk = mlxd_algo_mul(count, esz);
   size_t total = mlxd_algo_mul(blk, (size_t)n);
   if (count == 0) return 0;
-  if (mlxd_hier_small(total) || !regular(h)) {
+  if (mlxd_hier_pick(h, total) != MLXD_HIER_SLICES || !regular(h)) {
     char* all = mlxd_buffer_alloc(total);
     if (!all) {
       mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", total);

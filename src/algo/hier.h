@@ -8,6 +8,11 @@
  * (a column), each phase with its own tag phase under the caller's one
  * sequence number. See docs/ring.md, "Two-level collectives".
  *
+ * all_reduce, nbytes <= MLXD_HIER_TINY_BYTES with the same number of ranks
+ * on every host (fewest dependent hops): a one-shot all-reduce inside each
+ * host, then each column one-shot all-reduces the host sums across hosts
+ * (two hops; each host's uplink carries one message per rank and remote
+ * host instead of the flat one-shot's one per rank and remote rank).
  * all_reduce, nbytes <= MLXDIST_SMALL_BYTES (few messages over the slow
  * links): the ranks of each host send their input to the host's first
  * rank (its leader), which reduces them in local order; the leaders
@@ -71,8 +76,17 @@ bool mlxd_hier_applies(const mlxd_hier* h);
 int mlxd_hier_mode(void);
 /* "2 hosts x 2" or "2 hosts: 3+1 ranks" (the verbose line). */
 void mlxd_hier_describe(const mlxd_hier* h, char* out, size_t n);
-/* Whether all_reduce of nbytes takes the leaders' path (the small form). */
-bool mlxd_hier_small(size_t nbytes);
+/* The form of a two-level all_reduce of nbytes (all_gather and sum_scatter
+ * through it too: of their whole buffer). */
+typedef enum {
+  MLXD_HIER_COLUMNS, /* <= MLXD_HIER_TINY_BYTES, same ranks on every host: host sums by column */
+  MLXD_HIER_LEADERS, /* <= MLXDIST_SMALL_BYTES: via one leader per host */
+  MLXD_HIER_SLICES,  /* larger: reduce-scatter, slices across hosts, all-gather */
+} mlxd_hier_form;
+#define MLXD_HIER_TINY_BYTES 256
+mlxd_hier_form mlxd_hier_pick(const mlxd_hier* h, size_t nbytes);
+/* "" for the slices, ", host sums by column", ", via host leaders" (the verbose line). */
+const char* mlxd_hier_form_note(mlxd_hier_form f);
 
 /* As the functions of algo.h, on t (the group's transport: t->rank ==
  * h->rank, t->size == h->size), h applying. */

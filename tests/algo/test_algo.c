@@ -219,6 +219,12 @@ static void test_all_reduce(mlxd_transport* t, bufs* b) {
   for (int k = 0; k < 4; k++)
     for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
       all_reduce_case(t, b, per_size[k], k % 3, counts[c], all, c == 3);
+  /* around the two-level forms' first switch (host sums by column / via host leaders) */
+  for (int k = 0; k < 4 && g_hier; k++) {
+    size_t at = MLXD_HIER_TINY_BYTES / r_esize(per_size[k]);
+    for (size_t c = at - 1; c <= at + 1; c++)
+      all_reduce_case(t, b, per_size[k], k % 3, c, 1u << V_HIER, c == at);
+  }
   /* around the switch (auto and hier only: the others take no decision) */
   for (int k = 0; k < 4; k++) {
     size_t at = g_small / r_esize(per_size[k]);

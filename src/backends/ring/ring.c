@@ -50,11 +50,12 @@ static mlxd_sig make_sig(const mlxd_backend* b, mlxd_sig_op op, mlx_dtype dtype,
 
 /* MLX_RING_VERBOSE: which algorithm a collective of nbytes (this rank's
  * input) runs: "[ring] rank 0: all_sum 1048576 B: hier (2 hosts x 2)". */
-static void log_algo(const mlxd_ring* r, const char* op, size_t nbytes, bool small) {
+static void log_algo(const mlxd_ring* r, const char* op, size_t nbytes, size_t whole) {
   char where[96] = "";
   if (r->hier) mlxd_hier_describe(r->hier, where, sizeof where);
   mlxd_ring_log("rank %d: %s %zu B: %s%s%s%s", r->base.rank, op, nbytes,
-                r->hier ? "hier (" : "flat", where, r->hier && small ? ", via host leaders" : "",
+                r->hier ? "hier (" : "flat", where,
+                r->hier ? mlxd_hier_form_note(mlxd_hier_pick(r->hier, whole)) : "",
                 r->hier ? ")" : "");
 }
 
@@ -67,7 +68,7 @@ static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* 
   assert(r->t);
   mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_SUM + (op - MLXD_SUM), dtype, count);
   size_t nbytes = count * mlx_dtype_size(dtype);
-  if (r->verbose) log_algo(r, reduce_name(op), nbytes, mlxd_hier_small(nbytes));
+  if (r->verbose) log_algo(r, reduce_name(op), nbytes, nbytes);
   int rc = r->hier
                ? mlxd_algo_hier_all_reduce(r->t, r->hier, seq, &sig, in, out, count, dtype, op, st)
                : mlxd_algo_all_reduce(r->t, seq, &sig, in, out, count, dtype, op, st);
@@ -79,7 +80,7 @@ static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* 
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
   mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_GATHER, dtype, nbytes / mlx_dtype_size(dtype));
-  if (r->verbose) log_algo(r, "all_gather", nbytes, mlxd_hier_small(nbytes * (size_t)b->size));
+  if (r->verbose) log_algo(r, "all_gather", nbytes, nbytes * (size_t)b->size);
   int rc = r->hier ? mlxd_algo_hier_all_gather(r->t, r->hier, seq, &sig, in, out, nbytes, st)
                    : mlxd_algo_all_gather(r->t, seq, &sig, in, out, nbytes, st);
   return ring_done(rc, st, "all_gather", seq);
@@ -92,7 +93,7 @@ static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, vo
   mlxd_sig sig = make_sig(b, MLXD_SIG_SUM_SCATTER + (op - MLXD_SUM), dtype, count);
   const char* name = op == MLXD_SUM ? "sum_scatter" : "reduce_scatter";
   size_t nbytes = count * mlx_dtype_size(dtype) * (size_t)b->size;
-  if (r->verbose) log_algo(r, name, nbytes, mlxd_hier_small(nbytes));
+  if (r->verbose) log_algo(r, name, nbytes, nbytes);
   int rc = r->hier ? mlxd_algo_hier_reduce_scatter(r->t, r->hier, seq, &sig, in, out, count, dtype,
                                                    op, st)
                    : mlxd_algo_reduce_scatter(r->t, seq, &sig, in, out, count, dtype, op, st);
