@@ -11,7 +11,8 @@
  *   test_ring transport   MLXDIST_TRANSPORT: auto picks shm on one host and, when a rank
  *                         is in another IPC namespace (an emulated host), shm between the
  *                         two others and tcp to that rank; shm with such a
- *                         rank fails naming it; bad / disagreeing values fail clearly */
+ *                         rank fails naming it; bad / disagreeing values (also of
+ *                         MLXDIST_ALGO) fail clearly */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -354,6 +355,7 @@ static int idle_rank(int rank, int size) {
 /* ---- transport selection ---- */
 static int g_tmode;            /* 0: one host, 1: rank 2 in its own IPC namespace */
 static const char* g_tsetting; /* MLXDIST_TRANSPORT for every rank (NULL: rank-dependent) */
+static bool g_algo_split;      /* MLXDIST_ALGO flat on rank 0, auto elsewhere */
 
 /* A separate "host": a new IPC namespace (as root, else inside a user namespace). */
 static bool other_host(void) {
@@ -388,11 +390,15 @@ static int transport_rank(int rank, int size) {
     setenv("MLXDIST_TRANSPORT", g_tsetting, 1);
   else /* disagreeing settings */
     setenv("MLXDIST_TRANSPORT", rank == 0 ? "tcp" : "auto", 1);
+  if (g_algo_split) setenv("MLXDIST_ALGO", rank == 0 ? "flat" : "auto", 1);
   static char log[16384];
   mlx_distributed_group g = mlx_distributed_group_new();
   t_clear_errors();
   int rc = init_logged(&g, rank, log, sizeof log);
-  if (!g_tsetting) {
+  if (g_algo_split) {
+    T_ASSERT(rc != 0);
+    T_EXPECT_ERROR("[ring] ranks disagree on MLXDIST_ALGO", "flat", "auto");
+  } else if (!g_tsetting) {
     T_ASSERT(rc != 0);
     T_EXPECT_ERROR("[ring] ranks disagree on MLXDIST_TRANSPORT", "tcp", "auto");
   } else if (g_tmode == 1 && strcmp(g_tsetting, "shm") == 0) {
@@ -434,6 +440,11 @@ static void transport_modes(void) {
   /* disagreeing settings fail on every rank, without waiting */
   g_tsetting = NULL;
   T_EQ_INT(spawn(2, 1, transport_rank, codes, 60), 2);
+  /* and on MLXDIST_ALGO (the two-level collectives need every rank) */
+  g_tsetting = "auto";
+  g_algo_split = true;
+  T_EQ_INT(spawn(2, 1, transport_rank, codes, 60), 2);
+  g_algo_split = false;
   /* an emulated second host (needs an IPC namespace; probe in a child) */
   pid_t p = fork();
   T_ASSERT(p >= 0);

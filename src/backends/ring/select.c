@@ -79,8 +79,10 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
 #define ID_VERSION 1u
 /* layout: 0 magic, 4 version, 6 mode, 8 rank, 12 size, 16 netns (u64), 24 ipcns (u64),
  * 32 boot id (48), 80 host name (128), 208 session name (96, rank 0's only), 304 the
- * machine (u64: a hash of the boot id, also with MLXDIST_HOST_ID), 312 zero */
+ * machine (u64: a hash of the boot id, also with MLXDIST_HOST_ID), 312 MLXDIST_ALGO (u8:
+ * auto 0, flat 1, hier 2; which every rank must agree on), 313 zero */
 #define ID_MACHINE 304
+#define ID_ALGO 312
 #define ID_HOST_FIRST 16
 #define ID_HOST_END 208
 #define ID_SESSION 208
@@ -168,6 +170,7 @@ static void make_id(unsigned char* id, int rank, int size, int mode, const char*
   for (size_t i = 0; i < sizeof boot && boot[i]; i++)
     h = (h ^ (unsigned char)boot[i]) * 1099511628211ull;
   put_u(id + ID_MACHINE, h, 8);
+  put_u(id + ID_ALGO, (uint64_t)mlxd_tunable_long(MLXD_T_ALGO), 1);
   if (host_id && *host_id) {
     /* MLXDIST_HOST_ID: the id alone says which host this rank is on. */
     snprintf((char*)id + 32, 48, "%s", HOST_ID_MARK);
@@ -285,7 +288,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     const unsigned char* id = ids + (size_t)p * ID_BYTES;
     if (get_u(id, 4) != ID_MAGIC || get_u(id + 4, 2) != ID_VERSION ||
         get_u(id + 8, 4) != (uint64_t)p || get_u(id + 12, 4) != (uint64_t)size ||
-        get_u(id + 6, 2) > MLXD_RING_T_SHM) {
+        get_u(id + 6, 2) > MLXD_RING_T_SHM || get_u(id + ID_ALGO, 1) > 2) {
       rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "rank %d sent a malformed host record while choosing the transport "
                         "(is every rank running the same mlxdist version?)",
@@ -299,6 +302,17 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
                         "ranks disagree on MLXDIST_TRANSPORT: rank %d has %s, rank %d has "
                         "%s; expected the same value on every rank",
                         rank, mlxd_ring_mode_name(mode), p, mlxd_ring_mode_name(pm));
+      mlxd_status_set_peer(st, p, NULL);
+      goto done;
+    }
+    /* the two-level collectives run only if every rank takes them */
+    static const char* algo_names[] = {"auto", "flat", "hier"};
+    unsigned pa = (unsigned)get_u(id + ID_ALGO, 1), ma = (unsigned)get_u(mine + ID_ALGO, 1);
+    if (pa != ma) {
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "ranks disagree on MLXDIST_ALGO: rank %d has %s, rank %d has %s; expected "
+                        "the same value on every rank",
+                        rank, algo_names[ma], p, algo_names[pa]);
       mlxd_status_set_peer(st, p, NULL);
       goto done;
     }
