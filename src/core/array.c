@@ -116,7 +116,7 @@ static mlxd_array* array_meta(const int* shape, int ndim, mlx_dtype dtype, size_
   } else {
     size_t* m = malloc((size_t)ndim * (sizeof(size_t) + sizeof(int)));
     if (!m) {
-      mlxd_pool_put(MLXD_POOL_ARRAY, a, block_fini);
+      mlxd_pool_put(MLXD_POOL_ARRAY, a, sizeof *a, block_fini);
       mlxd_fail(st, MLXD_ENOMEM,
                 "[array] out of memory allocating the shape of an array (%d dimensions)", ndim);
       return NULL;
@@ -167,7 +167,7 @@ static void array_destroy(mlxd_array* a) {
     mlxd_buffer_free(a->data, a->nbytes);
   if (a->ndim > MLXD_ARRAY_INLINE_NDIM) free(a->strides);
   if (a->error != &k_oom_status) free(a->error);
-  mlxd_pool_put(MLXD_POOL_ARRAY, a, block_fini);
+  mlxd_pool_put(MLXD_POOL_ARRAY, a, sizeof *a, block_fini);
 }
 
 mlxd_array* mlxd_array_alloc(const int* shape, int ndim, mlx_dtype dtype, bool pending,

@@ -74,11 +74,12 @@ void* mlxd_pool_get(mlxd_pool_kind kind, size_t size, int* fresh) {
   return aligned_alloc(MLXD_ALIGN, round_up(size));
 }
 
-void mlxd_pool_put(mlxd_pool_kind kind, void* p, void (*fini)(void*)) {
+void mlxd_pool_put(mlxd_pool_kind kind, void* p, size_t size, void (*fini)(void*)) {
   if (!p) return;
   thread_pool* tp = &t_pool;
   list* l = &tp->lists[kind];
-  if (!POOL_OFF && !tp->closed && l->n < MLXD_POOL_KEEP) {
+  int keep = size <= 512 ? MLXD_POOL_KEEP : (int)(MLXD_POOL_KEEP_BYTES / size);
+  if (!POOL_OFF && !tp->closed && l->n < keep) {
     if (!tp->keyed) {
       /* Register the exit destructor once per thread; without it nothing is kept. */
       pthread_once(&g_key_once, key_init);

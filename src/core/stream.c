@@ -86,7 +86,7 @@ static _Thread_local mlxd_stream* tls_current; /* the stream whose worker this t
 static void task_free(task* t) {
   for (int i = 0; i < t->n_in + t->n_out; i++) mlxd_array_release(t->arrays[i]);
   if (t->arrays != t->inline_arrays) free(t->arrays);
-  mlxd_pool_put(MLXD_POOL_TASK, t, NULL);
+  mlxd_pool_put(MLXD_POOL_TASK, t, sizeof *t, NULL);
 }
 
 static void task_run(task* t) {
@@ -444,7 +444,7 @@ static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
     if (t) {
       t->arrays = n <= INLINE_ARRAYS ? t->inline_arrays : malloc((size_t)n * sizeof(mlxd_array*));
       if (!t->arrays) {
-        mlxd_pool_put(MLXD_POOL_TASK, t, NULL);
+        mlxd_pool_put(MLXD_POOL_TASK, t, sizeof *t, NULL);
         t = NULL;
       }
     }
