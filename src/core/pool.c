@@ -97,3 +97,5 @@ void mlxd_pool_put(mlxd_pool_kind kind, void* p, size_t size, void (*fini)(void*
   if (fini) fini(p);
   free(p);
 }
+
+int mlxd_pool_keeps(void) { return !POOL_OFF; }

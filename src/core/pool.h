@@ -41,5 +41,7 @@ void* mlxd_pool_get(mlxd_pool_kind kind, size_t size, int* fresh);
  * the heap (when the list is full, at thread exit): undo what the user did
  * once when the block was fresh. */
 void mlxd_pool_put(mlxd_pool_kind kind, void* p, size_t size, void (*fini)(void*));
+/* Whether blocks are kept at all (false under AddressSanitizer). */
+int mlxd_pool_keeps(void);
 
 #endif
