@@ -253,6 +253,7 @@ void mlxd_array_complete(mlxd_array* a, const mlxd_status* st) {
       if (!e->msg[0])
         mlxd_fail(e, st->code, "[array] the work producing this array failed (code %d)", st->code);
     }
+    if (a->error != &k_oom_status) free(a->error); /* completed twice: the last failure */
     a->error = e ? e : &k_oom_status;
     to = MLXD_ARRAY_FAILED;
   }

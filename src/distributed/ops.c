@@ -39,6 +39,9 @@ typedef struct op_task {
   bool ended;      /* the record has its end */
 } op_task;
 
+_Static_assert(sizeof(op_task) <= MLXD_TASK_ARG_MAX,
+               "an op_task is copied into its stream task (mlxd_stream_submit_copy)");
+
 static const char* dev_name(mlx_device_type t) { return t == MLX_GPU ? "gpu" : "cpu"; }
 
 static void op_run(void* arg, mlxd_status* st) {
