@@ -94,8 +94,7 @@ int mlxd_algo_all_gather_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig*
 int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                          void* out, size_t nbytes, mlxd_status* st) {
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
-  long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
-  if (t->size <= 2 || total <= (small > 0 ? (size_t)small : 0))
+  if (t->size <= 2 || total <= mlxd_algo_small_bytes())
     return mlxd_algo_all_gather_direct(t, seq, sig, in, out, nbytes, st);
   return mlxd_algo_all_gather_ring(t, seq, sig, in, out, nbytes, -1, st);
 }

@@ -92,8 +92,7 @@ int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, c
                          void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                          mlxd_status* st) {
   size_t esz = mlxd_algo_esize(dtype, op);
-  long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
-  if (count <= (small > 0 ? (size_t)small : 0) / esz)
+  if (count <= mlxd_algo_small_bytes() / esz)
     return mlxd_algo_all_reduce_oneshot(t, seq, sig, in, out, count, dtype, op, st);
   return mlxd_algo_all_reduce_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
 }

@@ -2,15 +2,30 @@
  * arguments were checked by the front-end; asserted here) and draining
  * outstanding requests on an error path. */
 #include <assert.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "algo/algo_impl.h"
+#include "util/tunables.h"
 
 size_t mlxd_algo_esize(mlx_dtype dtype, mlxd_reduce_op op) {
   assert((int)dtype >= 0 && (int)dtype <= (int)MLX_COMPLEX64);
   assert(op >= MLXD_SUM && op <= MLXD_MIN);
   (void)op;
   return mlx_dtype_size(dtype);
+}
+
+static pthread_once_t g_small_once = PTHREAD_ONCE_INIT;
+static size_t g_small;
+
+static void small_init(void) {
+  long v = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
+  g_small = v > 0 ? (size_t)v : 0;
+}
+
+size_t mlxd_algo_small_bytes(void) {
+  pthread_once(&g_small_once, small_init);
+  return g_small;
 }
 
 int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st) {

@@ -98,8 +98,7 @@ void mlxd_hier_describe(const mlxd_hier* h, char* out, size_t n) {
 
 mlxd_hier_form mlxd_hier_pick(const mlxd_hier* h, size_t nbytes) {
   if (nbytes <= MLXD_HIER_TINY_BYTES && h->min_local == h->max_local) return MLXD_HIER_COLUMNS;
-  long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
-  return nbytes <= (small > 0 ? (size_t)small : 0) ? MLXD_HIER_LEADERS : MLXD_HIER_SLICES;
+  return nbytes <= mlxd_algo_small_bytes() ? MLXD_HIER_LEADERS : MLXD_HIER_SLICES;
 }
 
 const char* mlxd_hier_form_note(mlxd_hier_form f) {

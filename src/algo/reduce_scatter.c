@@ -142,8 +142,7 @@ int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* si
                              mlxd_status* st) {
   size_t blk;
   rs_prologue(t, in, out, count, dtype, op, &blk, st);
-  long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
-  if (blk <= ((small > 0 ? (size_t)small : 0)) / (size_t)t->size)
+  if (blk <= mlxd_algo_small_bytes() / (size_t)t->size)
     return mlxd_algo_reduce_scatter_direct(t, seq, sig, in, out, count, dtype, op, st);
   return mlxd_algo_reduce_scatter_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
 }

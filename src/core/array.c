@@ -9,6 +9,7 @@
 #include "core/buffer.h"
 #include "core/core_internal.h"
 #include "core/error.h"
+#include "core/pool.h"
 #include "core/stream_impl.h"
 #include "mlx/c/array.h"
 #include "util/clock.h"
@@ -77,22 +78,55 @@ static int shape_check(const int* shape, int ndim, int dtype, size_t* size_out, 
   return 0;
 }
 
-/* A new array struct (refs 1, READY, no data) with shape and strides. */
+/* The failure of an array whose failure could not be copied (out of memory). */
+static mlxd_status k_oom_status = {
+    .code = MLXD_ENOMEM,
+    .rendered = true,
+    .msg =
+        "[array] the work producing this array failed, and there was no memory left to "
+        "keep its message"};
+
+/* Undo what array_meta did to a fresh block (before it goes back to the heap). */
+static void block_fini(void* p) {
+  mlxd_array* a = p;
+  pthread_mutex_destroy(&a->mu);
+  pthread_cond_destroy(&a->cv);
+}
+
+/* A new array (refs 1, READY, no data) with shape and strides: a block from
+ * the calling thread's pool (core/pool.h), so a small array costs no
+ * allocation. */
 static mlxd_array* array_meta(const int* shape, int ndim, mlx_dtype dtype, size_t size,
                               size_t nbytes, mlxd_status* st) {
-  size_t extra = (size_t)ndim * (sizeof(size_t) + sizeof(int));
-  mlxd_array* a = malloc(sizeof *a + extra);
+  int fresh;
+  mlxd_array* a = mlxd_pool_get(MLXD_POOL_ARRAY, sizeof *a, &fresh);
   if (!a) {
     mlxd_fail(st, MLXD_ENOMEM, "[array] out of memory allocating an array header (%d dimensions)",
               ndim);
     return NULL;
   }
-  memset(a, 0, sizeof *a);
+  if (fresh) {
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    atomic_init(&a->waiters, 0);
+  }
+  if (ndim <= MLXD_ARRAY_INLINE_NDIM) {
+    a->strides = ndim ? a->strides_inline : NULL;
+    a->shape = ndim ? a->shape_inline : NULL;
+  } else {
+    size_t* m = malloc((size_t)ndim * (sizeof(size_t) + sizeof(int)));
+    if (!m) {
+      mlxd_pool_put(MLXD_POOL_ARRAY, a, sizeof *a, block_fini);
+      mlxd_fail(st, MLXD_ENOMEM,
+                "[array] out of memory allocating the shape of an array (%d dimensions)", ndim);
+      return NULL;
+    }
+    a->strides = m;
+    a->shape = (int*)(void*)(m + ndim);
+  }
   atomic_init(&a->refs, 1);
   a->dtype = dtype;
   a->ndim = ndim;
-  a->strides = ndim ? (size_t*)(void*)(a + 1) : NULL;
-  a->shape = ndim ? (int*)(void*)((char*)(a + 1) + (size_t)ndim * sizeof(size_t)) : NULL;
   size_t stride = 1;
   for (int i = ndim - 1; i >= 0; i--) {
     a->shape[i] = shape[i];
@@ -104,23 +138,36 @@ static mlxd_array* array_meta(const int* shape, int ndim, mlx_dtype dtype, size_
   a->data = NULL;
   a->dtor = NULL;
   a->dtor_arg = NULL;
+  a->data_inline = false;
   atomic_init(&a->state, MLXD_ARRAY_READY);
-  pthread_mutex_init(&a->mu, NULL);
-  pthread_cond_init(&a->cv, NULL);
-  mlxd_status_clear(&a->error);
-  a->producer = NULL;
+  a->error = NULL;
+  atomic_init(&a->producer, NULL);
   return a;
 }
 
+/* Drop a's reference to its producer, if it holds one (a retained stream
+ * is replaced under mu: see array_impl.h). */
+static void producer_set(mlxd_array* a, mlxd_stream* s) {
+  mlxd_stream* old = atomic_load_explicit(&a->producer, memory_order_relaxed);
+  if (old && !mlxd_stream_is_static(old)) {
+    pthread_mutex_lock(&a->mu);
+    atomic_store_explicit(&a->producer, s, memory_order_release);
+    pthread_mutex_unlock(&a->mu);
+    mlxd_stream_release(old);
+  } else if (old != s) {
+    atomic_store_explicit(&a->producer, s, memory_order_release);
+  }
+}
+
 static void array_destroy(mlxd_array* a) {
-  mlxd_stream_release(a->producer); /* NULL unless it died pending */
+  producer_set(a, NULL); /* non-NULL only if it died pending */
   if (a->dtor)
     a->dtor(a->dtor_arg);
-  else
+  else if (!a->data_inline)
     mlxd_buffer_free(a->data, a->nbytes);
-  pthread_mutex_destroy(&a->mu);
-  pthread_cond_destroy(&a->cv);
-  free(a);
+  if (a->ndim > MLXD_ARRAY_INLINE_NDIM) free(a->strides);
+  if (a->error != &k_oom_status) free(a->error);
+  mlxd_pool_put(MLXD_POOL_ARRAY, a, sizeof *a, block_fini);
 }
 
 mlxd_array* mlxd_array_alloc(const int* shape, int ndim, mlx_dtype dtype, bool pending,
@@ -130,12 +177,17 @@ mlxd_array* mlxd_array_alloc(const int* shape, int ndim, mlx_dtype dtype, bool p
   mlxd_array* a = array_meta(shape, ndim, dtype, size, nbytes, st);
   if (!a) return NULL;
   /* Never NULL, also for zero bytes. */
-  a->data = mlxd_buffer_alloc(nbytes);
-  if (!a->data) {
-    array_destroy(a);
-    mlxd_fail(st, MLXD_ENOMEM, "[array] out of memory allocating %zu bytes for a %s array", nbytes,
-              mlxd_dtype_name(dtype));
-    return NULL;
+  if (nbytes <= MLXD_ARRAY_INLINE_BYTES) {
+    a->data = a->small;
+    a->data_inline = true;
+  } else {
+    a->data = mlxd_buffer_alloc(nbytes);
+    if (!a->data) {
+      array_destroy(a);
+      mlxd_fail(st, MLXD_ENOMEM, "[array] out of memory allocating %zu bytes for a %s array",
+                nbytes, mlxd_dtype_name(dtype));
+      return NULL;
+    }
   }
   if (pending) atomic_store_explicit(&a->state, MLXD_ARRAY_PENDING, memory_order_relaxed);
   return a;
@@ -152,7 +204,9 @@ void mlxd_array_release(mlxd_array* a) {
 
 /* ---------- completion ---------- */
 
-static int failed_code(const mlxd_array* a) { return a->error.code ? a->error.code : 1; }
+static int failed_code(const mlxd_array* a) {
+  return a->error && a->error->code ? a->error->code : 1;
+}
 
 int mlxd_array_wait(mlxd_array* a, mlxd_status* st) {
   int s = atomic_load_explicit(&a->state, memory_order_acquire);
@@ -172,46 +226,60 @@ int mlxd_array_wait(mlxd_array* a, mlxd_status* st) {
       }
     }
     if (s == MLXD_ARRAY_PENDING) {
-      /* Bounded by the producing task (see array_impl.h). */
+      /* Bounded by the producing task (see array_impl.h). The count tells
+       * mlxd_array_complete to wake us; it is raised before the state is
+       * read again (both sequentially consistent), so either complete sees
+       * it or we see the new state. */
       pthread_mutex_lock(&a->mu);
-      while ((s = atomic_load_explicit(&a->state, memory_order_acquire)) == MLXD_ARRAY_PENDING)
-        pthread_cond_wait(&a->cv, &a->mu);
+      atomic_fetch_add(&a->waiters, 1);
+      while ((s = atomic_load(&a->state)) == MLXD_ARRAY_PENDING) pthread_cond_wait(&a->cv, &a->mu);
+      atomic_fetch_sub(&a->waiters, 1);
       pthread_mutex_unlock(&a->mu);
     }
   }
   if (s == MLXD_ARRAY_FAILED) {
-    if (st) *st = a->error;
+    if (st) *st = a->error ? *a->error : k_oom_status;
     return failed_code(a);
   }
   return 0;
 }
 
 void mlxd_array_complete(mlxd_array* a, const mlxd_status* st) {
-  pthread_mutex_lock(&a->mu);
+  int to = MLXD_ARRAY_READY;
   if (st && st->code) {
-    a->error = *st;
-    if (!a->error.msg[0])
-      mlxd_fail(&a->error, st->code, "[array] the work producing this array failed (code %d)",
-                st->code);
-    atomic_store_explicit(&a->state, MLXD_ARRAY_FAILED, memory_order_release);
-  } else {
-    atomic_store_explicit(&a->state, MLXD_ARRAY_READY, memory_order_release);
+    mlxd_status* e = malloc(sizeof *e);
+    if (e) {
+      *e = *st;
+      if (!e->msg[0])
+        mlxd_fail(e, st->code, "[array] the work producing this array failed (code %d)", st->code);
+    }
+    if (a->error != &k_oom_status) free(a->error); /* completed twice: the last failure */
+    a->error = e ? e : &k_oom_status;
+    to = MLXD_ARRAY_FAILED;
   }
-  pthread_cond_broadcast(&a->cv);
-  mlxd_stream* producer = a->producer;
-  a->producer = NULL;
-  pthread_mutex_unlock(&a->mu);
-  mlxd_stream_release(producer);
+  /* The caller holds a reference (a task holds its outputs until it is
+   * freed), so a stays valid after the store that lets waiters go on. */
+  producer_set(a, NULL);
+  atomic_store(&a->state, to);
+  if (atomic_load(&a->waiters) > 0) {
+    pthread_mutex_lock(&a->mu);
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+  }
 }
 
 void mlxd_array_set_producer(mlxd_array* a, mlxd_stream* s) {
+  if (atomic_load_explicit(&a->state, memory_order_acquire) != MLXD_ARRAY_PENDING) s = NULL;
+  producer_set(a, s && !mlxd_stream_is_static(s) ? mlxd_stream_retain(s) : s);
+}
+
+mlxd_stream* mlxd_array_producer_retain(mlxd_array* a) {
+  mlxd_stream* s = atomic_load_explicit(&a->producer, memory_order_acquire);
+  if (!s || mlxd_stream_is_static(s)) return s;
   pthread_mutex_lock(&a->mu);
-  mlxd_stream* old = a->producer;
-  a->producer = atomic_load_explicit(&a->state, memory_order_acquire) == MLXD_ARRAY_PENDING
-                    ? mlxd_stream_retain(s)
-                    : NULL;
+  s = mlxd_stream_retain(atomic_load_explicit(&a->producer, memory_order_acquire));
   pthread_mutex_unlock(&a->mu);
-  mlxd_stream_release(old);
+  return s;
 }
 
 mlxd_array* mlxd_array_readable(mlx_array arr, const char* fn, mlxd_status* st) {

@@ -16,11 +16,16 @@
 #include "mlx/c/array.h"
 
 #define MLXD_ALIGN 64
+/* Small arrays live in one block with their header (core/pool.h): up to
+ * MLXD_ARRAY_INLINE_NDIM dimensions and MLXD_ARRAY_INLINE_BYTES bytes of
+ * owned data need no allocation of their own. */
+#define MLXD_ARRAY_INLINE_NDIM 4
+#define MLXD_ARRAY_INLINE_BYTES 128
 
 typedef enum { MLXD_ARRAY_READY, MLXD_ARRAY_PENDING, MLXD_ARRAY_FAILED } mlxd_array_state;
 
 typedef struct mlxd_array {
-  atomic_int refs;
+  atomic_int refs; /* first: the pool's link overlays it while the block is free */
   mlx_dtype dtype;
   int ndim;
   int* shape;      /* ndim entries (NULL when ndim == 0) */
@@ -28,17 +33,26 @@ typedef struct mlxd_array {
   size_t size;     /* elements */
   size_t nbytes;
   void* data;          /* MLXD_ALIGN-aligned when owned; may be NULL when nbytes == 0 */
-  void (*dtor)(void*); /* managed data: dtor(dtor_arg) once at the end; NULL: free(data) */
+  void (*dtor)(void*); /* managed data: dtor(dtor_arg) once at the end; NULL: owned data */
   void* dtor_arg;
+  bool data_inline; /* owned data in small[] */
   /* completion */
-  atomic_int state; /* mlxd_array_state */
+  atomic_int state;   /* mlxd_array_state */
+  atomic_int waiters; /* threads blocked on cv (under mu); complete signals only if > 0 */
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  mlxd_status error; /* when FAILED */
+  mlxd_status* error; /* when FAILED: the failure (owned, or a static out-of-memory one) */
   /* While PENDING: the stream whose queued task will complete this array
-   * (retained; under mu). A thread that waits for the array may run that
-   * task itself if it has not started yet (see mlxd_stream_help). */
-  struct mlxd_stream* producer;
+   * (retained unless it is the built-in default stream, which lives until
+   * exit). A thread that waits for the array may run that task itself if
+   * it has not started yet (see mlxd_stream_help). Written only by the
+   * producing side (set at submit, cleared at completion); replacing a
+   * retained stream takes mu, so a helper's read-and-retain under mu is
+   * safe. */
+  _Atomic(struct mlxd_stream*) producer;
+  int shape_inline[MLXD_ARRAY_INLINE_NDIM];
+  size_t strides_inline[MLXD_ARRAY_INLINE_NDIM];
+  _Alignas(MLXD_ALIGN) unsigned char small[MLXD_ARRAY_INLINE_BYTES];
 } mlxd_array;
 
 /* Allocate an array with owned, aligned, uninitialised data.

@@ -1,4 +1,6 @@
-/* Buffer cache: see buffer.h for why. Large buffers are private anonymous
+/* Buffer cache: see buffer.h for why. Small buffers (up to 4 KiB) come
+ * from per-thread lists in power-of-two size classes (core/pool.h): a
+ * collective's scratch space costs no allocator call. Large buffers are private anonymous
  * mappings with a 64-byte header in front (so the data stays 64-byte
  * aligned) recording the mapping's length. Freed mappings wait in a small
  * best-fit list; the oldest are unmapped when the cache would exceed its
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/array_impl.h"
+#include "core/pool.h"
 #include "util/tunables.h"
 
 #define LARGE_MIN ((size_t)64 << 10) /* below this: the C heap */
@@ -50,10 +53,23 @@ static void drop_locked(int i) {
   cache_n--;
 }
 
+/* The size class of a small buffer of n bytes (64 << class >= n), or -1. */
+static int small_class(size_t n) {
+  if (n > ((size_t)64 << (MLXD_POOL_BUF_CLASSES - 1))) return -1;
+  int c = 0;
+  while (((size_t)64 << c) < n) c++;
+  return c;
+}
+
 void* mlxd_buffer_alloc(size_t n) {
-  if (n < LARGE_MIN)
-    return aligned_alloc(MLXD_ALIGN,
-                         n ? (n + MLXD_ALIGN - 1) / MLXD_ALIGN * MLXD_ALIGN : MLXD_ALIGN);
+  if (n < LARGE_MIN) {
+    int c = small_class(n);
+    if (c >= 0) {
+      int fresh;
+      return mlxd_pool_get(MLXD_POOL_BUF + c, (size_t)64 << c, &fresh);
+    }
+    return aligned_alloc(MLXD_ALIGN, (n + MLXD_ALIGN - 1) / MLXD_ALIGN * MLXD_ALIGN);
+  }
   if (n > SIZE_MAX - HEADER - 4096) return NULL;
   size_t len = page_round(n + HEADER);
   void* base = NULL;
@@ -87,7 +103,11 @@ void* mlxd_buffer_alloc(size_t n) {
 void mlxd_buffer_free(void* p, size_t n) {
   if (!p) return;
   if (n < LARGE_MIN) {
-    free(p);
+    int c = small_class(n);
+    if (c >= 0)
+      mlxd_pool_put(MLXD_POOL_BUF + c, p, (size_t)64 << c, NULL);
+    else
+      free(p);
     return;
   }
   void* base = (char*)p - HEADER;

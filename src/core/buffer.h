@@ -5,7 +5,9 @@
  * figures are in docs/performance.md). So, like MLX's allocator, large buffers are
  * kept in a cache when freed and handed out again, up to
  * MLXDIST_BUFFER_CACHE_MB; large mappings also ask for transparent huge
- * pages. Small buffers come from the C heap, which already reuses them. */
+ * pages. Small buffers (up to 4 KiB) are kept per thread in power-of-two
+ * size classes (core/pool.h); the rest of the small ones come from the C
+ * heap. */
 #ifndef MLXD_BUFFER_H
 #define MLXD_BUFFER_H
 

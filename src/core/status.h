@@ -87,5 +87,18 @@ void mlxd_status_set_reporter(mlxd_status* st, int reporter);
 void mlxd_status_render(mlxd_status* st, const char* tag);
 
 static inline void mlxd_status_clear(mlxd_status* st) { *st = (mlxd_status){0}; }
+/* The same for every reader (each field cleared, both texts empty) without
+ * writing the text buffers past their first byte: for the hot path, where
+ * a status is set up for every op and filled only when one fails. */
+static inline void mlxd_status_reset(mlxd_status* st) {
+  st->code = 0;
+  st->layer = 0;
+  st->rendered = st->has_peer = st->has_reporter = false;
+  st->peer = st->reporter = st->sys_errno = 0;
+  st->syscall = st->op = NULL;
+  st->seq = 0;
+  st->peer_addr[0] = '\0';
+  st->msg[0] = '\0';
+}
 
 #endif

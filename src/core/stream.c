@@ -26,7 +26,9 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdalign.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +38,7 @@
 
 #include "core/core_internal.h"
 #include "core/error.h"
+#include "core/pool.h"
 #include "core/stream_impl.h"
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -43,13 +46,14 @@
 #define INLINE_ARRAYS 6
 
 typedef struct task {
-  struct task* next;
+  struct task* next; /* first: the pool's link overlays it while the block is free */
   mlxd_task_fn run;
   void (*cleanup)(void*);
-  void* arg;
+  void* arg; /* the caller's pointer, or arg_copy (mlxd_stream_submit_copy) */
   int n_in, n_out;
   mlxd_array** arrays; /* n_in inputs, then n_out outputs */
   mlxd_array* inline_arrays[INLINE_ARRAYS];
+  _Alignas(max_align_t) unsigned char arg_copy[MLXD_TASK_ARG_MAX];
 } task;
 
 struct mlxd_stream {
@@ -67,6 +71,7 @@ struct mlxd_stream {
   uint64_t finished;              /* under mu */
   int sync_waiters;               /* under mu */
   bool sleeping;                  /* under mu: the worker waits on work_cv */
+  bool woken;                     /* under mu: work_cv was signalled since the worker slept */
   bool running;                   /* under mu: a task of this stream is running (any thread) */
   bool stop;                      /* under mu: accept no more tasks; worker ends when empty */
   bool dead;                      /* under mu: the worker has ended */
@@ -81,12 +86,12 @@ static _Thread_local mlxd_stream* tls_current; /* the stream whose worker this t
 static void task_free(task* t) {
   for (int i = 0; i < t->n_in + t->n_out; i++) mlxd_array_release(t->arrays[i]);
   if (t->arrays != t->inline_arrays) free(t->arrays);
-  free(t);
+  mlxd_pool_put(MLXD_POOL_TASK, t, sizeof *t, NULL);
 }
 
 static void task_run(task* t) {
   mlxd_status st;
-  mlxd_status_clear(&st);
+  mlxd_status_reset(&st);
   for (int i = 0; i < t->n_in; i++)
     if (t->arrays[i] && mlxd_array_wait(t->arrays[i], &st)) break;
   if (!st.code) t->run(t->arg, &st);
@@ -115,13 +120,14 @@ static void run_head_locked(mlxd_stream* s) {
   s->running = false;
   s->finished++;
   if (s->sync_waiters) pthread_cond_broadcast(&s->done_cv);
-  if (s->sleeping) pthread_cond_signal(&s->work_cv); /* the worker may take over */
+  /* A sleeping worker takes over what is left, or ends after a stop. */
+  if (s->sleeping && (s->head || s->stop)) pthread_cond_signal(&s->work_cv);
 }
 
+bool mlxd_stream_is_static(const mlxd_stream* s) { return s->is_static; }
+
 void mlxd_stream_help(mlxd_array* a) {
-  pthread_mutex_lock(&a->mu);
-  mlxd_stream* s = mlxd_stream_retain(a->producer);
-  pthread_mutex_unlock(&a->mu);
+  mlxd_stream* s = mlxd_array_producer_retain(a);
   if (!s) return;
   /* A task of this stream waiting for a later task of the same stream must
    * not run it (that would break queue order); it just waits. */
@@ -132,7 +138,7 @@ void mlxd_stream_help(mlxd_array* a) {
       run_head_locked(s);
     pthread_mutex_unlock(&s->mu);
   }
-  mlxd_stream_release(s);
+  if (!s->is_static) mlxd_stream_release(s);
 }
 
 /* ---------- worker ---------- */
@@ -160,7 +166,7 @@ static void* worker_main(void* p) {
       if (s->stop && !s->head && !s->running) goto out;
       s->sleeping = true;
       pthread_cond_wait(&s->work_cv, &s->mu);
-      s->sleeping = false;
+      s->sleeping = s->woken = false;
     }
     run_head_locked(s);
   }
@@ -184,7 +190,7 @@ static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_
   atomic_init(&s->submitted, 0);
   s->finished = 0;
   s->sync_waiters = 0;
-  s->sleeping = s->running = s->stop = s->dead = s->joined = s->free_on_exit = false;
+  s->sleeping = s->woken = s->running = s->stop = s->dead = s->joined = s->free_on_exit = false;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_condattr_t ca;
@@ -212,6 +218,7 @@ static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_
 static void stream_stop(mlxd_stream* s) {
   pthread_mutex_lock(&s->mu);
   s->stop = true;
+  s->woken = true;
   pthread_cond_signal(&s->work_cv);
   pthread_mutex_unlock(&s->mu);
 }
@@ -406,9 +413,11 @@ void mlxd_stream_sync(mlxd_stream* s) {
   pthread_mutex_unlock(&s->mu);
 }
 
-int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*), void* arg,
-                       mlxd_array* const* inputs, int n_inputs, mlxd_array* const* outputs,
-                       int n_outputs, mlxd_status* st_out) {
+/* Queue a task; copy: arg points to arg_size bytes to copy into the task
+ * (run and cleanup get the copy). */
+static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*), void* arg,
+                       size_t arg_size, bool copy, mlxd_array* const* inputs, int n_inputs,
+                       mlxd_array* const* outputs, int n_outputs, mlxd_status* st_out) {
   mlxd_status local;
   mlxd_status* st = st_out ? st_out : &local;
   int code = 0;
@@ -422,14 +431,20 @@ int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
                      "[stream] bad task arrays (%d inputs, %d outputs; expected counts >= 0 "
                      "with non-NULL lists)",
                      n_inputs, n_outputs);
+  else if (copy && (arg_size > MLXD_TASK_ARG_MAX || (arg_size > 0 && !arg)))
+    code = mlxd_fail(st, MLXD_EINVAL,
+                     "[stream] a task's argument of %zu bytes does not fit in the task (at most "
+                     "%d bytes, non-NULL)",
+                     arg_size, MLXD_TASK_ARG_MAX);
   task* t = NULL;
   if (!code) {
-    t = malloc(sizeof *t);
+    int fresh;
+    t = mlxd_pool_get(MLXD_POOL_TASK, sizeof *t, &fresh);
     int n = n_inputs + n_outputs;
     if (t) {
       t->arrays = n <= INLINE_ARRAYS ? t->inline_arrays : malloc((size_t)n * sizeof(mlxd_array*));
       if (!t->arrays) {
-        free(t);
+        mlxd_pool_put(MLXD_POOL_TASK, t, sizeof *t, NULL);
         t = NULL;
       }
     }
@@ -439,7 +454,12 @@ int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
     t->next = NULL;
     t->run = run;
     t->cleanup = cleanup;
-    t->arg = arg;
+    if (copy) {
+      if (arg_size) memcpy(t->arg_copy, arg, arg_size);
+      t->arg = t->arg_copy;
+    } else {
+      t->arg = arg;
+    }
     t->n_in = n_inputs;
     t->n_out = n_outputs;
     for (int i = 0; i < n_inputs; i++) t->arrays[i] = mlxd_array_retain(inputs[i]);
@@ -464,7 +484,12 @@ int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
       atomic_store_explicit(&s->submitted,
                             atomic_load_explicit(&s->submitted, memory_order_relaxed) + 1,
                             memory_order_relaxed);
-      if (s->sleeping) pthread_cond_signal(&s->work_cv);
+      /* Wake a sleeping worker once (not again for every task queued
+       * before it runs), so queued work progresses when nobody waits. */
+      if (s->sleeping && !s->woken) {
+        s->woken = true;
+        pthread_cond_signal(&s->work_cv);
+      }
       pthread_mutex_unlock(&s->mu);
       return 0;
     }
@@ -475,6 +500,20 @@ int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
       if (outputs[i] && atomic_load(&outputs[i]->state) == MLXD_ARRAY_PENDING)
         mlxd_array_complete(outputs[i], st);
   return code;
+}
+
+int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*), void* arg,
+                       mlxd_array* const* inputs, int n_inputs, mlxd_array* const* outputs,
+                       int n_outputs, mlxd_status* st) {
+  return submit_task(s, run, cleanup, arg, 0, false, inputs, n_inputs, outputs, n_outputs, st);
+}
+
+int mlxd_stream_submit_copy(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
+                            const void* arg, size_t arg_size, mlxd_array* const* inputs,
+                            int n_inputs, mlxd_array* const* outputs, int n_outputs,
+                            mlxd_status* st) {
+  return submit_task(s, run, cleanup, (void*)arg, arg_size, true, inputs, n_inputs, outputs,
+                     n_outputs, st);
 }
 
 static mlxd_stream* stream_new(mlx_device_type type, mlxd_status* st) {

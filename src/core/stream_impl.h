@@ -7,6 +7,7 @@
 #define MLXD_STREAM_IMPL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "core/array_impl.h"
 #include "core/status.h"
@@ -30,6 +31,16 @@ int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
                        mlxd_array* const* inputs, int n_inputs, mlxd_array* const* outputs,
                        int n_outputs, mlxd_status* st);
 
+/* mlxd_stream_submit, but arg points to arg_size bytes (at most
+ * MLXD_TASK_ARG_MAX) that are copied into the task: run and cleanup get a
+ * pointer to the copy, which lives until cleanup returns. Saves the caller
+ * an allocation per task. */
+#define MLXD_TASK_ARG_MAX 96
+int mlxd_stream_submit_copy(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
+                            const void* arg, size_t arg_size, mlxd_array* const* inputs,
+                            int n_inputs, mlxd_array* const* outputs, int n_outputs,
+                            mlxd_status* st);
+
 /* The default stream of a device type (created on first use, lives until exit).
  * GPU: NULL with st set when no GPU backend is available. Not retained. */
 mlxd_stream* mlxd_default_stream(mlx_device_type type, mlxd_status* st);
@@ -42,9 +53,15 @@ int mlxd_stream_index(const mlxd_stream* s);
  * stream, run the queued tasks up to it on this thread (in queue order), so
  * the waiter does the work instead of waking the worker and sleeping. */
 void mlxd_stream_help(mlxd_array* a);
-/* Record s as the producer of the pending array a (retains s); cleared by
+/* Record s as the producer of the pending array a (retains s unless it is
+ * the built-in default stream, which lives until exit); cleared by
  * mlxd_array_complete. */
 void mlxd_array_set_producer(mlxd_array* a, mlxd_stream* s);
+/* The producer of a, or NULL: retained unless mlxd_stream_is_static (the
+ * caller releases it only then). */
+mlxd_stream* mlxd_array_producer_retain(mlxd_array* a);
+/* The built-in default stream: never freed, references need not be held. */
+bool mlxd_stream_is_static(const mlxd_stream* s);
 /* Wait until every task queued so far has finished. */
 void mlxd_stream_sync(mlxd_stream* s);
 

@@ -39,6 +39,9 @@ typedef struct op_task {
   bool ended;      /* the record has its end */
 } op_task;
 
+_Static_assert(sizeof(op_task) <= MLXD_TASK_ARG_MAX,
+               "an op_task is copied into its stream task (mlxd_stream_submit_copy)");
+
 static const char* dev_name(mlx_device_type t) { return t == MLX_GPU ? "gpu" : "cpu"; }
 
 static void op_run(void* arg, mlxd_status* st) {
@@ -88,7 +91,6 @@ static void op_cleanup(void* arg) {
   if (!t->ended) mlxd_oprec_end(t->rec, MLXD_EABORTED); /* the stream dropped it */
   atomic_fetch_sub(&t->g->pending, 1);
   mlxd_group_release(t->g);
-  free(t);
 }
 
 /* *res = a (passed on), releasing what *res held. */
@@ -98,15 +100,17 @@ static void set_result(mlx_array* res, mlxd_array* a) {
   if (old) mlxd_array_release(old);
 }
 
-/* Group and stream for an op. On success *g is a new reference. */
+/* Group and stream for an op. On success *g is the caller's group
+ * (borrowed: the caller's handle keeps it alive during the call) or, for
+ * the empty handle, a new reference to the default group (*own set: drop
+ * it with unresolve). */
 static int resolve(const char* op, mlx_distributed_group group, mlx_stream s, mlxd_group** gout,
-                   mlxd_stream** sout) {
-  mlxd_status st;
-  mlxd_status_clear(&st);
+                   mlxd_stream** sout, bool* own) {
   mlxd_group* g = mlxd_group_of(group);
-  if (g) {
-    mlxd_group_retain(g);
-  } else {
+  *own = !g;
+  if (!g) {
+    mlxd_status st;
+    mlxd_status_clear(&st);
     g = mlxd_group_default(&st);
     if (!g) return mlxd_error_status(&st);
   }
@@ -119,7 +123,7 @@ static int resolve(const char* op, mlx_distributed_group group, mlx_stream s, ml
           "[distributed] %s: the %s backend communicates on the %s, which is not "
           "available in this process",
           op, g->kind, dev_name(want));
-      mlxd_group_release(g);
+      if (*own) mlxd_group_release(g);
       return MLXD_EUNAVAIL;
     }
   } else if (mlxd_stream_device_type(str) != want) {
@@ -127,12 +131,16 @@ static int resolve(const char* op, mlx_distributed_group group, mlx_stream s, ml
         "[distributed] %s: the stream is on the %s but the group's %s backend "
         "communicates on the %s (pass a %s stream, or the null stream)",
         op, dev_name(mlxd_stream_device_type(str)), g->kind, dev_name(want), dev_name(want));
-    mlxd_group_release(g);
+    if (*own) mlxd_group_release(g);
     return MLXD_EINVAL;
   }
   *gout = g;
   *sout = str;
   return 0;
+}
+
+static void unresolve(mlxd_group* g, bool own) {
+  if (own) mlxd_group_release(g);
 }
 
 static int check_res_x(const char* op, mlx_array* res, const mlx_array* x) {
@@ -172,9 +180,7 @@ static int check_peer(const char* op, const char* what, int peer, const mlxd_gro
 /* The element type of an array that reaches a backend (arrays made by this
  * library always have a valid one; this is the contract's check). */
 static int check_dtype(const char* op, const char* what, mlx_dtype dtype) {
-  mlxd_status st;
-  mlxd_status_clear(&st);
-  if (mlxd_dtype_check((int)dtype, &st) != 0 || mlx_dtype_size(dtype) == 0) {
+  if (mlxd_dtype_check((int)dtype, NULL) != 0 || mlx_dtype_size(dtype) == 0) {
     mlxd_error(
         "[distributed] %s: %s dtype %d is not a valid mlx_dtype (expected MLX_BOOL .. "
         "MLX_COMPLEX64)",
@@ -184,44 +190,35 @@ static int check_dtype(const char* op, const char* what, mlx_dtype dtype) {
   return 0;
 }
 
-/* Take the sequence number and queue the task; on success *res = out. Consumes out. */
+/* Take the sequence number and queue the task; on success *res = out. Consumes out.
+ * The op_task is copied into the stream's task (no allocation of its own). */
 static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind, mlxd_reduce_op rop,
                   int peer, mlxd_array* in, mlxd_array* out, mlx_array* res) {
   mlxd_status st;
-  mlxd_status_clear(&st);
-  op_task* t = calloc(1, sizeof *t);
-  if (!t) {
-    mlxd_array_release(out);
-    mlxd_error("[distributed] %s: out of memory", op);
-    return MLXD_ENOMEM;
-  }
-  t->g = mlxd_group_retain(g);
-  t->kind = kind;
-  t->rop = rop;
-  t->peer = peer;
-  t->in = in;
-  t->out = out;
+  mlxd_status_reset(&st);
+  op_task t = {.g = g, .kind = kind, .rop = rop, .peer = peer, .in = in, .out = out};
 
   pthread_mutex_lock(&g->mu);
   uint64_t* counter = kind == OP_SEND   ? &g->send_seq[peer]
                       : kind == OP_RECV ? &g->recv_seq[peer]
                                         : &g->coll_seq;
-  t->seq = (*counter)++;
+  t.seq = (*counter)++;
   const mlxd_array* data = in ? in : out;
-  t->rec =
-      mlxd_oprec_begin(g->id, g->backend->rank, g->backend->size, t->seq,
+  t.rec =
+      mlxd_oprec_begin(g->id, g->backend->rank, g->backend->size, t.seq,
                        kind == OP_RECV ? "recv" : op, /* recv_like: a recv, as the backend says */
                        (int)data->dtype, data->nbytes, peer);
   atomic_fetch_add(&g->pending, 1);
-  int rc = mlxd_stream_submit(s, op_run, op_cleanup, t, in ? &in : NULL, in ? 1 : 0, &out, 1, &st);
+  mlxd_group_retain(g); /* the task's reference, dropped by op_cleanup */
+  int rc = mlxd_stream_submit_copy(s, op_run, op_cleanup, &t, sizeof t, in ? &in : NULL, in ? 1 : 0,
+                                   &out, 1, &st);
   if (rc != 0) (*counter)--; /* nothing was queued: the number is unused */
   pthread_mutex_unlock(&g->mu);
 
   if (rc != 0) {
-    mlxd_oprec_end(t->rec, rc);
+    mlxd_oprec_end(t.rec, rc);
     atomic_fetch_sub(&g->pending, 1);
     mlxd_group_release(g);
-    free(t);
     mlxd_array_release(out);
     if (!st.msg[0]) mlxd_fail(&st, rc, "[distributed] %s: could not queue the operation", op);
     return mlxd_error_status(&st);
@@ -232,7 +229,7 @@ static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind, m
 
 static mlxd_array* alloc_pending(const char* op, const int* shape, int ndim, mlx_dtype dtype) {
   mlxd_status st;
-  mlxd_status_clear(&st);
+  mlxd_status_reset(&st);
   mlxd_array* a = mlxd_array_alloc(shape, ndim, dtype, true, &st);
   if (!a) {
     if (!st.msg[0])
@@ -258,14 +255,16 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
   }
   mlxd_group* g;
   mlxd_stream* str;
-  rc = resolve(op, group, s, &g, &str);
+  bool own;
+  rc = resolve(op, group, s, &g, &str, &own);
   if (rc) return rc;
   int size = g->backend->size;
 
   int ndim = in->ndim;
-  int* oshape = malloc(sizeof(int) * (size_t)(ndim > 0 ? ndim : 1));
+  int oshape_small[8];
+  int* oshape = ndim <= 8 ? oshape_small : malloc(sizeof(int) * (size_t)(ndim > 0 ? ndim : 1));
   if (!oshape) {
-    mlxd_group_release(g);
+    unresolve(g, own);
     mlxd_error("[distributed] %s: out of memory", op);
     return MLXD_ENOMEM;
   }
@@ -309,8 +308,8 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
   }
   rc = submit(op, g, str, kind, rop, -1, in, o, res);
 out:
-  free(oshape);
-  mlxd_group_release(g);
+  if (oshape != oshape_small) free(oshape);
+  unresolve(g, own);
   return rc;
 }
 
@@ -351,7 +350,8 @@ int mlx_distributed_send(mlx_array* res, const mlx_array x, int dst,
   mlxd_array* in = mlxd_array_of(x);
   mlxd_group* g;
   mlxd_stream* str;
-  rc = resolve(op, group, s, &g, &str);
+  bool own;
+  rc = resolve(op, group, s, &g, &str, &own);
   if (rc) return rc;
   rc = check_peer(op, "dst", dst, g);
   if (rc == 0) rc = check_dtype(op, "x's", in->dtype);
@@ -370,7 +370,7 @@ int mlx_distributed_send(mlx_array* res, const mlx_array x, int dst,
   atomic_store(&o->state, MLXD_ARRAY_PENDING);
   rc = submit(op, g, str, OP_SEND, MLXD_SUM, dst, in, o, res);
 out:
-  mlxd_group_release(g);
+  unresolve(g, own);
   return rc;
 }
 
@@ -415,7 +415,8 @@ static int recv_impl(const char* op, mlx_array* res, const int* shape, size_t sh
   }
   mlxd_group* g;
   mlxd_stream* str;
-  rc = resolve(op, group, s, &g, &str);
+  bool own;
+  rc = resolve(op, group, s, &g, &str, &own);
   if (rc) return rc;
   rc = check_peer(op, "src", src, g);
   if (rc) goto out;
@@ -426,7 +427,7 @@ static int recv_impl(const char* op, mlx_array* res, const int* shape, size_t sh
   }
   rc = submit(op, g, str, OP_RECV, MLXD_SUM, src, NULL, o, res);
 out:
-  mlxd_group_release(g);
+  unresolve(g, own);
   return rc;
 }
 
