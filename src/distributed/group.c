@@ -157,7 +157,9 @@ void mlxd_groups_abort_pending(void) {
     mlxd_group* hit = NULL;
     pthread_mutex_lock(&g_live_mu);
     for (mlxd_group* g = g_live; g && !hit; g = g->live_next) {
-      if (g->aborted || atomic_load(&g->pending) == 0 || !g->backend->ops->abort) continue;
+      /* finished first: queued is never behind it, so no false "pending" */
+      uint64_t fin = atomic_load(&g->finished);
+      if (g->aborted || atomic_load(&g->queued) == fin || !g->backend->ops->abort) continue;
       int r = atomic_load(&g->refs);
       while (r > 0 && !atomic_compare_exchange_weak(&g->refs, &r, r + 1)) {
       }
@@ -214,7 +216,8 @@ static mlxd_group* group_new(mlxd_backend* b, const char* kind, mlxd_user_gather
   pthread_mutex_init(&g->mu, NULL);
   g->send_seq = seqs;
   g->recv_seq = seqs + b->size;
-  atomic_init(&g->pending, 0);
+  atomic_init(&g->queued, 0);
+  atomic_init(&g->finished, 0);
   live_add(g);
   mlxd_stream_set_exit_hook(mlxd_groups_abort_pending);
   if (b->size > 1) mlxd_oprec_signal_setup();

@@ -44,9 +44,13 @@ typedef struct mlxd_group {
   uint64_t* send_seq; /* size entries, per destination */
   uint64_t* recv_seq; /* size entries, per source */
   /* The operation record (core/oprec.h) and teardown at exit. */
-  unsigned id;        /* 1, 2, ... in the order groups were made (the record's g<id>) */
-  atomic_int pending; /* ops queued and not finished (ops.c) */
-  bool aborted;       /* under group.c's list mutex: abort was called */
+  unsigned id; /* 1, 2, ... in the order groups were made (the record's g<id>) */
+  /* Ops queued and finished (ops.c); queued - finished are pending. queued
+   * changes only under mu (a plain load and store, no locked instruction
+   * on every op), finished with an atomic add from whichever thread ends
+   * the task. */
+  _Atomic uint64_t queued, finished;
+  bool aborted;                             /* under group.c's list mutex: abort was called */
   struct mlxd_group *live_prev, *live_next; /* the process's live groups (group.c) */
 } mlxd_group;
 

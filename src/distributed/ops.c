@@ -89,7 +89,7 @@ static void op_run(void* arg, mlxd_status* st) {
 static void op_cleanup(void* arg) {
   op_task* t = arg;
   if (!t->ended) mlxd_oprec_end(t->rec, MLXD_EABORTED); /* the stream dropped it */
-  atomic_fetch_sub(&t->g->pending, 1);
+  atomic_fetch_add_explicit(&t->g->finished, 1, memory_order_release);
   mlxd_group_release(t->g);
 }
 
@@ -208,16 +208,21 @@ static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind, m
       mlxd_oprec_begin(g->id, g->backend->rank, g->backend->size, t.seq,
                        kind == OP_RECV ? "recv" : op, /* recv_like: a recv, as the backend says */
                        (int)data->dtype, data->nbytes, peer);
-  atomic_fetch_add(&g->pending, 1);
+  /* only under mu: a plain load and store suffice */
+  atomic_store_explicit(&g->queued, atomic_load_explicit(&g->queued, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
   mlxd_group_retain(g); /* the task's reference, dropped by op_cleanup */
   int rc = mlxd_stream_submit_copy(s, op_run, op_cleanup, &t, sizeof t, in ? &in : NULL, in ? 1 : 0,
                                    &out, 1, &st);
-  if (rc != 0) (*counter)--; /* nothing was queued: the number is unused */
+  if (rc != 0) { /* nothing was queued: the number is unused */
+    (*counter)--;
+    atomic_store_explicit(&g->queued, atomic_load_explicit(&g->queued, memory_order_relaxed) - 1,
+                          memory_order_relaxed);
+  }
   pthread_mutex_unlock(&g->mu);
 
   if (rc != 0) {
     mlxd_oprec_end(t.rec, rc);
-    atomic_fetch_sub(&g->pending, 1);
     mlxd_group_release(g);
     mlxd_array_release(out);
     if (!st.msg[0]) mlxd_fail(&st, rc, "[distributed] %s: could not queue the operation", op);
