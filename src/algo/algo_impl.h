@@ -37,6 +37,21 @@ int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_si
                                   const void* in, void* out, size_t count, mlx_dtype dtype,
                                   mlxd_reduce_op op, int bidir, mlxd_status* st);
 
+/* Blocks of any sizes (the two-level collectives' phases, hier.c): block b
+ * is elements [off[b], off[b] + len[b]); the blocks follow each other
+ * without gaps from element 0 (off[0] == 0, off[b+1] == off[b] + len[b]);
+ * empty blocks are allowed. Pipelined ring schedules, both directions as
+ * mlxd_algo_bidir decides. */
+/* reduce_scatter: in holds every block; out receives block `rank` reduced
+ * (len[rank] elements). */
+int mlxd_algo_reduce_scatter_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                    const void* in, void* out, const size_t* off, const size_t* len,
+                                    mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+/* all_gather in place, in bytes: buf holds block `rank` at its offset on
+ * entry and every block on return. */
+int mlxd_algo_all_gather_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, void* buf,
+                                const size_t* off, const size_t* len, mlxd_status* st);
+
 /* ---- helpers (common.c) ---- */
 
 /* Element size of dtype, for a reduction with op. The caller guarantees
@@ -55,6 +70,11 @@ static inline size_t mlxd_algo_mul(size_t a, size_t b) {
 int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);
 /* Whether to use both ring directions. */
 bool mlxd_algo_bidir(int size, size_t nbytes, int bidir);
+/* Split blocks (off, len; n of them) over ndir directions: direction 0
+ * takes the first half of every block, direction 1 the rest (tab: 4 * n
+ * entries, for the plan's boff/blen). */
+void mlxd_algo_split_blocks(const size_t* off, const size_t* len, int n, int ndir, size_t* tab,
+                            size_t* boff[2], size_t* blen[2]);
 
 /* A ring schedule (ring.c). */
 typedef enum { MLXD_RING_AR, MLXD_RING_AG, MLXD_RING_RS } mlxd_ring_mode;

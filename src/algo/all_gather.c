@@ -68,6 +68,29 @@ int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* s
   return st->code;
 }
 
+int mlxd_algo_all_gather_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, void* buf,
+                                const size_t* off, const size_t* len, mlxd_status* st) {
+  mlxd_status_clear(st);
+  int n = t->size;
+  assert(n >= 2 && off[0] == 0);
+  size_t total = off[n - 1] + len[n - 1];
+  assert(total == 0 || buf);
+  if (total == 0) return 0;
+  size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
+  if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
+  mlxd_ring_plan p;
+  memset(&p, 0, sizeof p);
+  p.mode = MLXD_RING_AG;
+  p.esz = 1;
+  p.out = buf;
+  p.ndir = mlxd_algo_bidir(n, total, -1) ? 2 : 1;
+  mlxd_algo_split_blocks(off, len, n, p.ndir, tab, p.boff, p.blen);
+  p.sig = sig;
+  mlxd_ring_run(t, seq, &p, st);
+  free(tab);
+  return st->code;
+}
+
 int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                          void* out, size_t nbytes, mlxd_status* st) {
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);

@@ -28,3 +28,20 @@ bool mlxd_algo_bidir(int size, size_t nbytes, int bidir) {
   if (bidir >= 0) return bidir > 0 && size >= 2;
   return size >= MLXD_RING_BIDIR_MIN_RANKS && nbytes >= MLXD_RING_BIDIR_MIN_BYTES;
 }
+
+void mlxd_algo_split_blocks(const size_t* off, const size_t* len, int n, int ndir, size_t* tab,
+                            size_t* boff[2], size_t* blen[2]) {
+  for (int di = 0; di < ndir; di++) {
+    boff[di] = tab + (size_t)di * 2 * (size_t)n;
+    blen[di] = boff[di] + n;
+  }
+  for (int b = 0; b < n; b++) {
+    size_t h = ndir == 2 ? len[b] / 2 : len[b];
+    boff[0][b] = off[b];
+    blen[0][b] = h;
+    if (ndir == 2) {
+      boff[1][b] = off[b] + h;
+      blen[1][b] = len[b] - h;
+    }
+  }
+}

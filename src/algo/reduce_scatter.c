@@ -101,6 +101,42 @@ int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_si
   return st->code;
 }
 
+int mlxd_algo_reduce_scatter_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                    const void* in, void* out, const size_t* off, const size_t* len,
+                                    mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+  mlxd_status_clear(st);
+  int n = t->size, r = t->rank;
+  assert(n >= 2 && off[0] == 0);
+  size_t esz = mlxd_algo_esize(dtype, op);
+  size_t total = off[n - 1] + len[n - 1], bytes = mlxd_algo_mul(total, esz);
+  assert(total == 0 || (in && (out || len[r] == 0)));
+  if (total == 0) return 0;
+  size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
+  char* work = n > 2 ? mlxd_buffer_alloc(bytes) : NULL;
+  if (!tab || (n > 2 && !work)) {
+    free(tab);
+    mlxd_buffer_free(work, bytes);
+    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
+  }
+  mlxd_ring_plan p;
+  memset(&p, 0, sizeof p);
+  p.mode = MLXD_RING_RS;
+  p.esz = esz;
+  p.dtype = dtype;
+  p.op = op;
+  p.in = in;
+  p.out = out;
+  p.work = work;
+  p.out_base = off[r];
+  p.ndir = mlxd_algo_bidir(n, bytes, -1) ? 2 : 1;
+  mlxd_algo_split_blocks(off, len, n, p.ndir, tab, p.boff, p.blen);
+  p.sig = sig;
+  mlxd_ring_run(t, seq, &p, st);
+  free(tab);
+  mlxd_buffer_free(work, bytes);
+  return st->code;
+}
+
 int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                              void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                              mlxd_status* st) {

@@ -188,14 +188,30 @@ struct mlxd_transport {
   int size;
 };
 
-/* Tags: kind (4 bits) | sequence number (44 bits) | step (16 bits). */
+/* Tags: kind (4 bits) | phase (3 bits) | sequence number (41 bits) | step (16 bits).
+ * The phase is 0 for every message an algorithm posts on a group's own
+ * transport; a view (view.h) sets it, so that the phases of a two-level
+ * collective (src/algo/hier.c), which reuse one sequence number on subsets
+ * of the ranks, never match each other's messages. Messages of one call
+ * share kind and sequence number whatever their phase and step
+ * (mlxd_tag_op, match.h): their signatures are compared. */
 /* Kind 3 is unused (split's exchange is a collective: MLXD_TAG_COLL).
  * Kind 15 (MLXD_TAG_CTRL) is the transports' own: control frames between
  * two ranks' transports (tcp: heartbeats and abort records, tcp_wire.h),
  * never matched with a receive; callers never use it. */
 enum { MLXD_TAG_P2P = 1, MLXD_TAG_COLL = 2, MLXD_TAG_BOOT = 4, MLXD_TAG_CTRL = 15 };
+#define MLXD_TAG_PHASE_SHIFT 57
+#define MLXD_TAG_PHASES 8 /* phases 0..7 */
 static inline uint64_t mlxd_tag(unsigned kind, uint64_t seq, unsigned step) {
-  return ((uint64_t)(kind & 0xF) << 60) | ((seq & ((1ull << 44) - 1)) << 16) | (step & 0xFFFF);
+  return ((uint64_t)(kind & 0xF) << 60) | ((seq & ((1ull << 41) - 1)) << 16) | (step & 0xFFFF);
+}
+/* tag with its phase set to phase (0..7). */
+static inline uint64_t mlxd_tag_with_phase(uint64_t tag, unsigned phase) {
+  return (tag & ~((uint64_t)7 << MLXD_TAG_PHASE_SHIFT)) |
+         ((uint64_t)(phase & 7) << MLXD_TAG_PHASE_SHIFT);
+}
+static inline unsigned mlxd_tag_phase(uint64_t tag) {
+  return (unsigned)(tag >> MLXD_TAG_PHASE_SHIFT) & 7;
 }
 
 #endif

@@ -143,7 +143,12 @@ typedef struct mlxd_tunable_spec {
     "NCCL_SOCKET_IFNAME).")                                                                       \
   X(PORT_RANGE, "MLXDIST_PORT_RANGE", "", MLXD_TK_WORD("A-B, ports 1 <= A <= B <= 65535"),        \
     "A-B: bootstrapped ranks listen on the first free ports from A to B instead of ephemeral "    \
-    "ones (for firewalled sites); none free is an error naming the range.")
+    "ones (for firewalled sites); none free is an error naming the range.")                       \
+  X(ALGO, "MLXDIST_ALGO", "auto", MLXD_TK_CHOICE("auto|flat|hier"),                               \
+    "Ring backend, groups that span hosts: auto and hier run all_sum/max/min, all_gather and "    \
+    "sum_scatter in two levels (inside each host, then across hosts) where the group spans >= 2 " \
+    "hosts with >= 2 ranks on some host; flat runs the one-level algorithms over every rank. "    \
+    "Read when a group is created; must be the same on every rank. See docs/ring.md.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,

@@ -10,6 +10,8 @@
  * elements than ranks, odd, around the small/large switch
  * (MLXDIST_SMALL_BYTES) and a few MiB; all_reduce with every dtype and op,
  * reduce_scatter with every dtype (all ops for one dtype per element size);
+ * over mixed:HOSTS also the two-level forms (algo/hier.h) on HOSTS' host map,
+ * against the same references as the flat ones;
  * results checked bit for bit against references computed here
  * (reference.c), plus a canary past the end of every output. Arbitrary
  * floats check that every rank gets bit-identical results close to the
@@ -27,6 +29,7 @@
 
 #include "algo/algo.h"
 #include "algo/algo_impl.h"
+#include "algo/hier.h"
 #include "reference.h"
 #include "testutil.h"
 #include "transports.h"
@@ -34,11 +37,15 @@
 
 /* Sanitizer builds (T_SANITIZED) run every case but the few-MiB ones for one dtype only. */
 
-enum { V_AUTO, V_DIRECT, V_RING, V_BIDIR, V_COUNT };
+enum { V_AUTO, V_DIRECT, V_RING, V_BIDIR, V_HIER, V_COUNT };
 static const char* v_name(int v) {
-  static const char* nm[] = {"auto", "direct", "ring", "ring-bidir"};
+  static const char* nm[] = {"auto", "direct", "ring", "ring-bidir", "hier"};
   return nm[v];
 }
+/* Over mixed:HOSTS, the two-level collectives (algo/hier.h) on the host map
+ * HOSTS gives; NULL elsewhere (the hier variant is then skipped). */
+static mlxd_hier* g_hier;
+static bool skip(int v) { return v == V_HIER && !g_hier; }
 
 /* The largest payloads: a few MiB (odd), so the ring pipelines several
  * 1 MiB chunks per block and posts more units than its receive window. */
@@ -69,6 +76,7 @@ static int call_all_reduce(mlxd_transport* t, int v, const void* in, void* out, 
     case V_AUTO: return mlxd_algo_all_reduce(t, seq, NULL, in, out, count, d, o, st);
     case V_DIRECT: return mlxd_algo_all_reduce_oneshot(t, seq, NULL, in, out, count, d, o, st);
     case V_RING: return mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, d, o, 0, st);
+    case V_HIER: return mlxd_algo_hier_all_reduce(t, g_hier, seq, NULL, in, out, count, d, o, st);
     default: return mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, d, o, 1, st);
   }
 }
@@ -82,6 +90,8 @@ static int call_reduce_scatter(mlxd_transport* t, int v, const void* in, void* o
     case V_AUTO: return mlxd_algo_reduce_scatter(t, seq, NULL, in, out, count, d, o, st);
     case V_DIRECT: return mlxd_algo_reduce_scatter_direct(t, seq, NULL, in, out, count, d, o, st);
     case V_RING: return mlxd_algo_reduce_scatter_ring(t, seq, NULL, in, out, count, d, o, 0, st);
+    case V_HIER:
+      return mlxd_algo_hier_reduce_scatter(t, g_hier, seq, NULL, in, out, count, d, o, st);
     default: return mlxd_algo_reduce_scatter_ring(t, seq, NULL, in, out, count, d, o, 1, st);
   }
 }
@@ -93,6 +103,7 @@ static int call_all_gather(mlxd_transport* t, int v, const void* in, void* out, 
     case V_AUTO: return mlxd_algo_all_gather(t, seq, NULL, in, out, nbytes, st);
     case V_DIRECT: return mlxd_algo_all_gather_direct(t, seq, NULL, in, out, nbytes, st);
     case V_RING: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 0, st);
+    case V_HIER: return mlxd_algo_hier_all_gather(t, g_hier, seq, NULL, in, out, nbytes, st);
     default: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 1, st);
   }
 }
@@ -135,7 +146,7 @@ static void all_reduce_case(mlxd_transport* t, bufs* b, int dt, int op, size_t c
   char what[160];
   mlxd_status st;
   for (int v = 0; v < V_COUNT; v++) {
-    if (!(vmask >> v & 1)) continue;
+    if (!(vmask >> v & 1) || skip(v)) continue;
     for (int ip = 0; ip < (inplace ? 2 : 1); ip++) {
       snprintf(what, sizeof what, "all_reduce %s %s %s count %zu%s", v_name(v), r_dt_name(dt),
                r_op_name(op), count, ip ? " in place" : "");
@@ -169,7 +180,7 @@ static void inexact_case(mlxd_transport* t, bufs* b, int dt, size_t count, unsig
   char what[160];
   mlxd_status st;
   for (int v = 0; v < V_COUNT; v++) {
-    if (!(vmask >> v & 1)) continue;
+    if (!(vmask >> v & 1) || skip(v)) continue;
     snprintf(what, sizeof what, "all_reduce %s %s sum count %zu (arbitrary floats)", v_name(v),
              r_dt_name(dt), count);
     require_ok(call_all_reduce(t, v, b->in, b->out, count, dt, 0, &st), &st, what);
@@ -197,7 +208,7 @@ static void inexact_case(mlxd_transport* t, bufs* b, int dt, size_t count, unsig
 static void test_all_reduce(mlxd_transport* t, bufs* b) {
   int n = t->size;
   const unsigned all = (1u << V_COUNT) - 1;
-  const unsigned auto_bidir = 1u << V_AUTO | 1u << V_BIDIR;
+  const unsigned auto_bidir = 1u << V_AUTO | 1u << V_BIDIR | 1u << V_HIER;
   for (int dt = 0; dt < R_NDTYPES; dt++)
     for (int op = 0; op < R_NOPS; op++)
       all_reduce_case(t, b, dt, op, 129, auto_bidir, op == dt % 3);
@@ -208,11 +219,11 @@ static void test_all_reduce(mlxd_transport* t, bufs* b) {
   for (int k = 0; k < 4; k++)
     for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++)
       all_reduce_case(t, b, per_size[k], k % 3, counts[c], all, c == 3);
-  /* around the switch (auto only: the others take no decision) */
+  /* around the switch (auto and hier only: the others take no decision) */
   for (int k = 0; k < 4; k++) {
     size_t at = g_small / r_esize(per_size[k]);
     for (size_t c = at - 1; c <= at + 1; c++)
-      all_reduce_case(t, b, per_size[k], (k + 1) % 3, c, 1u << V_AUTO, false);
+      all_reduce_case(t, b, per_size[k], (k + 1) % 3, c, 1u << V_AUTO | 1u << V_HIER, false);
   }
   /* a few MiB: every variant in float32 (with 4 ranks the ring then posts
    * more chunks than its receive window); one dtype per other element size
@@ -226,7 +237,7 @@ static void test_all_reduce(mlxd_transport* t, bufs* b) {
   }
   for (int dt = 9; dt < R_NDTYPES; dt++) inexact_case(t, b, dt, 1001, all);
   inexact_case(t, b, 10, 100003, all);
-  inexact_case(t, b, 12, 100003, 1u << V_RING | 1u << V_BIDIR);
+  inexact_case(t, b, 12, 100003, 1u << V_RING | 1u << V_BIDIR | 1u << V_HIER);
 }
 
 /* ------------------------------------------------------ reduce_scatter */
@@ -242,7 +253,7 @@ static void reduce_scatter_case(mlxd_transport* t, bufs* b, int dt, int op, size
   mlxd_status st;
   r_fill(dt, t->rank, 0, count * n, true, salt, b->in);
   for (int v = 0; v < V_COUNT; v++) {
-    if (!(vmask >> v & 1)) continue;
+    if (!(vmask >> v & 1) || skip(v)) continue;
     snprintf(what, sizeof what, "reduce_scatter %s %s %s count %zu", v_name(v), r_dt_name(dt),
              r_op_name(op), count);
     memset(b->out, 0x5A, count * es);
@@ -259,7 +270,7 @@ static void test_reduce_scatter(mlxd_transport* t, bufs* b) {
   /* every dtype through both reduction paths (direct: mlxd_reduce after
    * the exchange; ring: mlxd_reduce3 on chunks) */
   for (int dt = 0; dt < R_NDTYPES; dt++)
-    reduce_scatter_case(t, b, dt, dt % 3, 7, 1u << V_DIRECT | 1u << V_RING);
+    reduce_scatter_case(t, b, dt, dt % 3, 7, 1u << V_DIRECT | 1u << V_RING | 1u << V_HIER);
   /* every op for one dtype per element size, every variant */
   const int per_size[] = {0 /* bool */, 9 /* float16 */, 7 /* int32 */, 13 /* complex64 */};
   for (int k = 0; k < 4; k++)
@@ -269,10 +280,12 @@ static void test_reduce_scatter(mlxd_transport* t, bufs* b) {
     reduce_scatter_case(t, b, 10, 0, counts[c], all);
   /* the switch is on the block size: small / size bytes */
   size_t at = g_small / (size_t)n / 4;
-  for (size_t c = at - 1; c <= at + 1; c++) reduce_scatter_case(t, b, 10, 2, c, 1u << V_AUTO);
+  for (size_t c = at - 1; c <= at + 1; c++)
+    reduce_scatter_case(t, b, 10, 2, c, 1u << V_AUTO | 1u << V_HIER);
   /* a few MiB of input in all */
   reduce_scatter_case(t, b, 10, 0, BIG_BYTES / 4 / (size_t)n, all);
-  if (!T_SANITIZED) reduce_scatter_case(t, b, 12, 1, MID_BYTES / 2 / (size_t)n + 1, 1u << V_AUTO);
+  if (!T_SANITIZED)
+    reduce_scatter_case(t, b, 12, 1, MID_BYTES / 2 / (size_t)n + 1, 1u << V_AUTO | 1u << V_HIER);
 }
 
 /* ---------------------------------------------------------- all_gather */
@@ -289,7 +302,7 @@ static void all_gather_case(mlxd_transport* t, bufs* b, size_t nbytes, unsigned 
   char what[160];
   mlxd_status st;
   for (int v = 0; v < V_COUNT; v++) {
-    if (!(vmask >> v & 1)) continue;
+    if (!(vmask >> v & 1) || skip(v)) continue;
     for (int ip = 0; ip < 2; ip++) {
       /* in place: the input is this rank's block of the output */
       snprintf(what, sizeof what, "all_gather %s %zu bytes%s", v_name(v), nbytes,
@@ -312,7 +325,7 @@ static void test_all_gather(mlxd_transport* t, bufs* b) {
   for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) all_gather_case(t, b, sizes[k], all);
   /* the switch is on the total: small bytes */
   size_t at = g_small / (size_t)n;
-  for (size_t s = at - 1; s <= at + 1; s++) all_gather_case(t, b, s, 1u << V_AUTO);
+  for (size_t s = at - 1; s <= at + 1; s++) all_gather_case(t, b, s, 1u << V_AUTO | 1u << V_HIER);
   all_gather_case(t, b, BIG_BYTES / (size_t)n, all);
 }
 
@@ -358,7 +371,27 @@ static void test_send_recv(mlxd_transport* t, bufs* b) {
 /* ---------------------------------------------------------------- main */
 
 static int rank_main(mlxd_transport* t, void* arg) {
-  (void)arg;
+  const t_tp_spec* spec = arg;
+  if (spec->kind == T_TP_MIXED) {
+    int host_of[T_MAX_RANKS];
+    for (int p = 0; p < t->size; p++) {
+      host_of[p] = p;
+      for (int q = p - 1; q >= 0; q--)
+        if (spec->hosts[q] == spec->hosts[p]) host_of[p] = q;
+    }
+    mlxd_status hs;
+    mlxd_status_clear(&hs);
+    g_hier = mlxd_hier_new(t->rank, t->size, host_of, &hs);
+    T_REQUIREF(g_hier, "host map: %s", hs.msg);
+    if (!mlxd_hier_applies(g_hier)) {
+      mlxd_hier_free(g_hier);
+      g_hier = NULL;
+    } else if (t->rank == 0) {
+      char where[96];
+      mlxd_hier_describe(g_hier, where, sizeof where);
+      printf("two-level collectives too: %s\n", where);
+    }
+  }
   bufs b;
   /* big enough for every case: a reduce_scatter input of BIG_BYTES plus
    * one element per rank, an all_gather of BIG_BYTES, 3 MiB to each peer */
@@ -389,6 +422,7 @@ static int rank_main(mlxd_transport* t, void* arg) {
   free(b.in);
   free(b.out);
   free(b.ref);
+  mlxd_hier_free(g_hier);
   return 0;
 }
 
@@ -411,7 +445,7 @@ int main(int argc, char** argv) {
   T_REQUIREF(small >= 64, "MLXDIST_SMALL_BYTES=%ld: this test needs at least 64", small);
   g_small = (size_t)small;
   t_ranks_opts o = {.timeout_s = 240, .what = argv[1]};
-  int bad = t_run_transport(&spec, n, rank_main, NULL, &o, NULL);
+  int bad = t_run_transport(&spec, n, rank_main, &spec, &o, NULL);
   if (bad)
     T_FAIL("collectives over %s with %d ranks: %d rank%s failed", argv[1], n, bad,
            bad == 1 ? "" : "s");

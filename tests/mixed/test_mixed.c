@@ -9,7 +9,10 @@
  *                              send/recv around the ring give the reference results;
  *                              split by host gives shm-only children (no TCP line, no
  *                              TCP connection made),
- *                              split off the last rank a child that mixes again
+ *                              split off the last rank a child that mixes again;
+ *                              MLX_RING_VERBOSE names the algorithm of an all_sum
+ *                              (two-level where hosts have several ranks, flat in a
+ *                              child made with MLXDIST_ALGO=flat)
  *   test_mixed kill HOSTS      the last rank is killed inside a 4 MiB all_sum: every
  *                              other rank fails within a bound naming a lost rank
  *   test_mixed mismatch HOSTS  rank 0 sums 10 floats, the others 11: every rank fails
@@ -239,6 +242,64 @@ static void check_collectives(mlx_distributed_group g, int n) {
   mlx_array_free(x);
 }
 
+/* The line MLX_RING_VERBOSE=1 prints for an all_sum of nbytes on the group
+ * of the ranks in[0..m) of HOSTS (docs/ring.md): "all_sum 1200000 B: hier
+ * (2 hosts x 2)", "... hier (2 hosts: 2+1 ranks)", or "... flat" (one host,
+ * or one rank per host, or flat forced). */
+static void expected_algo(const int* in, int m, size_t nbytes, bool flat, char* out, size_t cap) {
+  char seen[T_MAX_RANKS];
+  int count[T_MAX_RANKS] = {0}, nh = 0, most = 0, least = T_MAX_RANKS;
+  for (int i = 0; i < m; i++) {
+    char hd = g_hosts[in[i]];
+    int k = 0;
+    while (k < nh && seen[k] != hd) k++;
+    if (k == nh) seen[nh++] = hd;
+    count[k]++;
+  }
+  for (int k = 0; k < nh; k++) {
+    if (count[k] > most) most = count[k];
+    if (count[k] < least) least = count[k];
+  }
+  int o = snprintf(out, cap, "all_sum %zu B: ", nbytes);
+  if (flat || nh < 2 || most < 2) {
+    snprintf(out + o, cap - (size_t)o, "flat");
+  } else if (most == least) {
+    snprintf(out + o, cap - (size_t)o, "hier (%d hosts x %d)", nh, most);
+  } else {
+    o += snprintf(out + o, cap - (size_t)o, "hier (%d hosts: ", nh);
+    for (int k = 0; k < nh; k++)
+      o += snprintf(out + o, cap - (size_t)o, "%s%d", k ? "+" : "", count[k]);
+    snprintf(out + o, cap - (size_t)o, " ranks)");
+  }
+}
+
+typedef struct sum_ctx {
+  mlx_distributed_group g;
+  int n;
+} sum_ctx;
+static int do_all_sum(void* p) {
+  sum_ctx* c = p;
+  mlx_stream s = mlx_stream_new();
+  mlx_array x = floats(c->n, 0, 0), y = mlx_array_new();
+  int rc = mlx_distributed_all_sum(&y, x, c->g, s);
+  if (rc == 0) rc = mlx_array_eval(y);
+  mlx_array_free(y);
+  mlx_array_free(x);
+  mlx_stream_free(s);
+  return rc;
+}
+
+/* The algorithm line of an all_sum of n floats on g (ranks in[0..m) of HOSTS). */
+static void check_algo(mlx_distributed_group g, const int* in, int m, int n, bool flat, int rank) {
+  static char log[16384];
+  char want[160];
+  sum_ctx c = {g, n};
+  if (logged(rank, "sum", do_all_sum, &c, log, sizeof log) != 0)
+    T_FAIL("all_sum: %s\nlog:\n%s", t_last_error(), log);
+  expected_algo(in, m, (size_t)n * 4, flat, want, sizeof want);
+  if (!strstr(log, want)) T_FAIL("rank %d: no line '%s' in the log:\n%s", rank, want, log);
+}
+
 static int choice_rank(int rank, int size) {
   setenv("MLXDIST_TIMEOUT", "30", 1);
   static char log[16384];
@@ -252,6 +313,7 @@ static int choice_rank(int rank, int size) {
   check_line(log, want, rank);
   const int sizes[] = {1, 1000, 300000}; /* one element, small, above the ring switch */
   for (int i = 0; i < 3; i++) check_collectives(g, sizes[i]);
+  check_algo(g, all, size, 300000, false, rank);
 
   /* split by host: every child is on one host, so it is shm only */
   mlx_distributed_group h = mlx_distributed_group_new();
@@ -286,7 +348,20 @@ static int choice_rank(int rank, int size) {
     expected_line(all, size - 1, rank, want, sizeof want);
     check_line(log, want, rank);
     check_collectives(h, 70000);
+    check_algo(h, all, size - 1, 70000, false, rank);
   }
+  mlx_distributed_group_free(h);
+
+  /* MLXDIST_ALGO=flat, read by a child made of every rank: the one-level
+   * algorithms give the same results */
+  setenv("MLXDIST_ALGO", "flat", 1);
+  h = mlx_distributed_group_new();
+  split_ctx sc3 = {g, &h, 0, rank};
+  if (logged(rank, "split3-", do_split, &sc3, log, sizeof log) != 0)
+    T_FAIL("split with MLXDIST_ALGO=flat: %s\nlog:\n%s", t_last_error(), log);
+  unsetenv("MLXDIST_ALGO");
+  check_collectives(h, 70000);
+  check_algo(h, all, size, 70000, true, rank);
   mlx_distributed_group_free(h);
   T_EXPECT_NO_ERROR();
   mlx_distributed_group_free(g);

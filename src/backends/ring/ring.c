@@ -16,11 +16,13 @@
 #include <string.h>
 
 #include "algo/algo.h"
+#include "algo/hier.h"
 #include "backends/ring/handshake.h"
 #include "backends/ring/ring_internal.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 #include "util/bytes.h"
+#include "util/tunables.h"
 
 /* The ring's boundary: every op and create returns with its message
  * rendered once, here ("[ring] all_sum #17: lost connection to rank 2
@@ -46,16 +48,30 @@ static mlxd_sig make_sig(const mlxd_backend* b, mlxd_sig_op op, mlx_dtype dtype,
   return (mlxd_sig){(uint8_t)op, (uint8_t)dtype, 0, (uint32_t)b->size, (uint64_t)count};
 }
 
+/* MLX_RING_VERBOSE: which algorithm a collective of nbytes (this rank's
+ * input) runs: "[ring] rank 0: all_sum 1048576 B: hier (2 hosts x 2)". */
+static void log_algo(const mlxd_ring* r, const char* op, size_t nbytes, bool small) {
+  char where[96] = "";
+  if (r->hier) mlxd_hier_describe(r->hier, where, sizeof where);
+  mlxd_ring_log("rank %d: %s %zu B: %s%s%s%s", r->base.rank, op, nbytes,
+                r->hier ? "hier (" : "flat", where, r->hier && small ? ", via host leaders" : "",
+                r->hier ? ")" : "");
+}
+
 /* Every op runs on a group of two or more ranks (the front-end answers size
  * one itself) with the arguments backend.h guarantees: asserted, not
- * checked again. */
+ * checked again. The two-level forms (algo/hier.h) where r->hier is set. */
 static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                            mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
   mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_SUM + (op - MLXD_SUM), dtype, count);
-  return ring_done(mlxd_algo_all_reduce(r->t, seq, &sig, in, out, count, dtype, op, st), st,
-                   reduce_name(op), seq);
+  size_t nbytes = count * mlx_dtype_size(dtype);
+  if (r->verbose) log_algo(r, reduce_name(op), nbytes, mlxd_hier_small(nbytes));
+  int rc = r->hier
+               ? mlxd_algo_hier_all_reduce(r->t, r->hier, seq, &sig, in, out, count, dtype, op, st)
+               : mlxd_algo_all_reduce(r->t, seq, &sig, in, out, count, dtype, op, st);
+  return ring_done(rc, st, reduce_name(op), seq);
 }
 
 static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
@@ -63,8 +79,10 @@ static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* 
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
   mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_GATHER, dtype, nbytes / mlx_dtype_size(dtype));
-  return ring_done(mlxd_algo_all_gather(r->t, seq, &sig, in, out, nbytes, st), st, "all_gather",
-                   seq);
+  if (r->verbose) log_algo(r, "all_gather", nbytes, mlxd_hier_small(nbytes * (size_t)b->size));
+  int rc = r->hier ? mlxd_algo_hier_all_gather(r->t, r->hier, seq, &sig, in, out, nbytes, st)
+                   : mlxd_algo_all_gather(r->t, seq, &sig, in, out, nbytes, st);
+  return ring_done(rc, st, "all_gather", seq);
 }
 
 static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
@@ -72,8 +90,13 @@ static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, vo
   mlxd_ring* r = (mlxd_ring*)b;
   assert(r->t);
   mlxd_sig sig = make_sig(b, MLXD_SIG_SUM_SCATTER + (op - MLXD_SUM), dtype, count);
-  return ring_done(mlxd_algo_reduce_scatter(r->t, seq, &sig, in, out, count, dtype, op, st), st,
-                   op == MLXD_SUM ? "sum_scatter" : "reduce_scatter", seq);
+  const char* name = op == MLXD_SUM ? "sum_scatter" : "reduce_scatter";
+  size_t nbytes = count * mlx_dtype_size(dtype) * (size_t)b->size;
+  if (r->verbose) log_algo(r, name, nbytes, mlxd_hier_small(nbytes));
+  int rc = r->hier ? mlxd_algo_hier_reduce_scatter(r->t, r->hier, seq, &sig, in, out, count, dtype,
+                                                   op, st)
+                   : mlxd_algo_reduce_scatter(r->t, seq, &sig, in, out, count, dtype, op, st);
+  return ring_done(rc, st, name, seq);
 }
 
 static int ring_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
@@ -100,6 +123,7 @@ static void ring_destroy(mlxd_backend* b) {
   if (!r) return;
   if (r->t) r->t->ops->destroy(r->t);
   mlxd_ring_auth_clear(&r->auth);
+  mlxd_hier_free(r->hier);
   free(r->host_of);
   free(r);
 }
@@ -140,6 +164,7 @@ static int split_one_host(const mlxd_ring* r, uint64_t seq, int color, int me, i
   c->auth = *child;
   c->t = shm;
   c->host_of = host_of;
+  c->verbose = mlxd_ring_verbose();
   snprintf(c->session, sizeof c->session, "%.*s", (int)sizeof c->session - 1, name);
   bool* on = calloc((size_t)m, sizeof *on);
   if (on) {
@@ -311,6 +336,24 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
       if (!st->code)
         mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot choose the transport");
       return st->code;
+    }
+    r->verbose = mlxd_ring_verbose();
+    if (mlxd_hier_mode() != MLXD_ALGO_FLAT) {
+      r->hier = mlxd_hier_new(rank, size, r->host_of, st);
+      if (!r->hier) {
+        ring_destroy(&r->base);
+        return st->code;
+      }
+      if (!mlxd_hier_applies(r->hier)) {
+        mlxd_hier_free(r->hier);
+        r->hier = NULL;
+      }
+    }
+    if (r->hier) {
+      char where[96];
+      mlxd_hier_describe(r->hier, where, sizeof where);
+      mlxd_ring_log("rank %d: two-level collectives (%s; MLXDIST_ALGO=%s)", rank, where,
+                    mlxd_tunable_str(MLXD_T_ALGO));
     }
   }
   mlxd_ring_log("rank %d of %d ready (%s transport, %d TCP connection(s) per peer at set-up)", rank,

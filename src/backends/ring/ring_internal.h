@@ -135,6 +135,8 @@ typedef struct mlxd_ring {
   mlxd_transport* t;   /* tcp, shm or mixed (select.c); NULL when size == 1 */
   int* host_of;        /* host_of[p]: the lowest rank on rank p's host (NULL when size == 1) */
   char session[MLXD_RING_SESSION_MAX]; /* the group's shm session name (split derives from it) */
+  struct mlxd_hier* hier; /* the two-level collectives' host map (algo/hier.h), NULL: flat */
+  bool verbose;           /* MLX_RING_VERBOSE: a line per collective naming its algorithm */
 } mlxd_ring;
 
 /* Finish a group from connected fds (takes ownership of fds; closes them on failure). */

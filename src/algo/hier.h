@@ -1,0 +1,89 @@
+/* Private: two-level ("hierarchical") collectives for a group that spans
+ * hosts with several ranks on some host. Where the flat algorithms
+ * (algo.h) treat every link alike, these move as little as possible over
+ * the links between hosts: inside each host first (shared memory), then
+ * across hosts, then inside each host again. Each phase is a flat
+ * algorithm run on a view (transport/view.h) of the group's transport:
+ * "the ranks of my host" or "the ranks with my local index on every host"
+ * (a column), each phase with its own tag phase under the caller's one
+ * sequence number. See docs/ring.md, "Two-level collectives".
+ *
+ * all_reduce, nbytes <= MLXDIST_SMALL_BYTES (few messages over the slow
+ * links): the ranks of each host send their input to the host's first
+ * rank (its leader), which reduces them in local order; the leaders
+ * all-reduce across hosts (flat: one-shot); each leader sends the result
+ * to its host's ranks. Each host's uplink carries one message per remote
+ * leader instead of (its ranks) x (remote ranks).
+ * all_reduce, larger: the buffer is cut into c parts, c the fewest ranks
+ * any host has; inside each host a reduce-scatter leaves part i with the
+ * host's rank of local index i (ranks beyond c get nothing); column i
+ * all-reduces part i across hosts (every rank of a full column uses the
+ * network, each for 1/c of the buffer); an all-gather inside each host
+ * spreads the parts.
+ * all_gather / sum_scatter with the same number of ranks on every host
+ * and more than MLXDIST_SMALL_BYTES in all: columns first for all_gather
+ * (each column gathers its ranks' blocks, then each host gathers its
+ * columns), host first for sum_scatter (a reduce-scatter inside the host
+ * by local index, then one in each column by host). Otherwise (small, or
+ * hosts of different sizes) both run as the two-level all_reduce: all_gather
+ * as a byte-wise max over a zeroed buffer holding each rank's block (max
+ * with 0 keeps every byte), sum_scatter as the all_reduce of the whole
+ * input and this rank's block of it.
+ *
+ * Every result is bit-identical on every rank that holds it and the same
+ * from run to run: each element is reduced in a fixed order (host order
+ * inside each host, then the flat algorithm's order across hosts), on one
+ * rank, and copied to the others. A failure in any phase aborts the
+ * group's transport with it, so ranks in other phases fail at once
+ * instead of waiting for a peer that will not come. */
+#ifndef MLXD_ALGO_HIER_H
+#define MLXD_ALGO_HIER_H
+
+#include <stdbool.h>
+
+#include "algo/algo.h"
+
+/* MLXDIST_ALGO's values (util/tunables.h, in the order of its choices). */
+enum { MLXD_ALGO_AUTO = 0, MLXD_ALGO_FLAT = 1, MLXD_ALGO_HIER = 2 };
+
+/* Where the group's ranks are (from the host records: host_of[p] is the
+ * lowest rank on p's host). Hosts are numbered in the order of their
+ * lowest rank, local indices in increasing group rank. */
+typedef struct mlxd_hier {
+  int size, rank;
+  int nhosts, host;       /* hosts; this rank's */
+  int nlocal, local_rank; /* ranks on this rank's host; this rank's index among them */
+  int min_local, max_local;
+  int* host_count; /* [nhosts] ranks on each host */
+  int* host_start; /* [nhosts + 1] where each host's ranks start in by_host */
+  int* by_host;    /* [size] the group's ranks host by host, increasing inside a host */
+  int* col;        /* [nhosts] column local_rank (if local_rank < min_local), else NULL */
+  int* leaders;    /* [nhosts] column 0: each host's first rank */
+} mlxd_hier;
+
+/* The topology of rank's group of size ranks; NULL with st set (out of
+ * memory, or host_of not naming a rank's host by its lowest rank). */
+mlxd_hier* mlxd_hier_new(int rank, int size, const int* host_of, mlxd_status* st);
+void mlxd_hier_free(mlxd_hier* h);
+/* Whether the two-level form applies: >= 2 hosts and >= 2 ranks on some host. */
+bool mlxd_hier_applies(const mlxd_hier* h);
+/* MLXDIST_ALGO as one of MLXD_ALGO_*. */
+int mlxd_hier_mode(void);
+/* "2 hosts x 2" or "2 hosts: 3+1 ranks" (the verbose line). */
+void mlxd_hier_describe(const mlxd_hier* h, char* out, size_t n);
+/* Whether all_reduce of nbytes takes the leaders' path (the small form). */
+bool mlxd_hier_small(size_t nbytes);
+
+/* As the functions of algo.h, on t (the group's transport: t->rank ==
+ * h->rank, t->size == h->size), h applying. */
+int mlxd_algo_hier_all_reduce(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
+                              const mlxd_sig* sig, const void* in, void* out, size_t count,
+                              mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+int mlxd_algo_hier_all_gather(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
+                              const mlxd_sig* sig, const void* in, void* out, size_t nbytes,
+                              mlxd_status* st);
+int mlxd_algo_hier_reduce_scatter(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
+                                  const mlxd_sig* sig, const void* in, void* out, size_t count,
+                                  mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+
+#endif

@@ -1,0 +1,102 @@
+/* The two-level collectives' view of a group (hier.h): hosts, local
+ * indices, columns; and MLXDIST_ALGO. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "algo/algo_impl.h"
+#include "algo/hier.h"
+#include "util/tunables.h"
+
+void mlxd_hier_free(mlxd_hier* h) {
+  if (!h) return;
+  free(h->host_count);
+  free(h->host_start);
+  free(h->by_host);
+  free(h->col);
+  free(h->leaders);
+  free(h);
+}
+
+mlxd_hier* mlxd_hier_new(int rank, int size, const int* host_of, mlxd_status* st) {
+  assert(size >= 1 && rank >= 0 && rank < size && host_of);
+  for (int p = 0; p < size; p++)
+    if (host_of[p] < 0 || host_of[p] > p || host_of[host_of[p]] != host_of[p]) {
+      mlxd_algo_fail(st, MLXD_EINVAL,
+                     "rank %d's host is given as rank %d, which is not the lowest rank of a host",
+                     p, host_of[p]);
+      return NULL;
+    }
+  mlxd_hier* h = calloc(1, sizeof *h);
+  int* hidx = calloc((size_t)size, sizeof *hidx); /* host index of each rank */
+  if (h) {
+    h->host_count = calloc((size_t)size, sizeof *h->host_count);
+    h->host_start = calloc((size_t)size + 1, sizeof *h->host_start);
+    h->by_host = calloc((size_t)size, sizeof *h->by_host);
+    h->leaders = calloc((size_t)size, sizeof *h->leaders);
+    h->col = calloc((size_t)size, sizeof *h->col);
+  }
+  if (!h || !hidx || !h->host_count || !h->host_start || !h->by_host || !h->leaders || !h->col) {
+    free(hidx);
+    mlxd_hier_free(h);
+    mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for the group's host map");
+    return NULL;
+  }
+  h->size = size;
+  h->rank = rank;
+  for (int p = 0; p < size; p++) {
+    hidx[p] = host_of[p] == p ? h->nhosts++ : hidx[host_of[p]];
+    h->host_count[hidx[p]]++;
+  }
+  for (int g = 0; g < h->nhosts; g++) h->host_start[g + 1] = h->host_start[g] + h->host_count[g];
+  int* fill = calloc((size_t)h->nhosts, sizeof *fill);
+  if (!fill) {
+    free(hidx);
+    mlxd_hier_free(h);
+    mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for the group's host map");
+    return NULL;
+  }
+  h->min_local = size;
+  for (int p = 0; p < size; p++) {
+    int g = hidx[p];
+    if (p == rank) h->local_rank = fill[g];
+    h->by_host[h->host_start[g] + fill[g]++] = p;
+  }
+  h->host = hidx[rank];
+  h->nlocal = h->host_count[h->host];
+  for (int g = 0; g < h->nhosts; g++) {
+    int c = h->host_count[g];
+    if (c < h->min_local) h->min_local = c;
+    if (c > h->max_local) h->max_local = c;
+    h->leaders[g] = h->by_host[h->host_start[g]];
+  }
+  if (h->local_rank < h->min_local)
+    for (int g = 0; g < h->nhosts; g++) h->col[g] = h->by_host[h->host_start[g] + h->local_rank];
+  else {
+    free(h->col);
+    h->col = NULL;
+  }
+  free(fill);
+  free(hidx);
+  return h;
+}
+
+bool mlxd_hier_applies(const mlxd_hier* h) { return h && h->nhosts >= 2 && h->max_local >= 2; }
+
+int mlxd_hier_mode(void) { return (int)mlxd_tunable_long(MLXD_T_ALGO); }
+
+void mlxd_hier_describe(const mlxd_hier* h, char* out, size_t n) {
+  if (h->min_local == h->max_local) {
+    snprintf(out, n, "%d hosts x %d", h->nhosts, h->max_local);
+    return;
+  }
+  int k = snprintf(out, n, "%d hosts: ", h->nhosts);
+  for (int g = 0; g < h->nhosts && k >= 0 && (size_t)k < n; g++)
+    k += snprintf(out + k, n - (size_t)k, "%s%d", g ? "+" : "", h->host_count[g]);
+  if (k >= 0 && (size_t)k < n) snprintf(out + k, n - (size_t)k, " ranks");
+}
+
+bool mlxd_hier_small(size_t nbytes) {
+  long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);
+  return nbytes <= (small > 0 ? (size_t)small : 0);
+}
