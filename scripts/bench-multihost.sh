@@ -172,6 +172,16 @@ est=$(awk -v e="$max_bytes" -v f="$factor" -v t="$min_time" -v b="$batches" -v r
     echo "ompi ranks:   on $(mh_client timeout 60 "${mpi_cmd[@]}" hostname 2>&1 | sort | uniq -c | tr -s ' \n' ' ')" ;;
   esac
   echo "mlxdist run:  ${mlx_cmd[*]} --env MLXDIST_TRANSPORT=auto --env MLXDIST_ALGO=<v> -- $bench ${bopts[*]}"
+  if [ $algo_known = 1 ]; then
+    # which algorithm each mlxdist variant runs, small and large (MLX_RING_VERBOSE, rank 0)
+    for v in $variants; do
+      case $v in ompi | tcp) continue ;; esac
+      echo "mlxdist $v:$(mh_client "${mlx_cmd[@]}" --env MLXDIST_TRANSPORT=auto --env "MLXDIST_ALGO=$v" \
+        --env MLX_RING_VERBOSE=1 -- "$bench" --op all_sum -b 4 -e 1M -f 262144 -t 0 -n 1 -w 0 \
+        --batches 1 2>&1 | sed -n 's/.*\[ring\] rank 0: all_sum \([0-9]* B: .*\)/\1/p' | sort -u |
+        tr '\n' ';' | sed 's/;$//; s/;/; /g; s/^/ /')"
+    done
+  fi
   echo "load before:  $(cat /proc/loadavg)"
   echo "estimate:     about $est s on an idle machine; more under load"
 } >"$out/conditions.txt"
