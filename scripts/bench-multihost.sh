@@ -53,17 +53,17 @@ build=$(cd "$build" && pwd)
 launch=$build/tools/mlxdist-launch
 bench=$build/tools/mlxdist-bench
 ref=$build/tools/mpi_ref_bench
-[ -x "$launch" ] && [ -x "$bench" ] || {
+if [ ! -x "$launch" ] || [ ! -x "$bench" ]; then
   echo "bench-multihost: no mlxdist-launch/mlxdist-bench in $build/tools" >&2
   exit 2
-}
+fi
 for v in $variants; do
   case $v in auto | flat | hier | tcp) ;;
     ompi)
-      [ -x "$ref" ] && command -v mpirun >/dev/null 2>&1 || {
+      if [ ! -x "$ref" ] || ! command -v mpirun >/dev/null 2>&1; then
         echo "bench-multihost: variant ompi needs mpirun and $ref (build with Open MPI installed)" >&2
         exit 2
-      }
+      fi
       ;;
     *)
       echo "bench-multihost: MHB_VARIANTS: '$v' is not auto, flat, hier, tcp or ompi" >&2
@@ -110,6 +110,7 @@ printf '#!/bin/sh\nexec ssh -F %s/ssh_config "$@"\n' "$MH_DIR" >"$agent"
 chmod 755 "$agent"
 hlist=""
 for ((i = 0; i < hosts; i++)); do hlist+="${hlist:+,}$(mh_ip "$i"):$np"; done
+# shellcheck disable=SC2054 # the commas are Open MPI's list syntax
 mpi_cmd=(mpirun --allow-run-as-root -np "$ranks" -H "$hlist" --bind-to none
   --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1
   --mca oob_tcp_if_include "$MH_SUBNET.0/24" --mca pml ob1 --mca btl self,vader,tcp
@@ -218,6 +219,7 @@ done
 } >>"$out/conditions.txt"
 
 # ---- statistics, the table -----------------------------------------------------------
+# shellcheck disable=SC2086 # one argument per variant
 python3 - "$out" "$reps" "$hosts" "$np" "$cmd" "$algo_known" $variants <<'PY'
 import csv, statistics, sys, os
 out, reps, hosts, np, cmd, algo_known = sys.argv[1:7]
