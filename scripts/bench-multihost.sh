@@ -19,8 +19,11 @@
 #         -H h1:K,h2:K, btl self,vader,tcp with tcp on the bridge subnet only, pml ob1,
 #         --bind-to none, mpi_yield_when_idle 1 when the ranks outnumber this machine's
 #         CPUs; running BUILD/tools/mpi_ref_bench (same options, sizes and measurement
-#         rule as mlxdist-bench). MLXDIST_ALGO unknown to BUILD's library (no two-level code
-#         yet): auto and flat run the same code; the script says so.
+#         rule as mlxdist-bench).
+# Where BUILD's library does not know MLXDIST_ALGO (before the two-level code), auto, flat
+# and hier run the same code; conditions.txt and the table say so. Otherwise conditions.txt
+# names the algorithm each mlxdist variant runs at 4 B and 1 MiB (MLX_RING_VERBOSE).
+# Before the runs it prints an estimate of their duration on an idle machine.
 #
 # Environment: MHB_HOSTS (default 3), MHB_NP (ranks per host, default 2), MHB_VARIANTS,
 # MHB_MAX_BYTES (default 64M), MHB_FACTOR (default 8), MHB_MIN_TIME (ms of timed work per
