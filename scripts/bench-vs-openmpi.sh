@@ -7,6 +7,10 @@
 # cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo && cmake --build build -j):
 #   BENCH_OPS=all_sum,all_gather BENCH_MAX_BYTES=64M BENCH_FACTOR=16 \
 #     sh scripts/bench-vs-openmpi.sh build bench-results
+# and for all_gather and sum_scatter (MPI_Allgather, MPI_Reduce_scatter_block; a row's size
+# is the whole result of all_gather, the whole input of sum_scatter):
+#   BENCH_OPS=all_sum,all_gather,sum_scatter BENCH_MAX_BYTES=64M BENCH_FACTOR=16 \
+#     BENCH_MIN_TIME_MS=200 sh scripts/bench-vs-openmpi.sh build bench-results
 #
 # Builds nothing: BUILD_DIR must hold tools/mlxdist-launch, tools/mlxdist-bench and
 # tools/mpi_ref_bench. Each configuration (rank count x implementation) runs
