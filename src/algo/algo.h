@@ -38,6 +38,10 @@ int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, c
 int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                              void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                              mlxd_status* st);
+/* MLXDIST_SMALL_BYTES (0 when not positive), read once per process: it is
+ * asked on every op, and reading the environment costs ~900 instructions. */
+size_t mlxd_algo_small_bytes(void);
+
 /* Point to point; seq is the per-(peer, direction) number from the front-end. */
 int mlxd_algo_send(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* buf,
                    size_t nbytes, int dst, mlxd_status* st);

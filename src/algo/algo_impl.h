@@ -57,9 +57,6 @@ int mlxd_algo_all_gather_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig*
 /* Element size of dtype, for a reduction with op. The caller guarantees
  * both are valid (algo.h's contract); asserted here. */
 size_t mlxd_algo_esize(mlx_dtype dtype, mlxd_reduce_op op);
-/* MLXDIST_SMALL_BYTES (0 when not positive), read once per process: it is
- * asked on every op, and reading the environment costs ~900 instructions. */
-size_t mlxd_algo_small_bytes(void);
 /* a * b; the caller guarantees it does not overflow (asserted). */
 static inline size_t mlxd_algo_mul(size_t a, size_t b) {
   assert(a == 0 || b <= SIZE_MAX / a);

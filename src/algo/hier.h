@@ -84,6 +84,12 @@ typedef enum {
   MLXD_HIER_SLICES,  /* larger: reduce-scatter, slices across hosts, all-gather */
 } mlxd_hier_form;
 #define MLXD_HIER_TINY_BYTES 256
+/* MLXDIST_ALGO=auto runs the flat algorithms between MLXDIST_SMALL_BYTES and
+ * this size (backends/ring/ring.c): there the slices' three phases cost more
+ * than the uplink bytes they save (measured, 3 hosts x 2 at 1 Gbit/s: 128 KiB
+ * 4.9 ms against the flat ring's 1.8 ms; from 1 MiB the slices win, 1.13-1.47x).
+ * MLXDIST_ALGO=hier keeps the two-level forms at every size. */
+#define MLXD_HIER_SLICES_MIN ((size_t)1 << 20)
 mlxd_hier_form mlxd_hier_pick(const mlxd_hier* h, size_t nbytes);
 /* "" for the slices, ", host sums by column", ", via host leaders" (the verbose line). */
 const char* mlxd_hier_form_note(mlxd_hier_form f);

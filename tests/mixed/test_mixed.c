@@ -314,6 +314,8 @@ static int choice_rank(int rank, int size) {
   const int sizes[] = {1, 1000, 300000}; /* one element, small, above the ring switch */
   for (int i = 0; i < 3; i++) check_collectives(g, sizes[i]);
   check_algo(g, all, size, 300000, false, rank);
+  /* between MLXDIST_SMALL_BYTES (64 KiB) and 1 MiB auto runs the flat algorithms (hier.h) */
+  check_algo(g, all, size, 70000, true, rank);
 
   /* split by host: every child is on one host, so it is shm only */
   mlx_distributed_group h = mlx_distributed_group_new();
@@ -348,7 +350,7 @@ static int choice_rank(int rank, int size) {
     expected_line(all, size - 1, rank, want, sizeof want);
     check_line(log, want, rank);
     check_collectives(h, 70000);
-    check_algo(h, all, size - 1, 70000, false, rank);
+    check_algo(h, all, size - 1, 300000, false, rank);
   }
   mlx_distributed_group_free(h);
 

@@ -48,15 +48,24 @@ static mlxd_sig make_sig(const mlxd_backend* b, mlxd_sig_op op, mlx_dtype dtype,
   return (mlxd_sig){(uint8_t)op, (uint8_t)dtype, 0, (uint32_t)b->size, (uint64_t)count};
 }
 
+/* The two-level host map for a collective whose whole buffer is `whole`
+ * bytes, or NULL for the flat algorithms: under MLXDIST_ALGO=auto the flat
+ * ones run between MLXDIST_SMALL_BYTES and MLXD_HIER_SLICES_MIN (hier.h).
+ * The same on every rank: whole is (signatures check it) and so is the mode
+ * (checked at init). */
+static const mlxd_hier* hier_for(const mlxd_ring* r, size_t whole) {
+  if (!r->hier || r->hier_forced) return r->hier;
+  return whole > mlxd_algo_small_bytes() && whole < MLXD_HIER_SLICES_MIN ? NULL : r->hier;
+}
+
 /* MLX_RING_VERBOSE: which algorithm a collective of nbytes (this rank's
  * input) runs: "[ring] rank 0: all_sum 1048576 B: hier (2 hosts x 2)". */
 static void log_algo(const mlxd_ring* r, const char* op, size_t nbytes, size_t whole) {
+  const mlxd_hier* h = hier_for(r, whole);
   char where[96] = "";
-  if (r->hier) mlxd_hier_describe(r->hier, where, sizeof where);
-  mlxd_ring_log("rank %d: %s %zu B: %s%s%s%s", r->base.rank, op, nbytes,
-                r->hier ? "hier (" : "flat", where,
-                r->hier ? mlxd_hier_form_note(mlxd_hier_pick(r->hier, whole)) : "",
-                r->hier ? ")" : "");
+  if (h) mlxd_hier_describe(h, where, sizeof where);
+  mlxd_ring_log("rank %d: %s %zu B: %s%s%s%s", r->base.rank, op, nbytes, h ? "hier (" : "flat",
+                where, h ? mlxd_hier_form_note(mlxd_hier_pick(h, whole)) : "", h ? ")" : "");
 }
 
 /* Every op runs on a group of two or more ranks (the front-end answers size
@@ -69,9 +78,9 @@ static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* 
   mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_SUM + (op - MLXD_SUM), dtype, count);
   size_t nbytes = count * mlx_dtype_size(dtype);
   if (r->verbose) log_algo(r, reduce_name(op), nbytes, nbytes);
-  int rc = r->hier
-               ? mlxd_algo_hier_all_reduce(r->t, r->hier, seq, &sig, in, out, count, dtype, op, st)
-               : mlxd_algo_all_reduce(r->t, seq, &sig, in, out, count, dtype, op, st);
+  const mlxd_hier* h = hier_for(r, nbytes);
+  int rc = h ? mlxd_algo_hier_all_reduce(r->t, h, seq, &sig, in, out, count, dtype, op, st)
+             : mlxd_algo_all_reduce(r->t, seq, &sig, in, out, count, dtype, op, st);
   return ring_done(rc, st, reduce_name(op), seq);
 }
 
@@ -81,8 +90,9 @@ static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* 
   assert(r->t);
   mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_GATHER, dtype, nbytes / mlx_dtype_size(dtype));
   if (r->verbose) log_algo(r, "all_gather", nbytes, nbytes * (size_t)b->size);
-  int rc = r->hier ? mlxd_algo_hier_all_gather(r->t, r->hier, seq, &sig, in, out, nbytes, st)
-                   : mlxd_algo_all_gather(r->t, seq, &sig, in, out, nbytes, st);
+  const mlxd_hier* h = hier_for(r, nbytes * (size_t)b->size);
+  int rc = h ? mlxd_algo_hier_all_gather(r->t, h, seq, &sig, in, out, nbytes, st)
+             : mlxd_algo_all_gather(r->t, seq, &sig, in, out, nbytes, st);
   return ring_done(rc, st, "all_gather", seq);
 }
 
@@ -94,9 +104,9 @@ static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, vo
   const char* name = op == MLXD_SUM ? "sum_scatter" : "reduce_scatter";
   size_t nbytes = count * mlx_dtype_size(dtype) * (size_t)b->size;
   if (r->verbose) log_algo(r, name, nbytes, nbytes);
-  int rc = r->hier ? mlxd_algo_hier_reduce_scatter(r->t, r->hier, seq, &sig, in, out, count, dtype,
-                                                   op, st)
-                   : mlxd_algo_reduce_scatter(r->t, seq, &sig, in, out, count, dtype, op, st);
+  const mlxd_hier* h = hier_for(r, nbytes);
+  int rc = h ? mlxd_algo_hier_reduce_scatter(r->t, h, seq, &sig, in, out, count, dtype, op, st)
+             : mlxd_algo_reduce_scatter(r->t, seq, &sig, in, out, count, dtype, op, st);
   return ring_done(rc, st, name, seq);
 }
 
@@ -339,6 +349,7 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
       return st->code;
     }
     r->verbose = mlxd_ring_verbose();
+    r->hier_forced = mlxd_hier_mode() == MLXD_ALGO_HIER;
     if (mlxd_hier_mode() != MLXD_ALGO_FLAT) {
       r->hier = mlxd_hier_new(rank, size, r->host_of, st);
       if (!r->hier) {
