@@ -70,7 +70,7 @@ static void log_algo(const mlxd_ring* r, const char* op, size_t nbytes, size_t w
 
 /* Every op runs on a group of two or more ranks (the front-end answers size
  * one itself) with the arguments backend.h guarantees: asserted, not
- * checked again. The two-level forms (algo/hier.h) where r->hier is set. */
+ * checked again. The two-level forms (algo/hier.h) where hier_for gives a map. */
 static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                            mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
