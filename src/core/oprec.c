@@ -68,7 +68,7 @@ static double rec_now(void) {
 
 /* A stamp: handle's low 24 bits, code (0..255), milliseconds of rec_now()
  * modulo 2^32 (a reader takes differences modulo 2^32 from its own clock:
- * right for any op younger than 49 days). A handle 2^24 ops newer could
+ * right for any op younger than 24 days). A handle 2^24 ops newer could
  * alias: a writer stalled for 16 million ops of its process. */
 #define STAMP_H(h) ((h)&0xffffffu)
 static uint64_t stamp(uint64_t h, int code) {
@@ -81,6 +81,8 @@ static bool stamp_of(uint64_t s, uint64_t h) { return s != 0 && s >> 40 == STAMP
 static double stamp_time(uint64_t s, double ref) {
   uint32_t ref_ms = (uint32_t)(uint64_t)(ref * 1000.0);
   uint32_t back = ref_ms - (uint32_t)s; /* modulo 2^32 */
+  /* a stamp written after the reader took ref (a few ms at most) is "now" */
+  if (back > UINT32_MAX / 2) back = 0;
   return ref - (double)back * 1e-3;
 }
 
