@@ -39,32 +39,40 @@ int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig*
   return st->code;
 }
 
-int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
-                              void* out, size_t nbytes, int bidir, mlxd_status* st) {
-  gather_prologue(t, in, out, nbytes, st);
+/* The pipelined ring over buf's blocks (off/len, in bytes; algo_impl.h) in
+ * ndir directions: the one schedule of both entry points below. */
+static int all_gather_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, void* buf,
+                          const size_t* off, const size_t* len, int ndir, mlxd_status* st) {
   int n = t->size;
-  if (nbytes == 0) return 0;
-  size_t total = nbytes * (size_t)n;
   size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
   if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
   mlxd_ring_plan p;
   memset(&p, 0, sizeof p);
   p.mode = MLXD_RING_AG;
   p.esz = 1;
-  p.out = out;
-  p.ndir = mlxd_algo_bidir(n, total, bidir) && nbytes >= 2 ? 2 : 1;
-  size_t half = p.ndir == 2 ? nbytes / 2 : nbytes;
-  for (int di = 0; di < p.ndir; di++) {
-    p.boff[di] = tab + (size_t)di * 2 * (size_t)n;
-    p.blen[di] = p.boff[di] + n;
-    for (int b = 0; b < n; b++) {
-      p.boff[di][b] = (size_t)b * nbytes + (di == 0 ? 0 : half);
-      p.blen[di][b] = di == 0 ? half : nbytes - half;
-    }
-  }
+  p.out = buf;
+  p.ndir = ndir;
+  mlxd_algo_split_blocks(off, len, n, ndir, tab, p.boff, p.blen);
   p.sig = sig;
   mlxd_ring_run(t, seq, &p, st);
   free(tab);
+  return st->code;
+}
+
+int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                              void* out, size_t nbytes, int bidir, mlxd_status* st) {
+  gather_prologue(t, in, out, nbytes, st);
+  int n = t->size;
+  if (nbytes == 0) return 0;
+  size_t* ol = malloc(2 * (size_t)n * sizeof *ol); /* equal blocks: offsets, then lengths */
+  if (!ol) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
+  for (int b = 0; b < n; b++) {
+    ol[b] = (size_t)b * nbytes;
+    ol[n + b] = nbytes;
+  }
+  int ndir = mlxd_algo_bidir(n, nbytes * (size_t)n, bidir) && nbytes >= 2 ? 2 : 1;
+  all_gather_run(t, seq, sig, out, ol, ol + n, ndir, st);
+  free(ol);
   return st->code;
 }
 
@@ -76,19 +84,7 @@ int mlxd_algo_all_gather_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig*
   size_t total = off[n - 1] + len[n - 1];
   assert(total == 0 || buf);
   if (total == 0) return 0;
-  size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
-  if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
-  mlxd_ring_plan p;
-  memset(&p, 0, sizeof p);
-  p.mode = MLXD_RING_AG;
-  p.esz = 1;
-  p.out = buf;
-  p.ndir = mlxd_algo_bidir(n, total, -1) ? 2 : 1;
-  mlxd_algo_split_blocks(off, len, n, p.ndir, tab, p.boff, p.blen);
-  p.sig = sig;
-  mlxd_ring_run(t, seq, &p, st);
-  free(tab);
-  return st->code;
+  return all_gather_run(t, seq, sig, buf, off, len, mlxd_algo_bidir(n, total, -1) ? 2 : 1, st);
 }
 
 int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,

@@ -58,60 +58,17 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const mlxd_
   return st->code;
 }
 
-int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
-                                  const void* in, void* out, size_t count, mlx_dtype dtype,
-                                  mlxd_reduce_op op, int bidir, mlxd_status* st) {
-  size_t blk;
-  size_t esz = rs_prologue(t, in, out, count, dtype, op, &blk, st);
-  int n = t->size, r = t->rank;
-  if (count == 0) return 0;
+/* The pipelined ring over in's blocks (off/len, in elements of esz bytes;
+ * algo_impl.h) in ndir directions, block `rank` reduced into out: the one
+ * schedule of both entry points below. */
+static int reduce_scatter_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                              void* out, const size_t* off, const size_t* len, size_t esz,
+                              mlx_dtype dtype, mlxd_reduce_op op, int ndir, mlxd_status* st) {
+  int n = t->size;
+  size_t bytes = (off[n - 1] + len[n - 1]) * esz;
   size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
   /* Partial sums of the blocks that pass through this rank; only blocks
    * other than ours are written, but the layout mirrors `in`. */
-  char* work = n > 2 ? mlxd_buffer_alloc(blk * (size_t)n) : NULL;
-  if (!tab || (n > 2 && !work)) {
-    free(tab);
-    mlxd_buffer_free(work, blk * (size_t)n);
-    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
-  }
-  mlxd_ring_plan p;
-  memset(&p, 0, sizeof p);
-  p.mode = MLXD_RING_RS;
-  p.esz = esz;
-  p.dtype = dtype;
-  p.op = op;
-  p.in = in;
-  p.out = out;
-  p.work = work;
-  p.out_base = (size_t)r * count;
-  p.ndir = mlxd_algo_bidir(n, blk * (size_t)n, bidir) && count >= 2 ? 2 : 1;
-  size_t half = p.ndir == 2 ? count / 2 : count;
-  for (int di = 0; di < p.ndir; di++) {
-    p.boff[di] = tab + (size_t)di * 2 * (size_t)n;
-    p.blen[di] = p.boff[di] + n;
-    for (int b = 0; b < n; b++) {
-      p.boff[di][b] = (size_t)b * count + (di == 0 ? 0 : half);
-      p.blen[di][b] = di == 0 ? half : count - half;
-    }
-  }
-  p.sig = sig;
-  mlxd_ring_run(t, seq, &p, st);
-  free(tab);
-  mlxd_buffer_free(work, blk * (size_t)n);
-  return st->code;
-}
-
-int mlxd_algo_reduce_scatter_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
-                                    const void* in, void* out, const size_t* off, const size_t* len,
-                                    mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
-  mlxd_status_clear(st);
-  int n = t->size, r = t->rank;
-  assert(n >= 2 && off[0] == 0);
-  size_t esz = mlxd_algo_esize(dtype, op);
-  size_t total = off[n - 1] + len[n - 1], bytes = mlxd_algo_mul(total, esz);
-  assert(total == 0 || (in && (out || len[r] == 0)));
-  if (total == 0) return 0;
-  size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
   char* work = n > 2 ? mlxd_buffer_alloc(bytes) : NULL;
   if (!tab || (n > 2 && !work)) {
     free(tab);
@@ -127,14 +84,47 @@ int mlxd_algo_reduce_scatter_blocks(mlxd_transport* t, uint64_t seq, const mlxd_
   p.in = in;
   p.out = out;
   p.work = work;
-  p.out_base = off[r];
-  p.ndir = mlxd_algo_bidir(n, bytes, -1) ? 2 : 1;
-  mlxd_algo_split_blocks(off, len, n, p.ndir, tab, p.boff, p.blen);
+  p.out_base = off[t->rank];
+  p.ndir = ndir;
+  mlxd_algo_split_blocks(off, len, n, ndir, tab, p.boff, p.blen);
   p.sig = sig;
   mlxd_ring_run(t, seq, &p, st);
   free(tab);
   mlxd_buffer_free(work, bytes);
   return st->code;
+}
+
+int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                  const void* in, void* out, size_t count, mlx_dtype dtype,
+                                  mlxd_reduce_op op, int bidir, mlxd_status* st) {
+  size_t blk;
+  size_t esz = rs_prologue(t, in, out, count, dtype, op, &blk, st);
+  int n = t->size;
+  if (count == 0) return 0;
+  size_t* ol = malloc(2 * (size_t)n * sizeof *ol); /* equal blocks: offsets, then lengths */
+  if (!ol) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
+  for (int b = 0; b < n; b++) {
+    ol[b] = (size_t)b * count;
+    ol[n + b] = count;
+  }
+  int ndir = mlxd_algo_bidir(n, blk * (size_t)n, bidir) && count >= 2 ? 2 : 1;
+  reduce_scatter_run(t, seq, sig, in, out, ol, ol + n, esz, dtype, op, ndir, st);
+  free(ol);
+  return st->code;
+}
+
+int mlxd_algo_reduce_scatter_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                    const void* in, void* out, const size_t* off, const size_t* len,
+                                    mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+  mlxd_status_clear(st);
+  int n = t->size;
+  assert(n >= 2 && off[0] == 0);
+  size_t esz = mlxd_algo_esize(dtype, op);
+  size_t total = off[n - 1] + len[n - 1], bytes = mlxd_algo_mul(total, esz);
+  assert(total == 0 || (in && (out || len[t->rank] == 0)));
+  if (total == 0) return 0;
+  return reduce_scatter_run(t, seq, sig, in, out, off, len, esz, dtype, op,
+                            mlxd_algo_bidir(n, bytes, -1) ? 2 : 1, st);
 }
 
 int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
