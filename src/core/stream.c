@@ -70,9 +70,11 @@ struct mlxd_stream {
   atomic_uint_fast64_t submitted; /* written under mu; polled without it by the idle worker */
   uint64_t finished;              /* under mu */
   int sync_waiters;               /* under mu */
+  int helpers;                    /* under mu: threads in mlxd_stream_help waiting for the worker */
   bool sleeping;                  /* under mu: the worker waits on work_cv */
   bool woken;                     /* under mu: work_cv was signalled since the worker slept */
   bool running;                   /* under mu: a task of this stream is running (any thread) */
+  bool worker_runs;               /* under mu: ... and the thread running it is the worker */
   bool stop;                      /* under mu: accept no more tasks; worker ends when empty */
   bool dead;                      /* under mu: the worker has ended */
   bool joined;                    /* the worker thread has been joined */
@@ -111,6 +113,7 @@ static void run_head_locked(mlxd_stream* s) {
   s->head = t->next;
   if (!s->head) s->tail = NULL;
   s->running = true;
+  s->worker_runs = tls_current == s;
   pthread_mutex_unlock(&s->mu);
   mlxd_stream* prev = tls_current;
   tls_current = s;
@@ -119,9 +122,31 @@ static void run_head_locked(mlxd_stream* s) {
   pthread_mutex_lock(&s->mu);
   s->running = false;
   s->finished++;
-  if (s->sync_waiters) pthread_cond_broadcast(&s->done_cv);
+  if (s->sync_waiters || s->helpers) pthread_cond_broadcast(&s->done_cv);
   /* A sleeping worker takes over what is left, or ends after a stop. */
-  if (s->sleeping && (s->head || s->stop)) pthread_cond_signal(&s->work_cv);
+  if (s->sleeping && (s->head || s->stop) && !s->helpers) pthread_cond_signal(&s->work_cv);
+}
+
+/* With s->mu held on entry and return (released meanwhile): spin a short
+ * while (HELP_SPIN_S, at most MLXDIST_SPIN_US) for a to complete. On a
+ * CPU of its own the worker finishes a small op in far less; on ours it
+ * cannot run until we sleep, and this spin is all it costs. True when a
+ * completed. */
+#define HELP_SPIN_S 20e-6
+static bool spin_briefly(mlxd_array* a, mlxd_stream* s) {
+  double budget = mlxd_core_spin_s();
+  if (budget > HELP_SPIN_S) budget = HELP_SPIN_S;
+  if (budget <= 0) return false;
+  pthread_mutex_unlock(&s->mu);
+  double deadline = mlxd_now() + budget;
+  bool done = false;
+  for (unsigned i = 1; !done; i++) {
+    mlxd_cpu_relax();
+    done = atomic_load_explicit(&a->state, memory_order_acquire) != MLXD_ARRAY_PENDING;
+    if ((i & 15) == 0 && mlxd_now() >= deadline) break;
+  }
+  pthread_mutex_lock(&s->mu);
+  return done;
 }
 
 bool mlxd_stream_is_static(const mlxd_stream* s) { return s->is_static; }
@@ -132,10 +157,34 @@ void mlxd_stream_help(mlxd_array* a) {
   /* A task of this stream waiting for a later task of the same stream must
    * not run it (that would break queue order); it just waits. */
   if (tls_current != s) {
+    bool spun = false;
     pthread_mutex_lock(&s->mu);
-    while (atomic_load_explicit(&a->state, memory_order_acquire) == MLXD_ARRAY_PENDING && s->head &&
-           !s->running)
-      run_head_locked(s);
+    while (atomic_load_explicit(&a->state, memory_order_acquire) == MLXD_ARRAY_PENDING) {
+      if (s->running && s->worker_runs && !s->dead) {
+        /* The worker took a task between our submit and now (the submit
+         * woke it, or it had not yet let go of the stream when its last
+         * result woke us). Wait for it to finish that task: a short spin,
+         * then asleep. A long spin starves the worker when it shares our
+         * CPU (at idle priority it gets almost none of it): each op would
+         * cost the whole spin (MLXDIST_SPIN_US, 1 ms) and the worker would
+         * keep the stream op after op. While we wait the worker leaves the
+         * queue to us; the wait is bounded by the running task. */
+        if (!spun) {
+          spun = true;
+          if (spin_briefly(a, s)) break;
+          continue; /* the stream may have moved on meanwhile */
+        }
+        s->helpers++;
+        pthread_cond_wait(&s->done_cv, &s->mu);
+        s->helpers--;
+      } else if (s->head && !s->running) {
+        run_head_locked(s);
+      } else {
+        break; /* another caller's thread runs it, or it is not queued here */
+      }
+    }
+    /* What we leave in the queue is the worker's again. */
+    if (s->sleeping && s->head && !s->running && !s->helpers) pthread_cond_signal(&s->work_cv);
     pthread_mutex_unlock(&s->mu);
   }
   if (!s->is_static) mlxd_stream_release(s);
@@ -162,7 +211,7 @@ static void* worker_main(void* p) {
   }
   pthread_mutex_lock(&s->mu);
   for (;;) {
-    while (!s->head || s->running) {
+    while (!s->head || s->running || s->helpers) {
       if (s->stop && !s->head && !s->running) goto out;
       s->sleeping = true;
       pthread_cond_wait(&s->work_cv, &s->mu);
@@ -189,8 +238,9 @@ static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_
   s->head = s->tail = NULL;
   atomic_init(&s->submitted, 0);
   s->finished = 0;
-  s->sync_waiters = 0;
-  s->sleeping = s->woken = s->running = s->stop = s->dead = s->joined = s->free_on_exit = false;
+  s->sync_waiters = s->helpers = 0;
+  s->sleeping = s->woken = s->running = s->worker_runs = s->stop = s->dead = s->joined =
+      s->free_on_exit = false;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_condattr_t ca;

@@ -426,6 +426,80 @@ static void test_concurrent_submit(void) {
   T_EQ_INT(atomic_load(&g_sum), 4 * 500 * 501 / 2);
 }
 
+/* ---- a waiter whose task is behind the worker's runs it itself ---- */
+
+static atomic_int g_worker_go;
+static atomic_int g_seq;
+static pthread_t g_main_thread;
+typedef struct {
+  atomic_int started;
+  atomic_int seen;    /* its place in the order the tasks ran, from 1; 0: not run */
+  atomic_int on_main; /* it ran on the main thread */
+} step_arg;
+static void held_by_worker(void* p, mlxd_status* st) {
+  step_arg* a = p;
+  atomic_store(&a->on_main, pthread_equal(pthread_self(), g_main_thread));
+  atomic_store(&a->started, 1);
+  double deadline = mlxd_now() + 20.0;
+  while (!atomic_load(&g_worker_go)) {
+    if (mlxd_now() > deadline) {
+      mlxd_fail(st, MLXD_ETIMEDOUT, "[test] the releasing thread never ran");
+      return;
+    }
+    sleep_ms(1);
+  }
+  atomic_store(&a->seen, atomic_fetch_add(&g_seq, 1) + 1);
+}
+static void step_task(void* p, mlxd_status* st) {
+  (void)st;
+  step_arg* a = p;
+  atomic_store(&a->on_main, pthread_equal(pthread_self(), g_main_thread));
+  atomic_store(&a->seen, atomic_fetch_add(&g_seq, 1) + 1);
+}
+static void* release_worker_later(void* p) {
+  (void)p;
+  sleep_ms(100);
+  atomic_store(&g_worker_go, 1);
+  return NULL;
+}
+
+static void test_wait_behind_worker(void) {
+  mlxd_status st;
+  mlxd_stream* s = mlxd_default_stream(MLX_CPU, &st);
+  g_main_thread = pthread_self();
+  atomic_store(&g_worker_go, 0);
+  atomic_store(&g_seq, 0);
+  int one = 1;
+  step_arg a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+  /* the worker takes the first task (nobody waits for it) and holds it */
+  T_EQ_INT(mlxd_stream_submit(s, held_by_worker, NULL, &a0, NULL, 0, NULL, 0, &st), 0);
+  double deadline = mlxd_now() + 20.0;
+  while (!atomic_load(&a0.started) && mlxd_now() < deadline) sleep_ms(1);
+  T_EQ_INT(atomic_load(&a0.started), 1);
+  mlxd_array* out = mlxd_array_alloc(&one, 1, MLX_INT32, true, &st);
+  T_EQ_INT(mlxd_stream_submit(s, step_task, NULL, &a1, NULL, 0, NULL, 0, &st), 0);
+  T_EQ_INT(mlxd_stream_submit(s, step_task, NULL, &a2, NULL, 0, &out, 1, &st), 0);
+  T_EQ_INT(mlxd_stream_submit(s, step_task, NULL, &a3, NULL, 0, NULL, 0, &st), 0);
+  pthread_t th;
+  pthread_create(&th, NULL, release_worker_later, NULL);
+  T_EQ_INT(mlxd_array_wait(out, &st), 0);
+  /* queue order kept; the worker ran the first, the waiter the ones up to its array */
+  T_EQ_INT(atomic_load(&a0.seen), 1);
+  T_EQ_INT(atomic_load(&a0.on_main), 0);
+  T_EQ_INT(atomic_load(&a1.seen), 2);
+  T_EQ_INT(atomic_load(&a2.seen), 3);
+  T_EQ_INT(atomic_load(&a1.on_main), 1);
+  T_EQ_INT(atomic_load(&a2.on_main), 1);
+  /* what the waiter left in the queue is the worker's: it runs without anyone waiting */
+  deadline = mlxd_now() + 20.0;
+  while (!atomic_load(&a3.seen) && mlxd_now() < deadline) sleep_ms(1);
+  T_EQ_INT(atomic_load(&a3.seen), 4);
+  T_EQ_INT(atomic_load(&a3.on_main), 0);
+  pthread_join(th, NULL);
+  mlxd_array_release(out);
+  T_EXPECT_NO_ERROR();
+}
+
 /* ---- a forked child gets a working default stream ---- */
 
 #if defined(__SANITIZE_THREAD__)
@@ -482,6 +556,7 @@ int main(void) {
   test_self_release();
   test_latency_and_idle();
   test_concurrent_submit();
+  test_wait_behind_worker();
   test_fork_child();
   mlxd_status st;
   mlxd_stream* s = mlxd_default_stream(MLX_CPU, &st);
