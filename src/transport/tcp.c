@@ -75,39 +75,12 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static void req_complete(tcp_transport* t, struct mlxd_req* r) {
-  if (!r->m.complete) {
-    r->m.complete = true;
-    t->completed = true;
-  }
-}
-
-static void req_fail(tcp_transport* t, struct mlxd_req* r, int code) {
-  if (r->m.complete) return;
-  r->m.code = code;
-  req_complete(t, r);
-}
-
-/* Free m's buffer (if owned) and give its charge back to the peer's budget. */
-static void imsg_release(tcp_transport* t, tcp_imsg* m) {
-  if (m->owned) mlxd_buffer_free(m->buf, m->total);
-  m->buf = NULL;
-  m->owned = false;
-  t->peers[m->peer].ux_charged -= m->charged;
-  m->charged = 0;
-}
-
-static void imsg_free(tcp_transport* t, tcp_imsg* m) {
-  imsg_release(t, m);
-  free(m);
-}
-
 /* Whether m waits in the unexpected queue (no receive, not dropped). */
 static bool imsg_unexpected(const tcp_imsg* m) { return !m->req && !m->discard; }
 
 static void fail_posted(void* ctx, mlxd_match_link* l) {
   tcp_transport* t = ctx;
-  req_fail(t, MLXD_MATCH_ENTRY(l, struct mlxd_req, link), t->err.code);
+  mlxd_tcp_req_fail(t, MLXD_MATCH_ENTRY(l, struct mlxd_req, link), t->err.code);
 }
 
 /* Fail the whole transport with *st (the first failure wins). Called with
@@ -129,17 +102,17 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
       tcp_imsg* m = MLXD_MATCH_ENTRY(l, tcp_imsg, arr);
       if (m->req) {
         m->req->im = NULL;
-        req_fail(t, m->req, code);
+        mlxd_tcp_req_fail(t, m->req, code);
       } else if (imsg_unexpected(m)) {
         mlxd_match_remove(&pe->mq.unexpected, &m->ux);
       }
-      imsg_free(t, m);
+      mlxd_tcp_imsg_free(t, m);
     }
   }
   for (int i = 0; i < n * t->nconn; i++) {
     tcp_conn* c = &t->conns[i];
     for (tcp_frag* f = c->qhead; f; f = f->next)
-      if (f->req) req_fail(t, f->req, code);
+      if (f->req) mlxd_tcp_req_fail(t, f->req, code);
     if (relay && i % t->nconn == 0) mlxd_tcp_relay_conn(t, c);
     c->qhead = c->qtail = NULL;
     c->cur = NULL;
@@ -155,13 +128,12 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
 
 /* Fail the transport: the connection to peer is gone (syscall/err: the
  * call that found out; NULL/0 for an orderly close by the peer). */
-static int conn_read(tcp_transport* t, tcp_conn* c);
 static void fail_lost(tcp_transport* t, int peer, const char* syscall, int err) {
   /* The peer may have said why before it went (an abort frame, tcp_live.c;
    * sent before its sockets closed): read what it sent first. */
   for (int i = 0; i < t->nconn && !t->err.code; i++) {
     tcp_conn* c = &t->conns[peer * t->nconn + i];
-    if (c->fd >= 0 && !c->eof) (void)conn_read(t, c);
+    if (c->fd >= 0 && !c->eof) (void)mlxd_tcp_conn_read(t, c);
   }
   if (t->err.code) return;
   mlxd_status s;
@@ -239,7 +211,7 @@ void mlxd_tcp_conn_advance(tcp_transport* t, tcp_conn* c, size_t w) {
     if (f->sent == TCP_HDR + f->len) {
       c->qhead = f->next;
       if (!c->qhead) c->qtail = NULL;
-      if (f->req && --f->req->frags_left == 0) req_complete(t, f->req);
+      if (f->req && --f->req->frags_left == 0) mlxd_tcp_req_complete(t, f->req);
     }
   }
 }
@@ -361,304 +333,6 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   return 0;
 }
 
-/* --------------------------------------------------------- receive side */
-
-/* Whether this rank's call `mine` and a message of the same operation from
- * peer, signed `theirs`, disagree; if so the transport has failed with both
- * calls named (mu held). */
-static bool sig_clash(tcp_transport* t, int peer, const mlxd_sig* mine, const mlxd_sig* theirs) {
-  mlxd_status s;
-  if (!mlxd_sig_check(&s, MLXD_LAYER_TCP, t->base.rank, mine, peer, t->peers[peer].addr, theirs))
-    return false;
-  tcp_fail(t, &s);
-  tcp_wake(t); /* from irecv: a progressor may sit in poll, other waiters on cv */
-  pthread_cond_broadcast(&t->cv);
-  return true;
-}
-
-static int tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig, void* buf,
-                     size_t n, mlxd_req** out, mlxd_status* st) {
-  tcp_transport* t = (tcp_transport*)tt;
-  assert(peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0) && out);
-  *out = NULL;
-  struct mlxd_req* r = calloc(1, sizeof *r);
-  if (!r) {
-    int code = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
-                            "out of memory posting a receive from rank %d", peer);
-    mlxd_status_set_peer(st, peer, t->peers[peer].addr);
-    return code;
-  }
-  r->m.sig = mlxd_sig_or_none(sig);
-  r->m.peer = peer;
-  r->m.addr = t->peers[peer].addr;
-  r->m.tag = tag;
-  r->buf = buf;
-  r->m.n = n;
-
-  pthread_mutex_lock(&t->mu);
-  tcp_peer* pe = &t->peers[peer];
-  tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->mq.unexpected, tag), tcp_imsg, ux);
-  tcp_imsg* same = m;
-  if (!same && r->m.sig.op != MLXD_SIG_NONE)
-    same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&pe->mq.unexpected, tag), tcp_imsg, ux);
-  if (same && sig_clash(t, peer, &r->m.sig, &same->sig)) {
-    int code = fail_status(t, st);
-    pthread_mutex_unlock(&t->mu);
-    free(r);
-    return code;
-  }
-  if (m) {
-    mlxd_match_remove(&pe->mq.unexpected, &m->ux);
-    if (m->total != n) {
-      r->m.code = MLXD_EINVAL;
-      r->m.mismatch = true;
-      r->m.sent = m->total;
-      r->m.complete = true;
-      if (m->complete) {
-        imsg_free(t, m);
-      } else { /* still arriving: drain and drop the rest */
-        imsg_release(t, m);
-        m->discard = true;
-      }
-    } else if (m->complete) {
-      if (n) memcpy(buf, m->buf, n);
-      r->done = n;
-      r->m.complete = true;
-      imsg_free(t, m);
-    } else {
-      m->req = r;
-      r->im = m;
-      r->done = m->got;
-    }
-  } else if (t->err.code || pe->closed) {
-    if (!t->err.code) fail_lost(t, peer, NULL, 0);
-    int code = fail_status(t, st);
-    pthread_mutex_unlock(&t->mu);
-    free(r);
-    return code;
-  } else {
-    mlxd_match_push(&pe->mq.posted, &r->link, tag);
-  }
-  pthread_mutex_unlock(&t->mu);
-  *out = r;
-  return 0;
-}
-
-/* Fail the transport: peer sent a header that breaks the protocol. */
-static void fail_header(tcp_transport* t, int peer, const mlxd_tcp_hdr* h, const char* why) {
-  char ts[64];
-  mlxd_status s;
-  mlxd_match_tag_str(h->tag, ts, sizeof ts);
-  mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP,
-               "bad message header from rank %d (%s, offset %" PRIu64 ", length %" PRIu64
-               ", total %" PRIu64 "): %s; is the peer an mlxdist rank of the same version?",
-               peer, ts, h->off, h->len, h->total, why);
-  mlxd_status_set_peer(&s, peer, t->peers[peer].addr);
-  tcp_fail(t, &s);
-}
-
-/* A fragment header arrived on c: check it (tcp_wire.h), then find or
- * create its message. 0 or -1 (failed). */
-static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
-  tcp_peer* pe = &t->peers[c->peer];
-  char why[256];
-  mlxd_tcp_hdr h;
-  if (mlxd_tcp_hdr_decode(raw, &h, why, sizeof why) != 0) {
-    fail_header(t, c->peer, &h, why);
-    return -1;
-  }
-  tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->arriving, h.tag), tcp_imsg, arr);
-  mlxd_tcp_rx_state rs = {.ux_charged = pe->ux_charged, .ux_budget = t->ux_budget};
-  struct mlxd_req* r = NULL;
-  if (m) {
-    rs.arriving = true;
-    rs.arr_total = m->total;
-    rs.arr_got = m->announced;
-  } else {
-    r = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->mq.posted, h.tag), struct mlxd_req, link);
-    rs.posted = r != NULL;
-    rs.posted_n = r ? r->m.n : 0;
-  }
-  mlxd_tcp_admit what = mlxd_tcp_hdr_admit(&h, &rs, why, sizeof why);
-  if (what == MLXD_TCP_REJECT) {
-    fail_header(t, c->peer, &h, why);
-    return -1;
-  }
-  if (what == MLXD_TCP_CONTROL) { /* tcp_live.c: no message, no match */
-    c->ctrl = true;
-    c->ctrl_step = (unsigned)(h.tag & 0xFFFF);
-    c->cur = NULL;
-    c->cur_off = 0;
-    c->cur_len = (size_t)h.len;
-    c->cur_got = 0;
-    c->in_payload = true;
-    return 0;
-  }
-  if (!m && h.sig.op != MLXD_SIG_NONE) { /* a new message: compare the calls */
-    struct mlxd_req* same = r;
-    if (!same)
-      same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&pe->mq.posted, h.tag), struct mlxd_req, link);
-    if (same && sig_clash(t, c->peer, &same->m.sig, &h.sig)) return -1;
-  }
-  if (!m) {
-    m = calloc(1, sizeof *m);
-    if (!m) {
-      mlxd_status s;
-      mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_TCP,
-                   "out of memory receiving a message from rank %d", c->peer);
-      mlxd_status_set_peer(&s, c->peer, pe->addr);
-      tcp_fail(t, &s);
-      return -1;
-    }
-    m->total = (size_t)h.total;
-    m->peer = c->peer;
-    m->sig = h.sig;
-    if (what == MLXD_TCP_DIRECT) {
-      mlxd_match_remove(&pe->mq.posted, &r->link);
-      m->buf = r->buf;
-      m->req = r;
-      r->im = m;
-    } else if (what == MLXD_TCP_MISMATCH) {
-      mlxd_match_remove(&pe->mq.posted, &r->link);
-      r->m.mismatch = true;
-      r->m.sent = m->total;
-      req_fail(t, r, MLXD_EINVAL);
-      m->discard = true; /* drained into nothing: no allocation */
-    } else {
-      m->owned = true;
-      m->buf = mlxd_buffer_alloc(m->total);
-      if (!m->buf) {
-        free(m);
-        mlxd_status s;
-        mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_TCP,
-                     "out of memory buffering a %" PRIu64 "-byte message from rank %d", h.total,
-                     c->peer);
-        mlxd_status_set_peer(&s, c->peer, pe->addr);
-        tcp_fail(t, &s);
-        return -1;
-      }
-      m->charged = h.total + MLXD_TCP_UX_OVERHEAD;
-      pe->ux_charged += m->charged;
-      mlxd_match_push(&pe->mq.unexpected, &m->ux, h.tag);
-    }
-    mlxd_match_push(&pe->arriving, &m->arr, h.tag);
-  }
-  m->announced += (size_t)h.len; /* the admit check keeps the sum within total */
-  c->cur = m;
-  c->cur_off = (size_t)h.off;
-  c->cur_len = (size_t)h.len;
-  c->cur_got = 0;
-  c->in_payload = true;
-  return 0;
-}
-
-/* The current fragment of c is complete. */
-static void frag_done(tcp_transport* t, tcp_conn* c) {
-  if (c->ctrl) {
-    c->ctrl = false;
-    c->in_payload = false;
-    mlxd_tcp_ctrl_done(t, c);
-    return;
-  }
-  tcp_imsg* m = c->cur;
-  tcp_peer* pe = &t->peers[c->peer];
-  c->cur = NULL;
-  c->in_payload = false;
-  m->got += c->cur_len;
-  if (m->got < m->total) return;
-  m->complete = true;
-  mlxd_match_remove(&pe->arriving, &m->arr);
-  if (m->req) {
-    struct mlxd_req* r = m->req;
-    if (m->owned && r->m.n) memcpy(r->buf, m->buf, r->m.n);
-    r->im = NULL;
-    r->done = r->m.n;
-    req_complete(t, r);
-    imsg_free(t, m);
-  } else if (m->discard) {
-    imsg_free(t, m);
-  }
-  /* else: an unexpected message, kept until its receive is posted */
-}
-
-static void payload_got(tcp_conn* c, size_t k) {
-  c->cur_got += k;
-  if (c->cur && c->cur->req) c->cur->req->done += k;
-}
-
-/* recv(MSG_DONTWAIT) on c, through TLS when it is on. */
-static ssize_t conn_recv(tcp_conn* c, void* buf, size_t n) {
-  if (c->ssl) return mlxd_tcp_tls_recv(c, buf, n);
-  return recv(c->fd, buf, n, MSG_DONTWAIT);
-}
-
-/* Read everything available on c. 0 or an errno (-1 for EOF; EPROTO with
- * c->ssl: a TLS error, c->tls_why says why). */
-static int conn_read(tcp_transport* t, tcp_conn* c) {
-  for (;;) {
-    if (t->err.code) return 0;
-    if (!c->in_payload) {
-      size_t avail = c->rlen - c->rpos;
-      if (avail >= TCP_HDR) {
-        const unsigned char* h = c->rbuf + c->rpos;
-        c->rpos += TCP_HDR;
-        if (on_header(t, c, h) != 0) return 0;
-        continue;
-      }
-      if (c->rpos > 0) {
-        memmove(c->rbuf, c->rbuf + c->rpos, avail);
-        c->rlen = avail;
-        c->rpos = 0;
-      }
-      ssize_t k = conn_recv(c, c->rbuf + c->rlen, TCP_RBUF - c->rlen);
-      if (k == 0) return -1;
-      if (k < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-        return errno;
-      }
-      c->rlen += (size_t)k;
-      continue;
-    }
-    size_t need = c->cur_len - c->cur_got;
-    if (need == 0) {
-      frag_done(t, c);
-      continue;
-    }
-    tcp_imsg* m = c->cur;
-    char* dst = c->ctrl  ? (char*)c->ctrl_buf + c->cur_got
-                : m->buf ? m->buf + c->cur_off + c->cur_got
-                         : NULL; /* NULL: discard */
-    size_t avail = c->rlen - c->rpos;
-    if (avail > 0) {
-      size_t k = avail < need ? avail : need;
-      if (dst) memcpy(dst, c->rbuf + c->rpos, k);
-      c->rpos += k;
-      payload_got(c, k);
-      continue;
-    }
-    c->rpos = c->rlen = 0;
-    ssize_t k;
-    if (dst && need >= TCP_RBUF / 2) {
-      k = conn_recv(c, dst, need < TCP_IO_MAX ? need : TCP_IO_MAX);
-      if (k > 0) {
-        payload_got(c, (size_t)k);
-        continue;
-      }
-    } else {
-      k = conn_recv(c, c->rbuf, TCP_RBUF);
-      if (k > 0) {
-        c->rlen = (size_t)k;
-        continue;
-      }
-    }
-    if (k == 0) return -1;
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-    return errno;
-  }
-}
-
 /* ------------------------------------------------------------- progress */
 
 /* One round of polling (mu held; dropped while in poll). Returns whether
@@ -728,7 +402,7 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
       continue;
     }
     if (ev & (POLLIN | POLLHUP | POLLERR)) {
-      int err = conn_read(t, c);
+      int err = mlxd_tcp_conn_read(t, c);
       if (err < 0 && !t->err.code)
         conn_eof(t, c);
       else if (err && !t->err.code)
@@ -864,11 +538,15 @@ static int tcp_wait_slice(mlxd_transport* tt, mlxd_req** reqs, int n, double max
 int mlxd_tcp_conn_write(tcp_transport* t, tcp_conn* c) { return conn_write(t, c); }
 void mlxd_tcp_fail(tcp_transport* t, const mlxd_status* st) { tcp_fail(t, st); }
 void mlxd_tcp_wake(tcp_transport* t) { tcp_wake(t); }
+void mlxd_tcp_fail_lost(tcp_transport* t, int peer, const char* syscall, int err) {
+  fail_lost(t, peer, syscall, err);
+}
+int mlxd_tcp_fail_status(tcp_transport* t, mlxd_status* st) { return fail_status(t, st); }
 
 const mlxd_transport_ops mlxd_tcp_ops = {
     .name = "tcp",
     .isend = tcp_isend,
-    .irecv = tcp_irecv,
+    .irecv = mlxd_tcp_irecv,
     .waitall = tcp_waitall,
     .wait_slice = tcp_wait_slice,
     .abort = mlxd_tcp_abort,

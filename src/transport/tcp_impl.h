@@ -1,5 +1,5 @@
-/* Private to the TCP transport: its state, shared by tcp.c (messages,
- * matching, progress), tcp_setup.c (create / destroy) and tcp_tls.c (the
+/* Private to the TCP transport: its state, shared by tcp.c (sending,
+ * progress, failure), tcp_recv.c (receiving, matching), tcp_setup.c (create / destroy) and tcp_tls.c (the
  * TLS variant of the socket I/O). The design is described in tcp.c. */
 #ifndef MLXD_TCP_IMPL_H
 #define MLXD_TCP_IMPL_H
@@ -9,8 +9,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/types.h>
 
+#include "core/buffer.h"
 #include "transport/liveness.h"
 #include "transport/match.h"
 #include "transport/tcp_wire.h"
@@ -145,6 +147,15 @@ static inline const char* mlxd_tcp_frag_data(const tcp_frag* f) {
  * blocked in poll. */
 void mlxd_tcp_conn_advance(tcp_transport* t, tcp_conn* c, size_t w);
 int mlxd_tcp_conn_write(tcp_transport* t, tcp_conn* c);
+/* tcp_recv.c: read what c has (mu held); 0, or an errno / -1 at the end of
+ * the stream (the caller fails the transport). */
+int mlxd_tcp_conn_read(tcp_transport* t, tcp_conn* c);
+int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig, void* buf,
+                   size_t n, mlxd_req** out, mlxd_status* st);
+/* tcp.c: the connection to peer is gone (syscall/err: how we found out). */
+void mlxd_tcp_fail_lost(tcp_transport* t, int peer, const char* syscall, int err);
+/* tcp.c: the transport's failure into st; returns its code. */
+int mlxd_tcp_fail_status(tcp_transport* t, mlxd_status* st);
 void mlxd_tcp_fail(tcp_transport* t, const mlxd_status* st);
 void mlxd_tcp_wake(tcp_transport* t);
 
@@ -185,5 +196,33 @@ int mlxd_tcp_tls_write(tcp_transport* t, tcp_conn* c);
 /* As recv(MSG_DONTWAIT): > 0, 0 at end of stream, -1 with errno (EAGAIN:
  * would block; EPROTO: TLS error, c->tls_why says why). */
 ssize_t mlxd_tcp_tls_recv(tcp_conn* c, void* buf, size_t n);
+
+/* Requests and incoming messages (mu held). */
+static inline void mlxd_tcp_req_complete(tcp_transport* t, struct mlxd_req* r) {
+  if (!r->m.complete) {
+    r->m.complete = true;
+    t->completed = true;
+  }
+}
+
+static inline void mlxd_tcp_req_fail(tcp_transport* t, struct mlxd_req* r, int code) {
+  if (r->m.complete) return;
+  r->m.code = code;
+  mlxd_tcp_req_complete(t, r);
+}
+
+/* Free m's buffer (if owned) and give its charge back to the peer's budget. */
+static inline void mlxd_tcp_imsg_release(tcp_transport* t, tcp_imsg* m) {
+  if (m->owned) mlxd_buffer_free(m->buf, m->total);
+  m->buf = NULL;
+  m->owned = false;
+  t->peers[m->peer].ux_charged -= m->charged;
+  m->charged = 0;
+}
+
+static inline void mlxd_tcp_imsg_free(tcp_transport* t, tcp_imsg* m) {
+  mlxd_tcp_imsg_release(t, m);
+  free(m);
+}
 
 #endif
