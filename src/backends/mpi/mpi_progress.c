@@ -135,13 +135,28 @@ void mlxd_mpi_turn_done(mpi_group* g) {
  * (may be NULL) receive the completed requests' statuses. */
 int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
                        bool cancel_on_timeout, const char* what, mpip_status* st) {
+  return mlxd_mpi_wait_reqs_keep(g, reqs, n, statuses, cancel_on_timeout, NULL, what, st);
+}
+
+/* keep == NULL: what is left after a failure is abandoned and kept forever
+ * by the caller; else it is abandoned with keep (released once complete). */
+static void abandon_left(const MPI_Request* reqs, int n, const mpi_keep* keep) {
+  if (keep)
+    mlxd_mpi_abandon_keep(reqs, n, keep);
+  else
+    mlxd_mpi_abandon(reqs, n);
+}
+
+int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
+                            bool cancel_on_timeout, const mpi_keep* keep, const char* what,
+                            mpip_status* st) {
   if (n <= 0) return 0;
   int* idx = malloc(sizeof(int) * (size_t)n);
   MPI_Status* sts = malloc(sizeof(MPI_Status) * (size_t)n);
   if (!idx || !sts) {
     free(idx);
     free(sts);
-    mlxd_mpi_abandon(reqs, n);
+    abandon_left(reqs, n, keep);
     mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory while waiting for %s", what);
     mlxd_mpi_group_fail(g, st);
     return MPIP_ENOMEM;
@@ -209,7 +224,7 @@ int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statu
         nanosleep(&ts, NULL);
       }
     }
-    mlxd_mpi_abandon(reqs, n); /* what is left: MPI may still complete it */
+    abandon_left(reqs, n, keep); /* what is left: MPI may still complete it */
     mlxd_mpi_group_fail(g, st);
   }
   free(idx);
@@ -225,6 +240,14 @@ static pthread_cond_t g_send_cv; /* CLOCK_MONOTONIC: new work, or the list chang
 static pending_send* g_sends;
 static bool g_prog_started, g_prog_stop;
 static pthread_t g_prog_thread;
+/* Abandoned requests (mlxd_mpi_lost_poll): polled every LOST_FAST_S for
+ * LOST_FAST_FOR_S after one was abandoned or completed (a late peer's op
+ * advances only while this rank calls MPI), then every LOST_SLOW_S (a peer
+ * that never comes costs ~20 wake-ups a second). Under g_send_mu. */
+#define LOST_FAST_S 1e-3
+#define LOST_FAST_FOR_S 2.0
+#define LOST_SLOW_S 50e-3
+static double g_lost_next, g_lost_activity;
 
 void mlxd_mpi_pending_free(pending_send* p) {
   free(p->reqs);
@@ -371,8 +394,24 @@ static void* progress_main(void* arg) {
   backoff_reset(&bo);
   pthread_mutex_lock(&g_send_mu);
   while (!g_prog_stop) {
+    bool lost = mlxd_mpi_lost_pending();
+    if (lost && mlxd_now() >= g_lost_next) {
+      pthread_mutex_unlock(&g_send_mu); /* releases run the caller's code: no lock held */
+      bool completed = false;
+      lost = mlxd_mpi_lost_poll(&completed);
+      pthread_mutex_lock(&g_send_mu);
+      double now = mlxd_now();
+      if (completed) g_lost_activity = now;
+      g_lost_next = now + (now - g_lost_activity < LOST_FAST_FOR_S ? LOST_FAST_S : LOST_SLOW_S);
+      continue;
+    }
     if (!g_sends) {
-      pthread_cond_wait(&g_send_cv, &g_send_mu);
+      if (lost) {
+        struct timespec ts = mlxd_mpi_abs_monotonic(g_lost_next);
+        pthread_cond_timedwait(&g_send_cv, &g_send_mu, &ts);
+      } else {
+        pthread_cond_wait(&g_send_cv, &g_send_mu);
+      }
       backoff_reset(&bo);
       continue;
     }
@@ -386,18 +425,35 @@ static void* progress_main(void* arg) {
   return NULL;
 }
 
+/* Start the progress thread if it is not running (g_send_mu held). */
+static int start_locked(mpip_status* st) {
+  if (g_prog_started) return 0;
+  if (g_prog_stop)
+    return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
+                         "[mpi] the progress thread has stopped (the process is exiting)");
+  if (pthread_create(&g_prog_thread, NULL, progress_main, NULL) != 0)
+    return mlxd_mpi_fail(st, MPIP_ESYS, "[mpi] could not start the send progress thread: %s",
+                         strerror(errno));
+  g_prog_started = true;
+  return 0;
+}
+
+void mlxd_mpi_progress_kick(void) {
+  mpip_status ignore;
+  pthread_mutex_lock(&g_send_mu);
+  /* Without the thread (it could not start, or the exit hook stopped it),
+   * the exit hook is the last to poll the abandoned requests. */
+  start_locked(&ignore);
+  g_lost_activity = mlxd_now();
+  g_lost_next = 0;
+  pthread_cond_broadcast(&g_send_cv);
+  pthread_mutex_unlock(&g_send_mu);
+}
+
 /* Hand a started send to the progress thread (starting it if needed). */
 int mlxd_mpi_sends_add(pending_send* p, mpip_status* st) {
-  int rc = 0;
   pthread_mutex_lock(&g_send_mu);
-  if (!g_prog_started) {
-    g_prog_stop = false;
-    if (pthread_create(&g_prog_thread, NULL, progress_main, NULL) != 0)
-      rc = mlxd_mpi_fail(st, MPIP_ESYS, "[mpi] could not start the send progress thread: %s",
-                         strerror(errno));
-    else
-      g_prog_started = true;
-  }
+  int rc = start_locked(st);
   if (rc == 0) {
     p->next = g_sends;
     g_sends = p;
