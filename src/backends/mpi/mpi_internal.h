@@ -26,16 +26,17 @@
  * - Every wait polls non-blocking MPI requests (spin, then sleep) against a
  *   deadline of MLXDIST_TIMEOUT seconds without progress. A timeout fails
  *   the group: later ops fail fast with the same message.
- * - A send copies its data and returns; the copy is handed to MPI and
+ * - A send posts its data (a copy, or the held array: below) and returns; it is
  *   completed in the background, so sends posted before receives on both
  *   sides never deadlock.
- * - Collectives and recv called through ABI v3's *_ref ops give MPI the
- *   caller's memory directly (no staging copy). A request given up on (a
+ * - Collectives, send and recv called through ABI v3's *_ref ops give MPI
+ *   the caller's memory directly (no staging copy). A request given up on (a
  *   timeout) may still use that memory, so the plugin then takes a hold on
  *   the caller's arrays (the bufref) and releases it only once MPI has
  *   completed the request (the progress thread polls such requests; the exit
- *   hook gives them one last bounded wait). Through the plain ops (ABI v1/v2
- *   hosts) MPI works on staging copies, freed the same way.
+ *   hook gives them one last bounded wait); a send holds its array from the
+ *   start until the data has left. Through the plain ops (ABI v1/v2 hosts)
+ *   MPI works on staging copies, freed the same way.
  * - If this plugin initialised MPI, it finalises it once, at process exit.
  * - MLXDIST_CHECK=1 (agreed by all ranks at create): every op first
  *   exchanges a signature of the call (mpi_check.c); a send's data leaves
@@ -120,6 +121,12 @@ typedef struct pending_send {
   size_t nbytes;
   int dst;
   double deadline;
+  /* ABI v3 send_ref: buf is the caller's array, held (held set) and released
+   * once the data has left (mlxd_mpi_pending_free, never under g_send_mu);
+   * else buf is the plugin's copy, freed with p. */
+  bool held;
+  mpip_hold hold;
+  void (*release)(mpip_hold* hold);
   /* MLXDIST_CHECK=1 (mpi_check.c): the signature went out first, and the
    * data (reqs) is posted only once the receiver's answer agrees. */
   bool awaiting_answer;
@@ -152,6 +159,11 @@ struct timespec mlxd_mpi_abs_monotonic(double deadline);
 typedef struct mpi_keep {
   const mpip_bufref* ref; /* the caller's arrays (ABI v3): a hold is taken, then released */
   void* own;              /* the plugin's memory (a staging buffer): freed */
+  /* A hold taken earlier (a send's, pending_send.held): moved into the set,
+   * released once complete. Without ref or own the progress thread is not
+   * woken (the caller may be it, under g_send_mu); it polls anyway. */
+  const mpip_hold* held;
+  void (*release)(mpip_hold* hold);
 } mpi_keep;
 /* Requests given up on (a timeout), remembered for the exit hook and polled
  * by the progress thread. mlxd_mpi_abandon keeps whatever they use forever
@@ -203,6 +215,7 @@ int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* 
 void mlxd_mpi_progress_kick(void);
 
 void mlxd_mpi_progress_init(void);
+/* Free p: its copy, or release its hold (then never with g_send_mu held). */
 void mlxd_mpi_pending_free(pending_send* p);
 int mlxd_mpi_sends_add(pending_send* p, mpip_status* st);
 /* Sends of a destroyed group finish in the background without it. */
@@ -252,6 +265,11 @@ int mlxd_mpi_send_post_data(pending_send* p, mpip_status* st);
 
 int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                   mpip_status* st);
+#if MPIP_HAS_REF
+/* send from the caller's array directly, held until the data has left (ABI v3). */
+int mlxd_mpi_send_ref(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                      const mpip_bufref* ref, mpip_status* st);
+#endif
 int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
                   mpip_status* st);
 #if MPIP_HAS_REF

@@ -561,11 +561,7 @@ static const mpip_ops k_mpi_ops = {
     .all_reduce_ref = mpi_all_reduce_ref,
     .all_gather_ref = mpi_all_gather_ref,
     .reduce_scatter_ref = mpi_reduce_scatter_ref,
-    /* send keeps its copy for now: it returns before the data has left
-     * (sends posted before receives on both sides must not deadlock), so a
-     * hold would be taken on every send and released by the progress thread
-     * outside its lock; not done yet. */
-    .send_ref = NULL,
+    .send_ref = mlxd_mpi_send_ref,
     .recv_ref = mlxd_mpi_recv_ref,
 #endif
 };

@@ -1,9 +1,11 @@
-/* The mpi plugin's point-to-point ops. A send copies its data, posts it
- * and hands it to the progress thread (mpi_progress.c); a recv waits,
- * bounded, and checks the size that arrived (through ABI v3's recv_ref it
- * receives into the caller's array directly). */
+/* The mpi plugin's point-to-point ops. A send posts its data and hands it
+ * to the progress thread (mpi_progress.c); a recv waits, bounded, and
+ * checks the size that arrived. Through ABI v3's send_ref/recv_ref both use
+ * the caller's arrays directly (a send holds its array until the data has
+ * left); through the plain ops, a copy. */
 #include <assert.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,8 +66,12 @@ static int send_complete_inline(mpi_group* g, pending_send* p, mpip_status* st) 
   return rc;
 }
 
-int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                  mpip_status* st) {
+/* send. ref == NULL (the plain op): MPI sends a copy, freed once the data
+ * has left. ref set (ABI v3): MPI sends from the caller's array, held until
+ * the data has left (released by the progress thread off its lock). Either
+ * way the op returns once the data is posted (see mpi_internal.h). */
+static int send_impl(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                     const mpip_bufref* ref, mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   /* The front-end guarantees a valid peer (plugin ABI contract). */
   assert(dst >= 0 && dst < g->base.size && dst != g->base.rank);
@@ -79,15 +85,24 @@ int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes,
   pending_send* p = calloc(1, sizeof *p);
   if (p) {
     p->reqs = malloc(sizeof(MPI_Request) * (size_t)nreq);
-    p->buf = malloc(nbytes ? nbytes : 1);
+    if (!ref) p->buf = malloc(nbytes ? nbytes : 1);
   }
-  if (!p || !p->reqs || !p->buf) {
+  if (!p || !p->reqs || (!ref && !p->buf)) {
     if (p) mlxd_mpi_pending_free(p);
     rc = mlxd_mpi_fail(st, MPIP_ENOMEM,
                        "[mpi] out of memory copying %zu bytes for a send to rank %d", nbytes, dst);
     goto out;
   }
-  if (nbytes) memcpy(p->buf, buf, nbytes);
+#if MPIP_HAS_REF
+  if (ref) {
+    /* Posted from the caller's memory: held from now until MPI is done. */
+    p->buf = (void*)(uintptr_t)buf;
+    ref->hold(ref, &p->hold);
+    p->held = true;
+    p->release = ref->release;
+  }
+#endif
+  if (!ref && nbytes) memcpy(p->buf, buf, nbytes);
   p->g = g;
   p->nbytes = nbytes;
   p->dst = dst;
@@ -101,15 +116,26 @@ int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes,
   if (rc) {
     if (g->check) {
       if (p->check_reqs[0] != MPI_REQUEST_NULL || p->check_reqs[1] != MPI_REQUEST_NULL) {
-        /* p itself is kept: MPI may still write the answer into p->check_buf. */
+        /* p itself is kept: MPI may still write the answer into p->check_buf.
+         * The data was never posted: its copy or hold goes now. */
         mlxd_mpi_abandon(p->check_reqs, 2);
-        free(p->reqs), free(p->buf);
-        p->reqs = NULL, p->buf = NULL;
+        free(p->reqs);
+        p->reqs = NULL;
+        if (!p->held) free(p->buf);
+#if MPIP_HAS_REF
+        else
+          p->release(&p->hold);
+#endif
+        p->buf = NULL;
+        p->held = false;
       } else {
         mlxd_mpi_pending_free(p);
       }
     } else if (p->nreq) {
-      mlxd_mpi_abandon(p->reqs, p->nreq); /* the issued pieces may still read p->buf */
+      /* The issued pieces may still read p->buf: a copy is kept (leaked), a
+       * held array stays held until they complete. */
+      mpi_keep keep = {.held = p->held ? &p->hold : NULL, .release = p->release};
+      mlxd_mpi_abandon_keep(p->reqs, p->nreq, &keep);
       free(p->reqs);
       free(p);
     } else {
@@ -125,6 +151,18 @@ out:
   mlxd_mpi_op_end();
   return rc;
 }
+
+int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                  mpip_status* st) {
+  return send_impl(b, seq, buf, nbytes, dst, NULL, st);
+}
+
+#if MPIP_HAS_REF
+int mlxd_mpi_send_ref(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                      const mpip_bufref* ref, mpip_status* st) {
+  return send_impl(b, seq, buf, nbytes, dst, ref, st);
+}
+#endif
 
 /* recv. ref == NULL (the plain op): into a staging copy. ref set (ABI v3):
  * into the caller's result array directly. A piece that cannot be cancelled

@@ -251,8 +251,41 @@ static double g_lost_next, g_lost_activity;
 
 void mlxd_mpi_pending_free(pending_send* p) {
   free(p->reqs);
-  free(p->buf);
+  if (!p->held) free(p->buf);
+#if MPIP_HAS_REF
+  else if (p->release)
+    p->release(&p->hold);
+#endif
   free(p);
+}
+
+/* Done sends whose hold is released off the lock (the release may run the
+ * caller's destructor): under g_send_mu, drained by the progress thread. */
+static pending_send* g_retired;
+
+/* Free p now, or (held) once g_send_mu is let go. g_send_mu held. */
+static void retire_locked(pending_send* p) {
+  if (!p->held) {
+    mlxd_mpi_pending_free(p);
+    return;
+  }
+  p->next = g_retired;
+  g_retired = p;
+}
+
+/* Free the retired sends with g_send_mu let go meanwhile. g_send_mu held. */
+static void drain_retired_locked(void) {
+  while (g_retired) {
+    pending_send* list = g_retired;
+    g_retired = NULL;
+    pthread_mutex_unlock(&g_send_mu);
+    while (list) {
+      pending_send* p = list;
+      list = p->next;
+      mlxd_mpi_pending_free(p);
+    }
+    pthread_mutex_lock(&g_send_mu);
+  }
 }
 
 /* MLXDIST_CHECK=1: a send waiting for the receiver's answer (mpi_check.c).
@@ -285,13 +318,13 @@ static int answer_poll_locked(pending_send* p, bool* progressed) {
     *progressed = true;
     p->awaiting_answer = false;
     if (!p->g) { /* its group was destroyed (only after the answer: see forget_group) */
-      mlxd_mpi_pending_free(p);
+      retire_locked(p);
       return 1;
     }
     rc = mlxd_mpi_check_send_answer(p, p->g->base.rank, &st);
     if (rc) {
       mlxd_mpi_group_fail(p->g, &st);
-      mlxd_mpi_pending_free(p);
+      retire_locked(p);
       return 1;
     }
     rc = mlxd_mpi_send_post_data(p, &st);
@@ -301,9 +334,9 @@ static int answer_poll_locked(pending_send* p, bool* progressed) {
     }
     if (p->g) mlxd_mpi_group_fail(p->g, &st);
     if (p->nreq) {
-      mlxd_mpi_abandon(p->reqs, p->nreq); /* p is kept */
+      mlxd_mpi_abandon(p->reqs, p->nreq); /* p is kept (and its hold: never released) */
     } else {
-      mlxd_mpi_pending_free(p);
+      retire_locked(p);
     }
     return 1;
   }
@@ -372,10 +405,13 @@ static bool sends_poll_locked(void) {
       }
       *pp = p->next;
       if (done) {
-        mlxd_mpi_pending_free(p);
+        retire_locked(p);
       } else {
-        /* MPI may still read the buffer: keep it (a deliberate leak). */
-        mlxd_mpi_abandon(p->reqs, p->nreq);
+        /* MPI may still read the buffer: the plugin's copy is kept (a
+         * deliberate leak); the caller's array stays held until MPI is
+         * done with it. */
+        mpi_keep keep = {.held = p->held ? &p->hold : NULL, .release = p->release};
+        mlxd_mpi_abandon_keep(p->reqs, p->nreq, &keep);
         free(p->reqs);
         free(p);
       }
@@ -416,6 +452,7 @@ static void* progress_main(void* arg) {
       continue;
     }
     if (sends_poll_locked()) backoff_reset(&bo);
+    drain_retired_locked();
     if (!g_sends) continue;
     pthread_mutex_unlock(&g_send_mu);
     backoff_wait(&bo);
@@ -493,6 +530,9 @@ void mlxd_mpi_sends_stop(void) {
   pthread_cond_broadcast(&g_send_cv);
   pthread_mutex_unlock(&g_send_mu);
   if (started) pthread_join(g_prog_thread, NULL);
+  pthread_mutex_lock(&g_send_mu);
+  drain_retired_locked(); /* what the thread retired last */
+  pthread_mutex_unlock(&g_send_mu);
 }
 
 void mlxd_mpi_progress_init(void) {

@@ -132,6 +132,7 @@ void mlxd_mpi_abandon_keep(const MPI_Request* reqs, int n, const mpi_keep* keep)
    * that cannot be recorded is never released (a leak, never a free). */
   if (ref) ref->hold(ref, &hold);
 #endif
+  /* (keep->held likewise: not recorded, never released.) */
   if (!s) {
     pthread_mutex_lock(&g_mu);
     g_abandoned = true; /* cannot track them: never finalise, keep everything */
@@ -143,6 +144,9 @@ void mlxd_mpi_abandon_keep(const MPI_Request* reqs, int n, const mpi_keep* keep)
   if (ref) {
     s->hold = hold;
     s->release = ref->release;
+  } else if (keep && keep->held) {
+    s->hold = *keep->held;
+    s->release = keep->release;
   }
 #endif
   for (int i = 0; i < n; i++)
