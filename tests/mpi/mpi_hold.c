@@ -5,18 +5,19 @@
  *
  *   mpi_hold [late|never]
  *
- * Rank 0 (MLXDIST_TIMEOUT=1, set here) runs all_sum, all_gather and
- * sum_scatter, each on a group of its own, while rank 1 stays away: each
- * times out. Each input is a managed array over malloc'd memory whose
+ * Rank 0 (MLXDIST_TIMEOUT=1, set here) sends 1 MiB to rank 1, then runs
+ * all_sum, all_gather and sum_scatter, each on a group of its own, while
+ * rank 1 stays away: the send cannot leave (rendezvous: the receiver is not
+ * there), and each collective times out. Each input is a managed array over malloc'd memory whose
  * destructor records that it ran; rank 0 frees input and result at once.
  * Checks on rank 0:
- *  - no destructor has run then (MPI's request still uses the memory), and
+ *  - no destructor has run then (MPI's requests still use the memory), and
  *    arrays allocated afterwards (which would reuse a freed result's memory)
  *    keep their contents once the late peer has made MPI complete;
  *  - every destructor runs once rank 1 has joined (the hold is released
  *    when MPI completes the request: no leak).
- * Rank 1 (MLXDIST_TIMEOUT=30) joins late, and its results must be exact:
- * rank 0's inputs were still intact when MPI read them.
+ * Rank 1 (MLXDIST_TIMEOUT=30) joins late (then receives the send), and its
+ * results must be exact: rank 0's inputs were intact when MPI read them.
  * Under AddressSanitizer a free too early shows as a use-after-free (MPI
  * copies the input with memcpy).
  *
@@ -40,10 +41,11 @@
 
 #define N (256 * 1024) /* float32 elements: 1 MiB, well above MPI's eager size */
 #define NOPS 3
+#define SEND NOPS /* the send's group and flag come after the collectives' */
 #define NREUSE 4
 
-static const char* const k_ops[NOPS] = {"all_sum", "all_gather", "sum_scatter"};
-static atomic_int g_freed[NOPS];
+static const char* const k_ops[NOPS + 1] = {"all_sum", "all_gather", "sum_scatter", "send"};
+static atomic_int g_freed[NOPS + 1];
 
 static void dtor_0(void* p) {
   atomic_fetch_add(&g_freed[0], 1);
@@ -57,7 +59,11 @@ static void dtor_2(void* p) {
   atomic_fetch_add(&g_freed[2], 1);
   free(p);
 }
-static void (*const k_dtor[NOPS])(void*) = {dtor_0, dtor_1, dtor_2};
+static void dtor_3(void* p) {
+  atomic_fetch_add(&g_freed[3], 1);
+  free(p);
+}
+static void (*const k_dtor[NOPS + 1])(void*) = {dtor_0, dtor_1, dtor_2, dtor_3};
 
 static float value(int rank, size_t i) { return (float)((i * 7 + (size_t)rank * 3) % 64); }
 
@@ -115,8 +121,8 @@ int main(int argc, char** argv) {
   T_EQ_INT(mlx_distributed_group_size(world), 2);
   T_EQ_INT(rank, lr);
   /* One group per op: a timeout fails its group for good. */
-  mlx_distributed_group grp[NOPS];
-  for (int k = 0; k < NOPS; k++) {
+  mlx_distributed_group grp[NOPS + 1];
+  for (int k = 0; k <= NOPS; k++) {
     grp[k] = mlx_distributed_group_new();
     T_EQ_INT(mlx_distributed_group_split(&grp[k], world, 0, rank), 0);
     T_EQ_INT(mlx_distributed_group_size(grp[k]), 2);
@@ -128,6 +134,17 @@ int main(int argc, char** argv) {
     float* pattern = malloc(sizeof(float) * 2 * N);
     T_ASSERT(pattern != NULL);
     for (size_t i = 0; i < 2 * (size_t)N; i++) pattern[i] = -1.0f - (float)(i % 1000);
+    /* The send returns once posted; its data leaves only when rank 1 receives. */
+    float* sdata = malloc(sizeof(float) * N);
+    T_ASSERT(sdata != NULL);
+    for (size_t i = 0; i < N; i++) sdata[i] = value(0, i) + 100;
+    mlx_array sx = mlx_array_new_data_managed(sdata, (int[]){N}, 1, MLX_FLOAT32, k_dtor[SEND]);
+    mlx_array sent = mlx_array_new();
+    T_EQ_INT(mlx_distributed_send(&sent, sx, 1, grp[SEND], mlx_stream_new()), 0);
+    T_EQ_INT(mlx_array_eval(sent), 0);
+    mlx_array_free(sent);
+    mlx_array_free(sx);
+    T_CHECKF(atomic_load(&g_freed[SEND]) == 0, "send: the input was freed before the data left");
     for (int k = 0; k < NOPS; k++) {
       size_t n = in_count(k);
       float* data = malloc(sizeof(float) * n);
@@ -149,17 +166,18 @@ int main(int argc, char** argv) {
       for (int j = 0; j < NREUSE; j++)
         reuse[k][j] = mlx_array_new_data(pattern, (int[]){(int)rn}, 1, MLX_FLOAT32);
     }
-    printf("rank 0: %d ops timed out, inputs still held\n", NOPS);
+    T_CHECKF(atomic_load(&g_freed[SEND]) == 0, "send: the input was freed before the data left");
+    printf("rank 0: %d ops timed out, a send pending, inputs still held\n", NOPS);
     /* Rank 1 joins now; MPI completes the requests (polled by the plugin's
      * progress thread), which releases the holds. */
     double until = now_s() + 60;
     bool all = false;
     while (!all && now_s() < until) {
       all = true;
-      for (int k = 0; k < NOPS; k++) all = all && atomic_load(&g_freed[k]) == 1;
+      for (int k = 0; k <= NOPS; k++) all = all && atomic_load(&g_freed[k]) == 1;
       if (!all) usleep(10000);
     }
-    for (int k = 0; k < NOPS; k++)
+    for (int k = 0; k <= NOPS; k++)
       T_CHECKF(atomic_load(&g_freed[k]) == 1,
                "%s: the input's destructor ran %d times (expected once, after the late peer)",
                k_ops[k], atomic_load(&g_freed[k]));
@@ -200,9 +218,18 @@ int main(int argc, char** argv) {
       mlx_array_free(r);
       mlx_array_free(x);
     }
+    mlx_array r = mlx_array_new();
+    T_EQ_INT(mlx_distributed_recv(&r, (int[]){N}, 1, MLX_FLOAT32, 0, grp[SEND], mlx_stream_new()),
+             0);
+    T_REQUIREF(mlx_array_eval(r) == 0, "recv (late): %s", t_last_error());
+    const float* got = mlx_array_data_float32(r);
+    size_t bad = 0;
+    for (size_t i = 0; i < N; i++) bad += got[i] != value(0, i) + 100;
+    T_CHECKF(bad == 0, "recv (late): %zu of %d elements wrong", bad, N);
+    mlx_array_free(r);
     printf("rank 1: late ops exact\n");
   }
-  for (int k = 0; k < NOPS; k++) mlx_distributed_group_free(grp[k]);
+  for (int k = 0; k <= NOPS; k++) mlx_distributed_group_free(grp[k]);
   mlx_distributed_group_free(world);
   int status = t_exit_status();
   printf("rank %d: mpi_hold %s\n", rank, status ? "FAILED" : "OK");
