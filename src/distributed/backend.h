@@ -43,6 +43,17 @@
 #include "reduce/reduce.h"
 
 typedef struct mlxd_backend mlxd_backend;
+struct mlxd_array;
+
+/* The arrays behind an op's buffers, for the *_ref ops: in (NULL for recv)
+ * and out (for send: the pending result over in's memory). The stream task
+ * running the op holds both until the op returns; a backend that may still
+ * use their memory after it returns keeps them alive with
+ * mlxd_array_retain / mlxd_array_release (core/array_impl.h). */
+typedef struct mlxd_op_arrays {
+  struct mlxd_array* in;
+  struct mlxd_array* out;
+} mlxd_op_arrays;
 
 typedef struct mlxd_backend_ops {
   const char* name; /* "ring", "mpi", "single" ... */
@@ -76,6 +87,27 @@ typedef struct mlxd_backend_ops {
    * interrupt its ops (the size-one backend has nothing to wait for). Used
    * when the process exits with ops pending (group.c). */
   void (*abort)(mlxd_backend* b, const mlxd_status* st);
+  /* Optional (NULL: distributed/ops.c calls the op of the same name above).
+   * The same ops, also told the arrays behind their buffers (arr; in and out
+   * are distinct arrays, so the buffers never overlap), for a backend that
+   * hands the caller's memory to a transport which may still use it after
+   * the op returned (the mpi plugin after a timeout): it retains the arrays
+   * before returning and releases them once the transport is done (the
+   * release may free the memory and run a managed array's destructor: no
+   * backend lock held then). Contract otherwise as the plain op. Today only
+   * plugins of ABI v3 (plugin_adapter.c) set them. */
+  int (*all_reduce_ref)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                        mlx_dtype dtype, mlxd_reduce_op op, const mlxd_op_arrays* arr,
+                        mlxd_status* st);
+  int (*all_gather_ref)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
+                        mlx_dtype dtype, const mlxd_op_arrays* arr, mlxd_status* st);
+  int (*reduce_scatter_ref)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                            mlx_dtype dtype, mlxd_reduce_op op, const mlxd_op_arrays* arr,
+                            mlxd_status* st);
+  int (*send_ref)(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
+                  int dst, const mlxd_op_arrays* arr, mlxd_status* st);
+  int (*recv_ref)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype, int src,
+                  const mlxd_op_arrays* arr, mlxd_status* st);
 } mlxd_backend_ops;
 
 /* Implementations embed this as their first member. */

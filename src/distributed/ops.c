@@ -55,24 +55,40 @@ static void op_run(void* arg, mlxd_status* st) {
   assert(b->size >= 2 || b->ops == mlxd_single_ops());
   mlxd_oprec_running(t->rec);
   int rc = 0;
+  /* A backend with the *_ref ops (backend.h) is also told the arrays, so it
+   * may keep their memory alive past its return (the task holds both now). */
+  const mlxd_backend_ops* o = b->ops;
+  const mlxd_op_arrays arr = {.in = t->in, .out = t->out};
   switch (t->kind) {
     case OP_REDUCE:
-      rc = b->ops->all_reduce(b, t->seq, t->in->data, t->out->data, t->in->size, t->in->dtype,
-                              t->rop, st);
+      rc = o->all_reduce_ref ? o->all_reduce_ref(b, t->seq, t->in->data, t->out->data, t->in->size,
+                                                 t->in->dtype, t->rop, &arr, st)
+                             : o->all_reduce(b, t->seq, t->in->data, t->out->data, t->in->size,
+                                             t->in->dtype, t->rop, st);
       break;
     case OP_GATHER:
-      rc =
-          b->ops->all_gather(b, t->seq, t->in->data, t->out->data, t->in->nbytes, t->in->dtype, st);
+      rc = o->all_gather_ref ? o->all_gather_ref(b, t->seq, t->in->data, t->out->data,
+                                                 t->in->nbytes, t->in->dtype, &arr, st)
+                             : o->all_gather(b, t->seq, t->in->data, t->out->data, t->in->nbytes,
+                                             t->in->dtype, st);
       break;
     case OP_SCATTER:
-      rc = b->ops->reduce_scatter(b, t->seq, t->in->data, t->out->data, t->out->size, t->in->dtype,
-                                  MLXD_SUM, st);
+      rc = o->reduce_scatter_ref
+               ? o->reduce_scatter_ref(b, t->seq, t->in->data, t->out->data, t->out->size,
+                                       t->in->dtype, MLXD_SUM, &arr, st)
+               : o->reduce_scatter(b, t->seq, t->in->data, t->out->data, t->out->size, t->in->dtype,
+                                   MLXD_SUM, st);
       break;
     case OP_SEND:
-      rc = b->ops->send(b, t->seq, t->in->data, t->in->nbytes, t->in->dtype, t->peer, st);
+      rc = o->send_ref
+               ? o->send_ref(b, t->seq, t->in->data, t->in->nbytes, t->in->dtype, t->peer, &arr, st)
+               : o->send(b, t->seq, t->in->data, t->in->nbytes, t->in->dtype, t->peer, st);
       break;
     case OP_RECV:
-      rc = b->ops->recv(b, t->seq, t->out->data, t->out->nbytes, t->out->dtype, t->peer, st);
+      rc = o->recv_ref
+               ? o->recv_ref(b, t->seq, t->out->data, t->out->nbytes, t->out->dtype, t->peer, &arr,
+                             st)
+               : o->recv(b, t->seq, t->out->data, t->out->nbytes, t->out->dtype, t->peer, st);
       break;
   }
   if (rc != 0 && st->code == 0)

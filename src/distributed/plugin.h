@@ -2,7 +2,7 @@
  * distributed/abi/plugin_v<N>.h; docs/plugin-abi.md).
  *
  * plugin.c finds and dlopens libmlxdist-<name>.so; plugin_adapter.c reads
- * its table (mlxdist_plugin_v2, else mlxdist_plugin_v1), checks it and
+ * its table (mlxdist_plugin_v3, else _v2, else _v1), checks it and
  * adapts it to the core's backend interface (backend.h): the plugin's
  * status becomes an mlxd_status, its instances become mlxd_backends, and an
  * op its table is too short to hold is treated as absent. */

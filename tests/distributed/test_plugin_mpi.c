@@ -1,12 +1,14 @@
 /* The mpi plugin as loaded through a given ABI version, under mpirun:
  *
- *   test_plugin_mpi <abi version 1|2> <directory the plugin must come from>
+ *   test_plugin_mpi <abi version 1|2|3> <directory the plugin must come from>
  *
- * MLXDIST_PLUGIN_PATH points at the directory. Version 1 is the mpi plugin
- * source built a second time against the frozen plugin_v1.h
- * (tests/distributed/plugin_v1): it must still load and work after v2
- * exists, and its describe op (new in v2) must be reported absent. Version 2
- * is the real plugin: describe present and naming the MPI library.
+ * MLXDIST_PLUGIN_PATH points at the directory. Versions 1 and 2 are the mpi
+ * plugin source built again against the frozen plugin_v1.h / plugin_v2.h
+ * (tests/distributed/plugin_v1): they must still load and work after v3
+ * exists (through the plain ops, on staging copies), and v1's describe op
+ * (new in v2) must be reported absent. Version 3 is the real plugin:
+ * describe present and naming the MPI library, collectives and recv on the
+ * caller's arrays (the *_ref ops).
  * Checks: strict init("mpi") gives the launcher's rank and size; all_sum,
  * all_max, all_min, all_gather, sum_scatter, send/recv around the ring, and
  * split (parity, and into groups of one, which the front-end serves with
@@ -114,7 +116,7 @@ static void check_collectives(mlx_distributed_group g, int rank, int size) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) T_FAIL("usage: test_plugin_mpi <abi version 1|2> <plugin directory>");
+  if (argc != 3) T_FAIL("usage: test_plugin_mpi <abi version 1|2|3> <plugin directory>");
   int abi = atoi(argv[1]);
   const char* dir = argv[2];
   t_capture_errors();

@@ -1,16 +1,18 @@
 /* Private to the mpi plugin: which plugin ABI this build speaks.
  *
  * The plugin is written once against the neutral names below (mpip_*,
- * MPIP_*). A normal build speaks ABI v2 (distributed/abi/plugin_v2.h) and
- * exports mlxdist_plugin_v2; MLXDIST_MPI_PLUGIN_ABI=1 selects the frozen v1
- * header instead (tests/distributed/plugin_v1 builds it that way to prove a
- * v1 plugin still loads), which has no describe op (MPIP_HAS_DESCRIBE 0).
- * Only the chosen header is included: a v1 build cannot use a v2 name. */
+ * MPIP_*). A normal build speaks ABI v3 (distributed/abi/plugin_v3.h) and
+ * exports mlxdist_plugin_v3; MLXDIST_MPI_PLUGIN_ABI=1 or 2 selects a frozen
+ * older header instead (tests/distributed/plugin_v1 builds both to prove
+ * such plugins still load): v1 has no describe op (MPIP_HAS_DESCRIBE 0),
+ * v1 and v2 have no *_ref ops (MPIP_HAS_REF 0: every collective then works
+ * on staging copies, mpi_ops.c). Only the chosen header is included: an
+ * older build cannot use a newer name. */
 #ifndef MLXD_MPI_ABI_H
 #define MLXD_MPI_ABI_H
 
 #ifndef MLXDIST_MPI_PLUGIN_ABI
-#define MLXDIST_MPI_PLUGIN_ABI 2
+#define MLXDIST_MPI_PLUGIN_ABI 3
 #endif
 
 #if MLXDIST_MPI_PLUGIN_ABI == 1
@@ -20,6 +22,7 @@
 #define MPIP_VERSION MLXDIST_PLUGIN_V1_VERSION
 #define MPIP_ENTRY mlxdist_plugin_v1
 #define MPIP_HAS_DESCRIBE 0
+#define MPIP_HAS_REF 0
 #elif MLXDIST_MPI_PLUGIN_ABI == 2
 #include "distributed/abi/plugin_v2.h"
 #define MPIP_(x) mlxdist_v2_##x
@@ -27,8 +30,17 @@
 #define MPIP_VERSION MLXDIST_PLUGIN_V2_VERSION
 #define MPIP_ENTRY mlxdist_plugin_v2
 #define MPIP_HAS_DESCRIBE 1
+#define MPIP_HAS_REF 0
+#elif MLXDIST_MPI_PLUGIN_ABI == 3
+#include "distributed/abi/plugin_v3.h"
+#define MPIP_(x) mlxdist_v3_##x
+#define MPIP_C(x) MLXDIST_V3_##x
+#define MPIP_VERSION MLXDIST_PLUGIN_V3_VERSION
+#define MPIP_ENTRY mlxdist_plugin_v3
+#define MPIP_HAS_DESCRIBE 1
+#define MPIP_HAS_REF 1
 #else
-#error "MLXDIST_MPI_PLUGIN_ABI must be 1 or 2"
+#error "MLXDIST_MPI_PLUGIN_ABI must be 1, 2 or 3"
 #endif
 
 typedef MPIP_(status) mpip_status;
@@ -39,6 +51,16 @@ typedef MPIP_(ops) mpip_ops;
 typedef MPIP_(plugin) mpip_plugin;
 typedef MPIP_(dtype) mpip_dtype;
 typedef MPIP_(op) mpip_op;
+#if MPIP_HAS_REF
+typedef MPIP_(bufref) mpip_bufref;
+typedef MPIP_(hold) mpip_hold;
+#else
+/* Never defined: older ABIs have no caller's arrays to hold (always NULL). */
+typedef struct mpip_no_bufref mpip_bufref;
+typedef struct mpip_hold {
+  void* unused;
+} mpip_hold;
+#endif
 
 enum {
   MPIP_EINVAL = MPIP_C(EINVAL),

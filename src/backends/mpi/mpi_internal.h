@@ -26,17 +26,25 @@
  * - Every wait polls non-blocking MPI requests (spin, then sleep) against a
  *   deadline of MLXDIST_TIMEOUT seconds without progress. A timeout fails
  *   the group: later ops fail fast with the same message.
- * - A send copies its data and returns; the copy is handed to MPI and
+ * - A send posts its data (a copy, or the held array: below) and returns; it is
  *   completed in the background, so sends posted before receives on both
  *   sides never deadlock.
+ * - Collectives, send and recv called through ABI v3's *_ref ops give MPI
+ *   the caller's memory directly (no staging copy). A request given up on (a
+ *   timeout) may still use that memory, so the plugin then takes a hold on
+ *   the caller's arrays (the bufref) and releases it only once MPI has
+ *   completed the request (the progress thread polls such requests; the exit
+ *   hook gives them one last bounded wait); a send holds its array from the
+ *   start until the data has left. Through the plain ops (ABI v1/v2 hosts)
+ *   MPI works on staging copies, freed the same way.
  * - If this plugin initialised MPI, it finalises it once, at process exit.
  * - MLXDIST_CHECK=1 (agreed by all ranks at create): every op first
  *   exchanges a signature of the call (mpi_check.c); a send's data leaves
  *   only once the receiver's answer agrees. Without it nothing changes.
  *
  * The plugin does not link libmlxdist: the reduction kernels, the dtype sizes
- * and the tunables come through the host table given to mlxdist_plugin_v2
- * (the frozen ABI, distributed/abi/plugin_v2.h; docs/plugin-abi.md). The
+ * and the tunables come through the host table given to mlxdist_plugin_v3
+ * (the frozen ABI, distributed/abi/plugin_v3.h; docs/plugin-abi.md). The
  * front-end's guarantees (size >= 2, valid peer, dtype, op, byte counts)
  * are written in that header. */
 #ifndef MLXDIST_BACKENDS_MPI_MPI_INTERNAL_H
@@ -113,6 +121,12 @@ typedef struct pending_send {
   size_t nbytes;
   int dst;
   double deadline;
+  /* ABI v3 send_ref: buf is the caller's array, held (held set) and released
+   * once the data has left (mlxd_mpi_pending_free, never under g_send_mu);
+   * else buf is the plugin's copy, freed with p. */
+  bool held;
+  mpip_hold hold;
+  void (*release)(mpip_hold* hold);
   /* MLXDIST_CHECK=1 (mpi_check.c): the signature went out first, and the
    * data (reqs) is posted only once the receiver's answer agrees. */
   bool awaiting_answer;
@@ -141,8 +155,31 @@ double mlxd_mpi_timeout_s(void);
 void mlxd_mpi_cv_init_monotonic(pthread_cond_t* cv);
 struct timespec mlxd_mpi_abs_monotonic(double deadline);
 
-/* Requests given up on (a timeout), remembered for the exit hook. */
+/* What requests given up on still use, released once MPI completes them. */
+typedef struct mpi_keep {
+  const mpip_bufref* ref; /* the caller's arrays (ABI v3): a hold is taken, then released */
+  void* own;              /* the plugin's memory (a staging buffer): freed */
+  /* A hold taken earlier (a send's, pending_send.held): moved into the set,
+   * released once complete. Without ref or own the progress thread is not
+   * woken (the caller may be it, under g_send_mu); it polls anyway. */
+  const mpip_hold* held;
+  void (*release)(mpip_hold* hold);
+} mpi_keep;
+/* Requests given up on (a timeout), remembered for the exit hook and polled
+ * by the progress thread. mlxd_mpi_abandon keeps whatever they use forever
+ * (the caller leaks it). mlxd_mpi_abandon_keep takes keep's resources:
+ * released at once when no request is left, else when all have completed
+ * (a late peer) on the progress thread or at exit, never otherwise; it
+ * starts the progress thread, so it must not be called with g_send_mu held
+ * (the progress thread's own sends use mlxd_mpi_abandon). keep may be NULL. */
 void mlxd_mpi_abandon(const MPI_Request* reqs, int n);
+void mlxd_mpi_abandon_keep(const MPI_Request* reqs, int n, const mpi_keep* keep);
+/* Test every abandoned request once (g_send_mu not held); release what the
+ * completed ones kept (no lock held). *completed: some set completed.
+ * Returns whether any is left. */
+bool mlxd_mpi_lost_poll(bool* completed);
+/* Whether any abandoned request is left (cheap). */
+bool mlxd_mpi_lost_pending(void);
 /* Every op that calls MPI runs between these, so the exit hook never
  * finalises under it. */
 int mlxd_mpi_op_begin(mpip_status* st);
@@ -169,8 +206,16 @@ int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mpip_status
 void mlxd_mpi_turn_done(mpi_group* g);
 int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
                        bool cancel_on_timeout, const char* what, mpip_status* st);
+/* The same; on failure what is left is abandoned with keep
+ * (mlxd_mpi_abandon_keep takes keep's resources), on success keep is untouched. */
+int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
+                            bool cancel_on_timeout, const mpi_keep* keep, const char* what,
+                            mpip_status* st);
+/* Make sure the progress thread runs and polls the abandoned requests soon. */
+void mlxd_mpi_progress_kick(void);
 
 void mlxd_mpi_progress_init(void);
+/* Free p: its copy, or release its hold (then never with g_send_mu held). */
 void mlxd_mpi_pending_free(pending_send* p);
 int mlxd_mpi_sends_add(pending_send* p, mpip_status* st);
 /* Sends of a destroyed group finish in the background without it. */
@@ -220,7 +265,17 @@ int mlxd_mpi_send_post_data(pending_send* p, mpip_status* st);
 
 int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                   mpip_status* st);
+#if MPIP_HAS_REF
+/* send from the caller's array directly, held until the data has left (ABI v3). */
+int mlxd_mpi_send_ref(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                      const mpip_bufref* ref, mpip_status* st);
+#endif
 int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
                   mpip_status* st);
+#if MPIP_HAS_REF
+/* recv into the caller's array directly (ABI v3). */
+int mlxd_mpi_recv_ref(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                      const mpip_bufref* ref, mpip_status* st);
+#endif
 
 #endif

@@ -4,6 +4,7 @@
  * issued in pieces whose counts fit MPI's int. */
 #include <assert.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,11 +65,14 @@ mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mpip_status* st) {
   return g;
 }
 
-/* Staging buffers. MPI works on the plugin's own memory, never on the
- * caller's arrays: after a timeout a request may still be pending (MPI has
- * no way to cancel a collective), and a late peer would then make MPI write
- * into an array the caller has freed. The staging buffer is simply kept
- * (leaked) in that case. A few buffers are pooled per group (grow-only). */
+/* Staging buffers, for the plain ops (a host of ABI v1/v2, which cannot
+ * lend its arrays): MPI works on the plugin's own memory, never on the
+ * caller's arrays, because after a timeout a request may still be pending
+ * (MPI has no way to cancel a collective) and a late peer would then make
+ * MPI write into an array the caller has freed. Such a staging buffer is
+ * handed to mlxd_mpi_abandon_keep and freed once MPI completes the request.
+ * The *_ref ops of ABI v3 need none: they hold the caller's arrays instead.
+ * A few buffers are pooled per group (grow-only). */
 int mlxd_mpi_stage_get(mpi_group* g, size_t n, stage* out) {
   out->p = NULL;
   out->cap = 0;
@@ -113,31 +117,45 @@ void mlxd_mpi_stage_put(mpi_group* g, stage* sgs) {
   sgs->p = NULL;
 }
 
+/* Whether [a, a+na) and [b, b+nb) share a byte. */
+static bool overlap(const void* a, size_t na, const void* b, size_t nb) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return na && nb && x < y + nb && y < x + na;
+}
+
 /* Common tail of a collective: after issuing (turn still held), release the
- * turn, wait, and on success copy the result out of the staging buffer. */
+ * turn and wait. Staged (ref NULL): on success copy the result out of the
+ * staging buffer. Direct (ref set: MPI works on the caller's arrays): on a
+ * failure with requests still pending, the caller's arrays are held until
+ * MPI completes them (mlxd_mpi_abandon_keep). A staging buffer that MPI may
+ * still use is freed the same way, once MPI is done with it. */
 static int coll_finish(mpi_group* g, MPI_Request* reqs, int issued, int rc, stage* sg,
-                       const void* result, void* out, size_t out_bytes, const char* what,
-                       mpip_status* st) {
+                       const mpip_bufref* ref, const void* result, void* out, size_t out_bytes,
+                       const char* what, mpip_status* st) {
   mlxd_mpi_turn_done(g);
+  mpi_keep keep = {.ref = ref, .own = ref ? NULL : sg->p};
   if (rc) {
-    mlxd_mpi_abandon(reqs, issued);
+    mlxd_mpi_abandon_keep(reqs, issued, &keep);
     mlxd_mpi_group_fail(g, st);
   } else {
-    rc = mlxd_mpi_wait_reqs(g, reqs, issued, NULL, false, what, st);
+    rc = mlxd_mpi_wait_reqs_keep(g, reqs, issued, NULL, false, &keep, what, st);
   }
   if (rc == 0) {
-    if (out_bytes) memcpy(out, result, out_bytes);
+    if (!ref && out_bytes) memcpy(out, result, out_bytes);
     mlxd_mpi_stage_put(g, sg);
-  } else if (issued == 0) {
-    mlxd_mpi_stage_put(g, sg);
-  } else {
-    sg->p = NULL; /* MPI may still use the staging buffer: keep it (leak) */
+  } else if (!ref) {
+    sg->p = NULL; /* taken by mlxd_mpi_abandon_keep: freed once MPI is done with it */
   }
   return rc;
 }
 
-static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t count,
-                          mpip_dtype dtype, mpip_op op, mpip_status* st) {
+/* The collectives. ref == NULL (the plain ops of every ABI): MPI works on a
+ * staging copy. ref set (ABI v3's *_ref ops): on the caller's in and out,
+ * with no copy; the core promises they do not overlap, and where they would
+ * (not a call the core makes) the staging copy is used, since MPI allows
+ * aliasing only through MPI_IN_PLACE. */
+static int all_reduce_impl(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                           mpip_dtype dtype, mpip_op op, const mpip_bufref* ref, mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
   snprintf(what, sizeof what, "%s of %zu elements (collective #%llu)", mlxd_mpi_reduce_name(op),
@@ -148,13 +166,15 @@ static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* o
   MPI_Op mop = mlxd_mpi_op(dtype, op);
   size_t esz = mlxd_mpi_host.dtype_size(dtype);
   assert(mop != MPI_OP_NULL && esz > 0);
+  /* in == out is MPI_IN_PLACE; a partial overlap has no MPI form: staged. */
+  if (ref && in != out && overlap(in, count * esz, out, count * esz)) ref = NULL;
   size_t ch = chunk_elems(esz);
   if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
   int nreq = count == 0 ? 0 : (int)((count + ch - 1) / ch);
   MPI_Request one = MPI_REQUEST_NULL;
   MPI_Request* reqs = nreq <= 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
   stage sg = {NULL, 0};
-  bool nomem = !reqs || (count && mlxd_mpi_stage_get(g, count * esz, &sg) != 0);
+  bool nomem = !reqs || (!ref && count && mlxd_mpi_stage_get(g, count * esz, &sg) != 0);
   int rc = mlxd_mpi_op_begin(st);
   if (rc) goto out_free;
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
@@ -177,13 +197,16 @@ static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* o
     mlxd_mpi_group_fail(g, st); /* the other ranks issued it: this group is out of step */
     goto out;
   }
-  memcpy(sg.p, in, count * esz);
+  /* Staged: in place on the copy. Direct: in to out (in place when equal). */
+  bool in_place = !ref || in == out;
+  char* rbuf = ref ? (char*)out : (char*)sg.p;
+  if (!ref) memcpy(sg.p, in, count * esz);
   int issued = 0;
   mlxd_mpi_call_lock();
   for (size_t off = 0; off < count; off += ch) {
     size_t c = count - off < ch ? count - off : ch;
-    int mrc = MPI_Iallreduce(MPI_IN_PLACE, (char*)sg.p + off * esz, (int)c, dt, mop, g->comm,
-                             &reqs[issued]);
+    const void* sbuf = in_place ? MPI_IN_PLACE : (const char*)in + off * esz;
+    int mrc = MPI_Iallreduce(sbuf, rbuf + off * esz, (int)c, dt, mop, g->comm, &reqs[issued]);
     if (mrc != MPI_SUCCESS) {
       rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Iallreduce", what);
       break;
@@ -191,29 +214,30 @@ static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* o
     issued++;
   }
   mlxd_mpi_call_unlock();
-  rc = coll_finish(g, reqs, issued, rc, &sg, sg.p, out, count * esz, what, st);
+  rc = coll_finish(g, reqs, issued, rc, &sg, ref, sg.p, out, count * esz, what, st);
 out:
   mlxd_mpi_op_end();
 out_free:
-  mlxd_mpi_stage_put(g, &sg); /* no-op when kept or already returned */
+  mlxd_mpi_stage_put(g, &sg); /* no-op when taken or already returned */
   if (reqs && reqs != &one) free(reqs);
   return rc;
 }
 
-static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
-                          mpip_status* st) {
+static int all_gather_impl(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
+                           const mpip_bufref* ref, mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
   snprintf(what, sizeof what, "all_gather of %zu bytes per rank (collective #%llu)", nbytes,
            (unsigned long long)seq);
   size_t total = nbytes * (size_t)g->base.size;
+  if (ref && overlap(in, nbytes, out, total)) ref = NULL; /* MPI forbids aliasing: staged */
   size_t ch = mlxd_mpi_chunk_bytes();
   if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
   int nreq = nbytes == 0 ? 0 : (int)((nbytes + ch - 1) / ch);
   MPI_Request one = MPI_REQUEST_NULL;
   MPI_Request* reqs = nreq <= 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
   stage sg = {NULL, 0};
-  bool nomem = !reqs || (nbytes && mlxd_mpi_stage_get(g, total, &sg) != 0);
+  bool nomem = !reqs || (!ref && nbytes && mlxd_mpi_stage_get(g, total, &sg) != 0);
   int rc = mlxd_mpi_op_begin(st);
   if (rc) goto out_free;
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
@@ -236,12 +260,15 @@ static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* o
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
-  memcpy((char*)sg.p + (size_t)g->base.rank * nbytes, in, nbytes);
+  /* Staged: our block in place in the copy. Direct: from in into out. */
+  char* rbuf = ref ? (char*)out : (char*)sg.p;
+  if (!ref) memcpy(rbuf + (size_t)g->base.rank * nbytes, in, nbytes);
   int issued = 0;
   mlxd_mpi_call_lock();
   if (nreq == 1) {
-    int mrc = MPI_Iallgather(MPI_IN_PLACE, (int)nbytes, MPI_BYTE, sg.p, (int)nbytes, MPI_BYTE,
-                             g->comm, &reqs[0]);
+    const void* sbuf = ref ? in : MPI_IN_PLACE;
+    int mrc =
+        MPI_Iallgather(sbuf, (int)nbytes, MPI_BYTE, rbuf, (int)nbytes, MPI_BYTE, g->comm, &reqs[0]);
     if (mrc != MPI_SUCCESS)
       rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Iallgather", what);
     else
@@ -251,13 +278,14 @@ static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* o
      * whose extent is nbytes places rank r's piece at r * nbytes + off. */
     for (size_t off = 0; off < nbytes && rc == 0; off += ch) {
       size_t c = nbytes - off < ch ? nbytes - off : ch;
+      const void* sbuf = ref ? (const char*)in + off : MPI_IN_PLACE;
       MPI_Datatype piece = MPI_DATATYPE_NULL, strided = MPI_DATATYPE_NULL;
       int mrc = MPI_Type_contiguous((int)c, MPI_BYTE, &piece);
       if (mrc == MPI_SUCCESS) mrc = MPI_Type_create_resized(piece, 0, (MPI_Aint)nbytes, &strided);
       if (mrc == MPI_SUCCESS) mrc = MPI_Type_commit(&strided);
       if (mrc == MPI_SUCCESS)
-        mrc = MPI_Iallgather(MPI_IN_PLACE, (int)c, MPI_BYTE, (char*)sg.p + off, 1, strided, g->comm,
-                             &reqs[issued]);
+        mrc =
+            MPI_Iallgather(sbuf, (int)c, MPI_BYTE, rbuf + off, 1, strided, g->comm, &reqs[issued]);
       if (piece != MPI_DATATYPE_NULL) MPI_Type_free(&piece);
       if (strided != MPI_DATATYPE_NULL) MPI_Type_free(&strided);
       if (mrc != MPI_SUCCESS)
@@ -267,7 +295,7 @@ static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* o
     }
   }
   mlxd_mpi_call_unlock();
-  rc = coll_finish(g, reqs, issued, rc, &sg, sg.p, out, total, what, st);
+  rc = coll_finish(g, reqs, issued, rc, &sg, ref, sg.p, out, total, what, st);
 out:
   mlxd_mpi_op_end();
 out_free:
@@ -276,8 +304,9 @@ out_free:
   return rc;
 }
 
-static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, void* out,
-                              size_t count, mpip_dtype dtype, mpip_op op, mpip_status* st) {
+static int reduce_scatter_impl(mpip_backend* b, uint64_t seq, const void* in, void* out,
+                               size_t count, mpip_dtype dtype, mpip_op op, const mpip_bufref* ref,
+                               mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
   snprintf(what, sizeof what, "%s of %zu elements per rank (collective #%llu)",
@@ -289,6 +318,7 @@ static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, voi
   size_t esz = mlxd_mpi_host.dtype_size(dtype);
   assert(mop != MPI_OP_NULL && esz > 0);
   int size = g->base.size, rank = g->base.rank;
+  if (ref && overlap(in, count * esz * (size_t)size, out, count * esz)) ref = NULL; /* staged */
   size_t ch = chunk_elems(esz);
   if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
   size_t npieces = count == 0 ? 0 : (count + ch - 1) / ch;
@@ -296,7 +326,8 @@ static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, voi
   MPI_Request one = MPI_REQUEST_NULL;
   MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
   stage sg = {NULL, 0};
-  bool nomem = !reqs || (count && mlxd_mpi_stage_get(g, count * esz * (size_t)size, &sg) != 0);
+  bool nomem =
+      !reqs || (!ref && count && mlxd_mpi_stage_get(g, count * esz * (size_t)size, &sg) != 0);
   int rc = mlxd_mpi_op_begin(st);
   if (rc) goto out_free;
   rc = mlxd_mpi_turn_wait(g, seq, what, st);
@@ -319,28 +350,37 @@ static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, voi
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
-  memcpy(sg.p, in, count * esz * (size_t)size);
+  if (!ref) memcpy(sg.p, in, count * esz * (size_t)size);
   const char* result = sg.p;
   int issued = 0;
   mlxd_mpi_call_lock();
   if (npieces == 1) {
-    /* In place: the result lands at the start of the buffer. */
-    int mrc = MPI_Ireduce_scatter_block(MPI_IN_PLACE, sg.p, (int)count, dt, mop, g->comm, &reqs[0]);
+    /* Staged: in place, the result lands at the start of the copy. Direct: in to out. */
+    int mrc =
+        ref ? MPI_Ireduce_scatter_block(in, out, (int)count, dt, mop, g->comm, &reqs[0])
+            : MPI_Ireduce_scatter_block(MPI_IN_PLACE, sg.p, (int)count, dt, mop, g->comm, &reqs[0]);
     if (mrc != MPI_SUCCESS)
       rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Ireduce_scatter_block", what);
     else
       issued = 1;
   } else {
-    /* Piece by piece: reduce piece [off, off+c) of block r onto rank r, in
-     * place there, so our result ends up in our own block. */
+    /* Piece by piece: reduce piece [off, off+c) of block r onto rank r.
+     * Staged: in place there, so our result ends up in our own block of the
+     * copy. Direct: from in, into out at off on rank r. */
     result = (const char*)sg.p + (size_t)rank * count * esz;
+    const char* src = ref ? (const char*)in : (const char*)sg.p;
     for (size_t off = 0; off < count && rc == 0; off += ch) {
       size_t c = count - off < ch ? count - off : ch;
       for (int r = 0; r < size && rc == 0; r++) {
-        char* blk = (char*)sg.p + ((size_t)r * count + off) * esz;
-        int mrc = r == rank
-                      ? MPI_Ireduce(MPI_IN_PLACE, blk, (int)c, dt, mop, r, g->comm, &reqs[issued])
-                      : MPI_Ireduce(blk, NULL, (int)c, dt, mop, r, g->comm, &reqs[issued]);
+        const char* blk = src + ((size_t)r * count + off) * esz;
+        int mrc;
+        if (r != rank)
+          mrc = MPI_Ireduce(blk, NULL, (int)c, dt, mop, r, g->comm, &reqs[issued]);
+        else if (ref)
+          mrc =
+              MPI_Ireduce(blk, (char*)out + off * esz, (int)c, dt, mop, r, g->comm, &reqs[issued]);
+        else
+          mrc = MPI_Ireduce(MPI_IN_PLACE, (char*)blk, (int)c, dt, mop, r, g->comm, &reqs[issued]);
         if (mrc != MPI_SUCCESS)
           rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Ireduce", what);
         else
@@ -349,7 +389,7 @@ static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, voi
     }
   }
   mlxd_mpi_call_unlock();
-  rc = coll_finish(g, reqs, issued, rc, &sg, result, out, count * esz, what, st);
+  rc = coll_finish(g, reqs, issued, rc, &sg, ref, result, out, count * esz, what, st);
 out:
   mlxd_mpi_op_end();
 out_free:
@@ -357,6 +397,36 @@ out_free:
   if (reqs && reqs != &one) free(reqs);
   return rc;
 }
+
+/* The ops of the table: plain (staged) and, in ABI v3, *_ref (direct). */
+static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t count,
+                          mpip_dtype dtype, mpip_op op, mpip_status* st) {
+  return all_reduce_impl(b, seq, in, out, count, dtype, op, NULL, st);
+}
+static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
+                          mpip_status* st) {
+  return all_gather_impl(b, seq, in, out, nbytes, NULL, st);
+}
+static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, void* out,
+                              size_t count, mpip_dtype dtype, mpip_op op, mpip_status* st) {
+  return reduce_scatter_impl(b, seq, in, out, count, dtype, op, NULL, st);
+}
+#if MPIP_HAS_REF
+static int mpi_all_reduce_ref(mpip_backend* b, uint64_t seq, const void* in, void* out,
+                              size_t count, mpip_dtype dtype, mpip_op op, const mpip_bufref* ref,
+                              mpip_status* st) {
+  return all_reduce_impl(b, seq, in, out, count, dtype, op, ref, st);
+}
+static int mpi_all_gather_ref(mpip_backend* b, uint64_t seq, const void* in, void* out,
+                              size_t nbytes, const mpip_bufref* ref, mpip_status* st) {
+  return all_gather_impl(b, seq, in, out, nbytes, ref, st);
+}
+static int mpi_reduce_scatter_ref(mpip_backend* b, uint64_t seq, const void* in, void* out,
+                                  size_t count, mpip_dtype dtype, mpip_op op,
+                                  const mpip_bufref* ref, mpip_status* st) {
+  return reduce_scatter_impl(b, seq, in, out, count, dtype, op, ref, st);
+}
+#endif
 
 /* Split: exchange (color, key) with a bounded all-gather, then MPI_Comm_split
  * (every rank has arrived by then, so it returns promptly). Colors are
@@ -374,7 +444,9 @@ static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_bac
   snprintf(what, sizeof what, "split (color %d, key %d, collective #%llu)", color, key,
            (unsigned long long)seq);
   int size = g->base.size;
-  int* all = malloc(sizeof(int) * 2 * (size_t)size);
+  /* all: every rank's (color, key), then ours (the send buffer: MPI may
+   * read it after a timeout, so it is not on the stack). */
+  int* all = malloc(sizeof(int) * (2 * (size_t)size + 2));
   int* colors = malloc(sizeof(int) * (size_t)size);
   int rc = mlxd_mpi_op_begin(st);
   if (rc) {
@@ -399,7 +471,9 @@ static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_bac
     goto out;
   }
   /* The turn is held until MPI_Comm_split returns: both are collectives on g->comm. */
-  int mine[2] = {color, key};
+  int* mine = all + 2 * (size_t)size;
+  mine[0] = color;
+  mine[1] = key;
   MPI_Request req = MPI_REQUEST_NULL;
   mlxd_mpi_call_lock();
   int mrc = MPI_Iallgather(mine, 2, MPI_INT, all, 2, MPI_INT, g->comm, &req);
@@ -410,8 +484,10 @@ static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_bac
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
-  rc = mlxd_mpi_wait_reqs(g, &req, 1, NULL, false, what, st);
+  mpi_keep keep = {.ref = NULL, .own = all};
+  rc = mlxd_mpi_wait_reqs_keep(g, &req, 1, NULL, false, &keep, what, st);
   if (rc) {
+    all = NULL; /* taken by keep: freed once MPI is done with it */
     mlxd_mpi_turn_done(g);
     goto out;
   }
@@ -479,5 +555,13 @@ static const mpip_ops k_mpi_ops = {
     .destroy = mpi_destroy,
 #if MPIP_HAS_DESCRIBE
     .describe = mlxd_mpi_describe, /* new in ABI v2 */
+#endif
+#if MPIP_HAS_REF
+    /* New in ABI v3: MPI on the caller's arrays, no staging copy. */
+    .all_reduce_ref = mpi_all_reduce_ref,
+    .all_gather_ref = mpi_all_gather_ref,
+    .reduce_scatter_ref = mpi_reduce_scatter_ref,
+    .send_ref = mlxd_mpi_send_ref,
+    .recv_ref = mlxd_mpi_recv_ref,
 #endif
 };

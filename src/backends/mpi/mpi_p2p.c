@@ -1,8 +1,11 @@
-/* The mpi plugin's point-to-point ops. A send copies its data, posts it
- * and hands it to the progress thread (mpi_progress.c); a recv waits,
- * bounded, and checks the size that arrived. */
+/* The mpi plugin's point-to-point ops. A send posts its data and hands it
+ * to the progress thread (mpi_progress.c); a recv waits, bounded, and
+ * checks the size that arrived. Through ABI v3's send_ref/recv_ref both use
+ * the caller's arrays directly (a send holds its array until the data has
+ * left); through the plain ops, a copy. */
 #include <assert.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +66,12 @@ static int send_complete_inline(mpi_group* g, pending_send* p, mpip_status* st) 
   return rc;
 }
 
-int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                  mpip_status* st) {
+/* send. ref == NULL (the plain op): MPI sends a copy, freed once the data
+ * has left. ref set (ABI v3): MPI sends from the caller's array, held until
+ * the data has left (released by the progress thread off its lock). Either
+ * way the op returns once the data is posted (see mpi_internal.h). */
+static int send_impl(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                     const mpip_bufref* ref, mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   /* The front-end guarantees a valid peer (plugin ABI contract). */
   assert(dst >= 0 && dst < g->base.size && dst != g->base.rank);
@@ -78,15 +85,24 @@ int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes,
   pending_send* p = calloc(1, sizeof *p);
   if (p) {
     p->reqs = malloc(sizeof(MPI_Request) * (size_t)nreq);
-    p->buf = malloc(nbytes ? nbytes : 1);
+    if (!ref) p->buf = malloc(nbytes ? nbytes : 1);
   }
-  if (!p || !p->reqs || !p->buf) {
+  if (!p || !p->reqs || (!ref && !p->buf)) {
     if (p) mlxd_mpi_pending_free(p);
     rc = mlxd_mpi_fail(st, MPIP_ENOMEM,
                        "[mpi] out of memory copying %zu bytes for a send to rank %d", nbytes, dst);
     goto out;
   }
-  if (nbytes) memcpy(p->buf, buf, nbytes);
+#if MPIP_HAS_REF
+  if (ref) {
+    /* Posted from the caller's memory: held from now until MPI is done. */
+    p->buf = (void*)(uintptr_t)buf;
+    ref->hold(ref, &p->hold);
+    p->held = true;
+    p->release = ref->release;
+  }
+#endif
+  if (!ref && nbytes) memcpy(p->buf, buf, nbytes);
   p->g = g;
   p->nbytes = nbytes;
   p->dst = dst;
@@ -100,15 +116,26 @@ int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes,
   if (rc) {
     if (g->check) {
       if (p->check_reqs[0] != MPI_REQUEST_NULL || p->check_reqs[1] != MPI_REQUEST_NULL) {
-        /* p itself is kept: MPI may still write the answer into p->check_buf. */
+        /* p itself is kept: MPI may still write the answer into p->check_buf.
+         * The data was never posted: its copy or hold goes now. */
         mlxd_mpi_abandon(p->check_reqs, 2);
-        free(p->reqs), free(p->buf);
-        p->reqs = NULL, p->buf = NULL;
+        free(p->reqs);
+        p->reqs = NULL;
+        if (!p->held) free(p->buf);
+#if MPIP_HAS_REF
+        else
+          p->release(&p->hold);
+#endif
+        p->buf = NULL;
+        p->held = false;
       } else {
         mlxd_mpi_pending_free(p);
       }
     } else if (p->nreq) {
-      mlxd_mpi_abandon(p->reqs, p->nreq); /* the issued pieces may still read p->buf */
+      /* The issued pieces may still read p->buf: a copy is kept (leaked), a
+       * held array stays held until they complete. */
+      mpi_keep keep = {.held = p->held ? &p->hold : NULL, .release = p->release};
+      mlxd_mpi_abandon_keep(p->reqs, p->nreq, &keep);
       free(p->reqs);
       free(p);
     } else {
@@ -125,8 +152,24 @@ out:
   return rc;
 }
 
-int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                   mpip_status* st) {
+  return send_impl(b, seq, buf, nbytes, dst, NULL, st);
+}
+
+#if MPIP_HAS_REF
+int mlxd_mpi_send_ref(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
+                      const mpip_bufref* ref, mpip_status* st) {
+  return send_impl(b, seq, buf, nbytes, dst, ref, st);
+}
+#endif
+
+/* recv. ref == NULL (the plain op): into a staging copy. ref set (ABI v3):
+ * into the caller's result array directly. A piece that cannot be cancelled
+ * after a failure keeps its buffer alive until MPI completes it: the staging
+ * copy, or the caller's array under a hold (mlxd_mpi_abandon_keep). */
+static int recv_impl(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                     const mpip_bufref* ref, mpip_status* st) {
   mpi_group* g = (mpi_group*)b;
   assert(src >= 0 && src < g->base.size && src != g->base.rank);
   int rc = mlxd_mpi_group_check(g, st);
@@ -143,17 +186,19 @@ int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
   MPI_Request* reqs = nreq == 1 ? &one : malloc(sizeof(MPI_Request) * (size_t)nreq);
   MPI_Status* sts = nreq == 1 ? &one_st : malloc(sizeof(MPI_Status) * (size_t)nreq);
   stage sg = {NULL, 0};
-  if (!reqs || !sts || mlxd_mpi_stage_get(g, nbytes, &sg) != 0) {
+  if (!reqs || !sts || (!ref && mlxd_mpi_stage_get(g, nbytes, &sg) != 0)) {
     rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
     goto done;
   }
   if (g->check && (rc = mlxd_mpi_check_recv(g, seq, nbytes, src, st)) != 0) goto done;
+  char* dst = ref ? (char*)buf : (char*)sg.p;
+  mpi_keep keep = {.ref = ref, .own = ref ? NULL : sg.p};
   int tag = mlxd_mpi_p2p_tags(g, seq).data;
   int issued = 0;
   mlxd_mpi_call_lock();
   for (size_t off = 0; issued < nreq; off += ch) {
     size_t c = nbytes - off < ch ? nbytes - off : ch;
-    int mrc = MPI_Irecv((char*)sg.p + off, (int)c, MPI_BYTE, src, tag, g->comm, &reqs[issued]);
+    int mrc = MPI_Irecv(dst + off, (int)c, MPI_BYTE, src, tag, g->comm, &reqs[issued]);
     if (mrc != MPI_SUCCESS) {
       rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Irecv", what);
       break;
@@ -163,23 +208,21 @@ int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
   mlxd_mpi_call_unlock();
   if (rc) {
     if (issued) {
-      /* Cancel the pieces already posted; the group is out of step now. */
+      /* Cancel the pieces already posted; the group is out of step now.
+       * What cannot be cancelled keeps its buffer (keep is taken). */
       mpip_status ignore;
       mlxd_mpi_call_lock();
       for (int i = 0; i < issued; i++) MPI_Cancel(&reqs[i]);
       mlxd_mpi_call_unlock();
-      mlxd_mpi_wait_reqs(g, reqs, issued, NULL, true, what, &ignore);
-      for (int i = 0; i < issued; i++)
-        if (reqs[i] != MPI_REQUEST_NULL) sg.p = NULL; /* keep it */
+      if (mlxd_mpi_wait_reqs_keep(g, reqs, issued, NULL, true, &keep, what, &ignore) != 0)
+        sg.p = NULL;
     }
     mlxd_mpi_group_fail(g, st);
     goto done;
   }
-  rc = mlxd_mpi_wait_reqs(g, reqs, issued, sts, true, what, st);
+  rc = mlxd_mpi_wait_reqs_keep(g, reqs, issued, sts, true, &keep, what, st);
   if (rc) {
-    /* Cancelled requests are gone; one still pending keeps the staging buffer. */
-    for (int i = 0; i < issued; i++)
-      if (reqs[i] != MPI_REQUEST_NULL) sg.p = NULL;
+    sg.p = NULL; /* taken by keep: freed once no request uses it */
     goto done;
   }
   size_t got = 0;
@@ -193,7 +236,7 @@ int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
                        "[mpi] %s: the message from rank %d had %zu bytes, but %zu were expected "
                        "(shape and dtype of send and recv must match)",
                        what, src, got, nbytes);
-  else if (nbytes)
+  else if (nbytes && !ref)
     memcpy(buf, sg.p, nbytes);
 done:
   mlxd_mpi_stage_put(g, &sg);
@@ -202,3 +245,15 @@ done:
   mlxd_mpi_op_end();
   return rc;
 }
+
+int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                  mpip_status* st) {
+  return recv_impl(b, seq, buf, nbytes, src, NULL, st);
+}
+
+#if MPIP_HAS_REF
+int mlxd_mpi_recv_ref(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
+                      const mpip_bufref* ref, mpip_status* st) {
+  return recv_impl(b, seq, buf, nbytes, src, ref, st);
+}
+#endif

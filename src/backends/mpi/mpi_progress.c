@@ -135,13 +135,28 @@ void mlxd_mpi_turn_done(mpi_group* g) {
  * (may be NULL) receive the completed requests' statuses. */
 int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
                        bool cancel_on_timeout, const char* what, mpip_status* st) {
+  return mlxd_mpi_wait_reqs_keep(g, reqs, n, statuses, cancel_on_timeout, NULL, what, st);
+}
+
+/* keep == NULL: what is left after a failure is abandoned and kept forever
+ * by the caller; else it is abandoned with keep (released once complete). */
+static void abandon_left(const MPI_Request* reqs, int n, const mpi_keep* keep) {
+  if (keep)
+    mlxd_mpi_abandon_keep(reqs, n, keep);
+  else
+    mlxd_mpi_abandon(reqs, n);
+}
+
+int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
+                            bool cancel_on_timeout, const mpi_keep* keep, const char* what,
+                            mpip_status* st) {
   if (n <= 0) return 0;
   int* idx = malloc(sizeof(int) * (size_t)n);
   MPI_Status* sts = malloc(sizeof(MPI_Status) * (size_t)n);
   if (!idx || !sts) {
     free(idx);
     free(sts);
-    mlxd_mpi_abandon(reqs, n);
+    abandon_left(reqs, n, keep);
     mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory while waiting for %s", what);
     mlxd_mpi_group_fail(g, st);
     return MPIP_ENOMEM;
@@ -209,7 +224,7 @@ int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statu
         nanosleep(&ts, NULL);
       }
     }
-    mlxd_mpi_abandon(reqs, n); /* what is left: MPI may still complete it */
+    abandon_left(reqs, n, keep); /* what is left: MPI may still complete it */
     mlxd_mpi_group_fail(g, st);
   }
   free(idx);
@@ -225,11 +240,52 @@ static pthread_cond_t g_send_cv; /* CLOCK_MONOTONIC: new work, or the list chang
 static pending_send* g_sends;
 static bool g_prog_started, g_prog_stop;
 static pthread_t g_prog_thread;
+/* Abandoned requests (mlxd_mpi_lost_poll): polled every LOST_FAST_S for
+ * LOST_FAST_FOR_S after one was abandoned or completed (a late peer's op
+ * advances only while this rank calls MPI), then every LOST_SLOW_S (a peer
+ * that never comes costs ~20 wake-ups a second). Under g_send_mu. */
+#define LOST_FAST_S 1e-3
+#define LOST_FAST_FOR_S 2.0
+#define LOST_SLOW_S 50e-3
+static double g_lost_next, g_lost_activity;
 
 void mlxd_mpi_pending_free(pending_send* p) {
   free(p->reqs);
-  free(p->buf);
+  if (!p->held) free(p->buf);
+#if MPIP_HAS_REF
+  else if (p->release)
+    p->release(&p->hold);
+#endif
   free(p);
+}
+
+/* Done sends whose hold is released off the lock (the release may run the
+ * caller's destructor): under g_send_mu, drained by the progress thread. */
+static pending_send* g_retired;
+
+/* Free p now, or (held) once g_send_mu is let go. g_send_mu held. */
+static void retire_locked(pending_send* p) {
+  if (!p->held) {
+    mlxd_mpi_pending_free(p);
+    return;
+  }
+  p->next = g_retired;
+  g_retired = p;
+}
+
+/* Free the retired sends with g_send_mu let go meanwhile. g_send_mu held. */
+static void drain_retired_locked(void) {
+  while (g_retired) {
+    pending_send* list = g_retired;
+    g_retired = NULL;
+    pthread_mutex_unlock(&g_send_mu);
+    while (list) {
+      pending_send* p = list;
+      list = p->next;
+      mlxd_mpi_pending_free(p);
+    }
+    pthread_mutex_lock(&g_send_mu);
+  }
 }
 
 /* MLXDIST_CHECK=1: a send waiting for the receiver's answer (mpi_check.c).
@@ -262,13 +318,13 @@ static int answer_poll_locked(pending_send* p, bool* progressed) {
     *progressed = true;
     p->awaiting_answer = false;
     if (!p->g) { /* its group was destroyed (only after the answer: see forget_group) */
-      mlxd_mpi_pending_free(p);
+      retire_locked(p);
       return 1;
     }
     rc = mlxd_mpi_check_send_answer(p, p->g->base.rank, &st);
     if (rc) {
       mlxd_mpi_group_fail(p->g, &st);
-      mlxd_mpi_pending_free(p);
+      retire_locked(p);
       return 1;
     }
     rc = mlxd_mpi_send_post_data(p, &st);
@@ -278,9 +334,9 @@ static int answer_poll_locked(pending_send* p, bool* progressed) {
     }
     if (p->g) mlxd_mpi_group_fail(p->g, &st);
     if (p->nreq) {
-      mlxd_mpi_abandon(p->reqs, p->nreq); /* p is kept */
+      mlxd_mpi_abandon(p->reqs, p->nreq); /* p is kept (and its hold: never released) */
     } else {
-      mlxd_mpi_pending_free(p);
+      retire_locked(p);
     }
     return 1;
   }
@@ -349,10 +405,13 @@ static bool sends_poll_locked(void) {
       }
       *pp = p->next;
       if (done) {
-        mlxd_mpi_pending_free(p);
+        retire_locked(p);
       } else {
-        /* MPI may still read the buffer: keep it (a deliberate leak). */
-        mlxd_mpi_abandon(p->reqs, p->nreq);
+        /* MPI may still read the buffer: the plugin's copy is kept (a
+         * deliberate leak); the caller's array stays held until MPI is
+         * done with it. */
+        mpi_keep keep = {.held = p->held ? &p->hold : NULL, .release = p->release};
+        mlxd_mpi_abandon_keep(p->reqs, p->nreq, &keep);
         free(p->reqs);
         free(p);
       }
@@ -371,12 +430,29 @@ static void* progress_main(void* arg) {
   backoff_reset(&bo);
   pthread_mutex_lock(&g_send_mu);
   while (!g_prog_stop) {
+    bool lost = mlxd_mpi_lost_pending();
+    if (lost && mlxd_now() >= g_lost_next) {
+      pthread_mutex_unlock(&g_send_mu); /* releases run the caller's code: no lock held */
+      bool completed = false;
+      lost = mlxd_mpi_lost_poll(&completed);
+      pthread_mutex_lock(&g_send_mu);
+      double now = mlxd_now();
+      if (completed) g_lost_activity = now;
+      g_lost_next = now + (now - g_lost_activity < LOST_FAST_FOR_S ? LOST_FAST_S : LOST_SLOW_S);
+      continue;
+    }
     if (!g_sends) {
-      pthread_cond_wait(&g_send_cv, &g_send_mu);
+      if (lost) {
+        struct timespec ts = mlxd_mpi_abs_monotonic(g_lost_next);
+        pthread_cond_timedwait(&g_send_cv, &g_send_mu, &ts);
+      } else {
+        pthread_cond_wait(&g_send_cv, &g_send_mu);
+      }
       backoff_reset(&bo);
       continue;
     }
     if (sends_poll_locked()) backoff_reset(&bo);
+    drain_retired_locked();
     if (!g_sends) continue;
     pthread_mutex_unlock(&g_send_mu);
     backoff_wait(&bo);
@@ -386,18 +462,35 @@ static void* progress_main(void* arg) {
   return NULL;
 }
 
+/* Start the progress thread if it is not running (g_send_mu held). */
+static int start_locked(mpip_status* st) {
+  if (g_prog_started) return 0;
+  if (g_prog_stop)
+    return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
+                         "[mpi] the progress thread has stopped (the process is exiting)");
+  if (pthread_create(&g_prog_thread, NULL, progress_main, NULL) != 0)
+    return mlxd_mpi_fail(st, MPIP_ESYS, "[mpi] could not start the send progress thread: %s",
+                         strerror(errno));
+  g_prog_started = true;
+  return 0;
+}
+
+void mlxd_mpi_progress_kick(void) {
+  mpip_status ignore;
+  pthread_mutex_lock(&g_send_mu);
+  /* Without the thread (it could not start, or the exit hook stopped it),
+   * the exit hook is the last to poll the abandoned requests. */
+  start_locked(&ignore);
+  g_lost_activity = mlxd_now();
+  g_lost_next = 0;
+  pthread_cond_broadcast(&g_send_cv);
+  pthread_mutex_unlock(&g_send_mu);
+}
+
 /* Hand a started send to the progress thread (starting it if needed). */
 int mlxd_mpi_sends_add(pending_send* p, mpip_status* st) {
-  int rc = 0;
   pthread_mutex_lock(&g_send_mu);
-  if (!g_prog_started) {
-    g_prog_stop = false;
-    if (pthread_create(&g_prog_thread, NULL, progress_main, NULL) != 0)
-      rc = mlxd_mpi_fail(st, MPIP_ESYS, "[mpi] could not start the send progress thread: %s",
-                         strerror(errno));
-    else
-      g_prog_started = true;
-  }
+  int rc = start_locked(st);
   if (rc == 0) {
     p->next = g_sends;
     g_sends = p;
@@ -437,6 +530,9 @@ void mlxd_mpi_sends_stop(void) {
   pthread_cond_broadcast(&g_send_cv);
   pthread_mutex_unlock(&g_send_mu);
   if (started) pthread_join(g_prog_thread, NULL);
+  pthread_mutex_lock(&g_send_mu);
+  drain_retired_locked(); /* what the thread retired last */
+  pthread_mutex_unlock(&g_send_mu);
 }
 
 void mlxd_mpi_progress_init(void) {

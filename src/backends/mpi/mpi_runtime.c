@@ -90,29 +90,135 @@ struct timespec mlxd_mpi_abs_monotonic(double deadline) {
   return ts;
 }
 
-/* Requests given up on (a timeout): MPI may still complete them. The exit
- * hook waits for them (bounded) before it finalises; if they never complete
- * it does not finalise (MPI_Finalize could hang). */
-static MPI_Request* g_lost;
-static size_t g_nlost, g_caplost;
+/* Requests given up on (a timeout): MPI may still complete them (a late
+ * peer). Each abandoned batch is a set with what its requests still use
+ * (mpi_keep): the progress thread tests the sets (mlxd_mpi_lost_poll) and
+ * releases that once a whole set has completed. The exit hook tests them
+ * once more (bounded) before it finalises; if some never complete it does
+ * not finalise (MPI_Finalize could hang) and keeps what they use (reachable
+ * from g_lost: a deliberate, bounded leak at exit). */
+typedef struct lost_set {
+  struct lost_set* next;
+  void* own;                        /* freed once complete (NULL: none) */
+  void (*release)(mpip_hold* hold); /* the host's release (NULL: no hold) */
+  mpip_hold hold;                   /* the caller's arrays, held */
+  int n;
+  MPI_Request reqs[];
+} lost_set;
+static lost_set* g_lost; /* under g_mu; detached while mlxd_mpi_lost_poll tests it */
+static int g_lost_busy;  /* sets detached by a poll in progress (under g_mu) */
+
+static void lost_release(lost_set* s) {
+#if MPIP_HAS_REF
+  if (s->release) s->release(&s->hold);
+#endif
+  free(s->own);
+  free(s);
+}
+
+void mlxd_mpi_abandon_keep(const MPI_Request* reqs, int n, const mpi_keep* keep) {
+  int live = 0;
+  for (int i = 0; i < n; i++) live += reqs[i] != MPI_REQUEST_NULL;
+  void* own = keep ? keep->own : NULL;
+  if (live == 0) { /* nothing of MPI uses it any more */
+    free(own);
+    return;
+  }
+  lost_set* s = calloc(1, sizeof *s + sizeof(MPI_Request) * (size_t)live);
+#if MPIP_HAS_REF
+  mpip_hold hold;
+  const mpip_bufref* ref = keep ? keep->ref : NULL;
+  /* Taken before returning to the caller, whether or not s exists: a hold
+   * that cannot be recorded is never released (a leak, never a free). */
+  if (ref) ref->hold(ref, &hold);
+#endif
+  /* (keep->held likewise: not recorded, never released.) */
+  if (!s) {
+    pthread_mutex_lock(&g_mu);
+    g_abandoned = true; /* cannot track them: never finalise, keep everything */
+    pthread_mutex_unlock(&g_mu);
+    return;
+  }
+  s->own = own;
+#if MPIP_HAS_REF
+  if (ref) {
+    s->hold = hold;
+    s->release = ref->release;
+  } else if (keep && keep->held) {
+    s->hold = *keep->held;
+    s->release = keep->release;
+  }
+#endif
+  for (int i = 0; i < n; i++)
+    if (reqs[i] != MPI_REQUEST_NULL) s->reqs[s->n++] = reqs[i];
+  pthread_mutex_lock(&g_mu);
+  s->next = g_lost;
+  g_lost = s;
+  pthread_mutex_unlock(&g_mu);
+  if (keep && (keep->own || keep->ref)) mlxd_mpi_progress_kick();
+}
 
 void mlxd_mpi_abandon(const MPI_Request* reqs, int n) {
+  /* No keep: only the requests are tracked, and the progress thread is not
+   * woken (this runs on it, under its lock, for sends). */
+  mlxd_mpi_abandon_keep(reqs, n, NULL);
+}
+
+bool mlxd_mpi_lost_pending(void) {
   pthread_mutex_lock(&g_mu);
-  for (int i = 0; i < n; i++) {
-    if (reqs[i] == MPI_REQUEST_NULL) continue;
-    if (g_nlost == g_caplost) {
-      size_t cap = g_caplost ? 2 * g_caplost : 16;
-      MPI_Request* p = realloc(g_lost, cap * sizeof *p);
-      if (!p) {
-        g_abandoned = true; /* cannot track it: never finalise */
-        continue;
-      }
-      g_lost = p;
-      g_caplost = cap;
-    }
-    g_lost[g_nlost++] = reqs[i];
-  }
+  bool any = g_lost != NULL || g_lost_busy > 0;
   pthread_mutex_unlock(&g_mu);
+  return any;
+}
+
+bool mlxd_mpi_lost_poll(bool* completed) {
+  *completed = false;
+  pthread_mutex_lock(&g_mu);
+  lost_set* list = g_lost;
+  g_lost = NULL;
+  int fin = 0;
+  MPI_Finalized(&fin);
+  if (fin) { /* the application finalised MPI: nothing completes any more */
+    g_lost = list;
+    pthread_mutex_unlock(&g_mu);
+    return false;
+  }
+  g_lost_busy++;
+  pthread_mutex_unlock(&g_mu);
+  lost_set *left = NULL, *done = NULL;
+  while (list) {
+    lost_set* s = list;
+    list = s->next;
+    int flag = 0;
+    mlxd_mpi_call_lock();
+    int mrc = mlxd_mpi_test_all(s->n, s->reqs, &flag);
+    mlxd_mpi_call_unlock();
+    /* An error in a status completes its request too (MPI_ERR_IN_STATUS). */
+    if (flag && (mrc == MPI_SUCCESS || mrc == MPI_ERR_IN_STATUS)) {
+      s->next = done;
+      done = s;
+    } else {
+      s->next = left;
+      left = s;
+    }
+  }
+  pthread_mutex_lock(&g_mu);
+  while (left) { /* back in front of the sets abandoned meanwhile */
+    lost_set* s = left;
+    left = s->next;
+    s->next = g_lost;
+    g_lost = s;
+  }
+  g_lost_busy--;
+  bool any = g_lost != NULL;
+  pthread_mutex_unlock(&g_mu);
+  while (done) { /* no lock held: a release may run the caller's destructor */
+    lost_set* s = done;
+    done = s->next;
+    lost_release(s);
+    *completed = true;
+  }
+  return any;
 }
 
 /* Every op that calls MPI runs between mlxd_mpi_op_begin and
@@ -195,20 +301,16 @@ static void mpi_exit_hook(void) {
 
   mlxd_mpi_sends_stop();
 
-  /* Requests given up on may have completed since (a late peer): wait for them, bounded. */
+  /* Requests given up on may have completed since (a late peer): wait for
+   * them, bounded (the progress thread has stopped: poll here). What the
+   * completed ones kept is released; the rest stays held. */
   pthread_mutex_lock(&g_mu);
   bool abandoned = g_abandoned;
-  MPI_Request* lost = g_lost;
-  int nlost = (int)g_nlost;
   pthread_mutex_unlock(&g_mu);
-  if (!abandoned && nlost > 0) {
+  if (!abandoned && mlxd_mpi_lost_pending()) {
     double until = mlxd_now() + t;
-    for (;;) {
-      int flag = 0;
-      mlxd_mpi_call_lock();
-      int mrc = mlxd_mpi_test_all(nlost, lost, &flag);
-      mlxd_mpi_call_unlock();
-      if (flag || mrc != MPI_SUCCESS) break;
+    bool completed = false;
+    while (mlxd_mpi_lost_poll(&completed)) {
       if (mlxd_now() >= until) {
         abandoned = true;
         break;

@@ -306,8 +306,16 @@ static void ring_abort(mlxd_backend* b, const mlxd_status* st) {
 }
 
 static const mlxd_backend_ops ring_ops = {
-    "ring",    ring_all_reduce, ring_all_gather, ring_reduce_scatter, ring_send,
-    ring_recv, ring_split,      ring_destroy,    ring_abort,
+    .name = "ring",
+    .all_reduce = ring_all_reduce,
+    .all_gather = ring_all_gather,
+    .reduce_scatter = ring_reduce_scatter,
+    .send = ring_send,
+    .recv = ring_recv,
+    .split = ring_split,
+    .destroy = ring_destroy,
+    .abort = ring_abort,
+    /* no *_ref ops: the ring's ops never use a buffer after they return */
 };
 
 int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
