@@ -13,6 +13,8 @@
 #         across), MLXDIST_ALGO=auto (the library picks flat or two-level)
 #   flat  the same with MLXDIST_ALGO=flat (the flat ring/one-shot over the same transports)
 #   hier  the same with MLXDIST_ALGO=hier
+#   whole auto with MLXDIST_HIER_SEGMENT=0: the two-level all_sum in one piece, its phases not
+#         pipelined (as before the pipeline)
 #   tcp   MLXDIST_TRANSPORT=tcp (TCP for every pair, the algorithm left to the library)
 #   ompi  Open MPI's mpirun from the client namespace, its daemons started through the
 #         hosts' sshds (--mca plm_rsh_agent: a wrapper around the harness's ssh config),
@@ -30,7 +32,8 @@
 # size, default 200), MHB_BATCHES (timed batches per size, default 5), MHB_RATE (e.g.
 # "1gbit": shape every host's uplink, eth0 egress, with tc tbf at this rate; default none),
 # MHB_MPI_MCA (extra mpirun options, default none), MHB_TIMEOUT (seconds per run,
-# default 900).
+# default 900), MHB_PREFIX (the namespaces' and temp dirs' name prefix, default mlxdmhb: give
+# each concurrent user of this script its own).
 #
 # Writes to OUTDIR: runs/<variant>-<rep>.csv (+ .log), runs/index.txt (start, load average,
 # duration and exit status of every run), conditions.txt (date, commit, load before/after,
@@ -61,7 +64,7 @@ if [ ! -x "$launch" ] || [ ! -x "$bench" ]; then
   exit 2
 fi
 for v in $variants; do
-  case $v in auto | flat | hier | tcp) ;;
+  case $v in auto | flat | hier | tcp | whole) ;;
     ompi)
       if [ ! -x "$ref" ] || ! command -v mpirun >/dev/null 2>&1; then
         echo "bench-multihost: variant ompi needs mpirun and $ref (build with Open MPI installed)" >&2
@@ -69,7 +72,7 @@ for v in $variants; do
       fi
       ;;
     *)
-      echo "bench-multihost: MHB_VARIANTS: '$v' is not auto, flat, hier, tcp or ompi" >&2
+      echo "bench-multihost: MHB_VARIANTS: '$v' is not auto, flat, hier, whole, tcp or ompi" >&2
       exit 2
       ;;
   esac
@@ -95,7 +98,7 @@ rm -rf "$out/runs" && mkdir "$out/runs"
 rm -f "$out"/summary.csv "$out"/table.txt "$out"/*.png
 
 set +e # hosts.sh reports its own failures
-export MH_PREFIX=mlxdmhb # apart from the tests' namespaces
+export MH_PREFIX=${MHB_PREFIX:-mlxdmhb} # apart from the tests' namespaces
 # shellcheck source=../tests/multihost/hosts.sh
 . "$root/tests/multihost/hosts.sh"
 mh_setup "$hosts"
@@ -127,6 +130,10 @@ run_variant() { # $1 variant, $2 output base
   case $1 in
     ompi) mh_client timeout "$timeout_s" "${mpi_cmd[@]}" "$ref" "${bopts[@]}" ;;
     tcp) mh_client "${mlx_cmd[@]}" --env MLXDIST_TRANSPORT=tcp -- "$bench" "${bopts[@]}" ;;
+    whole)
+      mh_client "${mlx_cmd[@]}" --env MLXDIST_TRANSPORT=auto --env MLXDIST_ALGO=auto \
+        --env MLXDIST_HIER_SEGMENT=0 -- "$bench" "${bopts[@]}"
+      ;;
     *)
       mh_client "${mlx_cmd[@]}" --env MLXDIST_TRANSPORT=auto --env "MLXDIST_ALGO=$1" -- \
         "$bench" "${bopts[@]}"
@@ -179,7 +186,7 @@ est=$(awk -v e="$max_bytes" -v f="$factor" -v t="$min_time" -v b="$batches" -v r
   if [ $algo_known = 1 ]; then
     # which algorithm each mlxdist variant runs, small and large (MLX_RING_VERBOSE, rank 0)
     for v in $variants; do
-      case $v in ompi | tcp) continue ;; esac
+      case $v in ompi | tcp | whole) continue ;; esac
       echo "mlxdist $v:$(mh_client "${mlx_cmd[@]}" --env MLXDIST_TRANSPORT=auto --env "MLXDIST_ALGO=$v" \
         --env MLX_RING_VERBOSE=1 -- "$bench" --op all_sum -b 4 -e 1M -f 262144 -t 0 -n 1 -w 0 \
         --batches 1 2>&1 | sed -n 's/.*\[ring\] rank 0: all_sum \([0-9]* B: .*\)/\1/p' | sort -u |
@@ -229,7 +236,7 @@ out, reps, hosts, np, cmd, algo_known = sys.argv[1:7]
 variants = sys.argv[7:]
 reps = int(reps)
 names = {"auto": "mlxdist-auto", "flat": "mlxdist-flat", "hier": "mlxdist-hier",
-         "tcp": "mlxdist-tcp", "ompi": "openmpi"}
+         "tcp": "mlxdist-tcp", "ompi": "openmpi", "whole": "mlxdist-whole"}
 # per variant: size -> {rep: (time_us, busbw)}
 data = {}
 for v in variants:

@@ -1,14 +1,18 @@
 /* Two-level collectives (hier.h): compositions of the flat algorithms on
  * views of the group's transport. Phases (tag phases, view.h):
  *   all_reduce small   1 gather to the leader, 2 leaders, 3 leader to its host
- *   all_reduce large   1 reduce-scatter in the host, 2 column, 3 all-gather in the host
+ *   all_reduce large   1 reduce-scatter in the host, 2 column, 3 all-gather in the host,
+ *                      each segment of the buffer with its own tag segment (pipelined)
  *   all_gather         4 column, 5 in the host
  *   sum_scatter        4 in the host, 5 column
  * (all_gather / sum_scatter through the all_reduce use 1-3.) Phases that
  * follow each other use different tag phases, so a rank still finishing
  * phase k never takes a message of a peer already in phase k + 1. */
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "algo/algo_impl.h"
 #include "algo/hier.h"
@@ -123,55 +127,271 @@ static int all_reduce_columns(mlxd_transport* t, const mlxd_hier* h, uint64_t se
   return 0;
 }
 
-/* Element offsets and lengths of the blocks of count elements cut into
- * parts equal parts (the first count % parts one longer), followed by
- * empty blocks up to n. */
-static void part_blocks(size_t count, int parts, int n, size_t* off, size_t* len) {
-  size_t q = count / (size_t)parts, rem = count % (size_t)parts, o = 0;
-  for (int b = 0; b < n; b++) {
-    off[b] = o;
-    len[b] = b < parts ? q + ((size_t)b < rem ? 1 : 0) : 0;
-    o += len[b];
+/* ------------------------------------------- all_reduce large: slices
+ *
+ * The buffer is cut into nseg segments (segments(): about h->seg_bytes
+ * each, at most MLXD_TAG_SEGMENTS, the first count % nseg one element
+ * longer) and every segment k goes through the three phases of the slices
+ * form (hier.h), each in its own view with tag phase and segment k:
+ *   RS(k)   reduce-scatter of segment k inside the host: its c parts (c the
+ *           fewest ranks any host has), part i to the host's local index i;
+ *   COL(k)  all-reduce of part local_rank of segment k in this rank's column
+ *           (skipped by a rank without a column or with an empty part: the
+ *           whole column computes the same lengths and skips it alike);
+ *   AG(k)   all-gather of segment k's parts inside the host.
+ *
+ * Overlap (nseg >= 2, several ranks on the host and a column): the column
+ * phases run on a helper thread, the "column thread", so that segment k
+ * crosses the hosts while segment k+1.. are reduce-scattered and k-1 is
+ * all-gathered over shared memory:
+ *   caller's thread   RS(0) RS(1) ... RS(nseg-1), then AG(0) ... AG(nseg-1),
+ *                     AG(k) once COL(k) is done;
+ *   column thread     COL(0) ... COL(nseg-1), COL(k) once RS(k) is done.
+ * Otherwise one thread runs RS(0..nseg-1), then COL(k), AG(k) for each k
+ * (also the fallback when the thread cannot start).
+ *
+ * No deadlock: order the phases RS(0) < ... < RS(nseg-1) < COL(0) < AG(0)
+ * < COL(1) < AG(1) < ...; each thread above runs its phases in this order,
+ * and a phase waits only for the same phase (same segment) on its peers and
+ * for earlier phases on its own rank. So the earliest phase not yet done
+ * everywhere is reached by every rank it involves (whatever ran before it on
+ * their threads is earlier, hence done), and ends. Every (phase, segment)
+ * pair has its own tags (transport.h), so no phase takes another's
+ * messages, however the threads and the ranks interleave.
+ *
+ * Waits are bounded: the transport waits are (transport.h); a thread that
+ * waits for the other's hand-over (handover_wait) wakes when that phase
+ * ends, in success or failure, and every phase ends (its waits are bounded,
+ * and a failure anywhere aborts the transport, which ends every other wait
+ * at once).
+ *
+ * Results: each element is reduced in a fixed order that depends only on
+ * count, the host map and h->seg_bytes (the same on every rank), on one
+ * rank, and copied to the others: bit-identical everywhere, the same from
+ * run to run, whichever thread runs which phase. */
+
+/* Part i of count elements cut into parts parts (the first count % parts one
+ * longer); parts from `parts` on are empty, at the end. */
+static void part_one(size_t count, int parts, int i, size_t* off, size_t* len) {
+  size_t q = count / (size_t)parts, rem = count % (size_t)parts, k = (size_t)i;
+  if (i >= parts) {
+    *off = count;
+    *len = 0;
+    return;
   }
+  *off = q * k + (k < rem ? k : rem);
+  *len = q + (k < rem ? 1 : 0);
+}
+
+typedef struct slices {
+  mlxd_transport* t;
+  const mlxd_hier* h;
+  uint64_t seq;
+  const mlxd_sig* sig;
+  const char* in;
+  char* out;
+  size_t count, esz;
+  mlx_dtype dtype;
+  mlxd_reduce_op op;
+  int nseg;
+  /* the hand-over between the caller's thread and the column thread */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int rs_done;        /* segments reduce-scattered (caller -> column thread) */
+  int col_done;       /* segments all-reduced across hosts (column thread -> caller) */
+  bool failed;        /* a phase failed on either thread; the transport is aborted */
+  mlxd_status col_st; /* the column thread's failure */
+} slices;
+
+static int segments(const mlxd_hier* h, size_t count, size_t esz) {
+  if (h->seg_bytes == 0 || count == 0) return 1;
+  size_t per = h->seg_bytes / esz;
+  if (per == 0) per = 1;
+  size_t n = count / per + (count % per != 0);
+  return n > MLXD_TAG_SEGMENTS ? MLXD_TAG_SEGMENTS : (int)n;
+}
+
+/* Elements [*off, *off + *len) of the buffer are segment k. */
+static void segment(const slices* s, int k, size_t* off, size_t* len) {
+  part_one(s->count, s->nseg, k, off, len);
+}
+
+/* RS(k); off, len: c entries each (scratch). */
+static int rs_seg(slices* s, int k, size_t* off, size_t* len, mlxd_status* st) {
+  const mlxd_hier* h = s->h;
+  size_t so, sn;
+  segment(s, k, &so, &sn);
+  for (int b = 0; b < h->nlocal; b++) part_one(sn, h->min_local, b, &off[b], &len[b]);
+  mlxd_view v;
+  host_view(&v, s->t, h, PH_RS);
+  mlxd_view_set_segment(&v, (unsigned)k);
+  return mlxd_algo_reduce_scatter_blocks(&v.base, s->seq, s->sig, s->in + so * s->esz,
+                                         s->out + (so + off[h->local_rank]) * s->esz, off, len,
+                                         s->dtype, s->op, st);
+}
+
+/* COL(k): this rank's part of segment k, in place in out once RS(k) put it
+ * there (from in on a host of one rank). */
+static int col_seg(slices* s, int k, mlxd_status* st) {
+  const mlxd_hier* h = s->h;
+  size_t so, sn, po, pn;
+  segment(s, k, &so, &sn);
+  part_one(sn, h->min_local, h->local_rank, &po, &pn);
+  if (!h->col || pn == 0) return 0;
+  const char* src = h->nlocal > 1 ? s->out : s->in;
+  mlxd_view v;
+  mlxd_view_init(&v, s->t, h->col, h->nhosts, h->host, PH_COL);
+  mlxd_view_set_segment(&v, (unsigned)k);
+  return mlxd_algo_all_reduce(&v.base, s->seq, s->sig, src + (so + po) * s->esz,
+                              s->out + (so + po) * s->esz, pn, s->dtype, s->op, st);
+}
+
+/* AG(k); off, len: c entries each (scratch). */
+static int ag_seg(slices* s, int k, size_t* off, size_t* len, mlxd_status* st) {
+  const mlxd_hier* h = s->h;
+  size_t so, sn;
+  segment(s, k, &so, &sn);
+  for (int b = 0; b < h->nlocal; b++) {
+    part_one(sn, h->min_local, b, &off[b], &len[b]);
+    off[b] *= s->esz;
+    len[b] *= s->esz;
+  }
+  mlxd_view v;
+  host_view(&v, s->t, h, PH_AG);
+  mlxd_view_set_segment(&v, (unsigned)k);
+  return mlxd_algo_all_gather_blocks(&v.base, s->seq, s->sig, s->out + so * s->esz, off, len, st);
+}
+
+/* Publish *counter = value to the other thread. */
+static void handover_post(slices* s, int* counter, int value) {
+  pthread_mutex_lock(&s->mu);
+  *counter = value;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* A phase failed on this thread (the transport is aborted already): tell
+ * the other one. from_column: keep st as the column thread's failure. */
+static void handover_fail(slices* s, const mlxd_status* st, bool from_column) {
+  pthread_mutex_lock(&s->mu);
+  if (from_column && !s->failed) s->col_st = *st;
+  s->failed = true;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+}
+
+/* Wait until *counter >= value (true) or a phase failed (false). Bounded by
+ * the other thread's phases (see above); sleeps in slices of 100 ms. */
+static bool handover_wait(slices* s, const int* counter, int value) {
+  pthread_mutex_lock(&s->mu);
+  while (*counter < value && !s->failed) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += 100000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+  }
+  bool ok = *counter >= value;
+  pthread_mutex_unlock(&s->mu);
+  return ok;
+}
+
+static void* column_main(void* arg) {
+  slices* s = arg;
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  for (int k = 0; k < s->nseg; k++) {
+    if (!handover_wait(s, &s->rs_done, k + 1)) break;
+    if (col_seg(s, k, &st)) {
+      phase_failed(s->t, &st);
+      handover_fail(s, &st, true);
+      break;
+    }
+    handover_post(s, &s->col_done, k + 1);
+  }
+  return NULL;
+}
+
+/* Start the column thread (signals blocked: they go to the application's
+ * threads). false: it could not start (the caller runs COL itself). */
+static bool column_start(slices* s, pthread_t* th) {
+  pthread_condattr_t ca;
+  if (pthread_condattr_init(&ca)) return false;
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  int rc = pthread_cond_init(&s->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (rc) return false;
+  if (pthread_mutex_init(&s->mu, NULL)) {
+    pthread_cond_destroy(&s->cv);
+    return false;
+  }
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  rc = pthread_create(th, NULL, column_main, s);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc) {
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    return false;
+  }
+  return true;
 }
 
 static int all_reduce_large(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
                             const mlxd_sig* sig, const void* in, void* out, size_t count,
                             mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
-  size_t esz = mlxd_algo_esize(dtype, op);
-  int c = h->nlocal, li = h->local_rank;
+  int c = h->nlocal;
   size_t* off = malloc(2 * (size_t)c * sizeof *off);
-  if (!off) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %d blocks", c);
+  if (!off) {
+    mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %d blocks", c);
+    return phase_failed(t, st);
+  }
   size_t* len = off + c;
-  part_blocks(count, h->min_local, c, off, len);
-  mlxd_view v;
-  const char* src = in;
-  if (c > 1) {
-    host_view(&v, t, h, PH_RS);
-    if (mlxd_algo_reduce_scatter_blocks(&v.base, seq, sig, in, (char*)out + off[li] * esz, off, len,
-                                        dtype, op, st))
-      goto fail;
-    src = out;
+  slices s = {.t = t,
+              .h = h,
+              .seq = seq,
+              .sig = sig,
+              .in = in,
+              .out = out,
+              .count = count,
+              .esz = mlxd_algo_esize(dtype, op),
+              .dtype = dtype,
+              .op = op};
+  s.nseg = segments(h, count, s.esz);
+  pthread_t th;
+  bool threaded = s.nseg > 1 && c > 1 && h->col && column_start(&s, &th);
+  int rc = 0;
+  for (int k = 0; k < s.nseg && c > 1 && !rc; k++) {
+    rc = rs_seg(&s, k, off, len, st);
+    if (!rc && threaded) handover_post(&s, &s.rs_done, k + 1);
   }
-  if (h->col && len[li] > 0) {
-    mlxd_view_init(&v, t, h->col, h->nhosts, h->host, PH_COL);
-    if (mlxd_algo_all_reduce(&v.base, seq, sig, src + off[li] * esz, (char*)out + off[li] * esz,
-                             len[li], dtype, op, st))
-      goto fail;
-  }
-  if (c > 1) {
-    for (int b = 0; b < c; b++) {
-      off[b] *= esz;
-      len[b] *= esz;
+  for (int k = 0; k < s.nseg && !rc; k++) {
+    if (threaded) {
+      if (!handover_wait(&s, &s.col_done, k + 1)) {
+        *st = s.col_st;
+        rc = st->code;
+        break;
+      }
+    } else {
+      rc = col_seg(&s, k, st);
     }
-    host_view(&v, t, h, PH_AG);
-    if (mlxd_algo_all_gather_blocks(&v.base, seq, sig, out, off, len, st)) goto fail;
+    if (!rc && c > 1) rc = ag_seg(&s, k, off, len, st);
+  }
+  if (rc) {
+    phase_failed(t, st);
+    if (threaded) handover_fail(&s, st, false);
+  }
+  if (threaded) {
+    pthread_join(th, NULL);
+    pthread_mutex_destroy(&s.mu);
+    pthread_cond_destroy(&s.cv);
   }
   free(off);
-  return 0;
-fail:
-  free(off);
-  return phase_failed(t, st);
+  return rc;
 }
 
 int mlxd_algo_hier_all_reduce(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,

@@ -24,7 +24,11 @@
  * host's rank of local index i (ranks beyond c get nothing); column i
  * all-reduces part i across hosts (every rank of a full column uses the
  * network, each for 1/c of the buffer); an all-gather inside each host
- * spreads the parts.
+ * spreads the parts. Above MLXDIST_HIER_SEGMENT bytes (seg_bytes) the
+ * buffer is cut into segments of about that size that go through these
+ * three phases as a pipeline: segment k crosses the hosts (on a helper
+ * thread) while the next ones are reduce-scattered and the previous one
+ * is all-gathered inside the host (hier.c has the schedule).
  * all_gather / sum_scatter with the same number of ranks on every host
  * and more than MLXDIST_SMALL_BYTES in all: columns first for all_gather
  * (each column gathers its ranks' blocks, then each host gathers its
@@ -59,11 +63,13 @@ typedef struct mlxd_hier {
   int nhosts, host;       /* hosts; this rank's */
   int nlocal, local_rank; /* ranks on this rank's host; this rank's index among them */
   int min_local, max_local;
-  int* host_count; /* [nhosts] ranks on each host */
-  int* host_start; /* [nhosts + 1] where each host's ranks start in by_host */
-  int* by_host;    /* [size] the group's ranks host by host, increasing inside a host */
-  int* col;        /* [nhosts] column local_rank (if local_rank < min_local), else NULL */
-  int* leaders;    /* [nhosts] column 0: each host's first rank */
+  int* host_count;  /* [nhosts] ranks on each host */
+  int* host_start;  /* [nhosts + 1] where each host's ranks start in by_host */
+  int* by_host;     /* [size] the group's ranks host by host, increasing inside a host */
+  int* col;         /* [nhosts] column local_rank (if local_rank < min_local), else NULL */
+  int* leaders;     /* [nhosts] column 0: each host's first rank */
+  size_t seg_bytes; /* the slices' pipeline segment (MLXDIST_HIER_SEGMENT; 0: none); the same
+                       on every rank */
 } mlxd_hier;
 
 /* The topology of rank's group of size ranks; NULL with st set (out of

@@ -44,6 +44,7 @@ mlxd_hier* mlxd_hier_new(int rank, int size, const int* host_of, mlxd_status* st
   }
   h->size = size;
   h->rank = rank;
+  h->seg_bytes = (size_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT);
   for (int p = 0; p < size; p++) {
     hidx[p] = host_of[p] == p ? h->nhosts++ : hidx[host_of[p]];
     h->host_count[hidx[p]]++;

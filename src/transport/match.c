@@ -10,13 +10,15 @@
 void mlxd_match_tag_str(uint64_t tag, char* out, size_t n) {
   static const char* kinds[] = {"?", "p2p", "collective", "split", "bootstrap"};
   unsigned kind = (unsigned)(tag >> 60), phase = mlxd_tag_phase(tag);
-  char ph[24] = "";
-  if (phase) snprintf(ph, sizeof ph, " phase %u", phase);
+  unsigned segment = mlxd_tag_segment(tag);
+  char ph[48] = "";
+  int k = phase ? snprintf(ph, sizeof ph, " phase %u", phase) : 0;
+  if (segment && k >= 0) snprintf(ph + k, sizeof ph - (size_t)k, " segment %u", segment);
   snprintf(out, n, "%s #%" PRIu64 "%s step %u",
            kind < 5                ? kinds[kind]
            : kind == MLXD_TAG_CTRL ? "control"
                                    : "?",
-           (uint64_t)((tag >> 16) & ((UINT64_C(1) << 41) - 1)), ph, (unsigned)(tag & 0xFFFF));
+           mlxd_tag_seq(tag), ph, (unsigned)(tag & 0xFFFF));
 }
 
 int mlxd_match_mismatch(mlxd_status* st, mlxd_layer layer, int peer, const char* addr, uint64_t tag,

@@ -91,9 +91,11 @@ static inline mlxd_match_link* mlxd_match_take(mlxd_match_queue* q, uint64_t tag
 }
 
 /* The operation a tag belongs to: its kind and sequence number, without
- * the phase and the step (transport.h: mlxd_tag). Messages of one call
- * share it. */
-static inline uint64_t mlxd_tag_op(uint64_t tag) { return mlxd_tag_with_phase(tag, 0) >> 16; }
+ * the phase, the segment and the step (transport.h: mlxd_tag). Messages of
+ * one call share it. */
+static inline uint64_t mlxd_tag_op(uint64_t tag) {
+  return mlxd_tag_with_segment(mlxd_tag_with_phase(tag, 0), 0) >> 16;
+}
 
 /* The oldest entry of q of the same operation as tag (mlxd_tag_op), or NULL.
  * Used only when the exact tag found nothing, to compare the signatures of

@@ -188,13 +188,25 @@ struct mlxd_transport {
   int size;
 };
 
-/* Tags: kind (4 bits) | phase (3 bits) | sequence number (41 bits) | step (16 bits).
- * The phase is 0 for every message an algorithm posts on a group's own
- * transport; a view (view.h) sets it, so that the phases of a two-level
- * collective (src/algo/hier.c), which reuse one sequence number on subsets
- * of the ranks, never match each other's messages. Messages of one call
- * share kind and sequence number whatever their phase and step
- * (mlxd_tag_op, match.h): their signatures are compared. */
+/* Tags, from the top bit down:
+ *
+ *   63..60  kind             4 bits (below)
+ *   59..57  phase            3 bits (MLXD_TAG_PHASE_SHIFT; 0..7)
+ *   56..49  segment          8 bits (MLXD_TAG_SEGMENT_SHIFT; 0..255)
+ *   48..16  sequence number 33 bits (MLXD_TAG_SEQ_BITS; the op's number, modulo 2^33)
+ *   15..0   step            16 bits (the algorithm's: 0 for one-shot; direction and unit
+ *                                    for the ring, src/algo/ring.c)
+ *
+ * The phase and the segment are 0 for every message an algorithm posts on
+ * a group's own transport; a view (view.h) sets them, so that the phases of
+ * a two-level collective (src/algo/hier.c), which reuse one sequence number
+ * on subsets of the ranks, and the segments of a pipelined one, which run
+ * the same phase on several parts of the buffer at once, never match each
+ * other's messages: two messages of one call differ in phase, segment or
+ * step. Messages of one call share kind and sequence number whatever their
+ * phase, segment and step (mlxd_tag_op, match.h): their signatures are
+ * compared. The sequence number wraps after 2^33 ops of one kind on a
+ * group, far more than can be in flight at once. */
 /* Kind 3 is unused (split's exchange is a collective: MLXD_TAG_COLL).
  * Kind 15 (MLXD_TAG_CTRL) is the transports' own: control frames between
  * two ranks' transports (tcp: heartbeats and abort records, tcp_wire.h),
@@ -202,8 +214,12 @@ struct mlxd_transport {
 enum { MLXD_TAG_P2P = 1, MLXD_TAG_COLL = 2, MLXD_TAG_BOOT = 4, MLXD_TAG_CTRL = 15 };
 #define MLXD_TAG_PHASE_SHIFT 57
 #define MLXD_TAG_PHASES 8 /* phases 0..7 */
+#define MLXD_TAG_SEGMENT_SHIFT 49
+#define MLXD_TAG_SEGMENTS 256 /* segments 0..255 */
+#define MLXD_TAG_SEQ_BITS 33
 static inline uint64_t mlxd_tag(unsigned kind, uint64_t seq, unsigned step) {
-  return ((uint64_t)(kind & 0xF) << 60) | ((seq & ((1ull << 41) - 1)) << 16) | (step & 0xFFFF);
+  return ((uint64_t)(kind & 0xF) << 60) | ((seq & ((1ull << MLXD_TAG_SEQ_BITS) - 1)) << 16) |
+         (step & 0xFFFF);
 }
 /* tag with its phase set to phase (0..7). */
 static inline uint64_t mlxd_tag_with_phase(uint64_t tag, unsigned phase) {
@@ -212,6 +228,18 @@ static inline uint64_t mlxd_tag_with_phase(uint64_t tag, unsigned phase) {
 }
 static inline unsigned mlxd_tag_phase(uint64_t tag) {
   return (unsigned)(tag >> MLXD_TAG_PHASE_SHIFT) & 7;
+}
+/* tag with its segment set to segment (0..255). */
+static inline uint64_t mlxd_tag_with_segment(uint64_t tag, unsigned segment) {
+  return (tag & ~((uint64_t)0xFF << MLXD_TAG_SEGMENT_SHIFT)) |
+         ((uint64_t)(segment & 0xFF) << MLXD_TAG_SEGMENT_SHIFT);
+}
+static inline unsigned mlxd_tag_segment(uint64_t tag) {
+  return (unsigned)(tag >> MLXD_TAG_SEGMENT_SHIFT) & 0xFF;
+}
+/* The sequence number a tag carries (modulo 2^33). */
+static inline uint64_t mlxd_tag_seq(uint64_t tag) {
+  return (tag >> 16) & ((1ull << MLXD_TAG_SEQ_BITS) - 1);
 }
 
 #endif

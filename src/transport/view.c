@@ -10,20 +10,23 @@ static mlxd_view* as_view(mlxd_transport* t) {
   return (mlxd_view*)t;
 }
 
+/* The parent's tag of a message the view's caller tags tag. */
+static uint64_t view_tag(const mlxd_view* v, uint64_t tag) {
+  return mlxd_tag_with_segment(mlxd_tag_with_phase(tag, v->phase), v->segment);
+}
+
 static int view_isend(mlxd_transport* t, int peer, uint64_t tag, const mlxd_sig* sig,
                       const void* buf, size_t n, mlxd_req** req, mlxd_status* st) {
   mlxd_view* v = as_view(t);
   assert(peer >= 0 && peer < t->size && peer != t->rank);
-  return v->parent->ops->isend(v->parent, v->ranks[peer], mlxd_tag_with_phase(tag, v->phase), sig,
-                               buf, n, req, st);
+  return v->parent->ops->isend(v->parent, v->ranks[peer], view_tag(v, tag), sig, buf, n, req, st);
 }
 
 static int view_irecv(mlxd_transport* t, int peer, uint64_t tag, const mlxd_sig* sig, void* buf,
                       size_t n, mlxd_req** req, mlxd_status* st) {
   mlxd_view* v = as_view(t);
   assert(peer >= 0 && peer < t->size && peer != t->rank);
-  return v->parent->ops->irecv(v->parent, v->ranks[peer], mlxd_tag_with_phase(tag, v->phase), sig,
-                               buf, n, req, st);
+  return v->parent->ops->irecv(v->parent, v->ranks[peer], view_tag(v, tag), sig, buf, n, req, st);
 }
 
 static int view_waitall(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st) {
@@ -66,4 +69,10 @@ void mlxd_view_init(mlxd_view* v, mlxd_transport* parent, const int* ranks, int 
   v->parent = parent;
   v->ranks = ranks;
   v->phase = phase;
+  v->segment = 0;
+}
+
+void mlxd_view_set_segment(mlxd_view* v, unsigned segment) {
+  assert(v->base.ops == &view_ops && segment < MLXD_TAG_SEGMENTS);
+  v->segment = segment;
 }

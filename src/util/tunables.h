@@ -149,7 +149,12 @@ typedef struct mlxd_tunable_spec {
     "sum_scatter in two levels (inside each host, then across hosts) where the group spans >= 2 " \
     "hosts with >= 2 ranks on some host (auto: not between MLXDIST_SMALL_BYTES and 1 MiB, where " \
     "the flat ones are faster); flat runs the one-level algorithms over every rank. Read when a " \
-    "group is created; must be the same on every rank. See docs/ring.md.")
+    "group is created; must be the same on every rank. See docs/ring.md.")                        \
+  X(HIER_SEGMENT, "MLXDIST_HIER_SEGMENT", "4194304", MLXD_TK_INTEGER(0, 1073741824, "bytes"),     \
+    "Two-level all_sum/max/min above this many bytes: the buffer goes through the phases in "     \
+    "segments of about this size, pipelined (one crosses the hosts while the next is reduced "    \
+    "inside the host and the last one spread there; at most 256 segments); 0: in one piece. "     \
+    "Read when a group is created; must be the same on every rank.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,

@@ -11,7 +11,8 @@
  * (MLXDIST_SMALL_BYTES) and a few MiB; all_reduce with every dtype and op,
  * reduce_scatter with every dtype (all ops for one dtype per element size);
  * over mixed:HOSTS also the two-level forms (algo/hier.h) on HOSTS' host map,
- * against the same references as the flat ones;
+ * against the same references as the flat ones, and the two-level all_reduce
+ * pipelined in many segments against the flat ring and its one-piece form;
  * results checked bit for bit against references computed here
  * (reference.c), plus a canary past the end of every output. Arbitrary
  * floats check that every rank gets bit-identical results close to the
@@ -32,6 +33,7 @@
 #include "algo/hier.h"
 #include "reference.h"
 #include "testutil.h"
+#include "transport/match.h"
 #include "transports.h"
 #include "util/tunables.h"
 
@@ -200,6 +202,94 @@ static void inexact_case(mlxd_transport* t, bufs* b, int dt, size_t count, unsig
   }
 }
 
+/* ---------------------------------------------- two-level, pipelined */
+
+/* The two-level all_reduce with its pipeline segment set to seg bytes
+ * (hier.h: seg_bytes; 0: one piece), the same on every rank. */
+static void hier_seg_call(mlxd_transport* t, size_t seg, const void* in, void* out, size_t count,
+                          int dt, int op, const char* what) {
+  mlxd_status st;
+  size_t keep = g_hier->seg_bytes;
+  g_hier->seg_bytes = seg;
+  int rc = call_all_reduce(t, V_HIER, in, out, count, dt, op, &st);
+  g_hier->seg_bytes = keep;
+  require_ok(rc, &st, what);
+}
+
+/* The slices form cut into segments (hier.c): odd counts, segment
+ * boundaries inside the one-piece form's slices and parts of one element or
+ * none, up to the cap of MLXD_TAG_SEGMENTS segments. Exact inputs: the flat
+ * ring, the two-level form in one piece and pipelined (out of place and in
+ * place) all give the reference's bits. Arbitrary floats: the pipelined
+ * result has the same bits on every rank and in a second run, close to the
+ * reference. */
+static void test_pipeline(mlxd_transport* t, bufs* b) {
+  if (!g_hier) return;
+  static const struct {
+    int dt, op;
+    size_t count, seg;
+  } cases[] = {
+      {10 /* float32 */, 0, 300007, 65536 + 4}, /* 19 segments */
+      {7 /* int32 */, 1, 300007, 100000},       /* 13 */
+      {12 /* bfloat16 */, 2, 150001, 32768},    /* 10 */
+      {13 /* complex64 */, 0, 40001, 8192},     /* 40 */
+      {10, 0, 1001, 1},                         /* 256, the cap: 3 or 4 elements each */
+      {5 /* int8 */, 0, 100, 1},                /* 100 of one element: empty parts */
+  };
+  char what[200];
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    int dt = cases[k].dt, op = cases[k].op;
+    size_t count = cases[k].count, es = r_esize(dt), seg = cases[k].seg;
+    if (T_SANITIZED && count * es > ((size_t)1 << 20)) continue;
+    T_REQUIRE((count + 1) * es <= b->cap);
+    uint64_t salt = (uint64_t)count * 7 + 3;
+    r_reduce(op, dt, t->size, 0, count, true, salt, b->ref);
+    for (int form = 0; form < 4; form++) {
+      static const char* nm[] = {"flat ring", "two-level in one piece", "two-level pipelined",
+                                 "two-level pipelined in place"};
+      snprintf(what, sizeof what, "all_reduce %s %s %s count %zu, segments of %zu bytes", nm[form],
+               r_dt_name(dt), r_op_name(op), count, seg);
+      r_fill(dt, t->rank, 0, count, true, salt, b->in);
+      char* out = form == 3 ? b->in : b->out;
+      if (form != 3) memset(b->out, 0x5A, count * es);
+      set_canary(out + count * es);
+      if (form == 0) {
+        mlxd_status st;
+        require_ok(call_all_reduce(t, V_RING, b->in, out, count, dt, op, &st), &st, what);
+      } else {
+        hier_seg_call(t, form == 1 ? 0 : seg, b->in, out, count, dt, op, what);
+      }
+      check_equal(what, dt, out, b->ref, count);
+      check_canary(what, out + count * es);
+    }
+  }
+  /* arbitrary floats, pipelined: the same bits everywhere, twice */
+  size_t count = T_SANITIZED ? 20011 : 300007, seg = 65536 + 4;
+  r_reduce(0, 10, t->size, 0, count, false, 9, b->ref);
+  r_fill(10, t->rank, 0, count, false, 9, b->in);
+  uint64_t first = 0;
+  for (int run = 0; run < 2; run++) {
+    snprintf(what, sizeof what,
+             "all_reduce two-level pipelined float32 sum count %zu (arbitrary floats), run %d",
+             count, run + 1);
+    hier_seg_call(t, seg, b->in, b->out, count, 10, 0, what);
+    mlxd_status st;
+    uint64_t mine = fnv(b->out, count * 4), all[T_MAX_RANKS];
+    require_ok(mlxd_algo_all_gather_direct(t, g_seq++, NULL, &mine, all, sizeof mine, &st), &st,
+               "checksum all_gather");
+    for (int p = 0; p < t->size; p++)
+      T_CHECKF(all[p] == mine, "%s: rank %d's result differs from rank %d's", what, p, t->rank);
+    if (run == 0) first = mine;
+    T_CHECKF(mine == first, "%s: differs from the first run", what);
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) {
+      double g = r_as_double(10, b->out + i * 4, 0), e = r_as_double(10, b->ref + i * 4, 0);
+      if (!(fabs(g - e) <= 1e-5 * (1 + fabs(e)))) bad++;
+    }
+    T_CHECKF(bad == 0, "%s: %zu elements off the reference", what, bad);
+  }
+}
+
 /* The kernels are chosen by (dtype, op) and are the same for every variant
  * and size; the partitioning is chosen by (variant, element size, count).
  * So: every (dtype, op) pair at one odd count through the dispatcher and
@@ -244,6 +334,7 @@ static void test_all_reduce(mlxd_transport* t, bufs* b) {
   for (int dt = 9; dt < R_NDTYPES; dt++) inexact_case(t, b, dt, 1001, all);
   inexact_case(t, b, 10, 100003, all);
   inexact_case(t, b, 12, 100003, 1u << V_RING | 1u << V_BIDIR | 1u << V_HIER);
+  test_pipeline(t, b);
 }
 
 /* ------------------------------------------------------ reduce_scatter */
@@ -374,6 +465,29 @@ static void test_send_recv(mlxd_transport* t, bufs* b) {
   }
 }
 
+/* ---------------------------------------------------------------- tags */
+
+/* The tag layout (transport.h): phase and segment set apart from each other
+ * and from the kind, the sequence number and the step; one operation
+ * whatever the phase and segment (signatures are compared per operation). */
+static void test_tags(void) {
+  uint64_t seq = ((uint64_t)1 << 33) - 2, t = mlxd_tag(MLXD_TAG_COLL, seq, 0x8007);
+  uint64_t u = mlxd_tag_with_segment(mlxd_tag_with_phase(t, 7), 255);
+  T_ASSERT(mlxd_tag_phase(u) == 7 && mlxd_tag_segment(u) == 255);
+  T_ASSERT(mlxd_tag_seq(u) == seq && (u & 0xFFFF) == 0x8007 && u >> 60 == MLXD_TAG_COLL);
+  T_ASSERT(mlxd_tag_op(u) == mlxd_tag_op(t) && u != t);
+  T_ASSERT(mlxd_tag_with_segment(mlxd_tag_with_phase(u, 0), 0) == t);
+  uint64_t v = mlxd_tag_with_segment(t, 1);
+  T_ASSERT(v != t && v != mlxd_tag_with_phase(t, 1) && mlxd_tag_op(v) == mlxd_tag_op(t));
+  T_ASSERT(mlxd_tag_seq(mlxd_tag(MLXD_TAG_COLL, seq + 2, 0)) == 0); /* wraps at 2^33 */
+  char txt[80];
+  mlxd_match_tag_str(mlxd_tag_with_segment(mlxd_tag_with_phase(mlxd_tag(2, 5, 3), 2), 9), txt,
+                     sizeof txt);
+  T_REQUIREF(strcmp(txt, "collective #5 phase 2 segment 9 step 3") == 0, "tag in words: '%s'", txt);
+  mlxd_match_tag_str(mlxd_tag_with_segment(mlxd_tag(2, 5, 3), 9), txt, sizeof txt);
+  T_REQUIREF(strcmp(txt, "collective #5 segment 9 step 3") == 0, "tag in words: '%s'", txt);
+}
+
 /* ---------------------------------------------------------------- main */
 
 static int rank_main(mlxd_transport* t, void* arg) {
@@ -445,6 +559,7 @@ int main(int argc, char** argv) {
     spec = (t_tp_spec){.kind = T_TP_SHM, .nconn = 1};
     setenv("MLXDIST_SHM_CMA_BYTES", "65536", 1);
   }
+  test_tags();
   /* a rank that falls out of step fails in bounded time, not at ctest's limit */
   setenv("MLXDIST_TIMEOUT", "30", 1);
   long small = mlxd_tunable_long(MLXD_T_SMALL_BYTES);

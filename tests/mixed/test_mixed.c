@@ -13,8 +13,9 @@
  *                              MLX_RING_VERBOSE names the algorithm of an all_sum
  *                              (two-level where hosts have several ranks, flat in a
  *                              child made with MLXDIST_ALGO=flat)
- *   test_mixed kill HOSTS      the last rank is killed inside a 4 MiB all_sum: every
- *                              other rank fails within a bound naming a lost rank
+ *   test_mixed kill HOSTS      the last rank is killed inside a 4 MiB all_sum (two-level:
+ *                              pipelined in 4 segments): every other rank fails within
+ *                              a bound naming a lost rank
  *   test_mixed mismatch HOSTS  rank 0 sums 10 floats, the others 11: every rank fails
  *                              with the mismatch named, none hangs */
 #include <fcntl.h>
@@ -373,6 +374,9 @@ static int choice_rank(int rank, int size) {
 
 static int kill_rank(int rank, int size) {
   setenv("MLXDIST_TIMEOUT", "20", 1);
+  /* the two-level sum in 4 segments: the failure reaches a pipeline (hier.c), its column
+   * thread and the op's thread each in their own phase */
+  setenv("MLXDIST_HIER_SEGMENT", "1048576", 1);
   mlx_distributed_group g = mlx_distributed_group_new();
   if (mlx_distributed_init(&g, true, "ring") != 0) T_FAIL("init: %s", t_last_error());
   check_collectives(g, 100);
