@@ -356,6 +356,7 @@ static int idle_rank(int rank, int size) {
 static int g_tmode;            /* 0: one host, 1: rank 2 in its own IPC namespace */
 static const char* g_tsetting; /* MLXDIST_TRANSPORT for every rank (NULL: rank-dependent) */
 static bool g_algo_split;      /* MLXDIST_ALGO flat on rank 0, auto elsewhere */
+static bool g_segment_split;   /* MLXDIST_HIER_SEGMENT 1 MiB on rank 1, the default elsewhere */
 
 /* A separate "host": a new IPC namespace (as root, else inside a user namespace). */
 static bool other_host(void) {
@@ -391,6 +392,7 @@ static int transport_rank(int rank, int size) {
   else /* disagreeing settings */
     setenv("MLXDIST_TRANSPORT", rank == 0 ? "tcp" : "auto", 1);
   if (g_algo_split) setenv("MLXDIST_ALGO", rank == 0 ? "flat" : "auto", 1);
+  if (g_segment_split && rank == 1) setenv("MLXDIST_HIER_SEGMENT", "1048576", 1);
   static char log[16384];
   mlx_distributed_group g = mlx_distributed_group_new();
   t_clear_errors();
@@ -398,6 +400,9 @@ static int transport_rank(int rank, int size) {
   if (g_algo_split) {
     T_ASSERT(rc != 0);
     T_EXPECT_ERROR("[ring] ranks disagree on MLXDIST_ALGO", "flat", "auto");
+  } else if (g_segment_split) {
+    T_ASSERT(rc != 0);
+    T_EXPECT_ERROR("[ring] ranks disagree on MLXDIST_HIER_SEGMENT", "1048576", "4194304");
   } else if (!g_tsetting) {
     T_ASSERT(rc != 0);
     T_EXPECT_ERROR("[ring] ranks disagree on MLXDIST_TRANSPORT", "tcp", "auto");
@@ -445,6 +450,10 @@ static void transport_modes(void) {
   g_algo_split = true;
   T_EQ_INT(spawn(2, 1, transport_rank, codes, 60), 2);
   g_algo_split = false;
+  /* and on a size that picks an algorithm */
+  g_segment_split = true;
+  T_EQ_INT(spawn(2, 1, transport_rank, codes, 60), 2);
+  g_segment_split = false;
   /* an emulated second host (needs an IPC namespace; probe in a child) */
   pid_t p = fork();
   T_ASSERT(p >= 0);

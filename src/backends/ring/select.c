@@ -40,6 +40,7 @@
  * passed on untouched); ring.c renders them at its boundary. */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,15 +75,18 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
 
 /* ---- the boot exchange over a fresh transport ---- */
 
-#define ID_BYTES 320
+#define ID_BYTES 336
 #define ID_MAGIC 0x4D585248u /* "MXRH" */
-#define ID_VERSION 1u
+#define ID_VERSION 2u
 /* layout: 0 magic, 4 version, 6 mode, 8 rank, 12 size, 16 netns (u64), 24 ipcns (u64),
  * 32 boot id (48), 80 host name (128), 208 session name (96, rank 0's only), 304 the
  * machine (u64: a hash of the boot id, also with MLXDIST_HOST_ID), 312 MLXDIST_ALGO (u8:
- * auto 0, flat 1, hier 2; which every rank must agree on), 313 zero */
+ * auto 0, flat 1, hier 2), 316 MLXDIST_HIER_SEGMENT (u32), 320 MLXDIST_SMALL_BYTES (u32)
+ * (the three choose algorithms: every rank must have the same), 313 and 324.. zero */
 #define ID_MACHINE 304
 #define ID_ALGO 312
+#define ID_SEGMENT 316
+#define ID_SMALL 320
 #define ID_HOST_FIRST 16
 #define ID_HOST_END 208
 #define ID_SESSION 208
@@ -171,6 +175,8 @@ static void make_id(unsigned char* id, int rank, int size, int mode, const char*
     h = (h ^ (unsigned char)boot[i]) * 1099511628211ull;
   put_u(id + ID_MACHINE, h, 8);
   put_u(id + ID_ALGO, (uint64_t)mlxd_tunable_long(MLXD_T_ALGO), 1);
+  put_u(id + ID_SEGMENT, (uint64_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT), 4);
+  put_u(id + ID_SMALL, (uint64_t)mlxd_tunable_long(MLXD_T_SMALL_BYTES), 4);
   if (host_id && *host_id) {
     /* MLXDIST_HOST_ID: the id alone says which host this rank is on. */
     snprintf((char*)id + 32, 48, "%s", HOST_ID_MARK);
@@ -313,6 +319,21 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
                         "ranks disagree on MLXDIST_ALGO: rank %d has %s, rank %d has %s; expected "
                         "the same value on every rank",
                         rank, algo_names[ma], p, algo_names[pa]);
+      mlxd_status_set_peer(st, p, NULL);
+      goto done;
+    }
+    /* so must the sizes that pick an algorithm, or ranks would run different ones */
+    static const struct {
+      int at;
+      const char* name;
+    } sizes[] = {{ID_SEGMENT, "MLXDIST_HIER_SEGMENT"}, {ID_SMALL, "MLXDIST_SMALL_BYTES"}};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+      uint64_t pv = get_u(id + sizes[k].at, 4), mv = get_u(mine + sizes[k].at, 4);
+      if (pv == mv) continue;
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "ranks disagree on %s: rank %d has %" PRIu64 ", rank %d has %" PRIu64
+                        "; expected the same value on every rank",
+                        sizes[k].name, rank, mv, p, pv);
       mlxd_status_set_peer(st, p, NULL);
       goto done;
     }
