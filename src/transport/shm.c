@@ -36,9 +36,11 @@
  * progress. The first chunk of a message is matched by (peer, tag) against
  * the posted receives of that peer, in posting order; a match gets its
  * bytes written straight into its buffer. A message without a posted
- * receive is buffered (mlxd_buffer_alloc, or read at once through CMA and acked), so
- * two ranks that both send before receiving never deadlock; a later receive
- * takes it over (a partly arrived one continues in the receive buffer).
+ * receive stays in its ring (its receive, posted a moment later, takes it
+ * with one copy) until the waiter is idle for SHM_DEFER_S, would sleep, or
+ * the ring is full; then it is buffered (mlxd_buffer_alloc, or read at once
+ * through CMA and acked), so two ranks that both send before receiving never
+ * deadlock; a later receive takes it over (a partly arrived one continues).
  * Signatures must agree (sig_clash: the message's with its receive's, or
  * with any receive or message of the same operation when the tags differ);
  * a disagreement fails the transport (published: the peers fail with it
@@ -233,10 +235,8 @@ static bool sig_clash(shm_transport* t, int pi, const mlxd_sig* mine, const mlxd
 }
 
 /* First chunk of a message from peer pi: compare its signature with this
- * rank's call, then bind it to a posted receive or a new unexpected buffer.
- * Without a posted receive and without `buffer`, the message is left in the
- * ring for now (returns 1; t->deferred set). Returns -1 if the transport
- * failed. */
+ * rank's call, then bind it to a posted receive or a new unexpected buffer
+ * (without `buffer`: leave it in the ring, return 1). -1: the transport failed. */
 static int start_message(shm_transport* t, int pi, const shm_slot_hdr* h, bool buffer) {
   shm_peer* p = &t->peers[pi];
   size_t len = (size_t)h->msg_len;
@@ -305,10 +305,8 @@ static char* cur_dest(shm_peer* p) {
   return NULL;
 }
 
-/* Drain the ring from peer pi. A message whose receive is not posted yet
- * stays in the ring (its receive, posted soon, takes it with one copy
- * instead of two) unless `buffer`, or the ring is full (its sender may be
- * stuck on it). Returns events (slots consumed) or -1. */
+/* Drain the ring from peer pi; a message without a receive stays unless
+ * `buffer` or the ring is full. Returns events (slots consumed) or -1. */
 static int progress_in(shm_transport* t, int pi, bool buffer) {
   shm_peer* p = &t->peers[pi];
   uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
@@ -416,8 +414,6 @@ static int progress_out(shm_transport* t, int pi) {
   return ev + pushed;
 }
 
-/* One pass over every ring; `buffer`: also take messages that have no
- * receive yet (progress_in). */
 static int progress_all(shm_transport* t, bool buffer) {
   int ev = 0;
   t->deferred = false;
@@ -672,10 +668,7 @@ static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd
   }
   for (;;) {
     int ev = t->err.code ? 0 : progress_all(t, false);
-    /* Messages without a receive wait in their rings while this wait has
-     * other work; once it has had none for SHM_DEFER_S (or before it
-     * sleeps) they are buffered, so ranks that send before they receive
-     * never wait on each other. */
+    /* idle for SHM_DEFER_S (or about to sleep): buffer unmatched messages */
     if (!ev && t->deferred && !t->err.code && mlxd_now() - ws->last_event >= SHM_DEFER_S)
       ev = progress_all(t, true);
     bool pending = false;
