@@ -306,7 +306,9 @@ static char* cur_dest(shm_peer* p) {
 }
 
 /* Drain the ring from peer pi; a message without a receive stays unless
- * `buffer` or the ring is full. Returns events (slots consumed) or -1. */
+ * `buffer`, the ring is full, or it is larger than SHM_DEFER_MAX (its
+ * sender streams it: draining it as it comes keeps both ranks copying).
+ * Returns events (slots consumed) or -1. */
 static int progress_in(shm_transport* t, int pi, bool buffer) {
   shm_peer* p = &t->peers[pi];
   uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
@@ -314,7 +316,8 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
   while (p->in_tail != head) {
     shm_slot_hdr* h = slot_at(t, p->in_slots, p->in_tail);
     if (!p->cur_active) {
-      int sm = start_message(t, pi, h, buffer || head - p->in_tail >= SHM_NSLOTS);
+      bool now = buffer || head - p->in_tail >= SHM_NSLOTS || h->msg_len > SHM_DEFER_MAX;
+      int sm = start_message(t, pi, h, now);
       if (sm < 0) return -1;
       if (sm > 0) break;
     }

@@ -58,6 +58,7 @@
 #define SHM_NAME_MAX 200
 #define SHM_CHECK_S 0.1   /* liveness checks / longest single sleep */
 #define SHM_DEFER_S 20e-6 /* a message without a receive waits in its ring this long (shm.c) */
+#define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 
 enum { RANK_NONE = 0, RANK_ATTACHED = 1, RANK_CLOSED = 2, RANK_FAILED = 3 };
 enum { CMA_UNKNOWN = 0, CMA_OK = 1, CMA_NO = 2 };
