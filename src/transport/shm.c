@@ -35,8 +35,8 @@
  * Matching. The receiver drains every incoming ring whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against
  * the posted receives of that peer, in posting order; a match gets its
- * bytes written straight into its buffer. A message without a posted
- * receive stays in its ring (its receive, posted a moment later, takes it
+ * bytes written straight into its buffer. A message (up to SHM_DEFER_MAX)
+ * without a posted receive stays in its ring (its receive, posted a moment later, takes it
  * with one copy) until the waiter is idle for SHM_DEFER_S, would sleep, or
  * the ring is full; then it is buffered (mlxd_buffer_alloc, or read at once
  * through CMA and acked), so two ranks that both send before receiving never
