@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Two builds of mlxdist side by side, interleaved (A, B, A, B ...), so a slow
-# phase of the machine hits both: mlxdist-bench all_sum over each transport.
+# phase of the machine hits both: mlxdist-bench all_sum (AB_OP) over each transport.
 #
 #   scripts/bench-ab.sh BUILD_A BUILD_B OUTDIR [REPS]
 #
-# Environment: AB_NP (ranks, default 2), AB_TRANSPORTS (default "shm tcp"),
+# Environment: AB_OP (mlxdist-bench --op, one op; default all_sum),
+# AB_NP (ranks, default 2), AB_TRANSPORTS (default "shm tcp"),
 # AB_MAX_BYTES (default 64M), AB_FACTOR (default 8), AB_MIN_TIME (ms per size,
 # default 200). Writes OUTDIR/<A|B>-<transport>-<rep>.csv and prints, per
 # transport and size, the median time of each build over the repetitions, its
@@ -22,7 +23,7 @@ for rep in $(seq 1 "$reps"); do
       build=$a
       [ "$side" = B ] && build=$b
       "$build/tools/mlxdist-launch" -n "$np" --timeout 600 --env "MLXDIST_TRANSPORT=$t" -- \
-        "$build/tools/mlxdist-bench" --op all_sum -b 4 -e "${AB_MAX_BYTES:-64M}" \
+        "$build/tools/mlxdist-bench" --op "${AB_OP:-all_sum}" -b 4 -e "${AB_MAX_BYTES:-64M}" \
         -f "${AB_FACTOR:-8}" -t "${AB_MIN_TIME:-200}" --csv >"$out/$side-$t-$rep.csv"
     done
   done
@@ -43,7 +44,7 @@ def load(side, t):
     return rows
 for t in transports:
     A, B = load("A", t), load("B", t)
-    print(f"\n{t}: time per all_sum in us, median over {reps} runs [min-max]")
+    print(f"\n{t}: time per {os.environ.get('AB_OP', 'all_sum')} in us, median over {reps} runs [min-max]")
     print(f"{'bytes':>10} {'A':>24} {'B':>24} {'B/A':>6}")
     for size in sorted(A):
         if size not in B:

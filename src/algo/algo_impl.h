@@ -84,10 +84,11 @@ typedef struct mlxd_ring_plan {
   size_t esz;
   mlx_dtype dtype;
   mlxd_reduce_op op;
-  const char* in;  /* AR: input; RS: input (size blocks); AG: unused */
+  const char* in;  /* AR: input; RS: input (size blocks); AG: block `rank` (NULL: in out already;
+                      else the first step sends from it and the engine copies it into out) */
   char* out;       /* AR: output; AG: output (size blocks); RS: block `rank` */
   char* work;      /* RS: partial sums (same layout as in) */
-  size_t out_base; /* RS: element offset of block `rank` in `in`; else 0 */
+  size_t out_base; /* RS: element offset of block `rank` in `in`; AG: in `out`; else 0 */
   int ndir;        /* 1 or 2 */
   /* Per direction, the element range [boff[b], boff[b] + blen[b]) of block b
    * in the buffer coordinates (size entries each). */

@@ -5,13 +5,21 @@
 #include "algo/algo_impl.h"
 #include "util/tunables.h"
 
-/* The caller's contract (algo.h), asserted; then this rank's own block. */
+/* The caller's contract (algo.h), asserted. */
 static void gather_prologue(mlxd_transport* t, const void* in, void* out, size_t nbytes,
                             mlxd_status* st) {
   mlxd_status_clear(st);
   assert(t->size >= 2);
   assert(nbytes == 0 || (in && out));
+  (void)in;
+  (void)out;
   (void)mlxd_algo_mul(nbytes, (size_t)t->size);
+}
+
+/* This rank's own block of out (in may already be it: in place). Done
+ * after the sends are posted (they read in), so the peers get this rank's
+ * data one block copy sooner and the copy fills this rank's wait for theirs. */
+static void gather_own(mlxd_transport* t, const void* in, void* out, size_t nbytes) {
   char* own = (char*)out + (size_t)t->rank * nbytes;
   if (nbytes > 0 && own != (const char*)in) memmove(own, in, nbytes);
 }
@@ -25,15 +33,15 @@ int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig*
   mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
   if (!reqs) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %d requests", 2 * n);
   uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
-  const char* own = (const char*)out + (size_t)r * nbytes;
   int rc = 0;
   for (int p = 0; p < n && !rc; p++)
     if (p != r)
       rc = t->ops->irecv(t, p, tag, sig, (char*)out + (size_t)p * nbytes, nbytes, &reqs[p], st);
   for (int k = 1; k < n && !rc; k++) {
     int p = (r + k) % n;
-    rc = t->ops->isend(t, p, tag, sig, own, nbytes, &reqs[n + p], st);
+    rc = t->ops->isend(t, p, tag, sig, in, nbytes, &reqs[n + p], st);
   }
+  if (!rc) gather_own(t, in, out, nbytes);
   mlxd_algo_drain(t, reqs, 2 * n, st);
   free(reqs);
   return st->code;
@@ -41,8 +49,9 @@ int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig*
 
 /* The pipelined ring over buf's blocks (off/len, in bytes; algo_impl.h) in
  * ndir directions: the one schedule of both entry points below. */
-static int all_gather_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, void* buf,
-                          const size_t* off, const size_t* len, int ndir, mlxd_status* st) {
+static int all_gather_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                          void* buf, const size_t* off, const size_t* len, int ndir,
+                          mlxd_status* st) {
   int n = t->size;
   size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
   if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
@@ -51,6 +60,8 @@ static int all_gather_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, 
   p.mode = MLXD_RING_AG;
   p.esz = 1;
   p.out = buf;
+  p.in = in; /* NULL: block `rank` is in buf already */
+  p.out_base = off[t->rank];
   p.ndir = ndir;
   mlxd_algo_split_blocks(off, len, n, ndir, tab, p.boff, p.blen);
   p.sig = sig;
@@ -71,7 +82,8 @@ int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* s
     ol[n + b] = nbytes;
   }
   int ndir = mlxd_algo_bidir(n, nbytes * (size_t)n, bidir) && nbytes >= 2 ? 2 : 1;
-  all_gather_run(t, seq, sig, out, ol, ol + n, ndir, st);
+  all_gather_run(t, seq, sig, (char*)out + (size_t)t->rank * nbytes == (const char*)in ? NULL : in,
+                 out, ol, ol + n, ndir, st);
   free(ol);
   return st->code;
 }
@@ -84,7 +96,8 @@ int mlxd_algo_all_gather_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig*
   size_t total = off[n - 1] + len[n - 1];
   assert(total == 0 || buf);
   if (total == 0) return 0;
-  return all_gather_run(t, seq, sig, buf, off, len, mlxd_algo_bidir(n, total, -1) ? 2 : 1, st);
+  return all_gather_run(t, seq, sig, NULL, buf, off, len, mlxd_algo_bidir(n, total, -1) ? 2 : 1,
+                        st);
 }
 
 int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,

@@ -108,6 +108,9 @@ static int post_send(ring_ctx* x, int di, size_t u, mlxd_status* st) {
   size_t off, len;
   chunk_range(x, d, send_block(x, d, s), u % x->C, &off, &len);
   const char* src;
+  if (p->mode == MLXD_RING_AG && s == 0 && p->in)
+    return x->t->ops->isend(x->t, d->to, unit_tag(x, di, u), p->sig, p->in + (off - p->out_base),
+                            len, &d->send[u], st);
   if (p->mode == MLXD_RING_AG)
     src = p->out;
   else if (s == 0)
@@ -204,6 +207,13 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
     for (int di = 0; di < p->ndir && !rc; di++) rc = post_send(&x, di, c, st);
   for (size_t u = 0; u < x.W && !rc; u++)
     for (int di = 0; di < p->ndir && !rc; di++) rc = post_recv(&x, di, u, st);
+  /* AG with a separate input: this rank's block (read from in by the sends
+   * just posted) into out while the first chunks travel. */
+  if (!rc && p->mode == MLXD_RING_AG && p->in)
+    for (int di = 0; di < p->ndir; di++)
+      if (x.dir[di].blen[x.r])
+        memcpy(p->out + x.dir[di].boff[x.r], p->in + (x.dir[di].boff[x.r] - p->out_base),
+               x.dir[di].blen[x.r]);
   for (size_t u = 0; u < x.U && !rc; u++) {
     mlxd_req* w[2] = {x.dir[0].recv[u], p->ndir > 1 ? x.dir[1].recv[u] : NULL};
     x.dir[0].recv[u] = NULL;

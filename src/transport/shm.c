@@ -35,10 +35,12 @@
  * Matching. The receiver drains every incoming ring whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against
  * the posted receives of that peer, in posting order; a match gets its
- * bytes written straight into its buffer. A message without a posted
- * receive is buffered (mlxd_buffer_alloc, or read at once through CMA and acked), so
- * two ranks that both send before receiving never deadlock; a later receive
- * takes it over (a partly arrived one continues in the receive buffer).
+ * bytes written straight into its buffer. A message (up to SHM_DEFER_MAX)
+ * without a posted receive stays in its ring (its receive, posted a moment later, takes it
+ * with one copy) until the waiter is idle for SHM_DEFER_S, would sleep, or
+ * the ring is full; then it is buffered (mlxd_buffer_alloc, or read at once
+ * through CMA and acked), so two ranks that both send before receiving never
+ * deadlock; a later receive takes it over (a partly arrived one continues).
  * Signatures must agree (sig_clash: the message's with its receive's, or
  * with any receive or message of the same operation when the tags differ);
  * a disagreement fails the transport (published: the peers fail with it
@@ -233,15 +235,19 @@ static bool sig_clash(shm_transport* t, int pi, const mlxd_sig* mine, const mlxd
 }
 
 /* First chunk of a message from peer pi: compare its signature with this
- * rank's call, then bind it to a posted receive or a new unexpected buffer.
- * Returns -1 if the transport failed. */
-static int start_message(shm_transport* t, int pi, const shm_slot_hdr* h) {
+ * rank's call, then bind it to a posted receive or a new unexpected buffer
+ * (without `buffer`: leave it in the ring, return 1). -1: the transport failed. */
+static int start_message(shm_transport* t, int pi, const shm_slot_hdr* h, bool buffer) {
   shm_peer* p = &t->peers[pi];
   size_t len = (size_t)h->msg_len;
   uint64_t tag = h->tag;
+  shm_req* r = MLXD_MATCH_ENTRY(mlxd_match_find(&p->mq.posted, tag), shm_req, link);
+  if (!r && !buffer) {
+    t->deferred = true;
+    return 1;
+  }
   mlxd_sig sent;
   mlxd_sig_decode(h->sig, &sent);
-  shm_req* r = MLXD_MATCH_ENTRY(mlxd_match_find(&p->mq.posted, tag), shm_req, link);
   if (sent.op != MLXD_SIG_NONE) {
     shm_req* same = r;
     if (!same) same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&p->mq.posted, tag), shm_req, link);
@@ -299,14 +305,22 @@ static char* cur_dest(shm_peer* p) {
   return NULL;
 }
 
-/* Drain the ring from peer pi. Returns events (slots consumed) or -1. */
-static int progress_in(shm_transport* t, int pi) {
+/* Drain the ring from peer pi; a message without a receive stays unless
+ * `buffer`, the ring is full, or it is larger than SHM_DEFER_MAX (its
+ * sender streams it: draining it as it comes keeps both ranks copying).
+ * Returns events (slots consumed) or -1. */
+static int progress_in(shm_transport* t, int pi, bool buffer) {
   shm_peer* p = &t->peers[pi];
   uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
   int ev = 0;
   while (p->in_tail != head) {
     shm_slot_hdr* h = slot_at(t, p->in_slots, p->in_tail);
-    if (!p->cur_active && start_message(t, pi, h) != 0) return -1;
+    if (!p->cur_active) {
+      bool now = buffer || head - p->in_tail >= SHM_NSLOTS || h->msg_len > SHM_DEFER_MAX;
+      int sm = start_message(t, pi, h, now);
+      if (sm < 0) return -1;
+      if (sm > 0) break;
+    }
     if (h->kind == SLOT_RTS) {
       char* dst = cur_dest(p);
       int err = 0;
@@ -403,11 +417,12 @@ static int progress_out(shm_transport* t, int pi) {
   return ev + pushed;
 }
 
-static int progress_all(shm_transport* t) {
+static int progress_all(shm_transport* t, bool buffer) {
   int ev = 0;
+  t->deferred = false;
   for (int i = 0; i < t->base.size && !t->err.code; i++) {
     if (i == t->base.rank) continue;
-    int a = progress_in(t, i);
+    int a = progress_in(t, i, buffer);
     if (a < 0) break;
     int b = progress_out(t, i);
     ev += a + b;
@@ -450,7 +465,7 @@ static bool check_peers(shm_transport* t, shm_req** reqs, int n) {
     /* A peer that closed or exited may have written (or acked) what r waits
      * for after this rank's last progress pass: drain once more before
      * calling it lost, so only a request it really left unfinished fails. */
-    progress_all(t);
+    progress_all(t, true);
     if (r->m.complete || t->err.code) continue;
     if (dead) {
       fail_lost(t, pi, ": its process exited");
@@ -558,7 +573,7 @@ static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   } else {
     r->where = W_POSTED;
     mlxd_match_push(&p->mq.posted, &r->link, tag);
-    progress_in(t, peer);
+    progress_in(t, peer, false);
   }
   pthread_mutex_unlock(&t->mu);
   *req = (mlxd_req*)r;
@@ -655,7 +670,10 @@ static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd
         .started = true, .start = now, .last_change = now, .next_check = now, .last_event = now};
   }
   for (;;) {
-    int ev = t->err.code ? 0 : progress_all(t);
+    int ev = t->err.code ? 0 : progress_all(t, false);
+    /* idle for SHM_DEFER_S (or about to sleep): buffer unmatched messages */
+    if (!ev && t->deferred && !t->err.code && mlxd_now() - ws->last_event >= SHM_DEFER_S)
+      ev = progress_all(t, true);
     bool pending = false;
     for (int i = 0; i < n && !pending; i++)
       if (reqs[i] && !reqs[i]->m.complete) pending = true;
@@ -681,6 +699,7 @@ static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd
       pthread_mutex_lock(&t->mu);
       continue;
     }
+    if (t->deferred && progress_all(t, true) > 0) continue;
     uint64_t snap = activity(t);
     double to_check = SHM_CHECK_S - (now - ws->next_check);
     if (until - now < to_check) to_check = until - now;

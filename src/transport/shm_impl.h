@@ -56,7 +56,9 @@
 #endif
 #define SHM_CMA_IO_MAX ((size_t)1 << 30)
 #define SHM_NAME_MAX 200
-#define SHM_CHECK_S 0.1 /* liveness checks / longest single sleep */
+#define SHM_CHECK_S 0.1   /* liveness checks / longest single sleep */
+#define SHM_DEFER_S 20e-6 /* a message without a receive waits in its ring this long (shm.c) */
+#define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 
 enum { RANK_NONE = 0, RANK_ATTACHED = 1, RANK_CLOSED = 2, RANK_FAILED = 3 };
 enum { CMA_UNKNOWN = 0, CMA_OK = 1, CMA_NO = 2 };
@@ -185,6 +187,7 @@ typedef struct shm_transport {
   double spin_s;
   size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
   bool oversubscribed;
+  bool deferred;           /* the last progress pass left a message without a receive in its ring */
   mlxd_status err;         /* the first failure; err.code == 0 while none */
   volatile uint64_t probe; /* read by peers through CMA at set-up */
   shm_req* free_reqs;

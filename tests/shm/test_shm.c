@@ -137,6 +137,41 @@ static void big_both_send_first(mlxd_transport* t, size_t n) {
   free(r);
 }
 
+/* A message whose receive is not posted stays in its ring while the
+ * receiver has other work; a message behind it that has its receive must
+ * still arrive (the waiting rank buffers the first once it is idle), and
+ * the first is then taken by its late receive. Ranks 0 -> 1, in both
+ * sizes (one slot, and several slots so the second starts mid-ring). */
+static void behind_unmatched(mlxd_transport* t, size_t n, uint64_t tag) {
+  int rank = t->rank;
+  if (rank > 1) return;
+  unsigned char* a = malloc(n);
+  unsigned char* b = malloc(n);
+  T_REQUIREF(a && b, "malloc %zu", n);
+  mlxd_status st;
+  mlxd_req* q[2] = {NULL, NULL};
+  if (rank == 0) {
+    fill(a, n, 0, 1, tag);
+    fill(b, n, 0, 1, tag + 1);
+    T_REQUIREF(t->ops->isend(t, 1, tag, NULL, a, n, &q[0], &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->isend(t, 1, tag + 1, NULL, b, n, &q[1], &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->waitall(t, q, 2, &st) == 0, "behind-unmatched sends: %s", st.msg);
+  } else {
+    memset(a, 0, n);
+    memset(b, 0, n);
+    T_REQUIREF(t->ops->irecv(t, 0, tag + 1, NULL, b, n, &q[1], &st) == 0, "%s", st.msg);
+    T_REQUIREF(wait1(t, q[1], &st) == 0, "the message behind an unmatched one: %s", st.msg);
+    size_t bad = first_bad(b, n, 0, 1, tag + 1);
+    T_REQUIREF(bad == (size_t)-1, "second message (%zu bytes) wrong at byte %zu", n, bad);
+    T_REQUIREF(t->ops->irecv(t, 0, tag, NULL, a, n, &q[0], &st) == 0, "%s", st.msg);
+    T_REQUIREF(wait1(t, q[0], &st) == 0, "the late receive: %s", st.msg);
+    bad = first_bad(a, n, 0, 1, tag);
+    T_REQUIREF(bad == (size_t)-1, "first message (%zu bytes) wrong at byte %zu", n, bad);
+  }
+  free(a);
+  free(b);
+}
+
 static void mismatch(mlxd_transport* t) {
   int rank = t->rank;
   if (rank > 1) return;
@@ -195,6 +230,8 @@ static int rank_raw(int rank, int size, const char* name, void* arg) {
   exchange_round(t, 100, 1);
   exchange_round(t, 200, 0);
   big_both_send_first(t, (size_t)64 << 20);
+  behind_unmatched(t, 1000, 700);
+  behind_unmatched(t, 200000, 710);
   mismatch(t);
   exchange_round(t, 300, 1);
   /* every rank has mapped the segment and talked: its name must be gone */
