@@ -37,7 +37,7 @@
 # 25 %): scripts/bench-compare-runs.sh DIR_A DIR_B.
 #
 # Settings (environment):
-#   BENCH_REPEATS     runs of every configuration       (default 3, at least 1)
+#   BENCH_REPEATS     runs of every configuration       (default 5, at least 1)
 #   BENCH_RANKS       rank counts                       (default "2 4")
 #   BENCH_OPS         --op for both benchmarks          (default all)
 #   BENCH_MIN_BYTES   smallest size                     (default 4)
@@ -85,7 +85,7 @@ launch=$build/tools/mlxdist-launch
 bench=$build/tools/mlxdist-bench
 ref=$build/tools/mpi_ref_bench
 
-repeats=${BENCH_REPEATS:-3}
+repeats=${BENCH_REPEATS:-5}
 ranks=${BENCH_RANKS:-"2 4"}
 transports=${BENCH_TRANSPORTS:-"default tcp"}
 mca=${BENCH_MPI_MCA:-"--mca pml ob1"}

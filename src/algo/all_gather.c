@@ -16,9 +16,14 @@ static void gather_prologue(mlxd_transport* t, const void* in, void* out, size_t
   (void)mlxd_algo_mul(nbytes, (size_t)t->size);
 }
 
-/* This rank's own block of out (in may already be it: in place). Done
- * after the sends are posted (they read in), so the peers get this rank's
- * data one block copy sooner and the copy fills this rank's wait for theirs. */
+/* This rank's own block of out (in may already be it: in place). Blocks up
+ * to OWN_LATE_MAX are copied after the sends are posted (they read in), so
+ * the peers get this rank's data one block copy sooner and the copy fills
+ * this rank's wait for theirs (256 KiB over shm, 2 ranks: 13.5 -> 11.5 us).
+ * Larger ones are copied first: the copy would hold up the transfer (the
+ * shm ring fills while this rank copies instead of draining; 4 MiB, 2
+ * ranks: 207 -> 231 us; docs/performance.md). */
+#define OWN_LATE_MAX ((size_t)512 << 10)
 static void gather_own(mlxd_transport* t, const void* in, void* out, size_t nbytes) {
   char* own = (char*)out + (size_t)t->rank * nbytes;
   if (nbytes > 0 && own != (const char*)in) memmove(own, in, nbytes);
@@ -33,6 +38,8 @@ int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig*
   mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
   if (!reqs) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %d requests", 2 * n);
   uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
+  bool late = nbytes <= OWN_LATE_MAX;
+  if (!late) gather_own(t, in, out, nbytes);
   int rc = 0;
   for (int p = 0; p < n && !rc; p++)
     if (p != r)
@@ -41,7 +48,7 @@ int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig*
     int p = (r + k) % n;
     rc = t->ops->isend(t, p, tag, sig, in, nbytes, &reqs[n + p], st);
   }
-  if (!rc) gather_own(t, in, out, nbytes);
+  if (!rc && late) gather_own(t, in, out, nbytes);
   mlxd_algo_drain(t, reqs, 2 * n, st);
   free(reqs);
   return st->code;
@@ -82,8 +89,11 @@ int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* s
     ol[n + b] = nbytes;
   }
   int ndir = mlxd_algo_bidir(n, nbytes * (size_t)n, bidir) && nbytes >= 2 ? 2 : 1;
-  all_gather_run(t, seq, sig, (char*)out + (size_t)t->rank * nbytes == (const char*)in ? NULL : in,
-                 out, ol, ol + n, ndir, st);
+  /* the ring engine copies the own block after posting when given in */
+  bool late = nbytes <= OWN_LATE_MAX;
+  if (!late) gather_own(t, in, out, nbytes);
+  bool in_place = (char*)out + (size_t)t->rank * nbytes == (const char*)in;
+  all_gather_run(t, seq, sig, late && !in_place ? in : NULL, out, ol, ol + n, ndir, st);
   free(ol);
   return st->code;
 }
