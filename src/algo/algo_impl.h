@@ -75,6 +75,9 @@ bool mlxd_algo_bidir(int size, size_t nbytes, int bidir);
  * entries, for the plan's boff/blen). */
 void mlxd_algo_split_blocks(const size_t* off, const size_t* len, int n, int ndir, size_t* tab,
                             size_t* boff[2], size_t* blen[2]);
+/* n equal blocks of len units: n offsets, then n lengths (malloc'd, the
+ * caller frees it); NULL with st set when out of memory. */
+size_t* mlxd_algo_equal_blocks(int n, size_t len, mlxd_status* st);
 
 /* A ring schedule (ring.c). */
 typedef enum { MLXD_RING_AR, MLXD_RING_AG, MLXD_RING_RS } mlxd_ring_mode;

@@ -82,12 +82,8 @@ int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* s
   gather_prologue(t, in, out, nbytes, st);
   int n = t->size;
   if (nbytes == 0) return 0;
-  size_t* ol = malloc(2 * (size_t)n * sizeof *ol); /* equal blocks: offsets, then lengths */
-  if (!ol) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
-  for (int b = 0; b < n; b++) {
-    ol[b] = (size_t)b * nbytes;
-    ol[n + b] = nbytes;
-  }
+  size_t* ol = mlxd_algo_equal_blocks(n, nbytes, st);
+  if (!ol) return st->code;
   int ndir = mlxd_algo_bidir(n, nbytes * (size_t)n, bidir) && nbytes >= 2 ? 2 : 1;
   /* the ring engine copies the own block after posting when given in */
   bool late = nbytes <= OWN_LATE_MAX;

@@ -4,6 +4,7 @@
 #include <assert.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "algo/algo_impl.h"
 #include "util/tunables.h"
@@ -42,6 +43,19 @@ int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st) 
 bool mlxd_algo_bidir(int size, size_t nbytes, int bidir) {
   if (bidir >= 0) return bidir > 0 && size >= 2;
   return size >= MLXD_RING_BIDIR_MIN_RANKS && nbytes >= MLXD_RING_BIDIR_MIN_BYTES;
+}
+
+size_t* mlxd_algo_equal_blocks(int n, size_t len, mlxd_status* st) {
+  size_t* ol = malloc(2 * (size_t)n * sizeof *ol);
+  if (!ol) {
+    mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
+    return NULL;
+  }
+  for (int b = 0; b < n; b++) {
+    ol[b] = (size_t)b * len;
+    ol[n + b] = len;
+  }
+  return ol;
 }
 
 void mlxd_algo_split_blocks(const size_t* off, const size_t* len, int n, int ndir, size_t* tab,

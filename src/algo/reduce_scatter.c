@@ -101,12 +101,8 @@ int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_si
   size_t esz = rs_prologue(t, in, out, count, dtype, op, &blk, st);
   int n = t->size;
   if (count == 0) return 0;
-  size_t* ol = malloc(2 * (size_t)n * sizeof *ol); /* equal blocks: offsets, then lengths */
-  if (!ol) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
-  for (int b = 0; b < n; b++) {
-    ol[b] = (size_t)b * count;
-    ol[n + b] = count;
-  }
+  size_t* ol = mlxd_algo_equal_blocks(n, count, st);
+  if (!ol) return st->code;
   int ndir = mlxd_algo_bidir(n, blk * (size_t)n, bidir) && count >= 2 ? 2 : 1;
   reduce_scatter_run(t, seq, sig, in, out, ol, ol + n, esz, dtype, op, ndir, st);
   free(ol);
