@@ -28,8 +28,8 @@
 # Before the runs it prints an estimate of their duration on an idle machine.
 #
 # Environment: MHB_HOSTS (default 3), MHB_NP (ranks per host, default 2), MHB_VARIANTS,
-# MHB_MAX_BYTES (default 64M), MHB_FACTOR (default 8), MHB_MIN_TIME (ms of timed work per
-# size, default 200), MHB_BATCHES (timed batches per size, default 5), MHB_RATE (e.g.
+# MHB_MIN_BYTES (smallest size, default 4), MHB_MAX_BYTES (default 64M), MHB_FACTOR
+# (default 8), MHB_MIN_TIME (ms of timed work per size, default 200), MHB_BATCHES (timed batches per size, default 5), MHB_RATE (e.g.
 # "1gbit": shape every host's uplink, eth0 egress, with tc tbf at this rate; default none),
 # MHB_MPI_MCA (extra mpirun options, default none), MHB_TIMEOUT (seconds per run,
 # default 900), MHB_PREFIX (the namespaces' and temp dirs' name prefix, default mlxdmhb: give
@@ -49,6 +49,7 @@ reps=${3:-3}
 hosts=${MHB_HOSTS:-3}
 np=${MHB_NP:-2}
 variants=${MHB_VARIANTS:-auto flat ompi}
+min_bytes=${MHB_MIN_BYTES:-4}
 max_bytes=${MHB_MAX_BYTES:-64M}
 factor=${MHB_FACTOR:-8}
 min_time=${MHB_MIN_TIME:-200}
@@ -85,7 +86,7 @@ esac
 cpus=$(nproc)
 ranks=$((hosts * np))
 # the same options for both benchmarks
-bopts=(--op all_sum -b 4 -e "$max_bytes" -f "$factor" -t "$min_time" --batches "$batches" --csv)
+bopts=(--op all_sum -b "$min_bytes" -e "$max_bytes" -f "$factor" -t "$min_time" --batches "$batches" --csv)
 "$bench" "${bopts[@]}" --help >/dev/null || exit 2 # refuse bad options before any set-up
 algo_known=0
 # the library names the tunables it reads: MLXDIST_ALGO there = the two-level code is in
@@ -143,6 +144,7 @@ run_variant() { # $1 variant, $2 output base
 
 # ---- conditions and the estimate ------------------------------------------------------
 cmd="MHB_HOSTS=$hosts MHB_NP=$np MHB_VARIANTS='$variants' MHB_MAX_BYTES=$max_bytes"
+[ "$min_bytes" != 4 ] && cmd+=" MHB_MIN_BYTES=$min_bytes"
 cmd+=" MHB_FACTOR=$factor MHB_MIN_TIME=$min_time MHB_BATCHES=$batches"
 [ -n "${MHB_RATE:-}" ] && cmd+=" MHB_RATE=$MHB_RATE"
 [ -n "${MHB_MPI_MCA:-}" ] && cmd+=" MHB_MPI_MCA='$MHB_MPI_MCA'"
@@ -150,14 +152,14 @@ cmd+=" scripts/bench-multihost.sh BUILD OUTDIR $reps"
 # per run: ~1.5 x min-time per size plus ~4 s of start-up over ssh; at a shaped rate, every
 # size whose op takes longer than min-time/batches costs (1 + warm-up + batches) ops
 # instead, an op moving ~2 x the size through the busiest uplink (flat ring, >= 2 hosts)
-est=$(awk -v e="$max_bytes" -v f="$factor" -v t="$min_time" -v b="$batches" -v rate="${MHB_RATE:-}" \
+est=$(awk -v lo="$min_bytes" -v e="$max_bytes" -v f="$factor" -v t="$min_time" -v b="$batches" -v rate="${MHB_RATE:-}" \
   -v runs="$((reps * $(echo "$variants" | wc -w)))" '
   function bytes(s, m) { m = 1; if (s ~ /[kK]/) m = 1024; if (s ~ /[mM]/) m = 1048576
     if (s ~ /[gG]/) m = 1073741824; return (s + 0) * m }
   BEGIN { r = 0; if (rate ~ /gbit$/) r = (rate + 0) * 1e9 / 8; else if (rate ~ /mbit$/) r = (rate + 0) * 1e6 / 8
     if (r == 0) r = 1e9  # unshaped veth through a bridge on this VM: ~1 GB/s
     s = 4
-    for (x = 4; x <= bytes(e); x = x * f) { op = 2 * x / r; row = 1.5 * t / 1000
+    for (x = bytes(lo); x <= bytes(e); x = x * f) { op = 2 * x / r; row = 1.5 * t / 1000
       if (op > t / 1000 / b) row = (2 + b) * op + t / 1000; s += row }
     printf "%d", runs * s }')
 {

@@ -36,6 +36,18 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const mlxd_
 int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
                                   const void* in, void* out, size_t count, mlx_dtype dtype,
                                   mlxd_reduce_op op, int bidir, mlxd_status* st);
+/* As mlxd_algo_all_reduce / _all_gather / _reduce_scatter (algo.h), with
+ * `small` in place of MLXDIST_SMALL_BYTES: the largest whole buffer they
+ * send by the one-shot (direct) form instead of the ring (the two-level
+ * collectives' phases across hosts use a smaller one, hier.c). */
+int mlxd_algo_all_reduce_upto(mlxd_transport* t, size_t small, uint64_t seq, const mlxd_sig* sig,
+                              const void* in, void* out, size_t count, mlx_dtype dtype,
+                              mlxd_reduce_op op, mlxd_status* st);
+int mlxd_algo_all_gather_upto(mlxd_transport* t, size_t small, uint64_t seq, const mlxd_sig* sig,
+                              const void* in, void* out, size_t nbytes, mlxd_status* st);
+int mlxd_algo_reduce_scatter_upto(mlxd_transport* t, size_t small, uint64_t seq,
+                                  const mlxd_sig* sig, const void* in, void* out, size_t count,
+                                  mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
 
 /* Blocks of any sizes (the two-level collectives' phases, hier.c): block b
  * is elements [off[b], off[b] + len[b]); the blocks follow each other

@@ -106,10 +106,15 @@ int mlxd_algo_all_gather_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig*
                         st);
 }
 
-int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
-                         void* out, size_t nbytes, mlxd_status* st) {
+int mlxd_algo_all_gather_upto(mlxd_transport* t, size_t small, uint64_t seq, const mlxd_sig* sig,
+                              const void* in, void* out, size_t nbytes, mlxd_status* st) {
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
-  if (t->size <= 2 || total <= mlxd_algo_small_bytes())
+  if (t->size <= 2 || total <= small)
     return mlxd_algo_all_gather_direct(t, seq, sig, in, out, nbytes, st);
   return mlxd_algo_all_gather_ring(t, seq, sig, in, out, nbytes, -1, st);
+}
+
+int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                         void* out, size_t nbytes, mlxd_status* st) {
+  return mlxd_algo_all_gather_upto(t, mlxd_algo_small_bytes(), seq, sig, in, out, nbytes, st);
 }

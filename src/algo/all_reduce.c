@@ -88,11 +88,18 @@ int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* s
   return st->code;
 }
 
+int mlxd_algo_all_reduce_upto(mlxd_transport* t, size_t small, uint64_t seq, const mlxd_sig* sig,
+                              const void* in, void* out, size_t count, mlx_dtype dtype,
+                              mlxd_reduce_op op, mlxd_status* st) {
+  size_t esz = mlxd_algo_esize(dtype, op);
+  if (count <= small / esz)
+    return mlxd_algo_all_reduce_oneshot(t, seq, sig, in, out, count, dtype, op, st);
+  return mlxd_algo_all_reduce_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
+}
+
 int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                          void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                          mlxd_status* st) {
-  size_t esz = mlxd_algo_esize(dtype, op);
-  if (count <= mlxd_algo_small_bytes() / esz)
-    return mlxd_algo_all_reduce_oneshot(t, seq, sig, in, out, count, dtype, op, st);
-  return mlxd_algo_all_reduce_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
+  return mlxd_algo_all_reduce_upto(t, mlxd_algo_small_bytes(), seq, sig, in, out, count, dtype, op,
+                                   st);
 }

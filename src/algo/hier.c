@@ -34,6 +34,16 @@ static void host_view(mlxd_view* v, mlxd_transport* t, const mlxd_hier* h, unsig
   mlxd_view_init(v, t, h->by_host + h->host_start[h->host], h->nlocal, h->local_rank, phase);
 }
 
+/* The one-shot limit of a phase across hosts (v: the leaders or a column,
+ * one rank per host): MLXDIST_SMALL_BYTES between two hosts, where the
+ * one-shot and the ring send the same bytes; from three hosts at most
+ * MLXD_HIER_CROSS_SMALL (hier.h), as the one-shot sends more through every
+ * uplink than the ring. */
+static size_t cross_small(const mlxd_transport* v) {
+  size_t s = mlxd_algo_small_bytes();
+  return v->size <= 2 || s < MLXD_HIER_CROSS_SMALL ? s : MLXD_HIER_CROSS_SMALL;
+}
+
 /* ---------------------------------------------------------- all_reduce */
 
 /* Phase 1: the host's ranks send in to the leader (local 0), which
@@ -101,7 +111,8 @@ static int all_reduce_small(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
   }
   if (h->local_rank == 0) {
     mlxd_view_init(&v, t, h->leaders, h->nhosts, h->host, PH_LEADERS);
-    if (mlxd_algo_all_reduce(&v.base, seq, sig, src, out, count, dtype, op, st))
+    if (mlxd_algo_all_reduce_upto(&v.base, cross_small(&v.base), seq, sig, src, out, count, dtype,
+                                  op, st))
       return phase_failed(t, st);
   }
   if (h->nlocal > 1) {
@@ -242,8 +253,9 @@ static int col_seg(slices* s, int k, mlxd_status* st) {
   mlxd_view v;
   mlxd_view_init(&v, s->t, h->col, h->nhosts, h->host, PH_COL);
   mlxd_view_set_segment(&v, (unsigned)k);
-  return mlxd_algo_all_reduce(&v.base, s->seq, s->sig, src + (so + po) * s->esz,
-                              s->out + (so + po) * s->esz, pn, s->dtype, s->op, st);
+  return mlxd_algo_all_reduce_upto(&v.base, cross_small(&v.base), s->seq, s->sig,
+                                   src + (so + po) * s->esz, s->out + (so + po) * s->esz, pn,
+                                   s->dtype, s->op, st);
 }
 
 /* AG(k); off, len: c entries each (scratch). */
@@ -425,7 +437,7 @@ int mlxd_algo_hier_all_gather(mlxd_transport* t, const mlxd_hier* h, uint64_t se
   size_t total = mlxd_algo_mul(nbytes, (size_t)n);
   if (nbytes == 0) return 0;
   char* own = (char*)out + (size_t)h->rank * nbytes;
-  if (mlxd_hier_pick(h, total) != MLXD_HIER_SLICES || !regular(h)) {
+  if (!regular(h)) {
     /* byte-wise max over zeros and each rank's block: exact for any bytes */
     if (own != (const char*)in) memmove(own, in, nbytes);
     memset(out, 0, (size_t)h->rank * nbytes);
@@ -445,7 +457,7 @@ int mlxd_algo_hier_all_gather(mlxd_transport* t, const mlxd_hier* h, uint64_t se
   }
   mlxd_view v;
   mlxd_view_init(&v, t, h->col, H, h->host, PH_X_FIRST);
-  if (mlxd_algo_all_gather(&v.base, seq, sig, in, a, nbytes, st) == 0) {
+  if (mlxd_algo_all_gather_upto(&v.base, cross_small(&v.base), seq, sig, in, a, nbytes, st) == 0) {
     host_view(&v, t, h, PH_X_SECOND);
     mlxd_algo_all_gather(&v.base, seq, sig, a, b, colb, st);
   }
@@ -471,7 +483,7 @@ int mlxd_algo_hier_reduce_scatter(mlxd_transport* t, const mlxd_hier* h, uint64_
   size_t esz = mlxd_algo_esize(dtype, op), blk = mlxd_algo_mul(count, esz);
   size_t total = mlxd_algo_mul(blk, (size_t)n);
   if (count == 0) return 0;
-  if (mlxd_hier_pick(h, total) != MLXD_HIER_SLICES || !regular(h)) {
+  if (!regular(h)) {
     char* all = mlxd_buffer_alloc(total);
     if (!all) {
       mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", total);
@@ -501,7 +513,8 @@ int mlxd_algo_hier_reduce_scatter(mlxd_transport* t, const mlxd_hier* h, uint64_
   host_view(&v, t, h, PH_X_FIRST);
   if (mlxd_algo_reduce_scatter(&v.base, seq, sig, p, q, count * (size_t)H, dtype, op, st) == 0) {
     mlxd_view_init(&v, t, h->col, H, h->host, PH_X_SECOND);
-    mlxd_algo_reduce_scatter(&v.base, seq, sig, q, out, count, dtype, op, st);
+    mlxd_algo_reduce_scatter_upto(&v.base, cross_small(&v.base), seq, sig, q, out, count, dtype, op,
+                                  st);
   }
   mlxd_buffer_free(p, total);
   mlxd_buffer_free(q, colb);

@@ -29,12 +29,13 @@
  * three phases as a pipeline: segment k crosses the hosts (on a helper
  * thread) while the next ones are reduce-scattered and the previous one
  * is all-gathered inside the host (hier.c has the schedule).
- * all_gather / sum_scatter with the same number of ranks on every host
- * and more than MLXDIST_SMALL_BYTES in all: columns first for all_gather
- * (each column gathers its ranks' blocks, then each host gathers its
- * columns), host first for sum_scatter (a reduce-scatter inside the host
- * by local index, then one in each column by host). Otherwise (small, or
- * hosts of different sizes) both run as the two-level all_reduce: all_gather
+ * all_gather / sum_scatter with the same number of ranks on every host, at
+ * every size: columns first for all_gather (each column gathers its ranks'
+ * blocks, then each host gathers its columns), host first for sum_scatter
+ * (a reduce-scatter inside the host by local index, then one in each column
+ * by host); each host's uplink carries (hosts - 1) / hosts of the result
+ * (all_gather), where the all_reduce below sends all of it. With hosts of
+ * different sizes both run as the two-level all_reduce: all_gather
  * as a byte-wise max over a zeroed buffer holding each rank's block (max
  * with 0 keeps every byte), sum_scatter as the all_reduce of the whole
  * input and this rank's block of it.
@@ -90,12 +91,13 @@ typedef enum {
   MLXD_HIER_SLICES,  /* larger: reduce-scatter, slices across hosts, all-gather */
 } mlxd_hier_form;
 #define MLXD_HIER_TINY_BYTES 256
-/* MLXDIST_ALGO=auto runs the flat algorithms between MLXDIST_SMALL_BYTES and
- * this size (backends/ring/ring.c): there the slices' three phases cost more
- * than the uplink bytes they save (measured, 3 hosts x 2 at 1 Gbit/s: 128 KiB
- * 4.9 ms against the flat ring's 1.8 ms; from 1 MiB the slices win, 1.13-1.47x).
- * MLXDIST_ALGO=hier keeps the two-level forms at every size. */
-#define MLXD_HIER_SLICES_MIN ((size_t)1 << 20)
+/* The largest buffer a phase across three or more hosts (the leaders, a
+ * column) sends by the one-shot (direct) form; above it, the ring. The
+ * one-shot sends (hosts - 1) x the buffer through every uplink, the ring
+ * 2 (hosts - 1) / hosts x; at 3 hosts x 2 ranks, 1 Gbit/s, the one-shot lost
+ * from 32 KiB (a 64 KiB column: 4.8 ms against 1.5 ms by ring) and won up to
+ * 16 KiB (fewer steps). docs/ring.md, "Across three or more hosts". */
+#define MLXD_HIER_CROSS_SMALL ((size_t)16 << 10)
 mlxd_hier_form mlxd_hier_pick(const mlxd_hier* h, size_t nbytes);
 /* "" for the slices, ", host sums by column", ", via host leaders" (the verbose line). */
 const char* mlxd_hier_form_note(mlxd_hier_form f);

@@ -123,12 +123,19 @@ int mlxd_algo_reduce_scatter_blocks(mlxd_transport* t, uint64_t seq, const mlxd_
                             mlxd_algo_bidir(n, bytes, -1) ? 2 : 1, st);
 }
 
+int mlxd_algo_reduce_scatter_upto(mlxd_transport* t, size_t small, uint64_t seq,
+                                  const mlxd_sig* sig, const void* in, void* out, size_t count,
+                                  mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
+  size_t blk;
+  rs_prologue(t, in, out, count, dtype, op, &blk, st);
+  if (blk <= small / (size_t)t->size)
+    return mlxd_algo_reduce_scatter_direct(t, seq, sig, in, out, count, dtype, op, st);
+  return mlxd_algo_reduce_scatter_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
+}
+
 int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                              void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                              mlxd_status* st) {
-  size_t blk;
-  rs_prologue(t, in, out, count, dtype, op, &blk, st);
-  if (blk <= mlxd_algo_small_bytes() / (size_t)t->size)
-    return mlxd_algo_reduce_scatter_direct(t, seq, sig, in, out, count, dtype, op, st);
-  return mlxd_algo_reduce_scatter_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
+  return mlxd_algo_reduce_scatter_upto(t, mlxd_algo_small_bytes(), seq, sig, in, out, count, dtype,
+                                       op, st);
 }

@@ -147,9 +147,9 @@ typedef struct mlxd_tunable_spec {
   X(ALGO, "MLXDIST_ALGO", "auto", MLXD_TK_CHOICE("auto|flat|hier"),                               \
     "Ring backend, groups that span hosts: auto and hier run all_sum/max/min, all_gather and "    \
     "sum_scatter in two levels (inside each host, then across hosts) where the group spans >= 2 " \
-    "hosts with >= 2 ranks on some host (auto: not between MLXDIST_SMALL_BYTES and 1 MiB, where " \
-    "the flat ones are faster); flat runs the one-level algorithms over every rank. Read when a " \
-    "group is created; must be the same on every rank. See docs/ring.md.")                        \
+    "hosts with >= 2 ranks on some host (auto: at every size, as measured; hier: the same, kept " \
+    "for testing); flat runs the one-level algorithms over every rank. Read when a group is "     \
+    "created; must be the same on every rank. See docs/ring.md.")                                 \
   X(HIER_SEGMENT, "MLXDIST_HIER_SEGMENT", "4194304", MLXD_TK_INTEGER(0, 1073741824, "bytes"),     \
     "Two-level all_sum/max/min above this many bytes: the buffer goes through the phases in "     \
     "segments of about this size, pipelined (one crosses the hosts while the next is reduced "    \

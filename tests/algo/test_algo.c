@@ -315,6 +315,10 @@ static void test_all_reduce(mlxd_transport* t, bufs* b) {
     for (size_t c = at - 1; c <= at + 1; c++)
       all_reduce_case(t, b, per_size[k], k % 3, c, 1u << V_HIER, c == at);
   }
+  /* around the one-shot limit of the phases across three or more hosts
+   * (the leaders' all-reduce of the whole buffer) */
+  for (size_t c = MLXD_HIER_CROSS_SMALL / 4 - 1; g_hier && c <= MLXD_HIER_CROSS_SMALL / 4 + 1; c++)
+    all_reduce_case(t, b, 10, 0, c, 1u << V_HIER, false);
   /* around the switch (auto and hier only: the others take no decision) */
   for (int k = 0; k < 4; k++) {
     size_t at = g_small / r_esize(per_size[k]);
@@ -379,6 +383,12 @@ static void test_reduce_scatter(mlxd_transport* t, bufs* b) {
   size_t at = g_small / (size_t)n / 4;
   for (size_t c = at - 1; c <= at + 1; c++)
     reduce_scatter_case(t, b, 10, 2, c, 1u << V_AUTO | 1u << V_HIER);
+  /* around the columns' one-shot limit (hier.h: a column's block of
+   * count elements from each of its hosts) */
+  if (g_hier) {
+    size_t cat = MLXD_HIER_CROSS_SMALL / (size_t)g_hier->nhosts / 4;
+    for (size_t c = cat - 1; c <= cat + 1; c++) reduce_scatter_case(t, b, 10, 0, c, 1u << V_HIER);
+  }
   /* a few MiB of input in all */
   reduce_scatter_case(t, b, 10, 0, BIG_BYTES / 4 / (size_t)n, all);
   if (!T_SANITIZED)
@@ -423,6 +433,11 @@ static void test_all_gather(mlxd_transport* t, bufs* b) {
   /* the switch is on the total: small bytes */
   size_t at = g_small / (size_t)n;
   for (size_t s = at - 1; s <= at + 1; s++) all_gather_case(t, b, s, 1u << V_AUTO | 1u << V_HIER);
+  /* the columns' one-shot limit: a column gathers hosts x nbytes */
+  if (g_hier) {
+    size_t cat = MLXD_HIER_CROSS_SMALL / (size_t)g_hier->nhosts;
+    for (size_t s = cat - 1; s <= cat + 1; s++) all_gather_case(t, b, s, 1u << V_HIER);
+  }
   all_gather_case(t, b, BIG_BYTES / (size_t)n, all);
 }
 

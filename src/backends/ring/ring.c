@@ -49,13 +49,15 @@ static mlxd_sig make_sig(const mlxd_backend* b, mlxd_sig_op op, mlx_dtype dtype,
 }
 
 /* The two-level host map for a collective whose whole buffer is `whole`
- * bytes, or NULL for the flat algorithms: under MLXDIST_ALGO=auto the flat
- * ones run between MLXDIST_SMALL_BYTES and MLXD_HIER_SLICES_MIN (hier.h).
- * The same on every rank: whole is (signatures check it) and so is the mode
- * (checked at init). */
+ * bytes, or NULL for the flat algorithms. Under MLXDIST_ALGO=auto and hier
+ * alike, every size where the map applies: measured at 2 x 2, 2 x 3 and
+ * 3 x 2 hosts x ranks (docs/ring.md), the two-level forms were at least the
+ * flat ones' speed at every size once the phases across three or more hosts
+ * keep their one-shot to MLXD_HIER_CROSS_SMALL. The same on every rank: the
+ * mode is checked at init. (whole stays for a choice by size.) */
 static const mlxd_hier* hier_for(const mlxd_ring* r, size_t whole) {
-  if (!r->hier || r->hier_forced) return r->hier;
-  return whole > mlxd_algo_small_bytes() && whole < MLXD_HIER_SLICES_MIN ? NULL : r->hier;
+  (void)whole;
+  return r->hier;
 }
 
 /* MLX_RING_VERBOSE: which algorithm a collective of nbytes (this rank's
@@ -357,7 +359,6 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
       return st->code;
     }
     r->verbose = mlxd_ring_verbose();
-    r->hier_forced = mlxd_hier_mode() == MLXD_ALGO_HIER;
     if (mlxd_hier_mode() != MLXD_ALGO_FLAT) {
       r->hier = mlxd_hier_new(rank, size, r->host_of, st);
       if (!r->hier) {

@@ -137,7 +137,6 @@ typedef struct mlxd_ring {
   char session[MLXD_RING_SESSION_MAX]; /* the group's shm session name (split derives from it) */
   struct mlxd_hier* hier; /* the two-level collectives' host map (algo/hier.h), NULL: flat */
   bool verbose;           /* MLX_RING_VERBOSE: a line per collective naming its algorithm */
-  bool hier_forced;       /* MLXDIST_ALGO=hier: the two-level forms at every size */
 } mlxd_ring;
 
 /* Finish a group from connected fds (takes ownership of fds; closes them on failure). */
