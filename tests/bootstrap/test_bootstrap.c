@@ -29,12 +29,6 @@
 
 static char g_dir[256];
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* ---- a counting wrapper around the shared-directory callback ---- */
 enum { MODE_OK, MODE_FAIL_RANK1, MODE_ZERO, MODE_RANDOM, MODE_SWAP };
 typedef struct {
@@ -84,8 +78,8 @@ static void counted_dtor(void* p) { atomic_fetch_add(&((counted*)p)->dtors, 1); 
  * after eval returned, so a count expected to become 1 gets a short bounded wait;
  * then it must be exactly 1 (and stays so: checked again at the end). */
 static int dtor_count(counted* c, int expect) {
-  double deadline = now_s() + 2.0;
-  while (atomic_load(&c->dtors) < expect && now_s() < deadline) usleep(1000);
+  double deadline = t_now() + 2.0;
+  while (atomic_load(&c->dtors) < expect && t_now() < deadline) usleep(1000);
   return atomic_load(&c->dtors);
 }
 
@@ -136,7 +130,8 @@ static int ok_rank(int rank, int size) {
     int to = (rank + 1) % size, from = (rank + size - 1) % size;
     mlx_array x = mlx_array_new_int(rank), s = mlx_array_new(), r = mlx_array_new();
     T_EQ_INT(mlx_distributed_send(&s, x, to, g, mlx_default_cpu_stream_new()), 0);
-    mlx_stream other = mlx_stream_new_device(mlx_device_new_type(MLX_CPU, 0));
+    mlx_device cpu = mlx_device_new_type(MLX_CPU, 0);
+    mlx_stream other = mlx_stream_new_device(cpu);
     T_EQ_INT(mlx_distributed_recv_like(&r, x, from, g, other), 0);
     int32_t got = -1;
     T_EQ_INT(mlx_array_item_int32(&got, r), 0);
@@ -146,6 +141,7 @@ static int ok_rank(int rank, int size) {
     mlx_array_free(s);
     mlx_array_free(r);
     mlx_stream_free(other);
+    mlx_device_free(cpu);
   }
   /* split of a bootstrapped group (reverse order within each parity) */
   mlx_distributed_group sub = mlx_distributed_group_new();
@@ -200,10 +196,10 @@ static int fail_rank(int rank, int size) {
   counted c;
   counted_init(&c, "fail", MODE_FAIL_RANK1);
   mlx_distributed_group g = mlx_distributed_group_new();
-  double t0 = now_s();
+  double t0 = t_now();
   int rc =
       mlx_distributed_init_with_all_gather(&g, strict, "ring", counted_gather, &c, counted_dtor);
-  double dt = now_s() - t0;
+  double dt = t_now() - t0;
   T_ASSERT(dt < 5.0); /* prompt: nobody waits out a timeout */
   T_EQ_INT(dtor_count(&c, 1), 1);
   if (strict) {
@@ -279,51 +275,35 @@ static int tcpkv_rank(int rank, int size) {
 }
 
 typedef int (*rank_fn)(int, int);
+typedef struct spawn_arg {
+  rank_fn fn;
+} spawn_arg;
+
+/* A rank of spawn: MLX_RANK and MLX_WORLD_SIZE (no hostfile), then fn. */
+static int spawn_rank(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  char rs[16], ns[16];
+  snprintf(rs, sizeof rs, "%d", rank);
+  snprintf(ns, sizeof ns, "%d", size);
+  setenv("MLX_RANK", rs, 1);
+  setenv("MLX_WORLD_SIZE", ns, 1);
+  unsetenv("MLX_HOSTFILE");
+  t_capture_errors();
+  return ((const spawn_arg*)arg)->fn(rank, size);
+}
+
+/* Fork n ranks running fn (tests/common/ranks.h, every rank left to end on
+ * its own until limit_s); returns how many exited 0. */
 static int spawn(int n, rank_fn fn, int* codes, double limit_s) {
-  pid_t pids[16];
-  fflush(NULL);
+  t_ranks_opts opts = {.timeout_s = limit_s, .grace_s = -1, .what = "bootstrap"};
+  t_rank_exit ex[T_MAX_RANKS];
+  spawn_arg a = {fn};
+  int bad = t_run_ranks(n, spawn_rank, &a, &opts, ex);
   for (int r = 0; r < n; r++) {
-    pid_t p = fork();
-    T_ASSERT(p >= 0);
-    if (p == 0) {
-      char rs[16], ns[16];
-      snprintf(rs, sizeof rs, "%d", r);
-      snprintf(ns, sizeof ns, "%d", n);
-      setenv("MLX_RANK", rs, 1);
-      setenv("MLX_WORLD_SIZE", ns, 1);
-      unsetenv("MLX_HOSTFILE");
-      t_capture_errors();
-      int rc = fn(r, n);
-      fflush(NULL);
-      _exit(rc);
-    }
-    pids[r] = p;
+    codes[r] = ex[r].code;
+    if (ex[r].timed_out) T_FAIL("rank %d did not finish within %.0f s", r, limit_s);
   }
-  double deadline = now_s() + limit_s;
-  int done = 0, ok = 0;
-  for (int r = 0; r < n; r++) codes[r] = -1;
-  while (done < n) {
-    int status;
-    pid_t p = waitpid(-1, &status, WNOHANG);
-    if (p > 0) {
-      for (int r = 0; r < n; r++)
-        if (pids[r] == p) {
-          codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          ok += codes[r] == 0;
-          done++;
-        }
-      continue;
-    }
-    if (now_s() > deadline) {
-      for (int r = 0; r < n; r++)
-        if (codes[r] < 0) kill(pids[r], SIGKILL);
-      while (waitpid(-1, NULL, 0) > 0) {
-      }
-      T_FAIL("ranks did not finish within %.0f s", limit_s);
-    }
-    usleep(5000);
-  }
-  return ok;
+  return n - bad;
 }
 
 /* ---- configuration errors (one process) ---- */

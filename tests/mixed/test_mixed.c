@@ -24,8 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "mlx/c/mlx.h"
@@ -35,15 +33,31 @@
 static char g_dir[256];
 static const char* g_hosts;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 typedef int (*rank_fn)(int rank, int size);
 
-/* Fork n ranks on a fresh hostfile; codes[r]: exit code (128 + signal). */
+typedef struct spawn_arg {
+  rank_fn fn;
+  const char* hostfile;
+} spawn_arg;
+
+/* A rank of spawn: the environment mlxdist-launch would give it, then fn. */
+static int spawn_rank(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  const spawn_arg* a = arg;
+  char rs[16], id[16];
+  snprintf(rs, sizeof rs, "%d", rank);
+  snprintf(id, sizeof id, "host%c", g_hosts[rank]);
+  setenv("MLX_RANK", rs, 1);
+  setenv("MLX_HOSTFILE", a->hostfile, 1);
+  setenv("MLXDIST_HOST_ID", id, 1);
+  setenv("MLXDIST_TRANSPORT", "auto", 1);
+  unsetenv("MLX_WORLD_SIZE");
+  t_capture_errors();
+  return a->fn(rank, size);
+}
+
+/* Fork n ranks on a fresh hostfile (tests/common/ranks.h, every rank left
+ * to end on its own until limit_s); codes[r]: exit code (128 + signal). */
 static void spawn(int n, rank_fn fn, int* codes, double limit_s) {
   char path[300], buf[4096];
   snprintf(path, sizeof path, "%s/hostfile.json", g_dir);
@@ -62,49 +76,13 @@ static void spawn(int n, rank_fn fn, int* codes, double limit_s) {
   snprintf(buf + o, sizeof buf - o, "]");
   FILE* f = fopen(path, "w");
   T_ASSERT(f && fputs(buf, f) >= 0 && fclose(f) == 0);
-  pid_t pids[T_MAX_RANKS];
-  fflush(NULL);
+  spawn_arg a = {fn, path};
+  t_ranks_opts opts = {.timeout_s = limit_s, .grace_s = -1, .what = g_hosts};
+  t_rank_exit ex[T_MAX_RANKS];
+  t_run_ranks(n, spawn_rank, &a, &opts, ex);
   for (int r = 0; r < n; r++) {
-    pid_t p = fork();
-    T_ASSERT(p >= 0);
-    if (p == 0) {
-      char rs[16], id[16];
-      snprintf(rs, sizeof rs, "%d", r);
-      snprintf(id, sizeof id, "host%c", g_hosts[r]);
-      setenv("MLX_RANK", rs, 1);
-      setenv("MLX_HOSTFILE", path, 1);
-      setenv("MLXDIST_HOST_ID", id, 1);
-      setenv("MLXDIST_TRANSPORT", "auto", 1);
-      unsetenv("MLX_WORLD_SIZE");
-      t_capture_errors();
-      int rc = fn(r, n);
-      fflush(NULL);
-      _exit(rc);
-    }
-    pids[r] = p;
-  }
-  double deadline = now_s() + limit_s;
-  int done = 0;
-  for (int r = 0; r < n; r++) codes[r] = -1;
-  while (done < n) {
-    int status;
-    pid_t p = waitpid(-1, &status, WNOHANG);
-    if (p > 0) {
-      for (int r = 0; r < n; r++)
-        if (pids[r] == p) {
-          codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          done++;
-        }
-      continue;
-    }
-    if (now_s() > deadline) {
-      for (int r = 0; r < n; r++)
-        if (codes[r] < 0) kill(pids[r], SIGKILL);
-      while (waitpid(-1, NULL, 0) > 0) {
-      }
-      T_FAIL("ranks did not finish within %.0f s", limit_s);
-    }
-    usleep(10000);
+    codes[r] = ex[r].code;
+    if (ex[r].timed_out) T_FAIL("rank %d did not finish within %.0f s", r, limit_s);
   }
 }
 
@@ -390,10 +368,10 @@ static int kill_rank(int rank, int size) {
     usleep(20000);
     raise(SIGKILL);
   }
-  double t0 = now_s();
+  double t0 = t_now();
   t_clear_errors();
   T_ASSERT(mlx_distributed_all_sum(&y, x, g, s) != 0 || mlx_array_eval(y) != 0);
-  double dt = now_s() - t0;
+  double dt = t_now() - t0;
   const char* m = t_last_error();
   if (!strstr(m, "[ring] all_sum #") || !strstr(m, "lost connection to rank ") ||
       strstr(strstr(m, "[ring]") + 1, "[ring]"))
@@ -413,14 +391,14 @@ static int mismatch_rank(int rank, int size) {
   check_collectives(g, 100);
   usleep(300000); /* every rank is out of the warm-up before the failure comes */
   mlx_array x = floats(rank == 0 ? 10 : 11, rank, 0), y = mlx_array_new();
-  double t0 = now_s();
+  double t0 = t_now();
   t_clear_errors();
   T_ASSERT(mlx_distributed_all_sum(&y, x, g, mlx_stream_new()) != 0 || mlx_array_eval(y) != 0);
   const char* m = t_last_error();
   if (!strstr(m, "[ring] all_sum #") ||
       !strstr(m, "mismatched calls: rank 0 called all_sum(float32 x 10), rank "))
     T_FAIL("rank %d: unexpected error '%s'", rank, m);
-  if (now_s() - t0 > 10.0) T_FAIL("rank %d: the failure took %.1f s", rank, now_s() - t0);
+  if (t_now() - t0 > 10.0) T_FAIL("rank %d: the failure took %.1f s", rank, t_now() - t0);
   /* Keep the group open a moment: a rank that closes its sockets with a
    * peer's bytes unread resets the connection, and the reset can overtake
    * the failure it relayed (TCP's rule, the same without shm). */

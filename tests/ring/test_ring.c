@@ -35,12 +35,6 @@
 
 static char g_dir[256];
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void write_text(const char* path, const char* text) {
   FILE* f = fopen(path, "w");
   T_ASSERT(f);
@@ -66,55 +60,40 @@ static void write_hostfile(const char* path, int n, int k) {
 
 typedef int (*rank_fn)(int rank, int size);
 
-/* Fork n ranks running fn; wait (bounded) and return how many exited 0.
- * codes[r] receives each rank's exit status (128+signal when killed). */
+typedef struct spawn_arg {
+  rank_fn fn;
+  const char* hostfile;
+} spawn_arg;
+
+/* A rank of spawn: the environment mlxdist-launch would give it, then fn. */
+static int spawn_rank(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  const spawn_arg* a = arg;
+  char rs[16];
+  snprintf(rs, sizeof rs, "%d", rank);
+  setenv("MLX_RANK", rs, 1);
+  setenv("MLX_HOSTFILE", a->hostfile, 1);
+  unsetenv("MLX_WORLD_SIZE");
+  t_capture_errors();
+  return a->fn(rank, size);
+}
+
+/* Fork n ranks running fn (tests/common/ranks.h, every rank left to end on
+ * its own until limit_s) and return how many exited 0. codes[r] receives
+ * each rank's exit status (128+signal when killed). */
 static int spawn(int n, int k, rank_fn fn, int* codes, double limit_s) {
   char path[300];
   snprintf(path, sizeof path, "%s/hostfile.json", g_dir);
   write_hostfile(path, n, k);
-  pid_t pids[16];
-  fflush(NULL);
+  spawn_arg a = {fn, path};
+  t_ranks_opts opts = {.timeout_s = limit_s, .grace_s = -1, .what = "ring"};
+  t_rank_exit ex[T_MAX_RANKS];
+  int bad = t_run_ranks(n, spawn_rank, &a, &opts, ex);
   for (int r = 0; r < n; r++) {
-    pid_t p = fork();
-    T_ASSERT(p >= 0);
-    if (p == 0) {
-      char rs[16];
-      snprintf(rs, sizeof rs, "%d", r);
-      setenv("MLX_RANK", rs, 1);
-      setenv("MLX_HOSTFILE", path, 1);
-      unsetenv("MLX_WORLD_SIZE");
-      t_capture_errors();
-      int rc = fn(r, n);
-      fflush(NULL);
-      _exit(rc);
-    }
-    pids[r] = p;
+    codes[r] = ex[r].code;
+    if (ex[r].timed_out) T_FAIL("rank %d did not finish within %.0f s", r, limit_s);
   }
-  double deadline = now_s() + limit_s;
-  int done = 0, ok = 0;
-  for (int r = 0; r < n; r++) codes[r] = -1;
-  while (done < n) {
-    int status;
-    pid_t p = waitpid(-1, &status, WNOHANG);
-    if (p > 0) {
-      for (int r = 0; r < n; r++)
-        if (pids[r] == p) {
-          codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-          if (codes[r] == 0) ok++;
-          done++;
-        }
-      continue;
-    }
-    if (now_s() > deadline) {
-      for (int r = 0; r < n; r++)
-        if (codes[r] < 0) kill(pids[r], SIGKILL);
-      while (waitpid(-1, NULL, 0) > 0) {
-      }
-      T_FAIL("ranks did not finish within %.0f s", limit_s);
-    }
-    usleep(10000);
-  }
-  return ok;
+  return n - bad;
 }
 
 static mlx_distributed_group init_ring(void) {
@@ -211,10 +190,10 @@ static int kill_rank(int rank, int size) {
   mlx_distributed_group g = init_ring();
   T_EQ_INT(check_sum(g, size, 1000), 0);
   if (rank == size - 1) raise(SIGKILL);
-  double t0 = now_s();
+  double t0 = t_now();
   t_clear_errors();
   int rc = check_sum(g, size, 1 << 20);
-  double dt = now_s() - t0;
+  double dt = t_now() - t0;
   T_ASSERT(rc != 0);
   /* Every survivor has a connection to the dead rank (full mesh). A survivor that
    * notices first shuts its own sockets down so the others learn at once: a survivor
@@ -227,14 +206,14 @@ static int kill_rank(int rank, int size) {
     T_EXPECT_ERROR("[ring] all_sum #1: lost connection to rank ");
   T_ASSERT(dt < 10.0);
   /* every later op fails fast, under its own name and number */
-  t0 = now_s();
+  t0 = t_now();
   T_ASSERT(check_sum(g, size, 10) != 0);
   T_EXPECT_ERROR("[ring] all_sum #2: lost connection to rank ");
   mlx_array x = mlx_array_new_int(rank), r = mlx_array_new();
   T_EQ_INT(mlx_distributed_recv_like(&r, x, rank == 0 ? 1 : 0, g, mlx_stream_new()), 0);
   T_ASSERT(mlx_array_eval(r) != 0);
   T_EXPECT_ERROR("[ring] recv #0: lost connection to rank ");
-  T_ASSERT(now_s() - t0 < 1.0);
+  T_ASSERT(t_now() - t0 < 1.0);
   mlx_array_free(x);
   mlx_array_free(r);
   mlx_distributed_group_free(g);
@@ -247,12 +226,12 @@ static int kill2_rank(int rank, int size) {
   mlx_distributed_group g = init_ring();
   T_EQ_INT(check_sum(g, size, 1000), 0);
   if (rank == 1) raise(SIGKILL);
-  double t0 = now_s();
+  double t0 = t_now();
   t_clear_errors();
   T_ASSERT(check_sum(g, size, 1 << 20) != 0);
   rendered_once();
   T_EXPECT_ERROR("[ring] all_sum #1: lost connection to rank 1");
-  T_ASSERT(now_s() - t0 < 5.0);
+  T_ASSERT(t_now() - t0 < 5.0);
   mlx_distributed_group_free(g);
   return 0;
 }
@@ -284,14 +263,14 @@ static int exit3_rank(int rank, int size) {
      * going and could finish the collective). */
     syscall(SYS_exit_group, 0);
   }
-  double t0 = now_s();
+  double t0 = t_now();
   t_clear_errors();
   T_ASSERT(mlx_array_eval(y) != 0);
   /* rank 2's death, or (for a rank waiting on another survivor) the bounded wait */
   rendered_once();
   T_ASSERT(strstr(t_last_error(), "[ring] all_sum #1: lost connection to rank ") ||
            strstr(t_last_error(), "[ring] all_sum #1: timed out after "));
-  T_ASSERT(now_s() - t0 < 10.0);
+  T_ASSERT(t_now() - t0 < 10.0);
   mlx_array_free(x);
   mlx_array_free(y);
   mlx_distributed_group_free(g);
@@ -308,10 +287,10 @@ static int stall_rank(int rank, int size) {
     sleep(6); /* alive, connected, but not taking part */
     return 0;
   }
-  double t0 = now_s();
+  double t0 = t_now();
   t_clear_errors();
   T_ASSERT(check_sum(g, size, 1000) != 0);
-  double dt = now_s() - t0;
+  double dt = t_now() - t0;
   rendered_once();
   T_EXPECT_ERROR("[ring] all_sum #1: rank 1 is alive but did not get to this operation within 2 s",
                  "MLXDIST_OP_TIMEOUT");
@@ -341,9 +320,9 @@ static int idle_rank(int rank, int size) {
   mlx_distributed_group g = init_ring();
   T_EQ_INT(check_sum(g, size, 1000), 0);
   usleep(200000);
-  double c0 = cpu_seconds(), t0 = now_s();
+  double c0 = cpu_seconds(), t0 = t_now();
   sleep(3);
-  double used = cpu_seconds() - c0, wall = now_s() - t0;
+  double used = cpu_seconds() - c0, wall = t_now() - t0;
   fprintf(stderr, "idle: rank %d used %.3f s CPU in %.2f s\n", rank, used, wall);
   T_ASSERT(used < 0.05 * wall);
   if (check_sum(g, size, 1000) != 0) /* still works after idling */
@@ -481,11 +460,11 @@ static void transport_modes(void) {
   setenv("MLXDIST_TRANSPORT", "carrier-pigeon", 1);
   t_clear_errors();
   mlx_distributed_group g = mlx_distributed_group_new();
-  double t0 = now_s();
+  double t0 = t_now();
   T_ASSERT(mlx_distributed_init(&g, true, "ring") != 0);
   /* every MLXDIST_* value is checked when init starts (util/tunables.h) */
   T_EXPECT_ERROR("MLXDIST_TRANSPORT='carrier-pigeon' is not valid", "auto, tcp or shm");
-  T_ASSERT(now_s() - t0 < 1.0);
+  T_ASSERT(t_now() - t0 < 1.0);
   mlx_distributed_group_free(g);
   unsetenv("MLXDIST_TRANSPORT");
 }
