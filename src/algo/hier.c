@@ -427,6 +427,19 @@ int mlxd_algo_hier_all_reduce(mlxd_transport* t, const mlxd_hier* h, uint64_t se
 
 static bool regular(const mlxd_hier* h) { return h->min_local == h->max_local; }
 
+/* The two scratch buffers of the column forms of all_gather and
+ * sum_scatter; false (the transport failed with st) when out of memory. */
+static bool scratch2(mlxd_transport* t, char** a, size_t na, char** b, size_t nb, mlxd_status* st) {
+  *a = mlxd_buffer_alloc(na);
+  *b = mlxd_buffer_alloc(nb);
+  if (*a && *b) return true;
+  mlxd_buffer_free(*a, na);
+  mlxd_buffer_free(*b, nb);
+  mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", na + nb);
+  phase_failed(t, st);
+  return false;
+}
+
 int mlxd_algo_hier_all_gather(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
                               const mlxd_sig* sig, const void* in, void* out, size_t nbytes,
                               mlxd_status* st) {
@@ -447,14 +460,8 @@ int mlxd_algo_hier_all_gather(mlxd_transport* t, const mlxd_hier* h, uint64_t se
   /* column: block of every host's rank with my local index, host order;
    * host: those of every local index, local order */
   size_t colb = mlxd_algo_mul(nbytes, (size_t)H);
-  char* a = mlxd_buffer_alloc(colb);
-  char* b = mlxd_buffer_alloc(total);
-  if (!a || !b) {
-    mlxd_buffer_free(a, colb);
-    mlxd_buffer_free(b, total);
-    mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", colb + total);
-    return phase_failed(t, st);
-  }
+  char *a, *b;
+  if (!scratch2(t, &a, colb, &b, total, st)) return st->code;
   mlxd_view v;
   mlxd_view_init(&v, t, h->col, H, h->host, PH_X_FIRST);
   if (mlxd_algo_all_gather_upto(&v.base, cross_small(&v.base), seq, sig, in, a, nbytes, st) == 0) {
@@ -497,14 +504,8 @@ int mlxd_algo_hier_reduce_scatter(mlxd_transport* t, const mlxd_hier* h, uint64_
   /* in, reordered local index first, host second: block (i, g) is the
    * input block of host g's rank with local index i */
   size_t colb = mlxd_algo_mul(blk, (size_t)H);
-  char* p = mlxd_buffer_alloc(total);
-  char* q = mlxd_buffer_alloc(colb);
-  if (!p || !q) {
-    mlxd_buffer_free(p, total);
-    mlxd_buffer_free(q, colb);
-    mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", total + colb);
-    return phase_failed(t, st);
-  }
+  char *p, *q;
+  if (!scratch2(t, &p, total, &q, colb, st)) return st->code;
   for (int i = 0; i < c; i++)
     for (int g = 0; g < H; g++)
       memcpy(p + ((size_t)i * (size_t)H + (size_t)g) * blk,
