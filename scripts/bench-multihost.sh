@@ -2,7 +2,7 @@
 # mlxdist against itself and against Open MPI across emulated hosts: MHB_HOSTS network
 # namespaces x MHB_NP ranks, hanging off one bridge (tests/multihost/hosts.sh builds them,
 # each with its own sshd), optionally with every host's uplink shaped by tc tbf. float32
-# all_sum, 4 B .. 64 MiB, in ONE interleaved run: per repetition every variant once
+# all_sum (or MHB_OP), 4 B .. 64 MiB, in ONE interleaved run: per repetition every variant once
 # (auto, flat, ompi, auto, flat, ompi, ...; every other repetition in the reverse order),
 # so that a slow phase of the machine (other jobs) hits all of them. Root only.
 #
@@ -28,6 +28,8 @@
 # Before the runs it prints an estimate of their duration on an idle machine.
 #
 # Environment: MHB_HOSTS (default 3), MHB_NP (ranks per host, default 2), MHB_VARIANTS,
+# MHB_OP (all_sum, all_max, all_gather or sum_scatter: the op measured, default all_sum;
+# sizes are mlxdist-bench's: the whole result of all_gather, the whole input of sum_scatter),
 # MHB_MIN_BYTES (smallest size, default 4), MHB_MAX_BYTES (default 64M), MHB_FACTOR
 # (default 8), MHB_MIN_TIME (ms of timed work per size, default 200), MHB_BATCHES (timed batches per size, default 5), MHB_RATE (e.g.
 # "1gbit": shape every host's uplink, eth0 egress, with tc tbf at this rate; default none),
@@ -49,6 +51,7 @@ reps=${3:-3}
 hosts=${MHB_HOSTS:-3}
 np=${MHB_NP:-2}
 variants=${MHB_VARIANTS:-auto flat ompi}
+op=${MHB_OP:-all_sum}
 min_bytes=${MHB_MIN_BYTES:-4}
 max_bytes=${MHB_MAX_BYTES:-64M}
 factor=${MHB_FACTOR:-8}
@@ -64,6 +67,12 @@ if [ ! -x "$launch" ] || [ ! -x "$bench" ]; then
   echo "bench-multihost: no mlxdist-launch/mlxdist-bench in $build/tools" >&2
   exit 2
 fi
+case $op in all_sum | all_max | all_gather | sum_scatter) ;;
+  *)
+    echo "bench-multihost: MHB_OP: '$op' is not all_sum, all_max, all_gather or sum_scatter" >&2
+    exit 2
+    ;;
+esac
 for v in $variants; do
   case $v in auto | flat | hier | tcp | whole) ;;
     ompi)
@@ -86,7 +95,7 @@ esac
 cpus=$(nproc)
 ranks=$((hosts * np))
 # the same options for both benchmarks
-bopts=(--op all_sum -b "$min_bytes" -e "$max_bytes" -f "$factor" -t "$min_time" --batches "$batches" --csv)
+bopts=(--op "$op" -b "$min_bytes" -e "$max_bytes" -f "$factor" -t "$min_time" --batches "$batches" --csv)
 "$bench" "${bopts[@]}" --help >/dev/null || exit 2 # refuse bad options before any set-up
 algo_known=0
 # the library names the tunables it reads: MLXDIST_ALGO there = the two-level code is in
@@ -144,6 +153,7 @@ run_variant() { # $1 variant, $2 output base
 
 # ---- conditions and the estimate ------------------------------------------------------
 cmd="MHB_HOSTS=$hosts MHB_NP=$np MHB_VARIANTS='$variants' MHB_MAX_BYTES=$max_bytes"
+[ "$op" != all_sum ] && cmd+=" MHB_OP=$op"
 [ "$min_bytes" != 4 ] && cmd+=" MHB_MIN_BYTES=$min_bytes"
 cmd+=" MHB_FACTOR=$factor MHB_MIN_TIME=$min_time MHB_BATCHES=$batches"
 [ -n "${MHB_RATE:-}" ] && cmd+=" MHB_RATE=$MHB_RATE"
@@ -232,10 +242,10 @@ done
 
 # ---- statistics, the table -----------------------------------------------------------
 # shellcheck disable=SC2086 # one argument per variant
-python3 - "$out" "$reps" "$hosts" "$np" "$cmd" "$algo_known" $variants <<'PY'
+python3 - "$out" "$reps" "$hosts" "$np" "$cmd" "$algo_known" "$op" $variants <<'PY'
 import csv, statistics, sys, os
-out, reps, hosts, np, cmd, algo_known = sys.argv[1:7]
-variants = sys.argv[7:]
+out, reps, hosts, np, cmd, algo_known, op = sys.argv[1:8]
+variants = sys.argv[8:]
 reps = int(reps)
 names = {"auto": "mlxdist-auto", "flat": "mlxdist-flat", "hier": "mlxdist-hier",
          "tcp": "mlxdist-tcp", "ompi": "openmpi", "whole": "mlxdist-whole"}
@@ -262,7 +272,7 @@ with open(os.path.join(out, "summary.csv"), "w") as fh:
         for size in sorted(data[v]):
             t = [x[0] for x in data[v][size].values()]
             b = [x[1] for x in data[v][size].values()]
-            fh.write(f"{names[v]},all_sum,{ranks},{size},{len(t)},{statistics.median(t):.3f},"
+            fh.write(f"{names[v]},{op},{ranks},{size},{len(t)},{statistics.median(t):.3f},"
                      f"{min(t):.3f},{max(t):.3f},{statistics.median(b):.4f},{min(b):.4f},{max(b):.4f}\n")
 ref = variants[0]
 sizes = sorted(set().union(*[set(d) for d in data.values()]))
@@ -282,7 +292,7 @@ def ratio(v, size):
     per = [b[r][0] / a[r][0] for r in a if r in b and a[r][0] > 0]
     return f"{m:.2f} ({min(per):.2f}-{max(per):.2f})" if per else f"{m:.2f}"
 lines = []
-lines.append(f"all_sum float32 on {hosts} hosts x {np} ranks, time per op in us, median over {reps} runs [min-max]")
+lines.append(f"{op} float32 on {hosts} hosts x {np} ranks, time per op in us, median over {reps} runs [min-max]")
 lines.append(f"({cmd})")
 if algo_known != "1":
     lines.append("NOTE: this build does not know MLXDIST_ALGO: auto, flat and hier ran the same flat code")
@@ -308,9 +318,9 @@ if command -v gnuplot >/dev/null 2>&1; then
   for v in $variants; do
     case $v in ompi) pv+=" openmpi" ;; *) pv+=" mlxdist-$v" ;; esac
   done
-  ttl="all_sum float32, $hosts hosts x $np ranks${MHB_RATE:+, uplinks $MHB_RATE}"
+  ttl="$op float32, $hosts hosts x $np ranks${MHB_RATE:+, uplinks $MHB_RATE}"
   for m in time busbw; do
-    if gnuplot -e "summary='$out/summary.csv'; n=$ranks; op='all_sum'; out='$out/$m.png'" \
+    if gnuplot -e "summary='$out/summary.csv'; n=$ranks; op='$op'; out='$out/$m.png'" \
       -e "variants='${pv# }'; runs=$reps; metric='$m'; ttl='$ttl'" "$root/scripts/plot.gp" \
       2>"$out/gnuplot.log"; then
       echo "plot: $out/$m.png"
