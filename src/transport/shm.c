@@ -313,6 +313,11 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
   shm_peer* p = &t->peers[pi];
   uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
   int ev = 0;
+  /* The sender waits on this ring only when it found it full (its next
+   * chunk has no slot) or for a rendezvous ack: only then does it need its
+   * bell rung (a seq_cst fence each time). A sender that fills the ring after
+   * this pass rang our bell with its chunks, and our next pass sees it full. */
+  bool wake = head - p->in_tail >= SHM_NSLOTS;
   while (p->in_tail != head) {
     shm_slot_hdr* h = slot_at(t, p->in_slots, p->in_tail);
     if (!p->cur_active) {
@@ -334,6 +339,7 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
         return -1;
       }
       p->cur_off = p->cur_len;
+      wake = true;
       atomic_store_explicit(&p->in->acked,
                             atomic_load_explicit(&p->in->acked, memory_order_relaxed) + 1,
                             memory_order_release);
@@ -348,9 +354,12 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
     p->in_tail++;
     atomic_store_explicit(&p->in->tail, p->in_tail, memory_order_release);
     ev++;
-    if (p->in_tail == head) head = atomic_load_explicit(&p->in->head, memory_order_acquire);
+    if (p->in_tail == head) {
+      head = atomic_load_explicit(&p->in->head, memory_order_acquire);
+      if (head - p->in_tail >= SHM_NSLOTS) wake = true;
+    }
   }
-  if (ev) ring_bell(t, pi);
+  if (ev && wake) ring_bell(t, pi);
   return ev;
 }
 
@@ -427,7 +436,9 @@ static int progress_all(shm_transport* t, bool buffer) {
     int b = progress_out(t, i);
     ev += a + b;
   }
-  if (ev) ring_bell(t, t->base.rank); /* other local threads may wait for these */
+  /* Other threads of this rank waiting on this transport may wait for these
+   * (a thread sleeps on the doorbell only inside wait_run, counted in waiting). */
+  if (ev && t->waiting > 1) ring_bell(t, t->base.rank);
   return ev;
 }
 
@@ -663,21 +674,29 @@ static void check_failed(shm_transport* t) {
  * at least one pass). ws keeps the wait's clocks across calls (start,
  * last_change: the last progress, next_check: the last liveness check).
  * mu held (dropped while spinning or asleep). */
-static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd_wait_state* ws) {
+static bool any_pending(shm_req** reqs, int n) {
+  for (int i = 0; i < n; i++)
+    if (reqs[i] && !reqs[i]->m.complete) return true;
+  return false;
+}
+
+static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlxd_wait_state* ws) {
   if (!ws->started) {
+    /* The first pass reads no clock: a small message that is already there
+     * (the common case of a small collective) costs one pass. */
+    int ev = t->err.code ? 0 : progress_all(t, false);
+    if (!any_pending(reqs, n) || t->err.code) return true;
     double now = mlxd_now();
     *ws = (mlxd_wait_state){
         .started = true, .start = now, .last_change = now, .next_check = now, .last_event = now};
+    if (ev && now >= until) return false;
   }
   for (;;) {
     int ev = t->err.code ? 0 : progress_all(t, false);
     /* idle for SHM_DEFER_S (or about to sleep): buffer unmatched messages */
     if (!ev && t->deferred && !t->err.code && mlxd_now() - ws->last_event >= SHM_DEFER_S)
       ev = progress_all(t, true);
-    bool pending = false;
-    for (int i = 0; i < n && !pending; i++)
-      if (reqs[i] && !reqs[i]->m.complete) pending = true;
-    if (!pending || t->err.code) return true;
+    if (!any_pending(reqs, n) || t->err.code) return true;
     double now = mlxd_now();
     if (ev) {
       ws->last_change = ws->next_check = ws->last_event = now;
@@ -707,6 +726,15 @@ static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd
     block_wait(t, snap, to_check);
     pthread_mutex_lock(&t->mu);
   }
+}
+
+/* wait_loop, counted in t->waiting (progress_all wakes the other waiters
+ * of this rank only when there are any). */
+static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd_wait_state* ws) {
+  t->waiting++;
+  bool done = wait_loop(t, reqs, n, until, ws);
+  t->waiting--;
+  return done;
 }
 
 static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st) {

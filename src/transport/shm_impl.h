@@ -188,6 +188,7 @@ typedef struct shm_transport {
   size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
   bool oversubscribed;
   bool deferred;           /* the last progress pass left a message without a receive in its ring */
+  int waiting;             /* threads inside wait_run (under mu; mu is dropped while they sleep) */
   mlxd_status err;         /* the first failure; err.code == 0 while none */
   volatile uint64_t probe; /* read by peers through CMA at set-up */
   shm_req* free_reqs;
