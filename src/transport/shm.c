@@ -225,6 +225,11 @@ static shm_slot_hdr* slot_at(shm_transport* t, char* slots, uint64_t idx) {
  * peer pi, signed `theirs`, disagree; if so the transport has failed with
  * both calls named (mu held). */
 static bool sig_clash(shm_transport* t, int pi, const mlxd_sig* mine, const mlxd_sig* theirs) {
+  /* Equal calls always agree (mlxd_sig_agree): every message of a matching
+   * collective takes this test, not the call. */
+  if (mine->op == theirs->op && mine->dtype == theirs->dtype && mine->size == theirs->size &&
+      mine->count == theirs->count)
+    return false;
   mlxd_status s;
   if (!mlxd_sig_check(&s, MLXD_LAYER_SHM, shm_name(t, t->base.rank), mine, shm_name(t, pi),
                       t->peers[pi].addr, theirs))
