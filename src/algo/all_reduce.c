@@ -6,8 +6,11 @@
 #include "core/buffer.h"
 #include "util/tunables.h"
 
-/* Groups up to this size keep the one-shot's request array on the stack. */
+/* Groups up to this size keep the one-shot's request array on the stack,
+ * and contributions of up to this many bytes in all (every rank's) its
+ * scratch buffer. */
 #define ONESHOT_STACK_RANKS 16
+#define ONESHOT_STACK_BYTES 1024
 
 /* Every rank sends its whole buffer to every other rank and then reduces
  * the size contributions in rank order 0..n-1, so every rank performs the
@@ -30,9 +33,10 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig
     memset(stack_reqs, 0, 2 * (size_t)n * sizeof *reqs);
   else
     reqs = calloc(2 * (size_t)n, sizeof *reqs);
-  char* tmp = mlxd_buffer_alloc(all);
+  _Alignas(64) char stack_tmp[ONESHOT_STACK_BYTES];
+  char* tmp = all <= sizeof stack_tmp ? stack_tmp : mlxd_buffer_alloc(all);
   if (!tmp || !reqs) {
-    mlxd_buffer_free(tmp, all);
+    if (tmp != stack_tmp) mlxd_buffer_free(tmp, all);
     if (reqs != stack_reqs) free(reqs);
     return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", all);
   }
@@ -51,7 +55,7 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig
     for (int p = 1; p < n; p++) mlxd_reduce(op, dtype, out, tmp + (size_t)p * nbytes, count);
   }
   if (reqs != stack_reqs) free(reqs);
-  mlxd_buffer_free(tmp, all);
+  if (tmp != stack_tmp) mlxd_buffer_free(tmp, all);
   return st->code;
 }
 
