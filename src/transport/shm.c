@@ -92,6 +92,27 @@ static void cpu_relax(void) {
 #endif
 }
 
+/* The contended half of shm_lock_acquire (shm_impl.h): mark the lock
+ * contended and sleep until a release hands it over. */
+void mlxd_shm_lock_slow(shm_lock* l, uint32_t seen) {
+  for (int i = 0; i < 100 && seen != 0; i++) { /* a holder leaves within a few steps */
+    cpu_relax();
+    seen = 0;
+    if (atomic_compare_exchange_weak_explicit(&l->v, &seen, 1, memory_order_acquire,
+                                              memory_order_relaxed))
+      return;
+  }
+  if (seen != 2) seen = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+  while (seen != 0) {
+    syscall(SYS_futex, (uint32_t*)&l->v, FUTEX_WAIT_PRIVATE, 2u, NULL, NULL, 0);
+    seen = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+  }
+}
+
+void mlxd_shm_lock_wake(shm_lock* l) {
+  syscall(SYS_futex, (uint32_t*)&l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 /* Wake rank r if a thread of it sleeps on its doorbell. */
 static void ring_bell(shm_transport* t, int r) {
   shm_rank_rec* rec = rank_rec(t, r);
@@ -510,7 +531,7 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
                           const void* buf, size_t n, mlxd_req** req, mlxd_status* st, int* rc) {
   assert(req && peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0));
   *req = NULL;
-  pthread_mutex_lock(&t->mu);
+  shm_lock_acquire(&t->mu);
   shm_req* r = t->err.code ? NULL : req_alloc(t);
   if (!r) {
     if (t->err.code) {
@@ -520,7 +541,7 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
                          kind == REQ_SEND ? "send" : "receive");
       mlxd_status_set_peer(st, shm_name(t, peer), t->peers[peer].addr);
     }
-    pthread_mutex_unlock(&t->mu);
+    shm_lock_release(&t->mu);
     return NULL;
   }
   r->kind = kind;
@@ -544,7 +565,7 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   r->where = W_SENDQ;
   list_push(&p->sq_head, &p->sq_tail, r);
   progress_out(t, peer);
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
   *req = (mlxd_req*)r;
   return 0;
 }
@@ -564,7 +585,7 @@ static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   if (same && sig_clash(t, peer, &r->m.sig, &same->sig)) {
     req_release(t, r);
     rc = fail_status(t, st);
-    pthread_mutex_unlock(&t->mu);
+    shm_lock_release(&t->mu);
     return rc;
   }
   /* Take over a message that arrived first. */
@@ -591,7 +612,7 @@ static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     mlxd_match_push(&p->mq.posted, &r->link, tag);
     progress_in(t, peer, false);
   }
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
   *req = (mlxd_req*)r;
   return 0;
 }
@@ -721,7 +742,7 @@ static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlx
        * yield when oversubscribed); then a full pass. A message is seen one
        * pause after it lands, not one clock read + pass later. */
       uint64_t snap = activity(t);
-      pthread_mutex_unlock(&t->mu);
+      shm_lock_release(&t->mu);
       if (t->oversubscribed) {
         sched_yield();
       } else {
@@ -730,16 +751,16 @@ static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlx
           if (activity(t) != snap) break;
         }
       }
-      pthread_mutex_lock(&t->mu);
+      shm_lock_acquire(&t->mu);
       continue;
     }
     if (t->deferred && progress_all(t, true) > 0) continue;
     uint64_t snap = activity(t);
     double to_check = SHM_CHECK_S - (now - ws->next_check);
     if (until - now < to_check) to_check = until - now;
-    pthread_mutex_unlock(&t->mu);
+    shm_lock_release(&t->mu);
     block_wait(t, snap, to_check);
-    pthread_mutex_lock(&t->mu);
+    shm_lock_acquire(&t->mu);
   }
 }
 
@@ -756,7 +777,7 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
   shm_transport* t = (shm_transport*)tt;
   shm_req** reqs = (shm_req**)rr;
   assert(n >= 0 && (n == 0 || reqs));
-  pthread_mutex_lock(&t->mu);
+  shm_lock_acquire(&t->mu);
   mlxd_wait_state ws = {0};
   wait_run(t, reqs, n, INFINITY, &ws);
   if (!t->err.code) check_failed(t);
@@ -769,7 +790,7 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
     req_release(t, r);
     reqs[i] = NULL;
   }
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
   return rc;
 }
 
@@ -777,14 +798,14 @@ static int shm_wait_slice(mlxd_transport* tt, mlxd_req** rr, int n, double max_s
                           mlxd_wait_state* ws, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
   assert(n >= 0 && (n == 0 || rr) && max_s >= 0);
-  pthread_mutex_lock(&t->mu);
+  shm_lock_acquire(&t->mu);
   ws->done = wait_run(t, (shm_req**)rr, n, mlxd_now() + max_s, ws);
   int rc = 0;
   if (t->err.code) {
     ws->done = true;
     rc = fail_status(t, st);
   }
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
   return rc;
 }
 
@@ -830,16 +851,15 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
   if (t->map) munmap(t->map, t->map_len);
   free(t->peers);
   free(t->names);
-  pthread_mutex_destroy(&t->mu);
   free(t);
 }
 
 static void shm_abort(mlxd_transport* tt, const mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
-  pthread_mutex_lock(&t->mu);
+  shm_lock_acquire(&t->mu);
   shm_fail(t, st); /* publishes it and rings every doorbell, this rank's included */
   ring_bell(t, t->base.rank);
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
 }
 
 const mlxd_transport_ops mlxd_shm_ops = {

@@ -124,6 +124,28 @@ _Static_assert(sizeof(shm_slot_hdr) == SHM_CL, "slot header is one cache line");
 
 /* ---- local state ---- */
 
+/* The transport's lock (shm_transport.mu): a futex mutex, 0 free, 1 held,
+ * 2 held with a thread asleep on it. Uncontended, taking it is one inline
+ * compare-and-swap and dropping it one exchange (a pthread mutex costs ~57
+ * instructions per round through the PLT, and a small op takes the
+ * transport's lock three times, more while it spins). Held only inside the
+ * transport's ops, never across a sleep or a call out of the transport, so
+ * a wait for it is bounded by the holder's few steps. Process-private. */
+typedef struct shm_lock {
+  _Atomic uint32_t v;
+} shm_lock;
+void mlxd_shm_lock_slow(shm_lock* l, uint32_t seen);
+void mlxd_shm_lock_wake(shm_lock* l);
+static inline void shm_lock_acquire(shm_lock* l) {
+  uint32_t c = 0;
+  if (!atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
+                                               memory_order_relaxed))
+    mlxd_shm_lock_slow(l, c);
+}
+static inline void shm_lock_release(shm_lock* l) {
+  if (atomic_exchange_explicit(&l->v, 0, memory_order_release) == 2) mlxd_shm_lock_wake(l);
+}
+
 enum { REQ_SEND = 1, REQ_RECV = 2 };
 enum { W_NONE = 0, W_SENDQ, W_ACKQ, W_POSTED, W_CUR };
 
@@ -173,7 +195,7 @@ typedef struct shm_peer {
 
 typedef struct shm_transport {
   mlxd_transport base;
-  pthread_mutex_t mu;
+  shm_lock mu; /* every field below but the immutable geometry */
   char path[SHM_NAME_MAX + 2];
   void* map;
   size_t map_len;

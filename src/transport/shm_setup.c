@@ -331,7 +331,7 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   t->base.rank = rank;
   t->base.size = size;
   t->name_limit = size;
-  pthread_mutex_init(&t->mu, NULL);
+  atomic_init(&t->mu.v, 0);
   if (names) {
     t->names = malloc((size_t)size * sizeof *t->names);
     if (!t->names) {
