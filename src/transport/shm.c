@@ -53,9 +53,12 @@
  * event (with sched_yield when there are more ranks than CPUs, so spinning
  * ranks do not starve the rank they wait for), then sleeps on its rank's
  * doorbell (a futex in the segment, at most 100 ms at a time). Whoever
- * publishes something a rank waits for (a chunk, freed slots, an ack) bumps
- * that rank's doorbell and wakes it if it sleeps (a seq_cst fence on both
- * sides closes the lost-wake-up window).
+ * publishes something a rank waits for (a chunk; slots freed in a ring it
+ * found full; an ack) bumps that rank's doorbell and wakes it if it sleeps
+ * (a seq_cst fence on both sides closes the lost-wake-up window); a rank's
+ * own doorbell is rung for its other waiting threads only when there are
+ * any. While spinning, a waiter watches the peers' counters between pauses
+ * and makes a full pass (with the lock) when one moves.
  *
  * Failure. Every 100 ms without progress the waiter checks the peers its
  * pending requests involve: a process that exited ("lost connection to
@@ -82,35 +85,6 @@
 
 static long futex(_Atomic uint32_t* addr, int op, uint32_t val, const struct timespec* ts) {
   return syscall(SYS_futex, (uint32_t*)addr, op, val, ts, NULL, 0);
-}
-
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
-/* The contended half of shm_lock_acquire (shm_impl.h): mark the lock
- * contended and sleep until a release hands it over. */
-void mlxd_shm_lock_slow(shm_lock* l, uint32_t seen) {
-  for (int i = 0; i < 100 && seen != 0; i++) { /* a holder leaves within a few steps */
-    cpu_relax();
-    seen = 0;
-    if (atomic_compare_exchange_weak_explicit(&l->v, &seen, 1, memory_order_acquire,
-                                              memory_order_relaxed))
-      return;
-  }
-  if (seen != 2) seen = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
-  while (seen != 0) {
-    syscall(SYS_futex, (uint32_t*)&l->v, FUTEX_WAIT_PRIVATE, 2u, NULL, NULL, 0);
-    seen = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
-  }
-}
-
-void mlxd_shm_lock_wake(shm_lock* l) {
-  syscall(SYS_futex, (uint32_t*)&l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 /* Wake rank r if a thread of it sleeps on its doorbell. */
@@ -148,6 +122,8 @@ static void shm_fail(shm_transport* t, const mlxd_status* st) {
   for (int r = 0; r < t->base.size; r++)
     if (r != t->base.rank) ring_bell(t, r);
 }
+
+void mlxd_shm_fail(shm_transport* t, const mlxd_status* st) { shm_fail(t, st); }
 
 /* Fail the transport: peer pi is gone (why: e.g. ": its process exited"). */
 static void fail_lost(shm_transport* t, int pi, const char* why) {
@@ -632,55 +608,6 @@ static void block_wait(shm_transport* t, uint64_t snap, double max_s) {
   atomic_fetch_sub(&me->sleepers, 1);
 }
 
-/* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
- * a wait without progress: a peer of a pending request whose heartbeat
- * counter did not move for MLXDIST_TIMEOUT (counted from the wait's start
- * at the earliest) is dead; no progress since `last` for
- * MLXDIST_WARN_AFTER warns once, for MLXDIST_OP_TIMEOUT fails. Returns
- * true if the transport failed. mu held. */
-static bool live_check(shm_transport* t, shm_req** reqs, int n, double start, double last,
-                       double now, bool* warned) {
-  shm_req* w = NULL;
-  char note[MLXD_NOTE_MAX];
-  for (int i = 0; i < n; i++) {
-    shm_req* r = reqs[i];
-    if (!r || r->m.complete) continue;
-    if (!w) w = r;
-    shm_peer* p = &t->peers[r->m.peer];
-    uint64_t b = atomic_load_explicit(&rank_rec(t, r->m.peer)->beat, memory_order_acquire);
-    if (b != p->beat_seen) {
-      p->beat_seen = b;
-      p->heard = now;
-    }
-    double heard = p->heard > start ? p->heard : start;
-    if (now - heard >= t->live.dead_s) {
-      mlxd_status s;
-      mlxd_shm_note_read(t, r->m.peer, note, sizeof note);
-      mlxd_live_dead(&s, MLXD_LAYER_SHM, shm_name(t, r->m.peer), p->addr, now - heard, note);
-      shm_fail(t, &s);
-      return true;
-    }
-  }
-  if (!w) return false;
-  shm_peer* p = &t->peers[w->m.peer];
-  if (now - last >= t->live.op_s) {
-    mlxd_status s;
-    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
-    mlxd_live_op_timeout(&s, MLXD_LAYER_SHM, shm_name(t, w->m.peer), p->addr, t->live.op_s,
-                         w->kind == REQ_SEND, w->m.n, w->m.tag, note);
-    shm_fail(t, &s);
-    return true;
-  }
-  if (!*warned && t->live.warn_s > 0 && now - last >= t->live.warn_s) {
-    *warned = true;
-    double heard = p->heard > start ? p->heard : start;
-    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
-    mlxd_live_warn(MLXD_LAYER_SHM, shm_name(t, t->base.rank), shm_name(t, w->m.peer), p->addr,
-                   now - last, w->m.tag, now - heard, note);
-  }
-  return false;
-}
-
 /* The end of a wait: a peer that published a failure (it gave up on an
  * operation, maybe this one) fails this wait too (transport.h). One
  * atomic load per peer. mu held. */
@@ -732,7 +659,8 @@ static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlx
     if (now - ws->next_check >= SHM_CHECK_S) {
       ws->next_check = now;
       if (check_peers(t, reqs, n)) return true;
-      if (live_check(t, reqs, n, ws->start, ws->last_change, now, &ws->warned)) return true;
+      if (mlxd_shm_live_check(t, reqs, n, ws->start, ws->last_change, now, &ws->warned))
+        return true;
     }
     if (now >= until) return false;
     if (now - ws->last_change < t->spin_s) {
@@ -747,7 +675,7 @@ static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlx
         sched_yield();
       } else {
         for (int k = 0; k < SHM_SPIN_PASSES; k++) {
-          cpu_relax();
+          shm_cpu_relax();
           if (activity(t) != snap) break;
         }
       }

@@ -122,6 +122,15 @@ typedef struct shm_slot_hdr {
 
 _Static_assert(sizeof(shm_slot_hdr) == SHM_CL, "slot header is one cache line");
 
+/* A pause in a spin loop. */
+static inline void shm_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /* ---- local state ---- */
 
 /* The transport's lock (shm_transport.mu): a futex mutex, 0 free, 1 held,
@@ -263,7 +272,17 @@ void mlxd_shm_note_read(shm_transport* t, int r, char* out, size_t n);
  * 0, or -1 with *err set. */
 int mlxd_shm_cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err);
 
+/* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
+ * a wait without progress (shm.c wait_loop); true if the transport failed.
+ * mu held. */
+bool mlxd_shm_live_check(shm_transport* t, shm_req** reqs, int n, double start, double last,
+                         double now, bool* warned);
+
 /* ---- shm.c ---- */
+
+/* Fail the whole transport with *st (the first failure wins; published to
+ * the peers). mu held. */
+void mlxd_shm_fail(shm_transport* t, const mlxd_status* st);
 
 extern const mlxd_transport_ops mlxd_shm_ops;
 void mlxd_shm_destroy(mlxd_transport* t);
