@@ -57,8 +57,7 @@
  * found full; an ack) bumps that rank's doorbell and wakes it if it sleeps
  * (a seq_cst fence on both sides closes the lost-wake-up window); a rank's
  * own doorbell is rung for its other waiting threads only when there are
- * any. While spinning, a waiter watches the peers' counters between pauses
- * and makes a full pass (with the lock) when one moves.
+ * any.
  *
  * Failure. Every 100 ms without progress the waiter checks the peers its
  * pending requests involve: a process that exited ("lost connection to
@@ -664,21 +663,11 @@ static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlx
     }
     if (now >= until) return false;
     if (now - ws->last_change < t->spin_s) {
-      /* Spin without mu and without the clock (a clock read costs about
-       * as much as a pass on a VM's kvm-clock) until a peer moves one of
-       * the counters activity() sums, for at most SHM_SPIN_PASSES pauses (one
-       * yield when oversubscribed); then a full pass. A message is seen one
-       * pause after it lands, not one clock read + pass later. */
-      uint64_t snap = activity(t);
       shm_lock_release(&t->mu);
-      if (t->oversubscribed) {
+      if (t->oversubscribed)
         sched_yield();
-      } else {
-        for (int k = 0; k < SHM_SPIN_PASSES; k++) {
-          shm_cpu_relax();
-          if (activity(t) != snap) break;
-        }
-      }
+      else
+        shm_cpu_relax();
       shm_lock_acquire(&t->mu);
       continue;
     }

@@ -56,9 +56,8 @@
 #endif
 #define SHM_CMA_IO_MAX ((size_t)1 << 30)
 #define SHM_NAME_MAX 200
-#define SHM_CHECK_S 0.1    /* liveness checks / longest single sleep */
-#define SHM_DEFER_S 20e-6  /* a message without a receive waits in its ring this long (shm.c) */
-#define SHM_SPIN_PASSES 32 /* pauses between two full passes of a spinning wait (shm.c) */
+#define SHM_CHECK_S 0.1   /* liveness checks / longest single sleep */
+#define SHM_DEFER_S 20e-6 /* a message without a receive waits in its ring this long (shm.c) */
 #define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 
 enum { RANK_NONE = 0, RANK_ATTACHED = 1, RANK_CLOSED = 2, RANK_FAILED = 3 };
