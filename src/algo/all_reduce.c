@@ -6,6 +6,12 @@
 #include "core/buffer.h"
 #include "util/tunables.h"
 
+/* Groups up to this size keep the one-shot's request array on the stack,
+ * and contributions of up to this many bytes in all (every rank's) its
+ * scratch buffer. */
+#define ONESHOT_STACK_RANKS 16
+#define ONESHOT_STACK_BYTES 1024
+
 /* Every rank sends its whole buffer to every other rank and then reduces
  * the size contributions in rank order 0..n-1, so every rank performs the
  * same operations on the same values: bit-identical results. Cost: one
@@ -13,17 +19,25 @@
 int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
                                  const void* in, void* out, size_t count, mlx_dtype dtype,
                                  mlxd_reduce_op op, mlxd_status* st) {
-  mlxd_status_clear(st);
+  mlxd_status_reset(st); /* not clear: zeroing all 620 bytes costs more than the op's poll */
   assert(t->size >= 2 && (count == 0 || (in && out)));
   size_t esz = mlxd_algo_esize(dtype, op);
   size_t nbytes = mlxd_algo_mul(count, esz), all = mlxd_algo_mul(nbytes, (size_t)t->size);
   int n = t->size, r = t->rank;
   if (count == 0) return 0;
-  char* tmp = mlxd_buffer_alloc(all);
-  mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
+  /* The request array: on the stack up to ONESHOT_STACK_RANKS ranks (no
+   * calloc + free per small op), else from the heap. */
+  mlxd_req* stack_reqs[2 * ONESHOT_STACK_RANKS];
+  mlxd_req** reqs = stack_reqs;
+  if (n <= ONESHOT_STACK_RANKS)
+    memset(stack_reqs, 0, 2 * (size_t)n * sizeof *reqs);
+  else
+    reqs = calloc(2 * (size_t)n, sizeof *reqs);
+  _Alignas(64) char stack_tmp[ONESHOT_STACK_BYTES];
+  char* tmp = all <= sizeof stack_tmp ? stack_tmp : mlxd_buffer_alloc(all);
   if (!tmp || !reqs) {
-    mlxd_buffer_free(tmp, all);
-    free(reqs);
+    if (tmp != stack_tmp) mlxd_buffer_free(tmp, all);
+    if (reqs != stack_reqs) free(reqs);
     return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", all);
   }
   uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
@@ -40,8 +54,8 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig
     memcpy(out, tmp, nbytes);
     for (int p = 1; p < n; p++) mlxd_reduce(op, dtype, out, tmp + (size_t)p * nbytes, count);
   }
-  free(reqs);
-  mlxd_buffer_free(tmp, all);
+  if (reqs != stack_reqs) free(reqs);
+  if (tmp != stack_tmp) mlxd_buffer_free(tmp, all);
   return st->code;
 }
 

@@ -33,10 +33,15 @@ int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st) 
   bool any = false;
   for (int i = 0; i < n && !any; i++) any = reqs[i] != NULL;
   if (!any) return st->code;
+  if (!st->code) {
+    /* Nothing to keep: the wait reports straight into st (a transport
+     * writes st only when it fails; a success leaves no code behind). */
+    if (t->ops->waitall(t, reqs, n, st) == 0 && st->code) mlxd_status_reset(st);
+    return st->code;
+  }
   mlxd_status tmp;
-  mlxd_status_clear(&tmp);
-  int rc = t->ops->waitall(t, reqs, n, &tmp);
-  if (rc && !st->code) *st = tmp;
+  mlxd_status_reset(&tmp);
+  t->ops->waitall(t, reqs, n, &tmp); /* st keeps its first error */
   return st->code;
 }
 

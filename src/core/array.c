@@ -36,9 +36,10 @@ double mlxd_core_spin_s(void) {
 
 static void noop_dtor(void* p) { (void)p; }
 
-/* Validate (shape, ndim, dtype) and compute the element and byte counts. */
-static int shape_check(const int* shape, int ndim, int dtype, size_t* size_out, size_t* nbytes_out,
-                       mlxd_status* st) {
+/* Validate (shape, ndim, dtype) and compute the element and byte counts.
+ * One pass over the shape for a valid one (every op's result goes through
+ * here); the messages come from the slow path. */
+static int shape_fail(const int* shape, int ndim, int dtype, mlxd_status* st) {
   if (mlxd_dtype_check(dtype, st)) return st->code;
   if (ndim < 0)
     return mlxd_fail(st, MLXD_EINVAL, "[array] the number of dimensions is %d (expected >= 0)",
@@ -48,31 +49,42 @@ static int shape_check(const int* shape, int ndim, int dtype, size_t* size_out, 
                      "[array] shape is NULL but the number of dimensions is %d (expected a "
                      "pointer to %d dimensions)",
                      ndim, ndim);
-  bool has_zero = false;
-  for (int i = 0; i < ndim; i++) {
+  for (int i = 0; i < ndim; i++)
     if (shape[i] < 0)
       return mlxd_fail(st, MLXD_EINVAL,
                        "[array] dimension %d of the shape is %d (expected a size >= 0)", i,
                        shape[i]);
-    if (shape[i] == 0) has_zero = true;
+  return mlxd_fail(st, MLXD_EINVAL,
+                   "[array] the shape's byte size overflows size_t (%d dimensions of %s); "
+                   "expected an array that fits in memory",
+                   ndim, mlxd_dtype_name((mlx_dtype)dtype));
+}
+
+static int shape_check(const int* shape, int ndim, int dtype, size_t* size_out, size_t* nbytes_out,
+                       mlxd_status* st) {
+  size_t esz = mlx_dtype_size((mlx_dtype)dtype); /* 0: not a dtype */
+  if (esz == 0 || ndim < 0 || (ndim > 0 && !shape)) return shape_fail(shape, ndim, dtype, st);
+  /* The product of the dimensions saturates at SIZE_MAX once it overflows
+   * (so a zero dimension after an overflow still gives an empty array, as
+   * the dimensions' order does not matter); a negative one fails. */
+  size_t size = 1;
+  bool overflow = false;
+  for (int i = 0; i < ndim; i++) {
+    int d = shape[i];
+    if (d < 0) return shape_fail(shape, ndim, dtype, st);
+    if (d == 0) {
+      size = 0;
+      overflow = false;
+      for (int j = i + 1; j < ndim; j++)
+        if (shape[j] < 0) return shape_fail(shape, ndim, dtype, st);
+      break;
+    }
+    if (!overflow && __builtin_mul_overflow(size, (size_t)d, &size)) overflow = true;
   }
-  size_t size = 1, nbytes = 0;
-  if (has_zero) {
-    size = 0;
-  } else {
-    bool overflow = false;
-    for (int i = 0; i < ndim && !overflow; i++)
-      overflow = __builtin_mul_overflow(size, (size_t)shape[i], &size);
-    /* keep room to round the allocation up to the alignment */
-    if (!overflow)
-      overflow = __builtin_mul_overflow(size, mlx_dtype_size((mlx_dtype)dtype), &nbytes) ||
-                 nbytes > SIZE_MAX - MLXD_ALIGN;
-    if (overflow)
-      return mlxd_fail(st, MLXD_EINVAL,
-                       "[array] the shape's byte size overflows size_t (%d dimensions of %s); "
-                       "expected an array that fits in memory",
-                       ndim, mlxd_dtype_name((mlx_dtype)dtype));
-  }
+  size_t nbytes = 0;
+  /* keep room to round the allocation up to the alignment */
+  if (overflow || __builtin_mul_overflow(size, esz, &nbytes) || nbytes > SIZE_MAX - MLXD_ALIGN)
+    return shape_fail(shape, ndim, dtype, st);
   *size_out = size;
   *nbytes_out = nbytes;
   return 0;

@@ -53,9 +53,11 @@
  * event (with sched_yield when there are more ranks than CPUs, so spinning
  * ranks do not starve the rank they wait for), then sleeps on its rank's
  * doorbell (a futex in the segment, at most 100 ms at a time). Whoever
- * publishes something a rank waits for (a chunk, freed slots, an ack) bumps
- * that rank's doorbell and wakes it if it sleeps (a seq_cst fence on both
- * sides closes the lost-wake-up window).
+ * publishes something a rank waits for (a chunk; slots freed in a ring it
+ * found full; an ack) bumps that rank's doorbell and wakes it if it sleeps
+ * (a seq_cst fence on both sides closes the lost-wake-up window); a rank's
+ * own doorbell is rung for its other waiting threads only when there are
+ * any.
  *
  * Failure. Every 100 ms without progress the waiter checks the peers its
  * pending requests involve: a process that exited ("lost connection to
@@ -82,14 +84,6 @@
 
 static long futex(_Atomic uint32_t* addr, int op, uint32_t val, const struct timespec* ts) {
   return syscall(SYS_futex, (uint32_t*)addr, op, val, ts, NULL, 0);
-}
-
-static void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
 }
 
 /* Wake rank r if a thread of it sleeps on its doorbell. */
@@ -127,6 +121,8 @@ static void shm_fail(shm_transport* t, const mlxd_status* st) {
   for (int r = 0; r < t->base.size; r++)
     if (r != t->base.rank) ring_bell(t, r);
 }
+
+void mlxd_shm_fail(shm_transport* t, const mlxd_status* st) { shm_fail(t, st); }
 
 /* Fail the transport: peer pi is gone (why: e.g. ": its process exited"). */
 static void fail_lost(shm_transport* t, int pi, const char* why) {
@@ -225,6 +221,11 @@ static shm_slot_hdr* slot_at(shm_transport* t, char* slots, uint64_t idx) {
  * peer pi, signed `theirs`, disagree; if so the transport has failed with
  * both calls named (mu held). */
 static bool sig_clash(shm_transport* t, int pi, const mlxd_sig* mine, const mlxd_sig* theirs) {
+  /* Equal calls always agree (mlxd_sig_agree): every message of a matching
+   * collective takes this test, not the call. */
+  if (mine->op == theirs->op && mine->dtype == theirs->dtype && mine->size == theirs->size &&
+      mine->count == theirs->count)
+    return false;
   mlxd_status s;
   if (!mlxd_sig_check(&s, MLXD_LAYER_SHM, shm_name(t, t->base.rank), mine, shm_name(t, pi),
                       t->peers[pi].addr, theirs))
@@ -313,6 +314,11 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
   shm_peer* p = &t->peers[pi];
   uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
   int ev = 0;
+  /* The sender waits on this ring only when it found it full (its next
+   * chunk has no slot) or for a rendezvous ack: only then does it need its
+   * bell rung (a seq_cst fence each time). A sender that fills the ring after
+   * this pass rang our bell with its chunks, and our next pass sees it full. */
+  bool wake = head - p->in_tail >= SHM_NSLOTS;
   while (p->in_tail != head) {
     shm_slot_hdr* h = slot_at(t, p->in_slots, p->in_tail);
     if (!p->cur_active) {
@@ -334,6 +340,7 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
         return -1;
       }
       p->cur_off = p->cur_len;
+      wake = true;
       atomic_store_explicit(&p->in->acked,
                             atomic_load_explicit(&p->in->acked, memory_order_relaxed) + 1,
                             memory_order_release);
@@ -348,9 +355,12 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
     p->in_tail++;
     atomic_store_explicit(&p->in->tail, p->in_tail, memory_order_release);
     ev++;
-    if (p->in_tail == head) head = atomic_load_explicit(&p->in->head, memory_order_acquire);
+    if (p->in_tail == head) {
+      head = atomic_load_explicit(&p->in->head, memory_order_acquire);
+      if (head - p->in_tail >= SHM_NSLOTS) wake = true;
+    }
   }
-  if (ev) ring_bell(t, pi);
+  if (ev && wake) ring_bell(t, pi);
   return ev;
 }
 
@@ -427,7 +437,9 @@ static int progress_all(shm_transport* t, bool buffer) {
     int b = progress_out(t, i);
     ev += a + b;
   }
-  if (ev) ring_bell(t, t->base.rank); /* other local threads may wait for these */
+  /* Other threads of this rank waiting on this transport may wait for these
+   * (a thread sleeps on the doorbell only inside wait_run, counted in waiting). */
+  if (ev && t->waiting > 1) ring_bell(t, t->base.rank);
   return ev;
 }
 
@@ -494,7 +506,7 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
                           const void* buf, size_t n, mlxd_req** req, mlxd_status* st, int* rc) {
   assert(req && peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0));
   *req = NULL;
-  pthread_mutex_lock(&t->mu);
+  shm_lock_acquire(&t->mu);
   shm_req* r = t->err.code ? NULL : req_alloc(t);
   if (!r) {
     if (t->err.code) {
@@ -504,7 +516,7 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
                          kind == REQ_SEND ? "send" : "receive");
       mlxd_status_set_peer(st, shm_name(t, peer), t->peers[peer].addr);
     }
-    pthread_mutex_unlock(&t->mu);
+    shm_lock_release(&t->mu);
     return NULL;
   }
   r->kind = kind;
@@ -528,7 +540,7 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   r->where = W_SENDQ;
   list_push(&p->sq_head, &p->sq_tail, r);
   progress_out(t, peer);
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
   *req = (mlxd_req*)r;
   return 0;
 }
@@ -548,7 +560,7 @@ static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   if (same && sig_clash(t, peer, &r->m.sig, &same->sig)) {
     req_release(t, r);
     rc = fail_status(t, st);
-    pthread_mutex_unlock(&t->mu);
+    shm_lock_release(&t->mu);
     return rc;
   }
   /* Take over a message that arrived first. */
@@ -575,7 +587,7 @@ static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     mlxd_match_push(&p->mq.posted, &r->link, tag);
     progress_in(t, peer, false);
   }
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
   *req = (mlxd_req*)r;
   return 0;
 }
@@ -593,55 +605,6 @@ static void block_wait(shm_transport* t, uint64_t snap, double max_s) {
     futex(&me->doorbell, FUTEX_WAIT, v, &ts);
   }
   atomic_fetch_sub(&me->sleepers, 1);
-}
-
-/* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
- * a wait without progress: a peer of a pending request whose heartbeat
- * counter did not move for MLXDIST_TIMEOUT (counted from the wait's start
- * at the earliest) is dead; no progress since `last` for
- * MLXDIST_WARN_AFTER warns once, for MLXDIST_OP_TIMEOUT fails. Returns
- * true if the transport failed. mu held. */
-static bool live_check(shm_transport* t, shm_req** reqs, int n, double start, double last,
-                       double now, bool* warned) {
-  shm_req* w = NULL;
-  char note[MLXD_NOTE_MAX];
-  for (int i = 0; i < n; i++) {
-    shm_req* r = reqs[i];
-    if (!r || r->m.complete) continue;
-    if (!w) w = r;
-    shm_peer* p = &t->peers[r->m.peer];
-    uint64_t b = atomic_load_explicit(&rank_rec(t, r->m.peer)->beat, memory_order_acquire);
-    if (b != p->beat_seen) {
-      p->beat_seen = b;
-      p->heard = now;
-    }
-    double heard = p->heard > start ? p->heard : start;
-    if (now - heard >= t->live.dead_s) {
-      mlxd_status s;
-      mlxd_shm_note_read(t, r->m.peer, note, sizeof note);
-      mlxd_live_dead(&s, MLXD_LAYER_SHM, shm_name(t, r->m.peer), p->addr, now - heard, note);
-      shm_fail(t, &s);
-      return true;
-    }
-  }
-  if (!w) return false;
-  shm_peer* p = &t->peers[w->m.peer];
-  if (now - last >= t->live.op_s) {
-    mlxd_status s;
-    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
-    mlxd_live_op_timeout(&s, MLXD_LAYER_SHM, shm_name(t, w->m.peer), p->addr, t->live.op_s,
-                         w->kind == REQ_SEND, w->m.n, w->m.tag, note);
-    shm_fail(t, &s);
-    return true;
-  }
-  if (!*warned && t->live.warn_s > 0 && now - last >= t->live.warn_s) {
-    *warned = true;
-    double heard = p->heard > start ? p->heard : start;
-    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
-    mlxd_live_warn(MLXD_LAYER_SHM, shm_name(t, t->base.rank), shm_name(t, w->m.peer), p->addr,
-                   now - last, w->m.tag, now - heard, note);
-  }
-  return false;
 }
 
 /* The end of a wait: a peer that published a failure (it gave up on an
@@ -663,21 +626,29 @@ static void check_failed(shm_transport* t) {
  * at least one pass). ws keeps the wait's clocks across calls (start,
  * last_change: the last progress, next_check: the last liveness check).
  * mu held (dropped while spinning or asleep). */
-static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd_wait_state* ws) {
+static bool any_pending(shm_req** reqs, int n) {
+  for (int i = 0; i < n; i++)
+    if (reqs[i] && !reqs[i]->m.complete) return true;
+  return false;
+}
+
+static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlxd_wait_state* ws) {
   if (!ws->started) {
+    /* The first pass reads no clock: a small message that is already there
+     * (the common case of a small collective) costs one pass. */
+    int ev = t->err.code ? 0 : progress_all(t, false);
+    if (!any_pending(reqs, n) || t->err.code) return true;
     double now = mlxd_now();
     *ws = (mlxd_wait_state){
         .started = true, .start = now, .last_change = now, .next_check = now, .last_event = now};
+    if (ev && now >= until) return false;
   }
   for (;;) {
     int ev = t->err.code ? 0 : progress_all(t, false);
     /* idle for SHM_DEFER_S (or about to sleep): buffer unmatched messages */
     if (!ev && t->deferred && !t->err.code && mlxd_now() - ws->last_event >= SHM_DEFER_S)
       ev = progress_all(t, true);
-    bool pending = false;
-    for (int i = 0; i < n && !pending; i++)
-      if (reqs[i] && !reqs[i]->m.complete) pending = true;
-    if (!pending || t->err.code) return true;
+    if (!any_pending(reqs, n) || t->err.code) return true;
     double now = mlxd_now();
     if (ev) {
       ws->last_change = ws->next_check = ws->last_event = now;
@@ -687,33 +658,43 @@ static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd
     if (now - ws->next_check >= SHM_CHECK_S) {
       ws->next_check = now;
       if (check_peers(t, reqs, n)) return true;
-      if (live_check(t, reqs, n, ws->start, ws->last_change, now, &ws->warned)) return true;
+      if (mlxd_shm_live_check(t, reqs, n, ws->start, ws->last_change, now, &ws->warned))
+        return true;
     }
     if (now >= until) return false;
     if (now - ws->last_change < t->spin_s) {
-      pthread_mutex_unlock(&t->mu);
+      shm_lock_release(&t->mu);
       if (t->oversubscribed)
         sched_yield();
       else
-        cpu_relax();
-      pthread_mutex_lock(&t->mu);
+        shm_cpu_relax();
+      shm_lock_acquire(&t->mu);
       continue;
     }
     if (t->deferred && progress_all(t, true) > 0) continue;
     uint64_t snap = activity(t);
     double to_check = SHM_CHECK_S - (now - ws->next_check);
     if (until - now < to_check) to_check = until - now;
-    pthread_mutex_unlock(&t->mu);
+    shm_lock_release(&t->mu);
     block_wait(t, snap, to_check);
-    pthread_mutex_lock(&t->mu);
+    shm_lock_acquire(&t->mu);
   }
+}
+
+/* wait_loop, counted in t->waiting (progress_all wakes the other waiters
+ * of this rank only when there are any). */
+static bool wait_run(shm_transport* t, shm_req** reqs, int n, double until, mlxd_wait_state* ws) {
+  t->waiting++;
+  bool done = wait_loop(t, reqs, n, until, ws);
+  t->waiting--;
+  return done;
 }
 
 static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
   shm_req** reqs = (shm_req**)rr;
   assert(n >= 0 && (n == 0 || reqs));
-  pthread_mutex_lock(&t->mu);
+  shm_lock_acquire(&t->mu);
   mlxd_wait_state ws = {0};
   wait_run(t, reqs, n, INFINITY, &ws);
   if (!t->err.code) check_failed(t);
@@ -726,7 +707,7 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
     req_release(t, r);
     reqs[i] = NULL;
   }
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
   return rc;
 }
 
@@ -734,14 +715,14 @@ static int shm_wait_slice(mlxd_transport* tt, mlxd_req** rr, int n, double max_s
                           mlxd_wait_state* ws, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
   assert(n >= 0 && (n == 0 || rr) && max_s >= 0);
-  pthread_mutex_lock(&t->mu);
+  shm_lock_acquire(&t->mu);
   ws->done = wait_run(t, (shm_req**)rr, n, mlxd_now() + max_s, ws);
   int rc = 0;
   if (t->err.code) {
     ws->done = true;
     rc = fail_status(t, st);
   }
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
   return rc;
 }
 
@@ -787,16 +768,15 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
   if (t->map) munmap(t->map, t->map_len);
   free(t->peers);
   free(t->names);
-  pthread_mutex_destroy(&t->mu);
   free(t);
 }
 
 static void shm_abort(mlxd_transport* tt, const mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
-  pthread_mutex_lock(&t->mu);
+  shm_lock_acquire(&t->mu);
   shm_fail(t, st); /* publishes it and rings every doorbell, this rank's included */
   ring_bell(t, t->base.rank);
-  pthread_mutex_unlock(&t->mu);
+  shm_lock_release(&t->mu);
 }
 
 const mlxd_transport_ops mlxd_shm_ops = {

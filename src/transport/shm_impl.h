@@ -121,7 +121,38 @@ typedef struct shm_slot_hdr {
 
 _Static_assert(sizeof(shm_slot_hdr) == SHM_CL, "slot header is one cache line");
 
+/* A pause in a spin loop. */
+static inline void shm_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
 /* ---- local state ---- */
+
+/* The transport's lock (shm_transport.mu): a futex mutex, 0 free, 1 held,
+ * 2 held with a thread asleep on it. Uncontended, taking it is one inline
+ * compare-and-swap and dropping it one exchange (a pthread mutex costs ~57
+ * instructions per round through the PLT, and a small op takes the
+ * transport's lock three times, more while it spins). Held only inside the
+ * transport's ops, never across a sleep or a call out of the transport, so
+ * a wait for it is bounded by the holder's few steps. Process-private. */
+typedef struct shm_lock {
+  _Atomic uint32_t v;
+} shm_lock;
+void mlxd_shm_lock_slow(shm_lock* l, uint32_t seen);
+void mlxd_shm_lock_wake(shm_lock* l);
+static inline void shm_lock_acquire(shm_lock* l) {
+  uint32_t c = 0;
+  if (!atomic_compare_exchange_strong_explicit(&l->v, &c, 1, memory_order_acquire,
+                                               memory_order_relaxed))
+    mlxd_shm_lock_slow(l, c);
+}
+static inline void shm_lock_release(shm_lock* l) {
+  if (atomic_exchange_explicit(&l->v, 0, memory_order_release) == 2) mlxd_shm_lock_wake(l);
+}
 
 enum { REQ_SEND = 1, REQ_RECV = 2 };
 enum { W_NONE = 0, W_SENDQ, W_ACKQ, W_POSTED, W_CUR };
@@ -172,7 +203,7 @@ typedef struct shm_peer {
 
 typedef struct shm_transport {
   mlxd_transport base;
-  pthread_mutex_t mu;
+  shm_lock mu; /* every field below but the immutable geometry */
   char path[SHM_NAME_MAX + 2];
   void* map;
   size_t map_len;
@@ -188,6 +219,7 @@ typedef struct shm_transport {
   size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
   bool oversubscribed;
   bool deferred;           /* the last progress pass left a message without a receive in its ring */
+  int waiting;             /* threads inside wait_run (under mu; mu is dropped while they sleep) */
   mlxd_status err;         /* the first failure; err.code == 0 while none */
   volatile uint64_t probe; /* read by peers through CMA at set-up */
   shm_req* free_reqs;
@@ -239,7 +271,17 @@ void mlxd_shm_note_read(shm_transport* t, int r, char* out, size_t n);
  * 0, or -1 with *err set. */
 int mlxd_shm_cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err);
 
+/* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
+ * a wait without progress (shm.c wait_loop); true if the transport failed.
+ * mu held. */
+bool mlxd_shm_live_check(shm_transport* t, shm_req** reqs, int n, double start, double last,
+                         double now, bool* warned);
+
 /* ---- shm.c ---- */
+
+/* Fail the whole transport with *st (the first failure wins; published to
+ * the peers). mu held. */
+void mlxd_shm_fail(shm_transport* t, const mlxd_status* st);
 
 extern const mlxd_transport_ops mlxd_shm_ops;
 void mlxd_shm_destroy(mlxd_transport* t);

@@ -331,7 +331,7 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   t->base.rank = rank;
   t->base.size = size;
   t->name_limit = size;
-  pthread_mutex_init(&t->mu, NULL);
+  atomic_init(&t->mu.v, 0);
   if (names) {
     t->names = malloc((size_t)size * sizeof *t->names);
     if (!t->names) {
@@ -428,4 +428,78 @@ fail:
   }
   mlxd_shm_destroy(&t->base);
   return NULL;
+}
+
+/* ---- the transport lock's slow half (shm_impl.h) ---- */
+
+/* The contended half of shm_lock_acquire (shm_impl.h): mark the lock
+ * contended and sleep until a release hands it over. */
+void mlxd_shm_lock_slow(shm_lock* l, uint32_t seen) {
+  for (int i = 0; i < 100 && seen != 0; i++) { /* a holder leaves within a few steps */
+    shm_cpu_relax();
+    seen = 0;
+    if (atomic_compare_exchange_weak_explicit(&l->v, &seen, 1, memory_order_acquire,
+                                              memory_order_relaxed))
+      return;
+  }
+  if (seen != 2) seen = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+  while (seen != 0) {
+    syscall(SYS_futex, (uint32_t*)&l->v, FUTEX_WAIT_PRIVATE, 2u, NULL, NULL, 0);
+    seen = atomic_exchange_explicit(&l->v, 2, memory_order_acquire);
+  }
+}
+
+void mlxd_shm_lock_wake(shm_lock* l) {
+  syscall(SYS_futex, (uint32_t*)&l->v, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+/* ---- liveness of a wait ---- */
+
+/* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
+ * a wait without progress: a peer of a pending request whose heartbeat
+ * counter did not move for MLXDIST_TIMEOUT (counted from the wait's start
+ * at the earliest) is dead; no progress since `last` for
+ * MLXDIST_WARN_AFTER warns once, for MLXDIST_OP_TIMEOUT fails. Returns
+ * true if the transport failed. mu held. */
+bool mlxd_shm_live_check(shm_transport* t, shm_req** reqs, int n, double start, double last,
+                         double now, bool* warned) {
+  shm_req* w = NULL;
+  char note[MLXD_NOTE_MAX];
+  for (int i = 0; i < n; i++) {
+    shm_req* r = reqs[i];
+    if (!r || r->m.complete) continue;
+    if (!w) w = r;
+    shm_peer* p = &t->peers[r->m.peer];
+    uint64_t b = atomic_load_explicit(&rank_rec(t, r->m.peer)->beat, memory_order_acquire);
+    if (b != p->beat_seen) {
+      p->beat_seen = b;
+      p->heard = now;
+    }
+    double heard = p->heard > start ? p->heard : start;
+    if (now - heard >= t->live.dead_s) {
+      mlxd_status s;
+      mlxd_shm_note_read(t, r->m.peer, note, sizeof note);
+      mlxd_live_dead(&s, MLXD_LAYER_SHM, shm_name(t, r->m.peer), p->addr, now - heard, note);
+      mlxd_shm_fail(t, &s);
+      return true;
+    }
+  }
+  if (!w) return false;
+  shm_peer* p = &t->peers[w->m.peer];
+  if (now - last >= t->live.op_s) {
+    mlxd_status s;
+    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
+    mlxd_live_op_timeout(&s, MLXD_LAYER_SHM, shm_name(t, w->m.peer), p->addr, t->live.op_s,
+                         w->kind == REQ_SEND, w->m.n, w->m.tag, note);
+    mlxd_shm_fail(t, &s);
+    return true;
+  }
+  if (!*warned && t->live.warn_s > 0 && now - last >= t->live.warn_s) {
+    *warned = true;
+    double heard = p->heard > start ? p->heard : start;
+    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
+    mlxd_live_warn(MLXD_LAYER_SHM, shm_name(t, t->base.rank), shm_name(t, w->m.peer), p->addr,
+                   now - last, w->m.tag, now - heard, note);
+  }
+  return false;
 }

@@ -399,6 +399,18 @@ static void test_empty_and_large(void) {
   T_EQ_INT(mlx_array_size(a), 0);
   mlx_array_free(a);
   T_EXPECT_NO_ERROR();
+  /* ... also when the product overflowed before the zero (one-pass check) */
+  int zlate[4] = {INT_MAX, INT_MAX, INT_MAX, 0};
+  a = mlx_array_new_data(NULL, zlate, 4, MLX_INT64);
+  T_ASSERT(a.ctx);
+  T_EQ_INT(mlx_array_size(a), 0);
+  mlx_array_free(a);
+  T_EXPECT_NO_ERROR();
+  /* a negative dimension after a zero one still fails, naming it */
+  int zneg[3] = {2, 0, -3};
+  a = mlx_array_new_data(NULL, zneg, 3, MLX_INT8);
+  T_ASSERT(a.ctx == NULL);
+  T_EXPECT_ERROR("[array]", "dimension 2", "-3");
 
   /* > 2^31 bytes: sizes are size_t end to end (pages are touched sparsely) */
   int big[2] = {3, 1 << 30};
