@@ -8,7 +8,8 @@
 
 #include "algo/algo.h"
 
-/* Target bytes of one pipelined ring chunk. */
+/* Target bytes of one pipelined ring chunk, unless the transport asks for
+ * another size (mlxd_transport.ring_chunk: shared memory, shm_impl.h). */
 #define MLXD_RING_CHUNK ((size_t)1 << 20)
 /* Receives posted ahead per ring direction. */
 #define MLXD_RING_WINDOW 8

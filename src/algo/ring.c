@@ -172,7 +172,8 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
     for (int b = 0; b < x.n; b++)
       if (p->blen[di][b] > maxblk) maxblk = p->blen[di][b];
   size_t maxbytes = maxblk * p->esz;
-  x.C = maxbytes / MLXD_RING_CHUNK + (maxbytes % MLXD_RING_CHUNK != 0);
+  size_t chunk = t->ring_chunk ? t->ring_chunk : MLXD_RING_CHUNK;
+  x.C = maxbytes / chunk + (maxbytes % chunk != 0);
   if (x.C > (size_t)(RING_MAX_UNITS / x.S)) x.C = (size_t)(RING_MAX_UNITS / x.S);
   if (x.C > maxblk) x.C = maxblk;
   if (x.C == 0) x.C = 1;

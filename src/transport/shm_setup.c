@@ -328,6 +328,7 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
     return NULL;
   }
   t->base.ops = &mlxd_shm_ops;
+  t->base.ring_chunk = SHM_RING_CHUNK;
   t->base.rank = rank;
   t->base.size = size;
   t->name_limit = size;

@@ -186,6 +186,11 @@ struct mlxd_transport {
   const mlxd_transport_ops* ops;
   int rank;
   int size;
+  /* Bytes per chunk of the pipelined ring algorithms on this transport
+   * (src/algo/ring.c); 0: MLXD_RING_CHUNK. Every rank of a group has the
+   * same kind of transport with the same value (the ranks' chunks must
+   * match). */
+  size_t ring_chunk;
 };
 
 /* Tags, from the top bit down:

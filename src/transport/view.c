@@ -66,6 +66,7 @@ void mlxd_view_init(mlxd_view* v, mlxd_transport* parent, const int* ranks, int 
   v->base.ops = &view_ops;
   v->base.rank = me;
   v->base.size = k;
+  v->base.ring_chunk = parent->ring_chunk;
   v->parent = parent;
   v->ranks = ranks;
   v->phase = phase;
