@@ -96,7 +96,7 @@ typedef enum {
  * one-shot sends (hosts - 1) x the buffer through every uplink, the ring
  * 2 (hosts - 1) / hosts x; at 3 hosts x 2 ranks, 1 Gbit/s, the one-shot lost
  * from 32 KiB (a 64 KiB column: 4.8 ms against 1.5 ms by ring) and won up to
- * 16 KiB (fewer steps). docs/ring.md, "Across three or more hosts". */
+ * 16 KiB (fewer steps). docs/ring.md, "The cross-host limit". */
 #define MLXD_HIER_CROSS_SMALL ((size_t)16 << 10)
 mlxd_hier_form mlxd_hier_pick(const mlxd_hier* h, size_t nbytes);
 /* "" for the slices, ", host sums by column", ", via host leaders" (the verbose line). */

@@ -48,22 +48,10 @@ static mlxd_sig make_sig(const mlxd_backend* b, mlxd_sig_op op, mlx_dtype dtype,
   return (mlxd_sig){(uint8_t)op, (uint8_t)dtype, 0, (uint32_t)b->size, (uint64_t)count};
 }
 
-/* The two-level host map for a collective whose whole buffer is `whole`
- * bytes, or NULL for the flat algorithms. Under MLXDIST_ALGO=auto and hier
- * alike, every size where the map applies: measured at 2 x 2, 2 x 3 and
- * 3 x 2 hosts x ranks (docs/ring.md), the two-level forms were at least the
- * flat ones' speed at every size once the phases across three or more hosts
- * keep their one-shot to MLXD_HIER_CROSS_SMALL. The same on every rank: the
- * mode is checked at init. (whole stays for a choice by size.) */
-static const mlxd_hier* hier_for(const mlxd_ring* r, size_t whole) {
-  (void)whole;
-  return r->hier;
-}
-
 /* MLX_RING_VERBOSE: which algorithm a collective of nbytes (this rank's
  * input) runs: "[ring] rank 0: all_sum 1048576 B: hier (2 hosts x 2)". */
 static void log_algo(const mlxd_ring* r, const char* op, size_t nbytes, size_t whole) {
-  const mlxd_hier* h = hier_for(r, whole);
+  const mlxd_hier* h = r->hier;
   char where[96] = "";
   if (h) mlxd_hier_describe(h, where, sizeof where);
   mlxd_ring_log("rank %d: %s %zu B: %s%s%s%s", r->base.rank, op, nbytes, h ? "hier (" : "flat",
@@ -72,7 +60,11 @@ static void log_algo(const mlxd_ring* r, const char* op, size_t nbytes, size_t w
 
 /* Every op runs on a group of two or more ranks (the front-end answers size
  * one itself) with the arguments backend.h guarantees: asserted, not
- * checked again. The two-level forms (algo/hier.h) where hier_for gives a map. */
+ * checked again. The two-level forms (algo/hier.h) wherever the group has a
+ * host map (r->hier: MLXDIST_ALGO is not flat and the map applies), at every
+ * size: measured at 2 x 2, 2 x 3 and 3 x 2 hosts x ranks, they were at least
+ * the flat ones' speed at every size (docs/ring.md, "Two levels at every
+ * size"). The same on every rank: the mode is checked at init. */
 static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                            mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
@@ -80,7 +72,7 @@ static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* 
   mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_SUM + (op - MLXD_SUM), dtype, count);
   size_t nbytes = count * mlx_dtype_size(dtype);
   if (r->verbose) log_algo(r, reduce_name(op), nbytes, nbytes);
-  const mlxd_hier* h = hier_for(r, nbytes);
+  const mlxd_hier* h = r->hier;
   int rc = h ? mlxd_algo_hier_all_reduce(r->t, h, seq, &sig, in, out, count, dtype, op, st)
              : mlxd_algo_all_reduce(r->t, seq, &sig, in, out, count, dtype, op, st);
   return ring_done(rc, st, reduce_name(op), seq);
@@ -92,7 +84,7 @@ static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* 
   assert(r->t);
   mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_GATHER, dtype, nbytes / mlx_dtype_size(dtype));
   if (r->verbose) log_algo(r, "all_gather", nbytes, nbytes * (size_t)b->size);
-  const mlxd_hier* h = hier_for(r, nbytes * (size_t)b->size);
+  const mlxd_hier* h = r->hier;
   int rc = h ? mlxd_algo_hier_all_gather(r->t, h, seq, &sig, in, out, nbytes, st)
              : mlxd_algo_all_gather(r->t, seq, &sig, in, out, nbytes, st);
   return ring_done(rc, st, "all_gather", seq);
@@ -106,7 +98,7 @@ static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, vo
   const char* name = op == MLXD_SUM ? "sum_scatter" : "reduce_scatter";
   size_t nbytes = count * mlx_dtype_size(dtype) * (size_t)b->size;
   if (r->verbose) log_algo(r, name, nbytes, nbytes);
-  const mlxd_hier* h = hier_for(r, nbytes);
+  const mlxd_hier* h = r->hier;
   int rc = h ? mlxd_algo_hier_reduce_scatter(r->t, h, seq, &sig, in, out, count, dtype, op, st)
              : mlxd_algo_reduce_scatter(r->t, seq, &sig, in, out, count, dtype, op, st);
   return ring_done(rc, st, name, seq);
