@@ -282,12 +282,7 @@ typedef struct spawn_arg {
 /* A rank of spawn: MLX_RANK and MLX_WORLD_SIZE (no hostfile), then fn. */
 static int spawn_rank(int rank, int size, const char* session, void* arg) {
   (void)session;
-  char rs[16], ns[16];
-  snprintf(rs, sizeof rs, "%d", rank);
-  snprintf(ns, sizeof ns, "%d", size);
-  setenv("MLX_RANK", rs, 1);
-  setenv("MLX_WORLD_SIZE", ns, 1);
-  unsetenv("MLX_HOSTFILE");
+  t_rank_env(rank, size, NULL);
   t_capture_errors();
   return ((const spawn_arg*)arg)->fn(rank, size);
 }

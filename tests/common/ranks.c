@@ -31,6 +31,20 @@ double t_now(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+void t_rank_env(int rank, int size, const char* hostfile) {
+  char rs[16], ns[16];
+  snprintf(rs, sizeof rs, "%d", rank);
+  snprintf(ns, sizeof ns, "%d", size);
+  setenv("MLX_RANK", rs, 1);
+  if (hostfile) {
+    setenv("MLX_HOSTFILE", hostfile, 1);
+    unsetenv("MLX_WORLD_SIZE");
+  } else {
+    setenv("MLX_WORLD_SIZE", ns, 1);
+    unsetenv("MLX_HOSTFILE");
+  }
+}
+
 void t_session_name(char* buf, size_t n, const char* what) {
   static unsigned counter;
   struct timespec ts;

@@ -53,6 +53,12 @@ double t_now(void);
  * released), for hostfiles written by the tests. */
 int t_free_port(void);
 
+/* In a rank forked to call the public API: the environment mlxdist-launch
+ * gives rank of size. MLX_RANK, and MLX_HOSTFILE = hostfile with
+ * MLX_WORLD_SIZE unset, or (hostfile NULL) MLX_WORLD_SIZE with MLX_HOSTFILE
+ * unset. */
+void t_rank_env(int rank, int size, const char* hostfile);
+
 /* A name nobody else uses (for shared-memory sessions): mlxdist-test-<what>-... */
 void t_session_name(char* buf, size_t n, const char* what);
 

@@ -44,14 +44,11 @@ typedef struct spawn_arg {
 static int spawn_rank(int rank, int size, const char* session, void* arg) {
   (void)session;
   const spawn_arg* a = arg;
-  char rs[16], id[16];
-  snprintf(rs, sizeof rs, "%d", rank);
+  char id[16];
   snprintf(id, sizeof id, "host%c", g_hosts[rank]);
-  setenv("MLX_RANK", rs, 1);
-  setenv("MLX_HOSTFILE", a->hostfile, 1);
+  t_rank_env(rank, size, a->hostfile);
   setenv("MLXDIST_HOST_ID", id, 1);
   setenv("MLXDIST_TRANSPORT", "auto", 1);
-  unsetenv("MLX_WORLD_SIZE");
   t_capture_errors();
   return a->fn(rank, size);
 }

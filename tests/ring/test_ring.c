@@ -69,11 +69,7 @@ typedef struct spawn_arg {
 static int spawn_rank(int rank, int size, const char* session, void* arg) {
   (void)session;
   const spawn_arg* a = arg;
-  char rs[16];
-  snprintf(rs, sizeof rs, "%d", rank);
-  setenv("MLX_RANK", rs, 1);
-  setenv("MLX_HOSTFILE", a->hostfile, 1);
-  unsetenv("MLX_WORLD_SIZE");
+  t_rank_env(rank, size, a->hostfile);
   t_capture_errors();
   return a->fn(rank, size);
 }
