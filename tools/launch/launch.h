@@ -310,7 +310,8 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
  * clear_backends) rendezvouses again; so stop it when the job ends, not when it is done. */
 bool launch_rdv_done(const launch_rdv* r);
 /* Whether the job's rendezvous failed (a rank missing at timeout_s, or ranks that disagree), its
- * messages printed: the launcher should stop the job. (An addition to contract C1.) */
+ * messages printed and the connected ranks told why (their replies sent, or a second's bound
+ * for that passed): the launcher should stop the job. (An addition to contract C1.) */
 bool launch_rdv_failed(const launch_rdv* r);
 /* Stop serving (if still), join the thread (bounded: 1 s), close, free. NULL: no-op. */
 void launch_rdv_stop(launch_rdv* r);

@@ -71,7 +71,7 @@ struct launch_rdv {
   bool started;
   atomic_bool stop;
   atomic_bool done;
-  atomic_bool gave_up;      /* the first round failed (launch_rdv_failed) */
+  atomic_bool gave_up;      /* the first round failed and its ranks were told (launch_rdv_failed) */
   char (*host)[HOST_CHARS]; /* per rank, for messages */
   int nslots;
   conn* slots;
@@ -145,8 +145,7 @@ static void refuse(launch_rdv* r, conn* c, unsigned status, const char* why) {
 static void fail_all(launch_rdv* r, const char* reason) {
   r->decided = true;
   if (!r->failed) snprintf(r->fail_reason, sizeof r->fail_reason, "%s", reason);
-  if (!atomic_load(&r->done)) atomic_store(&r->gave_up, true);
-  r->failed = true;
+  r->failed = true; /* gave_up follows once the replies are out (serve) */
   r->flush_deadline = now_s() + FLUSH_S;
   for (int i = 0; i < r->n; i++) {
     int s = r->by_rank[i];
@@ -429,6 +428,9 @@ static void* serve(void* arg) {
       bool out = replies_out(r, r->all != NULL);
       if (out || t >= r->flush_deadline) {
         if (r->all && out) atomic_store(&r->done, true);
+        /* only now: a caller that stops the server on failure must not cut the reasons off */
+        else if (r->failed && !atomic_load(&r->done))
+          atomic_store(&r->gave_up, true);
         next_round(r); /* keep serving: a rank may init again after clear_backends */
         continue;
       }
