@@ -6,10 +6,10 @@
 #
 # Environment: AB_OP (mlxdist-bench --op, one op; default all_sum),
 # AB_NP (ranks, default 2), AB_TRANSPORTS (default "shm tcp"),
-# AB_MAX_BYTES (default 64M), AB_FACTOR (default 8), AB_MIN_TIME (ms per size,
-# default 200). Writes OUTDIR/<A|B>-<transport>-<rep>.csv and prints, per
-# transport and size, the median time of each build over the repetitions, its
-# min-max, and B/A (above 1: B is slower).
+# AB_MIN_BYTES (default 4), AB_MAX_BYTES (default 64M), AB_FACTOR (default 8),
+# AB_MIN_TIME (ms per size, default 200). Writes OUTDIR/<A|B>-<transport>-<rep>.csv
+# and prints, per transport and size, the median time of each build over the
+# repetitions, its min-max, and B/A (above 1: B is slower).
 set -euo pipefail
 a=${1:?usage: bench-ab.sh BUILD_A BUILD_B OUTDIR [REPS]}
 b=${2:?usage: bench-ab.sh BUILD_A BUILD_B OUTDIR [REPS]}
@@ -23,8 +23,9 @@ for rep in $(seq 1 "$reps"); do
       build=$a
       [ "$side" = B ] && build=$b
       "$build/tools/mlxdist-launch" -n "$np" --timeout 600 --env "MLXDIST_TRANSPORT=$t" -- \
-        "$build/tools/mlxdist-bench" --op "${AB_OP:-all_sum}" -b 4 -e "${AB_MAX_BYTES:-64M}" \
-        -f "${AB_FACTOR:-8}" -t "${AB_MIN_TIME:-200}" --csv >"$out/$side-$t-$rep.csv"
+        "$build/tools/mlxdist-bench" --op "${AB_OP:-all_sum}" -b "${AB_MIN_BYTES:-4}" \
+        -e "${AB_MAX_BYTES:-64M}" -f "${AB_FACTOR:-8}" -t "${AB_MIN_TIME:-200}" \
+        --csv >"$out/$side-$t-$rep.csv"
     done
   done
 done
