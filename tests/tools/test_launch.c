@@ -370,15 +370,17 @@ static void test_sigint_forwarded(void) {
     n += (size_t)got;
     buf[n] = '\0';
     if (strstr(buf, "[0] started") && strstr(buf, "[1] started")) break;
-    if (now_s() - t0 > 10) break;
+    if (now_s() - t0 > 30) break; /* a slow start (a loaded machine) is not what is tested */
   }
+  double t_int = now_s();
   kill(pid, SIGINT);
   int st;
   T_ASSERT(waitpid(pid, &st, 0) == pid);
   close(pe[0]);
   T_ASSERT(WIFEXITED(st));
   T_EQ_INT(WEXITSTATUS(st), 128 + SIGINT);
-  T_ASSERT(now_s() - t0 < 10.0);
+  /* the ranks' sleep 30 was cut short: the launcher forwarded the signal */
+  T_ASSERT(now_s() - t_int < 10.0);
 }
 
 static void expect_usage_error(const char* const* argv, const char* must_contain) {
