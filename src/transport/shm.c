@@ -35,16 +35,12 @@
  * Matching. The receiver drains every incoming ring whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against
  * the posted receives of that peer, in posting order; a match gets its
- * bytes written straight into its buffer. A message without a posted
- * receive, whatever its size, stays in its ring (its receive, posted a moment
- * later, takes it with one copy; a full ring holds its sender back meanwhile)
- * until the waiter is idle for SHM_DEFER_S or would sleep; then it is buffered
- * (mlxd_buffer_alloc, or read at once through CMA and acked), so two ranks
- * that both send before receiving never deadlock; a later receive takes it
- * over (a partly arrived one continues). (Buffering a full ring, or every
- * message above 512 KiB, at once cost a third copy of a pipelined ring's
- * chunks that came ahead of their receive: 16 MiB all_sum, 2 ranks, 2.5 ms
- * against 2.1 ms now.)
+ * bytes written straight into its buffer. A message (up to SHM_DEFER_MAX)
+ * without a posted receive stays in its ring (its receive, posted a moment later, takes it
+ * with one copy) until the waiter is idle for SHM_DEFER_S, would sleep, or
+ * the ring is full; then it is buffered (mlxd_buffer_alloc, or read at once
+ * through CMA and acked), so two ranks that both send before receiving never
+ * deadlock; a later receive takes it over (a partly arrived one continues).
  * Signatures must agree (sig_clash: the message's with its receive's, or
  * with any receive or message of the same operation when the tags differ);
  * a disagreement fails the transport (published: the peers fail with it
@@ -311,7 +307,9 @@ static char* cur_dest(shm_peer* p) {
 }
 
 /* Drain the ring from peer pi; a message without a receive stays unless
- * `buffer`. Returns events (slots consumed) or -1. */
+ * `buffer`, the ring is full, or it is larger than SHM_DEFER_MAX (its
+ * sender streams it: draining it as it comes keeps both ranks copying).
+ * Returns events (slots consumed) or -1. */
 static int progress_in(shm_transport* t, int pi, bool buffer) {
   shm_peer* p = &t->peers[pi];
   uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
@@ -324,7 +322,8 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
   while (p->in_tail != head) {
     shm_slot_hdr* h = slot_at(t, p->in_slots, p->in_tail);
     if (!p->cur_active) {
-      int sm = start_message(t, pi, h, buffer);
+      bool now = buffer || head - p->in_tail >= SHM_NSLOTS || h->msg_len > SHM_DEFER_MAX;
+      int sm = start_message(t, pi, h, now);
       if (sm < 0) return -1;
       if (sm > 0) break;
     }
