@@ -34,6 +34,7 @@ for v in 1 2 3; do
     gcc -std=c99 -pedantic -Wall -Wextra -Werror -fsyntax-only -x c - \
       $(pkg-config --cflags mlxdist-plugin) || fail "plugin_v$v.h does not compile alone"
 done
+[ -z "$(find "$prefix/include" -name '.*')" ] || fail "hidden files installed: $(find "$prefix/include" -name '.*')"
 [ -z "$(pkg-config --libs mlxdist-plugin)" ] ||
   fail "mlxdist-plugin.pc names libraries (a plugin must not link libmlxdist): $(pkg-config --libs mlxdist-plugin)"
 [ "$(realpath "$(pkg-config --variable=plugindir mlxdist-plugin)")" = "$(realpath "$libdir")" ] ||
