@@ -68,8 +68,9 @@ int mlxd_registry_add_plugin(const char* name, char* why, size_t why_len) {
   why[0] = '\0';
   if (!name || !plugin_name_ok(name) || strcmp(name, "any") == 0) {
     snprintf(why, why_len,
-             "not the name of a backend plugin (1-%d characters of a-z, 0-9, '_' and '-')",
-             ADDED_NAME_MAX - 1);
+             "\"%.40s\" cannot name a plugin (a plugin's name is 1-%d characters of a-z, 0-9, "
+             "'_' and '-')",
+             name ? name : "(null)", ADDED_NAME_MAX - 1);
     return -1;
   }
   int idx = mlxd_registry_find(name);

@@ -10,12 +10,7 @@ set -euo pipefail
 src=$1
 build=$2
 work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'rm -rf "$work"' EXIT
 fail() { echo "check_plugin_kit: FAIL: $*" >&2; exit 1; }
 prefix=$work/prefix
 
@@ -71,25 +66,9 @@ done
 gcc -std=c17 -Wall -Wextra -Werror "$src/tests/install/plugin_ranks.c" -o "$work/plugin_ranks" \
   $(pkg-config --cflags --libs mlxdist)
 
-# Start n ranks of plugin_ranks MODE with the plugin in dir; each must print "MODE ok".
 run_ranks() {
-  local n=$1 dir=$2 mode=$3 r out rc=0
-  local sock
-  sock=$(mktemp -d "$work/s.XXXX")
-  pids=()
-  for ((r = 0; r < n; r++)); do
-    MLX_RANK=$r MLX_WORLD_SIZE=$n MLX_UDS_DIR=$sock MLXDIST_PLUGIN_PATH=$dir MLXDIST_TIMEOUT=30 \
-      timeout 90 "$work/plugin_ranks" "$mode" >"$sock/out.$r" 2>&1 &
-    pids+=($!)
-  done
-  for ((r = 0; r < n; r++)); do wait "${pids[$r]}" || rc=1; done
-  pids=()
-  for ((r = 0; r < n; r++)); do
-    out=$(cat "$sock/out.$r")
-    echo "  [$n ranks, $mode, rank $r] $out"
-    grep -q "plugin_ranks: $mode ok (rank $r)" <<<"$out" || rc=1
-  done
-  [ $rc = 0 ] || fail "$n ranks of plugin_ranks $mode with the plugin of $dir (see above)"
+  bash "$src/tests/install/uds_ranks.sh" "$work/plugin_ranks" "$2" "$1" "$3" ||
+    fail "$1 ranks of plugin_ranks $3 with the plugin of $2"
 }
 
 # 5. Real groups: 3 ranks on the CMake build, 2 on the pkg-config build.
