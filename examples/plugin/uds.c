@@ -120,9 +120,9 @@ static int wait_fd(int fd, short ev, double deadline, short* got) {
 static int drain(peer* q) {
   char buf[65536];
   ssize_t n = recv(q->fd, buf, sizeof buf, MSG_DONTWAIT);
-  if (n == 0) q->eof = 1;
-  if (n == 0) return -2;
-  if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+  if (n <= 0) q->eof = 1; /* closed or failed: the op that reads it reports it */
+  if (n <= 0) return n == 0 ? -2 : -1;
   if (q->off == q->len) q->off = q->len = 0;
   char* p = realloc(q->inbox, q->len + (size_t)n);
   if (!p) return -3;
@@ -165,7 +165,7 @@ static int put(uds* u, int r, const void* buf, size_t n, const char* what, mlxdi
     int rc = poll(pf, (nfds_t)m->size, (int)(left * 1000) + 1);
     if (rc < 0 && errno != EINTR) return io_fail(u, r, -1, t, what, st);
     for (int q = 0; rc > 0 && q < m->size; q++) {
-      if (!(pf[q].revents & POLLIN) || (q != w && m->p[q].eof)) continue;
+      if (!(pf[q].revents & (POLLIN | POLLHUP | POLLERR)) || (q != w && m->p[q].eof)) continue;
       int d = drain(&m->p[q]);
       if (d < 0 && (q == w || d == -3)) return io_fail(u, r, d, t, what, st);
     }
@@ -187,6 +187,7 @@ static int take(uds* u, int r, void* buf, size_t n, const char* what, mlxdist_v3
   size_t k0 = q->len - q->off < n ? q->len - q->off : n;
   if (k0) memcpy(p, q->inbox + q->off, k0);
   q->off += k0;
+  if (q->off == q->len) free(q->inbox), q->inbox = NULL, q->off = q->len = 0;
   p += k0, n -= k0;
   while (n > 0) {
     short got = 0;
@@ -507,7 +508,8 @@ static int connect_mesh(mesh* m, int rank, const char* dir, mlxdist_v3_status* s
       break;
     }
     w = wait_fd(fd, POLLIN, deadline, &got);
-    ssize_t n = w > 0 ? recv(fd, &h, sizeof h, MSG_WAITALL) : -1;
+    /* one send of 32 bytes on a local stream socket arrives whole; never wait past it */
+    ssize_t n = w > 0 ? recv(fd, &h, sizeof h, MSG_DONTWAIT) : -1;
     if (n != (ssize_t)sizeof h || h.magic != MAGIC || h.op != OP_HELLO ||
         h.nbytes != (uint64_t)m->size || h.seq <= (uint64_t)rank || h.seq >= (uint64_t)m->size ||
         m->p[h.seq].fd >= 0) {
