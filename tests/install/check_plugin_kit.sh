@@ -25,6 +25,7 @@ for v in 1 2 3; do
   h=$prefix/include/mlx/c/plugin/plugin_v$v.h
   [ -f "$h" ] || fail "no installed $h"
   cmp -s "$h" "$src/include/mlx/c/plugin/plugin_v$v.h" || fail "$h differs from the tree's"
+  # shellcheck disable=SC2046
   echo "#include <mlx/c/plugin/plugin_v$v.h>" |
     gcc -std=c99 -pedantic -Wall -Wextra -Werror -fsyntax-only -x c - \
       $(pkg-config --cflags mlxdist-plugin) || fail "plugin_v$v.h does not compile alone"

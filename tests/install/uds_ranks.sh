@@ -10,6 +10,7 @@ n=$3
 mode=$4
 sock=$(mktemp -d)
 pids=()
+# shellcheck disable=SC2317  # (called by the trap)
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   rm -rf "$sock"
