@@ -1,12 +1,15 @@
-# Installation: headers, shared + static library, pkg-config file, CMake package.
+# Installation: headers, shared + static library, pkg-config files, CMake package.
+# Plugin authors get the frozen ABI headers (include/mlx/c/plugin, installed with the rest),
+# mlxdist-plugin.pc (cflags only) and the INTERFACE target mlxdist::plugin_abi.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS mlxdist mlxdist_static
+install(TARGETS mlxdist mlxdist_static mlxdist_plugin_abi
   EXPORT mlxdistTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mlx DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/mlx DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  PATTERN ".clang-format" EXCLUDE)
 
 install(EXPORT mlxdistTargets
   NAMESPACE mlxdist::
@@ -24,4 +27,7 @@ install(FILES ${PROJECT_BINARY_DIR}/mlxdistConfig.cmake
 # `cmake --install --prefix P` works for any P.
 file(RELATIVE_PATH MLXDIST_PC_TO_PREFIX "/root/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/root")
 configure_file(${PROJECT_SOURCE_DIR}/cmake/mlxdist.pc.in ${PROJECT_BINARY_DIR}/mlxdist.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/mlxdist.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+configure_file(${PROJECT_SOURCE_DIR}/cmake/mlxdist-plugin.pc.in ${PROJECT_BINARY_DIR}/mlxdist-plugin.pc
+  @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/mlxdist.pc ${PROJECT_BINARY_DIR}/mlxdist-plugin.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

@@ -29,7 +29,7 @@
  *    input) do not overflow; buffers are at least that large (non-NULL
  *    when non-empty).
  *  - split: color >= 0 and key >= 0.
- * Plugins get the same guarantees (distributed/abi/plugin_v<N>.h). */
+ * Plugins get the same guarantees (mlx/c/plugin/plugin_v<N>.h). */
 #ifndef MLXD_BACKEND_H
 #define MLXD_BACKEND_H
 

@@ -36,13 +36,17 @@
 /* ------------------------------------------------------------------ */
 /* small helpers                                                       */
 
-/* A registry index or ANY_IDX; -1 for an unknown name. NULL means "any". */
-static int name_index(const char* bk) {
+/* A registry index or ANY_IDX; -1 for an unknown name. NULL means "any". A
+ * name outside the registry is a backend plugin's if libmlxdist-<name>.so
+ * loads (registry.c); if not, why (when given) says what was tried. */
+static int name_index(const char* bk, char* why, size_t why_len) {
   if (bk == NULL || strcmp(bk, "any") == 0) return ANY_IDX;
-  return mlxd_registry_find(bk);
+  int idx = mlxd_registry_find(bk);
+  if (idx < 0) idx = mlxd_registry_add_plugin(bk, why, why_len);
+  return idx;
 }
 
-static const char* idx_name(int idx) { return idx == ANY_IDX ? "any" : mlxd_registry[idx].name; }
+static const char* idx_name(int idx) { return idx == ANY_IDX ? "any" : mlxd_registry_name(idx); }
 
 /* "\"any\" (or NULL), \"nccl\", ..., or \"jaccl\"": every name init accepts. */
 static void valid_names(char* buf, size_t len) {
@@ -52,6 +56,7 @@ static void valid_names(char* buf, size_t len) {
   for (int i = 0; i < mlxd_registry_size; i++)
     mlxd_text_add(&t, "%s\"%s\"", i + 1 == mlxd_registry_size ? " or " : ", ",
                   mlxd_registry[i].name);
+  mlxd_text_add(&t, ", or the name of a backend plugin");
 }
 
 /* ------------------------------------------------------------------ */
@@ -286,7 +291,7 @@ static void cache_put(int idx, mlxd_group* g) {
  * the kind's contract starts nothing (backend.h). */
 static mlxd_group* try_start(int idx, mlxd_user_gather* u, bool for_any, bool strict, char* why,
                              size_t why_len, int* code) {
-  const char* name = mlxd_registry[idx].name;
+  const char* name = mlxd_registry_name(idx);
   const mlxd_backend_kind* kind = mlxd_registry_kind(idx, why, why_len);
   if (!kind) {
     *code = MLXD_EUNAVAIL;
@@ -434,11 +439,12 @@ int mlx_distributed_init(mlx_distributed_group* res, bool strict, const char* bk
     mlxd_error("[distributed] init: res is NULL (expected a pointer to an mlx_distributed_group)");
     return MLXD_EINVAL;
   }
-  int idx = name_index(bk);
+  char why[BIG_MSG];
+  int idx = name_index(bk, why, sizeof why);
   if (idx < 0) {
     char names[256];
     valid_names(names, sizeof names);
-    mlxd_error("[distributed] init: unknown backend \"%s\" (expected %s)", bk, names);
+    mlxd_error("[distributed] init: unknown backend \"%s\" (expected %s: %s)", bk, names, why);
     return MLXD_EINVAL;
   }
   char msg[BIG_MSG];
@@ -488,13 +494,14 @@ int mlx_distributed_init_with_all_gather(mlx_distributed_group* res, bool strict
     mlxd_error("[distributed] init_with_all_gather: all_gather is NULL (expected a callback)");
     return MLXD_EINVAL;
   }
-  int idx = name_index(bk);
+  char why[BIG_MSG];
+  int idx = name_index(bk, why, sizeof why);
   if (idx < 0) {
     if (dtor) dtor(payload);
     char names[256];
     valid_names(names, sizeof names);
-    mlxd_error("[distributed] init_with_all_gather: unknown backend \"%s\" (expected %s)", bk,
-               names);
+    mlxd_error("[distributed] init_with_all_gather: unknown backend \"%s\" (expected %s: %s)", bk,
+               names, why);
     return MLXD_EINVAL;
   }
   if (idx != ANY_IDX && !accepts_gather(idx)) {
@@ -621,11 +628,14 @@ int mlx_distributed_group_split(mlx_distributed_group* res, mlx_distributed_grou
 }
 
 bool mlx_distributed_is_available(const char* bk) {
-  int idx = name_index(bk);
-  if (idx < 0) return false;
   char why[BIG_MSG];
+  int idx = name_index(bk, why, sizeof why);
+  if (idx < 0) return false;
+  if (idx != ANY_IDX) {
+    const mlxd_backend_kind* k = mlxd_registry_kind(idx, why, sizeof why);
+    return k && k->is_available(why, sizeof why);
+  }
   for (int i = 0; i < mlxd_registry_size; i++) {
-    if (idx != ANY_IDX && i != idx) continue;
     const mlxd_backend_kind* k = mlxd_registry_kind(i, why, sizeof why);
     if (k && k->is_available(why, sizeof why)) return true;
   }

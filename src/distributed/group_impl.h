@@ -100,8 +100,19 @@ typedef struct mlxd_registry_entry {
 extern const mlxd_registry_entry mlxd_registry[];
 extern const int mlxd_registry_size;
 
-/* Index of a backend name in mlxd_registry, or -1. */
+/* Index of a backend name: an entry of mlxd_registry, or a plugin of
+ * another name added by mlxd_registry_add_plugin (indices
+ * mlxd_registry_size .. MLXD_REGISTRY_MAX - 1); -1 for neither. */
 int mlxd_registry_find(const char* name);
+/* The name of an index of mlxd_registry_find (a static string). */
+const char* mlxd_registry_name(int idx);
+/* A backend out of the tree: a name outside mlxd_registry, loaded as the
+ * plugin libmlxdist-<name>.so (docs/plugin-abi.md). Returns its index (the
+ * same one every time), or -1 with why set: a name that cannot be a plugin's
+ * (1-23 characters of a-z, 0-9, '_', '-', starting with a letter or digit),
+ * no plugin of that name in the search path (every path tried), or no room
+ * for another. Such a backend is started only by its name, never by "any". */
+int mlxd_registry_add_plugin(const char* name, char* why, size_t why_len);
 /* The entry's kind (loading its plugin the first time), or NULL with why set. */
 const mlxd_backend_kind* mlxd_registry_kind(int idx, char* why, size_t why_len);
 /* The entries "any" tries, in order, into idx (at most mlxd_registry_size);

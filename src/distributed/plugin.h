@@ -1,5 +1,5 @@
 /* Private: the core side of backend plugins (the ABI itself is in
- * distributed/abi/plugin_v<N>.h; docs/plugin-abi.md).
+ * mlx/c/plugin/plugin_v<N>.h; docs/plugin-abi.md).
  *
  * plugin.c finds and dlopens libmlxdist-<name>.so; plugin_adapter.c reads
  * its table (mlxdist_plugin_v3, else _v2, else _v1), checks it and

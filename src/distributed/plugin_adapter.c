@@ -21,10 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mlx/c/plugin/plugin_v1.h>
+#include <mlx/c/plugin/plugin_v2.h>
+#include <mlx/c/plugin/plugin_v3.h>
 #include "core/array_impl.h"
-#include "distributed/abi/plugin_v1.h"
-#include "distributed/abi/plugin_v2.h"
-#include "distributed/abi/plugin_v3.h"
 #include "distributed/plugin.h"
 #include "reduce/reduce.h"
 #include "util/tunables.h"

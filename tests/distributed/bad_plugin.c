@@ -8,8 +8,8 @@
  * It includes only the frozen ABI headers, as a third-party plugin would. */
 #include <string.h>
 
-#include "distributed/abi/plugin_v1.h"
-#include "distributed/abi/plugin_v2.h"
+#include <mlx/c/plugin/plugin_v1.h>
+#include <mlx/c/plugin/plugin_v2.h>
 
 #define EXPORT __attribute__((visibility("default")))
 

@@ -130,10 +130,15 @@ static void test_argument_errors(void) {
   mlx_distributed_group g = mlx_distributed_group_new();
   T_ASSERT(mlx_distributed_init(&g, false, "bogus") != 0); /* even non-strict */
   T_EXPECT_ERROR("unknown backend \"bogus\"", "\"any\"", "\"ring\"", "\"mpi\"", "\"nccl\"",
-                 "\"jaccl\"");
+                 "\"jaccl\"", "the name of a backend plugin", "libmlxdist-bogus.so (no such file)");
   T_ASSERT(g.ctx == NULL);
+  T_ASSERT(!mlx_distributed_is_available("bogus"));
   T_ASSERT(mlx_distributed_init(&g, true, "") != 0);
-  T_EXPECT_ERROR("unknown backend \"\"");
+  T_EXPECT_ERROR("unknown backend \"\"", "cannot name a plugin");
+  /* a name that could leave the plugin directory is never looked up */
+  T_ASSERT(mlx_distributed_init(&g, true, "../lib/x") != 0);
+  T_EXPECT_ERROR("unknown backend \"../lib/x\"", "cannot name a plugin");
+  T_ASSERT(!mlx_distributed_is_available("../lib/x"));
   T_ASSERT(mlx_distributed_init(NULL, false, NULL) != 0);
   T_EXPECT_ERROR("[distributed] init: res is NULL");
 

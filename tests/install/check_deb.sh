@@ -40,10 +40,12 @@ grep -q '^Status: install ok installed' <<<"$status" ||
 libdir=$(dirname "$(find "$root/usr" -name libmlxdist.so | head -n1)")
 [ -f "$libdir/libmlxdist.so" ] || fail "the package has no libmlxdist.so"
 for f in usr/bin/mlxdist-launch usr/bin/mlxdist-bench usr/bin/mlxdist-info \
-         usr/include/mlx/c/distributed.h; do
+         usr/include/mlx/c/distributed.h usr/include/mlx/c/plugin/plugin_v1.h \
+         usr/include/mlx/c/plugin/plugin_v2.h usr/include/mlx/c/plugin/plugin_v3.h; do
   [ -e "$root/$f" ] || fail "the package has no /$f"
 done
 [ -f "$libdir/pkgconfig/mlxdist.pc" ] || fail "the package has no mlxdist.pc"
+[ -f "$libdir/pkgconfig/mlxdist-plugin.pc" ] || fail "the package has no mlxdist-plugin.pc"
 [ -f "$libdir/cmake/mlxdist/mlxdistConfig.cmake" ] || fail "the package has no CMake package"
 if [ -f "$build/libmlxdist-mpi.so" ]; then
   [ -f "$libdir/libmlxdist-mpi.so" ] || fail "the build has the mpi plugin but the package does not"
@@ -113,6 +115,33 @@ C
   gcc -std=c17 -Wall -Werror "$work/avail.c" -o "$work/avail" $(pkg-config --cflags --libs mlxdist)
   MLXDIST_PLUGIN_PATH= "$work/avail" || fail "the installed library does not find the installed mpi plugin"
 fi
+
+# 5b. A plugin author's kit: the example backend plugin builds against the package's ABI
+# headers through pkg-config (mlxdist-plugin) and find_package (mlxdist::plugin_abi), and the
+# installed library loads it by name.
+mkdir -p "$work/uds-pc"
+# shellcheck disable=SC2046
+gcc -std=c17 -Wall -Wextra -Werror -fPIC -shared -fvisibility=hidden "$src/examples/plugin/uds.c" \
+  -o "$work/uds-pc/libmlxdist-uds.so" -pthread $(pkg-config --cflags --libs mlxdist-plugin) ||
+  fail "the example plugin did not build through mlxdist-plugin.pc"
+cp -r "$src/examples/plugin" "$work/uds-src"
+cmake -S "$work/uds-src" -B "$work/uds-cm" -DCMAKE_PREFIX_PATH="$root/usr" >/dev/null ||
+  fail "find_package(mlxdist) did not give mlxdist::plugin_abi"
+cmake --build "$work/uds-cm" >/dev/null || fail "the example plugin did not build through CMake"
+cat >"$work/avail_uds.c" <<'C'
+#include <mlx/c/mlx.h>
+#include <stdio.h>
+int main(void) {
+  bool ok = mlx_distributed_is_available("uds");
+  printf("uds available: %s\n", ok ? "yes" : "no");
+  return ok ? 0 : 1;
+}
+C
+# shellcheck disable=SC2046
+gcc -std=c17 -Wall -Werror "$work/avail_uds.c" -o "$work/avail_uds" $(pkg-config --cflags --libs mlxdist)
+for d in "$work/uds-pc" "$work/uds-cm"; do
+  MLXDIST_PLUGIN_PATH=$d "$work/avail_uds" || fail "the installed library does not load $d/libmlxdist-uds.so"
+done
 
 # 6. Removal leaves nothing of the package behind.
 dpkg --root="$root" "${force[@]}" -r mlxdist >"$work/dpkg-r.log" 2>&1 ||

@@ -1,7 +1,7 @@
 /* Private to the mpi plugin: which plugin ABI this build speaks.
  *
  * The plugin is written once against the neutral names below (mpip_*,
- * MPIP_*). A normal build speaks ABI v3 (distributed/abi/plugin_v3.h) and
+ * MPIP_*). A normal build speaks ABI v3 (mlx/c/plugin/plugin_v3.h) and
  * exports mlxdist_plugin_v3; MLXDIST_MPI_PLUGIN_ABI=1 or 2 selects a frozen
  * older header instead (tests/distributed/plugin_v1 builds both to prove
  * such plugins still load): v1 has no describe op (MPIP_HAS_DESCRIBE 0),
@@ -16,7 +16,7 @@
 #endif
 
 #if MLXDIST_MPI_PLUGIN_ABI == 1
-#include "distributed/abi/plugin_v1.h"
+#include <mlx/c/plugin/plugin_v1.h>
 #define MPIP_(x) mlxdist_v1_##x
 #define MPIP_C(x) MLXDIST_V1_##x
 #define MPIP_VERSION MLXDIST_PLUGIN_V1_VERSION
@@ -24,7 +24,7 @@
 #define MPIP_HAS_DESCRIBE 0
 #define MPIP_HAS_REF 0
 #elif MLXDIST_MPI_PLUGIN_ABI == 2
-#include "distributed/abi/plugin_v2.h"
+#include <mlx/c/plugin/plugin_v2.h>
 #define MPIP_(x) mlxdist_v2_##x
 #define MPIP_C(x) MLXDIST_V2_##x
 #define MPIP_VERSION MLXDIST_PLUGIN_V2_VERSION
@@ -32,7 +32,7 @@
 #define MPIP_HAS_DESCRIBE 1
 #define MPIP_HAS_REF 0
 #elif MLXDIST_MPI_PLUGIN_ABI == 3
-#include "distributed/abi/plugin_v3.h"
+#include <mlx/c/plugin/plugin_v3.h>
 #define MPIP_(x) mlxdist_v3_##x
 #define MPIP_C(x) MLXDIST_V3_##x
 #define MPIP_VERSION MLXDIST_PLUGIN_V3_VERSION

@@ -44,7 +44,7 @@
  *
  * The plugin does not link libmlxdist: the reduction kernels, the dtype sizes
  * and the tunables come through the host table given to mlxdist_plugin_v3
- * (the frozen ABI, distributed/abi/plugin_v3.h; docs/plugin-abi.md). The
+ * (the frozen ABI, mlx/c/plugin/plugin_v3.h; docs/plugin-abi.md). The
  * front-end's guarantees (size >= 2, valid peer, dtype, op, byte counts)
  * are written in that header. */
 #ifndef MLXDIST_BACKENDS_MPI_MPI_INTERNAL_H
