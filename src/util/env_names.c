@@ -97,6 +97,21 @@ static bool listed(const char* list, const char* name, size_t len) {
   return false;
 }
 
+/* A name as it goes into a message: letters, digits and '_' as they are,
+ * any other byte as \xNN (the environment's bytes are not the terminal's
+ * business), cut after 100 bytes. */
+static void add_name(mlxd_text* t, const char* name, size_t len) {
+  size_t shown = len > 100 ? 100 : len;
+  for (size_t i = 0; i < shown; i++) {
+    unsigned char c = (unsigned char)name[i];
+    if (isalnum(c) || c == '_')
+      mlxd_text_add(t, "%c", c);
+    else
+      mlxd_text_add(t, "\\x%02x", c);
+  }
+  if (shown < len) mlxd_text_add(t, "...");
+}
+
 int mlxd_env_names_unknown(const char* const* env, int n, bool skip_reported, mlxd_text* lines,
                            const char* sep, mlxd_text* names) {
   const char* reported = skip_reported ? getenv("MLXDIST_ENV_REPORTED") : NULL;
@@ -110,16 +125,16 @@ int mlxd_env_names_unknown(const char* const* env, int n, bool skip_reported, ml
     if (mlxd_env_name_known(e, len) || listed(reported, e, len)) continue;
     if (names && listed(names->buf, e, len)) continue; /* told already (another list) */
     const char* near = mlxd_env_name_closest(e, len);
-    int shown = len > 100 ? 100 : (int)len;
     if (lines) {
-      mlxd_text_add(lines, "%s%.*s%s is not a variable mlxdist knows ", lines->used ? sep : "",
-                    shown, e, shown < (int)len ? "..." : "");
+      if (lines->used) mlxd_text_add(lines, "%s", sep);
+      add_name(lines, e, len);
+      mlxd_text_add(lines, " is not a variable mlxdist knows ");
       if (near)
         mlxd_text_add(lines, "(did you mean %s?)", near);
       else
         mlxd_text_add(lines, "(no close name)");
     }
-    if (names) mlxd_text_add(names, "%s%.*s", names->used ? ":" : "", shown, e);
+    if (names) mlxd_text_add(names, "%s%.*s", names->used ? ":" : "", (int)len, e);
     count++;
   }
   return count;

@@ -33,8 +33,9 @@ const char* mlxd_env_name_closest(const char* name, size_t len);
  * prefixes are skipped. With skip_reported, a name listed in
  * MLXDIST_ENV_REPORTED (':'-separated) is not counted, nor is one already in
  * names. For each unknown name adds to lines (may be NULL) "NAME is not a
- * variable mlxdist knows (did you mean X?)" or "... (no close name)", after
- * sep when lines is not empty, and to names (may be NULL) the name,
+ * variable mlxdist knows (did you mean X?)" or "... (no close name)" (NAME's
+ * bytes other than letters, digits and '_' as \xNN, cut after 100), after
+ * sep when lines is not empty, and to names (may be NULL) the name as it is,
  * ':'-separated (so several lists can be added up). Returns their number. */
 int mlxd_env_names_unknown(const char* const* env, int n, bool skip_reported, mlxd_text* lines,
                            const char* sep, mlxd_text* names);

@@ -1,3 +1,4 @@
+/* The bytes JSON forbids, found before cJSON sees the text (json_bytes.h). */
 #include "util/json_bytes.h"
 
 #include <stdio.h>

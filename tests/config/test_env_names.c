@@ -208,6 +208,13 @@ static void names_tests(const char* src) {
   setenv("MLXDIST_ENV_REPORTED", "MLXDIST_TIMEUO", 1); /* a whole name, not a prefix */
   T_EQ_INT(mlxd_env_names_unknown(env, -1, true, NULL, "", NULL), 2);
   unsetenv("MLXDIST_ENV_REPORTED");
+  /* a name's odd bytes are not printed as they are */
+  const char* odd[] = {"MLXDIST_\x1b[2J=1", NULL};
+  l = (mlxd_text){lines, sizeof lines, 0};
+  lines[0] = '\0';
+  T_EQ_INT(mlxd_env_names_unknown(odd, -1, false, &l, "", NULL), 1);
+  T_ASSERT(strcmp(lines, "MLXDIST_\\x1b\\x5b2J is not a variable mlxdist knows (no close name)") ==
+           0);
   /* the project's own names: every MLXDIST_* in a string literal is known */
   const char* const dirs[] = {"src", "tools", "examples"};
   int unknown = 0, checked = 0;

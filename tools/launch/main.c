@@ -256,11 +256,19 @@ static void check_env_names(launch_opts* o, const launch_hosts* hs) {
   k += mlxd_env_names_unknown(o->envs, o->n_envs, false, &l, sep, &nm);
   k += mlxd_env_names_unknown((const char* const*)hs->envs, hs->n_envs, false, &l, sep, &nm);
   if (k == 0) return;
+  /* strict as the ranks will be: here, then the hostfile's "envs", then --env (the last wins) */
   bool strict = mlxd_tunable_long(MLXD_T_STRICT_ENV) == 1;
-  for (int i = 0; i < o->n_envs; i++)
-    if (strcmp(o->envs[i], "MLXDIST_STRICT_ENV=1") == 0) strict = true;
-  for (int i = 0; i < hs->n_envs; i++)
-    if (strcmp(hs->envs[i], "MLXDIST_STRICT_ENV=1") == 0) strict = true;
+  const char* const* lists[2] = {(const char* const*)hs->envs, o->envs};
+  int counts[2] = {hs->n_envs, o->n_envs};
+  const char key[] = "MLXDIST_STRICT_ENV=";
+  for (int l = 0; l < 2; l++)
+    for (int i = 0; i < counts[l]; i++) {
+      const char* v = lists[l][i] + sizeof key - 1;
+      double x = 0; /* empty: the default, 0 */
+      if (strncmp(lists[l][i], key, sizeof key - 1) == 0 &&
+          (!*v || mlxd_tunable_parse(MLXD_T_STRICT_ENV, v, &x, NULL, 0) == 0))
+        strict = x == 1;
+    }
   if (strict)
     launch_bad_usage(
         "%s; MLXDIST_STRICT_ENV=1 makes an unknown MLXDIST_* name an error (fix or "
