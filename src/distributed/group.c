@@ -24,6 +24,7 @@
 #include "core/oprec.h"
 #include "distributed/group_impl.h"
 #include "distributed/plugin.h"
+#include "util/env_names.h"
 #include "util/text.h"
 #include "util/tunables.h"
 
@@ -351,8 +352,10 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
     *code = MLXD_EINVAL;
     return NULL;
   }
-  mlxd_status cst = {0}; /* a bad MLXDIST_* value fails init, strict or not */
-  if (mlxd_tunables_check(&cst) != 0) {
+  /* a bad MLXDIST_* value fails init, strict or not; an unknown name is warned about once
+   * (an error under MLXDIST_STRICT_ENV=1) */
+  mlxd_status cst = {0};
+  if (mlxd_tunables_check(&cst) != 0 || mlxd_env_names_check(&cst) != 0) {
     mlxd_text_add(&t, "[distributed] init: %s", cst.msg);
     *code = cst.code;
     return NULL;

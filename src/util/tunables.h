@@ -52,6 +52,9 @@ typedef struct mlxd_tunable_spec {
 /* A HOST-like word (same characters) that is something else, what says what ("ip:port"). */
 #define MLXD_TK_WORD(what) \
   { MLXD_TK_HOST, 0, 255, (what) }
+/* The same with a longer limit: max characters. */
+#define MLXD_TK_WORDS(what, max) \
+  { MLXD_TK_HOST, 0, (max), (what) }
 #define MLXD_TK_PATHS() \
   { MLXD_TK_PATHS, 0, 4096, "" }
 #define MLXD_TK_FILE() \
@@ -154,7 +157,15 @@ typedef struct mlxd_tunable_spec {
     "Two-level all_sum/max/min above this many bytes: the buffer goes through the phases in "     \
     "segments of about this size, pipelined (one crosses the hosts while the next is reduced "    \
     "inside the host and the last one spread there; at most 256 segments); 0: in one piece. "     \
-    "Read when a group is created; must be the same on every rank.")
+    "Read when a group is created; must be the same on every rank.")                              \
+  X(STRICT_ENV, "MLXDIST_STRICT_ENV", "0", MLXD_TK_FLAG(),                                        \
+    "1: an MLXDIST_* variable that mlxdist does not know (a typo) makes init "                    \
+    "fail naming it and the nearest known name (mlxdist-launch then refuses to start). 0: "       \
+    "one warning line per unknown name, once per process, and the name is ignored.")              \
+  X(ENV_REPORTED, "MLXDIST_ENV_REPORTED", "",                                                     \
+    MLXD_TK_WORDS("MLXDIST_* names separated by ':'", 4096),                                      \
+    "Set by mlxdist-launch: the unknown MLXDIST_* names it has already warned about, which its "  \
+    "ranks then do not warn about again (an unknown name not listed still gets its warning).")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,

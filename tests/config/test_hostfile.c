@@ -89,6 +89,67 @@ static void expect_parse_ok(const char* text, int n, int k) {
   mlxd_ring_hosts_free(&h);
 }
 
+/* Bytes JSON forbids (RFC 8259): outside a string only space, tab, LF and CR
+ * are whitespace; inside one no control byte at all. cJSON alone takes every
+ * byte <= 0x20 as whitespace and control bytes in strings. */
+static void json_bytes_tests(void) {
+  static const unsigned char between[] = {0x00, 0x01, 0x0b, 0x0c, 0x1f};
+  for (size_t i = 0; i < sizeof between; i++) {
+    /* [["127.0.0.1:5000"],?["127.0.0.1:5001"]]: the byte at offset 20 */
+    char text[64], want[200];
+    int n = snprintf(text, sizeof text, "[[\"127.0.0.1:5000\"],?[\"127.0.0.1:5001\"]]");
+    text[20] = (char)between[i];
+    snprintf(want, sizeof want,
+             "hostfile 'hf.json': byte 0x%02x at offset 20 (line 1, column 21) is not allowed in "
+             "JSON (only space, tab, line feed and carriage return may separate values)",
+             between[i]);
+    expect_parse_fail_n(text, (size_t)n, want, NULL);
+    /* the same byte first, and last */
+    memmove(text + 1, text, (size_t)n);
+    text[0] = (char)between[i];
+    snprintf(want, sizeof want, "byte 0x%02x at offset 0 (line 1, column 1) is not", between[i]);
+    expect_parse_fail_n(text, (size_t)n + 1, want, NULL);
+    n = snprintf(text, sizeof text, "[[\"127.0.0.1:5000\"]]\n?");
+    text[n - 1] = (char)between[i];
+    snprintf(want, sizeof want, "byte 0x%02x at offset 21 (line 2, column 1) is not", between[i]);
+    expect_parse_fail_n(text, (size_t)n, want, NULL);
+  }
+  static const unsigned char inside[] = {0x00, 0x01, 0x0b, 0x0c, 0x1f, 0x09, 0x0d};
+  static const char* const escape[] = {"\\u0000", "\\u0001", "\\u000b", "\\u000c",
+                                       "\\u001f", "\\t",     "\\r"};
+  for (size_t i = 0; i < sizeof inside; i++) {
+    /* [["127.0.0.1:500?"]]: the byte at offset 16, in the string */
+    char text[64], want[300];
+    int n = snprintf(text, sizeof text, "[[\"127.0.0.1:500?\"]]");
+    text[16] = (char)inside[i];
+    snprintf(want, sizeof want,
+             "hostfile 'hf.json': byte 0x%02x at offset 16 (line 1, column 17), inside a string, "
+             "is not allowed in JSON (a control byte in a string must be written as an escape, "
+             "%s)",
+             inside[i], escape[i]);
+    expect_parse_fail_n(text, (size_t)n, want, NULL);
+  }
+  /* a string that lacks its closing quote: told at the line feed */
+  expect_parse_fail(
+      "[[\"127.0.0.1:5000],\n [\"127.0.0.1:5001\"]]",
+      "byte 0x0a at offset 19 (line 1, column 20), inside a string, is not allowed in "
+      "JSON (a control byte in a string must be written as an escape, \\n; or does "
+      "the string lack its closing quote?)",
+      NULL);
+  /* escapes are followed: \" stays in the string, \\ ends before the quote */
+  expect_parse_fail("[[\"a\\\"\x01\"]]",
+                    "byte 0x01 at offset 6 (line 1, column 7), inside a string", NULL);
+  expect_parse_fail("[[\"a\\\\\"],\x0c[\"b\"]]",
+                    "byte 0x0c at offset 9 (line 1, column 10) is not allowed", NULL);
+  /* lines and columns */
+  expect_parse_fail("[\n  [\"127.0.0.1:5000\"],\r\n\t\x1f[\"127.0.0.1:5001\"]\n]",
+                    "byte 0x1f at offset 26 (line 3, column 2) is not allowed in JSON", NULL);
+  /* what JSON allows stays allowed: tab, CR, LF, space around values, DEL and UTF-8 bytes */
+  expect_parse_ok("\t[\t[\"127.0.0.1:5000\"],\r\n\t[ \"127.0.0.1:5001\" ]\r\n]\r\n\t", 2, 1);
+  expect_parse_ok("\r\n[[\"127.0.0.1:5000\",\r\"127.0.0.1:5001\"]]", 1, 2);
+  expect_parse_fail("[[\"h\x7f\xc3\xa9:5000\"]]", "has the byte 0x7f in its host", NULL);
+}
+
 static void parse_tests(void) {
   /* MLX's own format, as mlx.launch writes it (compact or indented), whitespace after */
   expect_parse_ok("[[\"127.0.0.1:5000\"], [\"127.0.0.1:5001\"]]", 2, 1);
@@ -108,8 +169,8 @@ static void parse_tests(void) {
   expect_parse_fail("[[\"127.0.0.1:5000\"], [\"127.0.0.1:5001\"]] # two ranks",
                     "at line 1, column 42 (at '# two ranks')", NULL);
   static const char nul[] = "[[\"127.0.0.1:5000\"]]\0garbage";
-  expect_parse_fail_n(nul, sizeof nul - 1, "has more after its JSON value", "(at '\\x00garbage')",
-                      NULL);
+  expect_parse_fail_n(nul, sizeof nul - 1,
+                      "byte 0x00 at offset 20 (line 1, column 21) is not allowed in JSON", NULL);
   expect_parse_fail("",
                     "hostfile 'hf.json' is empty (expected a JSON list with one list of "
                     "\"ip:port\" strings per rank)",
@@ -122,6 +183,7 @@ static void parse_tests(void) {
   expect_parse_fail("[[\"127.0.0.1:5000", "; the file ends inside a string", NULL);
   expect_parse_fail("[[\"127.0.0.1:5000\"],\n [\"127.0.0.1:5001\",]]",
                     "syntax error at line 2, column 20 (at ']]')", NULL);
+  json_bytes_tests();
   /* shapes and types */
   expect_parse_fail("{\"hosts\": [\"127.0.0.1:5000\"]}",
                     "is not a non-empty JSON list: it is an object", NULL);
@@ -346,6 +408,15 @@ static void init_tests(void) {
                    NULL);
   write_case(p, sizeof p, "dupname.json", "[[\"127.0.0.1:45001\"], [\"127.1:45001\"]]");
   expect_init_fail("duplicate after resolution", p, "are the same address 127.0.0.1:45001", NULL);
+  static const char nul_between[] = "[[\"127.0.0.1:45001\"],\0[\"127.0.0.1:45002\"]]";
+  snprintf(p, sizeof p, "%s/nul.json", g_dir);
+  write_file(p, nul_between, sizeof nul_between - 1);
+  expect_init_fail("a NUL byte between elements", p,
+                   "byte 0x00 at offset 21 (line 1, column 22) is not allowed in JSON (only space, "
+                   "tab, line feed and carriage return may separate values)",
+                   NULL);
+  write_case(p, sizeof p, "vt.json", "[[\"127.0.0.1:45001\"],\v[\"127.0.0.1:45002\"]]");
+  expect_init_fail("a vertical tab between elements", p, "byte 0x0b at offset 21", NULL);
   write_case(p, sizeof p, "empty.json", "");
   expect_init_fail("empty file", p, "is empty (expected a JSON list", NULL);
   write_case(p, sizeof p, "object.json", "{\"hosts\": [[\"127.0.0.1:45001\"]]}");

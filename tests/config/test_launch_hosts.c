@@ -127,6 +127,24 @@ static void test_json(void) {
            "missing or not a list");
   file_bad("{\"hosts\": []}", 1, "hostfile 'h.json' lists no host");
   file_bad("h1 h2", 1, "line 1: expected \"host\""); /* not JSON-looking: the text form */
+  /* bytes JSON forbids (the ring's parser's rule, util/json_bytes.h), in both JSON forms */
+  static const char nul_list[] = "[{\"ssh\": \"h1\"},\0{\"ssh\": \"h2\"}]";
+  int rc = launch_hosts_from_file(nul_list, sizeof nul_list - 1, "h.json", 1, &hs, why, sizeof why);
+  T_CHECKF(rc == -1 && strstr(why,
+                              "hostfile 'h.json': byte 0x00 at offset 15 (line 1, column 16) is "
+                              "not allowed in JSON (only space, tab, line feed and carriage "
+                              "return may separate values)"),
+           "rc %d: %s", rc, why);
+  file_bad("[{\"ssh\": \"h1\"}\f]", 1, "byte 0x0c at offset 14 (line 1, column 15) is not");
+  file_bad("\v{\"hosts\": [{\"ssh\": \"h\"}]}", 1, "byte 0x0b at offset 0");
+  file_bad("{\"envs\": [\"A=1\x01\"], \"hosts\": [{\"ssh\": \"h\"}]}", 1,
+           "byte 0x01 at offset 14 (line 1, column 15), inside a string, is not allowed in JSON");
+  file_bad("{\"envs\": [\"A=1\tx\"], \"hosts\": [{\"ssh\": \"h\"}]}", 1,
+           "byte 0x09 at offset 14 (line 1, column 15), inside a string");
+  file_bad("\f[[\"127.0.0.1:5000\"]]", 0, "byte 0x0c at offset 0"); /* the ring's form too */
+  T_REQUIREF(file("\t[{\"ssh\":\t\"h1\"},\r\n {\"ssh\": \"h2\"}]\r\n", 1, &hs) == 0, "%s", why);
+  T_CHECK(hs.n == 2);
+  launch_hosts_free(&hs);
   printf("hostfiles of hosts (JSON): OK\n");
 }
 

@@ -3,13 +3,16 @@
  * after them). It must never crash, look anything up or read past the input;
  * what it accepts must be a well-formed group: 1..MAX ranks, the same number
  * of connections each, every address an IP with a port or a host name left
- * for later, no address twice; what it refuses must say why, naming the file. */
+ * for later, no address twice, no byte JSON forbids (a control byte outside
+ * the four whitespace bytes, or any in a string); what it refuses must say
+ * why, naming the file. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
 #include "backends/ring/ring_internal.h"
+#include "util/json_bytes.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mlxd_ring_hosts h;
@@ -20,6 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!strstr(st.msg, "fuzz.json") && rc != MLXD_ENOMEM) abort();
     return 0;
   }
+  if (mlxd_json_bad_byte((const char*)data, size, NULL, NULL, 0)) abort();
   if (h.size < 1 || h.size > MLXD_RING_HOSTFILE_MAX_RANKS || h.nconn < 1 ||
       h.nconn > MLXD_RING_HOSTFILE_MAX_CONNECTIONS ||
       h.size * h.nconn > MLXD_RING_HOSTFILE_MAX_ADDRS)

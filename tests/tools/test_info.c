@@ -55,6 +55,15 @@ int main(int argc, char** argv) {
                   "INVALID: MLXDIST_TIMEOUT='-1' is out of range; expected seconds, a number "
                   "from 0.001 to 86400") != NULL);
 
+  /* a name mlxdist does not know is flagged with the nearest known one; none without one */
+  T_ASSERT(strstr(out, "UNKNOWN") == NULL);
+  snprintf(cmd, sizeof cmd, "MLXDIST_TIMEUOT=5 '%s' --env", tool);
+  T_EQ_INT(capture(cmd), 0);
+  T_ASSERT(strstr(out,
+                  "UNKNOWN (ignored; an init error under MLXDIST_STRICT_ENV=1):\n    "
+                  "MLXDIST_TIMEUOT is not a variable mlxdist knows (did you mean "
+                  "MLXDIST_TIMEOUT?)\n") != NULL);
+
   snprintf(cmd, sizeof cmd, "'%s' --env --markdown", tool);
   T_EQ_INT(capture(cmd), 0);
   const char* head = "| Variable | Default | Expected | Description |\n|---|---|---|---|\n";

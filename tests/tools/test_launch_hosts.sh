@@ -21,6 +21,9 @@
 #   ifname   --ifname lo --port-range: no MLXDIST_RING_ADDR, the ranks pick lo's
 #            address and ports in the range; the all_sum right
 #   mixed    localhost (forked here) and 127.0.0.2 (over ssh) in one job
+#   typo     MLXDIST_TIMEUOT in the launcher's environment and an unknown --env
+#            name, ranks forked here and over ssh: the launcher warns once per
+#            name, no rank repeats it (MLXDIST_ENV_REPORTED), the all_sum right
 #   start    a rank never reaches the rendezvous (host gone): the rendezvous
 #            gives up after its bound (3 x --connect-timeout 1), the launcher
 #            stops the job (rank 0's own exit status 255 is not taken for ssh's)
@@ -99,6 +102,15 @@ case $case_ in
     check "the plan" "^\[launch\] starting 2 ranks of '.*' on 2 hosts; rendezvous at 127\.0\.0\.1:[0-9]+"
     check "host lines" "^\[launch\]   host 127\.0\.0\.3: rank 1\.\.1, over ssh, listening on 127\.0\.0\.3"
     check "rank and host prefix" "^\[1 127\.0\.0\.3\] rank 1/2 addr 127\.0\.0\.3: all_sum ok$"
+    ;;
+  typo)
+    MLXDIST_TIMEUOT=5 run 0 30 --ssh "$fake" --hosts localhost,127.0.0.2,127.0.0.3 -n 2 \
+      --env MLXDIST_NOPE_NOPE=1 --timeout 60 -- "$prog" sum
+    for r in 0 1 2 3 4 5; do check "rank $r" "^\[$r\] rank $r/6 addr .*: all_sum ok$"; done
+    check "the launcher tells the typo" "^\[launch\] warning: MLXDIST_TIMEUOT is not a variable mlxdist knows \(did you mean MLXDIST_TIMEOUT\?\); it is ignored \(told here once, not by every rank\)\.$"
+    check "and the --env name" "^\[launch\] warning: MLXDIST_NOPE_NOPE is not a variable mlxdist knows \(no close name\)"
+    n=$(grep -c "is not a variable" "$out")
+    if [ "$n" -eq 2 ]; then echo "ok: 2 lines in all, none from the 6 ranks"; else echo "FAIL: $n lines about unknown names, expected 2"; fail=1; fi
     ;;
   kill)
     run 137 10 --ssh "$fake" --hosts 127.0.0.2,127.0.0.3 -n 2 --timeout 60 -- "$prog" die 2 "$mark"

@@ -6,12 +6,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "distributed/group_impl.h"
 #include "mlx/c/distributed_group.h"
 #include "mlx/c/error.h"
 #include "mlx/c/string.h"
 #include "mlx/c/version.h"
+#include "util/env_names.h"
+#include "util/text.h"
 #include "util/tunables.h"
 
 #define MLXD_INFO_N ((size_t)MLXD_T_COUNT)
@@ -79,6 +82,12 @@ static void mlxd_print_env(bool markdown) {
         printf("    INVALID: %s (init fails until it is fixed or unset)\n", why);
     }
   }
+  /* names mlxdist does not know (typos): what init warns about, or refuses when strict */
+  char lines[4096];
+  mlxd_text l = {lines, sizeof lines, 0};
+  lines[0] = '\0';
+  if (mlxd_env_names_unknown((const char* const*)environ, -1, false, &l, "\n    ", NULL) > 0)
+    printf("UNKNOWN (ignored; an init error under MLXDIST_STRICT_ENV=1):\n    %s\n", lines);
 }
 
 static int mlxd_print_summary(void) {

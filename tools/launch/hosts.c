@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "launch.h"
+#include "util/json_bytes.h"
 
 #define WHY(...) (snprintf(why, why_len, __VA_ARGS__), -1)
 
@@ -199,6 +200,9 @@ static int json_object(launch_hosts* hs, const cJSON* root, int k, const char* n
 
 static int from_json(launch_hosts* hs, const char* text, size_t len, const char* name, int k,
                      char* why, size_t why_len) {
+  char bad[300];
+  if (mlxd_json_bad_byte(text, len, NULL, bad, sizeof bad))
+    return WHY("hostfile '%.200s': %s", name, bad);
   const char* end = NULL;
   cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, false);
   if (!root) return 1; /* the ring's parser says where the JSON is wrong */

@@ -33,6 +33,9 @@
 #include "backends/ring/ring_internal.h"
 #include "launch.h"
 #include "security/secret.h"
+#include "util/env_names.h"
+#include "util/text.h"
+#include "util/tunables.h"
 
 #define TOKEN_BYTES 16
 #define SECRET_BYTES 32
@@ -236,6 +239,59 @@ static int run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd) {
   return rc;
 }
 
+extern char** environ;
+
+/* The MLXDIST_* names mlxdist does not know, in this environment and in the
+ * ranks' own variables (--env, the hostfile's "envs"), told once here rather
+ * than once per rank: under MLXDIST_STRICT_ENV=1 (here or in --env) the job
+ * does not start (exit 2); otherwise one warning line each, and
+ * MLXDIST_ENV_REPORTED=<the names> goes to every rank (local, remote, mpirun)
+ * so that they do not repeat them. */
+static void check_env_names(launch_opts* o, const launch_hosts* hs) {
+  char lines[4096], names[4096];
+  mlxd_text l = {lines, sizeof lines, 0}, nm = {names, sizeof names, 0};
+  lines[0] = names[0] = '\0';
+  const char* sep = "\n";
+  int k = mlxd_env_names_unknown((const char* const*)environ, -1, false, &l, sep, &nm);
+  k += mlxd_env_names_unknown(o->envs, o->n_envs, false, &l, sep, &nm);
+  k += mlxd_env_names_unknown((const char* const*)hs->envs, hs->n_envs, false, &l, sep, &nm);
+  if (k == 0) return;
+  /* strict as the ranks will be: here, then the hostfile's "envs", then --env (the last wins) */
+  bool strict = mlxd_tunable_long(MLXD_T_STRICT_ENV) == 1;
+  const char* const* lists[2] = {(const char* const*)hs->envs, o->envs};
+  int counts[2] = {hs->n_envs, o->n_envs};
+  const char key[] = "MLXDIST_STRICT_ENV=";
+  for (int l = 0; l < 2; l++)
+    for (int i = 0; i < counts[l]; i++) {
+      const char* v = lists[l][i] + sizeof key - 1;
+      double x = 0; /* empty: the default, 0 */
+      if (strncmp(lists[l][i], key, sizeof key - 1) == 0 &&
+          (!*v || mlxd_tunable_parse(MLXD_T_STRICT_ENV, v, &x, NULL, 0) == 0))
+        strict = x == 1;
+    }
+  if (strict)
+    launch_bad_usage(
+        "%s; MLXDIST_STRICT_ENV=1 makes an unknown MLXDIST_* name an error (fix or "
+        "unset the variable%s).",
+        lines, k > 1 ? "s" : "");
+  for (char *p = lines, *nl; p && *p; p = nl ? nl + 1 : NULL) {
+    nl = strchr(p, '\n');
+    if (nl) *nl = '\0';
+    launch_msg("warning: %s; it is ignored (told here once, not by every rank).", p);
+  }
+  /* only names the ranks' check accepts as MLXDIST_ENV_REPORTED's value: else they warn too */
+  if (strspn(names, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_:") !=
+          strlen(names) ||
+      nm.used + 1 >= sizeof names)
+    return;
+  static char kv[sizeof names + 32];
+  snprintf(kv, sizeof kv, "MLXDIST_ENV_REPORTED=%s", names);
+  const char** envs = realloc(o->envs, (size_t)(o->n_envs + 1) * sizeof *envs);
+  if (!envs) return;
+  o->envs = envs;
+  o->envs[o->n_envs++] = kv;
+}
+
 int main(int argc, char** argv) {
   launch_opts o;
   launch_parse_args(argc, argv, &o); /* exits 2 on bad arguments */
@@ -245,6 +301,7 @@ int main(int argc, char** argv) {
   if (across && o.mpi && o.secret) launch_bad_usage("--secret applies to the ring backend only.");
   if (across && o.connections)
     launch_bad_usage("--connections applies to a job on this host only (a hostfile of ranks).");
+  check_env_names(&o, &hs);
   int sfd = launch_block_signals();
   if (sfd < 0) {
     launch_msg("cannot set up signal handling: %s.", strerror(errno));

@@ -4,8 +4,9 @@
  * addresses. Parsed with cJSON.
  *
  * Three steps, so that the parser can be fuzzed: read (a regular file,
- * bounded), parse (pure: exactly one JSON document, limits, addresses that
- * are IP literals, duplicates), resolve (host names, then duplicates again).
+ * bounded), parse (pure: only the bytes JSON allows, util/json_bytes.h;
+ * exactly one JSON document, limits, addresses that are IP literals,
+ * duplicates), resolve (host names, then duplicates again).
  * Arrays are walked with cJSON_ArrayForEach: cJSON_GetArrayItem is O(n). */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
+#include "util/json_bytes.h"
 
 #define EXPECTED_FORMAT "a JSON list with one list of \"ip:port\" strings per rank"
 
@@ -427,6 +429,9 @@ int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlx
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' is %zu bytes (expected at most %d)", name, len,
                         MLXD_RING_HOSTFILE_MAX_BYTES);
+  char bad[300];
+  if (mlxd_json_bad_byte(text, len, NULL, bad, sizeof bad))
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "hostfile '%s': %s", name, bad);
   size_t values = scan_shape(text, len).values;
   if (values > MAX_VALUES)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,

@@ -35,7 +35,8 @@ typedef struct mlxd_ring_hosts {
 void mlxd_ring_hosts_free(mlxd_ring_hosts* h);
 
 /* hostfile.c: MLX_HOSTFILE, MLX's JSON (a list with one list of "ip:port"
- * strings per rank). The rules (docs/ring.md): exactly one JSON document and
+ * strings per rank). The rules (docs/ring.md): only the bytes JSON allows
+ * (util/json_bytes.h); exactly one JSON document and
  * nothing but whitespace after it; limits checked before the work they bound;
  * only a regular file is read, and never more than its limit; every address
  * once. Every error names the file, what is wrong, where (rank, connection)
