@@ -13,9 +13,12 @@
  *    once naming all_sum #1; then send(40 bytes) against recv(44 bytes):
  *    rank 1's recv #0 names both calls, and rank 0's next op, a recv #0 from
  *    rank 1, fails naming send #0 (its send returned before the answer).
+ *  - send timeout: rank 0 sends 1 MiB that rank 1 takes only late: the send
+ *    fails in the background after 2 s, rank 0's next op names it (send #0).
  *  - timeout: rank 0 receives from rank 1, which never sends: after 2 s,
  *    "timed out after 2 s in recv of 40 bytes from rank 1".
  * mpi_messages kill: see kill_case. */
+#include <mpi.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -36,7 +39,12 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* A fresh group; the ranks first meet in an MPI_Barrier (once MPI runs), so
+ * a case's waits never eat into the next group's bounded set-up. */
 static mlx_distributed_group fresh_group(void) {
+  int init = 0;
+  MPI_Initialized(&init);
+  if (init) T_EQ_INT(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
   T_EQ_INT(mlx_distributed_clear_backends(), 0);
   mlx_distributed_group g = mlx_distributed_group_new();
   if (mlx_distributed_init(&g, true, "mpi") != 0) T_FAIL("init(mpi): %s", t_last_error());
@@ -158,6 +166,31 @@ static void check_case(void) {
   unsetenv("MLXDIST_CHECK");
 }
 
+/* A send nobody takes: rank 0's 1 MiB send (#0) returns once posted and
+ * fails in the background after MLXDIST_TIMEOUT; its next op, a recv, fails
+ * at once naming it. Rank 1 takes the data late, so MPI completes the
+ * request (and can finalise). */
+static void send_timeout_case(void) {
+  mlx_distributed_group g = fresh_group();
+  t_clear_errors();
+  size_t n = 1u << 18; /* 1 MiB: above the eager limits, it waits for its receiver */
+  if (g_rank == 0) {
+    T_EQ_INT(send_n(g, n, 1), 0);
+    sleep(4);
+    double t0 = now_s();
+    T_CHECK(recv_n(g, 10, 1) != 0);
+    T_CHECKF(now_s() - t0 < 1, "the recv after the failed send took %.1f s", now_s() - t0);
+    expect_msg("send timeout", "[mpi] recv #0 on rank 0: ",
+               "timed out after 2 s in send of 1048576 bytes to rank 1: the receiver never took "
+               "the data",
+               "(the group failed in send #0)", NULL);
+  }
+  T_EQ_INT(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
+  if (g_rank == 1) T_EQ_INT(recv_n(g, n, 0), 0);
+  t_clear_errors();
+  mlx_distributed_group_free(g);
+}
+
 static void timeout_case(void) {
   mlx_distributed_group g = fresh_group();
   t_clear_errors();
@@ -203,6 +236,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "kill") == 0) return kill_case();
   bytes_case();
   check_case();
+  send_timeout_case();
   timeout_case(); /* last: rank 1 goes on to exit (MPI_Finalize waits for rank 0) */
   printf("rank %d: mpi_messages %s\n", g_rank, t_check_failures() ? "FAILED" : "OK");
   return t_exit_status();

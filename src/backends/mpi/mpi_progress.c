@@ -342,8 +342,7 @@ static int answer_poll_locked(pending_send* p, bool* progressed) {
   memset(&st, 0, sizeof st);
   int rc = 0;
   char what[128];
-  snprintf(what, sizeof what, "send #%llu of %zu bytes to rank %d", (unsigned long long)p->seq,
-           p->nbytes, p->dst);
+  snprintf(what, sizeof what, "send of %zu bytes to rank %d", p->nbytes, p->dst);
   if (mrc != MPI_SUCCESS) {
     rc = mlxd_mpi_fail_call(&st, MPIP_EREMOTE, mrc, "MPI_Isend", what);
   } else if (!flag) {
@@ -433,8 +432,7 @@ static bool sends_poll_locked(void) {
       if (p->g && !done) {
         mlxd_status st = {0};
         char what[128];
-        snprintf(what, sizeof what, "send #%llu of %zu bytes to rank %d",
-                 (unsigned long long)p->seq, p->nbytes, p->dst);
+        snprintf(what, sizeof what, "send of %zu bytes to rank %d", p->nbytes, p->dst);
         if (err != MPI_SUCCESS)
           mlxd_mpi_fail_call(&st, MPIP_EREMOTE, err, "MPI_Isend", what);
         else
