@@ -13,6 +13,8 @@
  *    once naming all_sum #1; then send(40 bytes) against recv(44 bytes):
  *    rank 1's recv #0 names both calls, and rank 0's next op, a recv #0 from
  *    rank 1, fails naming send #0 (its send returned before the answer).
+ *  - invalid input (a peer out of range, the caller's own rank): the
+ *    front-end's "[distributed] send: dst is 2, not a rank of this group".
  *  - send timeout: rank 0 sends 1 MiB that rank 1 takes only late: the send
  *    fails in the background after 2 s, rank 0's next op names it (send #0).
  *  - timeout: rank 0 receives from rank 1, which never sends: after 2 s,
@@ -166,6 +168,25 @@ static void check_case(void) {
   unsetenv("MLXDIST_CHECK");
 }
 
+/* Invalid input never reaches the plugin: the front-end names the problem
+ * (the same under every backend), and the group stays usable. */
+static void invalid_case(void) {
+  mlx_distributed_group g = fresh_group();
+  t_clear_errors();
+  mlx_array x = ones(4), r = mlx_array_new();
+  T_CHECK(mlx_distributed_send(&r, x, 2, g, mlx_stream_new()) != 0);
+  expect_msg("invalid, dst", "[distributed] send: dst is 2, not a rank of this group", NULL);
+  t_clear_errors();
+  T_CHECK(mlx_distributed_recv_like(&r, x, g_rank, g, mlx_stream_new()) != 0);
+  char want[96];
+  snprintf(want, sizeof want, "src is %d, this process's own rank", g_rank);
+  expect_msg("invalid, src", "[distributed] recv_like: ", want, NULL);
+  t_clear_errors();
+  mlx_array_free(x), mlx_array_free(r);
+  T_EQ_INT(all_sum_n(g, 4), 0); /* all_sum #0 */
+  mlx_distributed_group_free(g);
+}
+
 /* A send nobody takes: rank 0's 1 MiB send (#0) returns once posted and
  * fails in the background after MLXDIST_TIMEOUT; its next op, a recv, fails
  * at once naming it. Rank 1 takes the data late, so MPI completes the
@@ -235,6 +256,7 @@ int main(int argc, char** argv) {
   unsetenv("MLXDIST_CHECK");
   if (argc > 1 && strcmp(argv[1], "kill") == 0) return kill_case();
   bytes_case();
+  invalid_case();
   check_case();
   send_timeout_case();
   timeout_case(); /* last: rank 1 goes on to exit (MPI_Finalize waits for rank 0) */
