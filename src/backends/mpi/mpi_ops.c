@@ -396,22 +396,26 @@ out_free:
 }
 
 /* The ops of the table: plain (staged) and, in ABI v3, *_ref (direct).
- * Each renders its failure once, here (mlxd_mpi_group_done). */
+ * Each renders its failure once, here (mlxd_mpi_group_done); its status is
+ * set up with mlxd_status_reset, which leaves the text buffers alone. */
 static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                           mpip_dtype dtype, mpip_op op, mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = all_reduce_impl(b, seq, in, out, count, dtype, op, NULL, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, mlxd_mpi_reduce_name(op), seq, st);
 }
 static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
                           mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = all_gather_impl(b, seq, in, out, nbytes, NULL, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "all_gather", seq, st);
 }
 static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, void* out,
                               size_t count, mpip_dtype dtype, mpip_op op, mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = reduce_scatter_impl(b, seq, in, out, count, dtype, op, NULL, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, mlxd_mpi_scatter_name(op), seq, st);
 }
@@ -419,20 +423,23 @@ static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, voi
 static int mpi_all_reduce_ref(mpip_backend* b, uint64_t seq, const void* in, void* out,
                               size_t count, mpip_dtype dtype, mpip_op op, const mpip_bufref* ref,
                               mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = all_reduce_impl(b, seq, in, out, count, dtype, op, ref, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, mlxd_mpi_reduce_name(op), seq, st);
 }
 static int mpi_all_gather_ref(mpip_backend* b, uint64_t seq, const void* in, void* out,
                               size_t nbytes, const mpip_bufref* ref, mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = all_gather_impl(b, seq, in, out, nbytes, ref, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "all_gather", seq, st);
 }
 static int mpi_reduce_scatter_ref(mpip_backend* b, uint64_t seq, const void* in, void* out,
                                   size_t count, mpip_dtype dtype, mpip_op op,
                                   const mpip_bufref* ref, mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = reduce_scatter_impl(b, seq, in, out, count, dtype, op, ref, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, mlxd_mpi_scatter_name(op), seq, st);
 }
@@ -536,7 +543,8 @@ out:
 
 static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_backend** out,
                      mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = split_impl(b, seq, color, key, out, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "split", seq, st);
 }

@@ -157,10 +157,12 @@ out:
   return rc;
 }
 
-/* The ops of the table: each renders its failure once (mlxd_mpi_group_done). */
+/* The ops of the table: each renders its failure once (mlxd_mpi_group_done),
+ * as mpi_ops.c's do. */
 int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                   mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = send_impl(b, seq, buf, nbytes, dst, NULL, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "send", seq, st);
 }
@@ -168,7 +170,8 @@ int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes,
 #if MPIP_HAS_REF
 int mlxd_mpi_send_ref(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                       const mpip_bufref* ref, mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = send_impl(b, seq, buf, nbytes, dst, ref, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "send", seq, st);
 }
@@ -260,7 +263,8 @@ done:
 
 int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
                   mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = recv_impl(b, seq, buf, nbytes, src, NULL, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "recv", seq, st);
 }
@@ -268,7 +272,8 @@ int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
 #if MPIP_HAS_REF
 int mlxd_mpi_recv_ref(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
                       const mpip_bufref* ref, mpip_status* st) {
-  mlxd_status s = {0};
+  mlxd_status s;
+  mlxd_status_reset(&s);
   int rc = recv_impl(b, seq, buf, nbytes, src, ref, &s);
   return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "recv", seq, st);
 }
