@@ -59,6 +59,12 @@ void mlxd_status_set_reporter(mlxd_status* st, int reporter) {
   st->reporter = reporter;
 }
 
+void mlxd_status_set_self(mlxd_status* st, int self) {
+  if (!st) return;
+  st->has_self = true;
+  st->self = self;
+}
+
 /* Append printf-style text at *len, never past cap (the result stays NUL-terminated). */
 static void append(char* buf, size_t cap, size_t* len, const char* fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -77,7 +83,9 @@ void mlxd_status_render(mlxd_status* st, const char* tag) {
   size_t len = 0;
   out[0] = '\0';
   if (tag && *tag) append(out, sizeof out, &len, "[%s] ", tag);
-  if (st->op) append(out, sizeof out, &len, "%s #%llu: ", st->op, (unsigned long long)st->seq);
+  if (st->op) append(out, sizeof out, &len, "%s #%llu", st->op, (unsigned long long)st->seq);
+  if (st->has_self) append(out, sizeof out, &len, "%srank %d", st->op ? " on " : "", st->self);
+  if (st->op || st->has_self) append(out, sizeof out, &len, ": ");
   append(out, sizeof out, &len, "%s", st->msg[0] ? st->msg : "operation failed");
   const char* sep = " (";
   if (st->peer_addr[0]) {

@@ -11,7 +11,10 @@
  *    messages and nothing re-parses text.
  *
  * Rendered form (each piece only when set):
- *   [<tag>] <op> #<seq>: <detail> (<peer_addr>; <syscall>: <strerror>; reported by rank R)
+ *   [<tag>] <op> #<seq> on rank S: <detail> (<peer_addr>; <syscall>: <strerror>; reported by rank R)
+ * ("[<tag>] rank S: <detail> ..." without an op). S, this process's rank in
+ * the group, is for backends whose ranks' output is interleaved by their
+ * launcher (mpirun); the ring leaves it unset.
  * The detail names the peer in prose where the sentence needs it ("lost
  * connection to rank 2"); the peer field is there for programs (liveness,
  * mismatch reports), not for re-parsing.
@@ -56,8 +59,10 @@ typedef struct mlxd_status {
   bool rendered;                 /* msg already holds the final text */
   bool has_peer;                 /* peer is set */
   bool has_reporter;             /* reporter is set: another rank saw it first */
+  bool has_self;                 /* self is set */
   int peer;                      /* the peer rank involved */
   int reporter;                  /* the rank that first detected the failure */
+  int self;                      /* the rank that renders it (this process's) */
   int sys_errno;                 /* errno of the failing system call; 0 = none */
   const char* syscall;           /* static name of that call ("recv"); NULL = none */
   const char* op;                /* static name of the operation ("all_sum"); NULL = none */
@@ -81,6 +86,7 @@ void mlxd_status_set_peer(mlxd_status* st, int peer, const char* addr);
 void mlxd_status_set_sys(mlxd_status* st, const char* syscall, int err);
 void mlxd_status_set_op(mlxd_status* st, const char* op, uint64_t seq);
 void mlxd_status_set_reporter(mlxd_status* st, int reporter);
+void mlxd_status_set_self(mlxd_status* st, int self);
 
 /* Render a structured status into its final text in msg, prefixed "[tag]".
  * Idempotent; a plain status is left as it is. */
@@ -93,8 +99,8 @@ static inline void mlxd_status_clear(mlxd_status* st) { *st = (mlxd_status){0}; 
 static inline void mlxd_status_reset(mlxd_status* st) {
   st->code = 0;
   st->layer = 0;
-  st->rendered = st->has_peer = st->has_reporter = false;
-  st->peer = st->reporter = st->sys_errno = 0;
+  st->rendered = st->has_peer = st->has_reporter = st->has_self = false;
+  st->peer = st->reporter = st->self = st->sys_errno = 0;
   st->syscall = st->op = NULL;
   st->seq = 0;
   st->peer_addr[0] = '\0';

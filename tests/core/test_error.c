@@ -193,6 +193,32 @@ static void test_custom_handlers(void) {
   T_EQ_INT(mlxd_fail(NULL, MLXD_ESYS, "ignored"), MLXD_ESYS);
 }
 
+/* The rendered form of a structured status: op, number and this rank (as the
+ * mpi plugin renders it), each piece only when set. */
+static void test_render(void) {
+  mlxd_status st;
+  mlxd_fail_at(&st, MLXD_ETIMEDOUT, MLXD_LAYER_BACKEND, "timed out after %d s", 2);
+  mlxd_status_set_op(&st, "all_sum", 17);
+  mlxd_status_set_self(&st, 3);
+  mlxd_status_set_peer(&st, 1, NULL);
+  mlxd_status_render(&st, "mpi");
+  T_REQUIREF(strcmp(st.msg, "[mpi] all_sum #17 on rank 3: timed out after 2 s") == 0, "'%s'",
+             st.msg);
+  mlxd_status_render(&st, "mpi"); /* idempotent */
+  T_REQUIREF(strcmp(st.msg, "[mpi] all_sum #17 on rank 3: timed out after 2 s") == 0, "'%s'",
+             st.msg);
+  mlxd_fail_at(&st, MLXD_EUNAVAIL, MLXD_LAYER_BACKEND, "no launcher");
+  mlxd_status_set_self(&st, 0);
+  mlxd_status_render(&st, "mpi");
+  T_REQUIREF(strcmp(st.msg, "[mpi] rank 0: no launcher") == 0, "'%s'", st.msg);
+  mlxd_fail_at(&st, MLXD_EREMOTE, MLXD_LAYER_TCP, "lost connection to rank %d", 2);
+  mlxd_status_set_op(&st, "recv", 4);
+  mlxd_status_render(&st, "ring"); /* no rank: the ring's form is unchanged */
+  T_REQUIREF(strcmp(st.msg, "[ring] recv #4: lost connection to rank 2") == 0, "'%s'", st.msg);
+  mlxd_status_reset(&st);
+  T_ASSERT(!st.has_self && st.self == 0);
+}
+
 /* many threads report while another keeps replacing the handler */
 static atomic_int g_installed, g_destroyed, g_stop;
 static void counting_handler(const char* msg, void* data) {
@@ -224,6 +250,7 @@ static void test_concurrent(void) {
 }
 
 int main(void) {
+  test_render();
   child_result r = run_child(child_bad_array);
   expect_exit_255(&r, "error on the main thread");
   T_ASSERT(strstr(r.err, "[array]") && strstr(r.err, "NULL"));

@@ -12,8 +12,9 @@
  * every dtype and the result does not depend on the reduction order.
  *
  * timeout (MLXDIST_TIMEOUT=2, 2 ranks): rank 1 joins an all_sum late; rank 0
- * must fail with "[mpi] timed out after", and its next op fail fast with the
- * same message. */
+ * must fail with "[mpi] all_sum #0 on rank 0: timed out after 2 s in all_sum
+ * of 1 elements", and its next op (#1) fail fast with the same detail, naming
+ * all_sum #0 as the op that failed the group. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -420,13 +421,16 @@ static int run_timeout(void) {
   int rc = mlx_array_eval(r);
   if (g_rank == 0) {
     T_ASSERT(rc != 0);
-    T_ASSERT(strstr(t_last_error(), "[mpi] timed out after") != NULL);
-    T_ASSERT(strstr(t_last_error(), "all_sum") != NULL);
+    const char* want = "[mpi] all_sum #0 on rank 0: timed out after 2 s in all_sum of 1 elements";
+    T_CHECKF(strstr(t_last_error(), want) == t_last_error(), "got \"%s\"", t_last_error());
     t_clear_errors();
     mlx_array r2 = mlx_array_new();
     T_EQ_INT(mlx_distributed_all_sum(&r2, x, g, mlx_stream_new()), 0);
     T_ASSERT(mlx_array_eval(r2) != 0);
-    T_ASSERT(strstr(t_last_error(), "[mpi] timed out after") != NULL);
+    T_CHECKF(strstr(t_last_error(), "[mpi] all_sum #1 on rank 0: timed out after 2 s") ==
+                     t_last_error() &&
+                 strstr(t_last_error(), "(the group failed in all_sum #0)") != NULL,
+             "next op: got \"%s\"", t_last_error());
     mlx_array_free(r2);
   } else {
     T_EQ_INT(rc, 0); /* rank 0's request was still posted: this one completes */
@@ -435,7 +439,7 @@ static int run_timeout(void) {
   fflush(stdout);
   mlx_array_free(r), mlx_array_free(x);
   mlx_distributed_group_free(g);
-  return 0;
+  return t_exit_status();
 }
 
 int main(int argc, char** argv) {

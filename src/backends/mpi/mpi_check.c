@@ -18,8 +18,9 @@
  *   MLXDIST_CHECK=1 turns it on for all): ranks that disagreed would issue
  *   different MPI calls.
  * The messages use the ring backend's words (transport/match.c,
- * mlxd_sig_mismatch), with this plugin's own formatter: the plugin does not
- * link the core. */
+ * mlxd_sig_mismatch), with this plugin's own formatter (the plugin does not
+ * link the core); the op at the ABI boundary adds "[mpi] <op> #<seq> on
+ * rank R: " (mlxd_mpi_done). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,10 +128,11 @@ static bool sig_agree(const mpip_sig* a, const mpip_sig* b) {
          a->seq == b->seq;
 }
 
-/* "[mpi] <name> #<seq>: mismatched calls: rank A called X, rank B called Y"
- * (A < B), plus what else differs; code EINVAL, peer set. */
-int mlxd_mpi_sig_mismatch(mpip_status* st, const char* name, uint64_t seq, int ra,
-                          const mpip_sig* a, int rb, const mpip_sig* b, int peer) {
+/* "mismatched calls: rank A called X, rank B called Y" (A < B), plus what
+ * else differs; code EINVAL, peer set (the op at the boundary adds
+ * "[mpi] <op> #<seq> on rank R: "). */
+int mlxd_mpi_sig_mismatch(mlxd_status* st, int ra, const mpip_sig* a, int rb, const mpip_sig* b,
+                          int peer) {
   if (ra > rb) {
     const mpip_sig* ts = a;
     int tr = ra;
@@ -149,21 +151,19 @@ int mlxd_mpi_sig_mismatch(mpip_status* st, const char* name, uint64_t seq, int r
     snprintf(extra + len, sizeof extra - len, " (rank %d is at #%llu, rank %d at #%llu)", ra,
              (unsigned long long)a->seq, rb, (unsigned long long)b->seq);
   int code =
-      mlxd_mpi_fail(st, MPIP_EINVAL,
-                    "[mpi] %s #%llu: mismatched calls: rank %d called %s, rank %d called %s%s",
-                    name, (unsigned long long)seq, ra, sa, rb, sb, extra);
-  st->has_peer = 1;
-  st->peer = peer;
+      mlxd_mpi_fail(st, MPIP_EINVAL, "mismatched calls: rank %d called %s, rank %d called %s%s", ra,
+                    sa, rb, sb, extra);
+  mlxd_status_set_peer(st, peer, NULL);
   return code;
 }
 
 /* ---------------------------------------------------------------------- */
 /* Agreement at create. */
 
-int mlxd_mpi_check_agree(mpi_group* g, mpip_status* st) {
+int mlxd_mpi_check_agree(mpi_group* g, mlxd_status* st) {
   /* Heap, not stack: after a timeout MPI may still write into it (kept then). */
   int* v = malloc(2 * sizeof *v);
-  if (!v) return mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in init");
+  if (!v) return mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory in init");
   v[0] = mlxd_mpi_check_env() ? 1 : 0;
   v[1] = 0;
   MPI_Request req = MPI_REQUEST_NULL;
@@ -175,7 +175,7 @@ int mlxd_mpi_check_agree(mpi_group* g, mpip_status* st) {
     return mlxd_mpi_fail_call(st, MPIP_EUNAVAIL, mrc, "MPI_Iallreduce",
                               "init (agreeing on MLXDIST_CHECK)");
   }
-  int rc = mlxd_mpi_wait_reqs(g, &req, 1, NULL, false, "init (agreeing on MLXDIST_CHECK)", st);
+  int rc = mlxd_mpi_wait_reqs(g, &req, 1, NULL, false, "init (agreeing on MLXDIST_CHECK)", -1, st);
   if (rc) return rc; /* v is kept */
   g->check = v[1] != 0;
   free(v);
@@ -185,21 +185,19 @@ int mlxd_mpi_check_agree(mpi_group* g, mpip_status* st) {
 /* ---------------------------------------------------------------------- */
 /* Collectives: the signature all-gather (turn held by the caller). */
 
-int mlxd_mpi_check_coll(mpi_group* g, const mpip_sig* mine, const char* name, mpip_status* st) {
+int mlxd_mpi_check_coll(mpi_group* g, const mpip_sig* mine, const char* name, mlxd_status* st) {
   int n = g->base.size;
   /* [0, n): every rank's signature; [n]: ours (kept together if MPI keeps them). */
   unsigned char* buf = malloc(((size_t)n + 1) * MPIP_SIG_BYTES);
   if (!buf) {
-    mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory checking %s #%llu", name,
-                  (unsigned long long)mine->seq);
+    mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory in the call check (MLXDIST_CHECK=1)");
     mlxd_mpi_group_fail(g, st);
     return MPIP_ENOMEM;
   }
   unsigned char* own = buf + (size_t)n * MPIP_SIG_BYTES;
   mlxd_mpi_sig_encode(own, mine);
   char what[128];
-  snprintf(what, sizeof what, "the call check (MLXDIST_CHECK=1) of %s #%llu", name,
-           (unsigned long long)mine->seq);
+  snprintf(what, sizeof what, "the call check (MLXDIST_CHECK=1) of %s", name);
   MPI_Request req = MPI_REQUEST_NULL;
   mlxd_mpi_call_lock();
   int mrc =
@@ -211,7 +209,7 @@ int mlxd_mpi_check_coll(mpi_group* g, const mpip_sig* mine, const char* name, mp
     mlxd_mpi_group_fail(g, st);
     return rc;
   }
-  int rc = mlxd_mpi_wait_reqs(g, &req, 1, NULL, false, what, st);
+  int rc = mlxd_mpi_wait_reqs(g, &req, 1, NULL, false, what, -1, st);
   if (rc) return rc; /* buf is kept: MPI may still write into it */
   int first = -1;
   for (int r = 1; r < n && first < 0; r++)
@@ -221,7 +219,7 @@ int mlxd_mpi_check_coll(mpi_group* g, const mpip_sig* mine, const char* name, mp
     mlxd_mpi_sig_decode(buf, &s0);
     mlxd_mpi_sig_decode(buf + (size_t)first * MPIP_SIG_BYTES, &sr);
     int rank = g->base.rank;
-    rc = mlxd_mpi_sig_mismatch(st, name, mine->seq, 0, &s0, first, &sr, rank == 0 ? first : 0);
+    rc = mlxd_mpi_sig_mismatch(st, 0, &s0, first, &sr, rank == 0 ? first : 0);
     mlxd_mpi_group_fail(g, st);
   }
   free(buf);
@@ -251,19 +249,17 @@ mpip_tags mlxd_mpi_p2p_tags(const mpi_group* g, uint64_t seq) {
 }
 
 /* Receiver: take the send's signature, answer with ours, compare. */
-int mlxd_mpi_check_recv(mpi_group* g, uint64_t seq, size_t nbytes, int src, mpip_status* st) {
+int mlxd_mpi_check_recv(mpi_group* g, uint64_t seq, size_t nbytes, int src, mlxd_status* st) {
   mpip_tags tags = mlxd_mpi_p2p_tags(g, seq);
   mpip_sig mine = mlxd_mpi_sig(g, MPIP_SIG_RECV, -1, nbytes, seq);
   /* [0]: theirs, [1]: ours (kept if MPI keeps them). */
   unsigned char* buf = malloc(2 * MPIP_SIG_BYTES);
   if (!buf)
-    return mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory checking recv #%llu",
-                         (unsigned long long)seq);
+    return mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory in the call check (MLXDIST_CHECK=1)");
   unsigned char* ours = buf + MPIP_SIG_BYTES;
   mlxd_mpi_sig_encode(ours, &mine);
   char what[128];
-  snprintf(what, sizeof what, "the call check (MLXDIST_CHECK=1) of recv #%llu from rank %d",
-           (unsigned long long)seq, src);
+  snprintf(what, sizeof what, "the call check (MLXDIST_CHECK=1) of a recv from rank %d", src);
   MPI_Request req = MPI_REQUEST_NULL;
   mlxd_mpi_call_lock();
   int mrc = MPI_Irecv(buf, MPIP_SIG_BYTES, MPI_BYTE, src, tags.sig, g->comm, &req);
@@ -275,7 +271,7 @@ int mlxd_mpi_check_recv(mpi_group* g, uint64_t seq, size_t nbytes, int src, mpip
     return rc;
   }
   MPI_Status mst;
-  int rc = mlxd_mpi_wait_reqs(g, &req, 1, &mst, true, what, st);
+  int rc = mlxd_mpi_wait_reqs(g, &req, 1, &mst, true, what, src, st);
   if (rc) {
     if (req == MPI_REQUEST_NULL) free(buf); /* cancelled: nothing uses it */
     return rc;
@@ -285,9 +281,10 @@ int mlxd_mpi_check_recv(mpi_group* g, uint64_t seq, size_t nbytes, int src, mpip
   if (got != MPIP_SIG_BYTES) {
     free(buf);
     rc = mlxd_mpi_fail(st, MPIP_EINVAL,
-                       "[mpi] recv #%llu: the call check from rank %d had %d bytes, not %d "
+                       "the call check from rank %d had %d bytes, not %d "
                        "(is MLXDIST_CHECK set the same way on every rank?)",
-                       (unsigned long long)seq, src, got, MPIP_SIG_BYTES);
+                       src, got, MPIP_SIG_BYTES);
+    mlxd_status_set_peer(st, src, NULL);
     mlxd_mpi_group_fail(g, st);
     return rc;
   }
@@ -302,20 +299,20 @@ int mlxd_mpi_check_recv(mpi_group* g, uint64_t seq, size_t nbytes, int src, mpip
     return rc;
   }
   /* The sender posted the receive of the answer with its signature: prompt. */
-  rc = mlxd_mpi_wait_reqs(g, &req, 1, NULL, false, what, st);
+  rc = mlxd_mpi_wait_reqs(g, &req, 1, NULL, false, what, src, st);
   if (rc) return rc; /* buf is kept */
   mpip_sig theirs;
   mlxd_mpi_sig_decode(buf, &theirs);
   free(buf);
   if (!sig_agree(&theirs, &mine)) {
-    rc = mlxd_mpi_sig_mismatch(st, "recv", seq, src, &theirs, g->base.rank, &mine, src);
+    rc = mlxd_mpi_sig_mismatch(st, src, &theirs, g->base.rank, &mine, src);
     mlxd_mpi_group_fail(g, st);
   }
   return rc;
 }
 
 /* Sender: post the signature and the receive of the answer (into p->check). */
-int mlxd_mpi_check_send_post(pending_send* p, mpi_group* g, uint64_t seq, mpip_status* st) {
+int mlxd_mpi_check_send_post(pending_send* p, mpi_group* g, uint64_t seq, mlxd_status* st) {
   mpip_tags tags = mlxd_mpi_p2p_tags(g, seq);
   mpip_sig mine = mlxd_mpi_sig(g, MPIP_SIG_SEND, -1, p->nbytes, seq);
   mlxd_mpi_sig_encode(p->check_buf, &mine);
@@ -332,9 +329,10 @@ int mlxd_mpi_check_send_post(pending_send* p, mpi_group* g, uint64_t seq, mpip_s
   mlxd_mpi_call_unlock();
   if (mrc != MPI_SUCCESS) {
     char what[96];
-    snprintf(what, sizeof what, "the call check (MLXDIST_CHECK=1) of send #%llu to rank %d",
-             (unsigned long long)seq, p->dst);
-    return mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Isend", what);
+    snprintf(what, sizeof what, "the call check (MLXDIST_CHECK=1) of a send to rank %d", p->dst);
+    int rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Isend", what);
+    mlxd_status_set_peer(st, p->dst, NULL);
+    return rc;
   }
   p->awaiting_answer = true;
   return 0;
@@ -342,10 +340,10 @@ int mlxd_mpi_check_send_post(pending_send* p, mpi_group* g, uint64_t seq, mpip_s
 
 /* Sender, once both check requests completed: compare the answer (0 when
  * the calls agree; the mismatch otherwise, st filled). */
-int mlxd_mpi_check_send_answer(const pending_send* p, int rank, mpip_status* st) {
+int mlxd_mpi_check_send_answer(const pending_send* p, int rank, mlxd_status* st) {
   mpip_sig mine, theirs;
   mlxd_mpi_sig_decode(p->check_buf, &mine);
   mlxd_mpi_sig_decode(p->check_buf + MPIP_SIG_BYTES, &theirs);
   if (sig_agree(&mine, &theirs)) return 0;
-  return mlxd_mpi_sig_mismatch(st, "send", p->seq, rank, &mine, p->dst, &theirs, p->dst);
+  return mlxd_mpi_sig_mismatch(st, rank, &mine, p->dst, &theirs, p->dst);
 }

@@ -67,7 +67,7 @@ MPI_UOPS(MPIP_COMPLEX64)
   }
 
 /* Create the user-defined ops (after MPI is initialised; g_mu held). */
-int mlxd_mpi_create_user_ops(mpip_status* st) {
+int mlxd_mpi_create_user_ops(mlxd_status* st) {
   static const struct {
     mpip_dtype d;
     MPI_User_function* f[3];

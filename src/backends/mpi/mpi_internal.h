@@ -38,6 +38,10 @@
  *   start until the data has left. Through the plain ops (ABI v1/v2 hosts)
  *   MPI works on staging copies, freed the same way.
  * - If this plugin initialised MPI, it finalises it once, at process exit.
+ * - Failures are structured (core/status.h, compiled in) and rendered once,
+ *   when the op returns through the ABI: "[mpi] <op> #<seq> on rank R:
+ *   <detail>", the peer set where there is one; a group failed earlier
+ *   makes later ops fail with its first failure, naming the op that failed it.
  * - MLXDIST_CHECK=1 (agreed by all ranks at create): every op first
  *   exchanges a signature of the call (mpi_check.c); a send's data leaves
  *   only once the receiver's answer agrees. Without it nothing changes.
@@ -58,6 +62,7 @@
 #include <time.h>
 
 #include "backends/mpi/mpi_abi.h"
+#include "core/status.h"
 
 /* Idle staging buffers kept per group. */
 #define MPI_STAGE_POOL 2
@@ -106,7 +111,7 @@ typedef struct mpi_group {
   bool failed;
   int failed_flag; /* failed, read without mu (__atomic) by check-mode waits */
   bool check;      /* MLXDIST_CHECK=1 agreed at create (constant) */
-  mpip_status fail_st;
+  mlxd_status fail_st;
   stage pool[MPI_STAGE_POOL]; /* idle staging buffers (under mu) */
 } mpi_group;
 
@@ -142,11 +147,21 @@ typedef struct pending_send {
 /* The host table given to the entry point (copied once, then read-only). */
 extern mpip_host mlxd_mpi_host;
 
-/* Status messages (the ABI's status; the core's helpers are not ours to call). */
-__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mpip_status* st, int code, const char* fmt,
+/* Failures inside the plugin are structured (core/status.h, whose one
+ * self-contained file is compiled into the plugin: it links no libmlxdist):
+ * a detail without "[mpi]", op or rank, and the peer where MPI names it. The
+ * op at the ABI boundary renders it once (mlxd_mpi_done):
+ *   [mpi] all_sum #17 on rank 0: <detail> */
+__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mlxd_status* st, int code, const char* fmt,
                                                         ...);
-/* "[mpi] <call> failed: <MPI_Error_string>" (+ what it was doing). */
-int mlxd_mpi_fail_call(mpip_status* st, int code, int mpi_rc, const char* call, const char* what);
+/* "<call> failed in <what>: <MPI_Error_string>" ("<call> failed: ..." without what). */
+int mlxd_mpi_fail_call(mlxd_status* st, int code, int mpi_rc, const char* call, const char* what);
+/* At the plugin ABI's boundary: 0 when rc is 0; else render s once, with the
+ * op and its sequence number (op NULL: none, e.g. create) and this rank
+ * (rank < 0: unknown), into out (code, message, peer) and return the code.
+ * A group failed earlier (MPIP_EABORTED, s->op set by the op that failed
+ * it) also names that op. */
+int mlxd_mpi_done(int rc, mlxd_status* s, const char* op, uint64_t seq, int rank, mpip_status* out);
 
 /* Around every MPI call: a mutex only under MPI_THREAD_SERIALIZED. */
 void mlxd_mpi_call_lock(void);
@@ -182,7 +197,7 @@ bool mlxd_mpi_lost_poll(bool* completed);
 bool mlxd_mpi_lost_pending(void);
 /* Every op that calls MPI runs between these, so the exit hook never
  * finalises under it. */
-int mlxd_mpi_op_begin(mpip_status* st);
+int mlxd_mpi_op_begin(mlxd_status* st);
 void mlxd_mpi_op_end(void);
 
 /* Copy the host table (the entry point checked it). */
@@ -200,24 +215,31 @@ int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st);
 /* ---- mpi_progress.c --------------------------------------------------- */
 
 int mlxd_mpi_test_all(int n, MPI_Request* reqs, int* flag);
-void mlxd_mpi_group_fail(mpi_group* g, const mpip_status* st);
-int mlxd_mpi_group_check(mpi_group* g, mpip_status* st);
-int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mpip_status* st);
+void mlxd_mpi_group_fail(mpi_group* g, const mlxd_status* st);
+int mlxd_mpi_group_check(mpi_group* g, mlxd_status* st);
+/* An op of g at the ABI boundary: mlxd_mpi_done with g's rank; an op whose
+ * failure failed the group is noted in it, so later ops name it. */
+int mlxd_mpi_group_done(mpi_group* g, int rc, mlxd_status* s, const char* op, uint64_t seq,
+                        mpip_status* out);
+int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mlxd_status* st);
 void mlxd_mpi_turn_done(mpi_group* g);
+/* Wait (bounded) for reqs; what names them in messages ("recv of 40 bytes
+ * from rank 1"), peer is the rank they talk to (-1: a collective), set as
+ * the failure's peer. */
 int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
-                       bool cancel_on_timeout, const char* what, mpip_status* st);
+                       bool cancel_on_timeout, const char* what, int peer, mlxd_status* st);
 /* The same; on failure what is left is abandoned with keep
  * (mlxd_mpi_abandon_keep takes keep's resources), on success keep is untouched. */
 int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
                             bool cancel_on_timeout, const mpi_keep* keep, const char* what,
-                            mpip_status* st);
+                            int peer, mlxd_status* st);
 /* Make sure the progress thread runs and polls the abandoned requests soon. */
 void mlxd_mpi_progress_kick(void);
 
 void mlxd_mpi_progress_init(void);
 /* Free p: its copy, or release its hold (then never with g_send_mu held). */
 void mlxd_mpi_pending_free(pending_send* p);
-int mlxd_mpi_sends_add(pending_send* p, mpip_status* st);
+int mlxd_mpi_sends_add(pending_send* p, mlxd_status* st);
 /* Sends of a destroyed group finish in the background without it. */
 void mlxd_mpi_sends_forget_group(mpi_group* g);
 /* At exit: let pending sends finish (each bounded), then stop the thread. */
@@ -227,7 +249,7 @@ void mlxd_mpi_sends_stop(void);
 
 MPI_Datatype mlxd_mpi_dtype(mpip_dtype d);
 MPI_Op mlxd_mpi_op(mpip_dtype d, mpip_op op);
-int mlxd_mpi_create_user_ops(mpip_status* st);
+int mlxd_mpi_create_user_ops(mlxd_status* st);
 void mlxd_mpi_free_user_ops(void);
 const char* mlxd_mpi_reduce_name(mpip_op op);
 const char* mlxd_mpi_scatter_name(mpip_op op);
@@ -235,7 +257,7 @@ const char* mlxd_mpi_scatter_name(mpip_op op);
 /* ---- mpi_ops.c -------------------------------------------------------- */
 
 size_t mlxd_mpi_chunk_bytes(void);
-mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mpip_status* st);
+mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mlxd_status* st);
 int mlxd_mpi_stage_get(mpi_group* g, size_t n, stage* out);
 void mlxd_mpi_stage_put(mpi_group* g, stage* sgs);
 
@@ -247,21 +269,21 @@ void mlxd_mpi_sig_decode(const unsigned char in[MPIP_SIG_BYTES], mpip_sig* s);
 /* dtype < 0: none. */
 mpip_sig mlxd_mpi_sig(const mpi_group* g, int op, int dtype, uint64_t count, uint64_t seq);
 void mlxd_mpi_sig_str(const mpip_sig* s, char* out, size_t n);
-int mlxd_mpi_sig_mismatch(mpip_status* st, const char* name, uint64_t seq, int ra,
-                          const mpip_sig* a, int rb, const mpip_sig* b, int peer);
+int mlxd_mpi_sig_mismatch(mlxd_status* st, int ra, const mpip_sig* a, int rb, const mpip_sig* b,
+                          int peer);
 /* At create: g->check = whether any rank set MLXDIST_CHECK=1. */
-int mlxd_mpi_check_agree(mpi_group* g, mpip_status* st);
+int mlxd_mpi_check_agree(mpi_group* g, mlxd_status* st);
 /* Collectives, with the turn held: 0, or the mismatch (group failed). */
-int mlxd_mpi_check_coll(mpi_group* g, const mpip_sig* mine, const char* name, mpip_status* st);
+int mlxd_mpi_check_coll(mpi_group* g, const mpip_sig* mine, const char* name, mlxd_status* st);
 mpip_tags mlxd_mpi_p2p_tags(const mpi_group* g, uint64_t seq);
-int mlxd_mpi_check_recv(mpi_group* g, uint64_t seq, size_t nbytes, int src, mpip_status* st);
-int mlxd_mpi_check_send_post(pending_send* p, mpi_group* g, uint64_t seq, mpip_status* st);
-int mlxd_mpi_check_send_answer(const pending_send* p, int rank, mpip_status* st);
+int mlxd_mpi_check_recv(mpi_group* g, uint64_t seq, size_t nbytes, int src, mlxd_status* st);
+int mlxd_mpi_check_send_post(pending_send* p, mpi_group* g, uint64_t seq, mlxd_status* st);
+int mlxd_mpi_check_send_answer(const pending_send* p, int rank, mlxd_status* st);
 
 /* ---- mpi_p2p.c -------------------------------------------------------- */
 
 /* Post the data pieces of p (p->reqs, p->nreq set); 0 or the MPI failure. */
-int mlxd_mpi_send_post_data(pending_send* p, mpip_status* st);
+int mlxd_mpi_send_post_data(pending_send* p, mlxd_status* st);
 
 int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                   mpip_status* st);

@@ -43,10 +43,10 @@ static size_t chunk_elems(size_t esz) {
 
 static const mpip_ops k_mpi_ops;
 
-mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mpip_status* st) {
+mpi_group* mlxd_mpi_group_new(MPI_Comm comm, mlxd_status* st) {
   mpi_group* g = calloc(1, sizeof *g);
   if (!g) {
-    mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory creating a group");
+    mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory creating a group");
     return NULL;
   }
   int rank = 0, size = 1;
@@ -131,14 +131,14 @@ static bool overlap(const void* a, size_t na, const void* b, size_t nb) {
  * still use is freed the same way, once MPI is done with it. */
 static int coll_finish(mpi_group* g, MPI_Request* reqs, int issued, int rc, stage* sg,
                        const mpip_bufref* ref, const void* result, void* out, size_t out_bytes,
-                       const char* what, mpip_status* st) {
+                       const char* what, mlxd_status* st) {
   mlxd_mpi_turn_done(g);
   mpi_keep keep = {.ref = ref, .own = ref ? NULL : sg->p};
   if (rc) {
     mlxd_mpi_abandon_keep(reqs, issued, &keep);
     mlxd_mpi_group_fail(g, st);
   } else {
-    rc = mlxd_mpi_wait_reqs_keep(g, reqs, issued, NULL, false, &keep, what, st);
+    rc = mlxd_mpi_wait_reqs_keep(g, reqs, issued, NULL, false, &keep, what, -1, st);
   }
   if (rc == 0) {
     if (!ref && out_bytes) memcpy(out, result, out_bytes);
@@ -155,11 +155,10 @@ static int coll_finish(mpi_group* g, MPI_Request* reqs, int issued, int rc, stag
  * (not a call the core makes) the staging copy is used, since MPI allows
  * aliasing only through MPI_IN_PLACE. */
 static int all_reduce_impl(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t count,
-                           mpip_dtype dtype, mpip_op op, const mpip_bufref* ref, mpip_status* st) {
+                           mpip_dtype dtype, mpip_op op, const mpip_bufref* ref, mlxd_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
-  snprintf(what, sizeof what, "%s of %zu elements (collective #%llu)", mlxd_mpi_reduce_name(op),
-           count, (unsigned long long)seq);
+  snprintf(what, sizeof what, "%s of %zu elements", mlxd_mpi_reduce_name(op), count);
   /* The front-end guarantees a valid dtype and op (plugin ABI contract). */
   assert(dtype >= 0 && dtype < MPIP_DTYPE_COUNT && op >= 0 && op < MPIP_OP_COUNT);
   MPI_Datatype dt = mlxd_mpi_dtype(dtype);
@@ -193,7 +192,7 @@ static int all_reduce_impl(mpip_backend* b, uint64_t seq, const void* in, void* 
   }
   if (nomem) {
     mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory in %s", what);
     mlxd_mpi_group_fail(g, st); /* the other ranks issued it: this group is out of step */
     goto out;
   }
@@ -224,11 +223,10 @@ out_free:
 }
 
 static int all_gather_impl(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
-                           const mpip_bufref* ref, mpip_status* st) {
+                           const mpip_bufref* ref, mlxd_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
-  snprintf(what, sizeof what, "all_gather of %zu bytes per rank (collective #%llu)", nbytes,
-           (unsigned long long)seq);
+  snprintf(what, sizeof what, "all_gather of %zu bytes per rank", nbytes);
   size_t total = nbytes * (size_t)g->base.size;
   if (ref && overlap(in, nbytes, out, total)) ref = NULL; /* MPI forbids aliasing: staged */
   size_t ch = mlxd_mpi_chunk_bytes();
@@ -256,7 +254,7 @@ static int all_gather_impl(mpip_backend* b, uint64_t seq, const void* in, void* 
   }
   if (nomem) {
     mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory in %s", what);
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
@@ -306,11 +304,10 @@ out_free:
 
 static int reduce_scatter_impl(mpip_backend* b, uint64_t seq, const void* in, void* out,
                                size_t count, mpip_dtype dtype, mpip_op op, const mpip_bufref* ref,
-                               mpip_status* st) {
+                               mlxd_status* st) {
   mpi_group* g = (mpi_group*)b;
   char what[128];
-  snprintf(what, sizeof what, "%s of %zu elements per rank (collective #%llu)",
-           mlxd_mpi_scatter_name(op), count, (unsigned long long)seq);
+  snprintf(what, sizeof what, "%s of %zu elements per rank", mlxd_mpi_scatter_name(op), count);
   /* The front-end guarantees a valid dtype and op (plugin ABI contract). */
   assert(dtype >= 0 && dtype < MPIP_DTYPE_COUNT && op >= 0 && op < MPIP_OP_COUNT);
   MPI_Datatype dt = mlxd_mpi_dtype(dtype);
@@ -346,7 +343,7 @@ static int reduce_scatter_impl(mpip_backend* b, uint64_t seq, const void* in, vo
   }
   if (nomem) {
     mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory in %s", what);
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
@@ -398,33 +395,53 @@ out_free:
   return rc;
 }
 
-/* The ops of the table: plain (staged) and, in ABI v3, *_ref (direct). */
+/* The ops of the table: plain (staged) and, in ABI v3, *_ref (direct).
+ * Each renders its failure once, here (mlxd_mpi_group_done); its status is
+ * set up with mlxd_status_reset, which leaves the text buffers alone. */
 static int mpi_all_reduce(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                           mpip_dtype dtype, mpip_op op, mpip_status* st) {
-  return all_reduce_impl(b, seq, in, out, count, dtype, op, NULL, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = all_reduce_impl(b, seq, in, out, count, dtype, op, NULL, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, mlxd_mpi_reduce_name(op), seq, st);
 }
 static int mpi_all_gather(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
                           mpip_status* st) {
-  return all_gather_impl(b, seq, in, out, nbytes, NULL, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = all_gather_impl(b, seq, in, out, nbytes, NULL, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "all_gather", seq, st);
 }
 static int mpi_reduce_scatter(mpip_backend* b, uint64_t seq, const void* in, void* out,
                               size_t count, mpip_dtype dtype, mpip_op op, mpip_status* st) {
-  return reduce_scatter_impl(b, seq, in, out, count, dtype, op, NULL, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = reduce_scatter_impl(b, seq, in, out, count, dtype, op, NULL, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, mlxd_mpi_scatter_name(op), seq, st);
 }
 #if MPIP_HAS_REF
 static int mpi_all_reduce_ref(mpip_backend* b, uint64_t seq, const void* in, void* out,
                               size_t count, mpip_dtype dtype, mpip_op op, const mpip_bufref* ref,
                               mpip_status* st) {
-  return all_reduce_impl(b, seq, in, out, count, dtype, op, ref, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = all_reduce_impl(b, seq, in, out, count, dtype, op, ref, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, mlxd_mpi_reduce_name(op), seq, st);
 }
 static int mpi_all_gather_ref(mpip_backend* b, uint64_t seq, const void* in, void* out,
                               size_t nbytes, const mpip_bufref* ref, mpip_status* st) {
-  return all_gather_impl(b, seq, in, out, nbytes, ref, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = all_gather_impl(b, seq, in, out, nbytes, ref, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "all_gather", seq, st);
 }
 static int mpi_reduce_scatter_ref(mpip_backend* b, uint64_t seq, const void* in, void* out,
                                   size_t count, mpip_dtype dtype, mpip_op op,
                                   const mpip_bufref* ref, mpip_status* st) {
-  return reduce_scatter_impl(b, seq, in, out, count, dtype, op, ref, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = reduce_scatter_impl(b, seq, in, out, count, dtype, op, ref, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, mlxd_mpi_scatter_name(op), seq, st);
 }
 #endif
 
@@ -436,13 +453,12 @@ static int cmp_int(const void* a, const void* b) {
   return (x > y) - (x < y);
 }
 
-static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_backend** out,
-                     mpip_status* st) {
+static int split_impl(mpip_backend* b, uint64_t seq, int color, int key, mpip_backend** out,
+                      mlxd_status* st) {
   mpi_group* g = (mpi_group*)b;
   *out = NULL;
   char what[96];
-  snprintf(what, sizeof what, "split (color %d, key %d, collective #%llu)", color, key,
-           (unsigned long long)seq);
+  snprintf(what, sizeof what, "split (color %d, key %d)", color, key);
   int size = g->base.size;
   /* all: every rank's (color, key), then ours (the send buffer: MPI may
    * read it after a timeout, so it is not on the stack). */
@@ -466,7 +482,7 @@ static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_bac
   }
   if (!all || !colors) {
     mlxd_mpi_turn_done(g);
-    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory in %s", what);
     mlxd_mpi_group_fail(g, st);
     goto out;
   }
@@ -485,7 +501,7 @@ static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_bac
     goto out;
   }
   mpi_keep keep = {.ref = NULL, .own = all};
-  rc = mlxd_mpi_wait_reqs_keep(g, &req, 1, NULL, false, &keep, what, st);
+  rc = mlxd_mpi_wait_reqs_keep(g, &req, 1, NULL, false, &keep, what, -1, st);
   if (rc) {
     all = NULL; /* taken by keep: freed once MPI is done with it */
     mlxd_mpi_turn_done(g);
@@ -523,6 +539,14 @@ out:
   free(colors);
   mlxd_mpi_op_end();
   return rc;
+}
+
+static int mpi_split(mpip_backend* b, uint64_t seq, int color, int key, mpip_backend** out,
+                     mpip_status* st) {
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = split_impl(b, seq, color, key, out, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "split", seq, st);
 }
 
 static void mpi_destroy(mpip_backend* b) {

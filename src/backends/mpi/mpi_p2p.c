@@ -15,7 +15,7 @@
 
 /* Post the data pieces of p on its communicator (p->reqs has room for
  * p->nreq). On failure p->nreq is the number posted. */
-int mlxd_mpi_send_post_data(pending_send* p, mpip_status* st) {
+int mlxd_mpi_send_post_data(pending_send* p, mlxd_status* st) {
   size_t ch = mlxd_mpi_chunk_bytes();
   if (ch > (size_t)INT_MAX) ch = (size_t)INT_MAX;
   int rc = 0, issued = 0;
@@ -28,6 +28,7 @@ int mlxd_mpi_send_post_data(pending_send* p, mpip_status* st) {
       char what[96];
       snprintf(what, sizeof what, "send of %zu bytes to rank %d", p->nbytes, p->dst);
       rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Isend", what);
+      mlxd_status_set_peer(st, p->dst, NULL);
       break;
     }
     issued++;
@@ -40,9 +41,13 @@ int mlxd_mpi_send_post_data(pending_send* p, mpip_status* st) {
 
 /* Without a progress thread: complete p here, bounded (the check's answer
  * first, then the data). */
-static int send_complete_inline(mpi_group* g, pending_send* p, mpip_status* st) {
+static int send_complete_inline(mpi_group* g, pending_send* p, mlxd_status* st) {
+  char what[128];
+  snprintf(what, sizeof what, "send of %zu bytes to rank %d", p->nbytes, p->dst);
   if (p->awaiting_answer) {
-    int rc = mlxd_mpi_wait_reqs(g, p->check_reqs, 2, NULL, false, "send (call check)", st);
+    char check[192];
+    snprintf(check, sizeof check, "the call check (MLXDIST_CHECK=1) of a %s", what);
+    int rc = mlxd_mpi_wait_reqs(g, p->check_reqs, 2, NULL, false, check, p->dst, st);
     if (rc) return rc; /* p is kept: MPI may still use it */
     p->awaiting_answer = false;
     rc = mlxd_mpi_check_send_answer(p, g->base.rank, st);
@@ -61,7 +66,7 @@ static int send_complete_inline(mpi_group* g, pending_send* p, mpip_status* st) 
       return rc;
     }
   }
-  int rc = mlxd_mpi_wait_reqs(g, p->reqs, p->nreq, NULL, false, "send", st);
+  int rc = mlxd_mpi_wait_reqs(g, p->reqs, p->nreq, NULL, false, what, p->dst, st);
   if (rc == 0) mlxd_mpi_pending_free(p);
   return rc;
 }
@@ -71,7 +76,7 @@ static int send_complete_inline(mpi_group* g, pending_send* p, mpip_status* st) 
  * the data has left (released by the progress thread off its lock). Either
  * way the op returns once the data is posted (see mpi_internal.h). */
 static int send_impl(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
-                     const mpip_bufref* ref, mpip_status* st) {
+                     const mpip_bufref* ref, mlxd_status* st) {
   mpi_group* g = (mpi_group*)b;
   /* The front-end guarantees a valid peer (plugin ABI contract). */
   assert(dst >= 0 && dst < g->base.size && dst != g->base.rank);
@@ -89,8 +94,8 @@ static int send_impl(mpip_backend* b, uint64_t seq, const void* buf, size_t nbyt
   }
   if (!p || !p->reqs || (!ref && !p->buf)) {
     if (p) mlxd_mpi_pending_free(p);
-    rc = mlxd_mpi_fail(st, MPIP_ENOMEM,
-                       "[mpi] out of memory copying %zu bytes for a send to rank %d", nbytes, dst);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory copying %zu bytes for a send to rank %d",
+                       nbytes, dst);
     goto out;
   }
 #if MPIP_HAS_REF
@@ -152,15 +157,23 @@ out:
   return rc;
 }
 
+/* The ops of the table: each renders its failure once (mlxd_mpi_group_done),
+ * as mpi_ops.c's do. */
 int mlxd_mpi_send(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                   mpip_status* st) {
-  return send_impl(b, seq, buf, nbytes, dst, NULL, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = send_impl(b, seq, buf, nbytes, dst, NULL, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "send", seq, st);
 }
 
 #if MPIP_HAS_REF
 int mlxd_mpi_send_ref(mpip_backend* b, uint64_t seq, const void* buf, size_t nbytes, int dst,
                       const mpip_bufref* ref, mpip_status* st) {
-  return send_impl(b, seq, buf, nbytes, dst, ref, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = send_impl(b, seq, buf, nbytes, dst, ref, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "send", seq, st);
 }
 #endif
 
@@ -169,7 +182,7 @@ int mlxd_mpi_send_ref(mpip_backend* b, uint64_t seq, const void* buf, size_t nby
  * after a failure keeps its buffer alive until MPI completes it: the staging
  * copy, or the caller's array under a hold (mlxd_mpi_abandon_keep). */
 static int recv_impl(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
-                     const mpip_bufref* ref, mpip_status* st) {
+                     const mpip_bufref* ref, mlxd_status* st) {
   mpi_group* g = (mpi_group*)b;
   assert(src >= 0 && src < g->base.size && src != g->base.rank);
   int rc = mlxd_mpi_group_check(g, st);
@@ -187,7 +200,7 @@ static int recv_impl(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, in
   MPI_Status* sts = nreq == 1 ? &one_st : malloc(sizeof(MPI_Status) * (size_t)nreq);
   stage sg = {NULL, 0};
   if (!reqs || !sts || (!ref && mlxd_mpi_stage_get(g, nbytes, &sg) != 0)) {
-    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory in %s", what);
+    rc = mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory in %s", what);
     goto done;
   }
   if (g->check && (rc = mlxd_mpi_check_recv(g, seq, nbytes, src, st)) != 0) goto done;
@@ -201,6 +214,7 @@ static int recv_impl(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, in
     int mrc = MPI_Irecv(dst + off, (int)c, MPI_BYTE, src, tag, g->comm, &reqs[issued]);
     if (mrc != MPI_SUCCESS) {
       rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Irecv", what);
+      mlxd_status_set_peer(st, src, NULL);
       break;
     }
     issued++;
@@ -210,17 +224,17 @@ static int recv_impl(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, in
     if (issued) {
       /* Cancel the pieces already posted; the group is out of step now.
        * What cannot be cancelled keeps its buffer (keep is taken). */
-      mpip_status ignore;
+      mlxd_status ignore = {0};
       mlxd_mpi_call_lock();
       for (int i = 0; i < issued; i++) MPI_Cancel(&reqs[i]);
       mlxd_mpi_call_unlock();
-      if (mlxd_mpi_wait_reqs_keep(g, reqs, issued, NULL, true, &keep, what, &ignore) != 0)
+      if (mlxd_mpi_wait_reqs_keep(g, reqs, issued, NULL, true, &keep, what, src, &ignore) != 0)
         sg.p = NULL;
     }
     mlxd_mpi_group_fail(g, st);
     goto done;
   }
-  rc = mlxd_mpi_wait_reqs_keep(g, reqs, issued, sts, true, &keep, what, st);
+  rc = mlxd_mpi_wait_reqs_keep(g, reqs, issued, sts, true, &keep, what, src, st);
   if (rc) {
     sg.p = NULL; /* taken by keep: freed once no request uses it */
     goto done;
@@ -231,12 +245,13 @@ static int recv_impl(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, in
     MPI_Get_count(&sts[i], MPI_BYTE, &n);
     got += n > 0 ? (size_t)n : 0;
   }
-  if (got != nbytes)
+  if (got != nbytes) {
     rc = mlxd_mpi_fail(st, MPIP_EINVAL,
-                       "[mpi] %s: the message from rank %d had %zu bytes, but %zu were expected "
+                       "the message from rank %d had %zu bytes, but this recv expects %zu "
                        "(shape and dtype of send and recv must match)",
-                       what, src, got, nbytes);
-  else if (nbytes && !ref)
+                       src, got, nbytes);
+    mlxd_status_set_peer(st, src, NULL);
+  } else if (nbytes && !ref)
     memcpy(buf, sg.p, nbytes);
 done:
   mlxd_mpi_stage_put(g, &sg);
@@ -248,12 +263,18 @@ done:
 
 int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
                   mpip_status* st) {
-  return recv_impl(b, seq, buf, nbytes, src, NULL, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = recv_impl(b, seq, buf, nbytes, src, NULL, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "recv", seq, st);
 }
 
 #if MPIP_HAS_REF
 int mlxd_mpi_recv_ref(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
                       const mpip_bufref* ref, mpip_status* st) {
-  return recv_impl(b, seq, buf, nbytes, src, ref, st);
+  mlxd_status s;
+  mlxd_status_reset(&s);
+  int rc = recv_impl(b, seq, buf, nbytes, src, ref, &s);
+  return mlxd_mpi_group_done((mpi_group*)b, rc, &s, "recv", seq, st);
 }
 #endif

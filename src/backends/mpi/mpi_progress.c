@@ -60,7 +60,7 @@ int mlxd_mpi_test_all(int n, MPI_Request* reqs, int* flag) {
 /* ---------------------------------------------------------------------- */
 /* Groups. */
 
-void mlxd_mpi_group_fail(mpi_group* g, const mpip_status* st) {
+void mlxd_mpi_group_fail(mpi_group* g, const mlxd_status* st) {
   pthread_mutex_lock(&g->mu);
   if (!g->failed) {
     g->failed = true;
@@ -71,8 +71,21 @@ void mlxd_mpi_group_fail(mpi_group* g, const mpip_status* st) {
   pthread_mutex_unlock(&g->mu);
 }
 
+int mlxd_mpi_group_done(mpi_group* g, int rc, mlxd_status* s, const char* op, uint64_t seq,
+                        mpip_status* out) {
+  if (rc == 0) return 0;
+  if (s->code != MPIP_EABORTED) {
+    /* This op failed the group: later ops name it (mlxd_mpi_done). */
+    pthread_mutex_lock(&g->mu);
+    if (g->failed && !g->fail_st.op && strcmp(g->fail_st.msg, s->msg) == 0)
+      mlxd_status_set_op(&g->fail_st, op, seq);
+    pthread_mutex_unlock(&g->mu);
+  }
+  return mlxd_mpi_done(rc, s, op, seq, g->base.rank, out);
+}
+
 /* 0, or the group's first failure (MPIP_EABORTED) copied to st. */
-int mlxd_mpi_group_check(mpi_group* g, mpip_status* st) {
+int mlxd_mpi_group_check(mpi_group* g, mlxd_status* st) {
   int rc = 0;
   pthread_mutex_lock(&g->mu);
   if (g->failed) {
@@ -86,7 +99,7 @@ int mlxd_mpi_group_check(mpi_group* g, mpip_status* st) {
   return rc;
 }
 /* The turnstile: wait until collective #seq may be issued on g. */
-int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mpip_status* st) {
+int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mlxd_status* st) {
   double t = mlxd_mpi_timeout_s();
   double deadline = mlxd_now() + t;
   int rc = 0;
@@ -101,7 +114,7 @@ int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mpip_status
     if (g->next_seq == seq) break;
     if (seq < g->next_seq) {
       rc = mlxd_mpi_fail(st, MPIP_EINVAL,
-                         "[mpi] %s was given collective sequence number %llu, which was already "
+                         "%s was given collective sequence number %llu, which was already "
                          "used on this group (next expected: %llu)",
                          what, (unsigned long long)seq, (unsigned long long)g->next_seq);
       break;
@@ -109,7 +122,7 @@ int mlxd_mpi_turn_wait(mpi_group* g, uint64_t seq, const char* what, mpip_status
     struct timespec ts = mlxd_mpi_abs_monotonic(deadline);
     if (pthread_cond_timedwait(&g->cv, &g->mu, &ts) == ETIMEDOUT && mlxd_now() >= deadline) {
       mlxd_mpi_fail(st, MPIP_ETIMEDOUT,
-                    "[mpi] timed out after %g s in %s: collective #%llu on this rank never "
+                    "timed out after %g s in %s: collective #%llu on this rank never "
                     "started, so #%llu could not be issued",
                     t, what, (unsigned long long)g->next_seq, (unsigned long long)seq);
       g->failed = true;
@@ -134,8 +147,8 @@ void mlxd_mpi_turn_done(mpi_group* g) {
  * completes. On timeout (or an MPI error) the group fails; statuses
  * (may be NULL) receive the completed requests' statuses. */
 int mlxd_mpi_wait_reqs(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
-                       bool cancel_on_timeout, const char* what, mpip_status* st) {
-  return mlxd_mpi_wait_reqs_keep(g, reqs, n, statuses, cancel_on_timeout, NULL, what, st);
+                       bool cancel_on_timeout, const char* what, int peer, mlxd_status* st) {
+  return mlxd_mpi_wait_reqs_keep(g, reqs, n, statuses, cancel_on_timeout, NULL, what, peer, st);
 }
 
 /* keep == NULL: what is left after a failure is abandoned and kept forever
@@ -147,9 +160,27 @@ static void abandon_left(const MPI_Request* reqs, int n, const mpi_keep* keep) {
     mlxd_mpi_abandon(reqs, n);
 }
 
+/* A request completed with MPI error err: its MPI_Error_string; a receive
+ * too small for its message (MPI_ERR_TRUNCATE) is said in words. */
+static int request_failed(mlxd_status* st, int err, const char* what, int peer) {
+  /* (peer: a receive's source; collectives pass -1) */
+  int cls = MPI_ERR_OTHER;
+  if (MPI_Error_class(err, &cls) != MPI_SUCCESS) cls = MPI_ERR_OTHER;
+  if (cls != MPI_ERR_TRUNCATE || peer < 0)
+    return mlxd_mpi_fail_call(st, MPIP_EREMOTE, err, "MPI request", what);
+  char text[MPI_MAX_ERROR_STRING + 1];
+  int len = 0;
+  if (MPI_Error_string(err, text, &len) != MPI_SUCCESS || len <= 0) len = 0;
+  text[len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len] = '\0';
+  return mlxd_mpi_fail(st, MPIP_EINVAL,
+                       "%s: the message that arrived is larger (%s; shape and dtype of send and "
+                       "recv must match)",
+                       what, len ? text : "MPI_ERR_TRUNCATE");
+}
+
 int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
                             bool cancel_on_timeout, const mpi_keep* keep, const char* what,
-                            mpip_status* st) {
+                            int peer, mlxd_status* st) {
   if (n <= 0) return 0;
   int* idx = malloc(sizeof(int) * (size_t)n);
   MPI_Status* sts = malloc(sizeof(MPI_Status) * (size_t)n);
@@ -157,7 +188,7 @@ int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* 
     free(idx);
     free(sts);
     abandon_left(reqs, n, keep);
-    mlxd_mpi_fail(st, MPIP_ENOMEM, "[mpi] out of memory while waiting for %s", what);
+    mlxd_mpi_fail(st, MPIP_ENOMEM, "out of memory while waiting for %s", what);
     mlxd_mpi_group_fail(g, st);
     return MPIP_ENOMEM;
   }
@@ -180,7 +211,7 @@ int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* 
     for (int i = 0; i < outc; i++) {
       if (statuses) statuses[idx[i]] = sts[i];
       if (mrc == MPI_ERR_IN_STATUS && sts[i].MPI_ERROR != MPI_SUCCESS && rc == 0)
-        rc = mlxd_mpi_fail_call(st, MPIP_EREMOTE, sts[i].MPI_ERROR, "MPI request", what);
+        rc = request_failed(st, sts[i].MPI_ERROR, what, peer);
     }
     if (rc) break;
     if (outc > 0) {
@@ -198,15 +229,16 @@ int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* 
     }
     if (mlxd_now() >= deadline) {
       rc = mlxd_mpi_fail(st, MPIP_ETIMEDOUT,
-                         "[mpi] timed out after %g s in %s (rank %d of %d): no progress; a peer "
-                         "may have died or not called the same op (raise MLXDIST_TIMEOUT if it is "
-                         "just slow)",
-                         t, what, g->base.rank, g->base.size);
+                         "timed out after %g s in %s: no progress for that long; %s may have "
+                         "died or not called the same op (raise MLXDIST_TIMEOUT if it is just "
+                         "slow)",
+                         t, what, peer >= 0 ? "the peer" : "a peer");
       break;
     }
     backoff_wait(&bo);
   }
   if (rc) {
+    if (peer >= 0 && rc != MPIP_EABORTED) mlxd_status_set_peer(st, peer, NULL);
     if (cancel_on_timeout) {
       /* Receives can be cancelled; give the cancellation a short, bounded while. */
       mlxd_mpi_call_lock();
@@ -288,6 +320,14 @@ static void drain_retired_locked(void) {
   }
 }
 
+/* A send failed on the progress thread (after the op returned): its group
+ * fails with the send named, so the op that reports it says which. */
+static void send_failed(pending_send* p, mlxd_status* st) {
+  if (!st->op) mlxd_status_set_op(st, "send", p->seq);
+  if (!st->has_peer) mlxd_status_set_peer(st, p->dst, NULL);
+  if (p->g) mlxd_mpi_group_fail(p->g, st);
+}
+
 /* MLXDIST_CHECK=1: a send waiting for the receiver's answer (mpi_check.c).
  * Returns 0 (still waiting or data posted now) or 1: p is done with, and
  * was freed or (MPI may still use it) kept; the caller unlinks it. */
@@ -298,17 +338,16 @@ static int answer_poll_locked(pending_send* p, bool* progressed) {
   int mrc = MPI_Testall(2, p->check_reqs, &flag, sts);
   mlxd_mpi_call_unlock();
   if (mrc == MPI_SUCCESS && !flag && mlxd_now() < p->deadline) return 0; /* the common case */
-  mpip_status st;
+  mlxd_status st;
   memset(&st, 0, sizeof st);
   int rc = 0;
   char what[128];
-  snprintf(what, sizeof what, "send #%llu of %zu bytes to rank %d", (unsigned long long)p->seq,
-           p->nbytes, p->dst);
+  snprintf(what, sizeof what, "send of %zu bytes to rank %d", p->nbytes, p->dst);
   if (mrc != MPI_SUCCESS) {
     rc = mlxd_mpi_fail_call(&st, MPIP_EREMOTE, mrc, "MPI_Isend", what);
   } else if (!flag) {
     rc = mlxd_mpi_fail(&st, MPIP_ETIMEDOUT,
-                       "[mpi] timed out after %g s in %s: the receiver never called recv "
+                       "timed out after %g s in %s: the receiver never called recv "
                        "(MLXDIST_CHECK=1: the data leaves only once it has)",
                        mlxd_mpi_timeout_s(), what);
     mlxd_mpi_call_lock();
@@ -323,7 +362,7 @@ static int answer_poll_locked(pending_send* p, bool* progressed) {
     }
     rc = mlxd_mpi_check_send_answer(p, p->g->base.rank, &st);
     if (rc) {
-      mlxd_mpi_group_fail(p->g, &st);
+      send_failed(p, &st);
       retire_locked(p);
       return 1;
     }
@@ -332,7 +371,7 @@ static int answer_poll_locked(pending_send* p, bool* progressed) {
       p->deadline = mlxd_now() + mlxd_mpi_timeout_s();
       return 0;
     }
-    if (p->g) mlxd_mpi_group_fail(p->g, &st);
+    send_failed(p, &st);
     if (p->nreq) {
       mlxd_mpi_abandon(p->reqs, p->nreq); /* p is kept (and its hold: never released) */
     } else {
@@ -342,7 +381,7 @@ static int answer_poll_locked(pending_send* p, bool* progressed) {
   }
   /* Failed or timed out before the answer: p is kept (MPI may still use it). */
   *progressed = true;
-  if (p->g) mlxd_mpi_group_fail(p->g, &st);
+  send_failed(p, &st);
   mlxd_mpi_abandon(p->check_reqs, 2);
   return 1;
 }
@@ -391,17 +430,16 @@ static bool sends_poll_locked(void) {
     bool expired = err == MPI_SUCCESS && !done && mlxd_now() >= p->deadline;
     if (done || err != MPI_SUCCESS || expired) {
       if (p->g && !done) {
-        mpip_status st;
-        char what[96];
+        mlxd_status st = {0};
+        char what[128];
         snprintf(what, sizeof what, "send of %zu bytes to rank %d", p->nbytes, p->dst);
         if (err != MPI_SUCCESS)
           mlxd_mpi_fail_call(&st, MPIP_EREMOTE, err, "MPI_Isend", what);
         else
           mlxd_mpi_fail(&st, MPIP_ETIMEDOUT,
-                        "[mpi] timed out after %g s in %s (rank %d of %d): the receiver never "
-                        "took the data",
-                        mlxd_mpi_timeout_s(), what, p->g->base.rank, p->g->base.size);
-        mlxd_mpi_group_fail(p->g, &st);
+                        "timed out after %g s in %s: the receiver never took the data",
+                        mlxd_mpi_timeout_s(), what);
+        send_failed(p, &st);
       }
       *pp = p->next;
       if (done) {
@@ -463,20 +501,20 @@ static void* progress_main(void* arg) {
 }
 
 /* Start the progress thread if it is not running (g_send_mu held). */
-static int start_locked(mpip_status* st) {
+static int start_locked(mlxd_status* st) {
   if (g_prog_started) return 0;
   if (g_prog_stop)
     return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
-                         "[mpi] the progress thread has stopped (the process is exiting)");
+                         "the progress thread has stopped (the process is exiting)");
   if (pthread_create(&g_prog_thread, NULL, progress_main, NULL) != 0)
-    return mlxd_mpi_fail(st, MPIP_ESYS, "[mpi] could not start the send progress thread: %s",
+    return mlxd_mpi_fail(st, MPIP_ESYS, "could not start the send progress thread: %s",
                          strerror(errno));
   g_prog_started = true;
   return 0;
 }
 
 void mlxd_mpi_progress_kick(void) {
-  mpip_status ignore;
+  mlxd_status ignore = {0};
   pthread_mutex_lock(&g_send_mu);
   /* Without the thread (it could not start, or the exit hook stopped it),
    * the exit hook is the last to poll the abandoned requests. */
@@ -488,7 +526,7 @@ void mlxd_mpi_progress_kick(void) {
 }
 
 /* Hand a started send to the progress thread (starting it if needed). */
-int mlxd_mpi_sends_add(pending_send* p, mpip_status* st) {
+int mlxd_mpi_sends_add(pending_send* p, mlxd_status* st) {
   pthread_mutex_lock(&g_send_mu);
   int rc = start_locked(st);
   if (rc == 0) {

@@ -14,31 +14,62 @@
 #include "util/clock.h"
 
 /* ---------------------------------------------------------------------- */
-/* Status messages (the ABI's status; the core's helpers are not ours to call). */
+/* Status messages: structured inside the plugin (core/status.h, compiled
+ * into it), rendered once at the plugin ABI's boundary (mlxd_mpi_done). */
 
-__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mpip_status* st, int code, const char* fmt,
+__attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mlxd_status* st, int code, const char* fmt,
                                                         ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = mlxd_vfail(st, code, fmt, ap);
+  va_end(ap);
   if (st) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(st->msg, sizeof st->msg, fmt, ap);
-    va_end(ap);
-    st->code = code;
+    st->layer = MLXD_LAYER_BACKEND;
+    st->rendered = false;
   }
-  return code;
+  return rc;
 }
 
-/* "[mpi] <call> failed: <MPI_Error_string>" (+ what it was doing). */
-int mlxd_mpi_fail_call(mpip_status* st, int code, int mpi_rc, const char* call, const char* what) {
-  char text[MPI_MAX_ERROR_STRING + 1];
+/* MPI_Error_string of rc, always NUL-terminated. */
+static void error_text(int mpi_rc, char* text, size_t n) {
+  char buf[MPI_MAX_ERROR_STRING + 1];
   int len = 0;
-  text[0] = '\0';
-  if (MPI_Error_string(mpi_rc, text, &len) != MPI_SUCCESS)
-    snprintf(text, sizeof text, "MPI error code %d", mpi_rc);
-  else
-    text[len < 0 ? 0 : (len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len)] = '\0';
-  if (what && *what) return mlxd_mpi_fail(st, code, "[mpi] %s failed in %s: %s", call, what, text);
-  return mlxd_mpi_fail(st, code, "[mpi] %s failed: %s", call, text);
+  if (MPI_Error_string(mpi_rc, buf, &len) != MPI_SUCCESS || len <= 0) {
+    snprintf(text, n, "MPI error code %d", mpi_rc);
+    return;
+  }
+  buf[len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len] = '\0';
+  snprintf(text, n, "%s", buf);
+}
+
+int mlxd_mpi_fail_call(mlxd_status* st, int code, int mpi_rc, const char* call, const char* what) {
+  char text[MPI_MAX_ERROR_STRING + 1];
+  error_text(mpi_rc, text, sizeof text);
+  if (what && *what) return mlxd_mpi_fail(st, code, "%s failed in %s: %s", call, what, text);
+  return mlxd_mpi_fail(st, code, "%s failed: %s", call, text);
+}
+
+int mlxd_mpi_done(int rc, mlxd_status* s, const char* op, uint64_t seq, int rank,
+                  mpip_status* out) {
+  if (rc == 0) return 0;
+  if (s->code == 0) mlxd_mpi_fail(s, rc, "the operation failed without a message (code %d)", rc);
+  if (s->code == MPIP_EABORTED && s->op && op && (strcmp(s->op, op) != 0 || s->seq != seq)) {
+    /* The group failed in an earlier op: say which (its detail follows). */
+    size_t len = strlen(s->msg);
+    if (len + 1 < sizeof s->msg)
+      snprintf(s->msg + len, sizeof s->msg - len, " (the group failed in %s #%llu)", s->op,
+               (unsigned long long)s->seq);
+  }
+  if (op) mlxd_status_set_op(s, op, seq);
+  if (rank >= 0) mlxd_status_set_self(s, rank);
+  mlxd_status_render(s, "mpi");
+  memset(out, 0, sizeof *out);
+  out->code = s->code;
+  out->has_peer = s->has_peer ? 1 : 0;
+  out->peer = s->has_peer ? s->peer : 0;
+  out->sys_errno = s->sys_errno;
+  snprintf(out->msg, sizeof out->msg, "%s", s->msg);
+  return s->code;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -223,15 +254,14 @@ bool mlxd_mpi_lost_poll(bool* completed) {
 
 /* Every op that calls MPI runs between mlxd_mpi_op_begin and
  * mlxd_mpi_op_end, so the exit hook never finalises under it. */
-int mlxd_mpi_op_begin(mpip_status* st) {
+int mlxd_mpi_op_begin(mlxd_status* st) {
   int rc = 0;
   pthread_mutex_lock(&g_mu);
   int fin = 0;
   MPI_Finalized(&fin);
   if (g_exiting || fin)
-    rc = mlxd_mpi_fail(
-        st, MPIP_EUNAVAIL,
-        "[mpi] MPI is being finalised (the process is exiting); the op was not started");
+    rc = mlxd_mpi_fail(st, MPIP_EUNAVAIL,
+                       "MPI is being finalised (the process is exiting); the op was not started");
   else
     g_in_flight++;
   pthread_mutex_unlock(&g_mu);
@@ -331,11 +361,11 @@ static void mpi_exit_hook(void) {
 }
 
 /* Start MPI if needed and check its thread level. g_mu held. */
-static int ensure_mpi_locked(mpip_status* st) {
+static int ensure_mpi_locked(mlxd_status* st) {
   if (g_mpi_ready) {
     if (mpi_running()) return 0;
     return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
-                         "[mpi] MPI was finalised in this process and cannot be started again");
+                         "MPI was finalised in this process and cannot be started again");
   }
   if (!g_cv_ready) {
     mlxd_mpi_cv_init_monotonic(&g_mu_cv);
@@ -344,9 +374,8 @@ static int ensure_mpi_locked(mpip_status* st) {
   int init = 0, fin = 0;
   MPI_Finalized(&fin);
   if (fin)
-    return mlxd_mpi_fail(
-        st, MPIP_EUNAVAIL,
-        "[mpi] MPI was already finalised in this process; it cannot be started again");
+    return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
+                         "MPI was already finalised in this process; it cannot be started again");
   MPI_Initialized(&init);
   int provided = MPI_THREAD_SINGLE;
   if (!init) {
@@ -370,7 +399,7 @@ static int ensure_mpi_locked(mpip_status* st) {
   }
   if (provided < MPI_THREAD_SERIALIZED)
     return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
-                         "[mpi] the MPI library provides %s, but mlxdist runs MPI calls on stream "
+                         "the MPI library provides %s, but mlxdist runs MPI calls on stream "
                          "worker threads and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE",
                          thread_level_name(provided));
   g_serialize = provided < MPI_THREAD_MULTIPLE;
@@ -434,22 +463,22 @@ bool mlxd_mpi_is_configured(bool with_bootstrap) {
   return launched_by_mpi() || mpi_running();
 }
 
-int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st) {
+static int create_impl(mpip_bootstrap* bs, mpip_backend** out, mlxd_status* st) {
   *out = NULL;
   if (bs)
     return mlxd_mpi_fail(st, MPIP_EINVAL,
-                         "[mpi] the mpi backend cannot use a caller's all-gather (it is set up by "
+                         "the mpi backend cannot use a caller's all-gather (it is set up by "
                          "its launcher, mpirun/mpiexec); use \"ring\" or \"jaccl\" for "
                          "init_with_all_gather");
   if (!mpi_running() && !launched_by_mpi())
     return mlxd_mpi_fail(st, MPIP_EUNAVAIL,
-                         "[mpi] this process was not started by an MPI launcher: none of "
+                         "this process was not started by an MPI launcher: none of "
                          "OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK, PMI_RANK, PMI_SIZE, PMI_FD, "
                          "PMIX_RANK is set (run it with mpirun/mpiexec, or srun --mpi=pmix)");
   pthread_mutex_lock(&g_mu);
   int rc = ensure_mpi_locked(st);
   if (rc == 0 && g_exiting)
-    rc = mlxd_mpi_fail(st, MPIP_EUNAVAIL, "[mpi] the process is exiting; no new group can start");
+    rc = mlxd_mpi_fail(st, MPIP_EUNAVAIL, "the process is exiting; no new group can start");
   if (rc == 0) g_in_flight++;
   pthread_mutex_unlock(&g_mu);
   if (rc) return rc;
@@ -474,7 +503,8 @@ int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st) {
   mlxd_mpi_call_unlock();
   pthread_mutex_init(&tmp.mu, NULL);
   mlxd_mpi_cv_init_monotonic(&tmp.cv);
-  rc = mlxd_mpi_wait_reqs(&tmp, &req, 1, NULL, false, "init (MPI_Comm_idup of MPI_COMM_WORLD)", st);
+  rc = mlxd_mpi_wait_reqs(&tmp, &req, 1, NULL, false, "init (MPI_Comm_idup of MPI_COMM_WORLD)", -1,
+                          st);
   pthread_mutex_destroy(&tmp.mu);
   pthread_cond_destroy(&tmp.cv);
   if (rc) {
@@ -498,4 +528,19 @@ int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st) {
   }
   *out = &g->base;
   return 0;
+}
+
+/* The kind's create, at the ABI boundary: its failure rendered once, with
+ * this process's rank in MPI_COMM_WORLD where MPI is running. */
+int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st) {
+  mlxd_status s = {0};
+  int rc = create_impl(bs, out, &s);
+  if (rc == 0) return 0;
+  int rank = -1;
+  if (mpi_running()) {
+    mlxd_mpi_call_lock();
+    if (MPI_Comm_rank(MPI_COMM_WORLD, &rank) != MPI_SUCCESS) rank = -1;
+    mlxd_mpi_call_unlock();
+  }
+  return mlxd_mpi_done(rc, &s, NULL, 0, rank, st);
 }
