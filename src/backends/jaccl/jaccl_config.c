@@ -232,6 +232,17 @@ int mlxd_jaccl_matrix_parse(const char* text, size_t len, const char* name, mlxd
   char bad[300];
   if (mlxd_json_bad_byte(text, len, NULL, bad, sizeof bad))
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "device matrix '%s': %s", name, bad);
+  /* cJSON ends a string at an escaped NUL, which would cut a name short unseen; "\u0000" can
+   * only stand in a string (a device name never holds a backslash, so no false alarm) */
+  for (size_t i = 0; i + 6 <= len; i++)
+    if (memcmp(text + i, "\\u0000", 6) == 0) {
+      size_t line, col;
+      line_col(text, len, i, &line, &col);
+      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                          "device matrix '%s': an escaped NUL (\\u0000) at line %zu, column %zu "
+                          "(expected device names of letters, digits, '_', '.' and '-')",
+                          name, line, col);
+    }
   long values = count_values(text, len);
   if (values > MAX_VALUES)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
