@@ -2,7 +2,7 @@
  * the build needs no RDMA headers and the library no link dependency.
  *
  * Every layout below is rdma-core's libibverbs/verbs.h (checked against
- * rdma-core 44's installed <infiniband/verbs.h> by tests/jaccl/test_verbs_abi.c
+ * rdma-core 44's installed <infiniband/verbs.h> by tests/config/test_verbs_abi.c
  * wherever that header exists). These parts have not changed since
  * libibverbs 1.1 (IBVERBS_1.1, 2007): the library keeps them for old binaries.
  *
