@@ -3,7 +3,8 @@
 # Run as root (or with sudo). Safe to run again.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang clang-format libcjson-dev libssl-dev openmpi-bin libopenmpi-dev
-      valgrind gnuplot-nox iproute2 nftables procps tcpdump openssh-server openssh-client)
+      valgrind gnuplot-nox iproute2 nftables procps tcpdump openssh-server openssh-client
+      libibverbs1)  # jaccl loads it at run time (dlopen); the runtime only: no RDMA headers needed
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -144,6 +144,12 @@ typedef struct mlxd_backend_kind {
   int (*create)(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st);
   /* Whether create accepts a non-NULL bootstrap. */
   bool supports_bootstrap;
+  /* true: when is_available is false, an init by this kind's name (or a
+   * strict init("any")) still calls create, which then fails naming the
+   * configuration's error first and only then why the kind cannot be used
+   * here (jaccl). A non-strict init("any") skips an unavailable kind either
+   * way. false: is_available's reason is the init error. */
+  bool diagnose_unavailable;
 } mlxd_backend_kind;
 
 /* Built-in kinds (the registry, distributed/registry.c, lists every backend). */

@@ -301,7 +301,8 @@ static mlxd_group* try_start(int idx, mlxd_user_gather* u, bool for_any, bool st
   if (!kind->is_available(why, why_len)) {
     if (!why[0]) snprintf(why, why_len, "[%s] not available in this process", name);
     *code = MLXD_EUNAVAIL;
-    return NULL;
+    if (!kind->diagnose_unavailable || (for_any && !strict)) return NULL;
+    why[0] = '\0'; /* create names the configuration's error first, then this reason */
   }
   if (u && !kind->supports_bootstrap) {
     snprintf(why, why_len, "[%s] this backend cannot be started with a caller's all_gather", name);

@@ -1,8 +1,7 @@
-/* The nccl and jaccl backend kinds. This build has neither CUDA nor
- * ibverbs, so both report honestly that they cannot be used; they still
- * say whether their launch configuration is present (so init("any") can
- * explain what it skipped) and jaccl says whether an RDMA device exists. */
-#include <dirent.h>
+/* The nccl backend kind. This build has no CUDA, so it reports honestly
+ * that it cannot be used; it still says whether its launch configuration is
+ * present (so init("any") can explain what it skipped). jaccl is
+ * backends/jaccl/jaccl.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,68 +66,4 @@ const mlxd_backend_kind mlxd_nccl_kind = {
     .is_configured = nccl_configured,
     .create = nccl_create,
     .supports_bootstrap = false,
-};
-
-/* ---- jaccl ---- */
-
-static const char* const k_jaccl_env[] = {"MLX_RANK", "MLX_IBV_DEVICES", "MLX_JACCL_COORDINATOR"};
-#define JACCL_NOT_BUILT "[jaccl] mlxdist was built without ibverbs/RDMA support"
-
-/* "; this machine has RDMA device(s) mlx5_0, ..." or "; this machine has no
- * RDMA device (/sys/class/infiniband is empty or absent)". */
-static void jaccl_why(char* why, size_t len) {
-  char devs[256];
-  size_t used = 0;
-  devs[0] = '\0';
-  DIR* d = opendir("/sys/class/infiniband");
-  if (d) {
-    struct dirent* e;
-    while ((e = readdir(d)) != NULL) {
-      if (e->d_name[0] == '.') continue;
-      int w = snprintf(devs + used, sizeof devs - used, "%s%s", used ? ", " : "", e->d_name);
-      if (w < 0 || (size_t)w >= sizeof devs - used) break;
-      used += (size_t)w;
-    }
-    closedir(d);
-  }
-  if (devs[0])
-    snprintf(why, len,
-             "%s, so the RDMA device(s) found in /sys/class/infiniband (%s) cannot be used",
-             JACCL_NOT_BUILT, devs);
-  else
-    snprintf(why, len, "%s (and this machine has no RDMA device in /sys/class/infiniband)",
-             JACCL_NOT_BUILT);
-}
-
-static bool jaccl_available(char* why, size_t len) {
-  if (why && len) jaccl_why(why, len);
-  return false;
-}
-
-static bool jaccl_configured(bool with_bootstrap) {
-  /* With a caller's all-gather the coordinator is not needed. */
-  int n = with_bootstrap ? 2 : 3;
-  for (int i = 0; i < n; i++)
-    if (!env_set(k_jaccl_env[i])) return false;
-  return true;
-}
-
-static int jaccl_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
-  *out = NULL;
-  char why[MLXD_MSG_MAX];
-  jaccl_why(why, sizeof why);
-  char unset[256];
-  list_unset(unset, sizeof unset, k_jaccl_env, bs ? 2 : 3);
-  if (unset[0])
-    return mlxd_fail(st, MLXD_EUNAVAIL, "%.300s; its configuration is also missing (%s not set)",
-                     why, unset);
-  return mlxd_fail(st, MLXD_EUNAVAIL, "%s", why);
-}
-
-const mlxd_backend_kind mlxd_jaccl_kind = {
-    .name = "jaccl",
-    .is_available = jaccl_available,
-    .is_configured = jaccl_configured,
-    .create = jaccl_create,
-    .supports_bootstrap = true,
 };

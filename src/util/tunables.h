@@ -165,7 +165,17 @@ typedef struct mlxd_tunable_spec {
   X(ENV_REPORTED, "MLXDIST_ENV_REPORTED", "",                                                     \
     MLXD_TK_WORDS("MLXDIST_* names separated by ':'", 4096),                                      \
     "Set by mlxdist-launch: the unknown MLXDIST_* names it has already warned about, which its "  \
-    "ranks then do not warn about again (an unknown name not listed still gets its warning).")
+    "ranks then do not warn about again (an unknown name not listed still gets its warning).")    \
+  X(IBVERBS_LIB, "MLXDIST_IBVERBS_LIB", "", MLXD_TK_FILE(),                                       \
+    "jaccl: the libibverbs to load at run time (a file name for the dynamic loader or a path); "  \
+    "empty: libibverbs.so.1. mlxdist never links against it. See docs/jaccl.md.")                 \
+  X(IB_PORT, "MLXDIST_IB_PORT", "0", MLXD_TK_INTEGER(0, 255, "port number"),                      \
+    "jaccl: the port of each RDMA device to use (1, 2, ...); 0: the first ACTIVE port. "          \
+    "mlxdist-info shows every port and its state.")                                               \
+  X(IB_GID_INDEX, "MLXDIST_IB_GID_INDEX", "-1", MLXD_TK_INTEGER(-1, 1023, "GID table index"),     \
+    "jaccl: the GID table entry to use on an Ethernet (RoCE) port; -1: chosen by content, the "   \
+    "first RoCE v2 entry holding an IPv4-mapped address (its index depends on timing, so it is "  \
+    "not fixed). InfiniBand ports use the LID. mlxdist-info shows the choice.")
 
 typedef enum mlxd_tunable {
 #define MLXD_TUNABLE_ENUM(id, env, def, spec, doc) MLXD_T_##id,

@@ -1,5 +1,6 @@
 /* mlxdist-info: --env lists every tunable with its default, --markdown is a
- * table with one row per tunable, the summary names the backends, and bad
+ * table with one row per tunable, the summary names the backends and the RDMA
+ * devices (or why there are none), and bad
  * arguments exit 2. Expected names/defaults come from the tunable getters of
  * the library (not from the tool's own copy of the list). */
 #include <stdio.h>
@@ -78,6 +79,26 @@ int main(int argc, char** argv) {
   T_EQ_INT(capture(cmd), 0);
   T_ASSERT(strstr(out, "mlxdist 0.1.0") != NULL);
   T_ASSERT(strstr(out, "  ring ") != NULL && strstr(out, "  mpi ") != NULL);
+
+  /* the RDMA devices jaccl would use, or why there are none: with the library this machine
+   * has (no device or no kernel support on a test machine), and with none at all */
+  if (!strstr(out, "rdma devices (jaccl, through ")) { /* a machine with devices lists them */
+    T_ASSERT(strstr(out, "rdma devices (jaccl): none: no ") != NULL);
+    T_ASSERT(strstr(out, "  jaccl  not available: [jaccl] no ") != NULL);
+  }
+  snprintf(cmd, sizeof cmd, "MLXDIST_IBVERBS_LIB=/nonexistent/libibverbs.so.1 '%s'", tool);
+  T_EQ_INT(capture(cmd), 0);
+  if (!strstr(out,
+              "rdma devices (jaccl): none: no libibverbs: cannot load "
+              "/nonexistent/libibverbs.so.1") ||
+      !strstr(out, "  jaccl  not available: [jaccl] no libibverbs"))
+    T_FAIL("no library: %s", out);
+  snprintf(cmd, sizeof cmd, "MLXDIST_IBVERBS_LIB=libm.so.6 '%s'", tool);
+  T_EQ_INT(capture(cmd), 0);
+  if (!strstr(out,
+              "rdma devices (jaccl): none: libm.so.6 is not a usable libibverbs: it has no "
+              "ibv_get_device_list"))
+    T_FAIL("not libibverbs: %s", out);
 
   snprintf(cmd, sizeof cmd, "'%s' --bogus 2>&1", tool);
   T_EQ_INT(capture(cmd), 2);

@@ -1,6 +1,6 @@
 /* mlxdist-info: the library version, the backends of the registry (whether
  * each is available and configured here), one started group described by
- * its backend (--group), and every MLXDIST_* tunable (name, default,
+ * its backend (--group), the RDMA devices jaccl would use, and every MLXDIST_* tunable (name, default,
  * expected values, description) from src/util/tunables.h. */
 #include <stdbool.h>
 #include <stdio.h>
@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backends/jaccl/verbs.h"
 #include "distributed/group_impl.h"
 #include "mlx/c/distributed_group.h"
 #include "mlx/c/error.h"
@@ -24,7 +25,8 @@ static void mlxd_info_usage(FILE* f) {
       "Usage: mlxdist-info [--env [--markdown] | --group [BACKEND]]\n"
       "\n"
       "  (no option)        print the library version and, for each backend, whether it\n"
-      "                     is available and configured in this process\n"
+      "                     is available and configured in this process; and the RDMA\n"
+      "                     devices (jaccl): ports, state, MTU, link layer, GID\n"
       "  --group [BACKEND]  start BACKEND (default: any; strict) and print one line about\n"
       "                     the group: rank, size and the backend's own description\n"
       "                     (e.g. the MPI library and thread level); run it under the\n"
@@ -90,6 +92,36 @@ static void mlxd_print_env(bool markdown) {
     printf("UNKNOWN (ignored; an init error under MLXDIST_STRICT_ENV=1):\n    %s\n", lines);
 }
 
+/* jaccl's view of this machine (backends/jaccl/verbs.h): every device and
+ * port, its state, MTU, link layer and the GID (or LID) it would use; or why
+ * there is none. */
+static void mlxd_print_rdma(void) {
+  mlxd_verbs_probe* p = malloc(sizeof *p);
+  if (!p) {
+    puts("rdma devices (jaccl): out of memory");
+    return;
+  }
+  mlxd_verbs_probe_run(p);
+  char why[1024], line[512];
+  bool usable = mlxd_verbs_usable(p, why, sizeof why);
+  if (p->lib != MLXD_VERBS_OK || p->ndev == 0) {
+    printf("rdma devices (jaccl): none: %s\n", why);
+  } else {
+    printf("rdma devices (jaccl, through %s):\n", p->lib_name);
+    for (int i = 0; i < p->ndev; i++) {
+      const mlxd_verbs_dev* d = &p->devs[i];
+      if (d->nports == 0) printf("  %s: %s\n", d->name, d->err[0] ? d->err : "no port");
+      for (int k = 0; k < d->nports; k++) {
+        mlxd_verbs_port_line(d, &d->ports[k], line, sizeof line);
+        printf("  %s\n", line);
+      }
+      if (d->nports && d->err[0]) printf("  %s: %s\n", d->name, d->err);
+    }
+    if (!usable) printf("  (%s)\n", why);
+  }
+  free(p);
+}
+
 static int mlxd_print_summary(void) {
   mlx_string v = mlx_string_new();
   const char* ver = NULL;
@@ -110,6 +142,7 @@ static int mlxd_print_summary(void) {
       printf("  %-6s not available: %s\n", name, why[0] ? why : "(no reason given)");
   }
   printf("  %-6s %s\n", "any", mlx_distributed_is_available("any") ? "available" : "not available");
+  mlxd_print_rdma();
   printf("environment: %zu MLXDIST_* variables (mlxdist-info --env)\n", MLXD_INFO_N);
   return 0;
 }

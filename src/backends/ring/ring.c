@@ -474,5 +474,5 @@ static int ring_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) 
   return ring_done(rc, st, NULL, 0);
 }
 
-const mlxd_backend_kind mlxd_ring_kind = {"ring", ring_available, ring_configured, ring_create,
-                                          true};
+const mlxd_backend_kind mlxd_ring_kind = {"ring",      ring_available, ring_configured,
+                                          ring_create, true,           false};
