@@ -21,7 +21,10 @@
  * made default with mlx_set_default_stream) are drained and joined, within
  * MLXDIST_TIMEOUT; exit() from a worker thread or from a forked child skips
  * this (there is nothing it could wait for safely). After fork() the child
- * gets a fresh default CPU stream (see child_after_fork). */
+ * gets a fresh default CPU stream (see child_after_fork); any other stream
+ * belongs to the process that made it (core/fork.h): in a forked child its
+ * use fails at once, and its last release there only forgets it (the
+ * worker thread it would join does not exist there). */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -38,6 +41,7 @@
 
 #include "core/core_internal.h"
 #include "core/error.h"
+#include "core/fork.h"
 #include "core/pool.h"
 #include "core/stream_impl.h"
 #include "util/clock.h"
@@ -79,6 +83,9 @@ struct mlxd_stream {
   bool dead;                      /* under mu: the worker has ended */
   bool joined;                    /* the worker thread has been joined */
   bool free_on_exit;              /* under mu: last reference dropped on the worker itself */
+  pid_t pid;                      /* the process that made it (core/fork.h) */
+  task* current;                  /* under mu: the task running now, or NULL */
+  struct mlxd_stream* forgotten;  /* next on the forgotten list (a forked child's copies) */
 };
 
 static _Thread_local mlxd_stream* tls_current; /* the stream whose worker this thread is */
@@ -114,6 +121,7 @@ static void run_head_locked(mlxd_stream* s) {
   if (!s->head) s->tail = NULL;
   s->running = true;
   s->worker_runs = tls_current == s;
+  s->current = t; /* so that a forked child's copy still reaches it */
   pthread_mutex_unlock(&s->mu);
   mlxd_stream* prev = tls_current;
   tls_current = s;
@@ -121,6 +129,7 @@ static void run_head_locked(mlxd_stream* s) {
   tls_current = prev;
   pthread_mutex_lock(&s->mu);
   s->running = false;
+  s->current = NULL;
   s->finished++;
   if (s->sync_waiters || s->helpers) pthread_cond_broadcast(&s->done_cv);
   /* A sleeping worker takes over what is left, or ends after a stop. */
@@ -154,6 +163,10 @@ bool mlxd_stream_is_static(const mlxd_stream* s) { return s->is_static; }
 void mlxd_stream_help(mlxd_array* a) {
   mlxd_stream* s = mlxd_array_producer_retain(a);
   if (!s) return;
+  if (mlxd_fork_foreign(s->pid)) { /* its worker and queue are the parent's */
+    if (!s->is_static) mlxd_stream_release(s);
+    return;
+  }
   /* A task of this stream waiting for a later task of the same stream must
    * not run it (that would break queue order); it just waits. */
   if (tls_current != s) {
@@ -241,6 +254,9 @@ static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_
   s->sync_waiters = s->helpers = 0;
   s->sleeping = s->woken = s->running = s->worker_runs = s->stop = s->dead = s->joined =
       s->free_on_exit = false;
+  s->pid = mlxd_self_pid();
+  s->current = NULL;
+  s->forgotten = NULL;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_condattr_t ca;
@@ -371,9 +387,16 @@ static void at_exit_teardown(void) {
  * default CPU stream a fresh, empty queue and a new worker so the child can
  * use mlxdist. Work queued in the parent is not run again in the child, and
  * streams other than the built-in default are not usable in the child. */
+static task* volatile g_cpu_forgotten
+    [2]; /* a forked child's copy of the parent's queue and running task */
+
 static void child_after_fork(void) {
   mlxd_stream* s = &g_cpu_static;
   g_pid = getpid();
+  /* The parent's tasks stay reachable (not run, not freed): their outputs
+   * are pending arrays of the parent, which fail when waited for here. */
+  g_cpu_forgotten[0] = s->head;
+  g_cpu_forgotten[1] = s->current;
   tls_current = NULL;
   /* the kept streams' workers do not exist here: forget them (not freed) */
   pthread_mutex_init(&g_kept_mu, NULL);
@@ -432,9 +455,24 @@ mlxd_stream* mlxd_stream_retain(mlxd_stream* s) {
   return s;
 }
 
+/* A forked child's copies of streams whose last reference went there: kept,
+ * not freed (their worker, queue and locks are the parent's), and reachable
+ * (a leak checker at the child's exit sees them). */
+static _Atomic(mlxd_stream*) g_forgotten;
+
+static void forget(mlxd_stream* s) {
+  mlxd_stream* head = atomic_load(&g_forgotten);
+  do s->forgotten = head;
+  while (!atomic_compare_exchange_weak(&g_forgotten, &head, s));
+}
+
 void mlxd_stream_release(mlxd_stream* s) {
   if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1) return;
   if (s->is_static) return; /* never freed (over-release of the default stream) */
+  if (mlxd_fork_foreign(s->pid)) {
+    forget(s);
+    return;
+  }
   stream_stop(s);
   if (!s->joined && pthread_equal(pthread_self(), s->thread)) {
     /* The last reference went from one of this stream's own tasks: the worker
@@ -453,7 +491,8 @@ mlx_device_type mlxd_stream_device_type(const mlxd_stream* s) { return s->type; 
 int mlxd_stream_index(const mlxd_stream* s) { return s->index; }
 
 void mlxd_stream_sync(mlxd_stream* s) {
-  if (!s || tls_current == s) return; /* a task cannot wait for itself */
+  if (!s || tls_current == s) return;    /* a task cannot wait for itself */
+  if (mlxd_fork_foreign(s->pid)) return; /* nothing runs it here */
   pthread_mutex_lock(&s->mu);
   uint64_t target = atomic_load_explicit(&s->submitted, memory_order_relaxed);
   s->sync_waiters++;
@@ -461,6 +500,15 @@ void mlxd_stream_sync(mlxd_stream* s) {
   while (s->finished < target && !s->dead) pthread_cond_wait(&s->done_cv, &s->mu);
   s->sync_waiters--;
   pthread_mutex_unlock(&s->mu);
+}
+
+/* The failure of any use of s in a forked child (s is not its default stream). */
+static int fork_refuse(mlxd_status* st, const mlxd_stream* s, const char* doing) {
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, "[stream] %s on stream %d", doing, s->index);
+  return mlxd_fork_refuse(st, prefix, "stream", s->pid,
+                          "its worker thread runs in that process only (use the default stream, "
+                          "or a stream made in this process)");
 }
 
 /* Queue a task; copy: arg points to arg_size bytes to copy into the task
@@ -475,6 +523,8 @@ static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
     code = mlxd_fail(st, MLXD_EINVAL, "[stream] cannot queue a task on a NULL stream");
   else if (!run)
     code = mlxd_fail(st, MLXD_EINVAL, "[stream] cannot queue a task without a run function");
+  else if (mlxd_fork_foreign(s->pid))
+    code = fork_refuse(st, s, "queueing a task");
   else if (n_inputs < 0 || n_outputs < 0 || (n_inputs > 0 && !inputs) ||
            (n_outputs > 0 && !outputs))
     code = mlxd_fail(st, MLXD_EINVAL,
@@ -683,6 +733,8 @@ int mlx_synchronize(mlx_stream stream) {
     s = mlxd_default_stream(type, &st);
     if (!s) return mlxd_error_status(&st);
   }
+  if (mlxd_fork_foreign(s->pid))
+    return mlxd_error_status((fork_refuse(&st, s, "mlx_synchronize"), &st));
   if (tls_current == s) {
     mlxd_error(
         "[stream] mlx_synchronize was called from a task running on stream %d itself; "
@@ -718,6 +770,8 @@ int mlx_set_default_stream(mlx_stream stream) {
   if (read_stream(stream, "mlx_set_default_stream", &st)) return mlxd_error_status(&st);
   mlxd_stream* s = mlxd_stream_of(stream);
   if (s->type != MLX_CPU) return mlxd_error_status((no_gpu(&st), &st));
+  if (mlxd_fork_foreign(s->pid))
+    return mlxd_error_status((fork_refuse(&st, s, "mlx_set_default_stream"), &st));
   if (!mlxd_default_stream(MLX_CPU, &st)) return mlxd_error_status(&st);
   if (!s->is_static) {
     int err = 0;
