@@ -40,6 +40,25 @@
 #define AT_ONCE_S 2.0      /* "at once", on a loaded machine under sanitizers */
 
 static char g_dir[256];
+static volatile int g_forked_child; /* this process is rank 0's forked child */
+
+#if defined(__SANITIZE_ADDRESS__)
+#define T_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define T_ASAN 1
+#endif
+#endif
+#ifdef T_ASAN
+/* LeakSanitizer's check at exit locks every allocator region; in a child
+ * forked from a multi-threaded process a region lock another thread held at
+ * the fork is never released there (gcc 12's and clang 14's sanitizer
+ * runtimes take no lock around fork), and the check hangs (seen 2 runs in
+ * 6 before the settling pause below). The forked child skips it; rank 0,
+ * its peers and every other test keep theirs. */
+int __lsan_is_turned_off(void);
+int __lsan_is_turned_off(void) { return g_forked_child; }
+#endif
 static const char* g_mode;
 static const char* g_transport;
 
@@ -267,11 +286,16 @@ static int rank_main(int rank, int size, const char* session, void* arg) {
       T_REQUIREF(mine.n >= 2, "init opened %d descriptors (expected the group's sockets)", mine.n);
     if (strcmp(g_transport, "tcp") != 0)
       T_REQUIREF(shm_maps_q(true) > 0, "no shared-memory ring is mapped over %s", g_transport);
+    /* Let the stream's worker settle in the receive's wait (under ASan a
+     * fork while another thread allocates leaves that allocator lock held
+     * in the child); the fork then happens with the receive pending. */
+    usleep(200000);
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
     T_ASSERT(pid >= 0);
     if (pid == 0) {
+      g_forked_child = 1;
       if (strcmp(g_mode, "call") == 0) exit(child_call(g, p, s2, list));
       if (strcmp(g_mode, "exit") == 0) exit(0);
       setenv("FORK_TEST_FDS", list, 1);
