@@ -91,7 +91,7 @@ struct mlxd_stream {
 static _Thread_local mlxd_stream* tls_current; /* the stream whose worker this thread is */
 
 /* Whether s was made by another process (a forked child's copy, core/fork.h). */
-static inline bool foreign(const mlxd_stream* s) {
+static inline bool foreign(mlxd_stream* s) {
   return mlxd_fork_foreign(atomic_load_explicit(&s->pid, memory_order_acquire));
 }
 
@@ -527,7 +527,7 @@ void mlxd_stream_sync(mlxd_stream* s) {
 }
 
 /* The failure of any use of s in a forked child (s is not its default stream). */
-static int fork_refuse(mlxd_status* st, const mlxd_stream* s, const char* doing) {
+static int fork_refuse(mlxd_status* st, mlxd_stream* s, const char* doing) {
   char prefix[96];
   snprintf(prefix, sizeof prefix, "[stream] %s on stream %d", doing, s->index);
   return mlxd_fork_refuse(st, prefix, "stream", atomic_load(&s->pid),
