@@ -19,6 +19,7 @@
 #ifndef MLXD_FORK_H
 #define MLXD_FORK_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <sys/types.h>
 
@@ -42,6 +43,15 @@ static inline int mlxd_fork_foreign(pid_t owner) { return owner != mlxd_self_pid
  * to do instead. Returns MLXD_EINVAL. */
 int mlxd_fork_refuse(mlxd_status* st, const char* prefix, const char* what, pid_t owner,
                      const char* why);
+
+/* Make fork() take mu first (a pthread_atfork prepare handler) and release
+ * it after, in the parent and in the child: the child then finds mu free
+ * and what it guards consistent, whichever thread held it. For the
+ * process-wide leaf mutexes held only briefly (the buffer cache, the error
+ * handler, the default device, the group list and cache); never one held
+ * across a blocking wait or a call out. Call from a constructor (before
+ * any thread); at most 8. */
+void mlxd_fork_guard(pthread_mutex_t* mu);
 
 /* The advice every refusal of a group ends with. */
 #define MLXD_FORK_ADVICE                                                                   \

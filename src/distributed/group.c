@@ -131,14 +131,19 @@ static mlxd_group* g_forgotten;
 static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* In a child made by fork() (one thread, the one that forked): the list
- * and registry locks may be held by threads that are not here, so they
- * start afresh; and the child closes its copies of every live group's
- * descriptors (the backend's forget op: close() only, nothing sent), so it
- * holds none of its parent's connections, whether or not it execs. */
+/* The list and the cache are consistent and free in a forked child. */
+__attribute__((constructor)) static void group_fork_guard(void) {
+  mlxd_fork_guard(&g_live_mu);
+  mlxd_fork_guard(&g_cache_mu);
+}
+
+/* In a child made by fork() (one thread, the one that forked): the init
+ * lock may be held by a thread that is not here (it is held across a
+ * backend's start-up, so fork does not wait for it), so it starts afresh;
+ * and the child closes its copies of every live group's descriptors (the
+ * backend's forget op: close() only, nothing sent), so it holds none of
+ * its parent's connections, whether or not it execs. */
 static void groups_after_fork(void) {
-  pthread_mutex_init(&g_live_mu, NULL);
-  pthread_mutex_init(&g_cache_mu, NULL);
   pthread_mutex_init(&g_init_mu, NULL);
   for (mlxd_group* g = g_live; g; g = g->live_next) /* all the parent's (idempotent) */
     if (g->backend->ops->forget) g->backend->ops->forget(g->backend);
