@@ -2,7 +2,6 @@
 #include "core/fork.h"
 
 #include <pthread.h>
-#include <stdio.h>
 #include <unistd.h>
 
 _Atomic int mlxd_fork_pid_;

@@ -395,8 +395,8 @@ static void at_exit_teardown(void) {
  * finds its parent's group refused) starts no thread. Work queued in the
  * parent is not run again in the child, and streams other than the
  * built-in default are not usable in the child (core/fork.h). */
-static task* volatile g_cpu_forgotten
-    [2]; /* a forked child's copy of the parent's queue and running task */
+/* a forked child's copy of the parent's queue and running task */
+static task* volatile g_cpu_forgotten[2];
 static pthread_mutex_t g_restart_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void child_after_fork(void) {
