@@ -9,6 +9,7 @@
 #include "core/buffer.h"
 #include "core/core_internal.h"
 #include "core/error.h"
+#include "core/fork.h"
 #include "core/pool.h"
 #include "core/stream_impl.h"
 #include "mlx/c/array.h"
@@ -154,6 +155,7 @@ static mlxd_array* array_meta(const int* shape, int ndim, mlx_dtype dtype, size_
   atomic_init(&a->state, MLXD_ARRAY_READY);
   a->error = NULL;
   atomic_init(&a->producer, NULL);
+  a->pid = mlxd_self_pid();
   return a;
 }
 
@@ -172,6 +174,15 @@ static void producer_set(mlxd_array* a, mlxd_stream* s) {
 }
 
 static void array_destroy(mlxd_array* a) {
+  if (atomic_load_explicit(&a->state, memory_order_relaxed) == MLXD_ARRAY_PENDING &&
+      mlxd_fork_foreign(a->pid)) {
+    /* The parent's pending array, in a forked child: its lock and condition
+     * are copies of the parent's in whatever state they were; start them
+     * afresh (nobody here waits on them) before the block is reused. */
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    atomic_store(&a->waiters, 0);
+  }
   producer_set(a, NULL); /* non-NULL only if it died pending */
   if (a->dtor)
     a->dtor(a->dtor_arg);
@@ -222,6 +233,13 @@ static int failed_code(const mlxd_array* a) {
 
 int mlxd_array_wait(mlxd_array* a, mlxd_status* st) {
   int s = atomic_load_explicit(&a->state, memory_order_acquire);
+  if (s == MLXD_ARRAY_PENDING && mlxd_fork_foreign(a->pid)) {
+    mlxd_status local;
+    return mlxd_fork_refuse(st ? st : &local, "[array] waiting for an array", "pending array",
+                            a->pid,
+                            "its result is computed in that process only (wait for it there "
+                            "before fork)");
+  }
   if (s == MLXD_ARRAY_PENDING) {
     mlxd_stream_help(a);
     s = atomic_load_explicit(&a->state, memory_order_acquire);

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "core/status.h"
 #include "mlx/c/array.h"
@@ -50,6 +51,9 @@ typedef struct mlxd_array {
    * retained stream takes mu, so a helper's read-and-retain under mu is
    * safe. */
   _Atomic(struct mlxd_stream*) producer;
+  /* The process that made it (core/fork.h): a forked child's copy of a
+   * pending array can never complete, and waiting for it there fails. */
+  pid_t pid;
   int shape_inline[MLXD_ARRAY_INLINE_NDIM];
   size_t strides_inline[MLXD_ARRAY_INLINE_NDIM];
   _Alignas(MLXD_ALIGN) unsigned char small[MLXD_ARRAY_INLINE_BYTES];
@@ -61,7 +65,8 @@ mlxd_array* mlxd_array_alloc(const int* shape, int ndim, mlx_dtype dtype, bool p
                              mlxd_status* st);
 mlxd_array* mlxd_array_retain(mlxd_array* a);
 void mlxd_array_release(mlxd_array* a);
-/* Block until a is not pending. 0 if ready; else copies the failure to st (may be NULL) and returns its code. */
+/* Block until a is not pending. 0 if ready; else copies the failure to st (may be NULL) and returns its code.
+ * A pending array of the parent in a forked child fails at once (core/fork.h). */
 int mlxd_array_wait(mlxd_array* a, mlxd_status* st);
 /* Mark a pending array ready (st == NULL or st->code == 0) or failed; wakes waiters. */
 void mlxd_array_complete(mlxd_array* a, const mlxd_status* st);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/array_impl.h"
+#include "core/fork.h"
 #include "core/pool.h"
 #include "util/tunables.h"
 
@@ -28,6 +29,7 @@ typedef struct {
 } entry;
 
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+__attribute__((constructor)) static void buffer_fork_guard(void) { mlxd_fork_guard(&cache_mu); }
 static entry cache[MAX_ENTRIES]; /* oldest first */
 static int cache_n;
 static size_t cache_bytes;

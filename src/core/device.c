@@ -7,6 +7,7 @@
 
 #include "core/core_internal.h"
 #include "core/error.h"
+#include "core/fork.h"
 #include "mlx/c/device.h"
 
 typedef struct mlxd_device {
@@ -16,6 +17,7 @@ typedef struct mlxd_device {
 } mlxd_device;
 
 static pthread_mutex_t g_default_mu = PTHREAD_MUTEX_INITIALIZER;
+__attribute__((constructor)) static void device_fork_guard(void) { mlxd_fork_guard(&g_default_mu); }
 static mlx_device_type g_default_type = MLX_CPU;
 static int g_default_index = 0;
 

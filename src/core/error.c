@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/fork.h"
 #include "mlx/c/error.h"
 
 typedef struct handler_rec {
@@ -32,6 +33,7 @@ static void default_handler(const char* msg, void* data) {
 static handler_rec g_default = {default_handler, NULL, NULL, 1};
 static handler_rec* g_cur = &g_default;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+__attribute__((constructor)) static void error_fork_guard(void) { mlxd_fork_guard(&g_mu); }
 
 /* Drop one reference; returns the record if it must now be destroyed. */
 static handler_rec* rec_unref_locked(handler_rec* r) {

@@ -21,7 +21,10 @@
  * made default with mlx_set_default_stream) are drained and joined, within
  * MLXDIST_TIMEOUT; exit() from a worker thread or from a forked child skips
  * this (there is nothing it could wait for safely). After fork() the child
- * gets a fresh default CPU stream (see child_after_fork). */
+ * gets a fresh default CPU stream (see child_after_fork); any other stream
+ * belongs to the process that made it (core/fork.h): in a forked child its
+ * use fails at once, and its last release there only forgets it (the
+ * worker thread it would join does not exist there). */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -38,6 +41,7 @@
 
 #include "core/core_internal.h"
 #include "core/error.h"
+#include "core/fork.h"
 #include "core/pool.h"
 #include "core/stream_impl.h"
 #include "util/clock.h"
@@ -79,9 +83,17 @@ struct mlxd_stream {
   bool dead;                      /* under mu: the worker has ended */
   bool joined;                    /* the worker thread has been joined */
   bool free_on_exit;              /* under mu: last reference dropped on the worker itself */
+  _Atomic pid_t pid;              /* the process that made it (core/fork.h; released once set up) */
+  task* current;                  /* under mu: the task running now, or NULL */
+  struct mlxd_stream* forgotten;  /* next on the forgotten list (a forked child's copies) */
 };
 
 static _Thread_local mlxd_stream* tls_current; /* the stream whose worker this thread is */
+
+/* Whether s was made by another process (a forked child's copy, core/fork.h). */
+static inline bool foreign(mlxd_stream* s) {
+  return mlxd_fork_foreign(atomic_load_explicit(&s->pid, memory_order_acquire));
+}
 
 /* ---------- tasks ---------- */
 
@@ -114,6 +126,7 @@ static void run_head_locked(mlxd_stream* s) {
   if (!s->head) s->tail = NULL;
   s->running = true;
   s->worker_runs = tls_current == s;
+  s->current = t; /* so that a forked child's copy still reaches it */
   pthread_mutex_unlock(&s->mu);
   mlxd_stream* prev = tls_current;
   tls_current = s;
@@ -121,6 +134,7 @@ static void run_head_locked(mlxd_stream* s) {
   tls_current = prev;
   pthread_mutex_lock(&s->mu);
   s->running = false;
+  s->current = NULL;
   s->finished++;
   if (s->sync_waiters || s->helpers) pthread_cond_broadcast(&s->done_cv);
   /* A sleeping worker takes over what is left, or ends after a stop. */
@@ -154,6 +168,10 @@ bool mlxd_stream_is_static(const mlxd_stream* s) { return s->is_static; }
 void mlxd_stream_help(mlxd_array* a) {
   mlxd_stream* s = mlxd_array_producer_retain(a);
   if (!s) return;
+  if (foreign(s)) { /* its worker and queue are the parent's */
+    if (!s->is_static) mlxd_stream_release(s);
+    return;
+  }
   /* A task of this stream waiting for a later task of the same stream must
    * not run it (that would break queue order); it just waits. */
   if (tls_current != s) {
@@ -241,6 +259,8 @@ static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_
   s->sync_waiters = s->helpers = 0;
   s->sleeping = s->woken = s->running = s->worker_runs = s->stop = s->dead = s->joined =
       s->free_on_exit = false;
+  s->current = NULL;
+  s->forgotten = NULL;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_condattr_t ca;
@@ -252,6 +272,7 @@ static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
+  atomic_store_explicit(&s->pid, mlxd_self_pid(), memory_order_release);
   int rc = pthread_create(&s->thread, NULL, worker_main, s);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc) {
@@ -367,28 +388,54 @@ static void at_exit_teardown(void) {
             timeout);
 }
 
-/* In a child made by fork() only the forking thread exists: give the
- * default CPU stream a fresh, empty queue and a new worker so the child can
- * use mlxdist. Work queued in the parent is not run again in the child, and
- * streams other than the built-in default are not usable in the child. */
+/* In a child made by fork() only the forking thread exists. The default
+ * CPU stream is restarted there, with a fresh, empty queue and a worker of
+ * its own, by the child's first submit to it (child_restart), not in the
+ * atfork handler: a child that never queues work (one that execs, or only
+ * finds its parent's group refused) starts no thread. Work queued in the
+ * parent is not run again in the child, and streams other than the
+ * built-in default are not usable in the child (core/fork.h). */
+/* a forked child's copy of the parent's queue and running task */
+static task* volatile g_cpu_forgotten[2];
+static pthread_mutex_t g_restart_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static void child_after_fork(void) {
   mlxd_stream* s = &g_cpu_static;
-  g_pid = getpid();
+  /* The parent's tasks stay reachable (not run, not freed): their outputs
+   * are pending arrays of the parent, which fail when waited for here. */
+  g_cpu_forgotten[0] = s->head;
+  g_cpu_forgotten[1] = s->current;
   tls_current = NULL;
+  pthread_mutex_init(&g_restart_mu, NULL);
   /* the kept streams' workers do not exist here: forget them (not freed) */
   pthread_mutex_init(&g_kept_mu, NULL);
   g_kept_forgotten = g_kept; /* stays reachable */
   g_kept = NULL;
   g_kept_n = g_kept_cap = 0;
   atomic_store(&g_cpu_default, s);
-  mlxd_status st;
-  if (stream_init(s, MLX_CPU, 0, true, &st)) {
-    /* no worker: make submits fail with a clear message instead of hanging */
-    pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->work_cv, NULL);
-    pthread_cond_init(&s->done_cv, NULL);
-    s->stop = s->dead = s->joined = true;
+}
+
+/* The first submit to the default CPU stream in a forked child: start it
+ * afresh in this process. 0, or non-zero with st set (the stream is then
+ * this process's and shut down: later submits fail at once). */
+static int child_restart(mlxd_status* st) {
+  mlxd_stream* s = &g_cpu_static;
+  int rc = 0;
+  pthread_mutex_lock(&g_restart_mu);
+  if (foreign(s)) {
+    g_pid = getpid(); /* at exit: this process's worker is joined */
+    rc = stream_init(s, MLX_CPU, 0, true, st);
+    if (rc) {
+      /* no worker: submits fail with a clear message instead of hanging */
+      pthread_mutex_init(&s->mu, NULL);
+      pthread_cond_init(&s->work_cv, NULL);
+      pthread_cond_init(&s->done_cv, NULL);
+      s->stop = s->dead = s->joined = true;
+      atomic_store_explicit(&s->pid, mlxd_self_pid(), memory_order_release);
+    }
   }
+  pthread_mutex_unlock(&g_restart_mu);
+  return rc;
 }
 
 static void default_init(void) {
@@ -432,9 +479,24 @@ mlxd_stream* mlxd_stream_retain(mlxd_stream* s) {
   return s;
 }
 
+/* A forked child's copies of streams whose last reference went there: kept,
+ * not freed (their worker, queue and locks are the parent's), and reachable
+ * (a leak checker at the child's exit sees them). */
+static _Atomic(mlxd_stream*) g_forgotten;
+
+static void forget(mlxd_stream* s) {
+  mlxd_stream* head = atomic_load(&g_forgotten);
+  do s->forgotten = head;
+  while (!atomic_compare_exchange_weak(&g_forgotten, &head, s));
+}
+
 void mlxd_stream_release(mlxd_stream* s) {
   if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1) return;
   if (s->is_static) return; /* never freed (over-release of the default stream) */
+  if (foreign(s)) {
+    forget(s);
+    return;
+  }
   stream_stop(s);
   if (!s->joined && pthread_equal(pthread_self(), s->thread)) {
     /* The last reference went from one of this stream's own tasks: the worker
@@ -454,6 +516,7 @@ int mlxd_stream_index(const mlxd_stream* s) { return s->index; }
 
 void mlxd_stream_sync(mlxd_stream* s) {
   if (!s || tls_current == s) return; /* a task cannot wait for itself */
+  if (foreign(s)) return;             /* nothing runs it here */
   pthread_mutex_lock(&s->mu);
   uint64_t target = atomic_load_explicit(&s->submitted, memory_order_relaxed);
   s->sync_waiters++;
@@ -461,6 +524,15 @@ void mlxd_stream_sync(mlxd_stream* s) {
   while (s->finished < target && !s->dead) pthread_cond_wait(&s->done_cv, &s->mu);
   s->sync_waiters--;
   pthread_mutex_unlock(&s->mu);
+}
+
+/* The failure of any use of s in a forked child (s is not its default stream). */
+static int fork_refuse(mlxd_status* st, mlxd_stream* s, const char* doing) {
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, "[stream] %s on stream %d", doing, s->index);
+  return mlxd_fork_refuse(st, prefix, "stream", atomic_load(&s->pid),
+                          "its worker thread runs in that process only (use the default stream, "
+                          "or a stream made in this process)");
 }
 
 /* Queue a task; copy: arg points to arg_size bytes to copy into the task
@@ -475,6 +547,8 @@ static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
     code = mlxd_fail(st, MLXD_EINVAL, "[stream] cannot queue a task on a NULL stream");
   else if (!run)
     code = mlxd_fail(st, MLXD_EINVAL, "[stream] cannot queue a task without a run function");
+  else if (foreign(s)) /* the default stream starts afresh in a forked child */
+    code = s->is_static ? child_restart(st) : fork_refuse(st, s, "queueing a task");
   else if (n_inputs < 0 || n_outputs < 0 || (n_inputs > 0 && !inputs) ||
            (n_outputs > 0 && !outputs))
     code = mlxd_fail(st, MLXD_EINVAL,
@@ -683,6 +757,10 @@ int mlx_synchronize(mlx_stream stream) {
     s = mlxd_default_stream(type, &st);
     if (!s) return mlxd_error_status(&st);
   }
+  if (foreign(s)) {
+    if (s->is_static) return 0; /* a forked child's, not started yet: nothing queued */
+    return mlxd_error_status((fork_refuse(&st, s, "mlx_synchronize"), &st));
+  }
   if (tls_current == s) {
     mlxd_error(
         "[stream] mlx_synchronize was called from a task running on stream %d itself; "
@@ -718,6 +796,8 @@ int mlx_set_default_stream(mlx_stream stream) {
   if (read_stream(stream, "mlx_set_default_stream", &st)) return mlxd_error_status(&st);
   mlxd_stream* s = mlxd_stream_of(stream);
   if (s->type != MLX_CPU) return mlxd_error_status((no_gpu(&st), &st));
+  if (foreign(s) && !s->is_static)
+    return mlxd_error_status((fork_refuse(&st, s, "mlx_set_default_stream"), &st));
   if (!mlxd_default_stream(MLX_CPU, &st)) return mlxd_error_status(&st);
   if (!s->is_static) {
     int err = 0;

@@ -5,8 +5,8 @@
  * priority (a rank busy on every CPU still sends its heartbeats) and sleeps
  * between ticks; a tick must be short and must not block without a bound.
  *
- * A process that forks keeps its registrations in the child, but not the
- * thread: do not fork with a group alive (as with MPI). */
+ * A child made by fork() starts with no registrations and no thread (its
+ * copies of the parent's transports send no heartbeats: core/fork.h). */
 #ifndef MLXD_WATCHDOG_H
 #define MLXD_WATCHDOG_H
 

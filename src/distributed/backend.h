@@ -108,6 +108,14 @@ typedef struct mlxd_backend_ops {
                   int dst, const mlxd_op_arrays* arr, mlxd_status* st);
   int (*recv_ref)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype, int src,
                   const mlxd_op_arrays* arr, mlxd_status* st);
+  /* Optional (NULL: nothing to close). In a child made by fork(), from its
+   * pthread_atfork handler (one thread; async-signal-safe calls only, no
+   * lock taken): close the child's copies of this instance's descriptors
+   * (ring: the transport's forget, transport.h), with no shutdown() and no
+   * byte sent, so that the child holds none of the parent's connections.
+   * The child never calls another op of the instance, destroy included:
+   * group.c keeps it, unused (core/fork.h). */
+  void (*forget)(mlxd_backend* b);
 } mlxd_backend_ops;
 
 /* Implementations embed this as their first member. */

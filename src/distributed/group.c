@@ -130,6 +130,33 @@ static void user_gather_release(mlxd_user_gather* u) {
 static pthread_mutex_t g_live_mu = PTHREAD_MUTEX_INITIALIZER;
 static mlxd_group* g_live; /* doubly linked through live_prev/live_next */
 static unsigned g_next_id = 1;
+/* A forked child's copies of its parent's groups whose last reference went
+ * there: kept, unused and reachable (linked through live_next). */
+static mlxd_group* g_forgotten;
+
+static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The list and the cache are consistent and free in a forked child. */
+__attribute__((constructor)) static void group_fork_guard(void) {
+  mlxd_fork_guard(&g_live_mu);
+  mlxd_fork_guard(&g_cache_mu);
+}
+
+/* In a child made by fork() (one thread, the one that forked): the init
+ * lock may be held by a thread that is not here (it is held across a
+ * backend's start-up, so fork does not wait for it), so it starts afresh;
+ * and the child closes its copies of every live group's descriptors (the
+ * backend's forget op: close() only, nothing sent), so it holds none of
+ * its parent's connections, whether or not it execs. */
+static void groups_after_fork(void) {
+  pthread_mutex_init(&g_init_mu, NULL);
+  for (mlxd_group* g = g_live; g; g = g->live_next) /* all the parent's (idempotent) */
+    if (g->backend->ops->forget) g->backend->ops->forget(g->backend);
+}
+
+static pthread_once_t g_fork_once = PTHREAD_ONCE_INIT;
+static void fork_watch(void) { pthread_atfork(NULL, NULL, groups_after_fork); }
 
 static void live_add(mlxd_group* g) {
   pthread_mutex_lock(&g_live_mu);
@@ -165,6 +192,8 @@ void mlxd_groups_abort_pending(void) {
     for (mlxd_group* g = g_live; g && !hit; g = g->live_next) {
       /* finished first: queued is never behind it, so no false "pending" */
       uint64_t fin = atomic_load(&g->finished);
+      /* a forked child's copy: its ops and its peers are the parent's */
+      if (mlxd_group_foreign(g)) continue;
       if (g->aborted || atomic_load(&g->queued) == fin || !g->backend->ops->abort) continue;
       int r = atomic_load(&g->refs);
       while (r > 0 && !atomic_compare_exchange_weak(&g->refs, &r, r + 1)) {
@@ -212,6 +241,8 @@ static mlxd_group* group_new(mlxd_backend* b, const char* kind, mlxd_user_gather
     return NULL;
   }
   atomic_init(&g->refs, 1);
+  g->pid = mlxd_self_pid();
+  pthread_once(&g_fork_once, fork_watch);
   g->backend = b;
   g->kind = kind;
   g->gather = user_gather_retain(u);
@@ -244,8 +275,28 @@ mlxd_group* mlxd_group_retain(mlxd_group* g) {
   return g;
 }
 
+int mlxd_group_refuse(const mlxd_group* g, const char* op, bool numbered) {
+  char prefix[96];
+  if (numbered) /* read without g->mu: a thread of the parent may hold it */
+    snprintf(prefix, sizeof prefix, "[%s] %s #%llu", g->kind, op, (unsigned long long)g->coll_seq);
+  else
+    snprintf(prefix, sizeof prefix, "[%s] %s", g->kind, op);
+  mlxd_status st;
+  mlxd_fork_refuse(&st, prefix, "group", g->pid, MLXD_FORK_ADVICE);
+  return mlxd_error_status(&st);
+}
+
 void mlxd_group_release(mlxd_group* g) {
   if (!g || atomic_fetch_sub(&g->refs, 1) != 1) return;
+  if (mlxd_group_foreign(g)) {
+    /* A forked child's copy (group_impl.h): forget it, touch nothing. */
+    live_remove(g);
+    pthread_mutex_lock(&g_live_mu);
+    g->live_next = g_forgotten;
+    g_forgotten = g;
+    pthread_mutex_unlock(&g_live_mu);
+    return;
+  }
   live_remove(g);
   g->backend->ops->destroy(g->backend);
   mlxd_group_release(g->parent);
@@ -265,8 +316,6 @@ static void set_result(mlx_distributed_group* res, mlxd_group* g) {
 /* ------------------------------------------------------------------ */
 /* the registry                                                        */
 
-static pthread_mutex_t g_cache_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 static mlxd_group* g_cache[CACHE_SLOTS];
 
 static mlxd_group* cache_get(int idx) {
@@ -606,6 +655,7 @@ int mlx_distributed_group_split(mlx_distributed_group* res, mlx_distributed_grou
     mlxd_error("[distributed] group_split: color is %d (expected a color >= 0)", color);
     return MLXD_EINVAL;
   }
+  if (mlxd_group_foreign(g)) return mlxd_group_refuse(g, "split", true);
   mlxd_backend* b = g->backend;
   if (key < 0) key = b->rank;
 

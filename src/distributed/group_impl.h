@@ -12,7 +12,14 @@
  *      so the caller's callback stays valid until the backend is gone, and
  *      dtor(payload) runs right after.
  * The last reference may be dropped by a stream worker (a queued op holds
- * one), so the caller's dtor can run on that thread. */
+ * one), so the caller's dtor can run on that thread.
+ *
+ * A group belongs to the process that made it (core/fork.h). In a child
+ * made by fork() the atfork handler closes the child's copies of every
+ * live group's descriptors (the backend's forget op); every use of such a
+ * group there fails at once (mlxd_group_refuse), and its last release
+ * there only forgets it: no backend destroy (which would shut the parent's
+ * connections down), no dtor, no parent release, nothing freed. */
 #ifndef MLXD_GROUP_IMPL_H
 #define MLXD_GROUP_IMPL_H
 
@@ -21,6 +28,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/fork.h"
 #include "core/status.h"
 #include "core/stream_impl.h"
 #include "distributed/backend.h"
@@ -50,6 +58,7 @@ typedef struct mlxd_group {
    * on every op), finished with an atomic add from whichever thread ends
    * the task. */
   _Atomic uint64_t queued, finished;
+  pid_t pid;                                /* the process that made it (core/fork.h) */
   bool aborted;                             /* under group.c's list mutex: abort was called */
   struct mlxd_group *live_prev, *live_next; /* the process's live groups (group.c) */
 } mlxd_group;
@@ -61,6 +70,13 @@ static inline mlx_distributed_group mlxd_group_handle(mlxd_group* g) {
 }
 
 mlxd_group* mlxd_group_retain(mlxd_group* g);
+/* Whether g was made by another process (this is a forked child's copy). */
+static inline bool mlxd_group_foreign(const mlxd_group* g) { return mlxd_fork_foreign(g->pid); }
+/* The failure of op on a foreign group, reported and returned (MLXD_EINVAL):
+ * "[ring] all_sum #3: this group was made by process 1234; process 1240 (a
+ * fork of it) cannot use it: ...". numbered: op takes a collective number
+ * (shown as the next one); else (send, recv) no number. */
+int mlxd_group_refuse(const mlxd_group* g, const char* op, bool numbered);
 /* At process exit, after the streams had a short time to drain: abort
  * (backend abort op) every live group that still has ops pending, so they
  * fail at once ("[ring] recv #3: the group was closed with this operation

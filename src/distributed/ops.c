@@ -130,6 +130,12 @@ static int resolve(const char* op, mlx_distributed_group group, mlx_stream s, ml
     g = mlxd_group_default(&st);
     if (!g) return mlxd_error_status(&st);
   }
+  if (mlxd_group_foreign(g)) { /* a forked child's copy: fails before anything else */
+    bool p2p = strcmp(op, "send") == 0 || strncmp(op, "recv", 4) == 0;
+    int rc = mlxd_group_refuse(g, op, !p2p);
+    if (*own) mlxd_group_release(g);
+    return rc;
+  }
   mlxd_stream* str = mlxd_stream_of(s);
   mlx_device_type want = g->backend->comm_device;
   if (!str) {

@@ -202,6 +202,12 @@ static void mixed_destroy(mlxd_transport* tt) {
   free(t);
 }
 
+static void mixed_forget(mlxd_transport* tt) {
+  mixed_transport* t = (mixed_transport*)tt;
+  if (t->shm && t->shm->ops->forget) t->shm->ops->forget(t->shm);
+  if (t->tcp && t->tcp->ops->forget) t->tcp->ops->forget(t->tcp);
+}
+
 static const mlxd_transport_ops mixed_ops = {
     .name = "mixed",
     .isend = mixed_isend,
@@ -210,6 +216,7 @@ static const mlxd_transport_ops mixed_ops = {
     .wait_slice = mixed_wait_slice,
     .abort = mixed_abort,
     .destroy = mixed_destroy,
+    .forget = mixed_forget,
 };
 
 mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* shm, const int* local,

@@ -551,4 +551,5 @@ const mlxd_transport_ops mlxd_tcp_ops = {
     .wait_slice = tcp_wait_slice,
     .abort = mlxd_tcp_abort,
     .destroy = mlxd_tcp_destroy,
+    .forget = mlxd_tcp_forget,
 };

@@ -186,6 +186,7 @@ bool mlxd_tcp_live_check(tcp_transport* t, struct mlxd_req* const* reqs, int n, 
 
 /* tcp_setup.c */
 void mlxd_tcp_destroy(mlxd_transport* tt);
+void mlxd_tcp_forget(mlxd_transport* tt);
 
 /* tcp_tls.c: the TLS variants (mu held). Handshake every connection
  * (inside create). */

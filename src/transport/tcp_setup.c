@@ -84,6 +84,17 @@ static void close_all(tcp_transport* t, int nc) {
     }
 }
 
+void mlxd_tcp_forget(mlxd_transport* tt) {
+  tcp_transport* t = (tcp_transport*)tt;
+  for (int i = 0; t->conns && i < t->base.size * t->nconn; i++)
+    if (t->conns[i].fd >= 0) {
+      close(t->conns[i].fd);
+      t->conns[i].fd = -1;
+    }
+  if (t->wake_fd >= 0) close(t->wake_fd);
+  t->wake_fd = -1;
+}
+
 void mlxd_tcp_destroy(mlxd_transport* tt) {
   tcp_transport* t = (tcp_transport*)tt;
   if (!t) return;

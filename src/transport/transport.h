@@ -180,6 +180,15 @@ typedef struct mlxd_transport_ops {
    * shm marks this rank closed and wakes its peers, and the segment is
    * unmapped. Messages that arrived without a receive are dropped. */
   void (*destroy)(mlxd_transport* t);
+  /* Optional (NULL: the transport holds no descriptor). In a child made by
+   * fork(), from its pthread_atfork handler (one thread; async-signal-safe
+   * calls only, no lock taken: a lock may be held by a thread that is not
+   * in the child): close the child's copies of the transport's descriptors
+   * with close() (never shutdown(), never a byte sent or written to shared
+   * memory: they are the parent's connections) and mark them closed. The
+   * child never uses or destroys the transport after this
+   * (core/fork.h). */
+  void (*forget)(mlxd_transport* t);
 } mlxd_transport_ops;
 
 struct mlxd_transport {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backends/mpi/mpi_internal.h"
 #include "util/clock.h"
@@ -83,6 +84,7 @@ static pthread_cond_t g_mu_cv; /* CLOCK_MONOTONIC; signalled when g_in_flight dr
 static bool g_cv_ready;
 static bool g_mpi_ready;      /* MPI usable by us (initialised, thread level checked) */
 static bool g_we_initialized; /* we called MPI_Init_thread */
+static pid_t g_init_pid;      /* the process that called it (a forked child must not finalize) */
 static bool g_exiting;        /* the exit hook has started */
 static bool g_abandoned;      /* some request was given up on (timeout): do not finalise */
 static int g_in_flight;       /* ops currently inside MPI calls */
@@ -318,6 +320,11 @@ static const char* thread_level_name(int level) {
 
 /* Runs once at process exit when this plugin initialised MPI. */
 static void mpi_exit_hook(void) {
+  /* A forked child's exit: MPI, its progress thread and the requests are
+   * the parent's (the child cannot use them: core/fork.h); finalizing or
+   * joining here would disturb the parent or hang on a thread that is not
+   * in this process. */
+  if (getpid() != g_init_pid) return;
   double t = mlxd_mpi_timeout_s();
   pthread_mutex_lock(&g_mu);
   g_exiting = true;
@@ -391,6 +398,7 @@ static int ensure_mpi_locked(mlxd_status* st) {
     if (rc != MPI_SUCCESS)
       return mlxd_mpi_fail_call(st, MPIP_EUNAVAIL, rc, "MPI_Init_thread", NULL);
     g_we_initialized = true;
+    g_init_pid = getpid();
     atexit(mpi_exit_hook);
     /* Our own calls on MPI_COMM_WORLD report errors instead of aborting. */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

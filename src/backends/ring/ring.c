@@ -133,6 +133,12 @@ static void ring_destroy(mlxd_backend* b) {
   free(r);
 }
 
+/* In a forked child: close the copies of the connections (backend.h). */
+static void ring_forget(mlxd_backend* b) {
+  mlxd_ring* r = (mlxd_ring*)b;
+  if (r->t && r->t->ops->forget) r->t->ops->forget(r->t);
+}
+
 /* ---- split: all-gather (color, key, address records) over the parent ---- */
 
 typedef struct {
@@ -309,6 +315,7 @@ static const mlxd_backend_ops ring_ops = {
     .split = ring_split,
     .destroy = ring_destroy,
     .abort = ring_abort,
+    .forget = ring_forget,
     /* no *_ref ops: the ring's ops never use a buffer after they return */
 };
 
