@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "util/json_bytes.h"
+#include "util/json_doc.h"
 
 #define EXPECTED_FORMAT                                                                         \
   "a JSON list of N rows of N cells, cell [i][j] the device(s) rank i reaches rank j through: " \
@@ -36,81 +36,6 @@ int mlxd_jaccl_cell_count(const mlxd_jaccl_matrix* m, int i, int j) {
 
 const char* mlxd_jaccl_cell_name(const mlxd_jaccl_matrix* m, int i, int j, int k) {
   return m->names[m->off[(size_t)i * (size_t)m->size + (size_t)j] + k];
-}
-
-static const char* json_kind(const cJSON* v) {
-  if (cJSON_IsArray(v)) return cJSON_GetArraySize(v) ? "a list" : "an empty list";
-  if (cJSON_IsObject(v)) return "an object";
-  if (cJSON_IsString(v)) return "a string";
-  if (cJSON_IsNumber(v)) return "a number";
-  if (cJSON_IsBool(v)) return "a boolean";
-  if (cJSON_IsNull(v)) return "null";
-  return "a value of unknown type";
-}
-
-/* An upper bound of the values in text: one, plus one per '[', '{' and ',' outside strings. */
-static long count_values(const char* t, size_t len) {
-  long n = 1;
-  bool in_string = false;
-  for (size_t i = 0; i < len; i++) {
-    char c = t[i];
-    if (in_string) {
-      if (c == '\\')
-        i++;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{' || c == ',') {
-      n++;
-    }
-  }
-  return n;
-}
-
-static void line_col(const char* t, size_t len, size_t off, size_t* line, size_t* col) {
-  *line = 1, *col = 1;
-  for (size_t i = 0; i < off && i < len; i++) {
-    if (t[i] == '\n')
-      ++*line, *col = 1;
-    else
-      ++*col;
-  }
-}
-
-static bool json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-static cJSON* parse_document(const char* text, size_t len, const char* name, mlxd_status* st) {
-  size_t i = 0;
-  while (i < len && json_space(text[i])) i++;
-  if (i == len) {
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                 "device matrix '%s' is empty (expected " EXPECTED_FORMAT ")", name);
-    return NULL;
-  }
-  const char* end = NULL;
-  cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-  size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : len;
-  size_t line, col;
-  if (!root) {
-    line_col(text, len, off, &line, &col);
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                 "device matrix '%s' is not valid JSON: syntax error at line %zu, column %zu%s "
-                 "(expected " EXPECTED_FORMAT ")",
-                 name, line, col, off >= len ? " (the end of the file)" : "");
-    return NULL;
-  }
-  while (off < len && json_space(text[off])) off++;
-  if (off < len) {
-    cJSON_Delete(root);
-    line_col(text, len, off, &line, &col);
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                 "device matrix '%s' has more after its JSON value, at line %zu, column %zu "
-                 "(expected exactly one JSON list and nothing but whitespace after it)",
-                 name, line, col);
-    return NULL;
-  }
-  return root;
 }
 
 /* One device name of cell (r, c), item k (-1: the cell is the string itself). */
@@ -151,7 +76,7 @@ static int check_matrix(const cJSON* root, const char* name, int* n_out, long* n
     return mlxd_fail_at(
         st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
         "device matrix '%s' is not a non-empty JSON list: it is %s (expected " EXPECTED_FORMAT ")",
-        name, json_kind(root));
+        name, mlxd_json_kind(root));
   long n = 0;
   const cJSON* row;
   cJSON_ArrayForEach(row, root) n++;
@@ -166,7 +91,7 @@ static int check_matrix(const cJSON* root, const char* name, int* n_out, long* n
       return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                           "device matrix '%s': row %d is %s (expected a list of %ld cells, one "
                           "per rank)",
-                          name, r, json_kind(row), n);
+                          name, r, mlxd_json_kind(row), n);
     int c = 0;
     const cJSON* cell;
     cJSON_ArrayForEach(cell, row) {
@@ -182,7 +107,7 @@ static int check_matrix(const cJSON* root, const char* name, int* n_out, long* n
             return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                                 "device matrix '%s': row %d, column %d: item %d is %s (expected "
                                 "a device name string)",
-                                name, r, c, k, json_kind(s));
+                                name, r, c, k, mlxd_json_kind(s));
           if (check_name(s->valuestring, name, r, c, k, st)) return st->code;
           const cJSON* p = cell->child;
           for (int q = 0; q < k; q++, p = p->next)
@@ -201,7 +126,7 @@ static int check_matrix(const cJSON* root, const char* name, int* n_out, long* n
         return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                             "device matrix '%s': row %d, column %d is %s (expected null, a "
                             "device name string or a list of them)",
-                            name, r, c, json_kind(cell));
+                            name, r, c, mlxd_json_kind(cell));
       }
       if (c == r && !cJSON_IsNull(cell) && !(cJSON_IsArray(cell) && !cell->child))
         return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
@@ -229,26 +154,12 @@ int mlxd_jaccl_matrix_parse(const char* text, size_t len, const char* name, mlxd
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "device matrix '%s' is %zu bytes (expected at most %d)", name, len,
                         MLXD_JACCL_MATRIX_MAX_BYTES);
-  char bad[300];
-  if (mlxd_json_bad_byte(text, len, NULL, bad, sizeof bad))
-    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "device matrix '%s': %s", name, bad);
-  /* cJSON ends a string at an escaped NUL, which would cut a name short unseen; "\u0000" can
-   * only stand in a string (a device name never holds a backslash, so no false alarm) */
-  for (size_t i = 0; i + 6 <= len; i++)
-    if (memcmp(text + i, "\\u0000", 6) == 0) {
-      size_t line, col;
-      line_col(text, len, i, &line, &col);
-      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                          "device matrix '%s': an escaped NUL (\\u0000) at line %zu, column %zu "
-                          "(expected device names of letters, digits, '_', '.' and '-')",
-                          name, line, col);
-    }
-  long values = count_values(text, len);
-  if (values > MAX_VALUES)
+  size_t values = mlxd_json_value_bound(text, len);
+  if (values > (size_t)MAX_VALUES)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "device matrix '%s' holds up to %ld JSON values (expected at most %ld)",
+                        "device matrix '%s' holds up to %zu JSON values (expected at most %ld)",
                         name, values, MAX_VALUES);
-  cJSON* root = parse_document(text, len, name, st);
+  cJSON* root = mlxd_json_parse_doc(text, len, "device matrix", name, EXPECTED_FORMAT, st);
   if (!root) return st->code;
   int n = 0;
   long nnames = 0;

@@ -4,9 +4,9 @@
  * addresses. Parsed with cJSON.
  *
  * Three steps, so that the parser can be fuzzed: read (a regular file,
- * bounded), parse (pure: only the bytes JSON allows, util/json_bytes.h;
- * exactly one JSON document, limits, addresses that are IP literals,
- * duplicates), resolve (host names, then duplicates again).
+ * bounded), parse (pure: one JSON document, every fault named,
+ * util/json_doc.h; limits, addresses that are IP literals, duplicates),
+ * resolve (host names, then duplicates again).
  * Arrays are walked with cJSON_ArrayForEach: cJSON_GetArrayItem is O(n). */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
-#include "util/json_bytes.h"
+#include "util/json_doc.h"
 
 #define EXPECTED_FORMAT "a JSON list with one list of \"ip:port\" strings per rank"
 
@@ -255,115 +255,6 @@ static int check_duplicates(const char* name, const mlxd_ring_hosts* h, mlxd_sta
 
 /* ---- the JSON ---- */
 
-static const char* json_kind(const cJSON* v) {
-  if (cJSON_IsArray(v)) return cJSON_GetArraySize(v) ? "a list" : "an empty list";
-  if (cJSON_IsObject(v)) return "an object";
-  if (cJSON_IsString(v)) return "a string";
-  if (cJSON_IsNumber(v)) return "a number";
-  if (cJSON_IsBool(v)) return "a boolean";
-  if (cJSON_IsNull(v)) return "null";
-  return "a value of unknown type";
-}
-
-/* "line L, column C (at 'text...')" for offset off of text. */
-static void where(const char* text, size_t len, size_t off, char* buf, size_t n) {
-  size_t line = 1, col = 1;
-  for (size_t i = 0; i < off && i < len; i++) {
-    if (text[i] == '\n')
-      line++, col = 1;
-    else
-      col++;
-  }
-  char near[80];
-  size_t o = 0;
-  for (size_t i = off; i < len && i < off + 16 && o + 5 < sizeof near; i++) {
-    unsigned char c = (unsigned char)text[i];
-    o += (size_t)snprintf(near + o, sizeof near - o, c >= 0x20 && c < 0x7f ? "%c" : "\\x%02x", c);
-  }
-  near[o] = '\0';
-  if (off >= len)
-    snprintf(buf, n, "line %zu, column %zu (at the end of the file)", line, col);
-  else
-    snprintf(buf, n, "line %zu, column %zu (at '%s%s')", line, col, near,
-             len - off > 16 ? "..." : "");
-}
-
-static bool json_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-/* A look at text's structure without parsing it: an upper bound of its JSON
- * values (each container holds at most one more value than it has commas; it
- * bounds the memory cJSON would take: a 16 MiB "[0,0,0,..." is 8 million
- * nodes), and at the end the brackets still open and whether a string is. */
-typedef struct shape_scan {
-  size_t values;
-  long open;
-  bool in_string;
-} shape_scan;
-
-static shape_scan scan_shape(const char* t, size_t len) {
-  shape_scan s = {1, 0, false};
-  for (size_t i = 0; i < len; i++) {
-    char c = t[i];
-    if (s.in_string) {
-      if (c == '\\')
-        i++;
-      else if (c == '"')
-        s.in_string = false;
-    } else if (c == '"') {
-      s.in_string = true;
-    } else if (c == '[' || c == '{') {
-      s.values++, s.open++;
-    } else if (c == ']' || c == '}') {
-      s.open--;
-    } else if (c == ',') {
-      s.values++;
-    }
-  }
-  return s;
-}
-
-/* One document, nothing but whitespace after it. */
-static cJSON* parse_one_document(const char* text, size_t len, const char* name, mlxd_status* st) {
-  size_t i = 0;
-  while (i < len && json_space(text[i])) i++;
-  if (i == len) {
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                 "hostfile '%s' is empty (expected " EXPECTED_FORMAT ")", name);
-    return NULL;
-  }
-  const char* end = NULL;
-  cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-  char at[160];
-  if (!root) {
-    size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : len;
-    where(text, len, off, at, sizeof at);
-    char cut[80] = ""; /* a file cut short: cJSON names its last byte, so say so */
-    shape_scan sh = scan_shape(text, len);
-    if (sh.in_string)
-      snprintf(cut, sizeof cut, "; the file ends inside a string");
-    else if (sh.open > 0)
-      snprintf(cut, sizeof cut, "; the file ends with %ld bracket%s still open", sh.open,
-               sh.open == 1 ? "" : "s");
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                 "hostfile '%s' is not valid JSON: syntax error at %s%s (expected " EXPECTED_FORMAT
-                 ")",
-                 name, at, cut);
-    return NULL;
-  }
-  size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : len;
-  while (off < len && json_space(text[off])) off++;
-  if (off < len) {
-    cJSON_Delete(root);
-    where(text, len, off, at, sizeof at);
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                 "hostfile '%s' has more after its JSON value, at %s (expected exactly one JSON "
-                 "list and nothing but whitespace after it: a stray ']' or a second document?)",
-                 name, at);
-    return NULL;
-  }
-  return root;
-}
-
 /* The shape: a non-empty list of non-empty lists of strings, all of one
  * length, within the limits. Sets *n and *k. */
 static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_out,
@@ -372,7 +263,7 @@ static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_o
     return mlxd_fail_at(
         st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
         "hostfile '%s' is not a non-empty JSON list: it is %s (expected " EXPECTED_FORMAT ")", name,
-        json_kind(root));
+        mlxd_json_kind(root));
   long n = 0;
   const cJSON* e;
   cJSON_ArrayForEach(e, root) n++;
@@ -386,7 +277,7 @@ static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_o
       return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                           "hostfile '%s': the entry of rank %d is not a non-empty list of "
                           "\"ip:port\" strings: it is %s",
-                          name, r, json_kind(e));
+                          name, r, mlxd_json_kind(e));
     int c = 0;
     const cJSON* s;
     cJSON_ArrayForEach(s, e) {
@@ -394,7 +285,7 @@ static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_o
         return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                             "hostfile '%s': the entry of rank %d is not a list of strings: item "
                             "%d is %s (expected \"ip:port\")",
-                            name, r, c, json_kind(s));
+                            name, r, c, mlxd_json_kind(s));
       if (++c > MLXD_RING_HOSTFILE_MAX_CONNECTIONS)
         return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                             "hostfile '%s': rank %d lists more than %d addresses (expected one "
@@ -429,16 +320,13 @@ int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlx
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' is %zu bytes (expected at most %d)", name, len,
                         MLXD_RING_HOSTFILE_MAX_BYTES);
-  char bad[300];
-  if (mlxd_json_bad_byte(text, len, NULL, bad, sizeof bad))
-    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "hostfile '%s': %s", name, bad);
-  size_t values = scan_shape(text, len).values;
+  size_t values = mlxd_json_value_bound(text, len);
   if (values > MAX_VALUES)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' holds up to %zu JSON values (expected at most %d ranks and "
                         "%d addresses in all)",
                         name, values, MLXD_RING_HOSTFILE_MAX_RANKS, MLXD_RING_HOSTFILE_MAX_ADDRS);
-  cJSON* root = parse_one_document(text, len, name, st);
+  cJSON* root = mlxd_json_parse_doc(text, len, "hostfile", name, EXPECTED_FORMAT, st);
   if (!root) return st->code;
   int n = 0, k = 0;
   int rc = check_shape(root, name, &n, &k, st);
