@@ -183,6 +183,10 @@ static void parse_tests(void) {
   expect_parse_fail("[[\"127.0.0.1:5000", "; the file ends inside a string", NULL);
   expect_parse_fail("[[\"127.0.0.1:5000\"],\n [\"127.0.0.1:5001\",]]",
                     "syntax error at line 2, column 20 (at ']]')", NULL);
+  /* cJSON ends a string at an escaped NUL: the address would be cut short unseen */
+  expect_parse_fail("[[\"127.0.0.1:5000\\u0000junk\"]]",
+                    "an escaped NUL (\\u0000) in a string at line 1, column 18", NULL);
+  expect_parse_fail("[[\"127.0.0.1:5000\\\\u0000\"]]", "bad address", NULL); /* "\\u0000": text */
   json_bytes_tests();
   /* shapes and types */
   expect_parse_fail("{\"hosts\": [\"127.0.0.1:5000\"]}",
