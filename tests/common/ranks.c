@@ -182,3 +182,22 @@ int t_free_port(void) {
   close(fd);
   return ntohs(a.sin_port);
 }
+
+void t_write_loopback_hostfile(const char* path, int n) {
+  T_ASSERT(n >= 1 && n <= T_MAX_RANKS);
+  int ports[T_MAX_RANKS];
+  char buf[40 * T_MAX_RANKS];
+  size_t o = (size_t)snprintf(buf, sizeof buf, "[");
+  for (int r = 0; r < n; r++) {
+    bool dup;
+    do {
+      ports[r] = t_free_port();
+      dup = false;
+      for (int q = 0; q < r; q++) dup = dup || ports[q] == ports[r];
+    } while (dup);
+    o += (size_t)snprintf(buf + o, sizeof buf - o, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", ports[r]);
+  }
+  snprintf(buf + o, sizeof buf - o, "]");
+  FILE* f = fopen(path, "w");
+  T_ASSERT(f && fputs(buf, f) >= 0 && fclose(f) == 0);
+}

@@ -53,6 +53,11 @@ double t_now(void);
  * released), for hostfiles written by the tests. */
 int t_free_port(void);
 
+/* Write path: a ring hostfile of n ranks (n <= T_MAX_RANKS) on 127.0.0.1,
+ * one connection each, every rank its own port from t_free_port (a port the
+ * kernel handed out once may come again, so repeats are drawn anew). */
+void t_write_loopback_hostfile(const char* path, int n);
+
 /* In a rank forked to call the public API: the environment mlxdist-launch
  * gives rank of size. MLX_RANK, and MLX_HOSTFILE = hostfile with
  * MLX_WORLD_SIZE unset, or (hostfile NULL) MLX_WORLD_SIZE with MLX_HOSTFILE

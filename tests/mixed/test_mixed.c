@@ -56,23 +56,9 @@ static int spawn_rank(int rank, int size, const char* session, void* arg) {
 /* Fork n ranks on a fresh hostfile (tests/common/ranks.h, every rank left
  * to end on its own until limit_s); codes[r]: exit code (128 + signal). */
 static void spawn(int n, rank_fn fn, int* codes, double limit_s) {
-  char path[300], buf[4096];
+  char path[300];
   snprintf(path, sizeof path, "%s/hostfile.json", g_dir);
-  size_t o = (size_t)snprintf(buf, sizeof buf, "[");
-  int ports[T_MAX_RANKS];
-  for (int r = 0; r < n; r++) {
-    /* a port the kernel handed out once may come again: every rank its own */
-    bool dup;
-    do {
-      ports[r] = t_free_port();
-      dup = false;
-      for (int q = 0; q < r; q++) dup = dup || ports[q] == ports[r];
-    } while (dup);
-    o += (size_t)snprintf(buf + o, sizeof buf - o, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", ports[r]);
-  }
-  snprintf(buf + o, sizeof buf - o, "]");
-  FILE* f = fopen(path, "w");
-  T_ASSERT(f && fputs(buf, f) >= 0 && fclose(f) == 0);
+  t_write_loopback_hostfile(path, n);
   spawn_arg a = {fn, path};
   t_ranks_opts opts = {.timeout_s = limit_s, .grace_s = -1, .what = g_hosts};
   t_rank_exit ex[T_MAX_RANKS];

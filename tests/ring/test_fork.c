@@ -364,22 +364,9 @@ int main(int argc, char** argv) {
   g_transport = argv[2];
   snprintf(g_dir, sizeof g_dir, "/tmp/mlxd_fork_test.XXXXXX");
   T_ASSERT(mkdtemp(g_dir));
-  char path[300], buf[512];
+  char path[300];
   snprintf(path, sizeof path, "%s/hostfile.json", g_dir);
-  int ports[SIZE];
-  size_t o = (size_t)snprintf(buf, sizeof buf, "[");
-  for (int r = 0; r < SIZE; r++) {
-    bool dup;
-    do {
-      ports[r] = t_free_port();
-      dup = false;
-      for (int q = 0; q < r; q++) dup = dup || ports[q] == ports[r];
-    } while (dup);
-    o += (size_t)snprintf(buf + o, sizeof buf - o, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", ports[r]);
-  }
-  snprintf(buf + o, sizeof buf - o, "]");
-  FILE* f = fopen(path, "w");
-  T_ASSERT(f && fputs(buf, f) >= 0 && fclose(f) == 0);
+  t_write_loopback_hostfile(path, SIZE);
   char what[64];
   snprintf(what, sizeof what, "fork %s over %s", g_mode, g_transport);
   t_ranks_opts opts = {.timeout_s = 100, .what = what};
