@@ -34,7 +34,6 @@ for t in busybox kmod rdma cpio ldd; do
   command -v $t >/dev/null || skip "no $t (scripts/setup-debian.sh installs it)"
 done
 [ -n "$(busybox --list 2>/dev/null | grep -x poweroff)" ] || skip "busybox lacks applets (apt-get install busybox-static)"
-prov=/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so
 [ -f /etc/libibverbs.d/rxe.driver ] && ls /usr/lib/x86_64-linux-gnu/libibverbs/librxe-*.so >/dev/null 2>&1 ||
   skip "no soft-RoCE provider (apt-get install ibverbs-providers)"
 [ -f "$share/run.sh" ] || { echo "rxe_vm: $share/run.sh is missing" >&2; exit 2; }
