@@ -113,6 +113,13 @@ static void choose_gid(const ibv_api* api, struct mlxd_ibv_context* ctx, const c
       snprintf(pt->err, sizeof pt->err, "ibv_query_gid of MLXDIST_IB_GID_INDEX=%ld failed", forced);
       return;
     }
+    if (gid_zero(pt->gid)) { /* an unused entry: no address to be reached at */
+      snprintf(pt->err, sizeof pt->err,
+               "MLXDIST_IB_GID_INDEX=%ld is an empty entry of the port's GID table (unset it to "
+               "choose by content)",
+               forced);
+      return;
+    }
     pt->gid_index = (int)forced;
     gid_type(dev, pt->num, (int)forced, pt->gid_type, sizeof pt->gid_type);
     return;
