@@ -230,7 +230,7 @@ static bool read_hosts(const launch_opts* o, launch_hosts* hs) {
     launch_bad_usage("%s.", st.msg);
   }
   int rc = launch_hosts_from_file(text, len, o->hostfile, o->n, hs, why, sizeof why);
-  if (rc == 1 && (o->mpi || o->jaccl)) { /* a bad file's own problem first */
+  if (rc == 1 && o->mpi) { /* a bad file's own problem first */
     mlxd_ring_hosts h;
     if (launch_hostfile_check(text, len, o->hostfile, o->n, o->connections, &h, why, sizeof why))
       rc = -1;
