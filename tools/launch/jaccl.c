@@ -431,8 +431,10 @@ int launch_jaccl_local(const launch_opts* o, const launch_hosts* hs, launch_jacc
   init(j);
   int rc = 0;
   if (hs) {
-    if ((rc = from_hosts(j, o, hs)) != 0) return rc;
-    if ((rc = write_matrix(j)) != 0) return rc;
+    if ((rc = from_hosts(j, o, hs)) != 0 || (rc = write_matrix(j)) != 0) {
+      launch_jaccl_free(j);
+      return rc;
+    }
   } else {
     const char *var = "--ibv-devices", *path = o->ibv_devices;
     if (!path && (path = getenv("JACCL_IBV_DEVICES"))) var = "JACCL_IBV_DEVICES";
@@ -478,13 +480,16 @@ int launch_jaccl_hosts(const launch_opts* o, const launch_hosts* hs, const char*
                        char* const* ssh_words, launch_jaccl* j) {
   init(j);
   int rc = from_hosts(j, o, hs);
-  if (rc != 0) return rc;
-  if (!ip0 || !*ip0) {
+  if (rc == 0 && (!ip0 || !*ip0)) {
+    rc = 2;
     launch_msg(
         "jaccl: the coordinator listens on the first host (%s), but its address is not known: "
         "give its \"ips\" in the hostfile.",
         hs->h[0].name);
-    return 2;
+  }
+  if (rc != 0) {
+    launch_jaccl_free(j);
+    return rc;
   }
   bool local0 = hs->h[0].local;
   for (int i = 0; i < hs->n; i++)
