@@ -427,6 +427,14 @@ static int from_hosts(launch_jaccl* j, const launch_opts* o, const launch_hosts*
   return 0;
 }
 
+int launch_jaccl_check_hosts(const launch_opts* o, const launch_hosts* hs) {
+  launch_jaccl j;
+  init(&j);
+  int rc = from_hosts(&j, o, hs);
+  free(j.matrix);
+  return rc;
+}
+
 int launch_jaccl_local(const launch_opts* o, const launch_hosts* hs, launch_jaccl* j) {
   init(j);
   int rc = 0;

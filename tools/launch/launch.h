@@ -287,6 +287,9 @@ typedef struct launch_jaccl {
   int n_kv;
 } launch_jaccl;
 
+/* Check hs's "rdma" lists (and one rank per entry) before anything else, names
+ * resolved or ports chosen: 0, or 2 after a message naming the host and entry. */
+int launch_jaccl_check_hosts(const launch_opts* o, const launch_hosts* hs);
 /* A job on this host: the matrix of hs's "rdma" lists (all hosts local; written
  * into a private file) or, with hs NULL, of --ibv-devices or MLX_IBV_DEVICES
  * (checked, its size against -n); the coordinator 127.0.0.1 on a port bound

@@ -366,6 +366,12 @@ int main(int argc, char** argv) {
     launch_bad_usage(
         "--ibv-devices applies to a job on this host; across hosts the matrix is "
         "the hostfile's \"rdma\" lists.");
+  if (across && o.jaccl && launch_jaccl_check_hosts(&o, &hs) != 0) {
+    fputs("Run 'mlxdist-launch --help' for usage.\n", stderr); /* as launch_bad_usage */
+    launch_hosts_free(&hs);
+    launch_free_args(&o);
+    return 2;
+  }
   if (across && o.mpi && o.secret) launch_bad_usage("--secret applies to the ring backend only.");
   if (across && o.connections)
     launch_bad_usage("--connections applies to a job on this host only (a hostfile of ranks).");
