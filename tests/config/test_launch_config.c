@@ -173,9 +173,13 @@ static void hosts_tests(void) {
   /* hostfiles of hosts, through the launcher */
   p = hostfile("unknown.json", "[{\"ssh\": \"h1\", \"ip\": [\"10.0.0.1\"]}]");
   expect_usage_error(ARGV("--hostfile", p, PROG), NULL, "host 0: unknown key \"ip\"", NULL);
-  p = hostfile("backend.json", "{\"backend\": \"jaccl\", \"hosts\": [{\"ssh\": \"h1\"}]}");
-  expect_usage_error(ARGV("--hostfile", p, PROG), NULL, "\"backend\" must be \"ring\" or \"mpi\"",
-                     NULL);
+  p = hostfile("backend.json", "{\"backend\": \"nccl\", \"hosts\": [{\"ssh\": \"h1\"}]}");
+  expect_usage_error(ARGV("--hostfile", p, PROG), NULL,
+                     "\"backend\" must be \"ring\", \"mpi\", \"jaccl\" or \"jaccl-ring\"", NULL);
+  /* jaccl: the "rdma" lists are checked before any name is resolved */
+  p = hostfile("jaccl.json", "{\"backend\": \"jaccl\", \"hosts\": [{\"ssh\": \"h1\"}]}");
+  expect_usage_error(ARGV("--hostfile", p, PROG), NULL,
+                     "host 0 (h1) has no \"rdma\" list (jaccl needs one per host", NULL);
   p = hostfile("slots.txt", "h1:2\nh2:zero\n");
   expect_usage_error(ARGV("--hostfile", p, PROG), NULL,
                      "line 2: the slots of host 'h2' must be an integer from 1 to 1024", NULL);

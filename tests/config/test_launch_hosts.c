@@ -118,7 +118,8 @@ static void test_json(void) {
   file_bad("[{\"ssh\": \"-F/x\"}]", 1, "host '-F/x' is not a host name or address");
   file_bad("{\"hosts\": [{\"ssh\": \"h\"}], \"hostz\": 1}", 1,
            "unknown key \"hostz\" (known: \"backend\", \"envs\", \"hosts\")");
-  file_bad("{\"backend\": \"nccl\", \"hosts\": []}", 1, "\"backend\" must be \"ring\" or \"mpi\"");
+  file_bad("{\"backend\": \"nccl\", \"hosts\": []}", 1,
+           "\"backend\" must be \"ring\", \"mpi\", \"jaccl\" or \"jaccl-ring\"");
   file_bad("{\"envs\": [\"1A=2\"], \"hosts\": []}", 1, "\"envs\" entry 0 is not \"NAME=VALUE\"");
   file_bad("{\"envs\": \"A=1\", \"hosts\": []}", 1, "\"envs\" must be a list");
   file_bad("{\"envs\": [\"A=1\", 5], \"hosts\": []}", 1, "\"envs\" entry 1 is not");

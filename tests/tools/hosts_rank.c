@@ -9,12 +9,20 @@
  *                while the others look);
  *   die R MARK   rank R dies of SIGKILL after 1 s, the others sleep 60 s
  *                (MARK: a word for pgrep to find every process of the job);
- *   hang MARK    every rank sleeps 60 s. */
+ *   hang MARK    every rank sleeps 60 s;
+ *   listen       listen on a free port of 127.0.0.1, print "port P", sleep 30 s
+ *                (a port some socket uses, for the jaccl launcher's probe);
+ *   jaccl        a strict init of "jaccl" (MLX's variables from the launcher):
+ *                print "jaccl init ok" and exit 0, or exit 3 after the
+ *                library's error message (the default handler prints it). */
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "mlx/c/array.h"
@@ -106,6 +114,28 @@ int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "";
   if (strcmp(mode, "sum") == 0) return all_sum_check();
   if (strcmp(mode, "token") == 0) return token_check();
+  if (strcmp(mode, "listen") == 0) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr*)&sa, sizeof sa) != 0 || listen(fd, 1) != 0 ||
+        getsockname(fd, (struct sockaddr*)&sa, &len) != 0) {
+      perror("hosts_rank: listen");
+      return 1;
+    }
+    printf("port %d\n", ntohs(sa.sin_port));
+    fflush(stdout);
+    sleep(30);
+    return 0;
+  }
+  if (strcmp(mode, "jaccl") == 0) {
+    mlx_distributed_group g = mlx_distributed_group_new();
+    if (mlx_distributed_init(&g, true, "jaccl") != 0) return 3;
+    printf("jaccl init ok: rank %d of %d\n", mlx_distributed_group_rank(g),
+           mlx_distributed_group_size(g));
+    mlx_distributed_group_free(g);
+    return 0;
+  }
   const char* r = getenv("MLX_RANK");
   if (strcmp(mode, "die") == 0 && argc > 2) {
     if (r && atoi(r) == atoi(argv[2])) {
@@ -119,6 +149,6 @@ int main(int argc, char** argv) {
     sleep(60);
     return 0;
   }
-  fprintf(stderr, "usage: hosts_rank sum|token|die R MARK|hang MARK\n");
+  fprintf(stderr, "usage: hosts_rank sum|token|jaccl|listen|die R MARK|hang MARK\n");
   return 2;
 }

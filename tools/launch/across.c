@@ -122,6 +122,8 @@ typedef struct plan {
   char** ssh_words;
   char rdv[128];
   char stdin_data[256];
+  char* stdin_jaccl; /* jaccl: stdin_data and the matrix's line */
+  launch_jaccl* j;   /* jaccl: NULL for ring */
   char kv[8][PATH_MAX + 64];
 } plan;
 
@@ -135,6 +137,8 @@ static void plan_free(plan* p) {
   free(p->env);
   launch_argv_free(p->ssh_words);
   memset(p->stdin_data, 0, sizeof p->stdin_data);
+  if (p->stdin_jaccl) memset(p->stdin_jaccl, 0, strlen(p->stdin_jaccl));
+  free(p->stdin_jaccl);
 }
 
 /* Where every host's ranks listen, and the launcher's own address. */
@@ -178,16 +182,20 @@ static int local_env(const launch_opts* o, const launch_hosts* hs, plan* p, cons
   p->env[e++] = p->kv[k++];
   snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_JOB_TOKEN=%s", token_hex);
   p->env[e++] = p->kv[k++];
-  snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_RENDEZVOUS=%s", p->rdv);
-  p->env[e++] = p->kv[k++];
-  int li = 0; /* the (first) local host */
-  while (li < hs->n - 1 && !hs->h[li].local) li++;
-  if (p->ip[li][0])
-    snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_RING_ADDR=%s", p->ip[li]);
-  else
-    snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_IFNAME=%s", o->ifname);
-  p->env[e++] = p->kv[k++];
-  if (o->port_range) {
+  if (p->j) { /* jaccl: its variables instead of the ring's */
+    for (int i = 0; i < p->j->n_kv; i++) p->env[e++] = p->j->kv[i];
+  } else {
+    snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_RENDEZVOUS=%s", p->rdv);
+    p->env[e++] = p->kv[k++];
+    int li = 0; /* the (first) local host */
+    while (li < hs->n - 1 && !hs->h[li].local) li++;
+    if (p->ip[li][0])
+      snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_RING_ADDR=%s", p->ip[li]);
+    else
+      snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_IFNAME=%s", o->ifname);
+    p->env[e++] = p->kv[k++];
+  }
+  if (o->port_range && !p->j) {
     snprintf(p->kv[k], sizeof p->kv[k], "MLXDIST_PORT_RANGE=%s", o->port_range);
     p->env[e++] = p->kv[k++];
   }
@@ -220,6 +228,12 @@ static char** remote_argv(const launch_opts* o, const launch_hosts* hs, plan* p,
                       .secret = o->secret,
                       .grace = LAUNCH_GRACE_S,
                       .program = o->program};
+  if (p->j) { /* jaccl: no rendezvous; the matrix on stdin, the coordinator */
+    rm.rendezvous = rm.ring_addr = rm.ifname = rm.port_range = NULL;
+    rm.matrix = true;
+    rm.jaccl_coord = p->j->coord;
+    rm.jaccl_ring = o->jaccl_ring;
+  }
   char* script = launch_remote_script(&rm);
   if (!script) return NULL;
   char** av = launch_ssh_argv(p->ssh_words, o->connect_timeout, hs->h[hi].name, script);
@@ -232,19 +246,30 @@ static bool rdv_failed(void* ctx) { return launch_rdv_failed(ctx); }
 
 static void print_plan(const launch_opts* o, const launch_hosts* hs, const plan* p,
                        const char* bind_ip) {
-  launch_msg("starting %d rank%s of '%s' on %d host%s; rendezvous at %s (bound by %s)", hs->ranks,
-             hs->ranks == 1 ? "" : "s", o->program[0], hs->n, hs->n == 1 ? "" : "s", p->rdv,
-             bind_ip);
+  if (p->j)
+    launch_msg("starting %d rank%s of '%s' on %d host%s; jaccl%s, coordinator %s", hs->ranks,
+               hs->ranks == 1 ? "" : "s", o->program[0], hs->n, hs->n == 1 ? "" : "s",
+               o->jaccl_ring ? "-ring" : "", p->j->coord);
+  else
+    launch_msg("starting %d rank%s of '%s' on %d host%s; rendezvous at %s (bound by %s)", hs->ranks,
+               hs->ranks == 1 ? "" : "s", o->program[0], hs->n, hs->n == 1 ? "" : "s", p->rdv,
+               bind_ip);
   for (int i = 0, r = 0; i < hs->n; r += hs->h[i].slots, i++)
-    launch_msg("  host %s: rank%s %d..%d, %s, listening on %s", hs->h[i].name,
-               hs->h[i].slots == 1 ? "" : "s", r, r + hs->h[i].slots - 1,
-               hs->h[i].local ? "local (no ssh)" : "over ssh",
-               p->ip[i][0] ? p->ip[i] : "the address of --ifname");
+    if (p->j)
+      launch_msg("  host %s: rank %d, %s%s", hs->h[i].name, r,
+                 hs->h[i].local ? "local (no ssh)" : "over ssh",
+                 i == 0 ? ", the coordinator's host" : "");
+    else
+      launch_msg("  host %s: rank%s %d..%d, %s, listening on %s", hs->h[i].name,
+                 hs->h[i].slots == 1 ? "" : "s", r, r + hs->h[i].slots - 1,
+                 hs->h[i].local ? "local (no ssh)" : "over ssh",
+                 p->ip[i][0] ? p->ip[i] : "the address of --ifname");
 }
 
 int launch_run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd, const char* token_hex,
                      const char* secret_path) {
   plan p = {.n = hs->ranks};
+  launch_jaccl jaccl;
   char why[512], bind_ip[64], cwd[PATH_MAX], secret[128] = "";
   int rc = 1;
   launch_rdv* rdv = NULL;
@@ -277,9 +302,22 @@ int launch_run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd, cons
   memset(secret, 0, sizeof secret);
   for (int r = 0; r < p.n; r++) p.host[r] = hs->h[launch_hosts_of_rank(hs, r)].name;
   double rdv_timeout = LAUNCH_RDV_FACTOR * o->connect_timeout;
-  rdv = launch_rdv_start(p.n, token_hex, bind_ip, o->port_range, rdv_timeout, p.host, p.rdv,
-                         sizeof p.rdv);
-  if (!rdv) goto out;
+  if (o->jaccl) { /* MLX's variables, no rendezvous (docs/jaccl.md, "Launching") */
+    if ((rc = launch_jaccl_hosts(o, hs, p.ip[0], p.ssh_words, &jaccl)) != 0) goto out;
+    p.j = &jaccl;
+    size_t l = strlen(p.stdin_data) + strlen(jaccl.matrix) + 2;
+    if (!(p.stdin_jaccl = malloc(l))) {
+      rc = 1;
+      launch_msg("out of memory");
+      goto out;
+    }
+    snprintf(p.stdin_jaccl, l, "%s%s\n", p.stdin_data, jaccl.matrix);
+    rc = 1;
+  } else {
+    rdv = launch_rdv_start(p.n, token_hex, bind_ip, o->port_range, rdv_timeout, p.host, p.rdv,
+                           sizeof p.rdv);
+    if (!rdv) goto out;
+  }
   if (local_env(o, hs, &p, token_hex, secret_path) != 0) {
     launch_msg("out of memory");
     goto out;
@@ -290,7 +328,7 @@ int launch_run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd, cons
       launch_msg("out of memory");
       goto out;
     }
-    p.in[r] = p.stdin_data;
+    p.in[r] = p.stdin_jaccl ? p.stdin_jaccl : p.stdin_data;
   }
   if (o->verbose) print_plan(o, hs, &p, bind_ip);
   unsetenv("MLX_HOSTFILE"); /* the local ranks take the rendezvous, not a stale hostfile */
@@ -301,13 +339,15 @@ int launch_run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd, cons
                      .rank_host = p.host,
                      .rank_stdin = p.in,
                      .host_prefix = o->verbose,
-                     .started = rdv_started,
+                     .started = rdv ? rdv_started : NULL,
                      .started_ctx = rdv,
-                     .failed = rdv_failed,
+                     .failed = rdv ? rdv_failed : NULL,
                      .start_timeout = rdv_timeout + 2.0};
+  if (p.j) launch_jaccl_release(p.j); /* just before rank 0 starts: it binds the port */
   rc = launch_ranks(&sp, p.n, sfd, o->timeout);
 out:
   launch_rdv_stop(rdv);
+  if (p.j) launch_jaccl_free(p.j);
   free(envs);
   plan_free(&p);
   return rc;

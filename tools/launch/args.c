@@ -22,8 +22,14 @@ static void usage(FILE* f) {
       "                        with --hosts or a hostfile of hosts: ranks per host (default 1)\n"
       "  --hosts H1,H2,...     hosts (ssh names or addresses), rank order host-major;\n"
       "                        localhost, 127.0.0.1 and ::1 are started without ssh\n"
-      "  --backend ring|mpi    ring (default): local TCP ring, hostfile in MLX's format;\n"
-      "                        mpi: run the ranks with mpirun\n"
+      "  --backend B           ring (default): local TCP ring, hostfile in MLX's format;\n"
+      "                        mpi: run the ranks with mpirun; jaccl, jaccl-ring: MLX's\n"
+      "                        RDMA backend (one rank per host, the device matrix from\n"
+      "                        the hostfile's \"rdma\" lists or --ibv-devices; docs/jaccl.md)\n"
+      "  --ibv-devices F       jaccl on this host: the device matrix file (MLX_IBV_DEVICES);\n"
+      "                        -n defaults to its number of rows\n"
+      "  --coordinator-port P  jaccl: rank 0's side channel listens on port P of the first\n"
+      "                        host (default: a port found free there, never guessed)\n"
       "  --connections K       ring: TCP connections per rank (1..%d, default 1)\n"
       "  --hostfile F          ring: use the JSON hostfile F as is (a list with one list\n"
       "                        of \"ip:port\" strings per rank); N is its number of lists;\n"
@@ -175,10 +181,18 @@ static bool parse_valued(int argc, char** argv, int* i, launch_opts* o, bool* ha
   if ((v = opt_value(argc, argv, i, "--np", "-n", &m)) || m) {
     o->n = (int)parse_long("-n (the number of ranks)", v, 1, LAUNCH_MAX_RANKS);
   } else if ((v = opt_value(argc, argv, i, "--backend", NULL, &m)) || m) {
-    if (strcmp(v, "ring") != 0 && strcmp(v, "mpi") != 0)
-      launch_bad_usage("--backend must be 'ring' or 'mpi', got '%s'.", v);
+    if (strcmp(v, "ring") != 0 && strcmp(v, "mpi") != 0 && strcmp(v, "jaccl") != 0 &&
+        strcmp(v, "jaccl-ring") != 0)
+      launch_bad_usage("--backend must be 'ring', 'mpi', 'jaccl' or 'jaccl-ring', got '%s'.", v);
     o->mpi = strcmp(v, "mpi") == 0;
+    o->jaccl = strncmp(v, "jaccl", 5) == 0;
+    o->jaccl_ring = strcmp(v, "jaccl-ring") == 0;
     o->backend_given = true;
+  } else if ((v = opt_value(argc, argv, i, "--ibv-devices", NULL, &m)) || m) {
+    if (!*v) launch_bad_usage("--ibv-devices needs a file name, got an empty string.");
+    o->ibv_devices = v;
+  } else if ((v = opt_value(argc, argv, i, "--coordinator-port", NULL, &m)) || m) {
+    o->coord_port = (int)parse_long("--coordinator-port", v, 1, 65535);
   } else if ((v = opt_value(argc, argv, i, "--connections", NULL, &m)) || m) {
     o->connections = (int)parse_long("--connections", v, 1, LAUNCH_MAX_CONNECTIONS);
   } else if ((v = opt_value(argc, argv, i, "--hostfile", NULL, &m)) || m) {
@@ -239,7 +253,18 @@ static void check_combination(launch_opts* o, bool have_timeout) {
     if (o->connections) launch_bad_usage("--connections applies to the ring backend only.");
     if (o->secret) launch_bad_usage("--secret applies to the ring backend only.");
   }
-  if (!o->hostfile && !o->hosts && o->n == 0)
+  if (o->jaccl && o->connections)
+    launch_bad_usage(
+        "--connections applies to the ring backend only (jaccl's wires are the "
+        "device matrix's).");
+  if (!o->jaccl && (o->ibv_devices || o->coord_port))
+    launch_bad_usage("%s applies to --backend jaccl or jaccl-ring only.",
+                     o->ibv_devices ? "--ibv-devices" : "--coordinator-port");
+  if (o->ibv_devices && o->hostfile)
+    launch_bad_usage(
+        "--ibv-devices and a hostfile's \"rdma\" lists both give the device "
+        "matrix; give one of them.");
+  if (!o->hostfile && !o->hosts && o->n == 0 && !o->jaccl)
     launch_bad_usage("the number of ranks is missing: give -n N (or --hosts or --hostfile F).");
 }
 

@@ -40,6 +40,7 @@ static bool ip_literal(const char* s) {
 
 void launch_hosts_free(launch_hosts* hs) {
   if (!hs) return;
+  for (int i = 0; i < hs->n; i++) free(hs->h[i].rdma);
   free(hs->h);
   for (int i = 0; i < hs->n_envs; i++) free(hs->envs[i]);
   free(hs->envs);
@@ -140,7 +141,11 @@ static int json_host(launch_hosts* hs, const cJSON* e, int i, int k, const char*
       if (!ip) ip = a->valuestring;
     }
   }
-  return add_host(hs, ssh->valuestring, ip, k, where, why, why_len);
+  if (add_host(hs, ssh->valuestring, ip, k, where, why, why_len) != 0) return -1;
+  /* "rdma": kept as compact JSON text, checked when the backend is jaccl (jaccl.c) */
+  const cJSON* rdma = cJSON_GetObjectItemCaseSensitive(e, "rdma");
+  if (rdma && !(hs->h[hs->n - 1].rdma = cJSON_PrintUnformatted(rdma))) return WHY("out of memory");
+  return 0;
 }
 
 static int json_envs(launch_hosts* hs, const cJSON* envs, const char* name, char* why,
@@ -176,13 +181,15 @@ static int json_object(launch_hosts* hs, const cJSON* root, int k, const char* n
           name, m->string ? m->string : "");
   const cJSON* b = cJSON_GetObjectItemCaseSensitive(root, "backend");
   if (b) {
-    if (!cJSON_IsString(b) || !b->valuestring ||
-        (strcmp(b->valuestring, "ring") != 0 && strcmp(b->valuestring, "mpi") != 0))
+    static const char* const names[] = {"ring", "mpi", "jaccl", "jaccl-ring"};
+    hs->backend = -1;
+    for (int i = 0; i < 4 && cJSON_IsString(b) && b->valuestring; i++)
+      if (strcmp(b->valuestring, names[i]) == 0) hs->backend = i;
+    if (hs->backend < 0)
       return WHY(
-          "hostfile '%.200s': \"backend\" must be \"ring\" or \"mpi\" (mlxdist has no "
-          "other backend across hosts)",
+          "hostfile '%.200s': \"backend\" must be \"ring\", \"mpi\", \"jaccl\" or "
+          "\"jaccl-ring\" (mlxdist has no other backend across hosts)",
           name);
-    hs->backend = strcmp(b->valuestring, "mpi") == 0;
   }
   const cJSON* e = cJSON_GetObjectItemCaseSensitive(root, "envs");
   if (e && json_envs(hs, e, name, why, why_len) != 0) return -1;

@@ -18,7 +18,9 @@
  *   across.c    a job across hosts: addresses, the rendezvous, the ranks'
  *               command lines and environment
  *   rendezvous.c the launcher as the job's all-gather (MLXDIST_RENDEZVOUS): ranks
- *               started across hosts post their addresses to it. */
+ *               started across hosts post their addresses to it.
+ *   jaccl.c     --backend jaccl|jaccl-ring: the device matrix (a hostfile's "rdma"
+ *               lists or --ibv-devices), its private file, the coordinator. */
 #ifndef MLXD_LAUNCH_H
 #define MLXD_LAUNCH_H
 
@@ -51,13 +53,17 @@ typedef struct launch_opts {
   double timeout; /* 0: none */
   bool secret;    /* --secret: a per-job secret file for the ranks (MLXDIST_SECRET_FILE) */
   bool backend_given;
-  const char* hosts;      /* --hosts h1,h2,... */
-  const char* ssh;        /* --ssh CMD (default "ssh") */
-  const char* cwd;        /* --cwd DIR (default: the launcher's) */
-  const char* ifname;     /* --ifname NAME */
-  const char* port_range; /* --port-range A-B */
-  double connect_timeout; /* --connect-timeout S (default LAUNCH_CONNECT_TIMEOUT_S) */
-  char** program;         /* argv of the program, NULL-terminated */
+  const char* hosts;       /* --hosts h1,h2,... */
+  const char* ssh;         /* --ssh CMD (default "ssh") */
+  const char* cwd;         /* --cwd DIR (default: the launcher's) */
+  const char* ifname;      /* --ifname NAME */
+  const char* port_range;  /* --port-range A-B */
+  double connect_timeout;  /* --connect-timeout S (default LAUNCH_CONNECT_TIMEOUT_S) */
+  bool jaccl;              /* --backend jaccl or jaccl-ring */
+  bool jaccl_ring;         /* --backend jaccl-ring: MLX_JACCL_RING=1 */
+  const char* ibv_devices; /* --ibv-devices FILE: the device matrix of a job on this host */
+  int coord_port;          /* --coordinator-port P (0: picked, never guessed) */
+  char** program;          /* argv of the program, NULL-terminated */
 } launch_opts;
 
 /* Parse the command line into o; prints the help and exits 0 for --help, and
@@ -184,13 +190,14 @@ typedef struct launch_host {
   char ip[64];    /* the address its ranks listen on: "ips"[0], "" when not given */
   int slots;      /* ranks on this host */
   bool local;     /* localhost, 127.0.0.1 or ::1: started without ssh */
+  char* rdma;     /* its "rdma" list as compact JSON (malloc'd), NULL when not given */
 } launch_host;
 
 typedef struct launch_hosts {
   launch_host* h;
   int n;       /* hosts */
   int ranks;   /* the sum of the slots */
-  int backend; /* the object form's "backend": -1 not given, 0 ring, 1 mpi */
+  int backend; /* the object form's "backend": -1 not given, 0 ring, 1 mpi, 2 jaccl, 3 jaccl-ring */
   char** envs; /* the object form's "envs" ("K=V", checked) */
   int n_envs;
 } launch_hosts;
@@ -234,6 +241,12 @@ typedef struct launch_remote {
   bool secret;  /* a second stdin line is the secret: into a 0600 file, MLXDIST_SECRET_FILE */
   double grace; /* SIGTERM to SIGKILL once stdin ends */
   char* const* program;
+  /* jaccl (rendezvous NULL then): a further stdin line is the device matrix,
+   * written into a 0600 file in a private directory removed at exit,
+   * MLX_IBV_DEVICES; and these variables: */
+  bool matrix;
+  const char* jaccl_coord; /* MLX_JACCL_COORDINATOR */
+  bool jaccl_ring;         /* MLX_JACCL_RING=1 */
 } launch_remote;
 
 /* s quoted for a POSIX shell ('...'), appended to a malloc'd string *buf of
@@ -258,6 +271,48 @@ void launch_argv_free(char** av);
  * launcher's exit status. */
 int launch_run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd, const char* token_hex,
                      const char* secret_path);
+
+/* ---- jaccl.c ---- */
+
+/* What the ranks of a jaccl job get besides MLX_RANK (docs/jaccl.md, "Launching"). */
+typedef struct launch_jaccl {
+  int n;                     /* ranks: the matrix's rows */
+  char* matrix;              /* from a hostfile: the matrix, compact JSON (remote ranks' stdin) */
+  char dir[PATH_MAX - 32];   /* the private directory of the written matrix ("": none) */
+  char path[PATH_MAX];       /* the written matrix (0600), the local ranks' MLX_IBV_DEVICES */
+  char user_path[PATH_MAX];  /* --ibv-devices / MLX_IBV_DEVICES, on this host */
+  char coord[128];           /* MLX_JACCL_COORDINATOR: "ip:port" */
+  int hold_fd;               /* the coordinator's port, bound here until the ranks start; -1 */
+  char kv[3][PATH_MAX + 32]; /* "MLX_JACCL_COORDINATOR=..", "MLX_IBV_DEVICES=..", MLX_JACCL_RING */
+  int n_kv;
+} launch_jaccl;
+
+/* Check hs's "rdma" lists (and one rank per entry) before anything else, names
+ * resolved or ports chosen: 0, or 2 after a message naming the host and entry. */
+int launch_jaccl_check_hosts(const launch_opts* o, const launch_hosts* hs);
+/* A job on this host: the matrix of hs's "rdma" lists (all hosts local; written
+ * into a private file) or, with hs NULL, of --ibv-devices or MLX_IBV_DEVICES
+ * (checked, its size against -n); the coordinator 127.0.0.1 on a port bound
+ * here. Unsets the JACCL_ forms, MLX_JACCL_RING and MLX_HOSTFILE in this
+ * process (the ranks inherit its environment). 0, or 2 (bad input) / 1 after
+ * a message naming the problem. */
+int launch_jaccl_local(const launch_opts* o, const launch_hosts* hs, launch_jaccl* j);
+/* A job across hosts: the matrix of hs's "rdma" lists (one rank per host
+ * entry; written here only when a host is local); the coordinator on ip0, the
+ * first host's address: bound here when that host is local, else a port no
+ * socket uses there, read over ssh (ssh_words). 0, or 2 / 1 after a message. */
+int launch_jaccl_hosts(const launch_opts* o, const launch_hosts* hs, const char* ip0,
+                       char* const* ssh_words, launch_jaccl* j);
+/* Pure: a port in lo..hi (lo 0: the range is text's first line, the host's
+ * ip_local_port_range) that no line of text (/proc/net/tcp and tcp6) has as
+ * its local port, from lo + start % (hi - lo + 1) on. 0 with *port, or 2
+ * with why. */
+int launch_jaccl_free_port(const char* text, unsigned lo, unsigned hi, unsigned start,
+                           unsigned* port, char* why, size_t why_len);
+/* Close the held coordinator port, just before the ranks start (rank 0 binds it). */
+void launch_jaccl_release(launch_jaccl* j);
+/* Release, remove the written matrix and its directory, free. */
+void launch_jaccl_free(launch_jaccl* j);
 
 /* ---- supervise.c ---- */
 

@@ -172,6 +172,45 @@ static int run_ring(const launch_opts* o, int sfd) {
   return rc;
 }
 
+/* --backend jaccl|jaccl-ring on this host (hs: a hostfile of local hosts with
+ * "rdma" lists; NULL: --ibv-devices or MLX_IBV_DEVICES): MLX's variables,
+ * the coordinator on a port bound here until the ranks start (jaccl.c). */
+static int run_jaccl_local(const launch_opts* o, const launch_hosts* hs, int sfd) {
+  launch_jaccl j;
+  int rc = launch_jaccl_local(o, hs, &j);
+  if (rc != 0) return rc;
+  const char** env = calloc((size_t)(8 + o->n_envs), sizeof *env);
+  char world_kv[32], token_kv[64];
+  job_secret secret = {0};
+  rc = 1;
+  if (!env) {
+    launch_msg("out of memory");
+  } else if (make_token(token_kv, sizeof token_kv) != 0 ||
+             (o->secret && secret_make(&secret) != 0)) {
+    /* said why */
+  } else {
+    int e = 0;
+    snprintf(world_kv, sizeof world_kv, "MLX_WORLD_SIZE=%d", j.n);
+    env[e++] = world_kv;
+    env[e++] = token_kv;
+    if (o->secret) env[e++] = secret.kv;
+    for (int i = 0; i < j.n_kv; i++) env[e++] = j.kv[i];
+    for (int i = 0; i < o->n_envs; i++) env[e++] = o->envs[i];
+    if (o->verbose) {
+      launch_msg("starting %d rank%s of '%s' with jaccl%s on this host:", j.n, j.n == 1 ? "" : "s",
+                 o->program[0], o->jaccl_ring ? "-ring" : "");
+      for (int i = 0; i < j.n_kv; i++) launch_msg("  %s", j.kv[i]);
+    }
+    launch_spawn sp = {.argv = o->program, .set_env = env, .n_env = e};
+    launch_jaccl_release(&j); /* just before the ranks start: rank 0 binds the port */
+    rc = launch_ranks(&sp, j.n, sfd, o->timeout);
+  }
+  secret_remove(&secret);
+  free(env);
+  launch_jaccl_free(&j);
+  return rc;
+}
+
 /* The hosts of --hosts or of a hostfile of hosts into hs; false for a job on
  * this host (no --hosts, or a hostfile in the ring's own format). Exits 2 on
  * a bad list or file. */
@@ -204,6 +243,13 @@ static bool read_hosts(const launch_opts* o, launch_hosts* hs) {
     launch_bad_usage(
         "--hostfile of ranks (lists of \"ip:port\") applies to the ring backend only (give a "
         "hostfile of hosts, or --hosts, for mpirun).");
+  if (rc == 1 && o->jaccl)
+    launch_bad_usage(
+        "jaccl: --hostfile '%s' is not a hostfile of hosts (a list of lists is the ring's "
+        "hostfile, or a device matrix: give that with --ibv-devices); jaccl takes MLX's hosts "
+        "with \"rdma\" lists, e.g. [{\"ssh\": \"h1\", \"ips\": [\"10.0.0.1\"], \"rdma\": "
+        "[null, \"mlx5_0\"]}, ...] (docs/launch.md).",
+        o->hostfile);
   return rc == 0;
 }
 
@@ -227,6 +273,20 @@ static int run_local_hosts(const launch_opts* o, const launch_hosts* hs, int sfd
 }
 
 static int run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd) {
+  if (o->jaccl && launch_hosts_all_local(hs)) {
+    launch_opts lo = *o; /* the hostfile's "envs" before --env's */
+    lo.envs = calloc((size_t)(hs->n_envs + o->n_envs + 1), sizeof *lo.envs);
+    if (!lo.envs) {
+      launch_msg("out of memory");
+      return 1;
+    }
+    lo.n_envs = 0;
+    for (int i = 0; i < hs->n_envs; i++) lo.envs[lo.n_envs++] = hs->envs[i];
+    for (int i = 0; i < o->n_envs; i++) lo.envs[lo.n_envs++] = o->envs[i];
+    int rc = run_jaccl_local(&lo, hs, sfd);
+    free(lo.envs);
+    return rc;
+  }
   if (launch_hosts_all_local(hs)) return run_local_hosts(o, hs, sfd);
   if (o->mpi) return run_mpi(o, hs, sfd);
   char token_kv[64];
@@ -297,7 +357,21 @@ int main(int argc, char** argv) {
   launch_parse_args(argc, argv, &o); /* exits 2 on bad arguments */
   launch_hosts hs = {0};
   bool across = read_hosts(&o, &hs); /* exits 2 on a bad list or file */
-  if (across && hs.backend >= 0 && !o.backend_given) o.mpi = hs.backend == 1;
+  if (across && hs.backend >= 0 && !o.backend_given) {
+    o.mpi = hs.backend == 1;
+    o.jaccl = hs.backend >= 2;
+    o.jaccl_ring = hs.backend == 3;
+  }
+  if (across && o.jaccl && o.ibv_devices)
+    launch_bad_usage(
+        "--ibv-devices applies to a job on this host; across hosts the matrix is "
+        "the hostfile's \"rdma\" lists.");
+  if (across && o.jaccl && launch_jaccl_check_hosts(&o, &hs) != 0) {
+    fputs("Run 'mlxdist-launch --help' for usage.\n", stderr); /* as launch_bad_usage */
+    launch_hosts_free(&hs);
+    launch_free_args(&o);
+    return 2;
+  }
   if (across && o.mpi && o.secret) launch_bad_usage("--secret applies to the ring backend only.");
   if (across && o.connections)
     launch_bad_usage("--connections applies to a job on this host only (a hostfile of ranks).");
@@ -307,7 +381,10 @@ int main(int argc, char** argv) {
     launch_msg("cannot set up signal handling: %s.", strerror(errno));
     return 1;
   }
-  int rc = across ? run_hosts(&o, &hs, sfd) : o.mpi ? run_mpi(&o, NULL, sfd) : run_ring(&o, sfd);
+  int rc = across    ? run_hosts(&o, &hs, sfd)
+           : o.jaccl ? run_jaccl_local(&o, NULL, sfd)
+           : o.mpi   ? run_mpi(&o, NULL, sfd)
+                     : run_ring(&o, sfd);
   close(sfd);
   launch_hosts_free(&hs);
   launch_free_args(&o);

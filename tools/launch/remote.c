@@ -8,6 +8,7 @@
  *   - keeps its stdin (the ssh channel) as fd 3 and reads the job token (and
  *     with --secret the secret, written into a 0600 file in a private
  *     directory, removed at exit) from it: neither is ever on a command line;
+ *     for jaccl also the device matrix, written beside it (MLX_IBV_DEVICES);
  *   - says on stderr that it started (LAUNCH_STARTED_LINE, which the launcher
  *     consumes: it tells an exit status 255 of the program from ssh's own);
  *   - cds to --cwd, exports MLX_RANK, MLX_WORLD_SIZE, MLXDIST_JOB_TOKEN,
@@ -95,14 +96,24 @@ char* launch_remote_script(const launch_remote* r) {
   putq(&b, msg);
   put(&b, "; IFS= read -r t <&3 || { echo \"${m}no job token on stdin\" >&2; exit 125; }; ");
   put(&b, "printf '\\001mlxdist-launch: remote rank started\\n' >&2; d=; ");
-  if (r->secret) {
-    put(&b, "IFS= read -r s <&3 || { echo \"${m}no secret on stdin\" >&2; exit 125; }; ");
+  if (r->secret || r->matrix) {
+    if (r->secret)
+      put(&b, "IFS= read -r s <&3 || { echo \"${m}no secret on stdin\" >&2; exit 125; }; ");
+    if (r->matrix)
+      put(&b, "IFS= read -r x <&3 || { echo \"${m}no device matrix on stdin\" >&2; exit 125; }; ");
+    put(&b, r->secret ? "d=$(mktemp -d \"${TMPDIR:-/tmp}/mlxdist-secret.XXXXXX\") || exit 125; "
+                      : "d=$(mktemp -d \"${TMPDIR:-/tmp}/mlxdist-jaccl.XXXXXX\") || exit 125; ");
+    put(&b, "trap 'rm -rf \"$d\"' EXIT; ");
+  }
+  if (r->secret)
     put(&b,
-        "d=$(mktemp -d \"${TMPDIR:-/tmp}/mlxdist-secret.XXXXXX\") || exit 125; "
-        "trap 'rm -rf \"$d\"' EXIT; "
         "printf '%s\\n' \"$s\" >\"$d/secret\" || exit 125; s=; "
         "export MLXDIST_SECRET_FILE=\"$d/secret\"; ");
-  }
+  if (r->matrix)
+    put(&b,
+        "printf '%s\\n' \"$x\" >\"$d/devices.json\" || exit 125; x=; "
+        "export MLX_IBV_DEVICES=\"$d/devices.json\"; "
+        "unset JACCL_RANK JACCL_IBV_DEVICES JACCL_COORDINATOR JACCL_RING MLX_JACCL_RING; ");
   put(&b, "cd ");
   putq(&b, r->cwd);
   put(&b, " || { echo \"${m}cannot cd to \"");
@@ -112,7 +123,9 @@ char* launch_remote_script(const launch_remote* r) {
   put_export(&b, "MLX_RANK", num);
   snprintf(num, sizeof num, "%d", r->world);
   put_export(&b, "MLX_WORLD_SIZE", num);
-  put_export(&b, "MLXDIST_RENDEZVOUS", r->rendezvous);
+  if (r->rendezvous) put_export(&b, "MLXDIST_RENDEZVOUS", r->rendezvous);
+  if (r->jaccl_coord) put_export(&b, "MLX_JACCL_COORDINATOR", r->jaccl_coord);
+  if (r->jaccl_ring) put_export(&b, "MLX_JACCL_RING", "1");
   if (r->ring_addr && *r->ring_addr) put_export(&b, "MLXDIST_RING_ADDR", r->ring_addr);
   if (r->ifname && *r->ifname) put_export(&b, "MLXDIST_IFNAME", r->ifname);
   if (r->port_range && *r->port_range) put_export(&b, "MLXDIST_PORT_RANGE", r->port_range);

@@ -276,12 +276,21 @@ static int start_child(const launch_spawn* sp, child* c, int rank) {
   close(pe[1]);
   if (in) {
     close(pi[0]);
-    /* a few bytes into an empty pipe: never blocks; the rank reads them over ssh */
+    /* into an empty pipe, never blocking: a few bytes (the token, the secret), or jaccl's
+     * device matrix, for which the pipe is grown first (Linux: up to pipe-max-size) */
     size_t len = strlen(in);
-    if (write(pi[1], in, len) != (ssize_t)len) {
-      /* the ssh client is gone already: its exit says why */
-    }
+    if (len > 4096) fcntl(pi[1], F_SETPIPE_SZ, (int)(len < (1u << 30) ? len : (1u << 30)));
+    fcntl(pi[1], F_SETFL, fcntl(pi[1], F_GETFL) | O_NONBLOCK);
+    ssize_t put = write(pi[1], in, len);
     c->in_fd = pi[1];
+    if (put >= 0 && (size_t)put < len) { /* the pipe cannot hold it: its end stops the rank */
+      launch_msg(
+          "rank %d: %zu bytes for its stdin, but the pipe to its ssh holds %zd; it will "
+          "fail (is /proc/sys/fs/pipe-max-size smaller?).",
+          rank, len, put);
+      close(pi[1]);
+      c->in_fd = -1;
+    }
     c->remote = true;
   }
   if (rank >= 0 && sp->rank_host) c->host = sp->rank_host[rank];

@@ -38,35 +38,42 @@ const char* mlxd_jaccl_cell_name(const mlxd_jaccl_matrix* m, int i, int j, int k
   return m->names[m->off[(size_t)i * (size_t)m->size + (size_t)j] + k];
 }
 
+bool mlxd_jaccl_dev_name_problem(const char* s, char* why, size_t why_len) {
+  size_t n = strlen(s);
+  if (n == 0) {
+    snprintf(why, why_len,
+             "is an empty string (expected a device name such as \"mlx5_0\" or \"rxe0\", or "
+             "null for no device)");
+    return true;
+  }
+  if (n > MLXD_JACCL_DEV_MAX) {
+    snprintf(why, why_len,
+             "the device name '%.24s...' is %zu characters long (expected at most %d)", s, n,
+             MLXD_JACCL_DEV_MAX);
+    return true;
+  }
+  size_t ok = strspn(s, DEV_CHARS);
+  if (s[ok] == '\0') return false;
+  unsigned char b = (unsigned char)s[ok];
+  char what[32];
+  if (b > 0x20 && b < 0x7f)
+    snprintf(what, sizeof what, "the character '%c'", b);
+  else
+    snprintf(what, sizeof what, "the byte 0x%02x", b);
+  snprintf(why, why_len,
+           "the device name '%.*s' has %s (expected letters, digits, '_', '.' and '-')",
+           (int)(ok < 64 ? ok : 64), s, what);
+  return true;
+}
+
 /* One device name of cell (r, c), item k (-1: the cell is the string itself). */
 static int check_name(const char* s, const char* name, int r, int c, int k, mlxd_status* st) {
-  char item[32] = "";
+  char item[32] = "", why[200];
   if (k >= 0) snprintf(item, sizeof item, " item %d", k);
-  size_t n = strlen(s);
-  if (n == 0)
-    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "device matrix '%s': row %d, column %d%s is an empty string (expected a "
-                        "device name such as \"mlx5_0\" or \"rxe0\", or null for no device)",
-                        name, r, c, item);
-  if (n > MLXD_JACCL_DEV_MAX)
-    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "device matrix '%s': row %d, column %d%s: the device name '%.24s...' is "
-                        "%zu characters long (expected at most %d)",
-                        name, r, c, item, s, n, MLXD_JACCL_DEV_MAX);
-  size_t ok = strspn(s, DEV_CHARS);
-  if (s[ok] != '\0') {
-    unsigned char b = (unsigned char)s[ok];
-    char what[32];
-    if (b > 0x20 && b < 0x7f)
-      snprintf(what, sizeof what, "the character '%c'", b);
-    else
-      snprintf(what, sizeof what, "the byte 0x%02x", b);
-    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "device matrix '%s': row %d, column %d%s: the device name '%.*s' has %s "
-                        "(expected letters, digits, '_', '.' and '-')",
-                        name, r, c, item, (int)ok, s, what);
-  }
-  return 0;
+  if (!mlxd_jaccl_dev_name_problem(s, why, sizeof why)) return 0;
+  return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                      "device matrix '%s': row %d, column %d%s%s%s", name, r, c, item,
+                      s[0] ? ": " : " ", why);
 }
 
 /* The shape and every cell; counts the names into *nnames. */

@@ -47,6 +47,12 @@ int mlxd_jaccl_cell_count(const mlxd_jaccl_matrix* m, int i, int j);
 /* Device k of cell (i, j), k < mlxd_jaccl_cell_count(m, i, j). */
 const char* mlxd_jaccl_cell_name(const mlxd_jaccl_matrix* m, int i, int j, int k);
 
+/* The name rule of a device in the matrix (1..MLXD_JACCL_DEV_MAX characters of
+ * [A-Za-z0-9_.-]): false when s follows it; else true with why ("is an empty
+ * string (...)", or "the device name '...' has the character '/' (...)").
+ * Shared with mlxdist-launch, which checks a hostfile's "rdma" lists by it. */
+bool mlxd_jaccl_dev_name_problem(const char* s, char* why, size_t why_len);
+
 /* Parse len bytes of text (no NUL needed) named name in messages. Pure: no
  * files, no environment. The rules: at most MLXD_JACCL_MATRIX_MAX_BYTES;
  * only the bytes JSON allows (util/json_bytes.h); exactly one document; a
