@@ -320,6 +320,12 @@ if [ "$rc" = 0 ]; then
   echo "RESULT chaos: PASSED"
   [ "${CHAOS_KEEP_LOGS:-0}" = 1 ] || [ -n "${CHAOS_LOGDIR:-}" ] || rm -rf "$logdir"
 else
+  for ((r = 0; r < n; r++)); do
+    echo "---- rank $r (last 6 lines of $logdir/rank$r.log) ----"
+    tail -n 6 "$logdir/rank$r.log"
+  done
+  echo "---- the last 10 events ----"
+  tail -n 10 "$events"
   echo "RESULT chaos: FAILED (logs kept in $logdir)"
 fi
 exit "$rc"
