@@ -72,23 +72,33 @@ static void close_all(tcp_transport* t, int nc) {
   double start = mlxd_now(), last_progress = start;
   long queued_before = -1;
   for (;;) {
-    bool pending = false;
+    bool pending = false, slow = false; /* slow: TCP bytes still going out */
     long queued = 0;
     for (int i = 0; i < nc; i++) {
       int fd = t->conns[i].fd, outq = 0;
       if (fd < 0) continue;
       drain(fd);
-      if (t->err.code ? !peer_closed(fd) : (ioctl(fd, TIOCOUTQ, &outq) == 0 && outq > 0)) {
-        pending = true;
+      if (t->err.code) {
+        pending |= !peer_closed(fd);
+        continue;
+      }
+      if (ioctl(fd, TIOCOUTQ, &outq) != 0 || outq <= 0) continue;
+      struct tcp_info ti;
+      socklen_t len = sizeof ti;
+      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) {
+        pending = true; /* not TCP (an AF_UNIX pair): TCP_CLOSE_MS at most */
+      } else if (ti.tcpi_state != TCP_CLOSE) {
+        /* (a reset connection keeps counting its unsent bytes: nothing will go) */
+        pending = slow = true;
         queued += outq;
       }
     }
-    double now = mlxd_now();
+    double now = mlxd_now(), waited = now - start;
     if (!pending) break;
-    if (t->err.code) {
-      if (now - start >= TCP_CLOSE_MS * 1e-3) break;
+    if (!slow) {
+      if (waited >= TCP_CLOSE_MS * 1e-3) break;
     } else {
-      /* healthy: as long as the bytes queued keep going out */
+      /* healthy, over TCP: as long as the bytes queued keep going out */
       if (queued_before >= 0 && queued < queued_before) last_progress = now;
       queued_before = queued;
       double quiet = t->live.dead_s > TCP_CLOSE_MS * 1e-3 ? t->live.dead_s : TCP_CLOSE_MS * 1e-3;
