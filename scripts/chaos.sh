@@ -20,9 +20,9 @@
 #          then a quiet time as long as the drop plus 2 s: TCP's retransmission back-off can
 #          keep a link silent for about twice the drop (a 6 s drop: up to ~12.6 s)
 #   shape  tc tbf on one host's eth0 egress at 5, 20, 100 or 1000 mbit, or off again
-# with 1..3 s between events. Then every link is unshaped, 8 s of quiet (every rank must make
-# progress in it), and one random rank is killed with SIGKILL at about MINUTES after the start
-# minus 15 s. MLXDIST_TIMEOUT is CHAOS_TIMEOUT (default 20 s).
+# with 1..3 s between events. Then every link is unshaped, 8 s of quiet (at least; every rank
+# must make progress in it), and one random rank is killed with SIGKILL at about MINUTES after
+# the start minus 15 s. MLXDIST_TIMEOUT is CHAOS_TIMEOUT (default 20 s).
 #
 # Pass (exit 0): no wrong result, no failure before the kill (a "false failure"), no rank
 # stalled in the quiet time, and every survivor failed within CHAOS_KILL_BOUND s (default 5)
@@ -225,6 +225,8 @@ t_kill=0
 if [ -z "$early" ] && all_alive; then
   t_quiet=$(now)
   ev "every link unshaped, quiet until the kill"
+  # at least 8 s of quiet, also when the last event ran past its end (a drop's recovery)
+  [ "$t_kill_at" -ge $((t_quiet + 8000)) ] || t_kill_at=$((t_quiet + 8000))
   while [ "$(now)" -lt "$t_kill_at" ] && all_alive; do sleep 0.2; done
   for ((r = 0; r < n; r++)); do
     last=$(grep -o 'PROGRESS .* t_ms [0-9]*' "$logdir/rank$r.log" | tail -n1 | awk '{print $NF}')
