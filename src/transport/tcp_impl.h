@@ -29,7 +29,10 @@
 #define TCP_BLOCK_MS 1000                        /* longest single blocking poll */
 #define TCP_CV_MS 20                             /* longest single condition-variable sleep */
 #define TCP_TLS_WBUF ((size_t)16 << 10)          /* TLS: headers and small payloads coalesced */
-#define TCP_CLOSE_MS 500 /* destroy: longest wait for peers to acknowledge the last bytes */
+/* destroy: a failed transport drains this long at most; a healthy one waits for
+ * its last bytes to be acknowledged until none went out for MLXDIST_TIMEOUT (and
+ * at least this long) */
+#define TCP_CLOSE_MS 500
 
 typedef struct tcp_frag tcp_frag;
 typedef struct tcp_imsg tcp_imsg;

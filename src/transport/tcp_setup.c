@@ -38,12 +38,18 @@ static void drain(int fd) {
 
 /* Close the connections without losing what this rank sent last. A peer's
  * heartbeats may wait unread here, and closing a socket with unread data
- * resets it (RST), which drops the bytes the peer has not read yet. So:
- * FIN first, read and drop what arrived, give the peers at most
- * TCP_CLOSE_MS to acknowledge every byte sent (TIOCOUTQ == 0), reading
- * meanwhile, read once more, close. A reset after that loses nothing (a
- * peer that reads nothing for TCP_CLOSE_MS may still lose bytes, if one of
- * its heartbeats lands between the last read and the close). */
+ * resets it (RST), which drops the bytes the peer has not read yet; so does
+ * a heartbeat that arrives after the close while bytes are still queued. So:
+ * FIN first, read and drop what arrived, wait until the peers have
+ * acknowledged every byte sent (TIOCOUTQ == 0), reading meanwhile, read once
+ * more, close. A slow link (a 4 MiB message through 5 Mbit/s takes 7 s) is
+ * waited for as long as its queue keeps shrinking: the wait ends when no
+ * queue has shrunk for MLXDIST_TIMEOUT (the peer is taken for dead, as in
+ * any wait) and at least TCP_CLOSE_MS have passed. A reset after that loses
+ * nothing (a peer that reads nothing for that long may still lose bytes, if
+ * one of its heartbeats lands between the last read and the close). The
+ * chaos soak found it: a split child freed right after an all_sum through a
+ * shaped link closed with 2 MB queued, and a peer's heartbeat reset it. */
 /* Whether the peer has closed its side of fd (its FIN arrived), or fd is
  * not TCP (an AF_UNIX pair: nothing to wait for). */
 static bool peer_closed(int fd) {
@@ -63,17 +69,41 @@ static void close_all(tcp_transport* t, int nc) {
    * peer still sends (e.g. the rest of a large message) would reset the
    * connection and drop that record before the peer reads it, so it reads
    * and drops until each peer has closed too, for at most TCP_CLOSE_MS. */
-  double deadline = mlxd_now() + TCP_CLOSE_MS * 1e-3;
+  double start = mlxd_now(), last_progress = start;
+  long queued_before = -1;
   for (;;) {
-    bool pending = false;
+    bool pending = false, slow = false; /* slow: TCP bytes still going out */
+    long queued = 0;
     for (int i = 0; i < nc; i++) {
       int fd = t->conns[i].fd, outq = 0;
       if (fd < 0) continue;
       drain(fd);
-      if (t->err.code ? !peer_closed(fd) : (ioctl(fd, TIOCOUTQ, &outq) == 0 && outq > 0))
-        pending = true;
+      if (t->err.code) {
+        pending |= !peer_closed(fd);
+        continue;
+      }
+      if (ioctl(fd, TIOCOUTQ, &outq) != 0 || outq <= 0) continue;
+      struct tcp_info ti;
+      socklen_t len = sizeof ti;
+      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) {
+        pending = true; /* not TCP (an AF_UNIX pair): TCP_CLOSE_MS at most */
+      } else if (ti.tcpi_state != TCP_CLOSE) {
+        /* (a reset connection keeps counting its unsent bytes: nothing will go) */
+        pending = slow = true;
+        queued += outq;
+      }
     }
-    if (!pending || mlxd_now() >= deadline) break;
+    double now = mlxd_now(), waited = now - start;
+    if (!pending) break;
+    if (!slow) {
+      if (waited >= TCP_CLOSE_MS * 1e-3) break;
+    } else {
+      /* healthy, over TCP: as long as the bytes queued keep going out */
+      if (queued_before >= 0 && queued < queued_before) last_progress = now;
+      queued_before = queued;
+      double quiet = t->live.dead_s > TCP_CLOSE_MS * 1e-3 ? t->live.dead_s : TCP_CLOSE_MS * 1e-3;
+      if (now - last_progress >= quiet) break;
+    }
     struct timespec ts = {0, 2000000};
     nanosleep(&ts, NULL);
   }
