@@ -347,6 +347,12 @@ static mlxd_group* try_start(int idx, mlxd_user_gather* u, bool for_any, bool st
     *code = MLXD_EUNAVAIL;
     return NULL;
   }
+  /* first, being cheap: is_available may probe hardware (jaccl opens every RDMA device) */
+  if (for_any && !strict && !kind->is_configured(u != NULL)) {
+    snprintf(why, why_len, "[%s] not configured", name);
+    *code = MLXD_EUNAVAIL;
+    return NULL;
+  }
   if (!kind->is_available(why, why_len)) {
     if (!why[0]) snprintf(why, why_len, "[%s] not available in this process", name);
     *code = MLXD_EUNAVAIL;
@@ -356,11 +362,6 @@ static mlxd_group* try_start(int idx, mlxd_user_gather* u, bool for_any, bool st
   if (u && !kind->supports_bootstrap) {
     snprintf(why, why_len, "[%s] this backend cannot be started with a caller's all_gather", name);
     *code = MLXD_EINVAL;
-    return NULL;
-  }
-  if (for_any && !strict && !kind->is_configured(u != NULL)) {
-    snprintf(why, why_len, "[%s] not configured", name);
-    *code = MLXD_EUNAVAIL;
     return NULL;
   }
   mlxd_status st;
