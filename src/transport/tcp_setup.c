@@ -45,7 +45,8 @@ static void drain(int fd) {
  * more, close. A slow link (a 4 MiB message through 5 Mbit/s takes 7 s) is
  * waited for as long as its queue keeps shrinking: the wait ends when no
  * queue has shrunk for MLXDIST_TIMEOUT (the peer is taken for dead, as in
- * any wait) and at least TCP_CLOSE_MS have passed. A reset after that loses
+ * any wait) and at least TCP_CLOSE_MS have passed, or, for a peer that
+ * keeps taking a trickle, after MLXDIST_OP_TIMEOUT in all. A reset after that loses
  * nothing (a peer that reads nothing for that long may still lose bytes, if
  * one of its heartbeats lands between the last read and the close). The
  * chaos soak found it: a split child freed right after an all_sum through a
@@ -103,6 +104,7 @@ static void close_all(tcp_transport* t, int nc) {
       queued_before = queued;
       double quiet = t->live.dead_s > TCP_CLOSE_MS * 1e-3 ? t->live.dead_s : TCP_CLOSE_MS * 1e-3;
       if (now - last_progress >= quiet) break;
+      if (waited >= t->live.op_s) break; /* a trickle, however long it lasts: MLXDIST_OP_TIMEOUT */
     }
     struct timespec ts = {0, 2000000};
     nanosleep(&ts, NULL);
