@@ -547,8 +547,6 @@ static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
     code = mlxd_fail(st, MLXD_EINVAL, "[stream] cannot queue a task on a NULL stream");
   else if (!run)
     code = mlxd_fail(st, MLXD_EINVAL, "[stream] cannot queue a task without a run function");
-  else if (foreign(s)) /* the default stream starts afresh in a forked child */
-    code = s->is_static ? child_restart(st) : fork_refuse(st, s, "queueing a task");
   else if (n_inputs < 0 || n_outputs < 0 || (n_inputs > 0 && !inputs) ||
            (n_outputs > 0 && !outputs))
     code = mlxd_fail(st, MLXD_EINVAL,
@@ -560,6 +558,9 @@ static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
                      "[stream] a task's argument of %zu bytes does not fit in the task (at most "
                      "%d bytes, non-NULL)",
                      arg_size, MLXD_TASK_ARG_MAX);
+  /* after the checks: the default stream starts afresh in a forked child */
+  if (!code && foreign(s))
+    code = s->is_static ? child_restart(st) : fork_refuse(st, s, "queueing a task");
   task* t = NULL;
   if (!code) {
     int fresh;
