@@ -134,6 +134,9 @@ static void up(const char* addr) {
   expect_has("empty GID entry", dev->ports[0].err,
              "MLXDIST_IB_GID_INDEX=1000 is an empty entry of the port's GID table");
   T_CHECK_EQ(dev->ports[0].gid_index, -1);
+  T_CHECK(mlxd_verbs_active_port(dev) == NULL); /* active, but no address: not usable */
+  T_CHECK(!mlxd_verbs_usable(p, why, sizeof why));
+  expect_has("no usable port", why, "rxe0 port 1 ACTIVE but without a GID");
   free(p);
   setenv("MLXDIST_IB_PORT", "2", 1); /* rxe has one port */
   p = probe();

@@ -91,10 +91,8 @@ static int check_row(const mlxd_jaccl_config* c, const mlxd_verbs_probe* p, mlxd
       size_t used = 0;
       ports[0] = '\0';
       for (int q = 0; q < d->nports; q++) {
-        int w =
-            snprintf(ports + used, sizeof ports - used, "%sport %d %s", q ? ", " : "",
-                     d->ports[q].num,
-                     d->ports[q].queried ? mlxd_verbs_state_name(d->ports[q].state) : "unknown");
+        int w = snprintf(ports + used, sizeof ports - used, "%sport %d %s", q ? ", " : "",
+                         d->ports[q].num, mlxd_verbs_port_word(&d->ports[q]));
         if (w < 0 || (size_t)w >= sizeof ports - used) break;
         used += (size_t)w;
       }

@@ -222,10 +222,23 @@ const mlxd_verbs_dev* mlxd_verbs_find(const mlxd_verbs_probe* p, const char* nam
   return NULL;
 }
 
+/* Active, and with an address to use: the LID on InfiniBand, else a GID
+ * (none when the table has no RoCE v2 IPv4 entry or a forced index is empty). */
+static bool port_usable(const mlxd_verbs_port* pt) {
+  return pt->queried && pt->state == MLXD_IBV_PORT_ACTIVE &&
+         (pt->link_layer == MLXD_IBV_LINK_LAYER_INFINIBAND || pt->gid_index >= 0);
+}
+
 const mlxd_verbs_port* mlxd_verbs_active_port(const mlxd_verbs_dev* d) {
   for (int k = 0; k < d->nports; k++)
-    if (d->ports[k].queried && d->ports[k].state == MLXD_IBV_PORT_ACTIVE) return &d->ports[k];
+    if (port_usable(&d->ports[k])) return &d->ports[k];
   return NULL;
+}
+
+const char* mlxd_verbs_port_word(const mlxd_verbs_port* pt) {
+  if (!pt->queried) return "unknown";
+  if (pt->state == MLXD_IBV_PORT_ACTIVE && !port_usable(pt)) return "ACTIVE but without a GID";
+  return mlxd_verbs_state_name(pt->state);
 }
 
 bool mlxd_verbs_usable(const mlxd_verbs_probe* p, char* why, size_t len) {
@@ -272,8 +285,7 @@ bool mlxd_verbs_usable(const mlxd_verbs_probe* p, char* why, size_t len) {
       for (int k = 0; k < d->nports && w >= 0 && used + (size_t)w < len; k++) {
         const mlxd_verbs_port* pt = &d->ports[k];
         int w2 = snprintf(why + used + (size_t)w, len - used - (size_t)w, " port %d %s%s", pt->num,
-                          pt->queried ? mlxd_verbs_state_name(pt->state) : "unknown",
-                          k + 1 < d->nports ? "," : "");
+                          mlxd_verbs_port_word(pt), k + 1 < d->nports ? "," : "");
         if (w2 < 0) break;
         w += w2;
       }

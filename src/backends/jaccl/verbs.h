@@ -56,13 +56,19 @@ typedef struct mlxd_verbs_probe {
  * Honours MLXDIST_IB_PORT (only that port) and MLXDIST_IB_GID_INDEX (that
  * GID instead of the one chosen by content). p is large: allocate it. */
 void mlxd_verbs_probe_run(mlxd_verbs_probe* p);
-/* Whether a device has an active port; else why (a sentence naming the
+/* Whether a device has a usable port (mlxd_verbs_active_port); else why (a sentence naming the
  * library, the devices and their ports' states). */
 bool mlxd_verbs_usable(const mlxd_verbs_probe* p, char* why, size_t len);
 /* The device named name, or NULL. */
 const mlxd_verbs_dev* mlxd_verbs_find(const mlxd_verbs_probe* p, const char* name);
-/* The first active port of d, or NULL. */
+/* The first port of d that jaccl could use (active, with the LID on
+ * InfiniBand or a GID on Ethernet), or NULL. */
 const mlxd_verbs_port* mlxd_verbs_active_port(const mlxd_verbs_dev* d);
+
+/* A port's state in words for messages: "ACTIVE", "DOWN", ..., "ACTIVE but
+ * without a GID" (active, yet no address to use: see mlxd_verbs_active_port),
+ * "unknown" (not queried). */
+const char* mlxd_verbs_port_word(const mlxd_verbs_port* pt);
 
 /* Pure helpers (tested directly). */
 const char* mlxd_verbs_state_name(int state); /* "ACTIVE", "DOWN", ... */
