@@ -33,7 +33,8 @@ hrank=$3
 fake="sh $4"
 dir=$(mktemp -d)
 out=$dir/out
-trap 'rm -rf "$dir"' EXIT
+lpid=
+trap '[ -z "$lpid" ] || kill "$lpid" 2>/dev/null; rm -rf "$dir"' EXIT
 fail=0
 unset MLX_HOSTFILE MLXDIST_LAUNCH_TIMEOUT MLX_IBV_DEVICES JACCL_IBV_DEVICES MLX_JACCL_RING \
   JACCL_RING JACCL_RANK MLX_JACCL_COORDINATOR JACCL_COORDINATOR FAKE_SSH_DOWN FAKE_SSH_GONE
@@ -123,7 +124,9 @@ case $case_ in
       check "rank $r" "^\[$r\] rank=$r world=2 coord=127\.0\.0\.1:[0-9]+ ring=unset jrank=unset hostfile=unset file=$m2 modes\+matrix=644 [0-9]+ \[\[null, \"rxe0\"\],"
     done
     same_coord
-    port=$(sed -n 's/.* coord=127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$out" | head -1)
+    # a port below the ephemeral range (no other test's connection is handed it), free now
+    port=$((24000 + $$ % 1000))
+    while ss -Htln "sport = :$port" | grep -q .; do port=$((port + 1)); done
     run 0 --backend jaccl --ibv-devices "$m2" --coordinator-port "$port" --timeout 30 -- "$prog"
     check "--coordinator-port" "^\[0\] rank=0 world=2 coord=127\.0\.0\.1:$port "
     ;;
@@ -192,6 +195,7 @@ EOF
     check "--coordinator-port in use here" "^\[launch\] jaccl: cannot listen on 127\.0\.0\.1 port $p \(--coordinator-port\): Address already in use\.$"
     kill "$lpid"
     wait "$lpid" 2>/dev/null
+    lpid=
     ;;
   bad)
     n=0
@@ -264,6 +268,7 @@ EOF
     kill -TERM "$lpid"
     wait "$lpid"
     rc=$?
+    lpid=
     sed 's/^/    | /' "$out"
     echo "exit $rc"
     files_gone 2
