@@ -39,19 +39,11 @@
 #include "backends/ring/rendezvous_wire.h"
 #include "launch.h"
 #include "util/clock.h"
+#include "util/json_doc.h"
 
 #define WHY(...) (snprintf(why, why_len, __VA_ARGS__), 2)
 #define PROBE_EXTRA_S 5.0    /* the probe's bound: --connect-timeout plus this */
 #define PROBE_MAX (4u << 20) /* bytes of /proc/net/tcp* read back */
-
-static const char* kind(const cJSON* v) {
-  if (cJSON_IsArray(v)) return "a list";
-  if (cJSON_IsObject(v)) return "an object";
-  if (cJSON_IsString(v)) return "a string";
-  if (cJSON_IsNumber(v)) return "a number";
-  if (cJSON_IsBool(v)) return "a boolean";
-  return "null";
-}
 
 /* One device name of host i's entry j (item k, -1: the entry is the name). */
 static int check_dev(const char* s, const char* where, int j, int k, char* why, size_t why_len) {
@@ -80,7 +72,7 @@ static int check_row(const launch_hosts* hs, int i, const char* name, char* why,
   int rc = 0;
   if (!cJSON_IsArray(row)) {
     rc = WHY("%s: \"rdma\" is %s (expected a list of %d entries, null for the host itself)", where,
-             row ? kind(row) : "not JSON", hs->n);
+             row ? mlxd_json_kind(row) : "not JSON", hs->n);
   } else if (cJSON_GetArraySize(row) != hs->n) {
     rc = WHY("%s: \"rdma\" has %d entries, expected %d (one per host, null for the host itself)",
              where, cJSON_GetArraySize(row), hs->n);
@@ -90,7 +82,7 @@ static int check_row(const launch_hosts* hs, int i, const char* name, char* why,
   if (rc == 0) cJSON_ArrayForEach(e, row) {
       if (j == i && !cJSON_IsNull(e))
         rc = WHY("%s: \"rdma\" entry %d is the host itself and must be null, got %s", where, j,
-                 kind(e));
+                 mlxd_json_kind(e));
       else if (cJSON_IsString(e))
         rc = check_dev(e->valuestring, where, j, -1, why, why_len);
       else if (cJSON_IsArray(e)) {
@@ -100,14 +92,14 @@ static int check_row(const launch_hosts* hs, int i, const char* name, char* why,
           if (rc) break;
           if (!cJSON_IsString(s))
             rc = WHY("%s: \"rdma\" entry %d item %d is %s (expected a device name)", where, j, k,
-                     kind(s));
+                     mlxd_json_kind(s));
           else
             rc = check_dev(s->valuestring, where, j, k, why, why_len);
           k++;
         }
       } else if (!cJSON_IsNull(e))
         rc = WHY("%s: \"rdma\" entry %d is %s (expected null, a device name or a list of names)",
-                 where, j, kind(e));
+                 where, j, mlxd_json_kind(e));
       if (rc) break;
       j++;
     }
