@@ -7,6 +7,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "util/json_doc.h"
+#include "util/user_file.h"
 
 #define EXPECTED_FORMAT                                                                         \
   "a JSON list of N rows of N cells, cell [i][j] the device(s) rank i reaches rank j through: " \
@@ -296,86 +298,9 @@ bool mlxd_jaccl_env_present(bool with_bootstrap) {
 
 int mlxd_jaccl_read_file(const char* var, const char* path, char** text, size_t* len,
                          mlxd_status* st) {
-  *text = NULL;
-  *len = 0;
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-  if (fd < 0) {
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                 "%s: cannot open the device matrix '%s' (expected the path of a JSON file)", var,
-                 path);
-    mlxd_status_set_sys(st, "open", errno);
-    return st->code;
-  }
-  struct stat sb;
-  int rc = 0;
-  if (fstat(fd, &sb) != 0) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "%s: cannot read the device matrix '%s'", var, path);
-    mlxd_status_set_sys(st, "fstat", errno);
-    goto out;
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "%s: the device matrix '%s' is %s (expected a regular file)", var, path,
-                      S_ISDIR(sb.st_mode)    ? "a directory"
-                      : S_ISFIFO(sb.st_mode) ? "a FIFO"
-                      : S_ISCHR(sb.st_mode)  ? "a character device"
-                      : S_ISSOCK(sb.st_mode) ? "a socket"
-                                             : "not a regular file");
-    goto out;
-  }
-  if (sb.st_size > MLXD_JACCL_MATRIX_MAX_BYTES) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "%s: the device matrix '%s' is %lld bytes (expected at most %d)", var, path,
-                      (long long)sb.st_size, MLXD_JACCL_MATRIX_MAX_BYTES);
-    goto out;
-  }
-  /* read at most the limit plus one byte: a file that grew since fstat is caught */
-  size_t cap = (size_t)MLXD_JACCL_MATRIX_MAX_BYTES + 1, have = 0;
-  size_t want = (size_t)sb.st_size + 1 < cap ? (size_t)sb.st_size + 1 : cap;
-  char* buf = malloc(want + 1);
-  if (!buf) {
-    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory reading '%s'", path);
-    goto out;
-  }
-  for (;;) {
-    if (have == want) {
-      if (want == cap) break;
-      size_t nw = want * 2 < cap ? want * 2 : cap;
-      char* nb = realloc(buf, nw + 1);
-      if (!nb) {
-        free(buf);
-        rc =
-            mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory reading '%s'", path);
-        goto out;
-      }
-      buf = nb, want = nw;
-    }
-    ssize_t k = read(fd, buf + have, want - have);
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0) {
-      free(buf);
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "%s: cannot read the device matrix '%s'", var, path);
-      mlxd_status_set_sys(st, "read", errno);
-      goto out;
-    }
-    if (k == 0) break;
-    have += (size_t)k;
-  }
-  if (have > MLXD_JACCL_MATRIX_MAX_BYTES) {
-    free(buf);
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "%s: the device matrix '%s' is over %d bytes (expected at most %d)", var,
-                      path, MLXD_JACCL_MATRIX_MAX_BYTES, MLXD_JACCL_MATRIX_MAX_BYTES);
-    goto out;
-  }
-  buf[have] = '\0';
-  *text = buf;
-  *len = have;
-out:
-  close(fd);
-  return rc;
+  char subject[PATH_MAX + 64];
+  snprintf(subject, sizeof subject, "the device matrix '%s' (%s)", path, var);
+  return mlxd_user_file_read(path, subject, MLXD_JACCL_MATRIX_MAX_BYTES, text, len, st);
 }
 
 /* "VAR: " before a parse error's detail. */

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@
 
 #include "backends/ring/ring_internal.h"
 #include "util/json_doc.h"
+#include "util/user_file.h"
 
 #define EXPECTED_FORMAT "a JSON list with one list of \"ip:port\" strings per rank"
 
@@ -390,98 +392,10 @@ int mlxd_ring_hostfile_resolve(const char* name, mlxd_ring_hosts* h, mlxd_status
 
 /* ---- the file ---- */
 
-static const char* file_kind(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISSOCK(m)) return "a socket";
-  return "not a regular file";
-}
-
 int mlxd_ring_hostfile_read(const char* path, char** text, size_t* len, mlxd_status* st) {
-  *text = NULL;
-  *len = 0;
-  /* O_NONBLOCK: opening a FIFO without a writer does not wait (it is refused below) */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  struct stat sb;
-  if (fd < 0) {
-    int e = errno;
-    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode))
-      return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                          "hostfile '%s' is %s (expected a regular file)", path,
-                          file_kind(sb.st_mode));
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot open hostfile '%s'", path);
-    mlxd_status_set_sys(st, "open", e);
-    return st->code;
-  }
-  int rc = 0;
-  char* buf = NULL;
-  if (fstat(fd, &sb) != 0) {
-    int e = errno;
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot read hostfile '%s'", path);
-    mlxd_status_set_sys(st, "fstat", e);
-    goto done;
-  }
-  if (!S_ISREG(sb.st_mode)) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "hostfile '%s' is %s (expected a regular file)", path, file_kind(sb.st_mode));
-    goto done;
-  }
-  const size_t limit = MLXD_RING_HOSTFILE_MAX_BYTES;
-  if (sb.st_size > (off_t)limit) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "hostfile '%s' is %lld bytes (expected at most %zu)", path,
-                      (long long)sb.st_size, limit);
-    goto done;
-  }
-  /* the size may be wrong (a file that grows, /proc): never read more than limit + 1 */
-  size_t cap = (size_t)sb.st_size + 2, n = 0;
-  if (cap < 4096) cap = 4096;
-  buf = malloc(cap);
-  while (buf) {
-    if (n + 1 == cap) {
-      if (cap > limit + 1) break;
-      size_t nc = cap * 2 > limit + 2 ? limit + 2 : cap * 2;
-      char* nb = realloc(buf, nc);
-      if (!nb) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      buf = nb;
-      cap = nc;
-    }
-    ssize_t r = read(fd, buf + n, cap - n - 1);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      int e = errno;
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP, "cannot read hostfile '%s'", path);
-      mlxd_status_set_sys(st, "read", e);
-      goto done;
-    }
-    if (r == 0) break;
-    n += (size_t)r;
-  }
-  if (!buf) {
-    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory reading hostfile '%s'",
-                      path);
-    goto done;
-  }
-  if (n > limit) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "hostfile '%s' is more than %zu bytes (expected at most %zu)", path, limit,
-                      limit);
-    goto done;
-  }
-  buf[n] = '\0';
-  *text = buf;
-  *len = n;
-  buf = NULL;
-done:
-  free(buf);
-  close(fd);
-  return rc;
+  char subject[PATH_MAX + 16];
+  snprintf(subject, sizeof subject, "hostfile '%s'", path);
+  return mlxd_user_file_read(path, subject, MLXD_RING_HOSTFILE_MAX_BYTES, text, len, st);
 }
 
 int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status* st) {
