@@ -106,6 +106,8 @@ static void test_json(void) {
   T_CHECK_EQ(file("  \n", 0, &hs), 1);
   T_CHECK_EQ(file("[{\"ssh\": ", 0, &hs), 1);
   T_CHECK_EQ(file("[{\"ssh\": \"a\"}] [1]", 0, &hs), 1);
+  /* an escaped NUL would cut the name short in cJSON: left to the ring's parser, which names it */
+  T_CHECK_EQ(file("[{\"ssh\": \"h1\\u0000x\"}]", 0, &hs), 1);
   /* errors */
   file_bad("[\"h1\"]", 1, "hostfile 'h.json', host 0: expected an object {\"ssh\": \"host\"");
   file_bad("[{\"ssh\": \"h1\"}, {\"sh\": \"h2\"}]", 1,

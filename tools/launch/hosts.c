@@ -15,6 +15,7 @@
 
 #include "launch.h"
 #include "util/json_bytes.h"
+#include "util/json_doc.h"
 
 #define WHY(...) (snprintf(why, why_len, __VA_ARGS__), -1)
 
@@ -210,14 +211,13 @@ static int from_json(launch_hosts* hs, const char* text, size_t len, const char*
   char bad[300];
   if (mlxd_json_bad_byte(text, len, NULL, bad, sizeof bad))
     return WHY("hostfile '%.200s': %s", name, bad);
-  const char* end = NULL;
-  cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, false);
-  if (!root) return 1; /* the ring's parser says where the JSON is wrong */
-  while (end && (size_t)(end - text) < len && isspace((unsigned char)*end)) end++;
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  cJSON* root = mlxd_json_parse_doc(text, len, "hostfile", name, "", &st);
+  /* bad JSON, more after it, an escaped NUL: the ring's reader names it (the same check) */
+  if (!root) return 1;
   int rc;
-  if (end && (size_t)(end - text) < len)
-    rc = 1; /* a second value or stray text: the ring's parser names it */
-  else if (cJSON_IsArray(root) && (!root->child || cJSON_IsArray(root->child)))
+  if (cJSON_IsArray(root) && (!root->child || cJSON_IsArray(root->child)))
     rc = 1; /* the ring's list of lists: hostfile.c */
   else if (cJSON_IsArray(root)) {
     rc = 0;
