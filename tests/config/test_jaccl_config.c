@@ -138,6 +138,7 @@ static void parse_tests(void) {
   parse_fail("[[null, \"a\"], [\"a\", [\"b\"]]]", "row 1, column 1 is on the diagonal");
   parse_fail("[[null, \"a b\"], [\"a\", null]]", "the device name 'a' has the byte 0x20");
   parse_fail("[[null, \"a/../b\"], [\"a\", null]]", "has the character '/'");
+  parse_fail("[[null, \"..\"], [\"a\", null]]", "the device name '..' starts with '.'");
   parse_fail("[[null, \"mlx\\u00e9\"], [\"a\", null]]", "has the byte 0xc3");
   parse_fail("[[null, \"a\\u0000b\"], [\"a\", null]]", "an escaped NUL", "line 1, column 11");
   char longname[200];

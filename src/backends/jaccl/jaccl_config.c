@@ -54,6 +54,11 @@ bool mlxd_jaccl_dev_name_problem(const char* s, char* why, size_t why_len) {
              MLXD_JACCL_DEV_MAX);
     return true;
   }
+  if (s[0] == '.') { /* "." and ".." are directories, never devices (sysfs is looked in by name) */
+    snprintf(why, why_len,
+             "the device name '%.24s' starts with '.' (expected a letter or digit first)", s);
+    return true;
+  }
   size_t ok = strspn(s, DEV_CHARS);
   if (s[ok] == '\0') return false;
   unsigned char b = (unsigned char)s[ok];
