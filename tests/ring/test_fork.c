@@ -129,6 +129,42 @@ static int shm_maps_q(bool quiet) {
 }
 static int shm_maps(void) { return shm_maps_q(false); }
 
+/* Whether every thread of this process but the caller is asleep (state S in
+ * /proc/self/task/<tid>/stat): none is then inside the allocator. */
+static bool others_asleep(void) {
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return true;        /* nothing to look at: do not wait */
+  long self = (long)getpid(); /* the caller is the main thread */
+  bool asleep = true;
+  for (struct dirent* e; asleep && (e = readdir(d));) {
+    long tid = strtol(e->d_name, NULL, 10);
+    if (tid <= 0 || tid == self) continue;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/self/task/%ld/stat", tid);
+    FILE* f = fopen(path, "r");
+    if (!f) continue; /* the thread is gone */
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char* close_paren = strrchr(buf, ')'); /* "tid (comm) S ..." */
+    if (close_paren && close_paren[1] == ' ' && close_paren[2] != 'S') asleep = false;
+  }
+  closedir(d);
+  return asleep;
+}
+
+/* Fork only when the other threads (the stream's worker in the receive's
+ * wait, the watchdog) have been asleep for two looks 10 ms apart, 2 s at
+ * most: under ASan a fork while another thread allocates leaves that
+ * allocator lock held in the child. */
+static void settle_threads(void) {
+  int quiet = 0;
+  for (int i = 0; i < 200 && quiet < 2; i++) {
+    quiet = others_asleep() ? quiet + 1 : 0;
+    usleep(10000);
+  }
+}
+
 /* ---- data ---- */
 
 static mlx_array floats(int rank, float salt) {
@@ -286,10 +322,8 @@ static int rank_main(int rank, int size, const char* session, void* arg) {
       T_REQUIREF(mine.n >= 2, "init opened %d descriptors (expected the group's sockets)", mine.n);
     if (strcmp(g_transport, "tcp") != 0)
       T_REQUIREF(shm_maps_q(true) > 0, "no shared-memory ring is mapped over %s", g_transport);
-    /* Let the stream's worker settle in the receive's wait (under ASan a
-     * fork while another thread allocates leaves that allocator lock held
-     * in the child); the fork then happens with the receive pending. */
-    usleep(200000);
+    /* the fork happens with the receive pending, every other thread asleep */
+    settle_threads();
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
