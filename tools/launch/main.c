@@ -253,20 +253,29 @@ static bool read_hosts(const launch_opts* o, launch_hosts* hs) {
   return rc == 0;
 }
 
+/* lo->envs becomes a new list (the caller frees it; the strings stay
+ * borrowed): the hostfile's "envs" first, then --env's, which so win. */
+static int with_hostfile_envs(launch_opts* lo, const launch_hosts* hs) {
+  const int n_opt = lo->n_envs;
+  const char** opt = lo->envs;
+  lo->envs = calloc((size_t)(hs->n_envs + n_opt + 1), sizeof *lo->envs);
+  if (!lo->envs) {
+    launch_msg("out of memory");
+    return -1;
+  }
+  lo->n_envs = 0;
+  for (int i = 0; i < hs->n_envs; i++) lo->envs[lo->n_envs++] = hs->envs[i];
+  for (int i = 0; i < n_opt; i++) lo->envs[lo->n_envs++] = opt[i];
+  return 0;
+}
+
 /* A job whose hosts are all this one: today's path with N = the ranks, the
  * hostfile's variables before --env's. */
 static int run_local_hosts(const launch_opts* o, const launch_hosts* hs, int sfd) {
   launch_opts lo = *o;
   lo.hosts = lo.hostfile = NULL;
   lo.n = hs->ranks;
-  lo.envs = calloc((size_t)(hs->n_envs + o->n_envs + 1), sizeof *lo.envs);
-  if (!lo.envs) {
-    launch_msg("out of memory");
-    return 1;
-  }
-  lo.n_envs = 0;
-  for (int i = 0; i < hs->n_envs; i++) lo.envs[lo.n_envs++] = hs->envs[i];
-  for (int i = 0; i < o->n_envs; i++) lo.envs[lo.n_envs++] = o->envs[i];
+  if (with_hostfile_envs(&lo, hs) != 0) return 1;
   int rc = lo.mpi ? run_mpi(&lo, NULL, sfd) : run_ring(&lo, sfd);
   free(lo.envs);
   return rc;
@@ -274,15 +283,8 @@ static int run_local_hosts(const launch_opts* o, const launch_hosts* hs, int sfd
 
 static int run_hosts(const launch_opts* o, const launch_hosts* hs, int sfd) {
   if (o->jaccl && launch_hosts_all_local(hs)) {
-    launch_opts lo = *o; /* the hostfile's "envs" before --env's */
-    lo.envs = calloc((size_t)(hs->n_envs + o->n_envs + 1), sizeof *lo.envs);
-    if (!lo.envs) {
-      launch_msg("out of memory");
-      return 1;
-    }
-    lo.n_envs = 0;
-    for (int i = 0; i < hs->n_envs; i++) lo.envs[lo.n_envs++] = hs->envs[i];
-    for (int i = 0; i < o->n_envs; i++) lo.envs[lo.n_envs++] = o->envs[i];
+    launch_opts lo = *o;
+    if (with_hostfile_envs(&lo, hs) != 0) return 1;
     int rc = run_jaccl_local(&lo, hs, sfd);
     free(lo.envs);
     return rc;
