@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "backends/jaccl/jaccl_config.h"
-#include "backends/jaccl/verbs.h"
+#include "rdma/probe.h"
 #include "bounded.h"
 #include "mlx/c/distributed_group.h"
 #include "testutil.h"

@@ -1,4 +1,4 @@
-/* The libibverbs ABI that backends/jaccl/verbs_abi.h declares by hand, checked
+/* The libibverbs ABI that rdma/abi.h declares by hand, checked
  * against the real <infiniband/verbs.h> (built only where CMake finds that
  * header; the library itself never includes it): every field the probe reads
  * at the same offset, the structs no larger than what is passed, the enum
@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdio.h>
 
-#include "backends/jaccl/verbs_abi.h"
+#include "rdma/abi.h"
 
 #define SAME_OFFSET(ours, theirs, field) \
   _Static_assert(offsetof(ours, field) == offsetof(theirs, field), #field " moved")

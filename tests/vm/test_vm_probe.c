@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backends/jaccl/verbs.h"
+#include "rdma/probe.h"
 #include "mlx/c/distributed.h"
 #include "mlx/c/distributed_group.h"
 #include "testutil.h"

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backends/jaccl/verbs.h"
+#include "rdma/probe.h"
 #include "distributed/group_impl.h"
 #include "mlx/c/distributed_group.h"
 #include "mlx/c/error.h"
@@ -92,7 +92,7 @@ static void mlxd_print_env(bool markdown) {
     printf("UNKNOWN (ignored; an init error under MLXDIST_STRICT_ENV=1):\n    %s\n", lines);
 }
 
-/* jaccl's view of this machine (backends/jaccl/verbs.h): every device and
+/* jaccl's view of this machine (rdma/probe.h): every device and
  * port, its state, MTU, link layer and the GID (or LID) it would use; or why
  * there is none. */
 static void mlxd_print_rdma(void) {

@@ -1,5 +1,5 @@
 /* The jaccl backend kind (MLX's RDMA backend): its configuration
- * (jaccl_config.c) and this machine's devices (verbs.c). The verbs
+ * (jaccl_config.c) and this machine's devices (rdma/probe.c). The verbs
  * transport is not built yet in this release, so create always fails, with
  * the first of: the configuration's error, a device the matrix names that
  * this machine does not have, why the devices cannot be used (no library,
@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 
 #include "backends/jaccl/jaccl_config.h"
-#include "backends/jaccl/verbs.h"
+#include "rdma/probe.h"
 #include "distributed/group_impl.h"
 
 #define TAG "jaccl"

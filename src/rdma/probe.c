@@ -1,6 +1,6 @@
-/* The verbs probe (verbs.h): libibverbs loaded at run time, its devices and
- * ports looked at. The ABI used is declared in verbs_abi.h. */
-#include "backends/jaccl/verbs.h"
+/* The verbs probe (probe.h): libibverbs loaded at run time, its devices and
+ * ports looked at. The ABI used is declared in abi.h. */
+#include "rdma/probe.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/jaccl/verbs_abi.h"
+#include "rdma/abi.h"
 #include "util/tunables.h"
 
 #define DEFAULT_LIB "libibverbs.so.1"

@@ -17,8 +17,8 @@
  * provider knows, so it is given a zeroed buffer larger than any version of
  * that struct (mlxd_ibv_port_attr_buf) and only the fields up to link_layer,
  * present since 1.1, are read. */
-#ifndef MLXD_VERBS_ABI_H
-#define MLXD_VERBS_ABI_H
+#ifndef MLXD_RDMA_ABI_H
+#define MLXD_RDMA_ABI_H
 
 #include <stdint.h>
 

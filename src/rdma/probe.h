@@ -1,13 +1,13 @@
 /* Private: the RDMA devices of this machine, seen through libibverbs loaded
  * at run time (dlopen "libibverbs.so.1", or MLXDIST_IBVERBS_LIB). Nothing
  * links against libibverbs and nothing includes its headers: the few entry
- * points and structures used are declared in verbs.c, each with where its
+ * points and structures used are declared in abi.h, each with where its
  * layout comes from. See docs/jaccl.md.
  *
  * The probe only looks (lists devices, opens each, queries its ports and
  * GIDs); it never creates a protection domain, queue or memory region. */
-#ifndef MLXD_VERBS_H
-#define MLXD_VERBS_H
+#ifndef MLXD_RDMA_PROBE_H
+#define MLXD_RDMA_PROBE_H
 
 #include <stdbool.h>
 #include <stddef.h>
