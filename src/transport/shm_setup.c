@@ -68,7 +68,7 @@ int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st) {
   int size = t->name_limit;
   char detail[MLXD_MSG_MAX];
   copy_text(detail, v.detail, sizeof detail);
-  int layer = v.layer > MLXD_LAYER_NONE && v.layer <= MLXD_LAYER_BACKEND ? v.layer : MLXD_LAYER_SHM;
+  int layer = v.layer > MLXD_LAYER_NONE && v.layer <= MLXD_LAYER_LAST ? v.layer : MLXD_LAYER_SHM;
   int code = v.code > MLXD_OK && v.code <= MLXD_ECALLBACK ? v.code : MLXD_EREMOTE;
   mlxd_fail_at(st, code, (mlxd_layer)layer, "%s", detail[0] ? detail : "failed");
   if (v.has_peer && v.peer >= 0 && v.peer < size) {
