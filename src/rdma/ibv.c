@@ -167,7 +167,10 @@ int mlxd_ibv_dev_open(const char* name, int cq_depth, mlxd_ibv_dev** out, mlxd_s
   if (!list) {
     int e = errno ? errno : ENODEV;
     free(d);
-    return fail_call(st, name, "ibv_get_device_list", e, " (no RDMA device?)");
+    mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_VERBS,
+                 "no RDMA device '%s' on this machine: libibverbs (%s) lists none", name, L->name);
+    mlxd_status_set_sys(st, "ibv_get_device_list", e);
+    return MLXD_EUNAVAIL;
   }
   struct mlxd_abi_device* dev = NULL;
   char seen[200] = "";
