@@ -75,7 +75,7 @@ typedef struct mlxd_abi_device_attr {
   int max_raw_ipv6_qp;
   int max_raw_ethy_qp;
   int max_mcast_grp;
-  int max_qp_mcast;
+  int max_mcast_qp_attach;
   int max_total_mcast_qp_attach;
   int max_ah;
   int max_fmr;

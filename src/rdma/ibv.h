@@ -84,7 +84,10 @@ int mlxd_ibv_qp_create(mlxd_ibv_dev* d, int max_send, int max_recv, mlxd_ibv_qp*
  * completion within about (MLXD_IBV_RETRY + 1) * 4.096 us * 2^exp), RNR
  * retries unlimited only where the protocol never relies on them. */
 #define MLXD_IBV_TIMEOUT_EXP 14 /* ~67 ms */
-#define MLXD_IBV_RETRY 7
+/* 6, not 7 (the field's largest value): soft-RoCE (rdma_rxe) takes a
+ * retry_cnt of 7 as "retry without limit", and a dead peer would never be
+ * reported. */
+#define MLXD_IBV_RETRY 6
 int mlxd_ibv_qp_connect(mlxd_ibv_qp* q, const mlxd_ibv_qp_info* remote, mlxd_status* st);
 /* Move to the error state (outstanding requests complete with a flush
  * error); used before destroy and on abort. */
