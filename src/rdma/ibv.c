@@ -10,12 +10,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/capability.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -273,6 +275,16 @@ static void memlock_words(size_t need, char* buf, size_t len) {
       need, lim);
 }
 
+/* CAP_IPC_LOCK in the effective set: the kernel then pins registered memory
+ * past RLIMIT_MEMLOCK (ib_umem_get checks the limit only without it). */
+static bool may_lock_past_limit(void) {
+  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct c[2];
+  memset(c, 0, sizeof c);
+  if (syscall(SYS_capget, &h, c) != 0) return false;
+  return (c[CAP_IPC_LOCK / 32].effective >> (CAP_IPC_LOCK % 32)) & 1u;
+}
+
 int mlxd_ibv_memlock_check(size_t need, mlxd_status* st) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
@@ -282,6 +294,7 @@ int mlxd_ibv_memlock_check(size_t need, mlxd_status* st) {
   }
   if (rl.rlim_cur == RLIM_INFINITY || (unsigned long long)rl.rlim_cur >= (unsigned long long)need)
     return 0;
+  if (may_lock_past_limit()) return 0;
   char w[400];
   memlock_words(need, w, sizeof w);
   return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_VERBS, "%s", w);

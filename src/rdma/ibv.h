@@ -50,8 +50,10 @@ int mlxd_ibv_reg(mlxd_ibv_dev* d, void* addr, size_t len, int remote, mlxd_ibv_m
                  mlxd_status* st);
 void mlxd_ibv_dereg(mlxd_ibv_mr* mr); /* handle NULL: no-op; clears *mr */
 /* Whether this process may lock `need` more bytes: RLIMIT_MEMLOCK (soft) is
- * unlimited or at least need; else an error (MLXD_EUNAVAIL) naming both
- * numbers and the fix ("ulimit -l unlimited", LimitMEMLOCK=, limits.conf). */
+ * unlimited or at least need (or the process has CAP_IPC_LOCK, which the
+ * kernel lets pin past the limit); else an error (MLXD_EUNAVAIL) naming both
+ * numbers and the fix ("ulimit -l unlimited", LimitMEMLOCK=, limits.conf).
+ * Memory already locked is not counted: need is the whole budget. */
 int mlxd_ibv_memlock_check(size_t need, mlxd_status* st);
 
 /* A queue pair's address, as exchanged between ranks (MLXD_IBV_QP_INFO_BYTES
