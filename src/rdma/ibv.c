@@ -125,6 +125,11 @@ static int choose_port(mlxd_ibv_dev* d, mlxd_status* st) {
       d->lid = pt.lid;
       d->gid_index = pt.link_layer == MLXD_ABI_LINK_LAYER_INFINIBAND ? -1 : pt.gid_index;
       memcpy(d->gid, pt.gid, 16);
+      if (d->gid_index > 255) /* the address vector's sgid_index is 8 bits */
+        return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_VERBS,
+                            "%s: port %d's GID is at index %d, past the 255 a queue pair can use "
+                            "(set MLXDIST_IB_GID_INDEX to a lower entry holding the address)",
+                            d->name, k, d->gid_index);
       if (d->link_layer == MLXD_ABI_LINK_LAYER_INFINIBAND && d->lid == 0)
         return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_VERBS,
                             "%s: port %d is ACTIVE on InfiniBand but has no LID (is a subnet "

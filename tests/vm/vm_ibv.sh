@@ -14,8 +14,8 @@ trap 'rm -rf "$share"' EXIT
 cp "$prog" "$share/test_vm_ibv"
 cat >"$share/run.sh" <<'RUN'
 # runs inside the VM, in /share (busybox sh)
-echo "== test_vm_ibv rxe0"
-./test_vm_ibv rxe0
+echo "== test_vm_ibv rxe0 3"
+./test_vm_ibv rxe0 3
 RUN
 rc=0
 bash "$here/rxe_vm.sh" "$share" || rc=$?
