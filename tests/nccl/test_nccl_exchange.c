@@ -198,6 +198,32 @@ static void test_intruders(const unsigned char* key) {
   free(in);
 }
 
+/* More silent connections than rank 0 keeps (MAX_PENDING + the group's):
+ * the oldest unproven ones are dropped, the group's ranks still get in. */
+static void test_flood(void) {
+  const int size = 3, nflood = 80;
+  mlxd_nccl_xchg x0;
+  char root[96];
+  root_up(&x0, size, NULL, 20, root);
+  pthread_t t[MAXR];
+  rank_arg* a = calloc(MAXR, sizeof *a);
+  start(&t[0], &a[0], 0, size, root, k_token, NULL, 20, &x0);
+  int fds[80];
+  for (int i = 0; i < nflood; i++) fds[i] = raw_connect(root);
+  usleep(200 * 1000); /* rank 0 accepts them all before the ranks come */
+  for (int r = 1; r < size; r++) start(&t[r], &a[r], r, size, root, k_token, NULL, 20, NULL);
+  for (int r = 0; r < size; r++) pthread_join(t[r], NULL);
+  for (int r = 0; r < size; r++) check_result(&a[r], size);
+  long got = 0;
+  for (int i = 0; i < nflood; i++) {
+    got += drain(fds[i], 0.2);
+    close(fds[i]);
+  }
+  T_CHECK_EQ(got, 0);
+  mlxd_nccl_xchg_close(&x0);
+  free(a);
+}
+
 static void test_timeouts(void) {
   /* rank 0 waits for ranks that never come: a bounded failure naming them */
   mlxd_nccl_xchg x0;
@@ -314,6 +340,7 @@ int main(void) {
   test_group(4, k_key);
   test_intruders(NULL);
   test_intruders(k_key);
+  test_flood();
   test_timeouts();
   test_length_mismatch();
   test_env();

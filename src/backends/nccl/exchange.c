@@ -34,7 +34,8 @@ __attribute__((format(printf, 4, 5))) static int fail_sys(mlxd_status* st, int c
   return rc;
 }
 
-#define MAX_PENDING 64 /* connections rank 0 keeps at once beyond the group's */
+#define HANDSHAKE_S 10.0 /* a connection must be proven within this (a squatter is dropped) */
+#define MAX_PENDING 64   /* connections rank 0 keeps at once beyond the group's */
 
 static void put_u64(unsigned char* p, uint64_t v) {
   for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (unsigned char)v;
@@ -228,6 +229,7 @@ typedef struct conn {
                         : MLXD_HS_CONFIRM_BYTES + LEN_BYTES];
   unsigned char expect_mac[MLXD_HS_MAC_BYTES];
   char peer[MLXD_ADDR_MAX];
+  double since; /* accepted at (mlxd_now) */
 } conn;
 
 static int refuse(conn* c, const char* fmt, const char* detail) {
@@ -330,8 +332,17 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
         for (int i = 0; i < cap && slot < 0; i++)
           if (cs[i].fd < 0) slot = i;
         if (slot < 0) {
-          close(fd); /* a flood: the group's own ranks retry */
-          continue;
+          /* Full: drop the oldest connection not yet proven, so a flood of
+           * silent ones cannot keep the group's own ranks out. */
+          for (int i = 0; i < cap; i++)
+            if (cs[i].state != C_PAYLOAD && cs[i].state != C_DONE &&
+                (slot < 0 || cs[i].since < cs[slot].since))
+              slot = i;
+          if (slot < 0) {
+            close(fd);
+            continue;
+          }
+          refuse(&cs[slot], "%s", "too many connections at once: the oldest unproven one goes");
         }
         int one = 1;
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -340,12 +351,18 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
         c->fd = fd;
         c->state = C_HELLO;
         c->rank = -1;
+        c->since = mlxd_now();
         mlxd_ring_format_addr((struct sockaddr*)&sa, c->peer, sizeof c->peer);
       }
     }
+    double now = mlxd_now();
     for (int i = 0; i < cap; i++) {
       conn* c = &cs[i];
       if (c->fd < 0 || c->state == C_DONE) continue;
+      if (c->state != C_PAYLOAD && now - c->since > HANDSHAKE_S) {
+        refuse(c, "%s", "no complete handshake within 10 s");
+        continue;
+      }
       for (;;) {
         size_t want = c->state == C_HELLO     ? MLXD_HS_HELLO_BYTES
                       : c->state == C_CONFIRM ? MLXD_HS_CONFIRM_BYTES + LEN_BYTES

@@ -54,6 +54,7 @@ static struct {
   ncclResult_t (*async_error)(ncclComm_t, ncclResult_t*);
   ncclResult_t (*abort_)(ncclComm_t);
   ncclResult_t (*destroy)(ncclComm_t);
+  ncclResult_t (*finalize)(ncclComm_t);
   ncclResult_t (*split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*);
   ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                              cudaStream_t);
@@ -116,11 +117,12 @@ static void load(void) {
   ok = sym(n, "ncclGetVersion", &L.get_version) && sym(n, "ncclGetUniqueId", &L.get_unique_id) &&
        sym(n, "ncclCommInitRankConfig", &L.init_rank_config) &&
        sym(n, "ncclCommGetAsyncError", &L.async_error) && sym(n, "ncclCommAbort", &L.abort_) &&
-       sym(n, "ncclCommDestroy", &L.destroy) && sym(n, "ncclCommSplit", &L.split) &&
-       sym(n, "ncclAllReduce", &L.all_reduce) && sym(n, "ncclAllGather", &L.all_gather) &&
-       sym(n, "ncclReduceScatter", &L.reduce_scatter) && sym(n, "ncclSend", &L.send) &&
-       sym(n, "ncclRecv", &L.recv) && sym(n, "ncclGetErrorString", &L.nccl_error_string) &&
-       sym(n, "ncclCommCount", &L.count) && sym(n, "ncclCommUserRank", &L.user_rank);
+       sym(n, "ncclCommDestroy", &L.destroy) && sym(n, "ncclCommFinalize", &L.finalize) &&
+       sym(n, "ncclCommSplit", &L.split) && sym(n, "ncclAllReduce", &L.all_reduce) &&
+       sym(n, "ncclAllGather", &L.all_gather) && sym(n, "ncclReduceScatter", &L.reduce_scatter) &&
+       sym(n, "ncclSend", &L.send) && sym(n, "ncclRecv", &L.recv) &&
+       sym(n, "ncclGetErrorString", &L.nccl_error_string) && sym(n, "ncclCommCount", &L.count) &&
+       sym(n, "ncclCommUserRank", &L.user_rank);
   if (!ok) {
     snprintf(g_why, sizeof g_why,
              "[nccl] libnccl.so.2 lacks an entry point mlxdist uses (NCCL older than 2.18?)");
@@ -176,19 +178,33 @@ typedef struct inst {
 } inst;
 
 static const mlxdist_v3_ops k_ops;
+static int32_t wait_on(inst* b, ncclComm_t comm, const char* what, uint64_t seq, bool stream_too,
+                       mlxdist_v3_status* st);
+
+/* ncclCommAbort: never blocks on peers; the instance forgets the communicator. */
+static void abort_comm(inst* b, ncclComm_t comm) {
+  if (!comm) return;
+  L.abort_(comm);
+  if (comm == b->comm) b->comm = NULL;
+}
 
 /* Poll until the communicator is no longer "in progress" (init, split, a
  * queued op) and the stream has drained, bounded by MLXDIST_TIMEOUT. */
 static int32_t wait_comm(inst* b, const char* what, uint64_t seq, bool stream_too,
                          mlxdist_v3_status* st) {
+  return wait_on(b, b->comm, what, seq, stream_too, st);
+}
+
+/* wait_comm on comm (b's own, or a split's new one; aborted on failure). */
+static int32_t wait_on(inst* b, ncclComm_t comm, const char* what, uint64_t seq, bool stream_too,
+                       mlxdist_v3_status* st) {
   double deadline = now_s() + (g_host ? g_host->timeout_s() : 60.0);
   for (unsigned i = 0;; i++) {
     ncclResult_t ar = ncclSuccess;
-    if (b->comm) L.async_error(b->comm, &ar);
+    if (comm) L.async_error(comm, &ar);
     cudaError_t ce = stream_too ? L.stream_query(b->stream) : cudaSuccess;
     if (ar != ncclSuccess && ar != ncclInProgress) {
-      L.abort_(b->comm);
-      b->comm = NULL;
+      abort_comm(b, comm);
       b->failed = true;
       snprintf(b->fail_msg, sizeof b->fail_msg,
                "[nccl] %s #%llu on rank %d: %s (communicator aborted)", what,
@@ -196,6 +212,7 @@ static int32_t wait_comm(inst* b, const char* what, uint64_t seq, bool stream_to
       return fail(st, MLXDIST_V3_EREMOTE, "%s", b->fail_msg);
     }
     if (ce != cudaSuccess && ce != cudaErrorNotReady) {
+      abort_comm(b, comm);
       b->failed = true;
       snprintf(b->fail_msg, sizeof b->fail_msg, "[nccl] %s #%llu on rank %d: CUDA: %s", what,
                (unsigned long long)seq, b->base.rank, L.error_string(ce));
@@ -203,8 +220,7 @@ static int32_t wait_comm(inst* b, const char* what, uint64_t seq, bool stream_to
     }
     if (ar == ncclSuccess && ce == cudaSuccess) return 0;
     if (now_s() >= deadline) {
-      if (b->comm) L.abort_(b->comm);
-      b->comm = NULL;
+      abort_comm(b, comm);
       b->failed = true;
       snprintf(b->fail_msg, sizeof b->fail_msg,
                "[nccl] %s #%llu on rank %d: not complete after %g s (MLXDIST_TIMEOUT): a peer "
@@ -222,7 +238,7 @@ static ncclConfig_t nonblocking(void) {
   return c;
 }
 
-static inst* inst_new(int rank, int size, mlxdist_v3_status* st) {
+static inst* inst_new(int rank, int size, int device, mlxdist_v3_status* st) {
   inst* b = calloc(1, sizeof *b);
   if (!b) {
     fail(st, MLXDIST_V3_ENOMEM, "[nccl] out of memory");
@@ -233,7 +249,7 @@ static inst* inst_new(int rank, int size, mlxdist_v3_status* st) {
                                  .size = size,
                                  .device = MLXDIST_V3_DEVICE_GPU};
   pthread_mutex_init(&b->mu, NULL);
-  b->device = rank % g_devices; /* as MLX: cudaSetDevice(rank % device_count) */
+  b->device = device;
   cudaError_t e = L.set_device(b->device);
   if (e == cudaSuccess) e = L.stream_create(&b->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
@@ -246,8 +262,31 @@ static inst* inst_new(int rank, int size, mlxdist_v3_status* st) {
   return b;
 }
 
+/* Finalize (flushes pending work, non-blocking here), wait for it within
+ * MLXDIST_TIMEOUT, then destroy; a communicator that cannot finalize is aborted. */
+static void close_comm(inst* b) {
+  if (!b->comm) return;
+  ncclResult_t r = L.finalize(b->comm);
+  double deadline = now_s() + (g_host ? g_host->timeout_s() : 60.0);
+  while (r == ncclSuccess || r == ncclInProgress) {
+    ncclResult_t ar = ncclSuccess;
+    L.async_error(b->comm, &ar);
+    if (ar == ncclSuccess) break;
+    if (ar != ncclInProgress || now_s() >= deadline) {
+      r = ar == ncclInProgress ? ncclInternalError : ar;
+      break;
+    }
+    usleep(100);
+  }
+  if (r == ncclSuccess || r == ncclInProgress)
+    L.destroy(b->comm);
+  else
+    L.abort_(b->comm);
+  b->comm = NULL;
+}
+
 static void inst_free(inst* b) {
-  if (b->comm) L.destroy(b->comm);
+  close_comm(b);
   if (b->dbuf) L.free_(b->dbuf);
   if (b->stream) L.stream_destroy(b->stream);
   pthread_mutex_destroy(&b->mu);
@@ -444,6 +483,12 @@ static int32_t p_split(mlxdist_v3_backend* base, uint64_t seq, int32_t color, in
   ncclComm_t child = NULL;
   rc = nccl_step(b, L.split(b->comm, color, key, &child, &cfg), "split", seq, st);
   if (!rc) rc = wait_comm(b, "split", seq, false, st);
+  if (!rc && child) {
+    rc = wait_on(b, child, "split", seq, false, st);
+    if (rc) {
+      child = NULL; /* aborted by wait_on; the parent is failed too (a broken split) */
+    }
+  }
   pthread_mutex_unlock(&b->mu);
   if (rc) return rc;
   if (!child)
@@ -457,7 +502,7 @@ static int32_t p_split(mlxdist_v3_backend* base, uint64_t seq, int32_t color, in
                 "[nccl] split #%llu: cannot read the new communicator's rank and size",
                 (unsigned long long)seq);
   }
-  inst* ci = inst_new(crank, csize, st);
+  inst* ci = inst_new(crank, csize, b->device, st); /* the parent's GPU */
   if (!ci) {
     L.destroy(child);
     return st->code;
@@ -545,7 +590,8 @@ static int32_t p_create(mlxdist_v3_bootstrap* bs, mlxdist_v3_backend** out, mlxd
   ncclUniqueId id = all[0];
   free(all);
   if (rc) return rc;
-  inst* b = inst_new((int)rank, (int)size, st);
+  /* as MLX: cudaSetDevice(rank % device_count) */
+  inst* b = inst_new((int)rank, (int)size, (int)(rank % g_devices), st);
   if (!b) return st->code;
   ncclConfig_t cfg = nonblocking();
   ncclResult_t r = L.init_rank_config(&b->comm, (int)size, id, (int)rank, &cfg);
