@@ -821,6 +821,16 @@ int mlx_get_default_stream(mlx_stream* stream, mlx_device dev) {
   if (mlxd_device_read(dev, &type, &index, &st)) return mlxd_error_status(&st);
   if (type == MLX_CPU && mlxd_device_check_available(type, index, &st))
     return mlxd_error_status(&st);
+  if (type == MLX_GPU && mlxd_gpu_count() > 0) {
+    if (mlxd_device_check_available(type, index, &st)) return mlxd_error_status(&st);
+    if (index != 0) {
+      mlxd_error(
+          "[stream] the default GPU stream is Device(gpu, 0)'s; for Device(gpu, %d) make "
+          "a stream with mlx_stream_new_device",
+          index);
+      return 1;
+    }
+  }
   mlxd_stream* s = mlxd_default_stream(type, &st);
   if (!s) return mlxd_error_status(&st);
   mlxd_stream_retain(s);

@@ -130,19 +130,17 @@ static void mlxd_print_rdma(void) {
 /* The GPU provider's answer (core/gpu.h) and NCCL's version, for nccl. */
 static void mlxd_print_gpu(void) {
   const mlxd_gpu_info* g = mlxd_gpu_probe();
-  if (!g->loaded) {
-    printf("gpus: none: %s\n", g->why);
-  } else {
-    char drv[32] = "none";
-    if (g->driver_version > 0)
-      snprintf(drv, sizeof drv, "%d.%d", g->driver_version / 1000, g->driver_version % 1000 / 10);
-    printf("gpus: CUDA runtime %s %d.%d (driver %s): ", g->lib, g->runtime_version / 1000,
+  char drv[32] = "none";
+  if (g->driver_version > 0)
+    snprintf(drv, sizeof drv, "%d.%d", g->driver_version / 1000, g->driver_version % 1000 / 10);
+  if (g->count > 0)
+    printf("gpus: %d device%s (CUDA runtime %s %d.%d, driver %s)\n", g->count,
+           g->count == 1 ? "" : "s", g->lib, g->runtime_version / 1000,
            g->runtime_version % 1000 / 10, drv);
-    if (g->count > 0)
-      printf("%d device%s\n", g->count, g->count == 1 ? "" : "s");
-    else
-      printf("none: %s\n", g->why);
-  }
+  else if (g->loaded)
+    printf("gpus: none: %s (driver %s)\n", g->why, drv);
+  else
+    printf("gpus: none: %s\n", g->why);
   /* NCCL's version: its own library, opened and closed again (the plugin
    * opens it for real); int ncclGetVersion(int*) as nccl.h declares it. */
   void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
