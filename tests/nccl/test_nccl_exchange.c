@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backends/nccl/exchange.h"
@@ -329,6 +330,74 @@ static void test_env(void) {
   unsetenv("MLXDIST_JOB_TOKEN");
 }
 
+/* Two processes configured as MLX's launcher does (MLX_RANK, MLX_WORLD_SIZE,
+ * NCCL_HOST_IP, NCCL_PORT), each with its own MLXDIST_JOB_TOKEN (NULL:
+ * unset, derived from the address and size). Returns how many ranks got
+ * the id; rank 1's exit status says whether it did. */
+static int env_pair(const char* tok0, const char* tok1, int port) {
+  pid_t kids[2];
+  for (int r = 0; r < 2; r++) {
+    kids[r] = fork();
+    T_ASSERT(kids[r] >= 0);
+    if (kids[r] == 0) {
+      char rs[8], ps[8];
+      snprintf(rs, sizeof rs, "%d", r);
+      snprintf(ps, sizeof ps, "%d", port);
+      setenv("MLX_RANK", rs, 1);
+      setenv("MLX_WORLD_SIZE", "2", 1);
+      setenv("NCCL_HOST_IP", "127.0.0.1", 1);
+      setenv("NCCL_PORT", ps, 1);
+      setenv("MLX_NCCL_TIMEOUT", "3", 1);
+      const char* tok = r ? tok1 : tok0;
+      if (tok)
+        setenv("MLXDIST_JOB_TOKEN", tok, 1);
+      else
+        unsetenv("MLXDIST_JOB_TOKEN");
+      mlxd_nccl_xchg x;
+      mlxd_status st;
+      mlxd_status_clear(&st);
+      if (mlxd_nccl_xchg_from_env(&x, &st)) _exit(2);
+      unsigned char src[ID_BYTES], dst[2 * ID_BYTES];
+      memset(src, 0x40 + r, sizeof src);
+      int rc = x.bs.all_gather(&x.bs, dst, src, sizeof src, &st);
+      mlxd_nccl_xchg_close(&x);
+      if (rc) {
+        fprintf(stderr, "rank %d (expected when the tokens differ): %s\n", r, st.msg);
+        _exit(1);
+      }
+      _exit(dst[0] == 0x40 && dst[ID_BYTES] == 0x41 ? 0 : 3);
+    }
+  }
+  int ok = 0;
+  for (int r = 0; r < 2; r++) {
+    int status = 0;
+    waitpid(kids[r], &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ok++;
+    T_CHECK(!WIFEXITED(status) || WEXITSTATUS(status) != 2);
+  }
+  return ok;
+}
+
+static int unused_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  socklen_t sl = sizeof sa;
+  T_ASSERT(bind(fd, (struct sockaddr*)&sa, sizeof sa) == 0);
+  T_ASSERT(getsockname(fd, (struct sockaddr*)&sa, &sl) == 0);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+static void test_env_pairs(void) {
+  const char* a = "00112233445566778899aabbccddeeff";
+  const char* b = "ffeeddccbbaa99887766554433221100";
+  T_CHECK_EQ(env_pair(NULL, NULL, unused_port()), 2); /* the derived token agrees */
+  T_CHECK_EQ(env_pair(a, a, unused_port()), 2);
+  T_CHECK_EQ(env_pair(a, b, unused_port()), 0);    /* another job's token: refused */
+  T_CHECK_EQ(env_pair(a, NULL, unused_port()), 0); /* launched and not: refused */
+}
+
 int main(void) {
   for (int i = 0; i < 32; i++) {
     k_key[i] = (unsigned char)(i * 7 + 1);
@@ -344,5 +413,6 @@ int main(void) {
   test_timeouts();
   test_length_mismatch();
   test_env();
+  test_env_pairs();
   return t_exit_status();
 }
