@@ -47,6 +47,8 @@ static struct {
   cudaError_t (*stream_destroy)(cudaStream_t);
   cudaError_t (*malloc_)(void**, size_t);
   cudaError_t (*free_)(void*);
+  cudaError_t (*malloc_host)(void**, size_t);
+  cudaError_t (*free_host)(void*);
   cudaError_t (*memcpy_async)(void*, const void*, size_t, enum cudaMemcpyKind, cudaStream_t);
   ncclResult_t (*get_version)(int*);
   ncclResult_t (*get_unique_id)(ncclUniqueId*);
@@ -101,7 +103,8 @@ static void load(void) {
             sym(c, "cudaStreamCreateWithFlags", &L.stream_create) &&
             sym(c, "cudaStreamQuery", &L.stream_query) &&
             sym(c, "cudaStreamDestroy", &L.stream_destroy) && sym(c, "cudaMalloc", &L.malloc_) &&
-            sym(c, "cudaFree", &L.free_) && sym(c, "cudaMemcpyAsync", &L.memcpy_async);
+            sym(c, "cudaFree", &L.free_) && sym(c, "cudaMallocHost", &L.malloc_host) &&
+            sym(c, "cudaFreeHost", &L.free_host) && sym(c, "cudaMemcpyAsync", &L.memcpy_async);
   if (!ok) {
     snprintf(g_why, sizeof g_why, "[nccl] the CUDA runtime lacks an entry point mlxdist uses");
     return;
@@ -173,6 +176,11 @@ typedef struct inst {
   int device;
   void* dbuf; /* staging: device memory, dcap bytes */
   size_t dcap;
+  /* Results come back through pinned memory: a copy into pageable memory
+   * would block this thread until the NCCL call before it ends (CUDA's
+   * rule for device-to-pageable copies), which no timeout could bound. */
+  void* hbuf; /* pinned host memory, hcap bytes */
+  size_t hcap;
   bool failed; /* aborted: every later op fails with fail_msg */
   char fail_msg[MLXDIST_V3_MSG_MAX];
 } inst;
@@ -288,6 +296,7 @@ static void close_comm(inst* b) {
 static void inst_free(inst* b) {
   close_comm(b);
   if (b->dbuf) L.free_(b->dbuf);
+  if (b->hbuf) L.free_host(b->hbuf);
   if (b->stream) L.stream_destroy(b->stream);
   pthread_mutex_destroy(&b->mu);
   free(b);
@@ -295,7 +304,20 @@ static void inst_free(inst* b) {
 
 static void p_destroy(mlxdist_v3_backend* base) { inst_free((inst*)base); }
 
-static int32_t need(inst* b, size_t n, mlxdist_v3_status* st) {
+/* Staging of n device bytes and h pinned host bytes. */
+static int32_t need(inst* b, size_t n, size_t h, mlxdist_v3_status* st) {
+  if (h > b->hcap) {
+    if (b->hbuf) L.free_host(b->hbuf);
+    b->hbuf = NULL;
+    b->hcap = 0;
+    cudaError_t e = L.malloc_host(&b->hbuf, h);
+    if (e != cudaSuccess) {
+      b->hbuf = NULL;
+      return fail(st, MLXDIST_V3_ENOMEM, "[nccl] rank %d: cudaMallocHost of %zu bytes: %s",
+                  b->base.rank, h, L.error_string(e));
+    }
+    b->hcap = h;
+  }
   if (n <= b->dcap) return 0;
   if (b->dbuf) L.free_(b->dbuf);
   b->dbuf = NULL;
@@ -377,13 +399,14 @@ static int32_t reduce(mlxdist_v3_backend* base, int kind, uint64_t seq, const vo
                 "ring backend or another dtype)",
                 what, (unsigned long long)seq, k_dtype_names[dtype],
                 dtype == MLXDIST_V3_DTYPE_COMPLEX64 ? " by max or min" : "");
+  if (count == 0) return 0; /* every rank has the same count: nothing to move anywhere */
   size_t esize = g_host->dtype_size(dtype);
   size_t in_bytes = count * esize * (kind ? (size_t)b->base.size : 1);
   size_t out_bytes = count * esize;
   int32_t rc = begin(b, what, seq, st);
   if (rc) return rc;
   char* d = NULL;
-  if (!(rc = need(b, in_bytes + out_bytes, st))) {
+  if (!(rc = need(b, in_bytes + out_bytes, out_bytes, st))) {
     d = b->dbuf;
     ncclRedOp_t rop = op == MLXDIST_V3_OP_SUM   ? ncclSum
                       : op == MLXDIST_V3_OP_MAX ? ncclMax
@@ -397,11 +420,12 @@ static int32_t reduce(mlxdist_v3_backend* base, int kind, uint64_t seq, const vo
                                          b->comm, b->stream),
                      what, seq, st);
     if (!rc)
-      rc =
-          cuda_step(b,
-                    L.memcpy_async(out, d + in_bytes, out_bytes, cudaMemcpyDeviceToHost, b->stream),
-                    what, seq, st);
+      rc = cuda_step(b,
+                     L.memcpy_async(b->hbuf, d + in_bytes, out_bytes, cudaMemcpyDeviceToHost,
+                                    b->stream),
+                     what, seq, st);
     if (!rc) rc = wait_comm(b, what, seq, true, st);
+    if (!rc) memcpy(out, b->hbuf, out_bytes);
   }
   pthread_mutex_unlock(&b->mu);
   return rc;
@@ -423,18 +447,21 @@ static int32_t p_all_gather(mlxdist_v3_backend* base, uint64_t seq, const void* 
                             size_t nbytes, mlxdist_v3_status* st) {
   inst* b = (inst*)base;
   size_t total = nbytes * (size_t)b->base.size;
+  if (nbytes == 0) return 0;
   int32_t rc = begin(b, "all_gather", seq, st);
   if (rc) return rc;
-  if (!(rc = need(b, nbytes + total, st))) {
+  if (!(rc = need(b, nbytes + total, total, st))) {
     char* d = b->dbuf;
     if (!(rc = cuda_step(b, L.memcpy_async(d, in, nbytes, cudaMemcpyHostToDevice, b->stream),
                          "all_gather", seq, st)))
       rc = nccl_step(b, L.all_gather(d, d + nbytes, nbytes, ncclInt8, b->comm, b->stream),
                      "all_gather", seq, st);
     if (!rc)
-      rc = cuda_step(b, L.memcpy_async(out, d + nbytes, total, cudaMemcpyDeviceToHost, b->stream),
+      rc = cuda_step(b,
+                     L.memcpy_async(b->hbuf, d + nbytes, total, cudaMemcpyDeviceToHost, b->stream),
                      "all_gather", seq, st);
     if (!rc) rc = wait_comm(b, "all_gather", seq, true, st);
+    if (!rc) memcpy(out, b->hbuf, total);
   }
   pthread_mutex_unlock(&b->mu);
   return rc;
@@ -443,9 +470,10 @@ static int32_t p_all_gather(mlxdist_v3_backend* base, uint64_t seq, const void* 
 static int32_t p2p(inst* b, bool is_send, uint64_t seq, void* buf, size_t nbytes, int32_t peer,
                    mlxdist_v3_status* st) {
   const char* what = is_send ? "send" : "recv";
+  if (nbytes == 0) return 0; /* the peer's matching op has the same size */
   int32_t rc = begin(b, what, seq, st);
   if (rc) return rc;
-  if (!(rc = need(b, nbytes, st))) {
+  if (!(rc = need(b, nbytes, is_send ? 0 : nbytes, st))) {
     if (is_send)
       rc = cuda_step(b, L.memcpy_async(b->dbuf, buf, nbytes, cudaMemcpyHostToDevice, b->stream),
                      what, seq, st);
@@ -455,9 +483,10 @@ static int32_t p2p(inst* b, bool is_send, uint64_t seq, void* buf, size_t nbytes
                              : L.recv(b->dbuf, nbytes, ncclInt8, peer, b->comm, b->stream),
                      what, seq, st);
     if (!rc && !is_send)
-      rc = cuda_step(b, L.memcpy_async(buf, b->dbuf, nbytes, cudaMemcpyDeviceToHost, b->stream),
+      rc = cuda_step(b, L.memcpy_async(b->hbuf, b->dbuf, nbytes, cudaMemcpyDeviceToHost, b->stream),
                      what, seq, st);
     if (!rc) rc = wait_comm(b, what, seq, true, st);
+    if (!rc && !is_send) memcpy(buf, b->hbuf, nbytes);
   }
   pthread_mutex_unlock(&b->mu);
   return rc;
