@@ -1,5 +1,6 @@
 /* Devices: small reference-counted {type, index} objects. The CPU (index 0)
- * is the only device that can run work in this build. */
+ * always exists; GPUs exist where the GPU provider (core/gpu.h) finds the
+ * CUDA runtime and it reports devices. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -8,6 +9,7 @@
 #include "core/core_internal.h"
 #include "core/error.h"
 #include "core/fork.h"
+#include "core/gpu.h"
 #include "mlx/c/device.h"
 
 typedef struct mlxd_device {
@@ -64,11 +66,21 @@ int mlxd_device_read(mlx_device dev, mlx_device_type* type, int* index, mlxd_sta
 }
 
 int mlxd_device_check_available(mlx_device_type type, int index, mlxd_status* st) {
-  if (type == MLX_GPU)
-    return mlxd_fail(st, MLXD_EUNAVAIL,
-                     "[device] Device(gpu, %d) is not available: no GPU backend is available in "
-                     "this build (use the CPU, Device(cpu, 0))",
-                     index);
+  if (type == MLX_GPU) {
+    int n = mlxd_gpu_count();
+    if (n <= 0) {
+      mlxd_status why;
+      mlxd_gpu_unavailable(&why, "");
+      return mlxd_fail(st, MLXD_EUNAVAIL,
+                       "[device] Device(gpu, %d) is not available:%.400s (use the CPU, Device(cpu, "
+                       "0))",
+                       index, why.msg);
+    }
+    if (index >= n)
+      return mlxd_fail(st, MLXD_EUNAVAIL, "[device] Device(gpu, %d) does not exist (%d GPU%s here)",
+                       index, n, n == 1 ? "" : "s");
+    return 0;
+  }
   if (type != MLX_CPU)
     return mlxd_fail(st, MLXD_EINVAL,
                      "[device] unknown device type %d (expected MLX_CPU or MLX_GPU)", (int)type);
@@ -197,7 +209,7 @@ int mlx_device_count(int* count, mlx_device_type type) {
   }
   switch (type) {
     case MLX_CPU: *count = 1; return 0;
-    case MLX_GPU: *count = 0; return 0;
+    case MLX_GPU: *count = mlxd_gpu_count(); return 0;
   }
   mlxd_error("[device] unknown device type %d (expected MLX_CPU or MLX_GPU)", (int)type);
   return 1;

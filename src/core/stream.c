@@ -42,6 +42,7 @@
 #include "core/core_internal.h"
 #include "core/error.h"
 #include "core/fork.h"
+#include "core/gpu.h"
 #include "core/pool.h"
 #include "core/stream_impl.h"
 #include "util/clock.h"
@@ -86,6 +87,8 @@ struct mlxd_stream {
   _Atomic pid_t pid;              /* the process that made it (core/fork.h; released once set up) */
   task* current;                  /* under mu: the task running now, or NULL */
   struct mlxd_stream* forgotten;  /* next on the forgotten list (a forked child's copies) */
+  void* native;                   /* GPU streams: the cudaStream_t (core/gpu.h); else NULL */
+  int gpu_device;                 /* GPU streams: the device index */
 };
 
 static _Thread_local mlxd_stream* tls_current; /* the stream whose worker this thread is */
@@ -214,6 +217,7 @@ static void stream_free(mlxd_stream* s) {
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->work_cv);
   pthread_cond_destroy(&s->done_cv);
+  mlxd_gpu_stream_destroy(s->native);
   if (!s->is_static) free(s);
 }
 
@@ -261,6 +265,8 @@ static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_
       s->free_on_exit = false;
   s->current = NULL;
   s->forgotten = NULL;
+  s->native = NULL;
+  s->gpu_device = 0;
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->work_cv, NULL);
   pthread_condattr_t ca;
@@ -448,16 +454,35 @@ static void default_init(void) {
   }
 }
 
+/* The reason GPU streams cannot be had here (the GPU provider's, core/gpu.h). */
 static int no_gpu(mlxd_status* st) {
-  return mlxd_fail(st, MLXD_EUNAVAIL,
-                   "[stream] no GPU backend is available in this build; use a CPU stream "
-                   "(Device(cpu, 0))");
+  mlxd_status why;
+  mlxd_gpu_unavailable(&why, "[stream]");
+  return mlxd_fail(st, MLXD_EUNAVAIL, "%.400s; use a CPU stream (Device(cpu, 0))", why.msg);
+}
+
+static mlxd_stream* stream_new(mlx_device_type type, int device, mlxd_status* st);
+
+/* The default GPU stream (device 0): made on first use where a GPU exists,
+ * then kept for the life of the process (its worker is not joined at exit:
+ * the process's exit ends it). */
+static pthread_once_t g_gpu_once = PTHREAD_ONCE_INIT;
+static mlxd_stream* g_gpu_default;
+static mlxd_status g_gpu_status;
+static void gpu_default_init(void) {
+  mlxd_status_clear(&g_gpu_status);
+  if (mlxd_gpu_count() <= 0) {
+    no_gpu(&g_gpu_status);
+    return;
+  }
+  g_gpu_default = stream_new(MLX_GPU, 0, &g_gpu_status);
 }
 
 mlxd_stream* mlxd_default_stream(mlx_device_type type, mlxd_status* st) {
   if (type == MLX_GPU) {
-    no_gpu(st);
-    return NULL;
+    pthread_once(&g_gpu_once, gpu_default_init);
+    if (!g_gpu_default && st) *st = g_gpu_status;
+    return g_gpu_default;
   }
   if (type != MLX_CPU) {
     mlxd_fail(st, MLXD_EINVAL, "[stream] unknown device type %d (expected MLX_CPU or MLX_GPU)",
@@ -641,19 +666,29 @@ int mlxd_stream_submit_copy(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(vo
                      n_outputs, st);
 }
 
-static mlxd_stream* stream_new(mlx_device_type type, mlxd_status* st) {
+/* A new stream; device: the GPU's index for a GPU stream (which gets a CUDA
+ * stream of its own), unused for the CPU. */
+static mlxd_stream* stream_new(mlx_device_type type, int device, mlxd_status* st) {
+  void* native = NULL;
+  if (type == MLX_GPU && mlxd_gpu_stream_create(device, &native, st)) return NULL;
   mlxd_stream* s = malloc(sizeof *s);
   if (!s) {
+    mlxd_gpu_stream_destroy(native);
     mlxd_fail(st, MLXD_ENOMEM, "[stream] out of memory creating a stream");
     return NULL;
   }
   int index = atomic_fetch_add(&g_next_index, 1);
   if (stream_init(s, type, index, false, st)) {
+    mlxd_gpu_stream_destroy(native);
     free(s);
     return NULL;
   }
+  s->native = native; /* set before any task can run: the worker reads it only through tasks */
+  s->gpu_device = device;
   return s;
 }
+
+void* mlxd_stream_native(const mlxd_stream* s) { return s->native; }
 
 /* ---------- public API ---------- */
 
@@ -680,7 +715,7 @@ mlx_stream mlx_stream_new_device(mlx_device dev) {
     mlxd_error_status(&st);
     return handle(NULL);
   }
-  if (type == MLX_GPU) {
+  if (type == MLX_GPU && mlxd_gpu_count() <= 0) {
     no_gpu(&st);
     mlxd_error_status(&st);
     return handle(NULL);
@@ -689,7 +724,7 @@ mlx_stream mlx_stream_new_device(mlx_device dev) {
     mlxd_error_status(&st);
     return handle(NULL);
   }
-  mlxd_stream* s = stream_new(type, &st);
+  mlxd_stream* s = stream_new(type, index, &st);
   if (!s) mlxd_error_status(&st);
   return handle(s);
 }
@@ -728,7 +763,8 @@ int mlx_stream_get_device(mlx_device* dev, mlx_stream stream) {
     return 1;
   }
   if (read_stream(stream, "mlx_stream_get_device", &st)) return mlxd_error_status(&st);
-  mlx_device d = mlxd_device_make(mlxd_stream_of(stream)->type, 0, &st);
+  mlxd_stream* s = mlxd_stream_of(stream);
+  mlx_device d = mlxd_device_make(s->type, s->type == MLX_GPU ? s->gpu_device : 0, &st);
   if (!d.ctx) return mlxd_error_status(&st);
   mlx_device_free(*dev);
   *dev = d;
@@ -770,6 +806,7 @@ int mlx_synchronize(mlx_stream stream) {
     return 1;
   }
   mlxd_stream_sync(s);
+  if (s->native && mlxd_gpu_stream_sync(s->native, &st)) return mlxd_error_status(&st);
   return 0;
 }
 
@@ -784,6 +821,16 @@ int mlx_get_default_stream(mlx_stream* stream, mlx_device dev) {
   if (mlxd_device_read(dev, &type, &index, &st)) return mlxd_error_status(&st);
   if (type == MLX_CPU && mlxd_device_check_available(type, index, &st))
     return mlxd_error_status(&st);
+  if (type == MLX_GPU && mlxd_gpu_count() > 0) {
+    if (mlxd_device_check_available(type, index, &st)) return mlxd_error_status(&st);
+    if (index != 0) {
+      mlxd_error(
+          "[stream] the default GPU stream is Device(gpu, 0)'s; for Device(gpu, %d) make "
+          "a stream with mlx_stream_new_device",
+          index);
+      return 1;
+    }
+  }
   mlxd_stream* s = mlxd_default_stream(type, &st);
   if (!s) return mlxd_error_status(&st);
   mlxd_stream_retain(s);
@@ -796,7 +843,13 @@ int mlx_set_default_stream(mlx_stream stream) {
   mlxd_status st;
   if (read_stream(stream, "mlx_set_default_stream", &st)) return mlxd_error_status(&st);
   mlxd_stream* s = mlxd_stream_of(stream);
-  if (s->type != MLX_CPU) return mlxd_error_status((no_gpu(&st), &st));
+  if (s->type != MLX_CPU) {
+    if (mlxd_gpu_count() <= 0) return mlxd_error_status((no_gpu(&st), &st));
+    mlxd_error(
+        "[stream] mlx_set_default_stream: only a CPU stream can be made the default "
+        "stream (the default GPU stream is mlx_default_gpu_stream_new's)");
+    return 1;
+  }
   if (foreign(s) && !s->is_static)
     return mlxd_error_status((fork_refuse(&st, s, "mlx_set_default_stream"), &st));
   if (!mlxd_default_stream(MLX_CPU, &st)) return mlxd_error_status(&st);
@@ -843,7 +896,7 @@ mlx_stream mlx_default_cpu_stream_new(void) {
 
 mlx_stream mlx_default_gpu_stream_new(void) {
   mlxd_status st;
-  no_gpu(&st);
-  mlxd_error_status(&st);
-  return handle(NULL);
+  mlxd_stream* s = mlxd_default_stream(MLX_GPU, &st);
+  if (!s) mlxd_error_status(&st);
+  return handle(mlxd_stream_retain(s));
 }

@@ -48,6 +48,8 @@ mlxd_stream* mlxd_stream_retain(mlxd_stream* s);
 void mlxd_stream_release(mlxd_stream* s);
 mlx_device_type mlxd_stream_device_type(const mlxd_stream* s);
 int mlxd_stream_index(const mlxd_stream* s);
+/* A GPU stream's native handle (its cudaStream_t, core/gpu.h); NULL for a CPU stream. */
+void* mlxd_stream_native(const mlxd_stream* s);
 /* Called by a thread about to wait for the pending array a: if the task
  * that produces a is still queued on its stream and nothing runs on that
  * stream, run the queued tasks up to it on this thread (in queue order), so

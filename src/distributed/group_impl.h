@@ -135,7 +135,8 @@ const mlxd_backend_kind* mlxd_registry_kind(int idx, char* why, size_t why_len);
  * returns how many. */
 int mlxd_registry_any_order(bool with_gather, int* idx);
 
-/* Built-in kinds that this build cannot start (distributed/kinds.c); they
+/* Built-in kinds whose backend may be missing here (backends/nccl/nccl_kind.c:
+ * the nccl plugin; backends/jaccl/jaccl.c); they
  * still report is_configured honestly and explain why in is_available. */
 extern const mlxd_backend_kind mlxd_nccl_kind;
 extern const mlxd_backend_kind mlxd_jaccl_kind;

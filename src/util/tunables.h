@@ -102,6 +102,9 @@ typedef struct mlxd_tunable_spec {
   X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "", MLXD_TK_PATHS(),                                      \
     "Colon-separated directories searched first for backend plugins "                             \
     "(libmlxdist-<name>.so).")                                                                    \
+  X(CUDART, "MLXDIST_CUDART", "", MLXD_TK_FILE(),                                                 \
+    "The CUDA runtime library the GPU provider opens (a file name or path). Unset: "              \
+    "libcudart.so.13, then libcudart.so.12. See docs/nccl.md.")                                   \
   X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "0", MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),    \
     "Shared-memory transport: messages of at least this many bytes are read "                     \
     "in one copy from the sender's memory (process_vm_readv) where the "                          \

@@ -1,19 +1,22 @@
 /* mlxdist-info: the library version, the backends of the registry (whether
  * each is available and configured here), one started group described by
- * its backend (--group), the RDMA devices jaccl would use, and every MLXDIST_* tunable (name, default,
+ * its backend (--group), the GPUs (the core's GPU provider, and NCCL's version when
+ * libnccl.so.2 loads), the RDMA devices jaccl would use, and every MLXDIST_* tunable (name, default,
  * expected values, description) from src/util/tunables.h. */
+#include <dlfcn.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "rdma/probe.h"
+#include "core/gpu.h"
 #include "distributed/group_impl.h"
 #include "mlx/c/distributed_group.h"
 #include "mlx/c/error.h"
 #include "mlx/c/string.h"
 #include "mlx/c/version.h"
+#include "rdma/probe.h"
 #include "util/env_names.h"
 #include "util/text.h"
 #include "util/tunables.h"
@@ -25,8 +28,10 @@ static void mlxd_info_usage(FILE* f) {
       "Usage: mlxdist-info [--env [--markdown] | --group [BACKEND]]\n"
       "\n"
       "  (no option)        print the library version and, for each backend, whether it\n"
-      "                     is available and configured in this process; and the RDMA\n"
-      "                     devices (jaccl): ports, state, MTU, link layer, GID\n"
+      "                     is available and configured in this process; the GPUs (CUDA\n"
+      "                     runtime version and device count, or why none; NCCL's\n"
+      "                     version); and the RDMA devices (jaccl): ports, state, MTU,\n"
+      "                     link layer, GID\n"
       "  --group [BACKEND]  start BACKEND (default: any; strict) and print one line about\n"
       "                     the group: rank, size and the backend's own description\n"
       "                     (e.g. the MPI library and thread level); run it under the\n"
@@ -122,6 +127,39 @@ static void mlxd_print_rdma(void) {
   free(p);
 }
 
+/* The GPU provider's answer (core/gpu.h) and NCCL's version, for nccl. */
+static void mlxd_print_gpu(void) {
+  const mlxd_gpu_info* g = mlxd_gpu_probe();
+  char drv[32] = "none";
+  if (g->driver_version > 0)
+    snprintf(drv, sizeof drv, "%d.%d", g->driver_version / 1000, g->driver_version % 1000 / 10);
+  if (g->count > 0)
+    printf("gpus: %d device%s (CUDA runtime %s %d.%d, driver %s)\n", g->count,
+           g->count == 1 ? "" : "s", g->lib, g->runtime_version / 1000,
+           g->runtime_version % 1000 / 10, drv);
+  else if (g->loaded)
+    printf("gpus: none: %s (driver %s)\n", g->why, drv);
+  else
+    printf("gpus: none: %s\n", g->why);
+  /* NCCL's version: its own library, opened and closed again (the plugin
+   * opens it for real); int ncclGetVersion(int*) as nccl.h declares it. */
+  void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* e = dlerror();
+    printf("nccl library: libnccl.so.2 not loadable (%s)\n", e ? e : "not found");
+    return;
+  }
+  int (*get_version)(int*) = NULL;
+  void* f = dlsym(h, "ncclGetVersion");
+  memcpy(&get_version, &f, sizeof f);
+  int v = 0;
+  if (get_version && get_version(&v) == 0)
+    printf("nccl library: libnccl.so.2, NCCL %d.%d.%d\n", v / 10000, v / 100 % 100, v % 100);
+  else
+    printf("nccl library: libnccl.so.2 loaded but ncclGetVersion failed\n");
+  dlclose(h);
+}
+
 static int mlxd_print_summary(void) {
   mlx_string v = mlx_string_new();
   const char* ver = NULL;
@@ -142,6 +180,7 @@ static int mlxd_print_summary(void) {
       printf("  %-6s not available: %s\n", name, why[0] ? why : "(no reason given)");
   }
   printf("  %-6s %s\n", "any", mlx_distributed_is_available("any") ? "available" : "not available");
+  mlxd_print_gpu();
   mlxd_print_rdma();
   printf("environment: %zu MLXDIST_* variables (mlxdist-info --env)\n", MLXD_INFO_N);
   return 0;

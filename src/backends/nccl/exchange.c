@@ -1,0 +1,553 @@
+/* The nccl side channel: a star all-gather authenticated by the ring's
+ * handshake (exchange.h). */
+#include "backends/nccl/exchange.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "backends/ring/handshake.h"
+#include "security/secret.h"
+#include "util/clock.h"
+
+#define NCCL_TIMEOUT_DEFAULT 300.0 /* MLX_NCCL_TIMEOUT's default, as MLX's */
+#define LEN_BYTES 8                /* the payload's length, u64 big-endian, after the confirm */
+/* A failure with an errno: the message, then ": strerror" (none for 0). */
+__attribute__((format(printf, 4, 5))) static int fail_sys(mlxd_status* st, int code, int err,
+                                                          const char* fmt, ...) {
+  char msg[MLXD_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  int rc = err ? mlxd_fail(st, code, "%s: %s", msg, strerror(err)) : mlxd_fail(st, code, "%s", msg);
+  st->sys_errno = err;
+  return rc;
+}
+
+#define HANDSHAKE_S 10.0 /* a connection must be proven within this (a squatter is dropped) */
+#define MAX_PENDING 64   /* connections rank 0 keeps at once beyond the group's */
+
+static void put_u64(unsigned char* p, uint64_t v) {
+  for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (unsigned char)v;
+}
+static uint64_t get_u64(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v = v << 8 | p[i];
+  return v;
+}
+
+static int env_long(const char* name, long lo, long hi, bool required, long* out, mlxd_status* st) {
+  const char* v = getenv(name);
+  if (!v || !*v) {
+    if (!required) return 1;
+    return mlxd_fail(st, MLXD_EUNAVAIL,
+                     "[nccl] %s is not set (the nccl backend needs MLX_RANK, "
+                     "MLX_WORLD_SIZE, NCCL_HOST_IP and NCCL_PORT)",
+                     name);
+  }
+  char* end = NULL;
+  errno = 0;
+  long x = strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi)
+    return mlxd_fail(st, MLXD_EINVAL, "[nccl] %s='%.40s' is not an integer in [%ld, %ld]", name, v,
+                     lo, hi);
+  *out = x;
+  return 0;
+}
+
+/* The all-gather as a bootstrap: whoever uses it (a plugin, through the
+ * adapter) writes its idea of rank and size into bs first; they must be
+ * the exchange's own. */
+static int bs_gather(mlxd_bootstrap* bs, void* dst, const void* src, size_t n, mlxd_status* st) {
+  mlxd_nccl_xchg* x = (mlxd_nccl_xchg*)bs;
+  if (bs->rank != x->rank || bs->size != x->size)
+    return mlxd_fail(st, MLXD_EINVAL,
+                     "[nccl] the id exchange was set up for rank %d of %d, used as rank %d of %d",
+                     x->rank, x->size, bs->rank, bs->size);
+  return mlxd_nccl_xchg_gather(x, dst, src, n, st);
+}
+
+int mlxd_nccl_xchg_init(mlxd_nccl_xchg* x, int rank, int size, const char* root,
+                        const unsigned char* token, const unsigned char* key, double timeout_s,
+                        mlxd_status* st) {
+  memset(x, 0, sizeof *x);
+  x->listen_fd = -1;
+  x->rank = x->bs.rank = rank;
+  x->size = x->bs.size = size;
+  x->bs.all_gather = bs_gather;
+  x->timeout_s = timeout_s;
+  if (size < 1 || rank < 0 || rank >= size)
+    return mlxd_fail(st, MLXD_EINVAL, "[nccl] rank %d is outside [0, %d)", rank, size);
+  char why[160];
+  if (mlxd_ring_parse_addr(root, rank == 0, &x->root, why, sizeof why) != 0)
+    return mlxd_fail(st, MLXD_EINVAL, "[nccl] rank 0's address '%.80s': %s", root, why);
+  memcpy(x->auth.token, token, MLXD_RING_TOKEN_BYTES);
+  if (key) {
+    memcpy(x->auth.key, key, sizeof x->auth.key);
+    x->auth.have_key = true;
+  }
+  return 0;
+}
+
+int mlxd_nccl_xchg_from_env(mlxd_nccl_xchg* x, mlxd_status* st) {
+  memset(x, 0, sizeof *x);
+  x->listen_fd = -1;
+  long size = 0, rank = 0, port = 0;
+  if (env_long("MLX_WORLD_SIZE", 1, 1 << 20, true, &size, st) ||
+      env_long("MLX_RANK", 0, (1 << 20) - 1, true, &rank, st))
+    return st->code;
+  if (rank >= size)
+    return mlxd_fail(st, MLXD_EINVAL, "[nccl] MLX_RANK=%ld is outside [0, MLX_WORLD_SIZE=%ld)",
+                     rank, size);
+  const char* host = getenv("NCCL_HOST_IP");
+  if (!host || !*host)
+    return mlxd_fail(st, MLXD_EUNAVAIL,
+                     "[nccl] NCCL_HOST_IP is not set (rank 0's address: the nccl backend needs "
+                     "MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP and NCCL_PORT)");
+  if (env_long("NCCL_PORT", 1, 65535, true, &port, st)) return st->code;
+  double timeout = NCCL_TIMEOUT_DEFAULT;
+  const char* t = getenv("MLX_NCCL_TIMEOUT");
+  if (t && *t) {
+    char* end = NULL;
+    errno = 0;
+    double v = strtod(t, &end);
+    if (errno || end == t || *end || !(v > 0) || v > 86400)
+      return mlxd_fail(st, MLXD_EINVAL,
+                       "[nccl] MLX_NCCL_TIMEOUT='%.40s' is not a number of seconds in (0, 86400]",
+                       t);
+    timeout = v;
+  }
+  char root[300];
+  bool v6 = strchr(host, ':') != NULL && host[0] != '[';
+  snprintf(root, sizeof root, v6 ? "[%.250s]:%ld" : "%.250s:%ld", host, port);
+  mlxd_ring_auth auth;
+  if (mlxd_ring_auth_load(&auth, st)) {
+    char msg[MLXD_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", st->msg);
+    return mlxd_fail(st, st->code, "[nccl] %s", msg);
+  }
+  bool found = false;
+  if (mlxd_ring_auth_env_token(&auth, &found, st)) {
+    char msg[MLXD_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", st->msg);
+    mlxd_ring_auth_clear(&auth);
+    return mlxd_fail(st, st->code, "[nccl] %s", msg);
+  }
+  if (!found) {
+    /* Cross-job protection only (as a hostfile's token): every rank of the
+     * job derives the same one; another job on another port or size cannot. */
+    char text[400];
+    int w = snprintf(text, sizeof text, "mlxdist nccl token v1|%s|%ld", root, size);
+    unsigned char h[32];
+    mlxd_sha256(text, (size_t)w, h);
+    memcpy(auth.token, h, MLXD_RING_TOKEN_BYTES);
+  }
+  int rc = mlxd_nccl_xchg_init(x, (int)rank, (int)size, root, auth.token,
+                               auth.have_key ? auth.key : NULL, timeout, st);
+  mlxd_ring_auth_clear(&auth);
+  return rc;
+}
+
+int mlxd_nccl_xchg_listen(mlxd_nccl_xchg* x, mlxd_status* st) {
+  if (x->listen_fd >= 0) return 0;
+  if (mlxd_ring_listen(&x->root, &x->listen_fd, st)) {
+    char msg[MLXD_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", st->msg);
+    return mlxd_fail(st, st->code ? st->code : MLXD_ESYS,
+                     "[nccl] rank 0 cannot listen on NCCL_HOST_IP:NCCL_PORT (%s): %s", x->root.text,
+                     msg);
+  }
+  x->own_listen = true;
+  return 0;
+}
+
+void mlxd_nccl_xchg_close(mlxd_nccl_xchg* x) {
+  if (x->own_listen && x->listen_fd >= 0) close(x->listen_fd);
+  x->listen_fd = -1;
+  x->own_listen = false;
+  mlxd_ring_auth_clear(&x->auth);
+}
+
+/* ---- blocking I/O, bounded by a deadline ---- */
+
+/* Move n bytes (send when out) by poll + non-blocking calls. 0, or -1 with
+ * *why: ETIMEDOUT, 0 (closed), or an errno. */
+static int io_all(int fd, void* buf, size_t n, bool out, double deadline, int* why) {
+  unsigned char* p = buf;
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = out ? send(fd, p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT)
+                    : recv(fd, p + done, n - done, MSG_DONTWAIT);
+    if (r > 0) {
+      done += (size_t)r;
+      continue;
+    }
+    if (r == 0) {
+      *why = 0;
+      return -1;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      *why = errno;
+      return -1;
+    }
+    double left = deadline - mlxd_now();
+    if (left <= 0) {
+      *why = ETIMEDOUT;
+      return -1;
+    }
+    struct pollfd pf = {.fd = fd, .events = out ? POLLOUT : POLLIN};
+    int ms = left > 1.0 ? 1000 : (int)(left * 1000) + 1;
+    (void)poll(&pf, 1, ms);
+  }
+  return 0;
+}
+
+static const char* io_why(int why) { return why == 0 ? "connection closed" : strerror(why); }
+
+/* ---- rank 0 ---- */
+
+enum { C_HELLO, C_CONFIRM, C_PAYLOAD, C_DONE };
+
+typedef struct conn {
+  int fd;
+  int state;
+  int rank;
+  size_t got;
+  unsigned char buf[MLXD_HS_HELLO_BYTES > MLXD_HS_CONFIRM_BYTES + LEN_BYTES
+                        ? MLXD_HS_HELLO_BYTES
+                        : MLXD_HS_CONFIRM_BYTES + LEN_BYTES];
+  unsigned char expect_mac[MLXD_HS_MAC_BYTES];
+  char peer[MLXD_ADDR_MAX];
+  double since; /* accepted at (mlxd_now) */
+} conn;
+
+static int refuse(conn* c, const char* fmt, const char* detail) {
+  char line[300];
+  snprintf(line, sizeof line, fmt, detail);
+  fprintf(stderr, "[nccl] rank 0 refused a connection from %s: %s\n", c->peer, line);
+  close(c->fd);
+  c->fd = -1;
+  return -1;
+}
+
+/* The hello is complete in c->buf: check it, answer with the reply. */
+static int on_hello(mlxd_nccl_xchg* x, conn* c, conn* all, int nall) {
+  mlxd_hs_expect e = {
+      .self = 0, .size = x->size, .nconn = 1, .token = x->auth.token, .secret = x->auth.have_key};
+  mlxd_hs_msg h;
+  mlxd_hs_err err = mlxd_hs_check_hello(c->buf, MLXD_HS_HELLO_BYTES, &e, &h);
+  if (err != MLXD_HS_OK) return refuse(c, "%s", mlxd_hs_reason(err));
+  /* Several connections may claim one rank until one proves it (confirm):
+   * a squatter that stops after the hello must not lock the real rank out. */
+  (void)all;
+  (void)nall;
+  c->rank = (int)h.rank;
+  mlxd_hs_msg r = {.rank = 0,
+                   .size = (uint32_t)x->size,
+                   .conn = 0,
+                   .nconn = 1,
+                   .flags = x->auth.have_key ? MLXD_HS_FLAG_SECRET : 0u};
+  memcpy(r.token, x->auth.token, sizeof r.token);
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  if (mlxd_random_bytes(r.nonce, sizeof r.nonce, &st) != 0) return refuse(c, "%.200s", st.msg);
+  const unsigned char* key = x->auth.have_key ? x->auth.key : NULL;
+  if (mlxd_hs_mac(key, false, x->auth.token, x->size, 1, 0, c->rank, 0, h.nonce, r.nonce, r.mac) !=
+          0 ||
+      mlxd_hs_mac(key, true, x->auth.token, x->size, 1, 0, c->rank, 0, h.nonce, r.nonce,
+                  c->expect_mac) != 0)
+    return refuse(c, "%s", "libcrypto failed computing the handshake's MAC");
+  unsigned char out[MLXD_HS_REPLY_BYTES];
+  mlxd_hs_encode_reply(out, &r);
+  int why = 0;
+  /* 104 bytes into an idle socket's buffer: immediate, bounded by 1 s anyway. */
+  if (io_all(c->fd, out, sizeof out, true, mlxd_now() + 1.0, &why) != 0)
+    return refuse(c, "cannot send the reply: %s", io_why(why));
+  c->state = C_CONFIRM;
+  c->got = 0;
+  return 0;
+}
+
+static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, size_t n,
+                       double deadline, mlxd_status* st) {
+  int size = x->size;
+  memcpy(dst, src, n);
+  if (size == 1) return 0;
+  if (mlxd_nccl_xchg_listen(x, st)) return st->code;
+  int cap = size - 1 + MAX_PENDING;
+  conn* cs = calloc((size_t)cap, sizeof *cs);
+  bool* have = calloc((size_t)size, sizeof *have);
+  struct pollfd* pf = calloc((size_t)cap + 1, sizeof *pf);
+  if (!cs || !have || !pf) {
+    free(cs), free(have), free(pf);
+    return mlxd_fail(st, MLXD_ENOMEM, "[nccl] out of memory for the id exchange");
+  }
+  for (int i = 0; i < cap; i++) cs[i].fd = -1;
+  int done = 0;
+  int rc = 0;
+  while (done < size - 1) {
+    double left = deadline - mlxd_now();
+    if (left <= 0) {
+      char missing[200] = "";
+      size_t used = 0;
+      for (int r = 1; r < size && used < sizeof missing - 16; r++)
+        if (!have[r]) {
+          int w = snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", r);
+          if (w > 0) used += (size_t)w;
+        }
+      rc = mlxd_fail(st, MLXD_ETIMEDOUT,
+                     "[nccl] rank 0 waited %g s (MLX_NCCL_TIMEOUT) on %s for ranks that never "
+                     "proved this job: %s",
+                     x->timeout_s, x->root.text, missing);
+      break;
+    }
+    int np = 0;
+    pf[np++] = (struct pollfd){.fd = x->listen_fd, .events = POLLIN};
+    for (int i = 0; i < cap; i++)
+      if (cs[i].fd >= 0 && cs[i].state != C_DONE)
+        pf[np++] = (struct pollfd){.fd = cs[i].fd, .events = POLLIN};
+    int ms = left > 1.0 ? 1000 : (int)(left * 1000) + 1;
+    if (poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR) {
+      rc = fail_sys(st, MLXD_ESYS, errno, "[nccl] rank 0's id exchange: poll failed");
+      break;
+    }
+    if (pf[0].revents & POLLIN) {
+      for (;;) {
+        struct sockaddr_storage sa;
+        socklen_t sl = sizeof sa;
+        int fd = accept4(x->listen_fd, (struct sockaddr*)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        int slot = -1;
+        for (int i = 0; i < cap && slot < 0; i++)
+          if (cs[i].fd < 0) slot = i;
+        if (slot < 0) {
+          /* Full: drop the oldest connection not yet proven, so a flood of
+           * silent ones cannot keep the group's own ranks out. */
+          for (int i = 0; i < cap; i++)
+            if (cs[i].state != C_PAYLOAD && cs[i].state != C_DONE &&
+                (slot < 0 || cs[i].since < cs[slot].since))
+              slot = i;
+          if (slot < 0) {
+            close(fd);
+            continue;
+          }
+          refuse(&cs[slot], "%s", "too many connections at once: the oldest unproven one goes");
+        }
+        int one = 1;
+        (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        conn* c = &cs[slot];
+        memset(c, 0, sizeof *c);
+        c->fd = fd;
+        c->state = C_HELLO;
+        c->rank = -1;
+        c->since = mlxd_now();
+        mlxd_ring_format_addr((struct sockaddr*)&sa, c->peer, sizeof c->peer);
+      }
+    }
+    double now = mlxd_now();
+    for (int i = 0; i < cap; i++) {
+      conn* c = &cs[i];
+      if (c->fd < 0 || c->state == C_DONE) continue;
+      if (c->state != C_PAYLOAD && now - c->since > HANDSHAKE_S) {
+        refuse(c, "%s", "no complete handshake within 10 s");
+        continue;
+      }
+      for (;;) {
+        size_t want = c->state == C_HELLO     ? MLXD_HS_HELLO_BYTES
+                      : c->state == C_CONFIRM ? MLXD_HS_CONFIRM_BYTES + LEN_BYTES
+                                              : n;
+        unsigned char* into = c->state == C_PAYLOAD ? dst + (size_t)c->rank * n : c->buf;
+        if (c->got < want) {
+          ssize_t r = recv(c->fd, into + c->got, want - c->got, MSG_DONTWAIT);
+          if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+            refuse(c, "%s",
+                   r == 0 ? "it closed the connection mid-handshake"
+                          : "the connection failed mid-handshake");
+            break;
+          }
+          if (r < 0) break;
+          c->got += (size_t)r;
+          if (c->got < want) continue;
+        }
+        if (c->state == C_HELLO) {
+          on_hello(x, c, cs, cap);
+          if (c->fd < 0) break;
+        } else if (c->state == C_CONFIRM) {
+          mlxd_hs_err err = mlxd_hs_check_confirm(c->buf, MLXD_HS_CONFIRM_BYTES, c->expect_mac);
+          if (err != MLXD_HS_OK) {
+            refuse(c, "%s", mlxd_hs_reason(err));
+            break;
+          }
+          if (have[c->rank]) {
+            refuse(c, "%s", "its rank has already sent its part");
+            break;
+          }
+          uint64_t len = get_u64(c->buf + MLXD_HS_CONFIRM_BYTES);
+          if (len != (uint64_t)n) {
+            /* a proven member of this job disagrees: the job is broken, say so */
+            rc = mlxd_fail(st, MLXD_EINVAL,
+                           "[nccl] rank %d sent %llu bytes to the id exchange, rank 0 expects %zu "
+                           "(mismatched mlxdist versions?)",
+                           c->rank, (unsigned long long)len, n);
+            goto out;
+          }
+          c->state = C_PAYLOAD;
+          c->got = 0;
+          if (n == 0) continue;
+        } else {
+          have[c->rank] = true;
+          c->state = C_DONE;
+          done++;
+          break;
+        }
+      }
+    }
+  }
+  if (rc == 0) {
+    for (int i = 0; i < cap; i++) {
+      if (cs[i].fd < 0 || cs[i].state != C_DONE) continue;
+      int why = 0;
+      if (io_all(cs[i].fd, dst, (size_t)size * n, true, deadline, &why) != 0) {
+        rc = mlxd_fail(st, why == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_EREMOTE,
+                       "[nccl] rank 0 could not send the id exchange's result to rank %d (%s)",
+                       cs[i].rank, io_why(why));
+        break;
+      }
+    }
+  }
+out:
+  for (int i = 0; i < cap; i++)
+    if (cs[i].fd >= 0) close(cs[i].fd);
+  free(cs), free(have), free(pf);
+  return rc;
+}
+
+/* ---- ranks > 0 ---- */
+
+static int connect_root(mlxd_nccl_xchg* x, double deadline, int* fd_out, mlxd_status* st) {
+  int last = 0;
+  for (;;) {
+    int fd = socket(x->root.sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return fail_sys(st, MLXD_ESYS, errno, "[nccl] cannot create a socket");
+    int r = connect(fd, (struct sockaddr*)&x->root.sa, x->root.len);
+    if (r != 0 && errno == EINPROGRESS) {
+      struct pollfd pf = {.fd = fd, .events = POLLOUT};
+      double left = deadline - mlxd_now();
+      int ms = left > 1.0 ? 1000 : left > 0 ? (int)(left * 1000) + 1 : 0;
+      if (poll(&pf, 1, ms) == 1) {
+        int err = 0;
+        socklen_t el = sizeof err;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el);
+        r = err ? -1 : 0;
+        errno = err ? err : ETIMEDOUT;
+      } else {
+        r = -1;
+        errno = ETIMEDOUT;
+      }
+    }
+    if (r == 0) {
+      int one = 1;
+      (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      *fd_out = fd;
+      return 0;
+    }
+    last = errno;
+    close(fd);
+    if (mlxd_now() + 0.1 >= deadline)
+      return fail_sys(st, MLXD_ETIMEDOUT, last,
+                      "[nccl] rank %d could not reach rank 0 at %s (NCCL_HOST_IP:NCCL_PORT) "
+                      "within %g s (MLX_NCCL_TIMEOUT); last connect",
+                      x->rank, x->root.text, x->timeout_s);
+    usleep(100 * 1000); /* rank 0 may not listen yet */
+  }
+}
+
+static int peer_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, size_t n,
+                       double deadline, mlxd_status* st) {
+  int fd = -1;
+  if (connect_root(x, deadline, &fd, st)) return st->code;
+  int rc = 0, why = 0;
+  const char* step = "";
+  mlxd_hs_msg h = {.rank = (uint32_t)x->rank,
+                   .size = (uint32_t)x->size,
+                   .conn = 0,
+                   .nconn = 1,
+                   .flags = x->auth.have_key ? MLXD_HS_FLAG_SECRET : 0u};
+  memcpy(h.token, x->auth.token, sizeof h.token);
+  if (mlxd_random_bytes(h.nonce, sizeof h.nonce, st) != 0) {
+    close(fd);
+    return st->code;
+  }
+  unsigned char hello[MLXD_HS_HELLO_BYTES], reply[MLXD_HS_REPLY_BYTES];
+  unsigned char tail[MLXD_HS_CONFIRM_BYTES + LEN_BYTES];
+  mlxd_hs_encode_hello(hello, &h);
+  step = "sending the hello";
+  if (io_all(fd, hello, sizeof hello, true, deadline, &why)) goto io_fail;
+  step = "waiting for rank 0's reply";
+  if (io_all(fd, reply, sizeof reply, false, deadline, &why)) goto io_fail;
+  mlxd_hs_expect e = {.self = x->rank,
+                      .size = x->size,
+                      .nconn = 1,
+                      .token = x->auth.token,
+                      .secret = x->auth.have_key};
+  mlxd_hs_msg r;
+  mlxd_hs_err err = mlxd_hs_check_reply(reply, sizeof reply, &e, 0, 0, &r);
+  const unsigned char* key = x->auth.have_key ? x->auth.key : NULL;
+  unsigned char mac[MLXD_HS_MAC_BYTES];
+  if (err == MLXD_HS_OK) {
+    if (mlxd_hs_mac(key, false, x->auth.token, x->size, 1, 0, x->rank, 0, h.nonce, r.nonce, mac) !=
+        0)
+      err = MLXD_HS_MAC_E;
+    else if (!mlxd_hs_mac_equal(mac, r.mac))
+      err = MLXD_HS_MAC_E;
+  }
+  if (err != MLXD_HS_OK) {
+    close(fd);
+    return mlxd_fail(st, MLXD_EREMOTE,
+                     "[nccl] rank %d: the server at %s (NCCL_HOST_IP:NCCL_PORT) is not this job's "
+                     "rank 0: %s",
+                     x->rank, x->root.text, mlxd_hs_reason(err));
+  }
+  if (mlxd_hs_mac(key, true, x->auth.token, x->size, 1, 0, x->rank, 0, h.nonce, r.nonce, mac) !=
+      0) {
+    close(fd);
+    return mlxd_fail(st, MLXD_ESYS, "[nccl] libcrypto failed computing the handshake's MAC");
+  }
+  mlxd_hs_encode_confirm(tail, mac);
+  put_u64(tail + MLXD_HS_CONFIRM_BYTES, (uint64_t)n);
+  step = "sending the confirm";
+  if (io_all(fd, tail, sizeof tail, true, deadline, &why)) goto io_fail;
+  step = "sending this rank's part";
+  if (n && io_all(fd, (void*)src, n, true, deadline, &why)) goto io_fail;
+  step = "waiting for the result (rank 0 waits for every rank)";
+  if (io_all(fd, dst, (size_t)x->size * n, false, deadline, &why)) goto io_fail;
+  close(fd);
+  return 0;
+io_fail:
+  close(fd);
+  rc = mlxd_fail(st, why == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_EREMOTE,
+                 "[nccl] rank %d, id exchange with rank 0 at %s: %s: %s%s", x->rank, x->root.text,
+                 step, io_why(why),
+                 why == 0 ? " (rank 0 refused this rank: another job's MLXDIST_JOB_TOKEN or "
+                            "secret?)"
+                          : "");
+  return rc;
+}
+
+int mlxd_nccl_xchg_gather(mlxd_nccl_xchg* x, void* dst, const void* src, size_t n,
+                          mlxd_status* st) {
+  double deadline = mlxd_now() + x->timeout_s;
+  if (x->rank == 0) return root_gather(x, dst, src, n, deadline, st);
+  return peer_gather(x, dst, src, n, deadline, st);
+}
