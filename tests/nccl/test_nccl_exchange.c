@@ -288,6 +288,50 @@ static void test_length_mismatch(void) {
   free(a);
 }
 
+/* Raw client of the protocol without a secret (the MAC is all zeros):
+ * hello as `rank`, read the reply, send the confirm and the length. */
+static int raw_proven(const char* root, int rank, int size) {
+  int fd = raw_connect(root);
+  mlxd_hs_msg h = {.rank = (uint32_t)rank, .size = (uint32_t)size, .conn = 0, .nconn = 1};
+  memcpy(h.token, k_token, sizeof h.token);
+  unsigned char hello[MLXD_HS_HELLO_BYTES], reply[MLXD_HS_REPLY_BYTES];
+  mlxd_hs_encode_hello(hello, &h);
+  T_ASSERT(send(fd, hello, sizeof hello, 0) == (ssize_t)sizeof hello);
+  T_ASSERT(recv(fd, reply, sizeof reply, MSG_WAITALL) == (ssize_t)sizeof reply);
+  unsigned char zero[MLXD_HS_MAC_BYTES] = {0}, tail[MLXD_HS_CONFIRM_BYTES + 8] = {0};
+  mlxd_hs_encode_confirm(tail, zero);
+  tail[MLXD_HS_CONFIRM_BYTES + 7] = ID_BYTES; /* the length, big-endian */
+  T_ASSERT(send(fd, tail, sizeof tail, 0) == (ssize_t)sizeof tail);
+  return fd;
+}
+
+/* Two connections claim rank 1 and both prove the job before either sends
+ * its part: the second is refused; rank 2 never comes, so rank 0 must time
+ * out naming it, never count rank 1 twice and send a result without rank 2's. */
+static void test_duplicate_rank(void) {
+  mlxd_nccl_xchg x0;
+  char root[96];
+  root_up(&x0, 3, NULL, 1.5, root);
+  pthread_t t;
+  rank_arg* a = calloc(1, sizeof *a);
+  start(&t, a, 0, 3, root, k_token, NULL, 1.5, &x0);
+  int c1 = raw_proven(root, 1, 3), c2 = raw_proven(root, 1, 3);
+  usleep(100 * 1000); /* rank 0 reads both confirms */
+  unsigned char part[ID_BYTES];
+  memset(part, 0x41, sizeof part);
+  (void)send(c1, part, sizeof part, MSG_NOSIGNAL);
+  (void)send(c2, part, sizeof part, MSG_NOSIGNAL);
+  pthread_join(t, NULL);
+  T_CHECKF(a->rc == MLXD_ETIMEDOUT, "rank 0: rc %d: %s", a->rc, a->st.msg);
+  T_CHECKF(strstr(a->st.msg, "never proved this job: 2") != NULL, "%s", a->st.msg);
+  T_CHECK_EQ(drain(c1, 0.2), 0);
+  T_CHECK_EQ(drain(c2, 0.2), 0);
+  close(c1);
+  close(c2);
+  mlxd_nccl_xchg_close(&x0);
+  free(a);
+}
+
 static void env_case(const char* rank, const char* size, const char* host, const char* port,
                      const char* timeout, const char* want) {
   const char* names[] = {"MLX_RANK", "MLX_WORLD_SIZE", "NCCL_HOST_IP", "NCCL_PORT",
@@ -412,6 +456,7 @@ int main(void) {
   test_flood();
   test_timeouts();
   test_length_mismatch();
+  test_duplicate_rank();
   test_env();
   test_env_pairs();
   return t_exit_status();

@@ -389,8 +389,14 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
             refuse(c, "%s", mlxd_hs_reason(err));
             break;
           }
-          if (have[c->rank]) {
-            refuse(c, "%s", "its rank has already sent its part");
+          /* One connection per rank past the confirm: a second one proving
+           * the same rank would be counted twice and stand in for a rank
+           * that never came. */
+          bool taken = have[c->rank];
+          for (int j = 0; j < cap && !taken; j++)
+            taken = j != i && cs[j].fd >= 0 && cs[j].rank == c->rank && cs[j].state == C_PAYLOAD;
+          if (taken) {
+            refuse(c, "%s", "its rank has already proved itself on another connection");
             break;
           }
           uint64_t len = get_u64(c->buf + MLXD_HS_CONFIRM_BYTES);
