@@ -349,7 +349,13 @@ static void env_case(const char* rank, const char* size, const char* host, const
   int rc = mlxd_nccl_xchg_from_env(&x, &st);
   if (!want) {
     T_CHECKF(rc == 0, "%s", st.msg);
-    if (rc == 0) mlxd_nccl_xchg_close(&x);
+    if (rc == 0) {
+      /* MLX_NCCL_TIMEOUT is in milliseconds, as MLX's; unset: 300 s */
+      double want_s = timeout ? atof(timeout) / 1000.0 : 300.0;
+      T_CHECKF(x.timeout_s == want_s, "MLX_NCCL_TIMEOUT=%s: %g s", timeout ? timeout : "(unset)",
+               x.timeout_s);
+      mlxd_nccl_xchg_close(&x);
+    }
     return;
   }
   T_CHECKF(rc != 0 && strstr(st.msg, want) != NULL, "want '%s', got '%s'", want, st.msg);
@@ -357,7 +363,8 @@ static void env_case(const char* rank, const char* size, const char* host, const
 
 static void test_env(void) {
   env_case("1", "2", "127.0.0.1", "4000", NULL, NULL);
-  env_case("1", "2", "127.0.0.1", "4000", "2.5", NULL);
+  env_case("1", "2", "127.0.0.1", "4000", "2500", NULL);
+  env_case("1", "2", "127.0.0.1", "4000", "300000", NULL); /* MLX's default */
   env_case(NULL, "2", "127.0.0.1", "4000", NULL, "MLX_RANK is not set");
   env_case("1", NULL, "127.0.0.1", "4000", NULL, "MLX_WORLD_SIZE is not set");
   env_case("1", "2", NULL, "4000", NULL, "NCCL_HOST_IP is not set");
@@ -367,6 +374,7 @@ static void test_env(void) {
   env_case("1", "2", "127.0.0.1", "70000", NULL,
            "NCCL_PORT='70000' is not an integer in [1, 65535]");
   env_case("1", "2", "127.0.0.1", "4000", "-1", "MLX_NCCL_TIMEOUT='-1'");
+  env_case("1", "2", "127.0.0.1", "4000", "86400001", "number of milliseconds");
   env_case("1", "2", "127.0.0.1", "4000", "nan", "MLX_NCCL_TIMEOUT='nan'");
   env_case("1", "2", "bad host!", "4000", NULL, "rank 0's address");
   setenv("MLXDIST_JOB_TOKEN", "zz", 1);
@@ -391,7 +399,7 @@ static int env_pair(const char* tok0, const char* tok1, int port) {
       setenv("MLX_WORLD_SIZE", "2", 1);
       setenv("NCCL_HOST_IP", "127.0.0.1", 1);
       setenv("NCCL_PORT", ps, 1);
-      setenv("MLX_NCCL_TIMEOUT", "3", 1);
+      setenv("MLX_NCCL_TIMEOUT", "3000", 1);
       const char* tok = r ? tok1 : tok0;
       if (tok)
         setenv("MLXDIST_JOB_TOKEN", tok, 1);

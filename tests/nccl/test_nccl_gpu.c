@@ -256,7 +256,7 @@ static int rank_child(int rank, int port, bool expect_ok) {
   setenv("MLX_WORLD_SIZE", "2", 1);
   setenv("NCCL_HOST_IP", "127.0.0.1", 1);
   setenv("NCCL_PORT", p, 1);
-  setenv("MLX_NCCL_TIMEOUT", "20", 1);
+  setenv("MLX_NCCL_TIMEOUT", "20000", 1);
   setenv("MLXDIST_TIMEOUT", "20", 1);
   mlx_distributed_group g = mlx_distributed_group_new();
   double t0 = mlxd_now();

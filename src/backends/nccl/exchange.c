@@ -19,8 +19,10 @@
 #include "security/secret.h"
 #include "util/clock.h"
 
-#define NCCL_TIMEOUT_DEFAULT 300.0 /* MLX_NCCL_TIMEOUT's default, as MLX's */
-#define LEN_BYTES 8                /* the payload's length, u64 big-endian, after the confirm */
+/* MLX_NCCL_TIMEOUT is in milliseconds, as MLX's (its default: 300000). */
+#define NCCL_TIMEOUT_DEFAULT_S 300.0
+#define NCCL_TIMEOUT_MAX_MS 86400000.0 /* one day */
+#define LEN_BYTES 8                    /* the payload's length, u64 big-endian, after the confirm */
 /* A failure with an errno: the message, then ": strerror" (none for 0). */
 __attribute__((format(printf, 4, 5))) static int fail_sys(mlxd_status* st, int code, int err,
                                                           const char* fmt, ...) {
@@ -115,17 +117,18 @@ int mlxd_nccl_xchg_from_env(mlxd_nccl_xchg* x, mlxd_status* st) {
                      "[nccl] NCCL_HOST_IP is not set (rank 0's address: the nccl backend needs "
                      "MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP and NCCL_PORT)");
   if (env_long("NCCL_PORT", 1, 65535, true, &port, st)) return st->code;
-  double timeout = NCCL_TIMEOUT_DEFAULT;
+  double timeout = NCCL_TIMEOUT_DEFAULT_S;
   const char* t = getenv("MLX_NCCL_TIMEOUT");
   if (t && *t) {
     char* end = NULL;
     errno = 0;
     double v = strtod(t, &end);
-    if (errno || end == t || *end || !(v > 0) || v > 86400)
+    if (errno || end == t || *end || !(v > 0) || v > NCCL_TIMEOUT_MAX_MS)
       return mlxd_fail(st, MLXD_EINVAL,
-                       "[nccl] MLX_NCCL_TIMEOUT='%.40s' is not a number of seconds in (0, 86400]",
+                       "[nccl] MLX_NCCL_TIMEOUT='%.40s' is not a number of milliseconds in (0, "
+                       "86400000] (as MLX's: 300000 is 5 minutes)",
                        t);
-    timeout = v;
+    timeout = v / 1000.0;
   }
   char root[300];
   bool v6 = strchr(host, ':') != NULL && host[0] != '[';

@@ -37,7 +37,7 @@ typedef struct mlxd_nccl_xchg {
 } mlxd_nccl_xchg;
 
 /* From the environment: MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT
- * (MLX's names), MLX_NCCL_TIMEOUT (seconds, default 300, as MLX),
+ * (MLX's names), MLX_NCCL_TIMEOUT (milliseconds, default 300000, as MLX),
  * MLXDIST_JOB_TOKEN (unset: a token derived from the address and size:
  * cross-job protection only) and MLXDIST_SECRET_FILE. An error names the
  * variable that is missing or bad. Listens on nothing yet. */
