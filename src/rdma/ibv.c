@@ -658,6 +658,7 @@ int mlxd_ibv_poll(mlxd_ibv_dev* d, mlxd_ibv_wc* out, int max, mlxd_status* st) {
   int got = 0;
   while (got < max) {
     int want = max - got < 16 ? max - got : 16;
+    errno = 0; /* providers return a negative count without setting errno */
     int n = d->cq->context->ops.poll_cq(d->cq, want, wc);
     if (n < 0) {
       fail_call(st, d->name, "ibv_poll_cq", errno ? errno : EIO, NULL);
