@@ -26,7 +26,9 @@ cp "$live" "$share/test_verbs_live"
 cases=${VM_VERBS_CASES:-"algo2 algo3 algo4 algo2r threads sig kill stop busy stall"}
 {
   echo "# runs inside the VM, in /share (busybox sh)"
+  echo "VM_VERBS_TAIL=${VM_VERBS_TAIL:-15}"
   echo "cases=\"$cases\""
+  [ -z "${VM_VERBS_ENV:-}" ] || echo "export $VM_VERBS_ENV"
   cat <<'RUN'
 fail=0
 ulimit -l unlimited 2>/dev/null || echo "ulimit -l unlimited refused: $(ulimit -l) KiB lockable"
@@ -39,7 +41,7 @@ run() { # name, then the command
   s=$(cut -d' ' -f1 /proc/uptime)
   if timeout 120 "$@" >"$name.log" 2>&1; then r=0; else r=$?; fi
   e=$(cut -d' ' -f1 /proc/uptime)
-  tail -n 15 "$name.log"
+  tail -n "${VM_VERBS_TAIL:-15}" "$name.log"
   echo "-- $name: exit $r in $(awk "BEGIN{printf \"%.1f\", $e - $s}") s"
   [ $r = 0 ] || { echo "FAIL: $name"; fail=1; }
 }
