@@ -450,7 +450,9 @@ static int handle_wc(vb_transport* t, int dev, const mlxd_ibv_wc* wc) {
     if (kind == VB_WR_PROBE) p->probe_busy = false;
     if (kind == VB_WR_REC) p->rec_busy = false;
     if (wc->status) wc_failed(t, pi, kind, wc->wr_id, wc);
-    return 1;
+    /* a data write done frees a send queue entry (progress_out counts what it
+     * lets through); heartbeats, probes and credits are not progress */
+    return 0;
   }
   if (wc->status) {
     wc_failed(t, pi, kind, wc->wr_id, wc);
@@ -507,7 +509,7 @@ static void check_records(vb_transport* t) {
   }
 }
 
-int mlxd_vb_progress(vb_transport* t) {
+int mlxd_vb_progress(vb_transport* t, bool records) {
   if (t->err.code) return 0;
   int ev = poll_cqs(t);
   for (int pi = 0; pi < t->base.size && !t->err.code; pi++) {
@@ -519,7 +521,7 @@ int mlxd_vb_progress(vb_transport* t) {
     credit_out(t, pi);
     ev += progress_out(t, pi);
   }
-  check_records(t);
+  if (records) check_records(t);
   return ev;
 }
 
@@ -582,7 +584,7 @@ static int vb_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* 
   else
     p->sq_head = r;
   p->sq_tail = r;
-  mlxd_vb_progress(t);
+  mlxd_vb_progress(t, false);
   pthread_mutex_unlock(&t->mu);
   *req = (mlxd_req*)r;
   return 0;
@@ -627,7 +629,7 @@ static int vb_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* 
     r->where = VB_W_POSTED;
     mlxd_match_push(&p->mq.posted, &r->link, tag);
   }
-  mlxd_vb_progress(t);
+  mlxd_vb_progress(t, false);
   pthread_mutex_unlock(&t->mu);
   *req = (mlxd_req*)r;
   return 0;
@@ -653,7 +655,7 @@ static bool live_check(vb_transport* t, vb_req** reqs, int n, mlxd_wait_state* w
     int pi = r->m.peer;
     vb_peer* p = &t->peers[pi];
     if (p->closed) {
-      mlxd_vb_progress(t); /* what it sent before closing may still be in a queue */
+      mlxd_vb_progress(t, true); /* what it sent before closing may still be in a queue */
       if (r->m.complete || t->err.code) continue;
       char why[96];
       snprintf(why, sizeof why, ": it closed its transport while rank %d still waits for it",
@@ -726,7 +728,7 @@ static void block_wait(vb_transport* t, double max_s) {
     map[nf++] = d;
   }
   /* Armed: anything that completed before the arm is seen by this pass. */
-  if (mlxd_vb_progress(t) > 0 || t->err.code) return;
+  if (mlxd_vb_progress(t, true) > 0 || t->err.code) return;
   t->chan_owner = true;
   pthread_mutex_unlock(&t->mu);
   if (nf > 0) {
@@ -746,7 +748,7 @@ static void block_wait(vb_transport* t, double max_s) {
  * the transport failed) or until `until` (false). mu held. */
 static bool wait_loop(vb_transport* t, vb_req** reqs, int n, double until, mlxd_wait_state* ws) {
   if (!ws->started) {
-    int ev = mlxd_vb_progress(t);
+    int ev = mlxd_vb_progress(t, true);
     if (!any_pending(reqs, n) || t->err.code) return true;
     double now = mlxd_now();
     *ws = (mlxd_wait_state){
@@ -759,7 +761,7 @@ static bool wait_loop(vb_transport* t, vb_req** reqs, int n, double until, mlxd_
     if (ev && now >= until) return false;
   }
   for (;;) {
-    int ev = mlxd_vb_progress(t);
+    int ev = mlxd_vb_progress(t, true);
     if (!any_pending(reqs, n) || t->err.code) return true;
     double now = mlxd_now();
     if (ev) {

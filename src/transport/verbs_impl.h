@@ -169,8 +169,9 @@ typedef struct vb_transport {
 extern const mlxd_transport_ops mlxd_verbs_ops;
 void mlxd_vb_fail(vb_transport* t, const mlxd_status* st); /* mu held */
 /* One pass: every completion queue, every peer's arrivals, credits, sends
- * and failure record. Returns events, mu held. */
-int mlxd_vb_progress(vb_transport* t);
+ * and (records) failure record; isend/irecv leave the records to the waits,
+ * as the other transports do. Returns events (chunks in or out), mu held. */
+int mlxd_vb_progress(vb_transport* t, bool records);
 void mlxd_vb_destroy(mlxd_transport* tt);
 
 /* ---- verbs_setup.c ---- */

@@ -119,7 +119,7 @@ static void beat(void* ctx, double now) {
   note[sizeof note - 1] = '\0';
   pthread_mutex_lock(&t->mu);
   if (!t->err.code && !t->closing) {
-    mlxd_vb_progress(t); /* completions of earlier beats, and whatever else came */
+    mlxd_vb_progress(t, true); /* completions of earlier beats, and whatever else came */
     for (int pi = 0; pi < t->base.size && !t->err.code; pi++) {
       vb_peer* p = &t->peers[pi];
       if (pi == t->base.rank || !p->nrails || p->beat_busy || p->closed) continue;
