@@ -160,6 +160,8 @@ typedef struct vb_transport {
   bool closing;    /* destroy runs: completions of dying work are not failures */
   bool forgotten;  /* a forked child's copy */
   bool chan_owner; /* a waiter sleeps on the completion channels */
+  int waiting;     /* threads inside a wait */
+  int wake_fd;     /* eventfd: wakes the channel sleeper (abort, another waiter's progress) */
   mlxd_status err; /* the first failure */
   vb_req* free_reqs;
   int nfree;
