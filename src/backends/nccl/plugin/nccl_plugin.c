@@ -16,7 +16,8 @@
  * NCCL call, copy out, then a wait that polls the stream and
  * ncclCommGetAsyncError, bounded by MLXDIST_TIMEOUT; a timeout or an
  * asynchronous error aborts the communicator (ncclCommAbort) and fails
- * this op and every later one naming the rank and op. Nothing exits the
+ * this op and every later one naming the rank and op; so does any failure
+ * after work was queued on the stream (fail_queued). Nothing exits the
  * process. One op at a time per instance (a mutex): NCCL communicators are
  * not for concurrent calls. NOT YET RUN ON A GPU (docs/nccl.md). */
 #include <cuda_runtime_api.h>
@@ -385,6 +386,22 @@ static int32_t nccl_step(inst* b, ncclResult_t r, const char* what, uint64_t seq
               (unsigned long long)seq, b->base.rank, L.nccl_error_string(r));
 }
 
+/* An op failed after work was queued on the instance's stream (a copy
+ * in, an NCCL call): that work may still run and use the staging buffers,
+ * and freeing or reallocating them (cudaFree, cudaMallocHost) or a pageable
+ * copy would wait for it without bound. So the communicator is aborted and
+ * the instance failed: later ops fail at once with this first status, and
+ * nothing touches the buffers until destroy. rc and st are the failure's. */
+static int32_t fail_queued(inst* b, int32_t rc, mlxdist_v3_status* st) {
+  if (!rc || b->failed) return rc; /* wait_on has already aborted and recorded it */
+  abort_comm(b, b->comm);
+  b->failed = true;
+  snprintf(b->fail_msg, sizeof b->fail_msg, "%.*s (communicator aborted)",
+           (int)(sizeof b->fail_msg - 32), st->msg);
+  snprintf(st->msg, sizeof st->msg, "%s", b->fail_msg);
+  return rc;
+}
+
 /* The reductions: kind 0 all_reduce, 1 reduce_scatter. */
 static int32_t reduce(mlxdist_v3_backend* base, int kind, uint64_t seq, const void* in, void* out,
                       size_t count, mlxdist_v3_dtype dtype, mlxdist_v3_op op,
@@ -425,6 +442,7 @@ static int32_t reduce(mlxdist_v3_backend* base, int kind, uint64_t seq, const vo
                                     b->stream),
                      what, seq, st);
     if (!rc) rc = wait_comm(b, what, seq, true, st);
+    rc = fail_queued(b, rc, st); /* the copy in may have been queued */
     if (!rc) memcpy(out, b->hbuf, out_bytes);
   }
   pthread_mutex_unlock(&b->mu);
@@ -461,6 +479,7 @@ static int32_t p_all_gather(mlxdist_v3_backend* base, uint64_t seq, const void* 
                      L.memcpy_async(b->hbuf, d + nbytes, total, cudaMemcpyDeviceToHost, b->stream),
                      "all_gather", seq, st);
     if (!rc) rc = wait_comm(b, "all_gather", seq, true, st);
+    rc = fail_queued(b, rc, st);
     if (!rc) memcpy(out, b->hbuf, total);
   }
   pthread_mutex_unlock(&b->mu);
@@ -486,6 +505,7 @@ static int32_t p2p(inst* b, bool is_send, uint64_t seq, void* buf, size_t nbytes
       rc = cuda_step(b, L.memcpy_async(b->hbuf, b->dbuf, nbytes, cudaMemcpyDeviceToHost, b->stream),
                      what, seq, st);
     if (!rc) rc = wait_comm(b, what, seq, true, st);
+    rc = fail_queued(b, rc, st);
     if (!rc && !is_send) memcpy(buf, b->hbuf, nbytes);
   }
   pthread_mutex_unlock(&b->mu);
