@@ -23,6 +23,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -83,18 +84,30 @@ static bool sym(void* h, const char* name, void* slot) {
   return p != NULL;
 }
 
+/* The CUDA runtime already in this process, found by its file name
+ * (libcudart.so*): the one libmlxdist's GPU provider opened. */
+static int find_cudart(struct dl_phdr_info* info, size_t size, void* data) {
+  (void)size;
+  const char* name = info->dlpi_name;
+  const char* base = name ? strrchr(name, '/') : NULL;
+  base = base ? base + 1 : name;
+  if (!base || strncmp(base, "libcudart.so", 12) != 0) return 0;
+  snprintf(data, 512, "%s", name);
+  return 1;
+}
+
 static void load(void) {
-  const char* cudart = getenv("MLXDIST_CUDART");
+  /* One choice of CUDA runtime, the core's: its GPU provider opens
+   * MLXDIST_CUDART (checked as every tunable) or libcudart.so.13/.12 before
+   * the nccl kind asks this plugin anything (backends/nccl/nccl_kind.c);
+   * this plugin opens the same library again, never another one. */
+  char cudart[512] = "";
   void* c = NULL;
-  if (cudart && *cudart) {
-    c = dlopen(cudart, RTLD_NOW | RTLD_LOCAL);
-  } else {
-    c = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
-    if (!c) c = dlopen("libcudart.so.12", RTLD_NOW | RTLD_LOCAL);
-  }
+  if (dl_iterate_phdr(find_cudart, cudart)) c = dlopen(cudart, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (!c) {
-    snprintf(g_why, sizeof g_why, "[nccl] no CUDA runtime (could not load %s)",
-             cudart && *cudart ? cudart : "libcudart.so.13 or libcudart.so.12");
+    snprintf(g_why, sizeof g_why,
+             "[nccl] no CUDA runtime (libmlxdist's GPU provider loaded none: MLXDIST_CUDART, "
+             "else libcudart.so.13 or .12; mlxdist-info says why)");
     return;
   }
   bool ok = sym(c, "cudaGetDeviceCount", &L.get_device_count) &&
