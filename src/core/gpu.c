@@ -53,9 +53,17 @@ static bool sym(void* h, const char* name, void* slot) {
 }
 
 static void probe(void) {
+  /* MLXDIST_CUDART, checked as every tunable; the nccl plugin uses the
+   * library opened here (it finds it loaded), so this is the one choice. */
   const char* want = mlxd_tunable_str(MLXD_T_CUDART);
   const char* names[2] = {"libcudart.so.13", "libcudart.so.12"};
   int n = 2;
+  double unused = 0;
+  char bad[200];
+  if (want && *want && mlxd_tunable_parse(MLXD_T_CUDART, want, &unused, bad, sizeof bad) != 0) {
+    snprintf(g_info.why, sizeof g_info.why, "no CUDA runtime (%.200s)", bad);
+    return;
+  }
   if (want && *want) {
     names[0] = want;
     n = 1;

@@ -17,10 +17,10 @@
  * Lifetime: the default CPU stream (index 0) is created on first use and
  * lives in static storage; a stream made by mlx_stream_new_device is freed
  * when its last reference goes, after its queue has drained and its worker
- * has been joined. At process exit the default streams (and any stream
- * made default with mlx_set_default_stream) are drained and joined, within
- * MLXDIST_TIMEOUT; exit() from a worker thread or from a forked child skips
- * this (there is nothing it could wait for safely). After fork() the child
+ * has been joined. At process exit the default streams (CPU and GPU, and
+ * any stream made default with mlx_set_default_stream) are drained and
+ * joined, within MLXDIST_TIMEOUT; exit() from a worker thread or from a
+ * forked child skips this (there is nothing it could wait for safely). After fork() the child
  * gets a fresh default CPU stream (see child_after_fork); any other stream
  * belongs to the process that made it (core/fork.h): in a forked child its
  * use fails at once, and its last release there only forgets it (the
@@ -463,12 +463,40 @@ static int no_gpu(mlxd_status* st) {
 
 static mlxd_stream* stream_new(mlx_device_type type, int device, mlxd_status* st);
 
-/* The default GPU stream (device 0): made on first use where a GPU exists,
- * then kept for the life of the process (its worker is not joined at exit:
- * the process's exit ends it). */
+/* The default GPU stream (Device(gpu, 0)): made on first use where a GPU
+ * exists, then kept for the life of the process. At exit it is drained and
+ * joined as the default CPU streams are (gpu_at_exit); its CUDA stream is
+ * left to the process's end. */
 static pthread_once_t g_gpu_once = PTHREAD_ONCE_INIT;
 static mlxd_stream* g_gpu_default;
 static mlxd_status g_gpu_status;
+static pid_t g_gpu_pid;
+
+/* Registered with atexit after the probe has loaded and initialised the
+ * CUDA runtime, so it runs before the runtime's own exit handlers (atexit
+ * runs them in reverse): no op (an nccl one) is still running on the
+ * stream's worker while CUDA and NCCL shut down. Bounded as at_exit_teardown:
+ * a short grace, then the exit hook fails pending ops, then the rest of
+ * MLXDIST_TIMEOUT. */
+static void gpu_at_exit(void) {
+  mlxd_stream* s = g_gpu_default;
+  if (!s || tls_current || getpid() != g_gpu_pid) return;
+  double timeout = mlxd_tunable_double(MLXD_T_TIMEOUT);
+  if (!(timeout > 0)) timeout = 60;
+  double deadline = mlxd_now() + timeout;
+  double grace = mlxd_now() + (MLXD_EXIT_GRACE_S < timeout ? MLXD_EXIT_GRACE_S : timeout);
+  stream_stop(s);
+  if (!stream_join(s, grace)) {
+    void (*hook)(void) = atomic_load(&g_exit_hook);
+    if (hook) hook();
+    if (!stream_join(s, deadline))
+      fprintf(stderr,
+              "mlxdist: warning: the default GPU stream's queued work did not finish within "
+              "MLXDIST_TIMEOUT (%g s) at exit; exiting without it\n",
+              timeout);
+  }
+}
+
 static void gpu_default_init(void) {
   mlxd_status_clear(&g_gpu_status);
   if (mlxd_gpu_count() <= 0) {
@@ -476,6 +504,10 @@ static void gpu_default_init(void) {
     return;
   }
   g_gpu_default = stream_new(MLX_GPU, 0, &g_gpu_status);
+  if (g_gpu_default) {
+    g_gpu_pid = getpid();
+    atexit(gpu_at_exit);
+  }
 }
 
 mlxd_stream* mlxd_default_stream(mlx_device_type type, mlxd_status* st) {

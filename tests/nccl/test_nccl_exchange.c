@@ -5,10 +5,12 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -332,6 +334,160 @@ static void test_duplicate_rank(void) {
   free(a);
 }
 
+/* A raw rank 1 of 2 (no secret): hello, then the reply read; the caller
+ * confirms with raw_finish. */
+static int raw_hello(const char* root) {
+  int fd = raw_connect(root);
+  mlxd_hs_msg h = {.rank = 1, .size = 2, .conn = 0, .nconn = 1};
+  memcpy(h.token, k_token, sizeof h.token);
+  unsigned char hello[MLXD_HS_HELLO_BYTES], reply[MLXD_HS_REPLY_BYTES];
+  mlxd_hs_encode_hello(hello, &h);
+  T_ASSERT(send(fd, hello, sizeof hello, 0) == (ssize_t)sizeof hello);
+  T_ASSERT(recv(fd, reply, sizeof reply, MSG_WAITALL) == (ssize_t)sizeof reply);
+  return fd;
+}
+
+/* The confirm, the length and rank 1's part; then the whole result (true). */
+static bool raw_finish(int fd) {
+  unsigned char zero[MLXD_HS_MAC_BYTES] = {0}, tail[MLXD_HS_CONFIRM_BYTES + 8] = {0};
+  mlxd_hs_encode_confirm(tail, zero);
+  tail[MLXD_HS_CONFIRM_BYTES + 7] = ID_BYTES;
+  unsigned char part[ID_BYTES], all[2 * ID_BYTES];
+  memset(part, 0x41, sizeof part);
+  if (send(fd, tail, sizeof tail, MSG_NOSIGNAL) != (ssize_t)sizeof tail ||
+      send(fd, part, sizeof part, MSG_NOSIGNAL) != (ssize_t)sizeof part)
+    return false;
+  struct timeval tv = {.tv_sec = 5};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return recv(fd, all, sizeof all, MSG_WAITALL) == (ssize_t)sizeof all && all[0] == 0x40 &&
+         all[ID_BYTES] == 0x41;
+}
+
+/* A real rank slow between its reply and its confirm while more
+ * connections than rank 0 keeps flood in: it must not be the one dropped. */
+static void test_flood_slow_rank(void) {
+  enum { NFLOOD = 200 };
+  mlxd_nccl_xchg x0;
+  char root[96];
+  root_up(&x0, 2, NULL, 10, root);
+  pthread_t t;
+  rank_arg* a = calloc(1, sizeof *a);
+  start(&t, a, 0, 2, root, k_token, NULL, 10, &x0);
+  int real = raw_hello(root);
+  int* fds = malloc(NFLOOD * sizeof *fds);
+  for (int i = 0; i < NFLOOD; i++) fds[i] = raw_connect(root);
+  usleep(300 * 1000); /* rank 0 accepts them all (dropping some) before the confirm */
+  T_CHECK(raw_finish(real));
+  pthread_join(t, NULL);
+  check_result(a, 2);
+  close(real);
+  for (int i = 0; i < NFLOOD; i++) close(fds[i]);
+  free(fds);
+  mlxd_nccl_xchg_close(&x0);
+  free(a);
+}
+
+/* Connections that each send a byte (so none is "silent") keep coming while
+ * the group's ranks join: they still get in (dropped ones reconnect). */
+typedef struct flood_arg {
+  char root[96];
+  atomic_bool stop;
+  int opened;
+} flood_arg;
+
+static void* flood_main(void* p) {
+  flood_arg* f = p;
+  enum { KEEP = 300 };
+  int fds[KEEP];
+  for (int i = 0; i < KEEP; i++) fds[i] = -1;
+  const char* colon = strrchr(f->root, ':');
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  while (!atomic_load(&f->stop)) {
+    int k = f->opened % KEEP;
+    if (fds[k] >= 0) close(fds[k]);
+    fds[k] = socket(AF_INET, SOCK_STREAM, 0);
+    if (fds[k] >= 0 && connect(fds[k], (struct sockaddr*)&sa, sizeof sa) == 0)
+      (void)send(fds[k], "x", 1, MSG_NOSIGNAL);
+    f->opened++;
+    usleep(200);
+  }
+  for (int i = 0; i < KEEP; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  return NULL;
+}
+
+static void test_flood_chatty(void) {
+  const int size = 4;
+  mlxd_nccl_xchg x0;
+  char root[96];
+  root_up(&x0, size, NULL, 20, root);
+  flood_arg* f = calloc(1, sizeof *f);
+  snprintf(f->root, sizeof f->root, "%s", root);
+  pthread_t ft, t[MAXR];
+  rank_arg* a = calloc(MAXR, sizeof *a);
+  start(&t[0], &a[0], 0, size, root, k_token, NULL, 20, &x0);
+  T_ASSERT(pthread_create(&ft, NULL, flood_main, f) == 0);
+  usleep(300 * 1000); /* rank 0's table is full of them */
+  for (int r = 1; r < size; r++) start(&t[r], &a[r], r, size, root, k_token, NULL, 20, NULL);
+  for (int r = 0; r < size; r++) pthread_join(t[r], NULL);
+  atomic_store(&f->stop, true);
+  pthread_join(ft, NULL);
+  T_CHECKF(f->opened > 100, "only %d flood connections", f->opened);
+  for (int r = 0; r < size; r++) check_result(&a[r], size);
+  mlxd_nccl_xchg_close(&x0);
+  free(a);
+  free(f);
+}
+
+/* A rank proves itself, then its connection drops half-way through its
+ * part: rank 0's timeout says so, not that it "never proved this job". */
+static void test_proven_dropped(void) {
+  mlxd_nccl_xchg x0;
+  char root[96];
+  root_up(&x0, 3, NULL, 1, root);
+  pthread_t t;
+  rank_arg* a = calloc(1, sizeof *a);
+  start(&t, a, 0, 3, root, k_token, NULL, 1, &x0);
+  int c = raw_proven(root, 1, 3);
+  unsigned char half[ID_BYTES / 2];
+  memset(half, 0x41, sizeof half);
+  T_ASSERT(send(c, half, sizeof half, MSG_NOSIGNAL) == (ssize_t)sizeof half);
+  usleep(100 * 1000);
+  close(c);
+  pthread_join(t, NULL);
+  T_CHECKF(a->rc == MLXD_ETIMEDOUT, "rank 0: rc %d: %s", a->rc, a->st.msg);
+  T_CHECKF(strstr(a->st.msg, "ranks that never proved this job: 2;") != NULL, "%s", a->st.msg);
+  T_CHECKF(strstr(a->st.msg, "proved this job but whose part never arrived whole") != NULL &&
+               strstr(a->st.msg, "stalled): 1") != NULL,
+           "%s", a->st.msg);
+  mlxd_nccl_xchg_close(&x0);
+  free(a);
+}
+
+/* MLX_WORLD_SIZE may be 2^20: rank 0's state is per connection plus a few
+ * bytes per rank, not a connection slot per rank (~200 MB). */
+static void test_large_world(void) {
+  mlxd_nccl_xchg x0;
+  char root[96];
+  root_up(&x0, 1 << 20, NULL, 0.3, root);
+  struct rusage before, after;
+  getrusage(RUSAGE_SELF, &before);
+  rank_arg* a = calloc(1, sizeof *a);
+  pthread_t t;
+  double t0 = mlxd_now();
+  start(&t, a, 0, 1 << 20, root, k_token, NULL, 0.3, &x0);
+  pthread_join(t, NULL);
+  getrusage(RUSAGE_SELF, &after);
+  T_CHECK(a->rc == MLXD_ETIMEDOUT);
+  T_CHECKF(strstr(a->st.msg, "never proved this job: 1, 2, 3") != NULL, "%s", a->st.msg);
+  T_CHECKF(after.ru_maxrss - before.ru_maxrss < 32 * 1024, "rank 0 grew by %ld KiB",
+           after.ru_maxrss - before.ru_maxrss);
+  T_CHECK(mlxd_now() - t0 < 3);
+  mlxd_nccl_xchg_close(&x0);
+  free(a);
+}
+
 static void env_case(const char* rank, const char* size, const char* host, const char* port,
                      const char* timeout, const char* want) {
   const char* names[] = {"MLX_RANK", "MLX_WORLD_SIZE", "NCCL_HOST_IP", "NCCL_PORT",
@@ -462,6 +618,10 @@ int main(void) {
   test_intruders(NULL);
   test_intruders(k_key);
   test_flood();
+  test_flood_slow_rank();
+  test_flood_chatty();
+  test_proven_dropped();
+  test_large_world();
   test_timeouts();
   test_length_mismatch();
   test_duplicate_rank();

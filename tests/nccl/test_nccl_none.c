@@ -1,6 +1,7 @@
 /* Where no GPU can be used (every CI machine): the GPU provider, GPU streams,
  * the nccl kind and plugin all say why, and nothing hangs or crashes.
  *   test_nccl_none cudart-missing   run with MLXDIST_CUDART naming a file that does not exist
+ *   test_nccl_none cudart-bad       MLXDIST_CUDART set (here) to a value its check refuses
  *   test_nccl_none here             this machine's own answer (CUDA installed or not) */
 #include <stdbool.h>
 #include <stdio.h>
@@ -57,6 +58,9 @@ static void check_nccl(const char* want) {
 
 int main(int argc, char** argv) {
   t_capture_errors();
+  /* cudart-bad: a value the tunable's check refuses (a control character) */
+  bool bad = argc > 1 && strcmp(argv[1], "cudart-bad") == 0;
+  if (bad) setenv("MLXDIST_CUDART", "libcudart.so.13\n", 1);
   const mlxd_gpu_info* g = mlxd_gpu_probe();
   if (g->count > 0) {
     printf("SKIP: this machine has %d GPU(s); scripts/gpu-check.sh tests them\n", g->count);
@@ -70,8 +74,26 @@ int main(int argc, char** argv) {
     T_REQUIREF(strcmp(g->why, want) == 0, "'%s'", g->why);
     T_ASSERT(!g->loaded);
     check_gpu_refused(want);
-    /* the plugin, where it was built, reads the same variable; else: not built */
-    check_nccl(getenv("MLXDIST_TEST_NCCL_BUILT") ? want : "built without NCCL support");
+    /* The plugin, where it was built, uses the runtime the core opened, so
+     * it must not find one now either, even with the variable gone (a
+     * second reading of it would open libcudart.so.13 here). */
+    unsetenv("MLXDIST_CUDART");
+    check_nccl(getenv("MLXDIST_TEST_NCCL_BUILT") ? "[nccl] no CUDA runtime"
+                                                 : "built without NCCL support");
+  } else if (bad) {
+    /* refused by the tunable's check, named, and nothing else opened */
+    T_REQUIREF(strstr(g->why, "no CUDA runtime (") == g->why &&
+                   strstr(g->why, "MLXDIST_CUDART") != NULL,
+               "'%s'", g->why);
+    T_ASSERT(!g->loaded);
+    check_gpu_refused("MLXDIST_CUDART");
+    /* nccl: unavailable (the plugin opens nothing the core did not), and
+     * init refuses the variable itself, as every bad tunable */
+    T_ASSERT(!mlx_distributed_is_available("nccl"));
+    mlx_distributed_group grp = mlx_distributed_group_new();
+    T_ASSERT(mlx_distributed_init(&grp, true, "nccl") != 0);
+    T_EXPECT_ERROR("MLXDIST_CUDART=", "control characters");
+    T_ASSERT(grp.ctx == NULL);
   } else {
     T_ASSERT(strstr(g->why, "no CUDA runtime (could not load libcudart.so.13, libcudart.so.12)") ==
                  g->why ||

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,6 +39,8 @@ __attribute__((format(printf, 4, 5))) static int fail_sys(mlxd_status* st, int c
 
 #define HANDSHAKE_S 10.0 /* a connection must be proven within this (a squatter is dropped) */
 #define MAX_PENDING 64   /* connections rank 0 keeps at once beyond the group's */
+#define MAX_ACTIVE 256   /* ... and for the group's ranks still sending (finished ones: an fd) */
+#define RETRY_S 0.05     /* a rank dropped by a full rank 0 reconnects after this */
 
 static void put_u64(unsigned char* p, uint64_t v) {
   for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (unsigned char)v;
@@ -220,7 +223,7 @@ static const char* io_why(int why) { return why == 0 ? "connection closed" : str
 
 /* ---- rank 0 ---- */
 
-enum { C_HELLO, C_CONFIRM, C_PAYLOAD, C_DONE };
+enum { C_HELLO, C_CONFIRM, C_PAYLOAD };
 
 typedef struct conn {
   int fd;
@@ -242,6 +245,32 @@ static int refuse(conn* c, const char* fmt, const char* detail) {
   close(c->fd);
   c->fd = -1;
   return -1;
+}
+
+/* Close fd with a reset, not a FIN: the peer learns it was dropped for want
+ * of room (it retries), not refused (a clean close: it fails at once). */
+static void close_reset(int fd) {
+  struct linger lg = {.l_onoff = 1, .l_linger = 0};
+  (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+  close(fd);
+}
+
+/* The connection to drop when the table is full: one still in its hello
+ * (it has not shown this job's token), the oldest that sent nothing at all
+ * first, else the oldest; -1 when every one is past the hello (only the
+ * job's own get there). A connection whose hello was accepted is never
+ * dropped, so a rank between its hello and its confirm stays; one dropped before
+ * (a reset) reconnects (peer_gather). */
+static int victim(const conn* cs, int cap) {
+  int quiet = -1, any = -1;
+  for (int i = 0; i < cap; i++) {
+    if (cs[i].fd < 0 || cs[i].state != C_HELLO) continue;
+    int pending = 0;
+    bool silent = cs[i].got == 0 && ioctl(cs[i].fd, FIONREAD, &pending) == 0 && pending == 0;
+    if (silent && (quiet < 0 || cs[i].since < cs[quiet].since)) quiet = i;
+    if (any < 0 || cs[i].since < cs[any].since) any = i;
+  }
+  return quiet >= 0 ? quiet : any;
 }
 
 /* The hello is complete in c->buf: check it, answer with the reply. */
@@ -282,44 +311,60 @@ static int on_hello(mlxd_nccl_xchg* x, conn* c, conn* all, int nall) {
   return 0;
 }
 
+/* What rank 0 knows of each rank > 0, a few bytes per rank (MLX_WORLD_SIZE
+ * may be large): the connection state itself is per connection (cs). */
+enum { R_NONE, R_PROVED, R_DONE };
+
 static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, size_t n,
                        double deadline, mlxd_status* st) {
   int size = x->size;
   memcpy(dst, src, n);
   if (size == 1) return 0;
   if (mlxd_nccl_xchg_listen(x, st)) return st->code;
-  int cap = size - 1 + MAX_PENDING;
+  int cap = (size - 1 < MAX_ACTIVE ? size - 1 : MAX_ACTIVE) + MAX_PENDING;
   conn* cs = calloc((size_t)cap, sizeof *cs);
-  bool* have = calloc((size_t)size, sizeof *have);
+  int* done_fd = malloc((size_t)size * sizeof *done_fd); /* a finished rank's connection */
+  unsigned char* rs = calloc((size_t)size, 1);           /* R_NONE, R_PROVED, R_DONE */
   struct pollfd* pf = calloc((size_t)cap + 1, sizeof *pf);
-  if (!cs || !have || !pf) {
-    free(cs), free(have), free(pf);
+  if (!cs || !done_fd || !rs || !pf) {
+    free(cs), free(done_fd), free(rs), free(pf);
     return mlxd_fail(st, MLXD_ENOMEM, "[nccl] out of memory for the id exchange");
   }
   for (int i = 0; i < cap; i++) cs[i].fd = -1;
+  for (int r = 0; r < size; r++) done_fd[r] = -1;
   int done = 0;
   int rc = 0;
   while (done < size - 1) {
     double left = deadline - mlxd_now();
     if (left <= 0) {
-      char missing[200] = "";
-      size_t used = 0;
-      for (int r = 1; r < size && used < sizeof missing - 16; r++)
-        if (!have[r]) {
-          int w = snprintf(missing + used, sizeof missing - used, "%s%d", used ? ", " : "", r);
-          if (w > 0) used += (size_t)w;
-        }
-      rc = mlxd_fail(st, MLXD_ETIMEDOUT,
-                     "[nccl] rank 0 waited %g s (MLX_NCCL_TIMEOUT) on %s for ranks that never "
-                     "proved this job: %s",
-                     x->timeout_s, x->root.text, missing);
+      /* Two lists: ranks never proven, and ranks proven whose part never
+       * came whole (their connection dropped or stalled while sending it). */
+      char never[200] = "", partial[200] = "";
+      size_t un = 0, up = 0;
+      for (int r = 1; r < size; r++) {
+        if (rs[r] == R_DONE) continue;
+        char* into = rs[r] == R_PROVED ? partial : never;
+        size_t* used = rs[r] == R_PROVED ? &up : &un;
+        if (*used >= sizeof never - 16) continue;
+        int w = snprintf(into + *used, sizeof never - *used, "%s%d", *used ? ", " : "", r);
+        if (w > 0) *used += (size_t)w;
+      }
+      char both[460];
+      snprintf(both, sizeof both, "%s%s%s%s%s", un ? "ranks that never proved this job: " : "",
+               never, un && up ? "; " : "",
+               up ? "ranks that proved this job but whose part never arrived whole (their "
+                    "connection dropped or stalled): "
+                  : "",
+               partial);
+      rc =
+          mlxd_fail(st, MLXD_ETIMEDOUT, "[nccl] rank 0 waited %g s (MLX_NCCL_TIMEOUT) on %s for %s",
+                    x->timeout_s, x->root.text, both);
       break;
     }
     int np = 0;
     pf[np++] = (struct pollfd){.fd = x->listen_fd, .events = POLLIN};
     for (int i = 0; i < cap; i++)
-      if (cs[i].fd >= 0 && cs[i].state != C_DONE)
-        pf[np++] = (struct pollfd){.fd = cs[i].fd, .events = POLLIN};
+      if (cs[i].fd >= 0) pf[np++] = (struct pollfd){.fd = cs[i].fd, .events = POLLIN};
     int ms = left > 1.0 ? 1000 : (int)(left * 1000) + 1;
     if (poll(pf, (nfds_t)np, ms) < 0 && errno != EINTR) {
       rc = fail_sys(st, MLXD_ESYS, errno, "[nccl] rank 0's id exchange: poll failed");
@@ -335,17 +380,19 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
         for (int i = 0; i < cap && slot < 0; i++)
           if (cs[i].fd < 0) slot = i;
         if (slot < 0) {
-          /* Full: drop the oldest connection not yet proven, so a flood of
-           * silent ones cannot keep the group's own ranks out. */
-          for (int i = 0; i < cap; i++)
-            if (cs[i].state != C_PAYLOAD && cs[i].state != C_DONE &&
-                (slot < 0 || cs[i].since < cs[slot].since))
-              slot = i;
+          /* Full: drop one that has not shown the job's token, so a flood
+           * of silent ones cannot keep the group's own ranks out. */
+          slot = victim(cs, cap);
           if (slot < 0) {
-            close(fd);
+            close_reset(fd);
             continue;
           }
-          refuse(&cs[slot], "%s", "too many connections at once: the oldest unproven one goes");
+          fprintf(stderr,
+                  "[nccl] rank 0 dropped a connection from %s: too many connections at once, and "
+                  "it had not shown this job's token\n",
+                  cs[slot].peer);
+          close_reset(cs[slot].fd);
+          cs[slot].fd = -1;
         }
         int one = 1;
         (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -361,7 +408,7 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
     double now = mlxd_now();
     for (int i = 0; i < cap; i++) {
       conn* c = &cs[i];
-      if (c->fd < 0 || c->state == C_DONE) continue;
+      if (c->fd < 0) continue;
       if (c->state != C_PAYLOAD && now - c->since > HANDSHAKE_S) {
         refuse(c, "%s", "no complete handshake within 10 s");
         continue;
@@ -374,9 +421,14 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
         if (c->got < want) {
           ssize_t r = recv(c->fd, into + c->got, want - c->got, MSG_DONTWAIT);
           if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-            refuse(c, "%s",
-                   r == 0 ? "it closed the connection mid-handshake"
-                          : "the connection failed mid-handshake");
+            if (c->state == C_PAYLOAD)
+              refuse(c, "%s",
+                     r == 0 ? "its proven rank closed the connection while sending its part"
+                            : "the connection failed while its proven rank sent its part");
+            else
+              refuse(c, "%s",
+                     r == 0 ? "it closed the connection mid-handshake"
+                            : "the connection failed mid-handshake");
             break;
           }
           if (r < 0) break;
@@ -395,7 +447,7 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
           /* One connection per rank past the confirm: a second one proving
            * the same rank would be counted twice and stand in for a rank
            * that never came. */
-          bool taken = have[c->rank];
+          bool taken = rs[c->rank] == R_DONE;
           for (int j = 0; j < cap && !taken; j++)
             taken = j != i && cs[j].fd >= 0 && cs[j].rank == c->rank && cs[j].state == C_PAYLOAD;
           if (taken) {
@@ -411,12 +463,15 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
                            c->rank, (unsigned long long)len, n);
             goto out;
           }
+          rs[c->rank] = R_PROVED;
           c->state = C_PAYLOAD;
           c->got = 0;
           if (n == 0) continue;
         } else {
-          have[c->rank] = true;
-          c->state = C_DONE;
+          /* whole: the rank's connection leaves the table (its slot is free) */
+          rs[c->rank] = R_DONE;
+          done_fd[c->rank] = c->fd;
+          c->fd = -1;
           done++;
           break;
         }
@@ -424,13 +479,12 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
     }
   }
   if (rc == 0) {
-    for (int i = 0; i < cap; i++) {
-      if (cs[i].fd < 0 || cs[i].state != C_DONE) continue;
+    for (int r = 1; r < size; r++) {
       int why = 0;
-      if (io_all(cs[i].fd, dst, (size_t)size * n, true, deadline, &why) != 0) {
+      if (io_all(done_fd[r], dst, (size_t)size * n, true, deadline, &why) != 0) {
         rc = mlxd_fail(st, why == ETIMEDOUT ? MLXD_ETIMEDOUT : MLXD_EREMOTE,
-                       "[nccl] rank 0 could not send the id exchange's result to rank %d (%s)",
-                       cs[i].rank, io_why(why));
+                       "[nccl] rank 0 could not send the id exchange's result to rank %d (%s)", r,
+                       io_why(why));
         break;
       }
     }
@@ -438,7 +492,9 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
 out:
   for (int i = 0; i < cap; i++)
     if (cs[i].fd >= 0) close(cs[i].fd);
-  free(cs), free(have), free(pf);
+  for (int r = 0; r < size; r++)
+    if (done_fd[r] >= 0) close(done_fd[r]);
+  free(cs), free(done_fd), free(rs), free(pf);
   return rc;
 }
 
@@ -485,7 +541,6 @@ static int connect_root(mlxd_nccl_xchg* x, double deadline, int* fd_out, mlxd_st
 static int peer_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, size_t n,
                        double deadline, mlxd_status* st) {
   int fd = -1;
-  if (connect_root(x, deadline, &fd, st)) return st->code;
   int rc = 0, why = 0;
   const char* step = "";
   mlxd_hs_msg h = {.rank = (uint32_t)x->rank,
@@ -494,17 +549,28 @@ static int peer_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
                    .nconn = 1,
                    .flags = x->auth.have_key ? MLXD_HS_FLAG_SECRET : 0u};
   memcpy(h.token, x->auth.token, sizeof h.token);
-  if (mlxd_random_bytes(h.nonce, sizeof h.nonce, st) != 0) {
-    close(fd);
-    return st->code;
-  }
   unsigned char hello[MLXD_HS_HELLO_BYTES], reply[MLXD_HS_REPLY_BYTES];
   unsigned char tail[MLXD_HS_CONFIRM_BYTES + LEN_BYTES];
-  mlxd_hs_encode_hello(hello, &h);
-  step = "sending the hello";
-  if (io_all(fd, hello, sizeof hello, true, deadline, &why)) goto io_fail;
-  step = "waiting for rank 0's reply";
-  if (io_all(fd, reply, sizeof reply, false, deadline, &why)) goto io_fail;
+  /* Rank 0 resets a connection it had no room for before reading its hello
+   * (a flood of others): connect again, until MLX_NCCL_TIMEOUT. A refusal
+   * (another job's token, a bad hello) is a clean close: no retry. */
+  for (;;) {
+    if (connect_root(x, deadline, &fd, st)) return st->code;
+    if (mlxd_random_bytes(h.nonce, sizeof h.nonce, st) != 0) {
+      close(fd);
+      return st->code;
+    }
+    mlxd_hs_encode_hello(hello, &h);
+    step = "sending the hello";
+    if (io_all(fd, hello, sizeof hello, true, deadline, &why) == 0) {
+      step = "waiting for rank 0's reply";
+      if (io_all(fd, reply, sizeof reply, false, deadline, &why) == 0) break;
+    }
+    if ((why != ECONNRESET && why != EPIPE) || mlxd_now() + RETRY_S >= deadline) goto io_fail;
+    close(fd);
+    fd = -1;
+    usleep((useconds_t)(RETRY_S * 1e6));
+  }
   mlxd_hs_expect e = {.self = x->rank,
                       .size = x->size,
                       .nconn = 1,

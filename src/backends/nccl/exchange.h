@@ -52,7 +52,10 @@ int mlxd_nccl_xchg_init(mlxd_nccl_xchg* x, int rank, int size, const char* root,
 int mlxd_nccl_xchg_listen(mlxd_nccl_xchg* x, mlxd_status* st);
 /* The all-gather (x->bs.all_gather calls it): dst gets size * n bytes, rank
  * r's src at r * n. Blocks up to timeout_s. Rank 0 fails naming the ranks
- * that never proved themselves; a peer fails naming rank 0's address. */
+ * that never proved themselves and those proven whose part never came
+ * whole; a peer fails naming rank 0's address (a peer reset by a full rank
+ * 0 before its hello was read connects again). Rank 0 holds O(connections)
+ * state plus 5 bytes and, once finished, a socket per rank. */
 int mlxd_nccl_xchg_gather(mlxd_nccl_xchg* x, void* dst, const void* src, size_t n, mlxd_status* st);
 /* Close the listening socket and wipe the key. */
 void mlxd_nccl_xchg_close(mlxd_nccl_xchg* x);

@@ -30,6 +30,10 @@ static bool env_set(const char* name) {
 
 /* The plugin's kind, or NULL with why set. */
 static const mlxd_backend_kind* plugin(char* why, size_t len) {
+  /* The GPU provider's probe first: it opens the CUDA runtime (MLXDIST_CUDART
+   * as checked by the core, else the default names) and the plugin uses
+   * that one, found loaded, instead of reading the variable itself. */
+  (void)mlxd_gpu_probe();
   char inner[384];
   inner[0] = '\0';
   const mlxd_backend_kind* k = mlxd_plugin_load("nccl", inner, sizeof inner);

@@ -16,12 +16,14 @@
  * NCCL call, copy out, then a wait that polls the stream and
  * ncclCommGetAsyncError, bounded by MLXDIST_TIMEOUT; a timeout or an
  * asynchronous error aborts the communicator (ncclCommAbort) and fails
- * this op and every later one naming the rank and op. Nothing exits the
+ * this op and every later one naming the rank and op; so does any failure
+ * after work was queued on the stream (fail_queued). Nothing exits the
  * process. One op at a time per instance (a mutex): NCCL communicators are
  * not for concurrent calls. NOT YET RUN ON A GPU (docs/nccl.md). */
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <link.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -82,18 +84,30 @@ static bool sym(void* h, const char* name, void* slot) {
   return p != NULL;
 }
 
+/* The CUDA runtime already in this process, found by its file name
+ * (libcudart.so*): the one libmlxdist's GPU provider opened. */
+static int find_cudart(struct dl_phdr_info* info, size_t size, void* data) {
+  (void)size;
+  const char* name = info->dlpi_name;
+  const char* base = name ? strrchr(name, '/') : NULL;
+  base = base ? base + 1 : name;
+  if (!base || strncmp(base, "libcudart.so", 12) != 0) return 0;
+  snprintf(data, 512, "%s", name);
+  return 1;
+}
+
 static void load(void) {
-  const char* cudart = getenv("MLXDIST_CUDART");
+  /* One choice of CUDA runtime, the core's: its GPU provider opens
+   * MLXDIST_CUDART (checked as every tunable) or libcudart.so.13/.12 before
+   * the nccl kind asks this plugin anything (backends/nccl/nccl_kind.c);
+   * this plugin opens the same library again, never another one. */
+  char cudart[512] = "";
   void* c = NULL;
-  if (cudart && *cudart) {
-    c = dlopen(cudart, RTLD_NOW | RTLD_LOCAL);
-  } else {
-    c = dlopen("libcudart.so.13", RTLD_NOW | RTLD_LOCAL);
-    if (!c) c = dlopen("libcudart.so.12", RTLD_NOW | RTLD_LOCAL);
-  }
+  if (dl_iterate_phdr(find_cudart, cudart)) c = dlopen(cudart, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (!c) {
-    snprintf(g_why, sizeof g_why, "[nccl] no CUDA runtime (could not load %s)",
-             cudart && *cudart ? cudart : "libcudart.so.13 or libcudart.so.12");
+    snprintf(g_why, sizeof g_why,
+             "[nccl] no CUDA runtime (libmlxdist's GPU provider loaded none: MLXDIST_CUDART, "
+             "else libcudart.so.13 or .12; mlxdist-info says why)");
     return;
   }
   bool ok = sym(c, "cudaGetDeviceCount", &L.get_device_count) &&
@@ -385,6 +399,22 @@ static int32_t nccl_step(inst* b, ncclResult_t r, const char* what, uint64_t seq
               (unsigned long long)seq, b->base.rank, L.nccl_error_string(r));
 }
 
+/* An op failed after work was queued on the instance's stream (a copy
+ * in, an NCCL call): that work may still run and use the staging buffers,
+ * and freeing or reallocating them (cudaFree, cudaMallocHost) or a pageable
+ * copy would wait for it without bound. So the communicator is aborted and
+ * the instance failed: later ops fail at once with this first status, and
+ * nothing touches the buffers until destroy. rc and st are the failure's. */
+static int32_t fail_queued(inst* b, int32_t rc, mlxdist_v3_status* st) {
+  if (!rc || b->failed) return rc; /* wait_on has already aborted and recorded it */
+  abort_comm(b, b->comm);
+  b->failed = true;
+  snprintf(b->fail_msg, sizeof b->fail_msg, "%.*s (communicator aborted)",
+           (int)(sizeof b->fail_msg - 32), st->msg);
+  snprintf(st->msg, sizeof st->msg, "%s", b->fail_msg);
+  return rc;
+}
+
 /* The reductions: kind 0 all_reduce, 1 reduce_scatter. */
 static int32_t reduce(mlxdist_v3_backend* base, int kind, uint64_t seq, const void* in, void* out,
                       size_t count, mlxdist_v3_dtype dtype, mlxdist_v3_op op,
@@ -425,6 +455,7 @@ static int32_t reduce(mlxdist_v3_backend* base, int kind, uint64_t seq, const vo
                                     b->stream),
                      what, seq, st);
     if (!rc) rc = wait_comm(b, what, seq, true, st);
+    rc = fail_queued(b, rc, st); /* the copy in may have been queued */
     if (!rc) memcpy(out, b->hbuf, out_bytes);
   }
   pthread_mutex_unlock(&b->mu);
@@ -461,6 +492,7 @@ static int32_t p_all_gather(mlxdist_v3_backend* base, uint64_t seq, const void* 
                      L.memcpy_async(b->hbuf, d + nbytes, total, cudaMemcpyDeviceToHost, b->stream),
                      "all_gather", seq, st);
     if (!rc) rc = wait_comm(b, "all_gather", seq, true, st);
+    rc = fail_queued(b, rc, st);
     if (!rc) memcpy(out, b->hbuf, total);
   }
   pthread_mutex_unlock(&b->mu);
@@ -486,6 +518,7 @@ static int32_t p2p(inst* b, bool is_send, uint64_t seq, void* buf, size_t nbytes
       rc = cuda_step(b, L.memcpy_async(b->hbuf, b->dbuf, nbytes, cudaMemcpyDeviceToHost, b->stream),
                      what, seq, st);
     if (!rc) rc = wait_comm(b, what, seq, true, st);
+    rc = fail_queued(b, rc, st);
     if (!rc && !is_send) memcpy(buf, b->hbuf, nbytes);
   }
   pthread_mutex_unlock(&b->mu);
