@@ -3,20 +3,23 @@
 # (tests/vm/rxe_vm.sh): the conformance program (tests/conformance) under
 # jaccl at 2, 3 and 4 ranks, mesh and ring (MLX_JACCL_RING; at 4 ranks the
 # ring links only neighbours, so the other pairs go over TCP), through the
-# coordinator and through the caller's all-gather (--all-gather DIR), and
-# mlxdist-launch --backend jaccl on the VM's one host. Each case is a shell
+# coordinator and through the caller's all-gather (--all-gather DIR),
+# mlxdist-launch --backend jaccl|jaccl-ring on the VM's one host, and
+# mlxdist-bench --backend jaccl --check under it. Each case is a shell
 # function of run.sh below (the VM's busybox sh); every case's time is printed.
-#   usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH
+#   usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH MLXDIST_BENCH
 # MLXDIST_VM_CASES="case ..." runs only those cases. Exit 77 (skip) where the
 # harness cannot run (not root, no qemu or kernel).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-coll=${1:?usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH}
-launch=${2:?usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH}
+coll=${1:?usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH MLXDIST_BENCH}
+launch=${2:?usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH MLXDIST_BENCH}
+bench=${3:?usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH MLXDIST_BENCH}
 share=$(mktemp -d /tmp/mlxdist-vmshare.XXXXXX)
 trap 'rm -rf "$share"' EXIT
 cp "$coll" "$share/test_collectives"
 cp "$launch" "$share/mlxdist-launch"
+cp "$bench" "$share/mlxdist-bench"
 echo "${MLXDIST_VM_CASES:-}" >"$share/cases"
 cat >"$share/run.sh" <<'RUN'
 # runs inside the VM, in /share (busybox sh)
@@ -114,9 +117,26 @@ launch_jaccl() {
     fi
   done
 }
+# mlxdist-bench under jaccl (2 ranks, every op, results checked)
+bench_jaccl() {
+  matrix /tmp/bench2.json 2 mesh
+  t0=$(now)
+  ./mlxdist-launch --backend jaccl --ibv-devices /tmp/bench2.json --timeout 200 -- \
+    ./mlxdist-bench --backend jaccl --op all -b 4 -e 1M -f 32 -t 20 --batches 2 --check \
+    >/tmp/bench.out 2>&1
+  rc=$?
+  t1=$(now)
+  cat /tmp/bench.out
+  if [ $rc = 0 ] && grep -q ' ok ' /tmp/bench.out && ! grep -q FAIL /tmp/bench.out; then
+    echo "PASS bench_jaccl $(awk "BEGIN{print $t1 - $t0}") s"
+  else
+    echo "FAIL bench_jaccl (exit $rc) $(awk "BEGIN{print $t1 - $t0}") s"
+    fail=1
+  fi
+}
 all="conf_2_mesh_coord conf_3_mesh_coord conf_4_mesh_coord conf_2_ring_coord conf_3_ring_coord
 conf_4_ring_coord conf_2_mesh_gather conf_3_mesh_gather conf_4_mesh_gather conf_2_ring_gather
-conf_3_ring_gather conf_4_ring_gather launch_jaccl"
+conf_3_ring_gather conf_4_ring_gather launch_jaccl bench_jaccl"
 cases=$(cat cases)
 [ -n "$cases" ] || cases=$all
 for c in $cases; do $c; done
