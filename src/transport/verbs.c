@@ -789,6 +789,7 @@ static bool wait_loop(vb_transport* t, vb_req** reqs, int n, double until, mlxd_
     if (ev && t->waiting > 1) kick(t); /* it may have been another waiter's progress */
     if (!any_pending(reqs, n) || t->err.code) return true;
     double now = mlxd_now();
+    mlxd_vb_beat_if_due(t, now);
     if (ev) {
       ws->last_change = ws->last_event = now;
       if (now >= until) return false;

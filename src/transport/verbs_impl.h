@@ -8,6 +8,7 @@
 #include "transport/verbs.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -157,12 +158,14 @@ typedef struct vb_transport {
   mlxd_live_cfg live;
   double spin_s;
   int watch;
-  bool closing;    /* destroy runs: completions of dying work are not failures */
-  bool forgotten;  /* a forked child's copy */
-  bool chan_owner; /* a waiter sleeps on the completion channels */
-  int waiting;     /* threads inside a wait */
-  int wake_fd;     /* eventfd: wakes the channel sleeper (abort, another waiter's progress) */
-  mlxd_status err; /* the first failure */
+  double last_beat;     /* when this rank last sent its heartbeats (mu) */
+  atomic_bool beat_due; /* the watchdog found mu taken: a waiter sends them (verbs_setup.c) */
+  bool closing;         /* destroy runs: completions of dying work are not failures */
+  bool forgotten;       /* a forked child's copy */
+  bool chan_owner;      /* a waiter sleeps on the completion channels */
+  int waiting;          /* threads inside a wait */
+  int wake_fd;          /* eventfd: wakes the channel sleeper (abort, another waiter's progress) */
+  mlxd_status err;      /* the first failure */
   vb_req* free_reqs;
   int nfree;
 } vb_transport;
@@ -188,6 +191,10 @@ int mlxd_vb_rec_read(vb_transport* t, int pi, mlxd_status* st);
 void mlxd_vb_rec_fill(vb_rec* rec, uint32_t state, const mlxd_status* st);
 void mlxd_vb_note_read(vb_transport* t, int pi, char* out, size_t n);
 void mlxd_vb_live_start(vb_transport* t);
+/* Send the heartbeats now if the watchdog left them to a waiter or they are
+ * overdue (1.5 periods): a waiter calls it on every pass, since it keeps mu
+ * through a stream of events. mu held. */
+void mlxd_vb_beat_if_due(vb_transport* t, double now);
 void mlxd_vb_live_stop(vb_transport* t);
 /* Free what set-up made (queue pairs, memory, devices) after destroy's
  * drain; mu not held, no other thread. */

@@ -113,28 +113,51 @@ void mlxd_vb_note_read(vb_transport* t, int pi, char* out, size_t n) {
 
 /* ---- heartbeats ---- */
 
-static void beat(void* ctx, double now) {
-  (void)now;
-  vb_transport* t = ctx;
+/* Send every linked peer this rank's heartbeat (mu held). */
+static void beat_locked(vb_transport* t, double now) {
+  t->last_beat = now;
+  atomic_store_explicit(&t->beat_due, false, memory_order_relaxed);
+  if (t->err.code || t->closing) return;
   char note[MLXD_NOTE_MAX] = {0};
   mlxd_oprec_note(note, sizeof note);
   note[sizeof note - 1] = '\0';
-  pthread_mutex_lock(&t->mu);
-  if (!t->err.code && !t->closing) {
-    mlxd_vb_progress(t, true); /* completions of earlier beats, and whatever else came */
-    for (int pi = 0; pi < t->base.size && !t->err.code; pi++) {
-      vb_peer* p = &t->peers[pi];
-      if (pi == t->base.rank || !p->nrails || p->beat_busy || p->closed) continue;
-      p->cells->beat_out.count++;
-      memcpy(p->cells->beat_out.note, note, sizeof note);
-      if (mlxd_vb_post_cell(t, pi, VB_WR_BEAT, offsetof(vb_cells, beat_out), sizeof(vb_beat)))
-        p->beat_busy = true;
-    }
+  mlxd_vb_progress(t, true); /* completions of earlier beats, and whatever else came */
+  for (int pi = 0; pi < t->base.size && !t->err.code; pi++) {
+    vb_peer* p = &t->peers[pi];
+    if (pi == t->base.rank || !p->nrails || p->beat_busy || p->closed) continue;
+    p->cells->beat_out.count++;
+    memcpy(p->cells->beat_out.note, note, sizeof note);
+    if (mlxd_vb_post_cell(t, pi, VB_WR_BEAT, offsetof(vb_cells, beat_out), sizeof(vb_beat)))
+      p->beat_busy = true;
   }
+}
+
+/* The watchdog's tick never waits for mu. A waiter keeps mu through a
+ * stream of events (it lets go only to sleep), and glibc's mutex is not
+ * fair: a tick blocked on it missed its beats for as long as the events
+ * came (a bystander rank was taken for dead after 30 s in a 4-rank ring
+ * under emulation), and held back every other registration's tick. When
+ * mu is taken the beat is left to the waiter (mlxd_vb_beat_if_due); when
+ * the holder is not a waiter, the next tick sends it. */
+static void beat(void* ctx, double now) {
+  vb_transport* t = ctx;
+  if (pthread_mutex_trylock(&t->mu) != 0) {
+    atomic_store_explicit(&t->beat_due, true, memory_order_relaxed);
+    return;
+  }
+  beat_locked(t, now);
   pthread_mutex_unlock(&t->mu);
 }
 
+void mlxd_vb_beat_if_due(vb_transport* t, double now) {
+  if (t->watch <= 0) return; /* no heartbeats (a group of one, or the watchdog failed) */
+  if (atomic_load_explicit(&t->beat_due, memory_order_relaxed) ||
+      now - t->last_beat >= 1.5 * t->live.beat_s)
+    beat_locked(t, now);
+}
+
 void mlxd_vb_live_start(vb_transport* t) {
+  t->last_beat = mlxd_now();
   if (t->base.size > 1) t->watch = mlxd_watchdog_add(beat, t, t->live.beat_s);
 }
 
