@@ -114,8 +114,8 @@ typedef enum {
 } mlxd_ibv_wc_kind;
 typedef struct mlxd_ibv_wc {
   uint64_t wr_id;
-  int status;  /* 0: success, else enum ibv_wc_status */
-  int kind;    /* mlxd_ibv_wc_kind (unreliable when status != 0) */
+  int status;   /* 0: success, else enum ibv_wc_status */
+  int kind;     /* mlxd_ibv_wc_kind (unreliable when status != 0) */
   uint32_t qpn; /* the local queue pair */
   uint32_t imm; /* RECV_IMM: the immediate data (host order) */
   uint32_t vendor_err;

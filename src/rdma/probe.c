@@ -3,7 +3,6 @@
 #include "rdma/probe.h"
 
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -12,64 +11,12 @@
 #include <unistd.h>
 
 #include "rdma/abi.h"
+#include "rdma/lib.h"
 #include "util/tunables.h"
 
-#define DEFAULT_LIB "libibverbs.so.1"
 #define SYSFS "/sys/class/infiniband"
 
-typedef struct ibv_api {
-  mlxd_ibv_get_device_list_fn get_device_list;
-  mlxd_ibv_free_device_list_fn free_device_list;
-  mlxd_ibv_get_device_name_fn get_device_name;
-  mlxd_ibv_open_device_fn open_device;
-  mlxd_ibv_close_device_fn close_device;
-  mlxd_ibv_query_device_fn query_device;
-  mlxd_ibv_query_port_fn query_port;
-  mlxd_ibv_query_gid_fn query_gid;
-} ibv_api;
-
-/* name at IBVERBS_1.1, else unversioned (a library without symbol versions). */
-static void* sym(void* h, const char* name) {
-  void* p = dlvsym(h, name, "IBVERBS_1.1");
-  return p ? p : dlsym(h, name);
-}
-
-/* The library is loaded once per probe and never unloaded: providers loaded
- * by ibv_get_device_list stay mapped and refer to it. */
-static bool load(mlxd_verbs_probe* p, ibv_api* api) {
-  const char* lib = mlxd_tunable_str(MLXD_T_IBVERBS_LIB);
-  if (!lib || !lib[0]) lib = DEFAULT_LIB;
-  snprintf(p->lib_name, sizeof p->lib_name, "%s", lib);
-  void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* e = dlerror();
-    snprintf(p->lib_err, sizeof p->lib_err, "%s", e ? e : "dlopen failed");
-    p->lib = MLXD_VERBS_NO_LIBRARY;
-    return false;
-  }
-  struct {
-    const char* name;
-    void** slot;
-  } want[] = {
-      {"ibv_get_device_list", (void**)&api->get_device_list},
-      {"ibv_free_device_list", (void**)&api->free_device_list},
-      {"ibv_get_device_name", (void**)&api->get_device_name},
-      {"ibv_open_device", (void**)&api->open_device},
-      {"ibv_close_device", (void**)&api->close_device},
-      {"ibv_query_device", (void**)&api->query_device},
-      {"ibv_query_port", (void**)&api->query_port},
-      {"ibv_query_gid", (void**)&api->query_gid},
-  };
-  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-    *want[i].slot = sym(h, want[i].name);
-    if (!*want[i].slot) {
-      snprintf(p->lib_err, sizeof p->lib_err, "it has no %s", want[i].name);
-      p->lib = MLXD_VERBS_BAD_LIBRARY;
-      return false;
-    }
-  }
-  return true;
-}
+typedef mlxd_verbs_lib ibv_api;
 
 /* The GID's type from sysfs ("RoCE v2", "IB/RoCE v1"); "" when unknown. */
 static void gid_type(const char* dev, int port, int idx, char* out, size_t len) {
@@ -99,7 +46,7 @@ static bool gid_zero(const uint8_t g[16]) {
 /* The GID an Ethernet port would use: MLXDIST_IB_GID_INDEX, else the first
  * RoCE v2 entry with an IPv4-mapped address (an entry whose type sysfs
  * cannot tell is taken only when no RoCE v2 one exists). */
-static void choose_gid(const ibv_api* api, struct mlxd_ibv_context* ctx, const char* dev,
+static void choose_gid(const ibv_api* api, struct mlxd_abi_context* ctx, const char* dev,
                        mlxd_verbs_port* pt) {
   long forced = mlxd_tunable_long(MLXD_T_IB_GID_INDEX);
   int n = pt->gid_tbl_len > 1024 ? 1024 : pt->gid_tbl_len;
@@ -150,10 +97,12 @@ static void choose_gid(const ibv_api* api, struct mlxd_ibv_context* ctx, const c
            "MLXDIST_IB_GID_INDEX)");
 }
 
-static void probe_port(const ibv_api* api, struct mlxd_ibv_context* ctx, const char* dev,
-                       mlxd_verbs_port* pt) {
-  mlxd_ibv_port_attr_buf b;
+void mlxd_verbs_query_port(const mlxd_verbs_lib* api, struct mlxd_abi_context* ctx, const char* dev,
+                           int num, mlxd_verbs_port* pt) {
+  mlxd_abi_port_attr_buf b;
   memset(&b, 0, sizeof b);
+  memset(pt, 0, sizeof *pt);
+  pt->num = num;
   pt->gid_index = -1;
   if (api->query_port(ctx, (uint8_t)pt->num, &b) != 0) {
     snprintf(pt->err, sizeof pt->err, "ibv_query_port failed");
@@ -166,15 +115,21 @@ static void probe_port(const ibv_api* api, struct mlxd_ibv_context* ctx, const c
   pt->lid = b.a.lid;
   pt->gid_tbl_len = b.a.gid_tbl_len < 0 ? 0 : b.a.gid_tbl_len;
   /* InfiniBand without a global route uses the LID; Ethernet (RoCE) needs a GID */
-  if (pt->link_layer != MLXD_IBV_LINK_LAYER_INFINIBAND) choose_gid(api, ctx, dev, pt);
+  if (pt->link_layer != MLXD_ABI_LINK_LAYER_INFINIBAND) choose_gid(api, ctx, dev, pt);
 }
 
 void mlxd_verbs_probe_run(mlxd_verbs_probe* p) {
   memset(p, 0, sizeof *p);
-  ibv_api api;
-  if (!load(p, &api)) return;
+  mlxd_verbs_lib_err le;
+  const ibv_api* api = mlxd_verbs_lib_get(&le);
+  snprintf(p->lib_name, sizeof p->lib_name, "%s", le.name);
+  if (!api) {
+    snprintf(p->lib_err, sizeof p->lib_err, "%s", le.err);
+    p->lib = le.loaded ? MLXD_VERBS_BAD_LIBRARY : MLXD_VERBS_NO_LIBRARY;
+    return;
+  }
   int n = 0;
-  struct mlxd_ibv_device** list = api.get_device_list(&n);
+  struct mlxd_abi_device** list = api->get_device_list(&n);
   if (!list) {
     int e = errno;
     struct stat sb;
@@ -188,32 +143,30 @@ void mlxd_verbs_probe_run(mlxd_verbs_probe* p) {
   long only_port = mlxd_tunable_long(MLXD_T_IB_PORT);
   for (int i = 0; i < n && list[i] && p->ndev < MLXD_VERBS_MAX_DEVS; i++) {
     mlxd_verbs_dev* d = &p->devs[p->ndev++];
-    const char* name = api.get_device_name(list[i]);
+    const char* name = api->get_device_name(list[i]);
     snprintf(d->name, sizeof d->name, "%s", name ? name : "?");
-    struct mlxd_ibv_context* ctx = api.open_device(list[i]);
+    struct mlxd_abi_context* ctx = api->open_device(list[i]);
     if (!ctx) {
       snprintf(d->err, sizeof d->err, "ibv_open_device failed (permissions on /dev/infiniband?)");
       continue;
     }
-    mlxd_ibv_device_attr da;
+    mlxd_abi_device_attr da;
     memset(&da, 0, sizeof da);
-    if (api.query_device(ctx, &da) != 0) {
+    if (api->query_device(ctx, &da) != 0) {
       snprintf(d->err, sizeof d->err, "ibv_query_device failed");
     } else {
       int np = da.phys_port_cnt > MLXD_VERBS_MAX_PORTS ? MLXD_VERBS_MAX_PORTS : da.phys_port_cnt;
       for (int k = 1; k <= np; k++) {
         if (only_port > 0 && k != only_port) continue;
-        mlxd_verbs_port* pt = &d->ports[d->nports++];
-        pt->num = k;
-        probe_port(&api, ctx, d->name, pt);
+        mlxd_verbs_query_port(api, ctx, d->name, k, &d->ports[d->nports++]);
       }
       if (only_port > np)
         snprintf(d->err, sizeof d->err, "MLXDIST_IB_PORT=%ld but the device has %d port(s)",
                  only_port, (int)da.phys_port_cnt);
     }
-    api.close_device(ctx);
+    api->close_device(ctx);
   }
-  api.free_device_list(list);
+  api->free_device_list(list);
 }
 
 const mlxd_verbs_dev* mlxd_verbs_find(const mlxd_verbs_probe* p, const char* name) {
@@ -225,8 +178,8 @@ const mlxd_verbs_dev* mlxd_verbs_find(const mlxd_verbs_probe* p, const char* nam
 /* Active, and with an address to use: the LID on InfiniBand, else a GID
  * (none when the table has no RoCE v2 IPv4 entry or a forced index is empty). */
 static bool port_usable(const mlxd_verbs_port* pt) {
-  return pt->queried && pt->state == MLXD_IBV_PORT_ACTIVE &&
-         (pt->link_layer == MLXD_IBV_LINK_LAYER_INFINIBAND || pt->gid_index >= 0);
+  return pt->queried && pt->state == MLXD_ABI_PORT_ACTIVE &&
+         (pt->link_layer == MLXD_ABI_LINK_LAYER_INFINIBAND || pt->gid_index >= 0);
 }
 
 const mlxd_verbs_port* mlxd_verbs_active_port(const mlxd_verbs_dev* d) {
@@ -237,7 +190,7 @@ const mlxd_verbs_port* mlxd_verbs_active_port(const mlxd_verbs_dev* d) {
 
 const char* mlxd_verbs_port_word(const mlxd_verbs_port* pt) {
   if (!pt->queried) return "unknown";
-  if (pt->state == MLXD_IBV_PORT_ACTIVE && !port_usable(pt)) return "ACTIVE but without a GID";
+  if (pt->state == MLXD_ABI_PORT_ACTIVE && !port_usable(pt)) return "ACTIVE but without a GID";
   return mlxd_verbs_state_name(pt->state);
 }
 
@@ -311,8 +264,8 @@ const char* mlxd_verbs_state_name(int state) {
 int mlxd_verbs_mtu_bytes(int ibv_mtu) { return ibv_mtu >= 1 && ibv_mtu <= 5 ? 128 << ibv_mtu : 0; }
 
 const char* mlxd_verbs_link_name(int link_layer) {
-  return link_layer == MLXD_IBV_LINK_LAYER_INFINIBAND ? "InfiniBand"
-         : link_layer == MLXD_IBV_LINK_LAYER_ETHERNET ? "Ethernet"
+  return link_layer == MLXD_ABI_LINK_LAYER_INFINIBAND ? "InfiniBand"
+         : link_layer == MLXD_ABI_LINK_LAYER_ETHERNET ? "Ethernet"
                                                       : "unspecified link layer";
 }
 
@@ -335,7 +288,7 @@ void mlxd_verbs_port_line(const mlxd_verbs_dev* d, const mlxd_verbs_port* pt, ch
     return;
   }
   char addr[96];
-  if (pt->link_layer == MLXD_IBV_LINK_LAYER_INFINIBAND) {
+  if (pt->link_layer == MLXD_ABI_LINK_LAYER_INFINIBAND) {
     snprintf(addr, sizeof addr, "LID %u", (unsigned)pt->lid);
   } else if (pt->gid_index >= 0) {
     char g[INET6_ADDRSTRLEN];

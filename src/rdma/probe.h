@@ -65,6 +65,15 @@ const mlxd_verbs_dev* mlxd_verbs_find(const mlxd_verbs_probe* p, const char* nam
  * InfiniBand or a GID on Ethernet), or NULL. */
 const mlxd_verbs_port* mlxd_verbs_active_port(const mlxd_verbs_dev* d);
 
+/* Look at port `num` of a device opened with L (ctx from its ibv_open_device)
+ * as the probe does: its state, MTU, link layer, LID and the GID chosen
+ * (MLXDIST_IB_GID_INDEX honoured). pt is overwritten; pt->err says what could
+ * not be told. Used by the device layer (rdma/ibv.c) to choose the same. */
+struct mlxd_verbs_lib;
+struct mlxd_abi_context;
+void mlxd_verbs_query_port(const struct mlxd_verbs_lib* L, struct mlxd_abi_context* ctx,
+                           const char* dev, int num, mlxd_verbs_port* pt);
+
 /* A port's state in words for messages: "ACTIVE", "DOWN", ..., "ACTIVE but
  * without a GID" (active, yet no address to use: see mlxd_verbs_active_port),
  * "unknown" (not queried). */

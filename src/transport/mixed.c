@@ -1,24 +1,29 @@
-/* The mixed transport: one mlxd_transport for a group that spans hosts,
- * reaching the ranks on this rank's host over a shared-memory session of
- * those ranks only and every other rank over TCP. The algorithms see one
- * transport (transport.h) and never know which part carries a message.
+/* The mixed transport: one mlxd_transport over two others of one group,
+ * routing each peer to one of them. The ring reaches the ranks on this
+ * rank's host over a shared-memory session of those ranks only and every
+ * other rank over TCP; jaccl in a ring topology reaches its neighbours over
+ * verbs and the other ranks over TCP. The algorithms see one transport
+ * (transport.h) and never know which part carries a message.
  *
- * Routing. local[p] is peer p's index in the shm session (the session's
- * ranks are this host's group ranks in increasing order, and the session
- * names them by their group ranks: mlxd_shm_transport_new_named), or -1
- * for a peer reached over TCP (the group's TCP mesh, group ranks). A
- * request of the shm part is returned with its lowest pointer bit set
- * (requests are malloc'd, so that bit is free), which lets waitall route
- * it back without allocating anything per request.
+ * Routing. local[p] is peer p's index in `part` (the shm session's ranks are
+ * this host's group ranks in increasing order, and the session names them by
+ * their group ranks: mlxd_shm_transport_new_named; jaccl's verbs transport
+ * spans the group, so local[p] == p), or -1 for a peer reached over `rest`
+ * (TCP, group ranks). A request of `part` is returned with its lowest
+ * pointer bit set (requests are malloc'd, so that bit is free), which lets
+ * waitall route it back without allocating anything per request.
  *
  * Waiting on both parts. A wait whose requests all live in one part is
  * that part's own waitall. A wait with requests in both (a ring step that
- * sends over shm and receives over TCP) alternates slices of the two parts
- * (wait_slice): a non-blocking poll of the sockets, then the shm rings,
- * without blocking while either part saw an event within MLXDIST_SPIN_US,
- * after that sleeping on this rank's shm doorbell for at most
- * MIXED_IDLE_SLICE_S (100 us): a shm peer's doorbell wakes it at once, and bytes
- * that arrive over TCP wait at most that long. There is no sched_yield in
+ * sends over one and receives over the other) alternates slices of the two
+ * parts (wait_slice): a non-blocking pass over the part that does not
+ * sleep, then the sleeping one, without blocking while either part saw an
+ * event within MLXDIST_SPIN_US, after that sleeping in the sleeping part for
+ * at most MIXED_IDLE_SLICE_S (100 us): its own peers wake it at once (shm:
+ * this rank's doorbell; tcp: poll on its sockets), and what arrives over the
+ * other part waits at most that long. The ring sleeps on shm, jaccl on tcp
+ * (its verbs part has no cheaper wake-up than a poll of the completion
+ * queue). There is no sched_yield in
  * the slices; the loop yields between spinning passes when the group has
  * more ranks than the machine has CPUs (as tcp.c does), so the rank it
  * waits for gets the CPU. Once one part is done the other waits
@@ -43,21 +48,22 @@
 #include "util/clock.h"
 #include "util/tunables.h"
 
-#define MIXED_IDLE_SLICE_S 100e-6 /* the longest sleep on the shm doorbell with TCP pending */
+#define MIXED_IDLE_SLICE_S 100e-6 /* the longest sleep in one part with the other pending */
 
 typedef struct mixed_transport {
   mlxd_transport base;
-  mlxd_transport* tcp;
-  mlxd_transport* shm;
-  int* local; /* local[p]: p's index in shm, -1: over tcp */
+  mlxd_transport* rest; /* every peer that part does not carry (tcp) */
+  mlxd_transport* part; /* local[p] >= 0 (shm, verbs) */
+  int* local;           /* local[p]: p's index in part, -1: over rest */
+  bool sleep_on_part;   /* a wait on both sleeps in part (else in rest) */
   double spin_s;
   bool yield; /* more ranks than CPUs: give the CPU away between spinning passes */
 } mixed_transport;
 
 static const mlxd_transport_ops mixed_ops;
 
-static mlxd_req* tag_shm(mlxd_req* r) { return (mlxd_req*)((uintptr_t)r | 1u); }
-static bool is_shm(const mlxd_req* r) { return ((uintptr_t)r & 1u) != 0; }
+static mlxd_req* tag_part(mlxd_req* r) { return (mlxd_req*)((uintptr_t)r | 1u); }
+static bool is_part(const mlxd_req* r) { return ((uintptr_t)r & 1u) != 0; }
 static mlxd_req* untag(mlxd_req* r) { return (mlxd_req*)((uintptr_t)r & ~(uintptr_t)1u); }
 
 /* One part failed with st: fail the other one with it (abort is a no-op
@@ -65,7 +71,7 @@ static mlxd_req* untag(mlxd_req* r) { return (mlxd_req*)((uintptr_t)r & ~(uintpt
  * of the transport. */
 static void spread(mixed_transport* t, const mlxd_transport* from, const mlxd_status* st) {
   if (!st->code || st->code == MLXD_EINVAL || st->code == MLXD_ENOMEM) return;
-  mlxd_transport* other = from == t->tcp ? t->shm : t->tcp;
+  mlxd_transport* other = from == t->rest ? t->part : t->rest;
   other->ops->abort(other, st);
 }
 
@@ -74,7 +80,7 @@ static int post(mlxd_transport* tt, bool send, int peer, uint64_t tag, const mlx
   mixed_transport* t = (mixed_transport*)tt;
   assert(peer >= 0 && peer < tt->size && peer != tt->rank && req);
   int li = t->local[peer];
-  mlxd_transport* part = li >= 0 ? t->shm : t->tcp;
+  mlxd_transport* part = li >= 0 ? t->part : t->rest;
   int p = li >= 0 ? li : peer;
   int rc = send ? part->ops->isend(part, p, tag, sig, buf, n, req, st)
                 : part->ops->irecv(part, p, tag, sig, buf, n, req, st);
@@ -83,7 +89,7 @@ static int post(mlxd_transport* tt, bool send, int peer, uint64_t tag, const mlx
     return rc;
   }
   assert(((uintptr_t)*req & 1u) == 0);
-  if (li >= 0) *req = tag_shm(*req);
+  if (li >= 0) *req = tag_part(*req);
   return 0;
 }
 
@@ -99,28 +105,34 @@ static int mixed_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_si
 
 /* Alternate slices of both parts until neither has a pending request or
  * one failed. Returns 0 or the first failure (st set). */
-static int wait_both(mixed_transport* t, mlxd_req** tr, int nt, mlxd_req** sr, int ns,
+static int wait_both(mixed_transport* t, mlxd_req** rr, int nr, mlxd_req** pr, int np,
                      mlxd_status* st) {
-  mlxd_wait_state wt = {0}, ws = {0};
+  /* s: the part that sleeps when idle, q: the one polled without blocking */
+  mlxd_transport* s = t->sleep_on_part ? t->part : t->rest;
+  mlxd_transport* q = t->sleep_on_part ? t->rest : t->part;
+  mlxd_req** sr = t->sleep_on_part ? pr : rr;
+  mlxd_req** qr = t->sleep_on_part ? rr : pr;
+  int ns = t->sleep_on_part ? np : nr, nq = t->sleep_on_part ? nr : np;
+  mlxd_wait_state wq = {0}, ws = {0};
   bool idle = false;
   for (;;) {
-    if (!wt.done) {
-      int rc = t->tcp->ops->wait_slice(t->tcp, tr, nt, ws.done ? INFINITY : 0, &wt, st);
+    if (!wq.done) {
+      int rc = q->ops->wait_slice(q, qr, nq, ws.done ? INFINITY : 0, &wq, st);
       if (rc) {
-        spread(t, t->tcp, st);
+        spread(t, q, st);
         return rc;
       }
     }
     if (!ws.done) {
-      double s = wt.done ? INFINITY : idle ? MIXED_IDLE_SLICE_S : 0;
-      int rc = t->shm->ops->wait_slice(t->shm, sr, ns, s, &ws, st);
+      double sl = wq.done ? INFINITY : idle ? MIXED_IDLE_SLICE_S : 0;
+      int rc = s->ops->wait_slice(s, sr, ns, sl, &ws, st);
       if (rc) {
-        spread(t, t->shm, st);
+        spread(t, s, st);
         return rc;
       }
     }
-    if (wt.done && ws.done) return 0;
-    double last = wt.last_event > ws.last_event ? wt.last_event : ws.last_event;
+    if (wq.done && ws.done) return 0;
+    double last = wq.last_event > ws.last_event ? wq.last_event : ws.last_event;
     idle = mlxd_now() - last >= t->spin_s;
     if (!idle && t->yield) sched_yield(); /* the rank we wait for may need this CPU */
   }
@@ -134,40 +146,40 @@ static int check_part(mlxd_transport* part, mlxd_status* st) {
 
 static int mixed_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* st) {
   mixed_transport* t = (mixed_transport*)tt;
-  /* Partition in place: tcp requests first, then the shm ones untagged. */
-  int nt = 0;
+  /* Partition in place: rest's requests first, then part's untagged. */
+  int nr = 0;
   for (int i = 0; i < n; i++)
-    if (reqs[i] && !is_shm(reqs[i])) {
+    if (reqs[i] && !is_part(reqs[i])) {
       mlxd_req* r = reqs[i];
-      reqs[i] = reqs[nt];
-      reqs[nt++] = r;
+      reqs[i] = reqs[nr];
+      reqs[nr++] = r;
     }
-  int ns = 0;
-  for (int i = nt; i < n; i++)
+  int np = 0;
+  for (int i = nr; i < n; i++)
     if (reqs[i]) {
       mlxd_req* r = untag(reqs[i]);
       reqs[i] = NULL;
-      reqs[nt + ns++] = r;
+      reqs[nr + np++] = r;
     }
-  mlxd_req** tr = reqs;
-  mlxd_req** sr = reqs + nt;
+  mlxd_req** rr = reqs;
+  mlxd_req** pr = reqs + nr;
   mlxd_status first = {0}, s = {0};
   int rc = 0;
-  if (nt > 0 && ns > 0) rc = wait_both(t, tr, nt, sr, ns, &first);
+  if (nr > 0 && np > 0) rc = wait_both(t, rr, nr, pr, np, &first);
   /* Each part ends its wait (returns at once when the loop above ran to
    * the end, frees the requests); the part without requests is checked. */
-  int rt = nt > 0 ? t->tcp->ops->waitall(t->tcp, tr, nt, &s) : check_part(t->tcp, &s);
+  int rt = nr > 0 ? t->rest->ops->waitall(t->rest, rr, nr, &s) : check_part(t->rest, &s);
   if (rt) {
-    spread(t, t->tcp, &s);
+    spread(t, t->rest, &s);
     if (!rc) {
       rc = rt;
       first = s;
     }
   }
   mlxd_status_clear(&s);
-  int rs = ns > 0 ? t->shm->ops->waitall(t->shm, sr, ns, &s) : check_part(t->shm, &s);
+  int rs = np > 0 ? t->part->ops->waitall(t->part, pr, np, &s) : check_part(t->part, &s);
   if (rs) {
-    spread(t, t->shm, &s);
+    spread(t, t->part, &s);
     if (!rc || (rc == MLXD_EINVAL && rs != MLXD_EINVAL)) {
       rc = rs;
       first = s;
@@ -189,23 +201,23 @@ static int mixed_wait_slice(mlxd_transport* tt, mlxd_req** reqs, int n, double m
 
 static void mixed_abort(mlxd_transport* tt, const mlxd_status* st) {
   mixed_transport* t = (mixed_transport*)tt;
-  t->tcp->ops->abort(t->tcp, st);
-  t->shm->ops->abort(t->shm, st);
+  t->rest->ops->abort(t->rest, st);
+  t->part->ops->abort(t->part, st);
 }
 
 static void mixed_destroy(mlxd_transport* tt) {
   mixed_transport* t = (mixed_transport*)tt;
   if (!t) return;
-  if (t->shm) t->shm->ops->destroy(t->shm);
-  if (t->tcp) t->tcp->ops->destroy(t->tcp);
+  if (t->part) t->part->ops->destroy(t->part);
+  if (t->rest) t->rest->ops->destroy(t->rest);
   free(t->local);
   free(t);
 }
 
 static void mixed_forget(mlxd_transport* tt) {
   mixed_transport* t = (mixed_transport*)tt;
-  if (t->shm && t->shm->ops->forget) t->shm->ops->forget(t->shm);
-  if (t->tcp && t->tcp->ops->forget) t->tcp->ops->forget(t->tcp);
+  if (t->part && t->part->ops->forget) t->part->ops->forget(t->part);
+  if (t->rest && t->rest->ops->forget) t->rest->ops->forget(t->rest);
 }
 
 static const mlxd_transport_ops mixed_ops = {
@@ -219,27 +231,34 @@ static const mlxd_transport_ops mixed_ops = {
     .forget = mixed_forget,
 };
 
-mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* shm, const int* local,
-                                         mlxd_status* st) {
-  assert(tcp && shm && local && tcp->size >= 2);
+mlxd_transport* mlxd_mixed_combine(mlxd_transport* rest, mlxd_transport* part, const int* local,
+                                   bool sleep_on_part, size_t ring_chunk, mlxd_status* st) {
+  assert(rest && part && local && rest->size >= 2);
   mixed_transport* t = calloc(1, sizeof *t);
-  int* map = calloc((size_t)tcp->size, sizeof *map);
+  int* map = calloc((size_t)rest->size, sizeof *map);
   if (!t || !map) {
     free(t);
     free(map);
     mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory creating the transport");
     return NULL;
   }
-  for (int p = 0; p < tcp->size; p++) map[p] = p == tcp->rank ? -1 : local[p];
+  for (int p = 0; p < rest->size; p++) map[p] = p == rest->rank ? -1 : local[p];
   t->base.ops = &mixed_ops;
-  t->base.rank = tcp->rank;
-  t->base.size = tcp->size;
-  t->tcp = tcp;
-  t->shm = shm;
+  t->base.rank = rest->rank;
+  t->base.size = rest->size;
+  t->base.ring_chunk = ring_chunk;
+  t->rest = rest;
+  t->part = part;
   t->local = map;
+  t->sleep_on_part = sleep_on_part;
   t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
   if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  t->yield = ncpu > 0 && tcp->size > ncpu; /* as the TCP transport decides */
+  t->yield = ncpu > 0 && rest->size > ncpu; /* as the TCP transport decides */
   return &t->base;
+}
+
+mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* shm, const int* local,
+                                         mlxd_status* st) {
+  return mlxd_mixed_combine(tcp, shm, local, true, 0, st);
 }

@@ -8,12 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "testutil.h"
 #include "transport/mixed.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
+#include "transport/verbs.h"
 
 bool t_tp_parse(const char* text, t_tp_spec* out) {
   out->nconn = 1;
@@ -33,6 +35,8 @@ bool t_tp_parse(const char* text, t_tp_spec* out) {
     out->kind = T_TP_UNIX;
   else if (len == 3 && strncmp(text, "shm", 3) == 0 && !colon)
     out->kind = T_TP_SHM;
+  else if (len == 5 && strncmp(text, "verbs", 5) == 0)
+    out->kind = T_TP_VERBS;
   else
     return false;
   if (colon) {
@@ -51,7 +55,11 @@ const char* t_tp_name(const t_tp_spec* spec) {
     snprintf(buf, sizeof buf, "mixed:%.24s", spec->hosts);
     return buf;
   }
-  snprintf(buf, sizeof buf, "%s:%d", spec->kind == T_TP_TCP ? "tcp" : "unix", spec->nconn);
+  snprintf(buf, sizeof buf, "%s:%d",
+           spec->kind == T_TP_TCP     ? "tcp"
+           : spec->kind == T_TP_VERBS ? "verbs"
+                                      : "unix",
+           spec->nconn);
   return buf;
 }
 
@@ -129,6 +137,56 @@ static mlxd_transport* make_mixed(const t_tp_spec* spec, int rank, int size, con
   return t;
 }
 
+/* verbs: the set-up all-gather over this rank's socketpairs to the others
+ * (fds[p], one per peer): send ours to everyone, then read everyone's
+ * (small records: the socket buffers take them whole). Bounded by a 60 s
+ * receive timeout. */
+typedef struct ag_ctx {
+  int rank, size;
+  const int* fds;
+} ag_ctx;
+
+static int sock_ag(void* ctx, const void* src, void* dst, size_t n, mlxd_status* st) {
+  ag_ctx* a = ctx;
+  memcpy((char*)dst + (size_t)a->rank * n, src, n);
+  for (int p = 0; p < a->size; p++) {
+    if (p == a->rank) continue;
+    for (size_t off = 0; off < n;) {
+      ssize_t w = write(a->fds[p], (const char*)src + off, n - off);
+      if (w <= 0)
+        return mlxd_fail(st, MLXD_ESYS, "all-gather: write to rank %d: %s", p, strerror(errno));
+      off += (size_t)w;
+    }
+  }
+  for (int p = 0; p < a->size; p++) {
+    if (p == a->rank) continue;
+    struct timeval tv = {60, 0};
+    setsockopt(a->fds[p], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (size_t off = 0; off < n;) {
+      ssize_t r = read(a->fds[p], (char*)dst + (size_t)p * n + off, n - off);
+      if (r <= 0)
+        return mlxd_fail(st, MLXD_ESYS, "all-gather: read from rank %d: %s", p,
+                         r == 0 ? "closed" : strerror(errno));
+      off += (size_t)r;
+    }
+  }
+  return 0;
+}
+
+static mlxd_transport* make_verbs(int rank, int size, int rails, const int* fds, mlxd_status* st) {
+  const char* dev = getenv("T_VERBS_DEV");
+  if (!dev || !*dev) dev = "rxe0";
+  mlxd_verbs_peer peers[T_MAX_RANKS];
+  memset(peers, 0, sizeof peers);
+  for (int p = 0; p < size; p++) {
+    if (p == rank) continue;
+    peers[p].nrails = rails;
+    for (int r = 0; r < rails; r++) peers[p].dev[r] = dev;
+  }
+  ag_ctx a = {rank, size, fds};
+  return mlxd_verbs_transport_new(rank, size, peers, sock_ag, &a, st);
+}
+
 static int rank_main(int rank, int size, const char* session, void* p) {
   run_ctx* x = p;
   mlxd_status st;
@@ -145,7 +203,15 @@ static int rank_main(int rank, int size, const char* session, void* p) {
       if (i / per != rank && x->fds[i] >= 0) close(x->fds[i]);
     free(x->fds);
     x->fds = NULL;
-    t = mlxd_tcp_transport_new(rank, size, mine, k, &st);
+    if (x->spec.kind == T_TP_VERBS) {
+      int ag_fds[T_MAX_RANKS];
+      for (int q = 0; q < size; q++) ag_fds[q] = mine[q * k];
+      t = make_verbs(rank, size, k, ag_fds, &st);
+      for (int i = 0; i < per; i++)
+        if (mine[i] >= 0) close(mine[i]);
+    } else {
+      t = mlxd_tcp_transport_new(rank, size, mine, k, &st);
+    }
     if (t && x->spec.kind == T_TP_MIXED) t = make_mixed(&x->spec, rank, size, session, t, &st);
   }
   T_REQUIREF(t != NULL, "creating the %s transport: %s", t_tp_name(&x->spec), st.msg);
@@ -170,7 +236,7 @@ int t_run_transport(const t_tp_spec* spec, int size, t_tp_fn fn, void* arg,
       for (int j = i + 1; j < size; j++)
         for (int c = 0; c < k; c++) {
           int pr[2];
-          if (connected_pair(spec->kind != T_TP_UNIX, pr))
+          if (connected_pair(spec->kind != T_TP_UNIX && spec->kind != T_TP_VERBS, pr))
             T_FAIL("cannot connect %s sockets: %s", t_tp_name(spec), strerror(errno));
           x.fds[(i * size + j) * k + c] = pr[0];
           x.fds[(j * size + i) * k + c] = pr[1];

@@ -7,6 +7,10 @@
  *   mixed:H   the mixed transport (transport/mixed.h): one digit per rank
  *             names its emulated host ("mixed:0011": ranks 0,1 on host 0,
  *             2,3 on host 1); shm inside a host, loopback TCP across
+ *   verbs[:K] the verbs transport (transport/verbs.h), K rails (queue pairs)
+ *             per pair, all on the device named by $T_VERBS_DEV (default
+ *             rxe0); its set-up all-gather runs over AF_UNIX socketpairs
+ *             (real RDMA only: the VM tests, tests/vm/vm_verbs.sh)
  * The connections are made by the parent before the fork (each rank keeps
  * its own ends), so set-up cannot race or time out; connection set-up over
  * a hostfile is the ring backend's and is tested there. */
@@ -18,15 +22,16 @@
 #include "ranks.h"
 #include "transport/transport.h"
 
-typedef enum { T_TP_TCP, T_TP_UNIX, T_TP_SHM, T_TP_MIXED } t_tp_kind;
+typedef enum { T_TP_TCP, T_TP_UNIX, T_TP_SHM, T_TP_MIXED, T_TP_VERBS } t_tp_kind;
 
 typedef struct t_tp_spec {
   t_tp_kind kind;
-  int nconn;                   /* connections per pair (tcp, unix, mixed's tcp): 1..8 */
+  int nconn;                   /* connections per pair (tcp, unix, mixed's tcp), rails (verbs): 1..8 */
   char hosts[T_MAX_RANKS + 1]; /* mixed: each rank's host digit; the group size is its length */
 } t_tp_spec;
 
-/* Parse "tcp", "tcp:2", "unix", "unix:1", "shm", "mixed:0011"; false on anything else. */
+/* Parse "tcp", "tcp:2", "unix", "unix:1", "shm", "mixed:0011", "verbs", "verbs:2"; false on
+ * anything else. */
 bool t_tp_parse(const char* text, t_tp_spec* out);
 /* "tcp:2" etc. */
 const char* t_tp_name(const t_tp_spec* spec);

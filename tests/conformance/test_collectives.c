@@ -1,6 +1,12 @@
 /* The shared collective conformance suite: one rank program, public API only.
  *
- *   test_collectives [BACKEND] [--big]      (BACKEND: "any" by default; strict init)
+ *   test_collectives [BACKEND] [--big] [--all-gather DIR]
+ *                                           (BACKEND: "any" by default; strict init)
+ *
+ * --all-gather DIR: every init (the first and the re-init after
+ * clear_backends) is init_with_all_gather with the caller's all-gather over
+ * the directory DIR that every rank sees (examples/bootstrap/shared_dir.c),
+ * instead of the backend's own side channel.
  *
  * Run it under a launcher (mlxdist-launch, mpirun). It checks every op
  * (all_sum/max/min, all_gather, sum_scatter, send/recv/recv_like) for all 14
@@ -33,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bootstrap_examples.h"
 #include "mlx/c/mlx.h"
 #include "testutil.h"
 
@@ -576,12 +583,28 @@ static void check_errors(mlx_distributed_group g, int rank, int size) {
   mlx_array_free(x);
 }
 
+/* init(bk), or with --all-gather DIR init_with_all_gather through DIR (a
+ * fresh tag per init: the callback's rounds start again). */
+static const char* g_gather_dir;
+static int init_group(mlx_distributed_group* g, const char* bk) {
+  if (!g_gather_dir) return mlx_distributed_init(g, true, bk);
+  static shared_dir sd[2]; /* kept by the group until it is released */
+  static int inits;
+  T_ASSERT(inits < 2);
+  shared_dir* d = &sd[inits];
+  shared_dir_init(d, g_gather_dir, inits == 0 ? "init" : "reinit", 120.0);
+  inits++;
+  return mlx_distributed_init_with_all_gather(g, true, bk, shared_dir_all_gather, d, NULL);
+}
+
 int main(int argc, char** argv) {
   const char* bk = "any";
   bool big = false;
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--big") == 0)
       big = true;
+    else if (strcmp(argv[i], "--all-gather") == 0 && i + 1 < argc)
+      g_gather_dir = argv[++i];
     else
       bk = argv[i];
   }
@@ -598,7 +621,7 @@ int main(int argc, char** argv) {
   T_ASSERT(g_streams[1].ctx && g_streams[2].ctx);
 
   mlx_distributed_group g = mlx_distributed_group_new();
-  if (mlx_distributed_init(&g, true, bk) != 0) T_FAIL("init(%s): %s", bk, t_last_error());
+  if (init_group(&g, bk) != 0) T_FAIL("init(%s): %s", bk, t_last_error());
   T_EXPECT_NO_ERROR();
   int rank = -1, size = -1;
   T_EQ_INT(mlx_distributed_group_get_rank(&rank, g), 0);
@@ -661,7 +684,7 @@ int main(int argc, char** argv) {
   mlx_distributed_group_free(g);
   T_EQ_INT(mlx_distributed_clear_backends(), 0);
   g = mlx_distributed_group_new();
-  if (mlx_distributed_init(&g, true, bk) != 0) T_FAIL("re-init(%s): %s", bk, t_last_error());
+  if (init_group(&g, bk) != 0) T_FAIL("re-init(%s): %s", bk, t_last_error());
   T_EQ_INT(mlx_distributed_group_rank(g), rank);
   T_EQ_INT(mlx_distributed_group_size(g), size);
   check_reduce(g, members, size, rank, MLX_FLOAT32, OP_SUM, 4096, false);

@@ -1,19 +1,58 @@
-/* The jaccl backend kind (MLX's RDMA backend): its configuration
- * (jaccl_config.c) and this machine's devices (rdma/probe.c). The verbs
- * transport is not built yet in this release, so create always fails, with
- * the first of: the configuration's error, a device the matrix names that
- * this machine does not have, why the devices cannot be used (no library,
- * no device, no active port), else that the transport is not built.
+/* The jaccl backend (MLX's RDMA backend) over the verbs transport.
+ *
+ * create: the configuration (jaccl_config.c) and this machine's devices
+ * (rdma/probe.c) are checked first, and a failure names the first of: the
+ * configuration's error, a device the matrix names that this machine does
+ * not have, why the devices cannot be used (no library, no device, no active
+ * port). Then this rank's row of the matrix gives each peer's rails (the
+ * devices of its cell; several: multi-rail) and the verbs transport
+ * (transport/verbs.h) is built, its queue pair addresses exchanged through
+ * the side channel (jaccl_side.h: the coordinator's TCP star) or, with
+ * mlx_distributed_init_with_all_gather, through the caller's all-gather (no
+ * coordinator read or opened). The side channel is closed once the group is
+ * built.
+ *
+ * Topologies. Mesh: every pair has a link, the group is the verbs transport
+ * alone. Ring (MLX_JACCL_RING, or a matrix with only the neighbour cells):
+ * only neighbours have devices, yet every op works between any two ranks
+ * (send/recv to any peer, the small-message algorithms that talk to every
+ * rank): a group in which some pair has no link also gets a TCP mesh,
+ * built through the same all-gather (address records, the ring's
+ * handshake), and the mixed transport (transport/mixed.h) routes the linked
+ * peers over verbs and the others over TCP. The TCP mesh joins every pair
+ * (the TCP transport wants every peer connected; the linked pairs' sockets
+ * then carry only heartbeats): one socket per pair is cheap beside a queue
+ * pair. Rings of 2 and 3 ranks link every pair, so they need no TCP.
+ *
+ * The ops are the shared ones over one transport (backends/common/xgroup.h);
+ * split all-gathers (color, key) over the parent and builds the child's own
+ * transport (its own queue pairs) with an all-gather over the PARENT's
+ * transport restricted to the child's ranks (a view, transport/view.h).
  * See docs/jaccl.md. */
 #include <dirent.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "algo/algo.h"
+#include "backends/common/xgroup.h"
 #include "backends/jaccl/jaccl_config.h"
-#include "rdma/probe.h"
+#include "backends/jaccl/jaccl_side.h"
+#include "backends/ring/handshake.h"
+#include "backends/ring/ring_internal.h"
 #include "distributed/group_impl.h"
+#include "rdma/probe.h"
+#include "security/secret.h"
+#include "transport/mixed.h"
+#include "transport/tcp.h"
+#include "transport/verbs.h"
+#include "transport/view.h"
+#include "util/bytes.h"
+#include "util/tunables.h"
 
 #define TAG "jaccl"
 
@@ -105,6 +144,362 @@ static int check_row(const mlxd_jaccl_config* c, const mlxd_verbs_probe* p, mlxd
   return 0;
 }
 
+/* ---- the group ---- */
+
+typedef char jaccl_dev[MLXD_JACCL_DEV_MAX + 1];
+
+typedef struct jaccl {
+  mlxd_xgroup g;       /* first: the ops over g.t, tag "jaccl" */
+  int* rails;          /* size * size: the rails of every pair (the matrix's cell counts) */
+  jaccl_dev* row;      /* size * MLXD_VERBS_MAX_RAILS: this rank's devices to each peer */
+  mlxd_ring_auth auth; /* the secret's key (and the token split derives its children's from) */
+  mlxd_ring_addr host; /* the address a TCP mesh listens on (port 0) */
+} jaccl;
+
+static const mlxd_backend_ops jaccl_ops;
+
+static int jaccl_done(int rc, mlxd_status* st, const char* op, uint64_t seq) {
+  return mlxd_xg_done(TAG, rc, st, op, seq);
+}
+
+static void jaccl_destroy(mlxd_backend* b) {
+  jaccl* j = (jaccl*)b;
+  if (!j) return;
+  if (j->g.t) j->g.t->ops->destroy(j->g.t);
+  mlxd_ring_auth_clear(&j->auth);
+  free(j->rails);
+  free(j->row);
+  free(j);
+}
+
+static jaccl* jaccl_alloc(int rank, int size, mlxd_status* st) {
+  jaccl* j = calloc(1, sizeof *j);
+  if (j) {
+    j->rails = calloc((size_t)size * (size_t)size, sizeof *j->rails);
+    j->row = calloc((size_t)size * MLXD_VERBS_MAX_RAILS, sizeof *j->row);
+  }
+  if (!j || !j->rails || !j->row) {
+    if (j) jaccl_destroy(&j->g.base);
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
+    return NULL;
+  }
+  j->g.base = (mlxd_backend){.ops = &jaccl_ops, .rank = rank, .size = size, .comm_device = MLX_CPU};
+  j->g.tag = TAG;
+  return j;
+}
+
+/* The all-gather the set-up runs through: the side channel, the caller's
+ * callback, or (split) the parent's transport. */
+typedef struct bs_ctx {
+  mlxd_bootstrap* bs;
+} bs_ctx;
+
+static int bs_allgather(void* ctx, const void* src, void* dst, size_t n, mlxd_status* st) {
+  mlxd_bootstrap* bs = ((bs_ctx*)ctx)->bs;
+  int rc = bs->all_gather(bs, dst, src, n, st);
+  if (rc && !st->code)
+    mlxd_fail_at(st, MLXD_ECALLBACK, MLXD_LAYER_BOOTSTRAP, "the all-gather callback failed");
+  return rc ? st->code : 0;
+}
+
+/* A TCP mesh of the group through ag: listen on host, all-gather the address
+ * records (each with a fresh nonce), connect every pair with the ring's
+ * handshake (the token derived from every record, the secret's key from
+ * auth), hand the sockets to a TCP transport. */
+static int tcp_mesh(int rank, int size, const mlxd_ring_addr* host, const mlxd_ring_auth* auth,
+                    mlxd_verbs_allgather_fn ag, void* ctx, mlxd_transport** out, mlxd_status* st) {
+  *out = NULL;
+  mlxd_ring_auth a = *auth;
+  int lfd = -1, rc = 0;
+  int* fds = malloc(sizeof(int) * (size_t)size);
+  unsigned char* all = calloc((size_t)size, MLXD_RING_REC_BYTES);
+  mlxd_ring_hosts hosts = {size, 1, calloc((size_t)size, sizeof(mlxd_ring_addr))};
+  unsigned char rec[MLXD_RING_REC_BYTES], nonce[MLXD_RING_REC_NONCE_BYTES];
+  mlxd_ring_addr mine;
+  if (!fds || !all || !hosts.addrs) {
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory");
+    goto done;
+  }
+  if ((rc = mlxd_ring_listen_many(host, 1, &lfd, &mine, st))) goto done;
+  if ((rc = mlxd_random_bytes(nonce, sizeof nonce, st))) goto done;
+  mlxd_ring_rec_encode(rec, rank, size, 0, 1, &mine, nonce);
+  if ((rc = ag(ctx, rec, all, sizeof rec, st))) goto done;
+  for (int r = 0; r < size; r++)
+    if ((rc = mlxd_ring_rec_decode(all + (size_t)r * MLXD_RING_REC_BYTES, r, size, 0, 1,
+                                   "the set-up's all-gather", &hosts.addrs[r], st)))
+      goto done;
+  mlxd_hs_token_records(all, (size_t)size * MLXD_RING_REC_BYTES, a.token);
+  mlxd_ring_mesh_opts o = {.tag = TAG, .link = NULL, .what = "device matrix"};
+  if ((rc = mlxd_ring_mesh_with(rank, &hosts, &lfd, &a, &o, fds, st))) goto done;
+  *out = mlxd_tcp_transport_new(rank, size, fds, 1, st); /* owns the fds, also on failure */
+  if (!*out) rc = st->code ? st->code : MLXD_ESYS;
+done:
+  mlxd_ring_auth_clear(&a);
+  if (lfd >= 0) close(lfd);
+  free(fds);
+  free(all);
+  free(hosts.addrs);
+  return rc;
+}
+
+/* Build j's transport (collective): verbs to the peers this rank has rails
+ * to; where some pair of the group has none, a TCP mesh too and the mixed
+ * transport over both. */
+static int build(jaccl* j, mlxd_verbs_allgather_fn ag, void* ctx, mlxd_status* st) {
+  const int rank = j->g.base.rank, size = j->g.base.size;
+  mlxd_verbs_peer* peers = calloc((size_t)size, sizeof *peers);
+  int* local = calloc((size_t)size, sizeof *local);
+  int rc = 0;
+  bool gaps = false;
+  if (!peers || !local) {
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
+    goto done;
+  }
+  for (int p = 0; p < size; p++) {
+    int n = p == rank ? 0 : j->rails[rank * size + p];
+    peers[p].nrails = n;
+    for (int k = 0; k < n; k++) peers[p].dev[k] = j->row[p * MLXD_VERBS_MAX_RAILS + k];
+    local[p] = n > 0 ? p : -1;
+    for (int q = 0; q < size; q++)
+      if (q != p && j->rails[p * size + q] == 0) gaps = true;
+  }
+  mlxd_transport* v = mlxd_verbs_transport_new(rank, size, peers, ag, ctx, st);
+  if (!v) {
+    rc = st->code ? st->code : MLXD_ESYS;
+    goto done;
+  }
+  if (!gaps) {
+    j->g.t = v;
+    goto done;
+  }
+  mlxd_transport* tcp = NULL;
+  if ((rc = tcp_mesh(rank, size, &j->host, &j->auth, ag, ctx, &tcp, st))) {
+    v->ops->destroy(v);
+    goto done;
+  }
+  /* jaccl sleeps on TCP in a wait on both parts: poll() wakes for its sockets */
+  j->g.t = mlxd_mixed_combine(tcp, v, local, false, v->ring_chunk, st);
+  if (!j->g.t) {
+    tcp->ops->destroy(tcp);
+    v->ops->destroy(v);
+    rc = st->code ? st->code : MLXD_ENOMEM;
+  }
+done:
+  free(peers);
+  free(local);
+  return rc;
+}
+
+/* Every pair's rails must agree: cell (i, j) and cell (j, i) have as many
+ * devices (both empty: no link). */
+static int check_pairs(const mlxd_jaccl_config* c, mlxd_status* st) {
+  for (int i = 0; i < c->size; i++)
+    for (int k = i + 1; k < c->size; k++) {
+      int a = mlxd_jaccl_cell_count(&c->m, i, k), b = mlxd_jaccl_cell_count(&c->m, k, i);
+      if (a != b)
+        return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                            "%s: the device matrix '%s' has %d device(s) at row %d, column %d but "
+                            "%d at row %d, column %d: both ends of a link need as many "
+                            "(one queue pair per device, paired in order)",
+                            c->devices_var, c->path, a, i, k, b, k, i);
+    }
+  return 0;
+}
+
+/* The address a TCP mesh listens on: MLXDIST_RING_ADDR or MLXDIST_IFNAME
+ * when set; else, with a side channel, this rank's end of it (the interface
+ * that reaches rank 0; rank 0: the coordinator's address); else the ring's
+ * default (endpoint.c). */
+static int mesh_host(const mlxd_jaccl_config* c, const mlxd_jaccl_side* sc, mlxd_ring_addr* out,
+                     mlxd_status* st) {
+  const char* a = mlxd_tunable_str(MLXD_T_RING_ADDR);
+  const char* f = mlxd_tunable_str(MLXD_T_IFNAME);
+  if ((a && *a) || (f && *f) || !sc || !sc->fds) return mlxd_ring_default_addr(out, st);
+  memset(out, 0, sizeof *out);
+  if (c->rank == 0) {
+    *out = c->coord;
+  } else {
+    socklen_t len = sizeof out->sa;
+    if (getsockname(sc->fds[0], (struct sockaddr*)&out->sa, &len) != 0)
+      return mlxd_ring_default_addr(out, st);
+    out->len = len;
+  }
+  if (out->sa.ss_family == AF_INET)
+    ((struct sockaddr_in*)(void*)&out->sa)->sin_port = 0;
+  else if (out->sa.ss_family == AF_INET6)
+    ((struct sockaddr_in6*)(void*)&out->sa)->sin6_port = 0;
+  else
+    return mlxd_ring_default_addr(out, st);
+  mlxd_ring_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
+  return 0;
+}
+
+/* Everything checked: build the group from cfg through bs or the side channel. */
+static int start(mlxd_bootstrap* bs, const mlxd_jaccl_config* c, mlxd_backend** out,
+                 mlxd_status* st) {
+  int rc;
+  if ((rc = check_pairs(c, st))) return rc;
+  jaccl* j = jaccl_alloc(c->rank, c->size, st);
+  if (!j) return st->code;
+  for (int p = 0; p < c->size; p++)
+    for (int q = 0; q < c->size; q++)
+      j->rails[p * c->size + q] = mlxd_jaccl_cell_count(&c->m, p, q);
+  for (int p = 0; p < c->size; p++)
+    for (int k = 0; k < j->rails[c->rank * c->size + p] && k < MLXD_VERBS_MAX_RAILS; k++)
+      snprintf(j->row[p * MLXD_VERBS_MAX_RAILS + k], sizeof(jaccl_dev), "%s",
+               mlxd_jaccl_cell_name(&c->m, c->rank, p, k));
+  mlxd_jaccl_side sc = {0};
+  bool side = false;
+  if (bs) {
+    bs->rank = c->rank;
+    bs->size = c->size;
+    rc = mlxd_ring_auth_load(&j->auth, st); /* the secret, for a TCP mesh */
+  } else {
+    rc = mlxd_jaccl_side_auth(c, &j->auth, st);
+    if (rc == 0 && c->size > 1) {
+      rc = mlxd_jaccl_side_open(c, &j->auth, &sc, st);
+      side = rc == 0;
+    }
+  }
+  if (rc == 0 && c->size > 1) rc = mesh_host(c, side ? &sc : NULL, &j->host, st);
+  if (rc == 0 && c->size > 1) {
+    bs_ctx bc = {bs};
+    rc = bs ? build(j, bs_allgather, &bc, st) : build(j, mlxd_jaccl_side_allgather, &sc, st);
+  }
+  if (side) mlxd_jaccl_side_close(&sc);
+  if (rc) {
+    jaccl_destroy(&j->g.base);
+    return rc;
+  }
+  *out = &j->g.base;
+  return 0;
+}
+
+/* ---- split: all-gather (color, key) over the parent, the child's transport
+ * set up through the parent's transport ---- */
+
+typedef struct split_ent {
+  int key, prank;
+} split_ent;
+
+static int split_cmp(const void* a, const void* b) {
+  const split_ent* x = a;
+  const split_ent* y = b;
+  if (x->key != y->key) return x->key < y->key ? -1 : 1;
+  return (x->prank > y->prank) - (x->prank < y->prank);
+}
+
+/* The child's set-up all-gathers: over a view of the parent's transport on
+ * the child's ranks, under the split's sequence number, phase 1, one
+ * segment per round (never matching the split's own exchange, phase 0, or
+ * each other). */
+typedef struct view_ag {
+  mlxd_transport* parent;
+  const int* ranks;
+  int m, me;
+  uint64_t seq;
+  unsigned round;
+} view_ag;
+
+static int view_allgather(void* ctx, const void* src, void* dst, size_t n, mlxd_status* st) {
+  view_ag* a = ctx;
+  if (a->round >= MLXD_TAG_SEGMENTS)
+    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                        "split's set-up needs more than %d all-gathers", MLXD_TAG_SEGMENTS);
+  mlxd_view v;
+  mlxd_view_init(&v, a->parent, a->ranks, a->m, a->me, 1);
+  mlxd_view_set_segment(&v, a->round++);
+  return mlxd_algo_all_gather(&v.base, a->seq, NULL, src, dst, n, st);
+}
+
+static int split_run(jaccl* j, uint64_t seq, int color, int key, mlxd_backend** out,
+                     mlxd_status* st) {
+  const int n = j->g.base.size, rank = j->g.base.rank;
+  unsigned char src[8];
+  unsigned char* all = calloc((size_t)n, sizeof src);
+  split_ent* ents = calloc((size_t)n, sizeof *ents);
+  int* ranks = calloc((size_t)n, sizeof *ranks);
+  jaccl* c = NULL;
+  int rc = 0;
+  if (!all || !ents || !ranks) {
+    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
+    goto done;
+  }
+  mlxd_put32(src, (uint32_t)color);
+  mlxd_put32(src + 4, (uint32_t)key);
+  mlxd_sig sig = mlxd_xg_sig(&j->g.base, MLXD_SIG_SPLIT, MLX_UINT8, sizeof src);
+  sig.dtype = MLXD_SIG_NO_DTYPE;
+  if ((rc = mlxd_algo_all_gather(j->g.t, seq, &sig, src, all, sizeof src, st))) goto done;
+  int m = 0;
+  for (int p = 0; p < n; p++) {
+    const unsigned char* e = all + (size_t)p * sizeof src;
+    if ((int)mlxd_get32(e) != color) continue;
+    ents[m].key = (int)mlxd_get32(e + 4);
+    ents[m].prank = p;
+    m++;
+  }
+  qsort(ents, (size_t)m, sizeof *ents, split_cmp);
+  int me = -1;
+  for (int i = 0; i < m; i++) {
+    ranks[i] = ents[i].prank;
+    if (ents[i].prank == rank) me = i;
+  }
+  if (me < 0) {
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                      "this rank is missing from its own group in the exchanged records");
+    goto done;
+  }
+  if (!(c = jaccl_alloc(me, m, st))) {
+    rc = st->code;
+    goto done;
+  }
+  for (int a = 0; a < m; a++) {
+    for (int b = 0; b < m; b++) c->rails[a * m + b] = j->rails[ranks[a] * n + ranks[b]];
+    memcpy(c->row + (size_t)a * MLXD_VERBS_MAX_RAILS,
+           j->row + (size_t)ranks[a] * MLXD_VERBS_MAX_RAILS,
+           sizeof(jaccl_dev) * MLXD_VERBS_MAX_RAILS);
+  }
+  /* The child's connections prove the parent's secret; its TCP mesh's token comes from its own
+   * records, and the split's from the parent's, this split's number and the color. */
+  c->auth = j->auth;
+  mlxd_hs_token_split(j->auth.token, seq, color, c->auth.token);
+  c->host = j->host;
+  if (m > 1) {
+    view_ag va = {j->g.t, ranks, m, me, seq, 0};
+    rc = build(c, view_allgather, &va, st);
+  }
+done:
+  if (rc && c) {
+    jaccl_destroy(&c->g.base);
+    c = NULL;
+  }
+  if (c) *out = &c->g.base;
+  free(all);
+  free(ents);
+  free(ranks);
+  return rc;
+}
+
+static int jaccl_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
+                       mlxd_status* st) {
+  *out = NULL;
+  return jaccl_done(split_run((jaccl*)b, seq, color, key, out, st), st, "split", seq);
+}
+
+static const mlxd_backend_ops jaccl_ops = {
+    .name = "jaccl",
+    .all_reduce = mlxd_xg_all_reduce,
+    .all_gather = mlxd_xg_all_gather,
+    .reduce_scatter = mlxd_xg_reduce_scatter,
+    .send = mlxd_xg_send,
+    .recv = mlxd_xg_recv,
+    .split = jaccl_split,
+    .destroy = jaccl_destroy,
+    .abort = mlxd_xg_abort,
+    .forget = mlxd_xg_forget,
+    /* no *_ref ops: the ops never use a buffer after they return */
+};
+
 static int jaccl_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
   *out = NULL;
   mlxd_verbs_probe* p = malloc(sizeof *p);
@@ -130,16 +525,15 @@ static int jaccl_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st)
   rc = check_row(&cfg, p, st); /* 2. the devices this rank's row names */
   if (rc == 0 && !usable)      /* 3. the probe */
     rc = mlxd_fail(st, MLXD_EUNAVAIL, "[jaccl] %s", why);
-  /* 4. Everything present and valid. This cannot be reached on a machine without an active
-   * RDMA port (the test machines outside a VM); it is what a real RDMA host sees until the
-   * verbs transport exists. */
-  if (rc == 0)
-    rc = mlxd_fail(st, MLXD_EUNAVAIL,
-                   "[jaccl] rank %d of %d (%s), devices active, configuration valid, but the "
-                   "verbs transport is not built yet in this release (docs/jaccl.md)",
-                   cfg.rank, cfg.size, cfg.size > 1 ? mlxd_jaccl_topo_name(cfg.topo) : "alone");
-  mlxd_jaccl_config_free(&cfg);
   free(p);
+  if (rc == 0) { /* 4. the group */
+    rc = jaccl_done(start(bs, &cfg, out, st), st, NULL, 0);
+    if (rc == 0 && mlxd_ring_verbose()) /* MLX_RING_VERBOSE, as the ring's set-up lines */
+      fprintf(stderr, "[jaccl] rank %d of %d ready (%s, %s transport)\n", cfg.rank, cfg.size,
+              cfg.size > 1 ? mlxd_jaccl_topo_name(cfg.topo) : "alone",
+              ((jaccl*)*out)->g.t ? ((jaccl*)*out)->g.t->ops->name : "no");
+  }
+  mlxd_jaccl_config_free(&cfg);
   return rc;
 }
 

@@ -238,7 +238,12 @@ typedef struct mesh {
   int refused, shown;
   char last_refused[260];
   double budget;
+  const char* tag;  /* "ring", "jaccl" */
+  const bool* link; /* NULL: every rank */
+  const char* what; /* "hostfile" */
 } mesh;
+
+static bool linked(const mesh* m, int j) { return !m->link || m->link[j]; }
 
 /* One line on stderr for a refused incoming connection (always, not only
  * with MLX_RING_VERBOSE; at most LOG_LINES per set-up), then close it. */
@@ -253,9 +258,10 @@ static void refuse(mesh* m, pending* p, const char* fmt, ...) {
   snprintf(m->last_refused, sizeof m->last_refused, "%s: %s", p->addr, why);
   if (m->shown < LOG_LINES) {
     m->shown++;
-    fprintf(stderr, "[ring] rank %d: refused a connection from %s: %s\n", m->rank, p->addr, why);
+    fprintf(stderr, "[%s] rank %d: refused a connection from %s: %s\n", m->tag, m->rank, p->addr,
+            why);
   } else if (m->refused == LOG_LINES + 1) {
-    fprintf(stderr, "[ring] rank %d: further refused connections are counted, not shown\n",
+    fprintf(stderr, "[%s] rank %d: further refused connections are counted, not shown\n", m->tag,
             m->rank);
   }
   close(p->fd);
@@ -407,8 +413,8 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
   else if (e != MLXD_HS_OK)
     mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                  "the process listening at rank %d's address is not rank %d of this job (%s); "
-                 "check the hostfile",
-                 o->j, o->j, mlxd_hs_reason(e));
+                 "check the %s",
+                 o->j, o->j, mlxd_hs_reason(e), m->what);
   if (e != MLXD_HS_OK) {
     mlxd_status_set_peer(st, o->j, at);
     return -1;
@@ -493,6 +499,10 @@ static int pend_hello(mesh* m, pending* p) {
              (unsigned)h->conn);
     else
       refuse(m, p, "%s", mlxd_hs_reason(e));
+    return 0;
+  }
+  if (!linked(m, (int)h->rank)) {
+    refuse(m, p, "rank %u has no connection with this rank in this group", (unsigned)h->rank);
     return 0;
   }
   int slot = (int)h->rank * m->K + (int)h->conn;
@@ -629,7 +639,7 @@ static int mesh_timeout(mesh* m, mlxd_status* st) {
   }
   int missing = -1;
   for (int j = m->rank + 1; j < m->size && missing < 0; j++)
-    for (int c = 0; c < m->K; c++)
+    for (int c = 0; c < m->K && linked(m, j); c++)
       if (m->fds[j * m->K + c] < 0) missing = j;
   char seen[300] = "";
   if (m->refused > 0)
@@ -637,8 +647,8 @@ static int mesh_timeout(mesh* m, mlxd_status* st) {
              m->refused == 1 ? " was" : "s were", m->last_refused);
   mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
                "rank %d did not connect to this rank (%d, listening on %s) within %g s "
-               "(MLXDIST_CONNECT_TIMEOUT); is it running with the same hostfile%s?%s",
-               missing, m->rank, m->hosts->addrs[m->rank * m->K].text, m->budget,
+               "(MLXDIST_CONNECT_TIMEOUT); is it running with the same %s%s?%s",
+               missing, m->rank, m->hosts->addrs[m->rank * m->K].text, m->budget, m->what,
                m->auth->have_key ? " and secret" : "", seen);
   if (missing >= 0) mlxd_status_set_peer(st, missing, NULL);
   return st->code;
@@ -692,7 +702,20 @@ static int mesh_step(mesh* m, struct pollfd* pfd, double deadline, mlxd_status* 
 
 int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds,
                    const mlxd_ring_auth* auth, int* fds, mlxd_status* st) {
+  return mlxd_ring_mesh_with(rank, hosts, listen_fds, auth, NULL, fds, st);
+}
+
+int mlxd_ring_mesh_with(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds,
+                        const mlxd_ring_auth* auth, const mlxd_ring_mesh_opts* opts, int* fds,
+                        mlxd_status* st) {
   const int size = hosts->size, K = hosts->nconn;
+  const bool* link = opts ? opts->link : NULL;
+  int nlinks = 0, nbelow = 0;
+  for (int j = 0; j < size; j++)
+    if (j != rank && (!link || link[j])) {
+      nlinks++;
+      if (j < rank) nbelow++;
+    }
   const int total = size * K;
   for (int i = 0; i < total; i++) fds[i] = -1;
   double budget = mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
@@ -714,15 +737,19 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
               .lfds = listen_fds,
               .auth = auth,
               .fds = fds,
-              .need = (size - 1) * K,
+              .need = nlinks * K,
               .outs = outs,
-              .nouts = rank * K,
-              .budget = budget};
+              .nouts = nbelow * K,
+              .budget = budget,
+              .tag = opts && opts->tag ? opts->tag : "ring",
+              .link = link,
+              .what = opts && opts->what ? opts->what : "hostfile"};
   m->ex = (mlxd_hs_expect){rank, size, K, auth->token, auth->have_key};
   for (int i = 0; i < MAX_PENDING; i++) m->pend[i].fd = -1;
+  int no = 0;
   for (int j = 0; j < rank; j++)
-    for (int c = 0; c < K; c++)
-      outs[j * K + c] = (outgoing){
+    for (int c = 0; c < K && (!link || link[j]); c++)
+      outs[no++] = (outgoing){
           .j = j, .c = c, .fd = -1, .state = O_IDLE, .backoff = 0.01, .attempt_s = CONNECT_FIRST_S};
   while (m->filled < m->need) {
     if (mlxd_now() >= deadline) {
@@ -743,7 +770,7 @@ int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds
   for (int i = 0; i < m->nouts; i++)
     if (outs[i].fd >= 0) close(outs[i].fd);
   if (m->refused > m->shown)
-    fprintf(stderr, "[ring] rank %d: %d more refused connection%s not shown\n", rank,
+    fprintf(stderr, "[%s] rank %d: %d more refused connection%s not shown\n", m->tag, rank,
             m->refused - m->shown, m->refused - m->shown == 1 ? "" : "s");
 out:
   free(m);

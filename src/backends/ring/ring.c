@@ -17,6 +17,7 @@
 
 #include "algo/algo.h"
 #include "algo/hier.h"
+#include "backends/common/xgroup.h"
 #include "backends/ring/handshake.h"
 #include "backends/ring/ring_internal.h"
 #include "transport/shm.h"
@@ -24,100 +25,11 @@
 #include "util/bytes.h"
 #include "util/tunables.h"
 
-/* The ring's boundary: every op and create returns with its message
- * rendered once, here ("[ring] all_sum #17: lost connection to rank 2
- * (...)"). Lower layers fill structured statuses; a plain one (the front-end's
- * callback, an older transport) passes through as it is. */
+/* The ring's boundary: create and split return with their message rendered
+ * once ("[ring] split #4: ..."); the ops do it in backends/common/xgroup.c.
+ * Lower layers fill structured statuses. */
 static int ring_done(int rc, mlxd_status* st, const char* op, uint64_t seq) {
-  if (rc == 0) return 0;
-  if (st->code == 0)
-    mlxd_fail_at(st, rc, MLXD_LAYER_BACKEND, "the operation failed without a message (code %d)",
-                 rc);
-  if (op) mlxd_status_set_op(st, op, seq);
-  mlxd_status_render(st, "ring");
-  return st->code;
-}
-
-/* The names users call the ops by (mlx_distributed_*). */
-static const char* reduce_name(mlxd_reduce_op op) {
-  return op == MLXD_MAX ? "all_max" : op == MLXD_MIN ? "all_min" : "all_sum";
-}
-
-/* What this rank is calling, for every message of the op (transport.h). */
-static mlxd_sig make_sig(const mlxd_backend* b, mlxd_sig_op op, mlx_dtype dtype, size_t count) {
-  return (mlxd_sig){(uint8_t)op, (uint8_t)dtype, 0, (uint32_t)b->size, (uint64_t)count};
-}
-
-/* MLX_RING_VERBOSE: which algorithm a collective of nbytes (this rank's
- * input) runs: "[ring] rank 0: all_sum 1048576 B: hier (2 hosts x 2)". */
-static void log_algo(const mlxd_ring* r, const char* op, size_t nbytes, size_t whole) {
-  const mlxd_hier* h = r->hier;
-  char where[96] = "";
-  if (h) mlxd_hier_describe(h, where, sizeof where);
-  mlxd_ring_log("rank %d: %s %zu B: %s%s%s%s", r->base.rank, op, nbytes, h ? "hier (" : "flat",
-                where, h ? mlxd_hier_form_note(mlxd_hier_pick(h, whole)) : "", h ? ")" : "");
-}
-
-/* Every op runs on a group of two or more ranks (the front-end answers size
- * one itself) with the arguments backend.h guarantees: asserted, not
- * checked again. The two-level forms (algo/hier.h) wherever the group has a
- * host map (r->hier: MLXDIST_ALGO is not flat and the map applies), at every
- * size: measured at 2 x 2, 2 x 3 and 3 x 2 hosts x ranks, they were at least
- * the flat ones' speed at every size (docs/ring.md, "Two levels at every
- * size"). The same on every rank: the mode is checked at init. */
-static int ring_all_reduce(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
-                           mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
-  mlxd_ring* r = (mlxd_ring*)b;
-  assert(r->t);
-  mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_SUM + (op - MLXD_SUM), dtype, count);
-  size_t nbytes = count * mlx_dtype_size(dtype);
-  if (r->verbose) log_algo(r, reduce_name(op), nbytes, nbytes);
-  const mlxd_hier* h = r->hier;
-  int rc = h ? mlxd_algo_hier_all_reduce(r->t, h, seq, &sig, in, out, count, dtype, op, st)
-             : mlxd_algo_all_reduce(r->t, seq, &sig, in, out, count, dtype, op, st);
-  return ring_done(rc, st, reduce_name(op), seq);
-}
-
-static int ring_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t nbytes,
-                           mlx_dtype dtype, mlxd_status* st) {
-  mlxd_ring* r = (mlxd_ring*)b;
-  assert(r->t);
-  mlxd_sig sig = make_sig(b, MLXD_SIG_ALL_GATHER, dtype, nbytes / mlx_dtype_size(dtype));
-  if (r->verbose) log_algo(r, "all_gather", nbytes, nbytes * (size_t)b->size);
-  const mlxd_hier* h = r->hier;
-  int rc = h ? mlxd_algo_hier_all_gather(r->t, h, seq, &sig, in, out, nbytes, st)
-             : mlxd_algo_all_gather(r->t, seq, &sig, in, out, nbytes, st);
-  return ring_done(rc, st, "all_gather", seq);
-}
-
-static int ring_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                               size_t count, mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
-  mlxd_ring* r = (mlxd_ring*)b;
-  assert(r->t);
-  mlxd_sig sig = make_sig(b, MLXD_SIG_SUM_SCATTER + (op - MLXD_SUM), dtype, count);
-  const char* name = op == MLXD_SUM ? "sum_scatter" : "reduce_scatter";
-  size_t nbytes = count * mlx_dtype_size(dtype) * (size_t)b->size;
-  if (r->verbose) log_algo(r, name, nbytes, nbytes);
-  const mlxd_hier* h = r->hier;
-  int rc = h ? mlxd_algo_hier_reduce_scatter(r->t, h, seq, &sig, in, out, count, dtype, op, st)
-             : mlxd_algo_reduce_scatter(r->t, seq, &sig, in, out, count, dtype, op, st);
-  return ring_done(rc, st, name, seq);
-}
-
-static int ring_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
-                     int dst, mlxd_status* st) {
-  mlxd_ring* r = (mlxd_ring*)b;
-  assert(r->t && dst >= 0 && dst < b->size && dst != b->rank);
-  mlxd_sig sig = make_sig(b, MLXD_SIG_SEND, dtype, nbytes);
-  return ring_done(mlxd_algo_send(r->t, seq, &sig, buf, nbytes, dst, st), st, "send", seq);
-}
-
-static int ring_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype,
-                     int src, mlxd_status* st) {
-  mlxd_ring* r = (mlxd_ring*)b;
-  assert(r->t && src >= 0 && src < b->size && src != b->rank);
-  mlxd_sig sig = make_sig(b, MLXD_SIG_RECV, dtype, nbytes);
-  return ring_done(mlxd_algo_recv(r->t, seq, &sig, buf, nbytes, src, st), st, "recv", seq);
+  return mlxd_xg_done("ring", rc, st, op, seq);
 }
 
 /* Closing is enough: the TCP transport treats a peer that closes after its
@@ -126,17 +38,11 @@ static int ring_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, ml
 static void ring_destroy(mlxd_backend* b) {
   mlxd_ring* r = (mlxd_ring*)b;
   if (!r) return;
-  if (r->t) r->t->ops->destroy(r->t);
+  if (r->g.t) r->g.t->ops->destroy(r->g.t);
   mlxd_ring_auth_clear(&r->auth);
-  mlxd_hier_free(r->hier);
+  mlxd_hier_free(r->g.hier);
   free(r->host_of);
   free(r);
-}
-
-/* In a forked child: close the copies of the connections (backend.h). */
-static void ring_forget(mlxd_backend* b) {
-  mlxd_ring* r = (mlxd_ring*)b;
-  if (r->t && r->t->ops->forget) r->t->ops->forget(r->t);
 }
 
 /* ---- split: all-gather (color, key, address records) over the parent ---- */
@@ -169,13 +75,14 @@ static int split_one_host(const mlxd_ring* r, uint64_t seq, int color, int me, i
     free(host_of);
     return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
   }
-  c->base = (mlxd_backend){.ops = r->base.ops, .rank = me, .size = m, .comm_device = MLX_CPU};
+  c->g.base = (mlxd_backend){.ops = r->g.base.ops, .rank = me, .size = m, .comm_device = MLX_CPU};
+  c->g.tag = "ring";
   c->nconn = r->nconn;
   c->self = r->self;
   c->auth = *child;
-  c->t = shm;
+  c->g.t = shm;
   c->host_of = host_of;
-  c->verbose = mlxd_ring_verbose();
+  c->g.verbose = mlxd_ring_verbose();
   snprintf(c->session, sizeof c->session, "%.*s", (int)sizeof c->session - 1, name);
   bool* on = calloc((size_t)m, sizeof *on);
   if (on) {
@@ -184,7 +91,7 @@ static int split_one_host(const mlxd_ring* r, uint64_t seq, int color, int me, i
     free(on);
   }
   mlxd_ring_log("rank %d of %d ready (shm transport, split on one host: no TCP mesh)", me, m);
-  *out = &c->base;
+  *out = &c->g.base;
   return 0;
 }
 
@@ -198,7 +105,7 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
    * two splits (or two colors) never take each other's connections. */
   mlxd_ring_auth child = r->auth;
   mlxd_hs_token_split(r->auth.token, seq, color, child.token);
-  if (!r->t) {
+  if (!r->g.t) {
     int none = -1;
     int rc0 = mlxd_ring_backend_new(0, 1, k, &r->self, &child, &none, out, st);
     mlxd_ring_auth_clear(&child);
@@ -227,9 +134,9 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   for (int c = 0; c < k; c++)
     mlxd_ring_rec_encode(src + 8 + (size_t)c * MLXD_RING_REC_BYTES, b->rank, n, c, k, &mine[c],
                          NULL);
-  mlxd_sig sig = make_sig(b, MLXD_SIG_SPLIT, MLX_UINT8, per);
+  mlxd_sig sig = mlxd_xg_sig(b, MLXD_SIG_SPLIT, MLX_UINT8, per);
   sig.dtype = MLXD_SIG_NO_DTYPE;
-  if ((rc = mlxd_algo_all_gather(r->t, seq, &sig, src, all, per, st))) goto done;
+  if ((rc = mlxd_algo_all_gather(r->g.t, seq, &sig, src, all, per, st))) goto done;
 
   int m = 0;
   for (int p = 0; p < n; p++) {
@@ -258,7 +165,7 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   }
   /* (a parent on plain TCP has no shared memory that works here: TCP was
    * forced, or shm could not start, or this rank is alone on its host) */
-  bool one_host = mode != MLXD_RING_T_TCP && strcmp(r->t->ops->name, "tcp") != 0;
+  bool one_host = mode != MLXD_RING_T_TCP && strcmp(r->g.t->ops->name, "tcp") != 0;
   for (int i = 0; i < m && one_host; i++)
     one_host = r->host_of[ents[i].prank] == r->host_of[b->rank];
   if (one_host) {
@@ -299,23 +206,17 @@ static int ring_split(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_ba
   return ring_done(split_run(b, seq, color, key, out, st), st, "split", seq);
 }
 
-/* The transport fails every pending op and tells the peers. */
-static void ring_abort(mlxd_backend* b, const mlxd_status* st) {
-  mlxd_ring* r = (mlxd_ring*)b;
-  if (r->t) r->t->ops->abort(r->t, st);
-}
-
 static const mlxd_backend_ops ring_ops = {
     .name = "ring",
-    .all_reduce = ring_all_reduce,
-    .all_gather = ring_all_gather,
-    .reduce_scatter = ring_reduce_scatter,
-    .send = ring_send,
-    .recv = ring_recv,
+    .all_reduce = mlxd_xg_all_reduce,
+    .all_gather = mlxd_xg_all_gather,
+    .reduce_scatter = mlxd_xg_reduce_scatter,
+    .send = mlxd_xg_send,
+    .recv = mlxd_xg_recv,
     .split = ring_split,
     .destroy = ring_destroy,
-    .abort = ring_abort,
-    .forget = ring_forget,
+    .abort = mlxd_xg_abort,
+    .forget = mlxd_xg_forget,
     /* no *_ref ops: the ring's ops never use a buffer after they return */
 };
 
@@ -328,17 +229,18 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
     if (size > 1) mlxd_ring_close_all(fds, size * nconn);
     return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
   }
-  r->base.ops = &ring_ops;
-  r->base.rank = rank;
-  r->base.size = size;
-  r->base.comm_device = MLX_CPU;
+  r->g.base.ops = &ring_ops;
+  r->g.base.rank = rank;
+  r->g.base.size = size;
+  r->g.base.comm_device = MLX_CPU;
+  r->g.tag = "ring";
   r->nconn = nconn;
   r->self = *self;
   r->auth = *auth;
   if (size > 1) {
-    r->t = mlxd_tcp_transport_new(rank, size, fds, nconn, st);
+    r->g.t = mlxd_tcp_transport_new(rank, size, fds, nconn, st);
     for (int i = 0; i < size * nconn; i++) fds[i] = -1; /* owned (or closed) by the transport */
-    if (!r->t) {
+    if (!r->g.t) {
       mlxd_ring_auth_clear(&r->auth);
       free(r);
       if (!st->code)
@@ -348,8 +250,8 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
     r->host_of = calloc((size_t)size, sizeof *r->host_of);
     if (!r->host_of)
       mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
-    if (!r->host_of || mlxd_ring_select_transport(&r->t, r->host_of, r->session, st) != 0) {
-      r->t->ops->destroy(r->t);
+    if (!r->host_of || mlxd_ring_select_transport(&r->g.t, r->host_of, r->session, st) != 0) {
+      r->g.t->ops->destroy(r->g.t);
       mlxd_ring_auth_clear(&r->auth);
       free(r->host_of);
       free(r);
@@ -357,28 +259,28 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
         mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot choose the transport");
       return st->code;
     }
-    r->verbose = mlxd_ring_verbose();
+    r->g.verbose = mlxd_ring_verbose();
     if (mlxd_hier_mode() != MLXD_ALGO_FLAT) {
-      r->hier = mlxd_hier_new(rank, size, r->host_of, st);
-      if (!r->hier) {
-        ring_destroy(&r->base);
+      r->g.hier = mlxd_hier_new(rank, size, r->host_of, st);
+      if (!r->g.hier) {
+        ring_destroy(&r->g.base);
         return st->code;
       }
-      if (!mlxd_hier_applies(r->hier)) {
-        mlxd_hier_free(r->hier);
-        r->hier = NULL;
+      if (!mlxd_hier_applies(r->g.hier)) {
+        mlxd_hier_free(r->g.hier);
+        r->g.hier = NULL;
       }
     }
-    if (r->hier) {
+    if (r->g.hier) {
       char where[96];
-      mlxd_hier_describe(r->hier, where, sizeof where);
+      mlxd_hier_describe(r->g.hier, where, sizeof where);
       mlxd_ring_log("rank %d: two-level collectives (%s; MLXDIST_ALGO=%s)", rank, where,
                     mlxd_tunable_str(MLXD_T_ALGO));
     }
   }
   mlxd_ring_log("rank %d of %d ready (%s transport, %d TCP connection(s) per peer at set-up)", rank,
-                size, r->t ? r->t->ops->name : "no", nconn);
-  *out = &r->base;
+                size, r->g.t ? r->g.t->ops->name : "no", nconn);
+  *out = &r->g.base;
   return 0;
 }
 

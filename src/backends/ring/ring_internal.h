@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <sys/socket.h>
 
+#include "backends/common/xgroup.h" /* g.t: tcp, shm or mixed (select.c), NULL when size == 1; g.hier; g.verbose: MLX_RING_VERBOSE */
 #include "core/status.h"
 #include "distributed/backend.h"
 #include "transport/transport.h"
@@ -94,6 +95,18 @@ int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st);
  * listen_fds. */
 int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds,
                    const mlxd_ring_auth* auth, int* fds, mlxd_status* st);
+/* The same with choices (NULL: the ring's defaults), for the other users of
+ * the mesh (jaccl: its coordinator star, and a TCP mesh beside RDMA links). */
+typedef struct mlxd_ring_mesh_opts {
+  const char* tag;  /* the refused-connection lines' "[tag]" ("ring" when NULL) */
+  const bool* link; /* link[j]: this rank and rank j are connected (size entries; NULL: all).
+                     * Must agree on both ends (rank j's link[rank] == link[j]): a rank
+                     * that has no link to this one is refused like a stranger */
+  const char* what; /* what the ranks share, for the messages ("hostfile" when NULL) */
+} mlxd_ring_mesh_opts;
+int mlxd_ring_mesh_with(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds,
+                        const mlxd_ring_auth* auth, const mlxd_ring_mesh_opts* opts, int* fds,
+                        mlxd_status* st);
 
 /* bootstrap.c: the 64-byte address record exchanged through an all-gather. */
 #define MLXD_RING_REC_BYTES 64
@@ -129,15 +142,12 @@ void mlxd_ring_log_transports(int rank, int size, const bool* on_shm);
 
 /* ring.c: the backend proper. */
 typedef struct mlxd_ring {
-  mlxd_backend base;
+  mlxd_xgroup g; /* first: the ops over g.t (backends/common/xgroup.h), tag "ring" */
   int nconn;
   mlxd_ring_addr self; /* the address this rank listens on (port 0 form is reused by split) */
   mlxd_ring_auth auth; /* the group's token and key; split derives its child's from them */
-  mlxd_transport* t;   /* tcp, shm or mixed (select.c); NULL when size == 1 */
   int* host_of;        /* host_of[p]: the lowest rank on rank p's host (NULL when size == 1) */
   char session[MLXD_RING_SESSION_MAX]; /* the group's shm session name (split derives from it) */
-  struct mlxd_hier* hier; /* the two-level collectives' host map (algo/hier.h), NULL: flat */
-  bool verbose;           /* MLX_RING_VERBOSE: a line per collective naming its algorithm */
 } mlxd_ring;
 
 /* Finish a group from connected fds (takes ownership of fds; closes them on failure). */

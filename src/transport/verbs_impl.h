@@ -1,0 +1,193 @@
+/* Private: what verbs.c (matching, progress, waiting, liveness) and
+ * verbs_setup.c (devices, registered memory, queue pairs, the address
+ * exchange, heartbeats, failure records) share. Design notes at the top of
+ * verbs.c. */
+#ifndef MLXD_VERBS_IMPL_H
+#define MLXD_VERBS_IMPL_H
+
+#include "transport/verbs.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rdma/ibv.h"
+#include "transport/liveness.h"
+#include "transport/match.h"
+
+#define VB_NSLOTS 16u                   /* slots per peer and direction */
+#define VB_PAYLOAD ((size_t)64 << 10)   /* payload bytes per slot */
+#define VB_HDR 64u                      /* the chunk header at the start of a slot */
+#define VB_STRIDE (VB_HDR + VB_PAYLOAD) /* bytes per slot */
+#define VB_SLOTS_BYTES ((size_t)VB_NSLOTS * VB_STRIDE)
+#define VB_CELLS_OFF (2 * VB_SLOTS_BYTES) /* after the receive slots and the send staging */
+#define VB_BLOCK_BYTES (VB_CELLS_OFF + (size_t)8192) /* one peer's registered block */
+#define VB_SQ_DEPTH ((int)VB_NSLOTS + 8)  /* data writes + credit, heartbeat, probe, record */
+#define VB_RQ_DEPTH ((int)VB_NSLOTS + 4)  /* zero-length receives per queue pair */
+#define VB_DATA_MAX ((int)VB_NSLOTS + 2)  /* data writes outstanding on one queue pair */
+#define VB_CHECK_S 0.1                    /* liveness checks / longest single sleep */
+#define VB_PROBE_S 0.25                   /* probe writes to a peer a wait is blocked on */
+#define VB_RING_CHUNK ((size_t)256 << 10) /* mlxd_transport.ring_chunk: 4 slots */
+#define VB_MAX_DEVS 64                    /* distinct devices in one transport */
+
+/* The header of a chunk in its slot (written by the sender, hostile to the
+ * receiver: every field is checked against what it expects). */
+typedef struct vb_chunk_hdr {
+  uint64_t seq;   /* the per-peer chunk sequence number */
+  uint64_t tag;   /* the message's tag */
+  uint64_t total; /* the message's size */
+  uint64_t off;   /* this chunk's offset in the message */
+  uint32_t len;   /* payload bytes in this slot (<= VB_PAYLOAD) */
+  uint32_t pad_;
+  unsigned char sig[MLXD_SIG_BYTES]; /* the sender's call (mlxd_sig_encode) */
+  uint64_t pad2_;
+} vb_chunk_hdr;
+_Static_assert(sizeof(vb_chunk_hdr) == VB_HDR, "chunk header size");
+
+/* A heartbeat cell: the sender's counter and its note (core/oprec.h). */
+typedef struct vb_beat {
+  uint64_t count;
+  char note[MLXD_NOTE_MAX];
+} vb_beat;
+
+enum { VB_REC_NONE = 0, VB_REC_FAILED = 1, VB_REC_CLOSED = 2 };
+/* A rank's failure (or its orderly close) as written into its peers'
+ * memory (mlxd_status without its pointers). Hostile when read: every
+ * field is validated (mlxd_vb_rec_read). */
+typedef struct vb_rec {
+  uint32_t state; /* VB_REC_* */
+  int32_t code, layer, peer, reporter, sys_errno;
+  uint8_t has_peer, has_reporter, pad_[2];
+  char syscall[24];
+  char peer_addr[MLXD_ADDR_MAX];
+  char detail[MLXD_MSG_MAX];
+} vb_rec;
+
+/* The cells at VB_CELLS_OFF of each peer's block: the first half is written
+ * by the peer's RDMA writes, the second is the local source of ours (a
+ * source is not touched while a write from it is in flight). */
+typedef struct vb_cells {
+  /* written by the peer */
+  volatile uint64_t credit_in; /* how many of our chunks the peer consumed */
+  uint64_t pad0_[7];
+  volatile vb_beat beat_in;
+  volatile vb_rec rec_in;
+  volatile uint64_t probe_in;
+  uint64_t pad1_[7];
+  /* sources of our writes */
+  uint64_t credit_out;
+  uint64_t pad2_[7];
+  vb_beat beat_out;
+  vb_rec rec_out;
+  uint64_t probe_out;
+} vb_cells;
+_Static_assert(sizeof(vb_cells) <= 8192, "cells fit their pages");
+
+enum { VB_REQ_SEND = 1, VB_REQ_RECV = 2 };
+enum { VB_W_NONE = 0, VB_W_SENDQ, VB_W_POSTED, VB_W_CUR };
+/* What a work request is (its wr_id: peer << 32 | seq16 << 16 | rail << 8 | kind). */
+enum { VB_WR_DATA = 1, VB_WR_CREDIT, VB_WR_BEAT, VB_WR_PROBE, VB_WR_REC, VB_WR_RECV };
+
+typedef struct vb_req {
+  mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
+  int kind;
+  int where;
+  char* buf;
+  size_t off;
+  bool started;         /* send: its first chunk is posted */
+  struct vb_req* next;  /* send queue, free list */
+  mlxd_match_link link; /* recv: in the posted queue */
+} vb_req;
+
+typedef struct vb_unexp {
+  size_t len, got;
+  mlxd_sig sig;
+  char* buf;
+  bool complete;
+  mlxd_match_link link;
+} vb_unexp;
+
+typedef struct vb_rail {
+  mlxd_ibv_qp* qp;
+  int dev;         /* index into vb_transport.devs */
+  int mr;          /* index into vb_peer.mr */
+  int outstanding; /* our work requests not yet completed */
+  int data_out;    /* of which data writes */
+  uint64_t raddr;  /* the peer's block for us */
+  uint32_t rkey;
+} vb_rail;
+
+typedef struct vb_peer {
+  int nrails;
+  vb_rail rail[MLXD_VERBS_MAX_RAILS];
+  char* block; /* VB_BLOCK_BYTES, page aligned */
+  mlxd_ibv_mr mr[MLXD_VERBS_MAX_RAILS];
+  int nmr;
+  vb_cells* cells;
+  char addr[MLXD_ADDR_MAX]; /* "10.0.2.15 qp 17": the peer, for statuses */
+  /* sending */
+  uint64_t sent; /* chunks posted */
+  vb_req *sq_head, *sq_tail;
+  uint64_t slot_tag[VB_NSLOTS]; /* the tag of the chunk last posted in each slot */
+  bool beat_busy, probe_busy, rec_busy;
+  double last_probe;
+  /* receiving */
+  uint64_t consumed;    /* chunks processed */
+  uint64_t credit_sent; /* the count last written to the peer */
+  bool credit_busy;     /* a credit write is in flight */
+  bool arrived[VB_NSLOTS];
+  mlxd_match_peer mq;
+  bool cur_active;
+  uint64_t cur_tag, cur_total, cur_off;
+  vb_req* cur_req;
+  vb_unexp* cur_ux; /* both NULL while active: drop the rest */
+  /* liveness */
+  uint64_t beat_seen;
+  double heard;
+  bool closed; /* it wrote VB_REC_CLOSED: it destroyed its transport */
+} vb_peer;
+
+typedef struct vb_transport {
+  mlxd_transport base;
+  pthread_mutex_t mu;
+  mlxd_ibv_dev* devs[VB_MAX_DEVS];
+  int ndevs;
+  vb_peer* peers;
+  mlxd_live_cfg live;
+  double spin_s;
+  int watch;
+  bool closing;    /* destroy runs: completions of dying work are not failures */
+  bool forgotten;  /* a forked child's copy */
+  bool chan_owner; /* a waiter sleeps on the completion channels */
+  mlxd_status err; /* the first failure */
+  vb_req* free_reqs;
+  int nfree;
+} vb_transport;
+
+/* ---- verbs.c ---- */
+extern const mlxd_transport_ops mlxd_verbs_ops;
+void mlxd_vb_fail(vb_transport* t, const mlxd_status* st); /* mu held */
+/* One pass: every completion queue, every peer's arrivals, credits, sends
+ * and failure record. Returns events, mu held. */
+int mlxd_vb_progress(vb_transport* t);
+void mlxd_vb_destroy(mlxd_transport* tt);
+
+/* ---- verbs_setup.c ---- */
+/* Post a small control write (credit, heartbeat, probe, record) of n bytes
+ * from the cells of peer pi at `off` to the same cell in the peer's memory,
+ * on rail 0. false when the queue pair is full or in error (the caller
+ * drops it: control writes are repeated or best effort). mu held. */
+bool mlxd_vb_post_cell(vb_transport* t, int pi, int kind, size_t off, size_t n);
+/* The record rank pi wrote (validated) into st; returns its code. */
+int mlxd_vb_rec_read(vb_transport* t, int pi, mlxd_status* st);
+/* Fill this rank's record source for peers with st / a close mark. */
+void mlxd_vb_rec_fill(vb_rec* rec, uint32_t state, const mlxd_status* st);
+void mlxd_vb_note_read(vb_transport* t, int pi, char* out, size_t n);
+void mlxd_vb_live_start(vb_transport* t);
+void mlxd_vb_live_stop(vb_transport* t);
+/* Free what set-up made (queue pairs, memory, devices) after destroy's
+ * drain; mu not held, no other thread. */
+void mlxd_vb_teardown(vb_transport* t);
+
+#endif

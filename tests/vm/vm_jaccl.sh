@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# ctest vm_jaccl: the jaccl backend on real verbs (soft-RoCE) in ONE VM boot
+# (tests/vm/rxe_vm.sh): the conformance program (tests/conformance) under
+# jaccl at 2, 3 and 4 ranks, mesh and ring (MLX_JACCL_RING; at 4 ranks the
+# ring links only neighbours, so the other pairs go over TCP), through the
+# coordinator and through the caller's all-gather (--all-gather DIR), and
+# mlxdist-launch --backend jaccl on the VM's one host. Each case is a shell
+# function of run.sh below (the VM's busybox sh); every case's time is printed.
+#   usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH
+# MLXDIST_VM_CASES="case ..." runs only those cases. Exit 77 (skip) where the
+# harness cannot run (not root, no qemu or kernel).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+coll=${1:?usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH}
+launch=${2:?usage: vm_jaccl.sh TEST_COLLECTIVES MLXDIST_LAUNCH}
+share=$(mktemp -d /tmp/mlxdist-vmshare.XXXXXX)
+trap 'rm -rf "$share"' EXIT
+cp "$coll" "$share/test_collectives"
+cp "$launch" "$share/mlxdist-launch"
+echo "${MLXDIST_VM_CASES:-}" >"$share/cases"
+cat >"$share/run.sh" <<'RUN'
+# runs inside the VM, in /share (busybox sh)
+ulimit -l unlimited 2>/dev/null
+export MLXDIST_TEST_LIGHT=1 MLXDIST_CONNECT_TIMEOUT=60 MLXDIST_TIMEOUT=30
+fail=0
+now() { cut -d' ' -f1 /proc/uptime; }
+# matrix FILE N mesh|ring: every off-diagonal cell rxe0, or only the neighbours'
+matrix() {
+  f=$1 n=$2 kind=$3 i=0 text="["
+  while [ $i -lt $n ]; do
+    j=0 row="["
+    while [ $j -lt $n ]; do
+      [ $j -gt 0 ] && row="$row,"
+      d=$(((i - j + n) % n))
+      if [ $i = $j ]; then row="${row}null"
+      elif [ $kind = mesh ] || [ $d = 1 ] || [ $d = $((n - 1)) ]; then row="$row\"rxe0\""
+      else row="${row}null"; fi
+      j=$((j + 1))
+    done
+    text="$text$row]"
+    i=$((i + 1))
+    [ $i -lt $n ] && text="$text,"
+  done
+  echo "$text]" >"$f"
+}
+port=40000
+# conf N mesh|ring coord|gather: N ranks of the conformance program
+conf() {
+  n=$1 topo=$2 path=$3 name="conf_$1_$2_$3"
+  port=$((port + 1))
+  m=/tmp/$name.json
+  matrix "$m" "$n" "$topo"
+  ring=
+  [ "$topo" = ring ] && ring=1
+  rm -rf "/tmp/$name.d" && mkdir -p "/tmp/$name.d"
+  t0=$(now)
+  r=0 pids=
+  while [ $r -lt $n ]; do
+    if [ "$path" = coord ]; then
+      env MLX_RANK=$r MLX_IBV_DEVICES=$m MLX_JACCL_COORDINATOR=10.0.2.15:$port ${ring:+MLX_JACCL_RING=1} \
+        ./test_collectives jaccl >"/tmp/$name.$r" 2>&1 &
+    else
+      env MLX_RANK=$r MLX_IBV_DEVICES=$m ${ring:+MLX_JACCL_RING=1} \
+        ./test_collectives jaccl --all-gather "/tmp/$name.d" >"/tmp/$name.$r" 2>&1 &
+    fi
+    pids="$pids $!"
+    r=$((r + 1))
+  done
+  ok=1
+  for p in $pids; do wait $p || ok=0; done
+  t1=$(now)
+  r=0
+  while [ $r -lt $n ]; do
+    grep -q "rank $r of $n (jaccl): all checks passed" "/tmp/$name.$r" || ok=0
+    r=$((r + 1))
+  done
+  if [ $ok = 1 ]; then
+    echo "PASS $name $(awk "BEGIN{print $t1 - $t0}") s"
+  else
+    echo "FAIL $name $(awk "BEGIN{print $t1 - $t0}") s"
+    fail=1
+    for f in /tmp/$name.[0-9]*; do echo "--- $f"; tail -n 15 "$f"; done
+  fi
+}
+conf_2_mesh_coord() { conf 2 mesh coord; }
+conf_3_mesh_coord() { conf 3 mesh coord; }
+conf_4_mesh_coord() { conf 4 mesh coord; }
+conf_2_ring_coord() { conf 2 ring coord; }
+conf_3_ring_coord() { conf 3 ring coord; }
+conf_4_ring_coord() { conf 4 ring coord; }
+conf_2_mesh_gather() { conf 2 mesh gather; }
+conf_3_mesh_gather() { conf 3 mesh gather; }
+conf_4_mesh_gather() { conf 4 mesh gather; }
+conf_2_ring_gather() { conf 2 ring gather; }
+conf_3_ring_gather() { conf 3 ring gather; }
+conf_4_ring_gather() { conf 4 ring gather; }
+# mlxdist-launch --backend jaccl (mesh of 2) and jaccl-ring (4: neighbours only) on this host
+launch_jaccl() {
+  matrix /tmp/launch2.json 2 mesh
+  matrix /tmp/launch4.json 4 ring
+  for spec in "jaccl /tmp/launch2.json 2" "jaccl-ring /tmp/launch4.json 4"; do
+    set -- $spec
+    t0=$(now)
+    ./mlxdist-launch --backend "$1" --ibv-devices "$2" --timeout 200 -- ./test_collectives jaccl \
+      >/tmp/launch.out 2>&1
+    rc=$?
+    t1=$(now)
+    if [ $rc = 0 ] && [ "$(grep -c "of $3 (jaccl): all checks passed" /tmp/launch.out)" = "$3" ]; then
+      echo "PASS launch_$1 $(awk "BEGIN{print $t1 - $t0}") s"
+    else
+      echo "FAIL launch_$1 (exit $rc) $(awk "BEGIN{print $t1 - $t0}") s"
+      tail -n 30 /tmp/launch.out
+      fail=1
+    fi
+  done
+}
+all="conf_2_mesh_coord conf_3_mesh_coord conf_4_mesh_coord conf_2_ring_coord conf_3_ring_coord
+conf_4_ring_coord conf_2_mesh_gather conf_3_mesh_gather conf_4_mesh_gather conf_2_ring_gather
+conf_3_ring_gather conf_4_ring_gather launch_jaccl"
+cases=$(cat cases)
+[ -n "$cases" ] || cases=$all
+for c in $cases; do $c; done
+exit $fail
+RUN
+rc=0
+bash "$here/rxe_vm.sh" "$share" || rc=$?
+[ -f "$share/vm.out" ] && cat "$share/vm.out"
+[ $rc = 0 ] && echo "vm_jaccl: passed" || echo "vm_jaccl: exit $rc"
+exit $rc
