@@ -7,6 +7,8 @@
  *
  * usage: test_transport p2p 4 unix|tcp NCONN       send/recv, tags, sizes, mismatch
  *        test_transport threads N unix|tcp NCONN  concurrent collectives from threads
+ *        (verbs in place of unix|tcp: the verbs transport, NCONN rails; real RDMA only,
+ *        tests/vm/vm_verbs.sh)
  *        test_transport peer_exit | stall | large
  *        test_transport bench [MiB] [iters] [nconn] [ranks]   (TCP loopback) */
 #include <errno.h>
@@ -360,9 +362,10 @@ int main(int argc, char** argv) {
   }
   int n = argc > 2 ? atoi(argv[2]) : 2;
   bool tcp = argc > 3 && strcmp(argv[3], "tcp") == 0;
+  bool verbs = argc > 3 && strcmp(argv[3], "verbs") == 0; /* real RDMA: tests/vm/vm_verbs.sh */
   int nconn = argc > 4 ? atoi(argv[4]) : 1;
   if (n < 2 || n > 16 || nconn < 1 || nconn > 8) T_FAIL("bad arguments");
-  g_spec = (t_tp_spec){.kind = tcp ? T_TP_TCP : T_TP_UNIX, .nconn = nconn};
+  g_spec = (t_tp_spec){.kind = verbs ? T_TP_VERBS : tcp ? T_TP_TCP : T_TP_UNIX, .nconn = nconn};
   if (strcmp(mode, "p2p") == 0) {
     T_EQ_INT(n, 4);
     expect_all_ok(n, p2p_rank, NULL, 300);
@@ -375,7 +378,7 @@ int main(int argc, char** argv) {
     setenv("MLXDIST_OP_TIMEOUT", "2", 1);
     expect_all_ok(2, stall_rank, NULL, 60);
   } else if (strcmp(mode, "large") == 0) {
-    g_spec.kind = T_TP_TCP;
+    if (!verbs) g_spec.kind = T_TP_TCP;
     expect_all_ok(2, large_rank, NULL, 600);
   } else {
     T_FAIL("unknown mode '%s'", mode);

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# ctest vm_verbs: the verbs transport (src/transport/verbs.c) on real RDMA, in one VM boot
+# (tests/vm/rxe_vm.sh: soft-RoCE rxe0 on the VM's eth0). In it:
+#   - the algorithm suite (test_algo) over verbs at 2, 3 and 4 ranks, and with 2 rails;
+#   - transport tests: concurrent collectives from threads (test_transport threads), the
+#     signature mismatches (test_sig_transport);
+#   - liveness (test_verbs_live): a killed rank (every survivor fails within 2 s naming
+#     it), a stopped rank (within MLXDIST_TIMEOUT=3 + 2 s), a busy rank waited for, a
+#     stalled op timing out (MLXDIST_OP_TIMEOUT). The measured times are printed.
+#   usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE
+# VM_VERBS_CASES (space-separated names below; default all) runs a subset. Exit 77 (skip)
+# where the harness cannot run (not root, no qemu or kernel).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+usage="usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE"
+algo=${1:?$usage}
+transport=${2:?$usage}
+sigt=${3:?$usage}
+live=${4:?$usage}
+share=$(mktemp -d /tmp/mlxdist-vmshare.XXXXXX)
+trap 'rm -rf "$share"' EXIT
+cp "$algo" "$share/test_algo"
+cp "$transport" "$share/test_transport"
+cp "$sigt" "$share/test_sig_transport"
+cp "$live" "$share/test_verbs_live"
+cases=${VM_VERBS_CASES:-"algo2 algo3 algo4 algo2r threads sig kill stop busy stall"}
+{
+  echo "# runs inside the VM, in /share (busybox sh)"
+  echo "cases=\"$cases\""
+  cat <<'RUN'
+fail=0
+ulimit -l unlimited 2>/dev/null || echo "ulimit -l unlimited refused: $(ulimit -l) KiB lockable"
+export TMPDIR=/tmp T_VERBS_DEV=rxe0
+run() { # name, then the command
+  name=$1
+  shift
+  case " $cases " in *" $name "*) ;; *) return 0 ;; esac
+  echo "== $name: $*"
+  s=$(cut -d' ' -f1 /proc/uptime)
+  if timeout 120 "$@" >"$name.log" 2>&1; then r=0; else r=$?; fi
+  e=$(cut -d' ' -f1 /proc/uptime)
+  tail -n 15 "$name.log"
+  echo "-- $name: exit $r in $(awk "BEGIN{printf \"%.1f\", $e - $s}") s"
+  [ $r = 0 ] || { echo "FAIL: $name"; fail=1; }
+}
+run algo2 ./test_algo verbs 2
+run algo3 ./test_algo verbs 3
+run algo4 ./test_algo verbs 4
+run algo2r ./test_algo verbs:2 2
+run threads ./test_transport threads 3 verbs 2
+run sig ./test_sig_transport verbs
+run kill ./test_verbs_live kill 3 verbs
+run stop ./test_verbs_live stop 3 verbs
+run busy ./test_verbs_live busy 2 verbs
+run stall ./test_verbs_live stall verbs
+grep -h "survivors failed after\|waited for: ok\|stall over" kill.log stop.log busy.log stall.log 2>/dev/null
+exit $fail
+RUN
+} >"$share/run.sh"
+rc=0
+bash "$here/rxe_vm.sh" "$share" || rc=$?
+[ -f "$share/vm.out" ] && cat "$share/vm.out"
+[ $rc = 0 ] && echo "vm_verbs: passed" || echo "vm_verbs: exit $rc"
+exit $rc
