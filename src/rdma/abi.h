@@ -5,9 +5,13 @@
  * Every layout below is rdma-core's libibverbs/verbs.h (checked member by
  * member, with every enum value, against rdma-core 44's installed
  * <infiniband/verbs.h> by tests/config/test_verbs_abi.c wherever that header
- * exists). These parts have not changed since libibverbs 1.1 (IBVERBS_1.1,
- * 2007): the library keeps them for old binaries, and providers still fill
- * struct ibv_context's ops table for the static inline entry points.
+ * exists). What is used has kept its place since libibverbs 1.1
+ * (IBVERBS_1.1, 2007): the library keeps it for old binaries, and providers
+ * still fill struct ibv_context's ops table for the static inline entry
+ * points. Later additions (struct ibv_send_wr's last union, struct
+ * ibv_qp_attr's rate_limit, struct ibv_port_attr's tail) come after the
+ * members used and are read by a provider only when a flag or a mask bit
+ * asks for them; the structs passed in are declared whole and zeroed.
  *
  * Symbols are taken at version IBVERBS_1.1 (dlvsym; the completion channel
  * calls exist only at IBVERBS_1.0): libibverbs.so.1 also exports IBVERBS_1.0
@@ -75,7 +79,7 @@ typedef struct mlxd_abi_device_attr {
   int max_raw_ipv6_qp;
   int max_raw_ethy_qp;
   int max_mcast_grp;
-  int max_qp_mcast;
+  int max_mcast_qp_attach;
   int max_total_mcast_qp_attach;
   int max_ah;
   int max_fmr;

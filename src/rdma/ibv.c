@@ -10,12 +10,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/capability.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -123,6 +125,11 @@ static int choose_port(mlxd_ibv_dev* d, mlxd_status* st) {
       d->lid = pt.lid;
       d->gid_index = pt.link_layer == MLXD_ABI_LINK_LAYER_INFINIBAND ? -1 : pt.gid_index;
       memcpy(d->gid, pt.gid, 16);
+      if (d->gid_index > 255) /* the address vector's sgid_index is 8 bits */
+        return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_VERBS,
+                            "%s: port %d's GID is at index %d, past the 255 a queue pair can use "
+                            "(set MLXDIST_IB_GID_INDEX to a lower entry holding the address)",
+                            d->name, k, d->gid_index);
       if (d->link_layer == MLXD_ABI_LINK_LAYER_INFINIBAND && d->lid == 0)
         return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_VERBS,
                             "%s: port %d is ACTIVE on InfiniBand but has no LID (is a subnet "
@@ -167,7 +174,10 @@ int mlxd_ibv_dev_open(const char* name, int cq_depth, mlxd_ibv_dev** out, mlxd_s
   if (!list) {
     int e = errno ? errno : ENODEV;
     free(d);
-    return fail_call(st, name, "ibv_get_device_list", e, " (no RDMA device?)");
+    mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_VERBS,
+                 "no RDMA device '%s' on this machine: libibverbs (%s) lists none", name, L->name);
+    mlxd_status_set_sys(st, "ibv_get_device_list", e);
+    return MLXD_EUNAVAIL;
   }
   struct mlxd_abi_device* dev = NULL;
   char seen[200] = "";
@@ -270,6 +280,16 @@ static void memlock_words(size_t need, char* buf, size_t len) {
       need, lim);
 }
 
+/* CAP_IPC_LOCK in the effective set: the kernel then pins registered memory
+ * past RLIMIT_MEMLOCK (ib_umem_get checks the limit only without it). */
+static bool may_lock_past_limit(void) {
+  struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct c[2];
+  memset(c, 0, sizeof c);
+  if (syscall(SYS_capget, &h, c) != 0) return false;
+  return (c[CAP_IPC_LOCK / 32].effective >> (CAP_IPC_LOCK % 32)) & 1u;
+}
+
 int mlxd_ibv_memlock_check(size_t need, mlxd_status* st) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
@@ -279,6 +299,7 @@ int mlxd_ibv_memlock_check(size_t need, mlxd_status* st) {
   }
   if (rl.rlim_cur == RLIM_INFINITY || (unsigned long long)rl.rlim_cur >= (unsigned long long)need)
     return 0;
+  if (may_lock_past_limit()) return 0;
   char w[400];
   memlock_words(need, w, sizeof w);
   return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_VERBS, "%s", w);

@@ -50,8 +50,10 @@ int mlxd_ibv_reg(mlxd_ibv_dev* d, void* addr, size_t len, int remote, mlxd_ibv_m
                  mlxd_status* st);
 void mlxd_ibv_dereg(mlxd_ibv_mr* mr); /* handle NULL: no-op; clears *mr */
 /* Whether this process may lock `need` more bytes: RLIMIT_MEMLOCK (soft) is
- * unlimited or at least need; else an error (MLXD_EUNAVAIL) naming both
- * numbers and the fix ("ulimit -l unlimited", LimitMEMLOCK=, limits.conf). */
+ * unlimited or at least need (or the process has CAP_IPC_LOCK, which the
+ * kernel lets pin past the limit); else an error (MLXD_EUNAVAIL) naming both
+ * numbers and the fix ("ulimit -l unlimited", LimitMEMLOCK=, limits.conf).
+ * Memory already locked is not counted: need is the whole budget. */
 int mlxd_ibv_memlock_check(size_t need, mlxd_status* st);
 
 /* A queue pair's address, as exchanged between ranks (MLXD_IBV_QP_INFO_BYTES
@@ -84,7 +86,10 @@ int mlxd_ibv_qp_create(mlxd_ibv_dev* d, int max_send, int max_recv, mlxd_ibv_qp*
  * completion within about (MLXD_IBV_RETRY + 1) * 4.096 us * 2^exp), RNR
  * retries unlimited only where the protocol never relies on them. */
 #define MLXD_IBV_TIMEOUT_EXP 14 /* ~67 ms */
-#define MLXD_IBV_RETRY 7
+/* 6, not 7 (the field's largest value): soft-RoCE (rdma_rxe) takes a
+ * retry_cnt of 7 as "retry without limit", and a dead peer would never be
+ * reported. */
+#define MLXD_IBV_RETRY 6
 int mlxd_ibv_qp_connect(mlxd_ibv_qp* q, const mlxd_ibv_qp_info* remote, mlxd_status* st);
 /* Move to the error state (outstanding requests complete with a flush
  * error); used before destroy and on abort. */
