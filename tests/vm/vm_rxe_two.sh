@@ -8,7 +8,11 @@
 #      jaccl:N        MLX's jaccl, mesh: every cell "rxe0" (each VM's rxe0
 #                     reaches the other VM's and its own), coordinator rank 0
 #                     on VM 1 (192.168.77.1)
-#      jaccl-ring:N   the same matrix with MLX_JACCL_RING=1
+#      jaccl-gather:N the same as jaccl:N through the caller's all-gather
+#                     (test_collectives --all-gather DIR, DIR in the common
+#                     9p share) instead of the coordinator
+#      jaccl-ring:N   MLX_JACCL_RING=1 and only the neighbours' cells filled
+#                     (the other pairs go over TCP across the wire)
 #      ring:N         the ring backend over TCP on the wire (the harness's
 #                     own check: needs no verbs)
 #    N even; MLXDIST_TEST_LIGHT=1 (emulated CPUs are ~10x slower).
@@ -27,8 +31,8 @@ if [ $# -gt 0 ]; then
 fi
 for c in "${cases[@]}"; do
   case $c in
-    jaccl:[0-9]* | jaccl-ring:[0-9]* | ring:[0-9]*) n=${c#*:} ;;
-    *) echo "vm_rxe_two: unknown case '$c' (expected jaccl:N, jaccl-ring:N or ring:N)" >&2; exit 2 ;;
+    jaccl:[0-9]* | jaccl-gather:[0-9]* | jaccl-ring:[0-9]* | ring:[0-9]*) n=${c#*:} ;;
+    *) echo "vm_rxe_two: unknown case '$c' (expected jaccl:N, jaccl-gather:N, jaccl-ring:N or ring:N)" >&2; exit 2 ;;
   esac
   [ $((n % 2)) = 0 ] && [ "$n" -ge 2 ] || { echo "vm_rxe_two: case '$c': N must be even and >= 2" >&2; exit 2; }
 done
@@ -36,6 +40,8 @@ echo "${cases[*]}" >"$share/cases"
 cat >"$share/run.sh" <<'RUN'
 # runs in each VM, in /share (busybox sh); VM_ID, VM_IP, PEER_IP from /init
 . ./vm_guest.sh
+ulimit -l unlimited 2>/dev/null || echo "ulimit -l unlimited refused: $(ulimit -l) KiB lockable"
+export MLXDIST_CONNECT_TIMEOUT=60
 t0=$(now_ms)
 el() { echo "$(( ($(now_ms) - t0) ))"; }
 g=$(gid_index rxe0 "$VM_IP")
@@ -79,10 +85,17 @@ conf() {
   while [ $i -lt "$n" ]; do
     if [ "$b" = ring ]; then # the hostfile: rank i's address, on its VM's wire
       row="\"192.168.77.$((i / half + 1)):$((port + i))\""
-    else # the device matrix: rxe0 in every off-diagonal cell
+    else # the device matrix: rxe0 in every off-diagonal cell (a ring: the neighbours' only)
       j=0 row=
       while [ $j -lt "$n" ]; do
-        if [ $i = $j ]; then cell=null; else cell='"rxe0"'; fi
+        d=$(((i - j + n) % n))
+        if [ $i = $j ]; then
+          cell=null
+        elif [ "$b" != jaccl-ring ] || [ $d = 1 ] || [ $d = $((n - 1)) ]; then
+          cell='"rxe0"'
+        else
+          cell=null
+        fi
         row=${row:+$row, }$cell
         j=$((j + 1))
       done
@@ -99,8 +112,14 @@ conf() {
       ring) set -- MLX_HOSTFILE=/tmp/$tag.json ;;
       jaccl) set -- MLX_IBV_DEVICES=/tmp/$tag.json MLX_JACCL_COORDINATOR=192.168.77.1:$port ;;
       jaccl-ring) set -- MLX_IBV_DEVICES=/tmp/$tag.json MLX_JACCL_COORDINATOR=192.168.77.1:$port MLX_JACCL_RING=1 ;;
+      jaccl-gather) set -- MLX_IBV_DEVICES=/tmp/$tag.json ;;
     esac
-    (env MLX_RANK=$r MLXDIST_TEST_LIGHT=1 "$@" timeout 300 ./test_collectives ${b%-ring} >c.$tag.r$r 2>&1
+    set -- "$@" timeout 300 ./test_collectives ${b%-*}
+    if [ "$b" = jaccl-gather ]; then # the all-gather's files, seen by both VMs
+      mkdir -p "/share/gather.$tag"
+      set -- "$@" --all-gather "/share/gather.$tag"
+    fi
+    (env MLX_RANK=$r MLXDIST_TEST_LIGHT=1 "$@" >c.$tag.r$r 2>&1
      echo $? >/tmp/$tag.r$r.rc) &
     r=$((r + 1))
   done
