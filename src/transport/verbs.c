@@ -78,7 +78,8 @@
  * Waiting. No progress thread: the waiting thread polls the completion
  * queues, spins MLXDIST_SPIN_US after the last event, then arms the
  * queues and sleeps in poll() on the devices' completion channels (one
- * thread at a time; another waiter naps 1 ms) for at most VB_CHECK_S, so
+ * thread at a time, with an eventfd that abort and the other waiters' progress
+ * write to wake it; another waiter naps 1 ms) for at most VB_CHECK_S, so
  * liveness checks run. One mutex per transport, held inside the ops and
  * the heartbeat tick only, never across a sleep. */
 #include "transport/verbs_impl.h"
@@ -91,7 +92,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "util/clock.h"
 
@@ -450,7 +453,9 @@ static int handle_wc(vb_transport* t, int dev, const mlxd_ibv_wc* wc) {
     if (kind == VB_WR_PROBE) p->probe_busy = false;
     if (kind == VB_WR_REC) p->rec_busy = false;
     if (wc->status) wc_failed(t, pi, kind, wc->wr_id, wc);
-    return 1;
+    /* a data write done frees a send queue entry (progress_out counts what it
+     * lets through); heartbeats, probes and credits are not progress */
+    return 0;
   }
   if (wc->status) {
     wc_failed(t, pi, kind, wc->wr_id, wc);
@@ -507,7 +512,7 @@ static void check_records(vb_transport* t) {
   }
 }
 
-int mlxd_vb_progress(vb_transport* t) {
+int mlxd_vb_progress(vb_transport* t, bool records) {
   if (t->err.code) return 0;
   int ev = poll_cqs(t);
   for (int pi = 0; pi < t->base.size && !t->err.code; pi++) {
@@ -519,7 +524,7 @@ int mlxd_vb_progress(vb_transport* t) {
     credit_out(t, pi);
     ev += progress_out(t, pi);
   }
-  check_records(t);
+  if (records) check_records(t);
   return ev;
 }
 
@@ -582,7 +587,7 @@ static int vb_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* 
   else
     p->sq_head = r;
   p->sq_tail = r;
-  mlxd_vb_progress(t);
+  mlxd_vb_progress(t, false);
   pthread_mutex_unlock(&t->mu);
   *req = (mlxd_req*)r;
   return 0;
@@ -627,7 +632,7 @@ static int vb_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* 
     r->where = VB_W_POSTED;
     mlxd_match_push(&p->mq.posted, &r->link, tag);
   }
-  mlxd_vb_progress(t);
+  mlxd_vb_progress(t, false);
   pthread_mutex_unlock(&t->mu);
   *req = (mlxd_req*)r;
   return 0;
@@ -653,7 +658,7 @@ static bool live_check(vb_transport* t, vb_req** reqs, int n, mlxd_wait_state* w
     int pi = r->m.peer;
     vb_peer* p = &t->peers[pi];
     if (p->closed) {
-      mlxd_vb_progress(t); /* what it sent before closing may still be in a queue */
+      mlxd_vb_progress(t, true); /* what it sent before closing may still be in a queue */
       if (r->m.complete || t->err.code) continue;
       char why[96];
       snprintf(why, sizeof why, ": it closed its transport while rank %d still waits for it",
@@ -702,6 +707,14 @@ static bool live_check(vb_transport* t, vb_req** reqs, int n, mlxd_wait_state* w
   return false;
 }
 
+/* Wake the thread asleep on the completion channels, if any (mu held). */
+static void kick(vb_transport* t) {
+  if (!t->chan_owner || t->wake_fd < 0) return;
+  uint64_t one = 1;
+  ssize_t w = write(t->wake_fd, &one, sizeof one);
+  (void)w; /* a full counter already wakes it */
+}
+
 /* Sleep on the completion channels for at most max_s (mu held on entry
  * and exit, dropped while asleep). */
 static void block_wait(vb_transport* t, double max_s) {
@@ -714,8 +727,8 @@ static void block_wait(vb_transport* t, double max_s) {
     pthread_mutex_lock(&t->mu);
     return;
   }
-  struct pollfd fds[VB_MAX_DEVS];
-  int nf = 0, map[VB_MAX_DEVS];
+  struct pollfd fds[VB_MAX_DEVS + 1];
+  int nf = 0, map[VB_MAX_DEVS + 1];
   for (int d = 0; d < t->ndevs; d++) {
     int fd = mlxd_ibv_fd(t->devs[d]);
     mlxd_status s;
@@ -725,15 +738,28 @@ static void block_wait(vb_transport* t, double max_s) {
     fds[nf].revents = 0;
     map[nf++] = d;
   }
+  if (t->wake_fd >= 0) {
+    fds[nf].fd = t->wake_fd;
+    fds[nf].events = POLLIN;
+    fds[nf].revents = 0;
+    map[nf++] = -1;
+  }
   /* Armed: anything that completed before the arm is seen by this pass. */
-  if (mlxd_vb_progress(t) > 0 || t->err.code) return;
+  if (mlxd_vb_progress(t, true) > 0 || t->err.code) return;
   t->chan_owner = true;
   pthread_mutex_unlock(&t->mu);
   if (nf > 0) {
     int rc = poll(fds, (nfds_t)nf, (int)ceil(max_s * 1e3));
-    if (rc > 0)
-      for (int i = 0; i < nf; i++)
-        if (fds[i].revents & POLLIN) mlxd_ibv_ack(t->devs[map[i]]);
+    for (int i = 0; rc > 0 && i < nf; i++) {
+      if (!(fds[i].revents & POLLIN)) continue;
+      if (map[i] >= 0) {
+        mlxd_ibv_ack(t->devs[map[i]]);
+      } else {
+        uint64_t v;
+        ssize_t r = read(t->wake_fd, &v, sizeof v);
+        (void)r;
+      }
+    }
   } else {
     struct timespec ts = {0, (long)(max_s < 1e-3 ? max_s * 1e9 : 1e6)};
     nanosleep(&ts, NULL);
@@ -746,7 +772,7 @@ static void block_wait(vb_transport* t, double max_s) {
  * the transport failed) or until `until` (false). mu held. */
 static bool wait_loop(vb_transport* t, vb_req** reqs, int n, double until, mlxd_wait_state* ws) {
   if (!ws->started) {
-    int ev = mlxd_vb_progress(t);
+    int ev = mlxd_vb_progress(t, true);
     if (!any_pending(reqs, n) || t->err.code) return true;
     double now = mlxd_now();
     *ws = (mlxd_wait_state){
@@ -759,7 +785,8 @@ static bool wait_loop(vb_transport* t, vb_req** reqs, int n, double until, mlxd_
     if (ev && now >= until) return false;
   }
   for (;;) {
-    int ev = mlxd_vb_progress(t);
+    int ev = mlxd_vb_progress(t, true);
+    if (ev && t->waiting > 1) kick(t); /* it may have been another waiter's progress */
     if (!any_pending(reqs, n) || t->err.code) return true;
     double now = mlxd_now();
     if (ev) {
@@ -790,7 +817,9 @@ static int vb_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st)
   assert(n >= 0 && (n == 0 || reqs));
   pthread_mutex_lock(&t->mu);
   mlxd_wait_state ws = {0};
+  t->waiting++;
   wait_loop(t, reqs, n, INFINITY, &ws);
+  t->waiting--;
   if (!t->err.code) check_records(t);
   int rc = mlxd_match_result(st, &t->err, MLXD_LAYER_VERBS, rr, n);
   if (rc == 0 && t->err.code) rc = fail_status(t, st);
@@ -810,7 +839,9 @@ static int vb_wait_slice(mlxd_transport* tt, mlxd_req** rr, int n, double max_s,
   vb_transport* t = (vb_transport*)tt;
   assert(n >= 0 && (n == 0 || rr) && max_s >= 0);
   pthread_mutex_lock(&t->mu);
+  t->waiting++;
   ws->done = wait_loop(t, (vb_req**)rr, n, mlxd_now() + max_s, ws);
+  t->waiting--;
   int rc = 0;
   if (t->err.code) {
     ws->done = true;
@@ -824,6 +855,7 @@ static void vb_abort(mlxd_transport* tt, const mlxd_status* st) {
   vb_transport* t = (vb_transport*)tt;
   pthread_mutex_lock(&t->mu);
   mlxd_vb_fail(t, st);
+  kick(t); /* a waiter asleep on the channels sees it now */
   pthread_mutex_unlock(&t->mu);
 }
 
@@ -883,6 +915,7 @@ void mlxd_vb_destroy(mlxd_transport* tt) {
     }
   }
   mlxd_vb_teardown(t);
+  if (t->wake_fd >= 0) close(t->wake_fd);
   while (t->free_reqs) {
     vb_req* nx = t->free_reqs->next;
     free(t->free_reqs);
@@ -892,12 +925,14 @@ void mlxd_vb_destroy(mlxd_transport* tt) {
   free(t);
 }
 
-/* A forked child's copy: close nothing (the devices' descriptors and the
- * registered memory are the parent's; the child's copies of the
- * descriptors are close-on-exec and go with it), send nothing; mark it. */
+/* A forked child's copy: close only our own eventfd (the devices'
+ * descriptors and the registered memory are the device layer's and the
+ * parent's; libibverbs opens them close-on-exec), send nothing; mark it. */
 static void vb_forget(mlxd_transport* tt) {
   vb_transport* t = (vb_transport*)tt;
   t->forgotten = true;
+  if (t->wake_fd >= 0) close(t->wake_fd); /* ours alone: the child's copy */
+  t->wake_fd = -1;
 }
 
 const mlxd_transport_ops mlxd_verbs_ops = {

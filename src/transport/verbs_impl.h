@@ -160,6 +160,8 @@ typedef struct vb_transport {
   bool closing;    /* destroy runs: completions of dying work are not failures */
   bool forgotten;  /* a forked child's copy */
   bool chan_owner; /* a waiter sleeps on the completion channels */
+  int waiting;     /* threads inside a wait */
+  int wake_fd;     /* eventfd: wakes the channel sleeper (abort, another waiter's progress) */
   mlxd_status err; /* the first failure */
   vb_req* free_reqs;
   int nfree;
@@ -169,8 +171,9 @@ typedef struct vb_transport {
 extern const mlxd_transport_ops mlxd_verbs_ops;
 void mlxd_vb_fail(vb_transport* t, const mlxd_status* st); /* mu held */
 /* One pass: every completion queue, every peer's arrivals, credits, sends
- * and failure record. Returns events, mu held. */
-int mlxd_vb_progress(vb_transport* t);
+ * and (records) failure record; isend/irecv leave the records to the waits,
+ * as the other transports do. Returns events (chunks in or out), mu held. */
+int mlxd_vb_progress(vb_transport* t, bool records);
 void mlxd_vb_destroy(mlxd_transport* tt);
 
 /* ---- verbs_setup.c ---- */

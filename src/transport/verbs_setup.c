@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "core/oprec.h"
 #include "core/watchdog.h"
@@ -119,7 +121,7 @@ static void beat(void* ctx, double now) {
   note[sizeof note - 1] = '\0';
   pthread_mutex_lock(&t->mu);
   if (!t->err.code && !t->closing) {
-    mlxd_vb_progress(t); /* completions of earlier beats, and whatever else came */
+    mlxd_vb_progress(t, true); /* completions of earlier beats, and whatever else came */
     for (int pi = 0; pi < t->base.size && !t->err.code; pi++) {
       vb_peer* p = &t->peers[pi];
       if (pi == t->base.rank || !p->nrails || p->beat_busy || p->closed) continue;
@@ -220,6 +222,7 @@ static mlxd_transport* setup_fail(vb_transport* t, mlxd_status* st, const mlxd_s
   if (t) {
     t->closing = true;
     mlxd_vb_teardown(t);
+    if (t->wake_fd >= 0) close(t->wake_fd);
     pthread_mutex_destroy(&t->mu);
     free(t);
   }
@@ -263,6 +266,7 @@ mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_pe
     return NULL;
   }
   pthread_mutex_init(&t->mu, NULL);
+  t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); /* -1: waiters sleep 0.1 s at most */
   t->base.ops = &mlxd_verbs_ops;
   t->base.rank = rank;
   t->base.size = size;

@@ -26,7 +26,7 @@ typedef enum { T_TP_TCP, T_TP_UNIX, T_TP_SHM, T_TP_MIXED, T_TP_VERBS } t_tp_kind
 
 typedef struct t_tp_spec {
   t_tp_kind kind;
-  int nconn;                   /* connections per pair (tcp, unix, mixed's tcp), rails (verbs): 1..8 */
+  int nconn; /* connections per pair (tcp, unix, mixed's tcp), rails (verbs): 1..8 */
   char hosts[T_MAX_RANKS + 1]; /* mixed: each rank's host digit; the group size is its length */
 } t_tp_spec;
 

@@ -159,8 +159,8 @@ int main(int argc, char** argv) {
   for (int r = 0; r < n - 1; r++) survivors_bad += ex[r].code != 0;
   bool busy = strcmp(g_mode, "busy") == 0;
   if (busy ? bad != 0 : survivors_bad != 0 || ex[n - 1].signal != SIGKILL)
-    T_FAIL("%s over %s with %d ranks: %d rank(s) failed (last rank: code %d signal %d)", g_mode,
-           tp, n, bad, ex[n - 1].code, ex[n - 1].signal);
+    T_FAIL("%s over %s with %d ranks: %d rank(s) failed (last rank: code %d signal %d)", g_mode, tp,
+           n, bad, ex[n - 1].code, ex[n - 1].signal);
   if (!busy) {
     printf("%s over %s with %d ranks: survivors failed after", g_mode, tp, n);
     for (int r = 0; r < n - 1; r++) printf(" %.2f", g_sh->took[r]);

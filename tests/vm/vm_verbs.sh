@@ -4,8 +4,8 @@
 #   - the algorithm suite (test_algo) over verbs at 2, 3 and 4 ranks, and with 2 rails;
 #   - transport tests: concurrent collectives from threads (test_transport threads), the
 #     signature mismatches (test_sig_transport);
-#   - liveness (test_verbs_live): a killed rank (every survivor fails within 2 s naming
-#     it), a stopped rank (within MLXDIST_TIMEOUT=3 + 2 s), a busy rank waited for, a
+#   - liveness (test_verbs_live): a killed rank (3 ranks; 4 ranks with 2 rails: every
+#     survivor fails within 2 s naming it), a stopped rank (within MLXDIST_TIMEOUT=3 + 2 s), a busy rank waited for, a
 #     stalled op timing out (MLXDIST_OP_TIMEOUT). The measured times are printed.
 #   usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE
 # VM_VERBS_CASES (space-separated names below; default all) runs a subset. Exit 77 (skip)
@@ -23,10 +23,12 @@ cp "$algo" "$share/test_algo"
 cp "$transport" "$share/test_transport"
 cp "$sigt" "$share/test_sig_transport"
 cp "$live" "$share/test_verbs_live"
-cases=${VM_VERBS_CASES:-"algo2 algo3 algo4 algo2r threads sig kill stop busy stall"}
+cases=${VM_VERBS_CASES:-"algo2 algo3 algo4 algo2r threads sig kill kill4 stop busy stall"}
 {
   echo "# runs inside the VM, in /share (busybox sh)"
+  echo "VM_VERBS_TAIL=${VM_VERBS_TAIL:-15}"
   echo "cases=\"$cases\""
+  [ -z "${VM_VERBS_ENV:-}" ] || echo "export $VM_VERBS_ENV"
   cat <<'RUN'
 fail=0
 ulimit -l unlimited 2>/dev/null || echo "ulimit -l unlimited refused: $(ulimit -l) KiB lockable"
@@ -39,7 +41,7 @@ run() { # name, then the command
   s=$(cut -d' ' -f1 /proc/uptime)
   if timeout 120 "$@" >"$name.log" 2>&1; then r=0; else r=$?; fi
   e=$(cut -d' ' -f1 /proc/uptime)
-  tail -n 15 "$name.log"
+  tail -n "${VM_VERBS_TAIL:-15}" "$name.log"
   echo "-- $name: exit $r in $(awk "BEGIN{printf \"%.1f\", $e - $s}") s"
   [ $r = 0 ] || { echo "FAIL: $name"; fail=1; }
 }
@@ -50,10 +52,11 @@ run algo2r ./test_algo verbs:2 2
 run threads ./test_transport threads 3 verbs 2
 run sig ./test_sig_transport verbs
 run kill ./test_verbs_live kill 3 verbs
+run kill4 ./test_verbs_live kill 4 verbs:2
 run stop ./test_verbs_live stop 3 verbs
 run busy ./test_verbs_live busy 2 verbs
 run stall ./test_verbs_live stall verbs
-grep -h "survivors failed after\|waited for: ok\|stall over" kill.log stop.log busy.log stall.log 2>/dev/null
+grep -h "survivors failed after\|waited for: ok\|stall over" kill.log kill4.log stop.log busy.log stall.log 2>/dev/null
 exit $fail
 RUN
 } >"$share/run.sh"
