@@ -19,7 +19,9 @@
  * parts (wait_slice): a non-blocking pass over the part that does not
  * sleep, then the sleeping one, without blocking while either part saw an
  * event within MLXDIST_SPIN_US, after that sleeping in the sleeping part for
- * at most MIXED_IDLE_SLICE_S (100 us): its own peers wake it at once (shm:
+ * at most MIXED_IDLE_SLICE_S (100 us; a composite made with a larger
+ * max_idle_s doubles the slice after each idle one, up to it, and starts
+ * again at 100 us after any event): its own peers wake it at once (shm:
  * this rank's doorbell; tcp: poll on its sockets), and what arrives over the
  * other part waits at most that long. The ring sleeps on shm, jaccl on tcp
  * (its verbs part has no cheaper wake-up than a poll of the completion
@@ -56,6 +58,7 @@ typedef struct mixed_transport {
   mlxd_transport* part; /* local[p] >= 0 (shm, verbs) */
   int* local;           /* local[p]: p's index in part, -1: over rest */
   bool sleep_on_part;   /* a wait on both sleeps in part (else in rest) */
+  double max_idle_s;    /* the longest sleep slice, reached by doubling while idle */
   double spin_s;
   bool yield; /* more ranks than CPUs: give the CPU away between spinning passes */
 } mixed_transport;
@@ -115,6 +118,7 @@ static int wait_both(mixed_transport* t, mlxd_req** rr, int nr, mlxd_req** pr, i
   int ns = t->sleep_on_part ? np : nr, nq = t->sleep_on_part ? nr : np;
   mlxd_wait_state wq = {0}, ws = {0};
   bool idle = false;
+  double slice = MIXED_IDLE_SLICE_S; /* grows while idle, up to t->max_idle_s */
   for (;;) {
     if (!wq.done) {
       int rc = q->ops->wait_slice(q, qr, nq, ws.done ? INFINITY : 0, &wq, st);
@@ -124,7 +128,7 @@ static int wait_both(mixed_transport* t, mlxd_req** rr, int nr, mlxd_req** pr, i
       }
     }
     if (!ws.done) {
-      double sl = wq.done ? INFINITY : idle ? MIXED_IDLE_SLICE_S : 0;
+      double sl = wq.done ? INFINITY : idle ? slice : 0;
       int rc = s->ops->wait_slice(s, sr, ns, sl, &ws, st);
       if (rc) {
         spread(t, s, st);
@@ -134,6 +138,10 @@ static int wait_both(mixed_transport* t, mlxd_req** rr, int nr, mlxd_req** pr, i
     if (wq.done && ws.done) return 0;
     double last = wq.last_event > ws.last_event ? wq.last_event : ws.last_event;
     idle = mlxd_now() - last >= t->spin_s;
+    if (!idle)
+      slice = MIXED_IDLE_SLICE_S;
+    else if (slice < t->max_idle_s)
+      slice = slice * 2 < t->max_idle_s ? slice * 2 : t->max_idle_s;
     if (!idle && t->yield) sched_yield(); /* the rank we wait for may need this CPU */
   }
 }
@@ -232,7 +240,8 @@ static const mlxd_transport_ops mixed_ops = {
 };
 
 mlxd_transport* mlxd_mixed_combine(mlxd_transport* rest, mlxd_transport* part, const int* local,
-                                   bool sleep_on_part, size_t ring_chunk, mlxd_status* st) {
+                                   bool sleep_on_part, double max_idle_s, size_t ring_chunk,
+                                   mlxd_status* st) {
   assert(rest && part && local && rest->size >= 2);
   mixed_transport* t = calloc(1, sizeof *t);
   int* map = calloc((size_t)rest->size, sizeof *map);
@@ -251,6 +260,7 @@ mlxd_transport* mlxd_mixed_combine(mlxd_transport* rest, mlxd_transport* part, c
   t->part = part;
   t->local = map;
   t->sleep_on_part = sleep_on_part;
+  t->max_idle_s = max_idle_s > MIXED_IDLE_SLICE_S ? max_idle_s : MIXED_IDLE_SLICE_S;
   t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
   if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -260,5 +270,5 @@ mlxd_transport* mlxd_mixed_combine(mlxd_transport* rest, mlxd_transport* part, c
 
 mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* shm, const int* local,
                                          mlxd_status* st) {
-  return mlxd_mixed_combine(tcp, shm, local, true, 0, st);
+  return mlxd_mixed_combine(tcp, shm, local, true, MIXED_IDLE_SLICE_S, 0, st);
 }

@@ -15,15 +15,21 @@
  * or the peer's index in a shared-memory session of this host's ranks,
  * created with mlxd_shm_transport_new_named so that it names group ranks).
  * local[rank] is ignored. sleep_on_part: which part a wait on both sleeps
- * on (for at most 100 us, while the other is polled without blocking): the
- * one with a cheap wake-up for its own peers (shm's doorbell; tcp's poll).
+ * on (for at most 100 us at a time, while the other is polled without
+ * blocking): the one with a cheap wake-up for its own peers (shm's doorbell;
+ * tcp's poll). max_idle_s > 100 us: while nothing happens the sleep doubles
+ * up to it (back to 100 us at the next event), so a long wait on both parts
+ * does not wake 10,000 times a second; what arrives over the other part
+ * then waits at most that long.
  * ring_chunk: the composite's (transport.h; 0: the default).
  * Takes ownership of both parts on success only; NULL with st set (out of
  * memory). */
 mlxd_transport* mlxd_mixed_combine(mlxd_transport* rest, mlxd_transport* part, const int* local,
-                                   bool sleep_on_part, size_t ring_chunk, mlxd_status* st);
+                                   bool sleep_on_part, double max_idle_s, size_t ring_chunk,
+                                   mlxd_status* st);
 
-/* The ring's: tcp to every peer, shm for local[p] >= 0, sleeping on shm. */
+/* The ring's: tcp to every peer, shm for local[p] >= 0, sleeping on shm for
+ * at most 100 us at a time. */
 mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* shm, const int* local,
                                          mlxd_status* st);
 

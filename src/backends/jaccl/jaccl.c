@@ -55,6 +55,9 @@
 #include "util/tunables.h"
 
 #define TAG "jaccl"
+/* A wait on both verbs and TCP (mixed.h) sleeps in TCP's poll() 100 us at a time, doubling
+ * while idle up to this: verbs messages wait at most that long then. */
+#define MIXED_IDLE_MAX_S 2e-3
 
 static bool jaccl_available(char* why, size_t len) {
   mlxd_verbs_probe* p = malloc(sizeof *p);
@@ -278,7 +281,7 @@ static int build(jaccl* j, mlxd_verbs_allgather_fn ag, void* ctx, mlxd_status* s
     goto done;
   }
   /* jaccl sleeps on TCP in a wait on both parts: poll() wakes for its sockets */
-  j->g.t = mlxd_mixed_combine(tcp, v, local, false, v->ring_chunk, st);
+  j->g.t = mlxd_mixed_combine(tcp, v, local, false, MIXED_IDLE_MAX_S, v->ring_chunk, st);
   if (!j->g.t) {
     tcp->ops->destroy(tcp);
     v->ops->destroy(v);
