@@ -33,7 +33,7 @@ jf_report() {
   fi
 }
 
-# jf_liveness MODE TEST_LIVENESS: one test_liveness case under jaccl.
+# jf_liveness MODE TEST_LIVENESS [NAME]: one test_liveness case under jaccl.
 jf_liveness() {
   t0=$(now_ms)
   timeout 120 "$2" "$1" jaccl >/tmp/jf_$1.out 2>&1
@@ -42,11 +42,11 @@ jf_liveness() {
   det=$(grep -E 'out .* after the signal|has waited|failed after|: rank 1 |succeeded' /tmp/jf_$1.out |
     grep -v '^---' | head -n 4 | tr '\n' ';')
   [ $rc = 0 ] || tail -n 40 /tmp/jf_$1.out
-  jf_report "jaccl_$1" "$t0" $rc "$det"
+  jf_report "jaccl_${3:-$1}" "$t0" $rc "$det"
 }
 jf_kill() { jf_liveness kill "$1"; }
 jf_stop() { jf_liveness stop "$1"; }
-jf_busy() { jf_liveness slow "$1"; }
+jf_busy() { jf_liveness slow "$1" busy; }
 jf_late() { jf_liveness late "$1"; }
 
 jf_mismatch() {
