@@ -33,3 +33,21 @@ retry() {
     sleep 1
   done
 }
+
+# barrier NAME [SECONDS]: two VMs sharing /share (rxe_vm2.sh) wait for each
+# other (at most SECONDS, default 120): each leaves /share/barrier.NAME.ID and
+# waits for the other's. At the end of a script, so that neither VM powers off
+# while the other's processes still talk to it (a host that vanishes leaves
+# its peers' last TCP bytes unacknowledged: they wait MLXDIST_TIMEOUT).
+barrier() {
+  : >"/share/barrier.$1.$VM_ID"
+  other=$((3 - VM_ID))
+  end=$(($(now_ms) + ${2:-120} * 1000))
+  while [ ! -e "/share/barrier.$1.$other" ]; do
+    if [ "$(now_ms)" -ge "$end" ]; then
+      echo "barrier $1: VM $other did not come within ${2:-120} s"
+      return 1
+    fi
+    sleep 0.1
+  done
+}

@@ -17,12 +17,20 @@
 #                     own check: needs no verbs)
 #    N even; MLXDIST_TEST_LIGHT=1 (emulated CPUs are ~10x slower).
 #   usage: vm_rxe_two.sh [TEST_COLLECTIVES [CASE...]]
+# VM_TWO_ENV="NAME=VALUE ..." is exported in both VMs (e.g.
+# MLXDIST_TEST_VERBOSE=1); VM_TWO_KEEP=1 keeps the share (every rank's output)
+# and prints its path.
 # Exit 77 (skip) where the harness cannot run (not root, no qemu or kernel).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 share=$(mktemp -d /tmp/mlxdist-vmshare2.XXXXXX)
-trap 'rm -rf "$share"' EXIT
+if [ "${VM_TWO_KEEP:-0}" = 1 ]; then
+  trap 'echo "vm_rxe_two: the share is kept in $share"' EXIT
+else
+  trap 'rm -rf "$share"' EXIT
+fi
 cp "$here/vm_guest.sh" "$share/"
+echo "${VM_TWO_ENV:-}" >"$share/env"
 cases=()
 if [ $# -gt 0 ]; then
   cp "$1" "$share/test_collectives"
@@ -42,6 +50,7 @@ cat >"$share/run.sh" <<'RUN'
 . ./vm_guest.sh
 ulimit -l unlimited 2>/dev/null || echo "ulimit -l unlimited refused: $(ulimit -l) KiB lockable"
 export MLXDIST_CONNECT_TIMEOUT=60
+for e in $(cat env); do export "$e"; done
 t0=$(now_ms)
 el() { echo "$(( ($(now_ms) - t0) ))"; }
 g=$(gid_index rxe0 "$VM_IP")
@@ -132,12 +141,14 @@ conf() {
     r=$((r + 1))
   done
   echo "   ($(($(now_ms) - ts)) ms)"
+  barrier "$tag" 300 || no "the other VM did not finish $b at $n ranks"
 }
 port=32323
 for c in $(cat cases); do
   conf "${c%:*}" "${c#*:}" $port
   port=$((port + 16))
 done
+barrier end 300 || no "the other VM did not finish"
 echo "== vm$VM_ID done in $(el) ms, $([ $fail = 0 ] && echo passed || echo FAILED)"
 exit $fail
 RUN
