@@ -3,14 +3,18 @@
  * MLX_RANK / MLX_HOSTFILE (ring backend; MLXDIST_TRANSPORT from argv[2]; TR
  * mixed: auto with ranks 0 and 1 on one emulated host (MLXDIST_HOST_ID) and
  * the others on another, so rank 1 is reached over shm by rank 0 and over
- * TCP by rank 2),
+ * TCP by rank 2; TR jaccl: the jaccl backend instead, on real verbs, with a
+ * device matrix naming LIVE_IBV_DEVICE (default rxe0) in every off-diagonal
+ * cell and the coordinator on 127.0.0.1: run inside the soft-RoCE VM,
+ * tests/vm/vm_jaccl_fail.sh),
  * each rank's stderr into a file, and acts on them from the parent.
  *
- *   test_liveness slow TR   rank 1 sleeps 2 x MLXDIST_WARN_AFTER (and longer than
- *                           MLXDIST_TIMEOUT) before an all_sum: success on both ranks,
- *                           and exactly one warning line, naming rank 1
+ *   test_liveness slow TR   rank 1 sleeps 2 x MLXDIST_WARN_AFTER + 1 s (5 s, longer
+ *                           than MLXDIST_TIMEOUT) before an all_sum: success on both
+ *                           ranks, and exactly one warning line, naming rank 1
  *   test_liveness stop TR   3 ranks loop over all_sum; the parent SIGSTOPs rank 1: the
  *                           others fail within MLXDIST_TIMEOUT + 2 s naming it
+ *                           (MLXDIST_TIMEOUT 2; 3 under jaccl)
  *   test_liveness kill TR   the same with SIGKILL: within 2 s
  *   test_liveness late TR   rank 1 reaches an all_sum after rank 0 gave up on it
  *                           (MLXDIST_OP_TIMEOUT): it fails too, with rank 0's reason */
@@ -35,6 +39,7 @@
 
 static char g_dir[256];
 static bool g_mixed; /* TR mixed: ranks 0, 1 on emulated host A, the others on B */
+static bool g_jaccl; /* TR jaccl: the jaccl backend (a device matrix, a coordinator) */
 
 static double now_s(void) {
   struct timespec ts;
@@ -46,6 +51,29 @@ static void sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
+}
+
+/* jaccl's configuration: a mesh of n ranks over one device, and the coordinator. */
+static void write_matrix(const char* path, int n, char* coord, size_t coord_len) {
+  const char* dev = getenv("LIVE_IBV_DEVICE");
+  if (!dev || !*dev) dev = "rxe0";
+  FILE* f = fopen(path, "w");
+  T_ASSERT(f);
+  fputs("[", f);
+  for (int i = 0; i < n; i++) {
+    fputs(i ? ", [" : "[", f);
+    for (int j = 0; j < n; j++) {
+      if (j) fputs(", ", f);
+      if (j == i)
+        fputs("null", f);
+      else
+        fprintf(f, "\"%s\"", dev);
+    }
+    fputs("]", f);
+  }
+  fputs("]\n", f);
+  fclose(f);
+  snprintf(coord, coord_len, "127.0.0.1:%d", t_free_port());
 }
 
 static void write_hostfile(const char* path, int n) {
@@ -68,9 +96,12 @@ typedef struct run {
 
 /* Fork n ranks running fn, each with its stderr in g_dir/rank<r>.err. */
 static void start(run* R, int n, rank_fn fn) {
-  char path[300];
-  snprintf(path, sizeof path, "%s/hostfile.json", g_dir);
-  write_hostfile(path, n);
+  char path[300], coord[64] = "";
+  snprintf(path, sizeof path, "%s/%s.json", g_dir, g_jaccl ? "devices" : "hostfile");
+  if (g_jaccl)
+    write_matrix(path, n, coord, sizeof coord);
+  else
+    write_hostfile(path, n);
   R->n = n;
   fflush(NULL);
   for (int r = 0; r < n; r++) {
@@ -81,7 +112,12 @@ static void start(run* R, int n, rank_fn fn) {
       char rs[16], ep[300];
       snprintf(rs, sizeof rs, "%d", r);
       setenv("MLX_RANK", rs, 1);
-      setenv("MLX_HOSTFILE", path, 1);
+      if (g_jaccl) {
+        setenv("MLX_IBV_DEVICES", path, 1);
+        setenv("MLX_JACCL_COORDINATOR", coord, 1);
+      } else {
+        setenv("MLX_HOSTFILE", path, 1);
+      }
       unsetenv("MLX_WORLD_SIZE");
       if (g_mixed) setenv("MLXDIST_HOST_ID", r < 2 ? "hostA" : "hostB", 1);
       snprintf(ep, sizeof ep, "%s/rank%d.err", g_dir, r);
@@ -146,8 +182,9 @@ static const char* rank_err(int r) {
 static void show_err(int r) { fprintf(stderr, "--- rank %d stderr:\n%s---\n", r, rank_err(r)); }
 
 static mlx_distributed_group init_ring(void) {
+  const char* bk = g_jaccl ? "jaccl" : "ring";
   mlx_distributed_group g = mlx_distributed_group_new();
-  if (mlx_distributed_init(&g, true, "ring") != 0) T_FAIL("init ring: %s", t_last_error());
+  if (mlx_distributed_init(&g, true, bk) != 0) T_FAIL("init %s: %s", bk, t_last_error());
   return g;
 }
 
@@ -180,7 +217,7 @@ static int one_sum(mlx_distributed_group g, int size, int n) {
 static int slow_rank(int rank, int size) {
   mlx_distributed_group g = init_ring();
   T_EQ_INT(one_sum(g, size, 100), 0);
-  if (rank == 1) sleep_s(2 * atof(getenv("MLXDIST_WARN_AFTER")) + 0.5);
+  if (rank == 1) sleep_s(2 * atof(getenv("MLXDIST_WARN_AFTER")) + 1);
   if (one_sum(g, size, 100) != 0) T_FAIL("the all_sum after the sleep failed: %s", t_last_error());
   T_EQ_INT(one_sum(g, size, 100), 0);
   mlx_distributed_group_free(g);
@@ -195,7 +232,7 @@ static int count(const char* s, const char* what) {
 
 static void test_slow(void) {
   setenv("MLXDIST_WARN_AFTER", "2", 1);
-  setenv("MLXDIST_TIMEOUT", "3", 1); /* the sleep (4.5 s) is longer than this */
+  setenv("MLXDIST_TIMEOUT", "3", 1); /* the sleep (5 s) is longer than this */
   run R;
   start(&R, 2, slow_rank);
   reap(&R, 3, now_s() + 60);
@@ -292,20 +329,24 @@ static void test_late(void) {
 
 int main(int argc, char** argv) {
   if (argc != 3 || (strcmp(argv[2], "tcp") != 0 && strcmp(argv[2], "shm") != 0 &&
-                    strcmp(argv[2], "mixed") != 0)) {
-    fprintf(stderr, "usage: %s slow|stop|kill|late tcp|shm|mixed\n", argv[0]);
+                    strcmp(argv[2], "mixed") != 0 && strcmp(argv[2], "jaccl") != 0)) {
+    fprintf(stderr, "usage: %s slow|stop|kill|late tcp|shm|mixed|jaccl\n", argv[0]);
     return 2;
   }
   g_mixed = strcmp(argv[2], "mixed") == 0;
+  g_jaccl = strcmp(argv[2], "jaccl") == 0;
   snprintf(g_dir, sizeof g_dir, "/tmp/mlxd_live_test.XXXXXX");
   T_ASSERT(mkdtemp(g_dir) != NULL);
-  setenv("MLXDIST_TRANSPORT", g_mixed ? "auto" : argv[2], 1);
+  if (!g_jaccl) setenv("MLXDIST_TRANSPORT", g_mixed ? "auto" : argv[2], 1);
   const char* m = argv[1];
   if (strcmp(m, "slow") == 0) {
     test_slow();
   } else if (strcmp(m, "stop") == 0) {
-    setenv("MLXDIST_TIMEOUT", "2", 1);
-    test_victim(SIGSTOP, 2 + 2, "rank 1 has shown no sign of life");
+    int timeout_s = g_jaccl ? 3 : 2;
+    char ts[8];
+    snprintf(ts, sizeof ts, "%d", timeout_s);
+    setenv("MLXDIST_TIMEOUT", ts, 1);
+    test_victim(SIGSTOP, timeout_s + 2, "rank 1 has shown no sign of life");
   } else if (strcmp(m, "kill") == 0) {
     test_victim(SIGKILL, 2, "lost connection to rank 1");
   } else if (strcmp(m, "late") == 0) {

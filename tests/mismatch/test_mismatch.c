@@ -7,6 +7,9 @@
  * op: "[ring] all_sum #1: mismatched calls: rank 0 called all_sum(float32 x
  * 10), rank 1 called all_gather(int32 x 20)". Its group then stays failed:
  * the next all_sum fails fast with the same text.
+ * MISMATCH_BACKEND=jaccl: the jaccl backend instead (a device matrix naming
+ * rxe0 in every off-diagonal cell, the coordinator on 127.0.0.1; messages
+ * "[jaccl] ..."): inside the soft-RoCE VM (tests/vm/vm_jaccl_fail.sh).
  *
  *   test_mismatch count        all_sum of 10 vs 11 float32
  *   test_mismatch count_large  all_sum of 1M vs 1M+1 float32 (used to wait out the timeout)
@@ -37,30 +40,51 @@
 
 #define LIMIT_S 10.0 /* every failure must come this fast (MLXDIST_TIMEOUT is 30 s) */
 
-static char g_hostfile[300];
+static char g_hostfile[300]; /* ring: the hostfile; jaccl: the device matrix */
+static char g_coord[64];     /* jaccl: the coordinator's address */
+static const char* g_backend = "ring";
 
 static void write_hostfile(int n) {
   char dir[] = "/tmp/mlxdist-mismatch-XXXXXX";
   T_REQUIRE(mkdtemp(dir) != NULL);
-  snprintf(g_hostfile, sizeof g_hostfile, "%s/hostfile.json", dir);
+  bool jaccl = strcmp(g_backend, "jaccl") == 0;
+  snprintf(g_hostfile, sizeof g_hostfile, "%s/%s.json", dir, jaccl ? "devices" : "hostfile");
   FILE* f = fopen(g_hostfile, "w");
   T_REQUIRE(f);
   fputs("[", f);
-  for (int r = 0; r < n; r++) fprintf(f, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", t_free_port());
+  for (int r = 0; r < n; r++) {
+    if (!jaccl) {
+      fprintf(f, "%s[\"127.0.0.1:%d\"]", r ? ", " : "", t_free_port());
+      continue;
+    }
+    fputs(r ? ", [" : "[", f);
+    for (int j = 0; j < n; j++) {
+      if (j) fputs(", ", f);
+      fputs(j == r ? "null" : "\"rxe0\"", f);
+    }
+    fputs("]", f);
+  }
   fputs("]\n", f);
   fclose(f);
+  if (jaccl) snprintf(g_coord, sizeof g_coord, "127.0.0.1:%d", t_free_port());
 }
 
 static mlx_distributed_group join(int rank) {
   char rs[16];
   snprintf(rs, sizeof rs, "%d", rank);
   setenv("MLX_RANK", rs, 1);
-  setenv("MLX_HOSTFILE", g_hostfile, 1);
+  if (strcmp(g_backend, "jaccl") == 0) {
+    setenv("MLX_IBV_DEVICES", g_hostfile, 1);
+    setenv("MLX_JACCL_COORDINATOR", g_coord, 1);
+  } else {
+    setenv("MLX_HOSTFILE", g_hostfile, 1);
+  }
   unsetenv("MLX_WORLD_SIZE");
   setenv("MLXDIST_TIMEOUT", "30", 1);
   t_capture_errors();
   mlx_distributed_group g = mlx_distributed_group_new();
-  if (mlx_distributed_init(&g, true, "ring") != 0) T_FAIL("init ring: %s", t_last_error());
+  if (mlx_distributed_init(&g, true, g_backend) != 0)
+    T_FAIL("init %s: %s", g_backend, t_last_error());
   return g;
 }
 
@@ -181,7 +205,7 @@ static int mismatch_rank(int rank, int size, const char* session, void* arg) {
   bool p2p = me->k == K_SEND || me->k == K_RECV;
   int seq = p2p ? 0 : 1; /* p2p numbers per peer and direction, from 0 */
   char prefix[64], what[96];
-  snprintf(prefix, sizeof prefix, "[ring] %s #%d: ", me->name, seq);
+  snprintf(prefix, sizeof prefix, "[%s] %s #%d: ", g_backend, me->name, seq);
   snprintf(what, sizeof what, "%s %s", mc->name, me->name);
   double t0 = t_now();
   mlx_array res = mlx_array_new();
@@ -209,7 +233,7 @@ static int mismatch_rank(int rank, int size, const char* session, void* arg) {
   mlx_array next = mlx_array_new();
   double t1 = t_now();
   T_EQ_INT(queue_call(&next, &(call){K_SUM, MLX_INT32, 4, "all_sum"}, g, peer, rank), 0);
-  snprintf(prefix, sizeof prefix, "[ring] all_sum #%d: ", seq + 1);
+  snprintf(prefix, sizeof prefix, "[%s] all_sum #%d: ", g_backend, seq + 1);
   snprintf(what, sizeof what, "%s: the all_sum after it%s", mc->name,
            late ? " (the sender's first failure)" : "");
   bool next_text = expect_failure(next, late ? t1 : t0, prefix, mc->text, what);
@@ -355,7 +379,9 @@ int main(int argc, char** argv) {
     fprintf(stderr, "usage: test_mismatch <case> | match <ranks>\n");
     return 2;
   }
-  const char* tp = getenv("MLXDIST_TRANSPORT");
+  const char* bk = getenv("MISMATCH_BACKEND");
+  if (bk && strcmp(bk, "jaccl") == 0) g_backend = "jaccl";
+  const char* tp = strcmp(g_backend, "jaccl") == 0 ? "jaccl (verbs)" : getenv("MLXDIST_TRANSPORT");
   t_ranks_opts opts = {.timeout_s = 120, .grace_s = 30, .what = argv[1]};
   if (strcmp(argv[1], "match") == 0) {
     int n = argc > 2 ? atoi(argv[2]) : 2;
