@@ -49,7 +49,7 @@ vm_check_host() {
   [ -n "$(busybox --list 2>/dev/null | grep -x poweroff)" ] || vm_skip "busybox lacks applets (apt-get install busybox-static)"
   [ -f /etc/libibverbs.d/rxe.driver ] && ls /usr/lib/x86_64-linux-gnu/libibverbs/librxe-*.so >/dev/null 2>&1 ||
     vm_skip "no soft-RoCE provider (apt-get install ibverbs-providers)"
-  ldconfig -p | grep -q 'libibverbs\.so\.1 ' || vm_skip "no libibverbs.so.1 (apt-get install libibverbs1)"
+  ldconfig -p | grep 'libibverbs\.so\.1 ' >/dev/null || vm_skip "no libibverbs.so.1 (apt-get install libibverbs1)"
 }
 
 # The modules rdma_rxe (and crc32_generic: rxe asks the crypto API for "crc32", an ENOENT
