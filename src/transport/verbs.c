@@ -80,7 +80,8 @@
  * queues and sleeps in poll() on the devices' completion channels (one
  * thread at a time, with an eventfd that abort and the other waiters' progress
  * write to wake it; another waiter naps 1 ms) for at most VB_CHECK_S, so
- * liveness checks run. One mutex per transport, held inside the ops and
+ * liveness checks run (at most 1 ms while a queued send waits for credit:
+ * a credit write raises no completion here). One mutex per transport, held inside the ops and
  * the heartbeat tick only, never across a sleep. */
 #include "transport/verbs_impl.h"
 
@@ -768,6 +769,17 @@ static void block_wait(vb_transport* t, double max_s) {
   t->chan_owner = false;
 }
 
+/* A queued send to some peer waits for credit: the peer returns credit by an
+ * RDMA write without immediate, which raises no completion here, so a sleep
+ * on the completion channels would not end when it lands. mu held. */
+static bool credit_blocked(vb_transport* t) {
+  for (int pi = 0; pi < t->base.size; pi++) {
+    vb_peer* p = &t->peers[pi];
+    if (pi != t->base.rank && p->sq_head && p->sent - p->cells->credit_in >= VB_NSLOTS) return true;
+  }
+  return false;
+}
+
 /* Drive the transport until no request of reqs is pending (true; also when
  * the transport failed) or until `until` (false). mu held. */
 static bool wait_loop(vb_transport* t, vb_req** reqs, int n, double until, mlxd_wait_state* ws) {
@@ -808,6 +820,7 @@ static bool wait_loop(vb_transport* t, vb_req** reqs, int n, double until, mlxd_
     }
     double left = VB_CHECK_S - (now - ws->next_check);
     if (until - now < left) left = until - now;
+    if (left > VB_CREDIT_NAP_S && credit_blocked(t)) left = VB_CREDIT_NAP_S;
     block_wait(t, left);
   }
 }

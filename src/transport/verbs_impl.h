@@ -28,6 +28,7 @@
 #define VB_RQ_DEPTH ((int)VB_NSLOTS + 4)  /* zero-length receives per queue pair */
 #define VB_DATA_MAX ((int)VB_NSLOTS + 2)  /* data writes outstanding on one queue pair */
 #define VB_CHECK_S 0.1                    /* liveness checks / longest single sleep */
+#define VB_CREDIT_NAP_S 1e-3              /* longest sleep while a send waits for credit */
 #define VB_PROBE_S 0.25                   /* probe writes to a peer a wait is blocked on */
 #define VB_RING_CHUNK ((size_t)256 << 10) /* mlxd_transport.ring_chunk: 4 slots */
 #define VB_MAX_DEVS 64                    /* distinct devices in one transport */
