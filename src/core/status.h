@@ -48,7 +48,7 @@ typedef enum mlxd_layer {
   MLXD_LAYER_ALGO,      /* algo/ */
   MLXD_LAYER_BOOTSTRAP, /* a backend's connection set-up (hostfile, connect, records) */
   MLXD_LAYER_BACKEND,   /* a backend's own logic */
-  MLXD_LAYER_VERBS,     /* transport/verbs.c and rdma/ (added last: values travel in failure records) */
+  MLXD_LAYER_VERBS, /* transport/verbs.c and rdma/ (added last: values travel in failure records) */
 } mlxd_layer;
 #define MLXD_LAYER_LAST MLXD_LAYER_VERBS
 

@@ -59,8 +59,11 @@ void mlxd_live_warn(mlxd_layer layer, int rank, int peer, const char* addr, doub
                "[mlxdist] warning: rank %d has waited %.0f s for rank %d%s%s%s (%s, %s); it "
                "is alive (heard from %.1f s ago)%s%s; still waiting (MLXDIST_OP_TIMEOUT %g s)\n",
                rank, waited_s, peer, addr && addr[0] ? " (" : "", addr ? addr : "",
-               addr && addr[0] ? ")" : "", ts, layer == MLXD_LAYER_SHM ? "shm" : layer == MLXD_LAYER_VERBS ? "verbs" : "tcp", heard_ago_s,
-               note && note[0] ? ", it was " : "", note ? note : "",
+               addr && addr[0] ? ")" : "", ts,
+               layer == MLXD_LAYER_SHM     ? "shm"
+               : layer == MLXD_LAYER_VERBS ? "verbs"
+                                           : "tcp",
+               heard_ago_s, note && note[0] ? ", it was " : "", note ? note : "",
                mlxd_tunable_double(MLXD_T_OP_TIMEOUT));
   if (k > 0) {
     size_t len = (size_t)k < sizeof line ? (size_t)k : sizeof line - 1;

@@ -33,7 +33,6 @@ typedef int (*mlxd_verbs_allgather_fn)(void* ctx, const void* src, void* dst, si
  * not active, RLIMIT_MEMLOCK too low for the memory it must register,
  * a peer's malformed record, ...). Every wait is bounded. */
 mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_peer* peers,
-                                         mlxd_verbs_allgather_fn ag, void* ag_ctx,
-                                         mlxd_status* st);
+                                         mlxd_verbs_allgather_fn ag, void* ag_ctx, mlxd_status* st);
 
 #endif

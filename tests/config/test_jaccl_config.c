@@ -25,9 +25,9 @@
 #include <unistd.h>
 
 #include "backends/jaccl/jaccl_config.h"
-#include "rdma/probe.h"
 #include "bounded.h"
 #include "mlx/c/distributed_group.h"
+#include "rdma/probe.h"
 #include "testutil.h"
 
 static char g_dir[256];
