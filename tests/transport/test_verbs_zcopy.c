@@ -123,9 +123,8 @@ static int zc_rank(mlxd_transport* t, void* arg) {
       xfer(t, round, tag++, a, n);
       if (t->rank != round) {
         size_t at = bad_at(a, n, seed);
-        T_REQUIREF(at == SIZE_MAX, "stale case (%s side, message %d): byte %zu wrong: %s",
-                   round == t->rank ? "sending" : "receiving", i, at,
-                   i ? "a registration of the freed buffer was reused" : "first message");
+        T_REQUIREF(at == SIZE_MAX, "stale case (round %d, message %d): byte %zu wrong: %s", round,
+                   i, at, i ? "a registration of the freed buffer was reused" : "first message");
         large_in += n;
       }
       mlxd_buffer_free(a, n);
