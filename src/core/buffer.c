@@ -82,6 +82,7 @@ static struct {
   void* ctx;
   int id;
 } watchers[MAX_WATCH];
+__attribute__((constructor)) static void watch_fork_guard(void) { mlxd_fork_guard(&watch_mu); }
 static _Atomic int watch_count;
 static int watch_next = 1;
 

@@ -18,6 +18,10 @@
  * transport registers (2 MiB + 10 KiB) x (peers x devices per peer);
  * RLIMIT_MEMLOCK is checked for that up front (mlxd_ibv_memlock_check).
  *
+ * Large messages (>= MLXDIST_VERBS_ZCOPY_BYTES) go by rendezvous instead:
+ * the receiver RDMA-reads them from the sender's registered buffer (see
+ * "rendezvous" below, and verbs_mr.h for the registration cache).
+ *
  * Protocol: eager and staged, with credits. A message is cut into chunks
  * of at most 64 KiB (a zero-byte message is one empty chunk); chunks of
  * one message go out consecutively (messages to one peer never interleave).

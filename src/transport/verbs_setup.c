@@ -159,6 +159,7 @@ void mlxd_vb_mr_dereg(void* ctx, mlxd_ibv_mr* mr) {
 
 void mlxd_vb_mr_release(void* ctx, const void* base, size_t len) {
   vb_transport* t = ctx;
+  if (t->forgotten) return; /* a forked child's copy: the registrations are the parent's */
   pthread_mutex_lock(&t->mu);
   mlxd_vbmr_invalidate(&t->mrc, base, len);
   pthread_mutex_unlock(&t->mu);
