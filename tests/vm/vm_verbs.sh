@@ -9,7 +9,7 @@
 #     stalled op timing out (MLXDIST_OP_TIMEOUT). The measured times are printed.
 #   - zero copy (test_verbs_zcopy): p2p across the rendezvous threshold, an unexpected large
 #     message, a buffer freed and reallocated at the same address between two large sends
-#     (1 and 2 rails), bytes per path printed; the algorithm suite at 3 ranks with the
+#     (1 and 2 rails), bytes per path printed; the algorithm suite at 2 ranks, 2 rails, with the
 #     threshold lowered to 4 KiB (MLXDIST_VERBS_ZCOPY_BYTES), so most messages are rendezvous.
 #   usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE TEST_VERBS_ZCOPY
 # VM_VERBS_CASES (space-separated names below; default all) runs a subset. Exit 77 (skip)
@@ -64,7 +64,7 @@ run busy ./test_verbs_live busy 2 verbs
 run stall ./test_verbs_live stall verbs
 run zc ./test_verbs_zcopy verbs
 run zc2r ./test_verbs_zcopy verbs:2
-run algozc env MLXDIST_VERBS_ZCOPY_BYTES=4096 ./test_algo verbs 3
+run algozc env MLXDIST_VERBS_ZCOPY_BYTES=4096 ./test_algo verbs:2 2
 grep -h "survivors failed after\|waited for: ok\|stall over" kill.log kill4.log stop.log busy.log stall.log 2>/dev/null
 grep -h "zero-copy" zc.log zc2r.log 2>/dev/null
 exit $fail
