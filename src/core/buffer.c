@@ -8,6 +8,7 @@
 #include "core/buffer.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -34,6 +35,90 @@ static entry cache[MAX_ENTRIES]; /* oldest first */
 static int cache_n;
 static size_t cache_bytes;
 static size_t cache_limit = SIZE_MAX; /* SIZE_MAX: not read yet */
+
+/* Live large mappings (handed out, not yet freed), for mlxd_buffer_owns. */
+static entry* live;
+static size_t live_n, live_cap;
+
+static void live_add_locked(void* base, size_t len) {
+  if (live_n == live_cap) {
+    size_t cap = live_cap ? live_cap * 2 : 64;
+    entry* nl = realloc(live, cap * sizeof *nl);
+    if (!nl) return; /* not tracked: it reads as foreign, which is only slower */
+    live = nl;
+    live_cap = cap;
+  }
+  live[live_n].base = base;
+  live[live_n].len = len;
+  live_n++;
+}
+
+static void live_remove_locked(void* base) {
+  for (size_t i = live_n; i-- > 0;) {
+    if (live[i].base != base) continue;
+    live[i] = live[--live_n];
+    return;
+  }
+}
+
+int mlxd_buffer_owns(const void* p, size_t n) {
+  uintptr_t a = (uintptr_t)p;
+  int yes = 0;
+  pthread_mutex_lock(&cache_mu);
+  for (size_t i = 0; i < live_n && !yes; i++) {
+    uintptr_t b = (uintptr_t)live[i].base;
+    yes = a >= b + HEADER && a - b <= live[i].len && live[i].len - (a - b) >= n;
+  }
+  pthread_mutex_unlock(&cache_mu);
+  return yes;
+}
+
+/* Release watchers: a fixed table; watch_mu serialises changes and calls,
+ * so unwatch returning means the watcher is not running. */
+#define MAX_WATCH 16
+static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  mlxd_buffer_watch_fn fn;
+  void* ctx;
+  int id;
+} watchers[MAX_WATCH];
+__attribute__((constructor)) static void watch_fork_guard(void) { mlxd_fork_guard(&watch_mu); }
+static _Atomic int watch_count;
+static int watch_next = 1;
+
+int mlxd_buffer_watch(mlxd_buffer_watch_fn fn, void* ctx) {
+  int id = 0;
+  pthread_mutex_lock(&watch_mu);
+  for (int i = 0; i < MAX_WATCH && !id; i++) {
+    if (watchers[i].fn) continue;
+    watchers[i].fn = fn;
+    watchers[i].ctx = ctx;
+    watchers[i].id = id = watch_next++;
+    watch_count++;
+  }
+  pthread_mutex_unlock(&watch_mu);
+  return id;
+}
+
+void mlxd_buffer_unwatch(int id) {
+  if (id <= 0) return;
+  pthread_mutex_lock(&watch_mu);
+  for (int i = 0; i < MAX_WATCH; i++) {
+    if (watchers[i].id != id) continue;
+    watchers[i].fn = NULL;
+    watchers[i].id = 0;
+    watch_count--;
+  }
+  pthread_mutex_unlock(&watch_mu);
+}
+
+static void notify_release(const void* base, size_t len) {
+  if (watch_count == 0) return;
+  pthread_mutex_lock(&watch_mu);
+  for (int i = 0; i < MAX_WATCH; i++)
+    if (watchers[i].fn) watchers[i].fn(watchers[i].ctx, base, len);
+  pthread_mutex_unlock(&watch_mu);
+}
 
 static size_t page_round(size_t n) {
   size_t page = 4096;
@@ -99,6 +184,9 @@ void* mlxd_buffer_alloc(size_t n) {
 #endif
   }
   *(size_t*)base = len;
+  pthread_mutex_lock(&cache_mu);
+  live_add_locked(base, len);
+  pthread_mutex_unlock(&cache_mu);
   return (char*)base + HEADER;
 }
 
@@ -114,6 +202,12 @@ void mlxd_buffer_free(void* p, size_t n) {
   }
   void* base = (char*)p - HEADER;
   size_t len = *(size_t*)base;
+  pthread_mutex_lock(&cache_mu);
+  live_remove_locked(base);
+  pthread_mutex_unlock(&cache_mu);
+  /* Before the memory can be handed out again (from the cache or by a new
+   * mapping at the same address): registrations of it are dropped. */
+  notify_release(base, len);
   pthread_mutex_lock(&cache_mu);
   size_t limit = limit_locked();
   if (len > limit) {

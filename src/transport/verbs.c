@@ -18,6 +18,10 @@
  * transport registers (2 MiB + 10 KiB) x (peers x devices per peer);
  * RLIMIT_MEMLOCK is checked for that up front (mlxd_ibv_memlock_check).
  *
+ * Large messages (>= MLXDIST_VERBS_ZCOPY_BYTES) go by rendezvous instead:
+ * the receiver RDMA-reads them from the sender's registered buffer (see
+ * "rendezvous" below, and verbs_mr.h for the registration cache).
+ *
  * Protocol: eager and staged, with credits. A message is cut into chunks
  * of at most 64 KiB (a zero-byte message is one empty chunk); chunks of
  * one message go out consecutively (messages to one peer never interleave).
@@ -90,6 +94,7 @@
 #include <math.h>
 #include <poll.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,7 +102,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/buffer.h"
 #include "util/clock.h"
+
+/* Bytes moved by path (mlxd_verbs_copy_counts). */
+static _Atomic uint64_t g_bytes_staged, g_bytes_zcopy, g_bytes_bounced;
+
+void mlxd_verbs_copy_counts(uint64_t out[3]) {
+  out[0] = g_bytes_staged;
+  out[1] = g_bytes_zcopy;
+  out[2] = g_bytes_bounced;
+}
 
 /* ---- failures ---- */
 
@@ -157,7 +172,9 @@ static vb_req* req_alloc(vb_transport* t) {
   return r;
 }
 
+static void mre_put_all(vb_transport* t, mlxd_vbmr_ent** mre);
 static void req_release(vb_transport* t, vb_req* r) {
+  if (r->rdv) mre_put_all(t, r->mre);
   if (t->nfree < 64) {
     r->next = t->free_reqs;
     t->free_reqs = r;
@@ -172,6 +189,13 @@ static void req_mismatch(vb_req* r, size_t sent) {
   r->m.code = MLXD_EINVAL;
   r->m.mismatch = true;
   r->m.sent = sent;
+}
+
+static void mre_put_all(vb_transport* t, mlxd_vbmr_ent** mre) {
+  for (int m = 0; m < MLXD_VERBS_MAX_RAILS; m++) {
+    mlxd_vbmr_put(&t->mrc, mre[m]);
+    mre[m] = NULL;
+  }
 }
 
 static void sq_remove(vb_peer* p, vb_req* r) {
@@ -195,6 +219,21 @@ static void req_unlink(vb_transport* t, vb_req* r) {
     case VB_W_POSTED: mlxd_match_remove(&p->mq.posted, &r->link); break;
     case VB_W_CUR:
       if (p->cur_req == r) p->cur_req = NULL; /* the rest of it is dropped */
+      break;
+    case VB_W_RDV:
+      for (vb_req** pp = &p->rdv_head; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+          *pp = r->next;
+          break;
+        }
+      break;
+    case VB_W_RD:
+      for (int i = 0; i < VB_RD_SLOTS; i++)
+        if (p->rd[i].active && p->rd[i].req == r) {
+          p->rd[i].req = NULL; /* only after a failure: its reads are flushed */
+          p->rd[i].dst = NULL;
+          if (p->rd[i].ux) p->rd[i].orphan = true;
+        }
       break;
     default: break;
   }
@@ -284,6 +323,244 @@ static void finish_message(vb_peer* p) {
   p->cur_ux = NULL;
 }
 
+/* ---- rendezvous (zero copy) ----
+ *
+ * A send of at least MLXDIST_VERBS_ZCOPY_BYTES whose buffer registers (the
+ * registration cache, verbs_mr.h, on each device of the peer's rails) goes
+ * as one RTS chunk through the slots: {address, cookie, rkey per rail};
+ * it then waits on the peer's rdv list. The receiver, processing chunks in
+ * order, takes the RTS at once (so the slots and the no-deadlock rule stay
+ * as they are): matched to a posted receive, it registers that buffer and
+ * RDMA-reads the data straight into it (no copy); unmatched, it reads into
+ * a malloc'd bounce buffer (one copy when the receive comes). Reads are
+ * <= VB_READ_MAX, rails round robin, VB_RD_PER_RAIL in flight per queue
+ * pair. When the last read completed, the receiver queues a FIN chunk
+ * (tag = cookie) behind its own sends; the sender's request completes on
+ * it (the caller's buffer stays registered and unchanged until then: the
+ * isend contract). A size mismatch reads nothing and answers FIN. */
+
+static int dev_of_mr(vb_peer* p, int m) {
+  for (int r = 0; r < p->nrails; r++)
+    if (p->rail[r].mr == m) return p->rail[r].dev;
+  return p->rail[0].dev;
+}
+
+static vb_req* fin_queue(vb_transport* t, int pi, uint64_t cookie) {
+  vb_peer* p = &t->peers[pi];
+  vb_req* f = req_alloc(t);
+  if (!f) {
+    fail_nomem(t, pi, "for a rendezvous end", sizeof *f);
+    return NULL;
+  }
+  f->kind = VB_REQ_SEND;
+  f->fin = true;
+  f->cookie = cookie;
+  f->m.peer = pi;
+  f->where = VB_W_SENDQ;
+  if (p->sq_tail)
+    p->sq_tail->next = f;
+  else
+    p->sq_head = f;
+  p->sq_tail = f;
+  return f;
+}
+
+static void rd_finish(vb_transport* t, int pi, vb_rd* rd) {
+  mre_put_all(t, rd->mre);
+  if (rd->req) {
+    if (rd->ux) {
+      memcpy(rd->req->buf, rd->ux->buf, (size_t)rd->total);
+      g_bytes_bounced += rd->total;
+      free(rd->ux->buf);
+      free(rd->ux);
+    } else if (!rd->drop) {
+      g_bytes_zcopy += rd->total;
+    }
+    if (!rd->drop) {
+      rd->req->m.complete = true;
+      rd->req->where = VB_W_NONE;
+    }
+  } else if (rd->ux) {
+    if (rd->orphan) {
+      free(rd->ux->buf);
+      free(rd->ux);
+    } else {
+      rd->ux->complete = true;
+      rd->ux->got = (size_t)rd->total;
+      rd->ux->rd = NULL;
+    }
+  }
+  rd->active = false;
+  rd->req = NULL;
+  rd->ux = NULL;
+  fin_queue(t, pi, rd->cookie);
+}
+
+/* Post the reads of pi's rendezvous as far as the queue pairs allow; finish
+ * those whose reads all completed. Returns reads posted. */
+static int rd_progress(vb_transport* t, int pi) {
+  vb_peer* p = &t->peers[pi];
+  int ev = 0;
+  for (int i = 0; i < VB_RD_SLOTS && !t->err.code; i++) {
+    vb_rd* rd = &p->rd[i];
+    if (!rd->active) continue;
+    while (!rd->drop && rd->dst && rd->posted < rd->total) {
+      int ri = rd->next_rail;
+      vb_rail* rl = &p->rail[ri];
+      if (rl->rd_out >= VB_RD_PER_RAIL || rl->outstanding >= VB_SQ_DEPTH - 4) break;
+      size_t c =
+          rd->total - rd->posted < VB_READ_MAX ? (size_t)(rd->total - rd->posted) : VB_READ_MAX;
+      uint64_t wr = ((uint64_t)pi << 32) | ((uint64_t)i << 16) | ((uint64_t)ri << 8) | VB_WR_READ;
+      mlxd_status s;
+      if (mlxd_ibv_post_read(rl->qp, wr, rd->dst + rd->posted, c, rd->mre[rl->mr]->mr.lkey,
+                             rd->raddr + rd->posted, rd->rkey[ri], &s)) {
+        mlxd_status_set_peer(&s, pi, p->addr);
+        mlxd_vb_fail(t, &s);
+        return ev;
+      }
+      rl->outstanding++;
+      rl->rd_out++;
+      rd->outstanding++;
+      rd->posted += c;
+      rd->next_rail = (ri + 1) % p->nrails;
+      ev++;
+    }
+    if ((rd->drop || !rd->dst || rd->posted == rd->total) && rd->outstanding == 0)
+      rd_finish(t, pi, rd);
+  }
+  return ev;
+}
+
+/* An RTS or FIN chunk from pi (header h, payload pl). 1: consumed, 0: not
+ * now (every read slot busy), -1: the transport failed. */
+static int control_chunk(vb_transport* t, int pi, const vb_chunk_hdr* h, const char* pl) {
+  vb_peer* p = &t->peers[pi];
+  if (p->cur_active) {
+    fail_proto(t, pi, "a control chunk inside a message");
+    return -1;
+  }
+  if (h->kind == VB_CK_FIN) {
+    if (h->len != 0 || h->total > 1) {
+      fail_proto(t, pi, "a malformed rendezvous end");
+      return -1;
+    }
+    for (vb_req** pp = &p->rdv_head; *pp; pp = &(*pp)->next) {
+      vb_req* r = *pp;
+      if (r->cookie != h->tag) continue;
+      *pp = r->next;
+      r->next = NULL;
+      mre_put_all(t, r->mre);
+      r->rdv = false;
+      if (h->total == 1) { /* the receiver could not register: send it staged */
+        r->off = 0;
+        r->where = VB_W_SENDQ;
+        if (p->sq_tail)
+          p->sq_tail->next = r;
+        else
+          p->sq_head = r;
+        p->sq_tail = r;
+        return 1;
+      }
+      r->where = VB_W_NONE;
+      r->m.complete = true;
+      return 1;
+    }
+    fail_proto(t, pi, "the end of a rendezvous it was never offered");
+    return -1;
+  }
+  size_t want = 20 + 4 * (size_t)p->nrails;
+  if (h->kind != VB_CK_RTS || h->len != want || h->off != 0 || h->total == 0 ||
+      h->total > SIZE_MAX / 2) {
+    fail_proto(t, pi, "an unknown kind of chunk or a malformed rendezvous offer");
+    return -1;
+  }
+  vb_rd* rd = NULL;
+  for (int i = 0; i < VB_RD_SLOTS && !rd; i++)
+    if (!p->rd[i].active) rd = &p->rd[i];
+  if (!rd) return 0;
+  memset(rd, 0, sizeof *rd);
+  memcpy(&rd->raddr, pl, 8);
+  memcpy(&rd->cookie, pl + 8, 8);
+  uint32_t nr;
+  memcpy(&nr, pl + 16, 4);
+  if (nr != (uint32_t)p->nrails) {
+    fail_proto(t, pi, "a rendezvous offer for another number of rails");
+    return -1;
+  }
+  memcpy(rd->rkey, pl + 20, 4 * (size_t)p->nrails);
+  rd->total = h->total;
+  size_t len = (size_t)h->total;
+  /* match as start_message does */
+  vb_req* r = MLXD_MATCH_ENTRY(mlxd_match_find(&p->mq.posted, h->tag), vb_req, link);
+  mlxd_sig sent;
+  mlxd_sig_decode(h->sig, &sent);
+  if (sent.op != MLXD_SIG_NONE) {
+    vb_req* same = r;
+    if (!same) same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&p->mq.posted, h->tag), vb_req, link);
+    if (same && sig_clash(t, pi, &same->m.sig, &sent)) return -1;
+  }
+  bool owned = false;
+  if (r) {
+    mlxd_match_remove(&p->mq.posted, &r->link);
+    r->where = VB_W_NONE;
+    if (r->m.n != len) {
+      req_mismatch(r, len);
+      rd->drop = true;
+    } else {
+      rd->req = r;
+      rd->dst = r->buf;
+      r->where = VB_W_RD;
+      owned = mlxd_buffer_owns(r->buf, len) != 0;
+    }
+  } else {
+    vb_unexp* u = calloc(1, sizeof *u);
+    char* buf = malloc(len);
+    if (!u || !buf) {
+      free(u);
+      free(buf);
+      fail_nomem(t, pi, "buffering a message that arrived before its receive", len);
+      return -1;
+    }
+    u->len = len;
+    u->buf = buf;
+    u->sig = sent;
+    u->rd = rd;
+    u->rdv = true;
+    mlxd_match_push(&p->mq.unexpected, &u->link, h->tag);
+    rd->ux = u;
+    rd->dst = buf;
+  }
+  rd->active = true;
+  if (rd->dst) {
+    for (int m = 0; m < p->nmr; m++) {
+      mlxd_status s;
+      rd->mre[m] = mlxd_vbmr_get(&t->mrc, dev_of_mr(p, m), rd->dst, len, owned, &s);
+      if (!rd->mre[m]) { /* no zero copy here: the sender sends it staged */
+        if (!t->reg_warned) {
+          t->reg_warned = true;
+          fprintf(stderr, "mlxdist: verbs: %zu-byte receive staged instead of zero-copy: %s\n", len,
+                  s.msg);
+        }
+        mre_put_all(t, rd->mre);
+        if (rd->req) {
+          rd->req->where = VB_W_POSTED;
+          mlxd_match_push(&p->mq.posted, &rd->req->link, h->tag);
+        } else {
+          mlxd_match_remove(&p->mq.unexpected, &rd->ux->link);
+          free(rd->ux->buf);
+          free(rd->ux);
+        }
+        rd->active = false;
+        vb_req* f = fin_queue(t, pi, rd->cookie);
+        if (!f) return -1;
+        f->m.n = 1; /* NACK: send it again, staged */
+        return 1;
+      }
+    }
+  }
+  return 1;
+}
+
 /* Consume the chunks from pi that arrived, in sequence order. Returns
  * chunks consumed, or -1 (the transport failed). */
 static int progress_in(vb_transport* t, int pi) {
@@ -299,6 +576,15 @@ static int progress_in(vb_transport* t, int pi) {
                (unsigned long long)p->consumed);
       fail_proto(t, pi, w);
       return -1;
+    }
+    if (h.kind != VB_CK_DATA) {
+      int k = control_chunk(t, pi, &h, (const char*)s + VB_HDR);
+      if (k < 0) return -1;
+      if (k == 0) break; /* no room for another read yet */
+      p->arrived[p->consumed % VB_NSLOTS] = false;
+      p->consumed++;
+      ev++;
+      continue;
     }
     if (h.len > VB_PAYLOAD || h.off > h.total || h.total - h.off < h.len ||
         (h.len == 0 && h.total != 0) || h.total > SIZE_MAX / 2) {
@@ -365,7 +651,28 @@ static int progress_out(vb_transport* t, int pi) {
     h->off = r->off;
     h->len = (uint32_t)c;
     mlxd_sig_encode(h->sig, &r->m.sig);
-    if (c) memcpy((char*)h + VB_HDR, r->buf + r->off, c);
+    if (r->fin) {
+      h->kind = VB_CK_FIN;
+      h->tag = r->cookie;
+      h->total = r->m.n; /* 1: NACK (send it staged) */
+      h->len = 0;
+      c = 0;
+    } else if (r->rdv) {
+      h->kind = VB_CK_RTS;
+      char* pl = (char*)h + VB_HDR;
+      uint64_t a = (uint64_t)(uintptr_t)r->buf;
+      uint32_t nr = (uint32_t)p->nrails;
+      memcpy(pl, &a, 8);
+      memcpy(pl + 8, &r->cookie, 8);
+      memcpy(pl + 16, &nr, 4);
+      for (int k = 0; k < p->nrails; k++)
+        memcpy(pl + 20 + 4 * k, &r->mre[p->rail[k].mr]->mr.rkey, 4);
+      h->len = 20 + 4 * nr;
+      c = h->len;
+    } else if (c) {
+      memcpy((char*)h + VB_HDR, r->buf + r->off, c);
+      g_bytes_staged += c;
+    }
     size_t slot_off = (size_t)(p->sent % VB_NSLOTS) * VB_STRIDE;
     uint64_t wr =
         ((uint64_t)pi << 32) | ((p->sent & 0xFFFF) << 16) | ((uint64_t)ri << 8) | VB_WR_DATA;
@@ -381,8 +688,21 @@ static int progress_out(vb_transport* t, int pi) {
     rl->data_out++;
     p->sent++;
     pushed++;
-    r->off += c;
     r->started = true;
+    if (r->fin || r->rdv) {
+      p->sq_head = r->next;
+      if (!p->sq_head) p->sq_tail = NULL;
+      r->next = NULL;
+      if (r->fin) {
+        req_release(t, r);
+      } else {
+        r->where = VB_W_RDV;
+        r->next = p->rdv_head;
+        p->rdv_head = r;
+      }
+      continue;
+    }
+    r->off += c;
     if (r->off == r->m.n) {
       p->sq_head = r->next;
       if (!p->sq_head) p->sq_tail = NULL;
@@ -403,6 +723,7 @@ static const char* wr_what(int kind) {
     case VB_WR_BEAT: return "RDMA write of a heartbeat";
     case VB_WR_PROBE: return "RDMA write of a probe";
     case VB_WR_REC: return "RDMA write of a failure record";
+    case VB_WR_READ: return "RDMA read";
     default: return "RDMA receive";
   }
 }
@@ -441,7 +762,7 @@ static int handle_wc(vb_transport* t, int dev, const mlxd_ibv_wc* wc) {
   int ri = (int)((wc->wr_id >> 8) & 0xFF);
   int pi = (int)(wc->wr_id >> 32);
   if (pi < 0 || pi >= t->base.size || pi == t->base.rank || ri >= t->peers[pi].nrails ||
-      kind < VB_WR_DATA || kind > VB_WR_RECV)
+      kind < VB_WR_DATA || kind > VB_WR_READ)
     return 0; /* not ours: cannot happen (wr_ids are ours) */
   vb_peer* p = &t->peers[pi];
   vb_rail* rl = &p->rail[ri];
@@ -454,6 +775,12 @@ static int handle_wc(vb_transport* t, int dev, const mlxd_ibv_wc* wc) {
     if (kind == VB_WR_PROBE) p->probe_busy = false;
     if (kind == VB_WR_REC) p->rec_busy = false;
     if (wc->status) wc_failed(t, pi, kind, wc->wr_id, wc);
+    if (kind == VB_WR_READ) {
+      if (rl->rd_out > 0) rl->rd_out--;
+      int i = (int)((wc->wr_id >> 16) & 0xFFFF);
+      if (i < VB_RD_SLOTS && p->rd[i].outstanding > 0) p->rd[i].outstanding--;
+      return wc->status ? 0 : 1;
+    }
     /* a data write done frees a send queue entry (progress_out counts what it
      * lets through); heartbeats, probes and credits are not progress */
     return 0;
@@ -523,6 +850,7 @@ int mlxd_vb_progress(vb_transport* t, bool records) {
     if (a < 0) break;
     ev += a;
     credit_out(t, pi);
+    ev += rd_progress(t, pi);
     ev += progress_out(t, pi);
   }
   if (records) check_records(t);
@@ -578,9 +906,30 @@ static int vb_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* 
                     const void* buf, size_t n, mlxd_req** req, mlxd_status* st) {
   vb_transport* t = (vb_transport*)tt;
   int rc = 0;
+  bool zc = t->zcopy_min && n >= t->zcopy_min;
+  bool owned = zc && mlxd_buffer_owns(buf, n);
   vb_req* r = req_start(t, VB_REQ_SEND, peer, tag, sig, buf, n, req, st, &rc);
   if (!r) return rc;
   vb_peer* p = &t->peers[peer];
+  if (zc) {
+    /* Register (cached) on each device of the peer's rails; any failure
+     * (memlock, EFAULT, the cache's bounds): the staged path. */
+    r->rdv = true;
+    for (int m = 0; m < p->nmr && r->rdv; m++) {
+      mlxd_status s;
+      r->mre[m] = mlxd_vbmr_get(&t->mrc, dev_of_mr(p, m), buf, n, owned, &s);
+      if (!r->mre[m]) {
+        if (!t->reg_warned) {
+          t->reg_warned = true;
+          fprintf(stderr, "mlxdist: verbs: %zu-byte send staged instead of zero-copy: %s\n", n,
+                  s.msg);
+        }
+        mre_put_all(t, r->mre);
+        r->rdv = false;
+      }
+    }
+    if (r->rdv) r->cookie = ++t->next_cookie;
+  }
   r->where = VB_W_SENDQ;
   r->next = NULL;
   if (p->sq_tail)
@@ -611,7 +960,16 @@ static int vb_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* 
     pthread_mutex_unlock(&t->mu);
     return rc;
   }
-  if (u) {
+  if (u && u->rd) { /* being read (rendezvous): its end fills r */
+    mlxd_match_remove(&p->mq.unexpected, &u->link);
+    if (u->len != n) {
+      req_mismatch(r, u->len);
+      u->rd->orphan = true;
+    } else {
+      u->rd->req = r;
+      r->where = VB_W_RD;
+    }
+  } else if (u) {
     mlxd_match_remove(&p->mq.unexpected, &u->link);
     bool current = p->cur_ux == u;
     if (u->len != n) {
@@ -619,6 +977,7 @@ static int vb_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* 
       if (current) p->cur_ux = NULL; /* drop the rest */
     } else {
       if (u->got) memcpy(r->buf, u->buf, u->got);
+      if (u->rdv) g_bytes_bounced += u->got;
       if (u->complete) {
         r->m.complete = true;
       } else {
@@ -888,6 +1247,7 @@ void mlxd_vb_destroy(mlxd_transport* tt) {
   if (!t) return;
   if (t->forgotten) return; /* a forked child's copy: nothing of it is ours to close */
   mlxd_vb_live_stop(t);
+  mlxd_buffer_unwatch(t->buf_watch);
   if (t->peers) {
     pthread_mutex_lock(&t->mu);
     /* Let our last data and credit writes land (bounded: 0.25 s), then tell
@@ -918,6 +1278,21 @@ void mlxd_vb_destroy(mlxd_transport* tt) {
         vb_req* r = p->sq_head;
         p->sq_head = r->next;
         req_release(t, r);
+      }
+      while (p->rdv_head) {
+        vb_req* r = p->rdv_head;
+        p->rdv_head = r->next;
+        req_release(t, r);
+      }
+      for (int i = 0; i < VB_RD_SLOTS; i++) {
+        vb_rd* rd = &p->rd[i];
+        if (!rd->active) continue;
+        mre_put_all(t, rd->mre);
+        if (rd->ux && (rd->req || rd->orphan)) { /* not in the unexpected queue */
+          free(rd->ux->buf);
+          free(rd->ux);
+        }
+        rd->active = false;
       }
       mlxd_match_link* l;
       while ((l = mlxd_match_pop(&p->mq.posted))) req_release(t, MLXD_MATCH_ENTRY(l, vb_req, link));

@@ -35,4 +35,12 @@ typedef int (*mlxd_verbs_allgather_fn)(void* ctx, const void* src, void* dst, si
 mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_peer* peers,
                                          mlxd_verbs_allgather_fn ag, void* ag_ctx, mlxd_status* st);
 
+/* Bytes of messages this process moved over verbs transports, by path
+ * (process-wide, for tests and docs/jaccl.md): out[0] staged (two copies
+ * per byte: into the sender's slot, out of the receiver's), out[1]
+ * zero-copy (RDMA read straight into the posted receive's buffer), out[2]
+ * read before their receive was posted (one copy: out of a bounce buffer).
+ * Never blocks; no lock. */
+void mlxd_verbs_copy_counts(uint64_t out[3]);
+
 #endif

@@ -16,6 +16,7 @@
 #include "rdma/ibv.h"
 #include "transport/liveness.h"
 #include "transport/match.h"
+#include "transport/verbs_mr.h"
 
 #define VB_NSLOTS 16u                   /* slots per peer and direction */
 #define VB_PAYLOAD ((size_t)64 << 10)   /* payload bytes per slot */
@@ -32,16 +33,23 @@
 #define VB_PROBE_S 0.25                   /* probe writes to a peer a wait is blocked on */
 #define VB_RING_CHUNK ((size_t)256 << 10) /* mlxd_transport.ring_chunk: 4 slots */
 #define VB_MAX_DEVS 64                    /* distinct devices in one transport */
+#define VB_READ_MAX ((size_t)4 << 20)     /* bytes per RDMA read of a rendezvous */
+#define VB_RD_SLOTS 8                     /* rendezvous reads in progress per peer */
+#define VB_RD_PER_RAIL 4                  /* RDMA reads outstanding per queue pair */
+#define VB_MR_ENTRIES 64                  /* registrations kept by the cache */
+/* A chunk's kind (vb_chunk_hdr.kind). */
+enum { VB_CK_DATA = 0, VB_CK_RTS = 1, VB_CK_FIN = 2 };
 
 /* The header of a chunk in its slot (written by the sender, hostile to the
  * receiver: every field is checked against what it expects). */
 typedef struct vb_chunk_hdr {
-  uint64_t seq;   /* the per-peer chunk sequence number */
-  uint64_t tag;   /* the message's tag */
-  uint64_t total; /* the message's size */
-  uint64_t off;   /* this chunk's offset in the message */
-  uint32_t len;   /* payload bytes in this slot (<= VB_PAYLOAD) */
-  uint32_t pad_;
+  uint64_t seq;                      /* the per-peer chunk sequence number */
+  uint64_t tag;                      /* the message's tag */
+  uint64_t total;                    /* the message's size */
+  uint64_t off;                      /* this chunk's offset in the message */
+  uint32_t len;                      /* payload bytes in this slot (<= VB_PAYLOAD) */
+  uint32_t kind;                     /* VB_CK_*: data; a rendezvous offer (payload: address, cookie,
+                     rkeys; total: the message's size); its end (tag: the cookie) */
   unsigned char sig[MLXD_SIG_BYTES]; /* the sender's call (mlxd_sig_encode) */
   uint64_t pad2_;
 } vb_chunk_hdr;
@@ -87,9 +95,9 @@ typedef struct vb_cells {
 _Static_assert(sizeof(vb_cells) <= 8192, "cells fit their pages");
 
 enum { VB_REQ_SEND = 1, VB_REQ_RECV = 2 };
-enum { VB_W_NONE = 0, VB_W_SENDQ, VB_W_POSTED, VB_W_CUR };
+enum { VB_W_NONE = 0, VB_W_SENDQ, VB_W_POSTED, VB_W_CUR, VB_W_RDV, VB_W_RD };
 /* What a work request is (its wr_id: peer << 32 | seq16 << 16 | rail << 8 | kind). */
-enum { VB_WR_DATA = 1, VB_WR_CREDIT, VB_WR_BEAT, VB_WR_PROBE, VB_WR_REC, VB_WR_RECV };
+enum { VB_WR_DATA = 1, VB_WR_CREDIT, VB_WR_BEAT, VB_WR_PROBE, VB_WR_REC, VB_WR_RECV, VB_WR_READ };
 
 typedef struct vb_req {
   mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
@@ -97,18 +105,39 @@ typedef struct vb_req {
   int where;
   char* buf;
   size_t off;
-  bool started;         /* send: its first chunk is posted */
-  struct vb_req* next;  /* send queue, free list */
-  mlxd_match_link link; /* recv: in the posted queue */
+  bool started;    /* send: its first chunk is posted */
+  bool rdv;        /* send: by rendezvous (mre registered), completes on its FIN */
+  bool fin;        /* internal: a FIN chunk for cookie (no caller owns it) */
+  uint64_t cookie; /* rdv: its id; fin: the sender's id */
+  mlxd_vbmr_ent* mre[MLXD_VERBS_MAX_RAILS]; /* rdv: per registration index of the peer */
+  struct vb_req* next;                      /* send queue, free list */
+  mlxd_match_link link;                     /* recv: in the posted queue */
 } vb_req;
 
+struct vb_rd;
 typedef struct vb_unexp {
   size_t len, got;
   mlxd_sig sig;
   char* buf;
   bool complete;
+  struct vb_rd* rd; /* being read (rendezvous), not complete yet */
+  bool rdv;         /* it came by rendezvous (read into buf): copied once more when matched */
   mlxd_match_link link;
 } vb_unexp;
+
+/* A rendezvous read in progress at the receiver: the sender's buffer
+ * (raddr, rkey per rail) read into dst in reads of <= VB_READ_MAX. */
+typedef struct vb_rd {
+  bool active, drop, orphan; /* drop: no read (size mismatch); orphan: ux unmatched, freed at end */
+  uint64_t cookie, total, posted;
+  uint64_t raddr;
+  uint32_t rkey[MLXD_VERBS_MAX_RAILS];
+  int outstanding, next_rail;
+  char* dst;
+  vb_req* req;  /* the posted receive it fills (or NULL) */
+  vb_unexp* ux; /* the bounce buffer (or NULL) */
+  mlxd_vbmr_ent* mre[MLXD_VERBS_MAX_RAILS];
+} vb_rd;
 
 typedef struct vb_rail {
   mlxd_ibv_qp* qp;
@@ -116,6 +145,7 @@ typedef struct vb_rail {
   int mr;          /* index into vb_peer.mr */
   int outstanding; /* our work requests not yet completed */
   int data_out;    /* of which data writes */
+  int rd_out;      /* of which RDMA reads */
   uint64_t raddr;  /* the peer's block for us */
   uint32_t rkey;
 } vb_rail;
@@ -132,6 +162,8 @@ typedef struct vb_peer {
   uint64_t sent; /* chunks posted */
   vb_req *sq_head, *sq_tail;
   uint64_t slot_tag[VB_NSLOTS]; /* the tag of the chunk last posted in each slot */
+  vb_req* rdv_head;             /* rendezvous sends waiting for their FIN */
+  vb_rd rd[VB_RD_SLOTS];        /* rendezvous reads from this peer */
   bool beat_busy, probe_busy, rec_busy;
   double last_probe;
   /* receiving */
@@ -169,6 +201,13 @@ typedef struct vb_transport {
   mlxd_status err;      /* the first failure */
   vb_req* free_reqs;
   int nfree;
+  /* rendezvous (zero copy) */
+  size_t zcopy_min;   /* MLXDIST_VERBS_ZCOPY_BYTES (0: off) */
+  size_t block_bytes; /* registered by set-up (for the memlock check) */
+  mlxd_vbmr mrc;      /* the registration cache (mu) */
+  int buf_watch;      /* mlxd_buffer_watch id */
+  uint64_t next_cookie;
+  bool reg_warned;
 } vb_transport;
 
 /* ---- verbs.c ---- */
@@ -200,5 +239,10 @@ void mlxd_vb_live_stop(vb_transport* t);
 /* Free what set-up made (queue pairs, memory, devices) after destroy's
  * drain; mu not held, no other thread. */
 void mlxd_vb_teardown(vb_transport* t);
+/* The registration cache's hooks (verbs_setup.c): register with the
+ * memlock check first; the buffer release watcher. */
+int mlxd_vb_mr_reg(void* ctx, int dev, void* addr, size_t len, mlxd_ibv_mr* out, mlxd_status* st);
+void mlxd_vb_mr_dereg(void* ctx, mlxd_ibv_mr* mr);
+void mlxd_vb_mr_release(void* ctx, const void* base, size_t len);
 
 #endif

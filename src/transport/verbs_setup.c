@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "core/buffer.h"
 #include "core/oprec.h"
 #include "core/watchdog.h"
 #include "transport/verbs_impl.h"
@@ -166,6 +167,27 @@ void mlxd_vb_live_stop(vb_transport* t) {
   t->watch = 0;
 }
 
+/* ---- the registration cache's hooks ---- */
+
+int mlxd_vb_mr_reg(void* ctx, int dev, void* addr, size_t len, mlxd_ibv_mr* out, mlxd_status* st) {
+  vb_transport* t = ctx;
+  if (mlxd_ibv_memlock_check(t->block_bytes + t->mrc.bytes + len, st)) return st->code;
+  return mlxd_ibv_reg(t->devs[dev], addr, len, MLXD_IBV_REMOTE_READ, out, st);
+}
+
+void mlxd_vb_mr_dereg(void* ctx, mlxd_ibv_mr* mr) {
+  (void)ctx;
+  mlxd_ibv_dereg(mr);
+}
+
+void mlxd_vb_mr_release(void* ctx, const void* base, size_t len) {
+  vb_transport* t = ctx;
+  if (t->forgotten) return; /* a forked child's copy: the registrations are the parent's */
+  pthread_mutex_lock(&t->mu);
+  mlxd_vbmr_invalidate(&t->mrc, base, len);
+  pthread_mutex_unlock(&t->mu);
+}
+
 /* ---- teardown ---- */
 
 void mlxd_vb_teardown(vb_transport* t) {
@@ -188,6 +210,7 @@ void mlxd_vb_teardown(vb_transport* t) {
       free(p->block);
     }
   }
+  mlxd_vbmr_clear(&t->mrc);
   for (int d = 0; d < t->ndevs; d++) mlxd_ibv_dev_close(t->devs[d]);
   t->ndevs = 0;
   free(t->peers);
@@ -296,6 +319,12 @@ mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_pe
   t->base.ring_chunk = VB_RING_CHUNK;
   mlxd_live_cfg_load(&t->live);
   t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
+  long zc = mlxd_tunable_long(MLXD_T_VERBS_ZCOPY_BYTES);
+  t->zcopy_min = zc > 0 ? (size_t)zc : 0;
+  t->block_bytes = need;
+  long mrmb = mlxd_tunable_long(MLXD_T_VERBS_MR_CACHE_MB);
+  mlxd_vbmr_init(&t->mrc, VB_MR_ENTRIES, (size_t)(mrmb > 0 ? mrmb : 256) << 20, mlxd_vb_mr_reg,
+                 mlxd_vb_mr_dereg, t);
   if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
   t->peers = calloc((size_t)size, sizeof *t->peers);
   if (!t->peers) {
@@ -431,5 +460,7 @@ mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_pe
   double now = mlxd_now();
   for (int pi = 0; pi < size; pi++) t->peers[pi].heard = now;
   mlxd_vb_live_start(t);
+  t->buf_watch = mlxd_buffer_watch(mlxd_vb_mr_release, t);
+  if (!t->buf_watch) t->zcopy_min = 0; /* no invalidation: no rendezvous */
   return &t->base;
 }

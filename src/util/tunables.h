@@ -110,6 +110,14 @@ typedef struct mlxd_tunable_spec {
     "in one copy from the sender's memory (process_vm_readv) where the "                          \
     "kernel allows it; 0 disables that (every message goes through the "                          \
     "shared rings).")                                                                             \
+  X(VERBS_ZCOPY_BYTES, "MLXDIST_VERBS_ZCOPY_BYTES", "262144",                                    \
+    MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),                                                 \
+    "verbs transport (jaccl): messages of at least this many bytes skip the "                     \
+    "staging slots: the receiver RDMA-reads them from the sender's registered "                   \
+    "buffer (0: never). See docs/jaccl.md.")                                                      \
+  X(VERBS_MR_CACHE_MB, "MLXDIST_VERBS_MR_CACHE_MB", "256", MLXD_TK_INTEGER(1, 1048576, "MiB"),    \
+    "verbs transport: megabytes of buffers kept registered for zero-copy "                        \
+    "messages per transport (also bounded by RLIMIT_MEMLOCK).")                                   \
   X(BUFFER_CACHE_MB, "MLXDIST_BUFFER_CACHE_MB", "1024", MLXD_TK_INTEGER(0, 1048576, "MiB"),       \
     "Megabytes of freed large buffers (>= 64 KiB) kept for reuse by later "                       \
     "arrays and transfers (0: give every buffer back at once).")                                  \

@@ -7,23 +7,29 @@
 #   - liveness (test_verbs_live): a killed rank (3 ranks; 4 ranks with 2 rails: every
 #     survivor fails within 2 s naming it), a stopped rank (within MLXDIST_TIMEOUT=3 + 2 s), a busy rank waited for, a
 #     stalled op timing out (MLXDIST_OP_TIMEOUT). The measured times are printed.
-#   usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE
+#   - zero copy (test_verbs_zcopy): p2p across the rendezvous threshold, an unexpected large
+#     message, a buffer freed and reallocated at the same address between two large sends
+#     (1 and 2 rails), bytes per path printed; the algorithm suite at 2 ranks, 2 rails, with the
+#     threshold lowered to 4 KiB (MLXDIST_VERBS_ZCOPY_BYTES), so most messages are rendezvous.
+#   usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE TEST_VERBS_ZCOPY
 # VM_VERBS_CASES (space-separated names below; default all) runs a subset. Exit 77 (skip)
 # where the harness cannot run (not root, no qemu or kernel).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage="usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE"
+usage="usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE TEST_VERBS_ZCOPY"
 algo=${1:?$usage}
 transport=${2:?$usage}
 sigt=${3:?$usage}
 live=${4:?$usage}
+zcopy=${5:?$usage}
 share=$(mktemp -d /tmp/mlxdist-vmshare.XXXXXX)
 trap 'rm -rf "$share"' EXIT
 cp "$algo" "$share/test_algo"
 cp "$transport" "$share/test_transport"
 cp "$sigt" "$share/test_sig_transport"
 cp "$live" "$share/test_verbs_live"
-cases=${VM_VERBS_CASES:-"algo2 algo3 algo4 algo2r threads sig kill kill4 stop busy stall"}
+cp "$zcopy" "$share/test_verbs_zcopy"
+cases=${VM_VERBS_CASES:-"algo2 algo3 algo4 algo2r threads sig kill kill4 stop busy stall zc zc2r algozc"}
 {
   echo "# runs inside the VM, in /share (busybox sh)"
   echo "VM_VERBS_TAIL=${VM_VERBS_TAIL:-15}"
@@ -56,7 +62,11 @@ run kill4 ./test_verbs_live kill 4 verbs:2
 run stop ./test_verbs_live stop 3 verbs
 run busy ./test_verbs_live busy 2 verbs
 run stall ./test_verbs_live stall verbs
+run zc ./test_verbs_zcopy verbs
+run zc2r ./test_verbs_zcopy verbs:2
+run algozc env MLXDIST_VERBS_ZCOPY_BYTES=4096 ./test_algo verbs:2 2
 grep -h "survivors failed after\|waited for: ok\|stall over" kill.log kill4.log stop.log busy.log stall.log 2>/dev/null
+grep -h "zero-copy" zc.log zc2r.log 2>/dev/null
 exit $fail
 RUN
 } >"$share/run.sh"
