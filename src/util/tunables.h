@@ -110,7 +110,7 @@ typedef struct mlxd_tunable_spec {
     "in one copy from the sender's memory (process_vm_readv) where the "                          \
     "kernel allows it; 0 disables that (every message goes through the "                          \
     "shared rings).")                                                                             \
-  X(VERBS_ZCOPY_BYTES, "MLXDIST_VERBS_ZCOPY_BYTES", "262144",                                    \
+  X(VERBS_ZCOPY_BYTES, "MLXDIST_VERBS_ZCOPY_BYTES", "262144",                                     \
     MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),                                                 \
     "verbs transport (jaccl): messages of at least this many bytes skip the "                     \
     "staging slots: the receiver RDMA-reads them from the sender's registered "                   \
