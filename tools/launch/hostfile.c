@@ -6,19 +6,28 @@
  * anything starts, with the same reason. Without one, N*K ports
  * of 127.0.0.1 are reserved (bound and listening, so nothing else takes them
  * until the ranks start) and written as MLX's JSON hostfile into a private
- * temporary directory that is removed at exit. */
+ * temporary directory that is removed at exit. The ports are taken below the
+ * kernel's ephemeral range (ip_local_port_range) when there is room for
+ * them there: between the launcher's release and a rank's bind, a port of
+ * that range can be taken by any outgoing connection, and a big job's ranks
+ * make many (at 1,024 ranks a rank found its port so taken: "Address already
+ * in use"). */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
 #include "launch.h"
+
+#define PORTS_LOW 10000 /* the lowest port reserved below the ephemeral range */
 
 static char tmpdir[PATH_MAX - 64];
 static char tmpfile_path[PATH_MAX];
@@ -84,17 +93,52 @@ static void use_given(const launch_opts* o, launch_hostfile* hf, mlxd_ring_hosts
   if (!realpath(o->hostfile, hf->path)) snprintf(hf->path, sizeof hf->path, "%s", o->hostfile);
 }
 
+/* The first port of the kernel's ephemeral range (32768 when unknown). */
+static unsigned ephemeral_low(void) {
+  unsigned lo = 32768, hi = 0;
+  int fd = open("/proc/sys/net/ipv4/ip_local_port_range", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return lo;
+  char buf[64];
+  ssize_t k = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (k <= 0) return lo;
+  buf[k] = '\0';
+  if (sscanf(buf, "%u %u", &lo, &hi) != 2 || lo < 1024 || lo > 65535) lo = 32768;
+  return lo;
+}
+
+/* Bind fd to 127.0.0.1: a free port of [*next, top) (walking on from a random start, wrapping
+ * once past it), or any port (0) when that range is used up or absent; listening. */
+static int bind_reserved(int fd, unsigned* next, unsigned lo, unsigned top, unsigned* tried) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  while (top > lo && *tried < top - lo) {
+    unsigned p = *next;
+    *next = p + 1 >= top ? lo : p + 1;
+    (*tried)++;
+    sa.sin_port = htons((uint16_t)p);
+    if (bind(fd, (struct sockaddr*)&sa, sizeof sa) == 0) return listen(fd, 1);
+    if (errno != EADDRINUSE && errno != EACCES) return -1;
+  }
+  sa.sin_port = 0;
+  if (bind(fd, (struct sockaddr*)&sa, sizeof sa) != 0) return -1;
+  return listen(fd, 1);
+}
+
 /* Bind every address of h to a free port of 127.0.0.1 and keep it listening. */
 static int reserve_ports(mlxd_ring_hosts* h, int* fds) {
   int n = h->size * h->nconn;
+  unsigned top = ephemeral_low(), lo = PORTS_LOW, tried = 0;
+  if (top < lo + 2u * (unsigned)n) top = lo; /* no room below the range: any port */
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts); /* a start of its own: two launchers rarely walk together */
+  unsigned next = top > lo ? lo + (unsigned)((ts.tv_nsec ^ getpid()) % (long)(top - lo)) : lo;
   for (int i = 0; i < n; i++) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
     fds[i] = fd;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(fd, (struct sockaddr*)&sa, sizeof sa) != 0 || listen(fd, 1) != 0) return -1;
+    if (bind_reserved(fd, &next, lo, top, &tried) != 0) return -1;
     mlxd_ring_addr* a = &h->addrs[i];
     a->len = sizeof a->sa;
     if (getsockname(fd, (struct sockaddr*)&a->sa, &a->len) != 0) return -1;

@@ -137,6 +137,7 @@ typedef struct launch_relay {
    * *swallowed (NULL: none). A remote rank's script says it started so. */
   const char* swallow;
   bool* swallowed;
+  int epfd; /* the epoll set watching fd (supervise.c; 0 or -1: none): left before the close */
   char* buf;
   size_t len, cap;
 } launch_relay;
@@ -315,6 +316,17 @@ void launch_jaccl_release(launch_jaccl* j);
 void launch_jaccl_free(launch_jaccl* j);
 
 /* ---- supervise.c ---- */
+
+/* The open-file limit (RLIMIT_NOFILE) for a job of ranks ranks with conns
+ * reserved ports each (0: none reserved): the launcher holds about 3 fds per
+ * rank (two output pipes, an ssh rank's stdin, or its rendezvous connection)
+ * plus the reserved ports, and its ranks inherit its limit, where a full mesh
+ * of the ring needs about conns + 1 per peer. The soft limit is raised (never
+ * lowered) to what both need, up to the hard limit. Returns 0, or -1 after a
+ * message naming the limit when the hard limit is below what the launcher
+ * itself needs (nothing started yet). Idempotent: called again with a larger
+ * job, it raises again. */
+int launch_nofile(int ranks, int conns);
 
 /* Route SIGCHLD, SIGINT, SIGTERM and SIGHUP to a signalfd (returned, -1 on error). */
 int launch_block_signals(void);

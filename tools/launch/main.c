@@ -378,6 +378,13 @@ int main(int argc, char** argv) {
   if (across && o.connections)
     launch_bad_usage("--connections applies to a job on this host only (a hostfile of ranks).");
   check_env_names(&o, &hs);
+  /* before any port is reserved or pipe made; launch_ranks checks again with the job's size */
+  int ranks = across ? hs.ranks : o.n;
+  if (launch_nofile(ranks, across ? 0 : o.connections ? o.connections : 1) != 0) {
+    launch_hosts_free(&hs);
+    launch_free_args(&o);
+    return 1;
+  }
   int sfd = launch_block_signals();
   if (sfd < 0) {
     launch_msg("cannot set up signal handling: %s.", strerror(errno));

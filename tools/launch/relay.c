@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -72,11 +73,13 @@ static void print_lines(launch_relay* r, bool flush_all) {
 
 static void close_relay(launch_relay* r) {
   print_lines(r, true);
+  if (r->epfd > 0) epoll_ctl(r->epfd, EPOLL_CTL_DEL, r->fd, NULL);
   close(r->fd);
   r->fd = -1;
 }
 
 void launch_relay_read(launch_relay* r) {
+  if (r->fd < 0) return;
   if (r->cap - r->len < 16384) {
     size_t nc = r->cap ? r->cap * 2 : 32768;
     char* nb = realloc(r->buf, nc);

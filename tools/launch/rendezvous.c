@@ -4,10 +4,14 @@
  * launcher proves it holds the token too. The protocol is in
  * src/backends/ring/rendezvous_wire.h.
  *
- * One thread, one poll loop over the listening socket and every connection:
+ * One thread, one epoll loop over the listening socket and every connection:
  * ranks arrive in any order, a slow or hostile connection holds only its own
  * slot (at most SLOTS_SPARE of them beyond the ranks, each dropped after
- * HELLO_S without a complete hello), nothing blocks. Bounded: after
+ * HELLO_S without a complete hello), nothing blocks. What an event costs does
+ * not grow with the job: a free slot comes off a stack, a connection's rank is
+ * its hello's, the slots' deadlines are looked at every SCAN_S, so the
+ * all-gather of N ranks costs O(N) in the launcher besides the N replies of N
+ * records each. Bounded: after
  * timeout_s the missing ranks are named and the connected ones told to fail;
  * replies get FLUSH_S to leave.
  *
@@ -28,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,6 +47,9 @@
 #define HELLO_S 10.0   /* a connection's bound to deliver its hello and records */
 #define FLUSH_S 1.0    /* the replies' bound to leave once decided */
 #define HOST_CHARS 64
+#define SCAN_S 0.1 /* how often the slots' deadlines are looked at */
+#define EV_WAKE UINT32_MAX
+#define EV_LISTEN (UINT32_MAX - 1)
 
 enum { C_FREE, C_HELLO, C_RECS, C_WAIT, C_SEND };
 
@@ -75,7 +83,11 @@ struct launch_rdv {
   char (*host)[HOST_CHARS]; /* per rank, for messages */
   int nslots;
   conn* slots;
-  int* by_rank; /* slot of the rank's authenticated connection, -1 */
+  int* free_slots; /* a stack of the free slots' indexes */
+  int n_free;
+  int epfd;       /* the wake pipe, the listener, every connection (data.u32: its slot) */
+  bool listening; /* the listener's events are on */
+  int* by_rank;   /* slot of the rank's authenticated connection, -1 */
   int arrived;
   uint32_t rec_bytes; /* the first arrived rank's: every rank must post as many */
   unsigned char* all; /* n * rec_bytes once all arrived */
@@ -87,6 +99,7 @@ struct launch_rdv {
   bool failed;     /* a round failed: every later rank gets fail_reason */
   char fail_reason[MLXD_RDV_MAX_REASON];
   double full_msg_at; /* the last "too many connections" message (one a second at most) */
+  bool reply_done;    /* a reply completed since the loop last looked (replies_out) */
 };
 
 static double now_s(void) {
@@ -105,21 +118,49 @@ static void rdv_msg(const char* fmt, ...) {
   fprintf(stderr, "[launch] %s\n", line);
 }
 
-static void conn_close(conn* c) {
-  if (c->fd >= 0) close(c->fd);
+/* c's events in the epoll set: what its state waits for. */
+static void conn_events(launch_rdv* r, conn* c) {
+  if (c->fd < 0) return;
+  struct epoll_event e = {.events = EPOLLIN, .data.u32 = (uint32_t)(c - r->slots)};
+  if (c->state == C_SEND && c->sent < MLXD_RDV_REPLY_BYTES + c->payload_len) e.events |= EPOLLOUT;
+  epoll_ctl(r->epfd, EPOLL_CTL_MOD, c->fd, &e);
+}
+
+/* Close c's socket (out of the epoll set first: a forked child may hold a copy until its exec). */
+static void conn_close_fd(launch_rdv* r, conn* c) {
+  if (c->fd < 0) return;
+  epoll_ctl(r->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  close(c->fd);
+  c->fd = -1;
+}
+
+static void conn_close(launch_rdv* r, conn* c) {
+  bool was_free = c->state == C_FREE;
+  conn_close_fd(r, c);
   free(c->recs);
   memset(c, 0, sizeof *c);
   c->fd = -1;
   c->state = C_FREE;
+  if (!was_free) r->free_slots[r->n_free++] = (int)(c - r->slots);
+}
+
+/* The listener's events on or off (off while a round is decided). */
+static void set_listening(launch_rdv* r, bool on) {
+  if (r->listening == on) return;
+  struct epoll_event e = {.events = on ? EPOLLIN : 0, .data.u32 = EV_LISTEN};
+  epoll_ctl(r->epfd, EPOLL_CTL_MOD, r->lfd, &e);
+  r->listening = on;
+}
+
+/* Whether c is the connection its rank is counted by (its hello decoded: rank < n). */
+static bool counted(const launch_rdv* r, const conn* c) {
+  return (c->state == C_WAIT || c->state == C_SEND) && r->by_rank[c->h.rank] == c - r->slots;
 }
 
 static void drop(launch_rdv* r, conn* c, const char* why) {
   rdv_msg("rendezvous: dropped the connection from %s: %s", c->peer, why);
-  if (c->state == C_WAIT || c->state == C_SEND) {
-    for (int i = 0; i < r->n; i++)
-      if (r->by_rank[i] == c - r->slots) r->by_rank[i] = -1;
-  }
-  conn_close(c);
+  if (counted(r, c)) r->by_rank[c->h.rank] = -1;
+  conn_close(r, c);
 }
 
 /* Queue a reply on c (its records or a reason) and switch it to sending. */
@@ -131,12 +172,13 @@ static int queue_reply(launch_rdv* r, conn* c, unsigned status, const void* payl
   c->payload_len = len;
   c->sent = 0;
   c->state = C_SEND;
+  conn_events(r, c);
   return 0;
 }
 
 static void refuse(launch_rdv* r, conn* c, unsigned status, const char* why) {
   snprintf(c->reason, sizeof c->reason, "%s", why);
-  if (queue_reply(r, c, status, c->reason, strlen(c->reason)) != 0) conn_close(c);
+  if (queue_reply(r, c, status, c->reason, strlen(c->reason)) != 0) conn_close(r, c);
   /* not counted: it is no rank of this job (or a second connection of one) */
   c->deadline = now_s() + FLUSH_S;
 }
@@ -233,12 +275,10 @@ static void conn_read(launch_rdv* r, conn* c) {
       unsigned char b;
       ssize_t k = recv(c->fd, &b, 1, MSG_DONTWAIT);
       if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-      bool counted = r->by_rank[c->h.rank] == c - r->slots;
-      if (!counted) {
-        conn_close(c); /* a refused connection: its message was printed */
+      if (!counted(r, c)) {
+        conn_close(r, c); /* a refused connection: its message was printed */
       } else if (c->state == C_SEND && c->sent == MLXD_RDV_REPLY_BYTES + c->payload_len) {
-        close(c->fd); /* the rank has its reply and left: keep the slot's state */
-        c->fd = -1;
+        conn_close_fd(r, c); /* the rank has its reply and left: keep the slot's state */
       } else {
         char why[160];
         snprintf(why, sizeof why,
@@ -302,13 +342,13 @@ static void conn_write(launch_rdv* r, conn* c) {
     c->sent += (size_t)k;
   }
   /* all sent: a counted rank stays until its rank has it (it closes); others go now */
-  bool counted = false;
-  for (int i = 0; i < r->n; i++)
-    if (r->by_rank[i] == c - r->slots) counted = true;
-  if (!counted)
-    conn_close(c);
-  else
+  r->reply_done = true;
+  if (!counted(r, c)) {
+    conn_close(r, c);
+  } else {
     shutdown(c->fd, SHUT_WR);
+    conn_events(r, c);
+  }
 }
 
 static void on_accept(launch_rdv* r) {
@@ -319,9 +359,7 @@ static void on_accept(launch_rdv* r) {
     if (fd < 0) return;
     char peer[80];
     mlxd_ring_format_addr((struct sockaddr*)&sa, peer, sizeof peer);
-    conn* c = NULL;
-    for (int i = 0; i < r->nslots && !c; i++)
-      if (r->slots[i].state == C_FREE) c = &r->slots[i];
+    conn* c = r->n_free > 0 ? &r->slots[r->free_slots[--r->n_free]] : NULL;
     if (!c) {
       double t = now_s();
       if (t - r->full_msg_at >= 1.0)
@@ -336,6 +374,13 @@ static void on_accept(launch_rdv* r) {
     c->fd = fd;
     snprintf(c->peer, sizeof c->peer, "%s", peer);
     c->state = C_HELLO;
+    struct epoll_event e = {.events = EPOLLIN, .data.u32 = (uint32_t)(c - r->slots)};
+    if (epoll_ctl(r->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
+      c->fd = -1; /* not in the set: closed here */
+      close(fd);
+      drop(r, c, "cannot watch it (epoll_ctl)");
+      continue;
+    }
     c->got = 0;
     c->deadline = now_s() + HELLO_S;
     unsigned char ch[MLXD_RDV_CHALLENGE_BYTES];
@@ -386,7 +431,7 @@ static void give_up(launch_rdv* r) {
  * serve the next (a re-initialisation; after a failure, late ranks get the reason). */
 static void next_round(launch_rdv* r) {
   for (int i = 0; i < r->n; i++) {
-    if (r->by_rank[i] >= 0) conn_close(&r->slots[r->by_rank[i]]);
+    if (r->by_rank[i] >= 0) conn_close(r, &r->slots[r->by_rank[i]]);
     r->by_rank[i] = -1;
   }
   free(r->all);
@@ -396,6 +441,7 @@ static void next_round(launch_rdv* r) {
   r->decided = false;
   r->round++;
   r->deadline = 1e300; /* until its first rank arrives */
+  set_listening(r, true);
 }
 
 /* Whether every counted rank's reply is out (all: and every rank is counted). */
@@ -412,20 +458,36 @@ static bool replies_out(const launch_rdv* r, bool all) {
   return true;
 }
 
+/* The slots' deadlines (every SCAN_S): hellos that took too long, refused strangers' replies
+ * that had their chance. Returns the earliest deadline still ahead (at most limit). */
+static double scan_slots(launch_rdv* r, double t, double limit) {
+  double next = limit;
+  for (int i = 0; i < r->nslots; i++) {
+    conn* c = &r->slots[i];
+    if ((c->state == C_HELLO || c->state == C_RECS) && t >= c->deadline) {
+      drop(r, c, "no complete hello within the bound");
+    } else if (c->state == C_SEND && !r->decided && t >= c->deadline) {
+      conn_close(r, c); /* a refused stranger's reply had its chance */
+    }
+    if (c->state != C_FREE && c->state != C_WAIT && c->deadline < next) next = c->deadline;
+  }
+  return next;
+}
+
 static void* serve(void* arg) {
   launch_rdv* r = arg;
   r->round = 1;
   r->deadline = now_s() + r->timeout_s;
-  struct pollfd* pfd = calloc((size_t)r->nslots + 2, sizeof *pfd);
-  if (!pfd) {
-    rdv_msg("rendezvous: out of memory");
-    return NULL;
-  }
+  struct epoll_event ev[64];
+  double scan_at = 0, slot_next = 1e300;
   while (!atomic_load(&r->stop)) {
     double t = now_s();
     if (!r->decided && t >= r->deadline) give_up(r);
     if (r->decided) {
-      bool out = replies_out(r, r->all != NULL);
+      set_listening(r, false);
+      /* looked at when a reply completed or at a scan: not once per event */
+      bool out = (r->reply_done || t >= scan_at) && replies_out(r, r->all != NULL);
+      r->reply_done = false;
       if (out || t >= r->flush_deadline) {
         if (r->all && out) atomic_store(&r->done, true);
         /* only now: a caller that stops the server on failure must not cut the reasons off */
@@ -435,46 +497,38 @@ static void* serve(void* arg) {
         continue;
       }
     }
+    if (t >= scan_at || t >= slot_next) {
+      slot_next = scan_slots(r, t, 1e300);
+      scan_at = t + SCAN_S;
+    }
     double next = r->decided ? r->flush_deadline : r->deadline;
-    for (int i = 0; i < r->nslots; i++) {
-      conn* c = &r->slots[i];
-      if ((c->state == C_HELLO || c->state == C_RECS) && t >= c->deadline) {
-        drop(r, c, "no complete hello within the bound");
-      } else if (c->state == C_SEND && !r->decided && t >= c->deadline) {
-        conn_close(c); /* a refused stranger's reply had its chance */
-      }
-      if (c->state != C_FREE && c->state != C_WAIT && c->deadline < next) next = c->deadline;
-    }
-    int np = 0;
-    pfd[np++] = (struct pollfd){.fd = r->wake[0], .events = POLLIN};
-    pfd[np++] = (struct pollfd){.fd = r->decided ? -1 : r->lfd, .events = POLLIN};
-    for (int i = 0; i < r->nslots; i++) {
-      conn* c = &r->slots[i];
-      short ev = 0;
-      if (c->state != C_FREE) ev = POLLIN;
-      if (c->state == C_SEND && c->sent < MLXD_RDV_REPLY_BYTES + c->payload_len) ev |= POLLOUT;
-      pfd[np++] = (struct pollfd){.fd = c->state == C_FREE ? -1 : c->fd, .events = ev};
-      if (c->fd < 0) pfd[np - 1].fd = -1;
-    }
+    if (slot_next < next) next = slot_next;
+    if (scan_at < next) next = scan_at;
     double wait = next - now_s();
     int ms = wait <= 0 ? 0 : wait > 1.0 ? 1000 : (int)(wait * 1000) + 1;
-    int k = poll(pfd, (nfds_t)np, ms);
+    int k = epoll_wait(r->epfd, ev, (int)(sizeof ev / sizeof ev[0]), ms);
     if (k < 0 && errno != EINTR) {
-      rdv_msg("rendezvous: poll failed: %s", strerror(errno));
+      rdv_msg("rendezvous: epoll_wait failed: %s", strerror(errno));
       break;
     }
-    if (k <= 0) continue;
-    if (pfd[0].revents) break; /* stop */
-    if (pfd[1].revents) on_accept(r);
-    for (int i = 0; i < r->nslots; i++) {
-      conn* c = &r->slots[i];
-      short re = pfd[i + 2].revents;
-      if (!re || c->state == C_FREE || c->fd < 0 || pfd[i + 2].fd != c->fd) continue;
-      if (re & POLLOUT) conn_write(r, c);
-      if (c->state != C_FREE && (re & (POLLIN | POLLHUP | POLLERR))) conn_read(r, c);
+    bool stop = false;
+    for (int j = 0; j < k; j++) {
+      uint32_t id = ev[j].data.u32;
+      if (id == EV_WAKE) {
+        stop = true;
+      } else if (id == EV_LISTEN) {
+        if (!r->decided) on_accept(r);
+      } else if (id < (uint32_t)r->nslots) {
+        conn* c = &r->slots[id];
+        uint32_t re = ev[j].events;
+        if (c->state == C_FREE || c->fd < 0) continue; /* closed by an earlier event */
+        if (re & EPOLLOUT) conn_write(r, c);
+        if (c->state != C_FREE && c->fd >= 0 && (re & (EPOLLIN | EPOLLHUP | EPOLLERR)))
+          conn_read(r, c);
+      }
     }
+    if (stop) break; /* stop */
   }
-  free(pfd);
   return NULL;
 }
 
@@ -557,7 +611,7 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
     rdv_msg("rendezvous: out of memory");
     return NULL;
   }
-  r->lfd = r->wake[0] = r->wake[1] = -1;
+  r->lfd = r->wake[0] = r->wake[1] = r->epfd = -1;
   r->n = n;
   r->timeout_s = timeout_s;
   if (!token_hex || mlxd_hs_token_parse(token_hex, r->key) != 0) {
@@ -566,13 +620,18 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
   }
   r->nslots = n + SLOTS_SPARE;
   r->slots = calloc((size_t)r->nslots, sizeof *r->slots);
+  r->free_slots = malloc(sizeof(int) * (size_t)r->nslots);
   r->by_rank = malloc(sizeof(int) * (size_t)n);
   r->host = calloc((size_t)n, sizeof *r->host);
-  if (!r->slots || !r->by_rank || !r->host) {
+  if (!r->slots || !r->free_slots || !r->by_rank || !r->host) {
     rdv_msg("rendezvous: out of memory for %d ranks", n);
     goto fail;
   }
-  for (int i = 0; i < r->nslots; i++) r->slots[i].fd = -1;
+  for (int i = 0; i < r->nslots; i++) {
+    r->slots[i].fd = -1;
+    r->free_slots[i] = r->nslots - 1 - i; /* slot 0 first */
+  }
+  r->n_free = r->nslots;
   for (int i = 0; i < n; i++) {
     r->by_rank[i] = -1;
     if (rank_host && rank_host[i]) snprintf(r->host[i], HOST_CHARS, "%s", rank_host[i]);
@@ -582,6 +641,15 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
     rdv_msg("rendezvous: pipe: %s", strerror(errno));
     goto fail;
   }
+  struct epoll_event we = {.events = EPOLLIN, .data.u32 = EV_WAKE};
+  struct epoll_event le = {.events = EPOLLIN, .data.u32 = EV_LISTEN};
+  if ((r->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+      epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->wake[0], &we) != 0 ||
+      epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->lfd, &le) != 0) {
+    rdv_msg("rendezvous: epoll: %s", strerror(errno));
+    goto fail;
+  }
+  r->listening = true;
   if (pthread_create(&r->thread, NULL, serve, r) != 0) {
     rdv_msg("rendezvous: cannot start its thread");
     goto fail;
@@ -615,12 +683,14 @@ void launch_rdv_stop(launch_rdv* r) {
   }
   if (r->slots)
     for (int i = 0; i < r->nslots; i++)
-      if (r->slots[i].state != C_FREE || r->slots[i].fd >= 0) conn_close(&r->slots[i]);
+      if (r->slots[i].state != C_FREE || r->slots[i].fd >= 0) conn_close(r, &r->slots[i]);
   if (r->lfd >= 0) close(r->lfd);
   if (r->wake[0] >= 0) close(r->wake[0]);
   if (r->wake[1] >= 0) close(r->wake[1]);
+  if (r->epfd >= 0) close(r->epfd);
   mlxd_wipe(r->key, sizeof r->key);
   free(r->slots);
+  free(r->free_slots);
   free(r->by_rank);
   free(r->host);
   free(r->all);

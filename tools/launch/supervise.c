@@ -1,7 +1,7 @@
 /* mlxdist-launch: the children and their supervision.
  *
  * Each child leads its own process group (so a stop reaches what it started)
- * and writes into two pipes relayed line by line (relay.c). One poll() loop
+ * and writes into two pipes relayed line by line (relay.c). One epoll loop
  * waits on those pipes and on a signalfd for SIGCHLD and the user's signals:
  * the first child to fail stops the others (SIGTERM, then SIGKILL after
  * LAUNCH_GRACE_S) and gives the exit status; --timeout does the same and
@@ -35,6 +35,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -89,14 +91,84 @@ typedef struct run {
   bool timed_out;
   double drain_until;                     /* 0 until every child is gone */
   char first_how[LAUNCH_VIEW_LINE + 160]; /* how the first failing rank ended */
-  double stop_at;     /* stop the job then (0: none): after the records, after a failure */
-  double defer_until; /* name the first failure then, if none was clear sooner (0: none) */
-  double table_at;    /* print the table then (0: none) */
-  double table_last;  /* when the last table for a stall or warning was printed */
-  double next_check;  /* the next look at /proc */
-  struct pollfd* pfd; /* the signalfd and every open pipe */
-  launch_relay** who; /* who[i]: the pipe of pfd[i], i >= 1 */
+  double stop_at;         /* stop the job then (0: none): after the records, after a failure */
+  double defer_until;     /* name the first failure then, if none was clear sooner (0: none) */
+  double table_at;        /* print the table then (0: none) */
+  double table_last;      /* when the last table for a stall or warning was printed */
+  double next_check;      /* the next look at /proc */
+  int epfd;               /* epoll: the signalfd (data.ptr NULL) and every open pipe (its relay) */
+  struct epoll_event* ev; /* epoll_wait's batch, LAUNCH_EVENTS */
+  int* by_pid;            /* open addressing, pid_cap slots: child index + 1 by pid (0: empty) */
+  int pid_cap;
 } run;
+
+#define LAUNCH_EVENTS 256 /* events taken per epoll_wait */
+
+/* ---- which child a pid is: O(1), so reaping N children costs O(N) ---- */
+
+static unsigned pid_hash(const run* rn, pid_t pid) {
+  return ((unsigned)pid * 2654435761u) & (unsigned)(rn->pid_cap - 1);
+}
+
+static void pid_put(run* rn, pid_t pid, int i) {
+  unsigned h = pid_hash(rn, pid);
+  while (rn->by_pid[h] != 0) h = (h + 1) & (unsigned)(rn->pid_cap - 1);
+  rn->by_pid[h] = i + 1;
+}
+
+/* The index of the live child with this pid, -1 if none. */
+static int pid_find(const run* rn, pid_t pid) {
+  unsigned h = pid_hash(rn, pid);
+  for (int k = 0; k < rn->pid_cap && rn->by_pid[h] != 0; k++) {
+    int i = rn->by_pid[h] - 1;
+    if (rn->kids[i].pid == pid && rn->kids[i].alive) return i;
+    h = (h + 1) & (unsigned)(rn->pid_cap - 1);
+  }
+  return -1;
+}
+
+/* A started child's pipes into the epoll set; -1 with errno. */
+static int watch_child(run* rn, child* c) {
+  launch_relay* rs[2] = {&c->out, &c->err};
+  pid_put(rn, c->pid, (int)(c - rn->kids));
+  for (int j = 0; j < 2; j++) {
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = rs[j]};
+    if (epoll_ctl(rn->epfd, EPOLL_CTL_ADD, rs[j]->fd, &e) != 0) return -1;
+    rs[j]->epfd = rn->epfd;
+  }
+  return 0;
+}
+
+/* ---- the open-file limit ---- */
+
+#define LAUNCH_NOFILE_SLACK 64L       /* the launcher's own: std streams, signalfd, files */
+#define LAUNCH_NOFILE_RANK_SLACK 256L /* a rank's own besides one per peer connection */
+
+int launch_nofile(int ranks, int conns) {
+  struct rlimit rl;
+  if (ranks <= 0 || getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  long mine = (3L + (conns > 0 ? conns : 0)) * ranks + LAUNCH_NOFILE_SLACK;
+  long theirs = (1L + (conns > 0 ? conns : 1)) * ranks + LAUNCH_NOFILE_RANK_SLACK;
+  rlim_t want = (rlim_t)(mine > theirs ? mine : theirs);
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < (rlim_t)mine) {
+    launch_msg(
+        "%d ranks need about %ld open files in the launcher (pipes and ports), but the hard "
+        "limit RLIMIT_NOFILE is %llu (ulimit -Hn); raise it (limits.conf nofile, systemd's "
+        "LimitNOFILE=, or ulimit -Hn as root) or start fewer ranks.",
+        ranks, mine, (unsigned long long)rl.rlim_max);
+    return -1;
+  }
+  if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max) want = rl.rlim_max;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
+    rl.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+      launch_msg("cannot raise the open-file limit (RLIMIT_NOFILE) to %llu for %d ranks: %s.",
+                 (unsigned long long)want, ranks, strerror(errno));
+      return -1;
+    }
+  }
+  return 0;
+}
 
 /* ---- signals ---- */
 
@@ -434,16 +506,15 @@ static void first_failure(run* rn, int i, int code, const char* how, bool whole)
 static void reap(run* rn, pid_t first) {
   if (first > 0) {
     int st = 0;
-    if (waitpid(first, &st, WNOHANG) == first)
-      for (int i = 0; i < rn->n; i++)
-        if (rn->kids[i].pid == first && rn->kids[i].alive) child_exited(rn, i, st);
+    int i = pid_find(rn, first);
+    if (i >= 0 && waitpid(first, &st, WNOHANG) == first) child_exited(rn, i, st);
   }
   for (;;) {
     int st = 0;
     pid_t pid = waitpid(-1, &st, WNOHANG);
     if (pid <= 0) return;
-    for (int i = 0; i < rn->n; i++)
-      if (rn->kids[i].pid == pid && rn->kids[i].alive) child_exited(rn, i, st);
+    int i = pid_find(rn, pid);
+    if (i >= 0) child_exited(rn, i, st);
   }
 }
 
@@ -605,28 +676,24 @@ static int poll_ms(const run* rn) {
   return wake < 0 ? -1 : mlxd_ms_left(wake);
 }
 
-/* Wait for output, signals or the next timer, and handle them; -1 when poll fails. */
+/* Wait for output, signals or the next timer, and handle them; -1 when epoll fails.
+ * What it costs is what is ready, not the number of ranks. */
 static int poll_once(run* rn) {
-  int k = 0;
-  rn->pfd[k++] = (struct pollfd){.fd = rn->sfd, .events = POLLIN};
-  for (int i = 0; i < rn->n; i++) {
-    launch_relay* rs[2] = {&rn->kids[i].out, &rn->kids[i].err};
-    for (int j = 0; j < 2; j++) {
-      if (rs[j]->fd < 0) continue;
-      rn->who[k] = rs[j];
-      rn->pfd[k++] = (struct pollfd){.fd = rs[j]->fd, .events = POLLIN};
-    }
-  }
-  int pr = poll(rn->pfd, (nfds_t)k, poll_ms(rn));
+  int pr = epoll_wait(rn->epfd, rn->ev, LAUNCH_EVENTS, poll_ms(rn));
   if (pr < 0 && errno != EINTR) {
-    launch_msg("poll failed: %s; killing the ranks.", strerror(errno));
+    launch_msg("epoll_wait failed: %s; killing the ranks.", strerror(errno));
     signal_all(rn, SIGKILL);
     return -1;
   }
-  if (pr <= 0) return 0;
-  for (int i = 1; i < k; i++)
-    if (rn->pfd[i].revents) launch_relay_read(rn->who[i]);
-  if (rn->pfd[0].revents & POLLIN) on_signals(rn);
+  bool sig = false;
+  /* output first, then the signals: a rank's last lines are read before its end is */
+  for (int i = 0; i < pr; i++) {
+    if (rn->ev[i].data.ptr)
+      launch_relay_read(rn->ev[i].data.ptr); /* a pipe closed meanwhile: fd -1, no-op */
+    else
+      sig = true;
+  }
+  if (sig) on_signals(rn);
   return 0;
 }
 
@@ -649,11 +716,11 @@ static void finish(run* rn) {
     pid_t pid = waitpid(-1, NULL, 0); /* bounded: every child was sent SIGKILL */
     if (pid < 0 && errno == EINTR) continue;
     if (pid < 0) break;
-    for (int i = 0; i < rn->n; i++)
-      if (rn->kids[i].pid == pid && rn->kids[i].alive) {
-        rn->kids[i].alive = false;
-        rn->alive--;
-      }
+    int i = pid_find(rn, pid);
+    if (i >= 0) {
+      rn->kids[i].alive = false;
+      rn->alive--;
+    }
   }
   for (int i = 0; i < rn->n; i++) {
     launch_relay_finish(&rn->kids[i].out);
@@ -705,25 +772,35 @@ static int supervise(run* rn, double timeout) {
 /* ---- entry points ---- */
 
 static int run_init(run* rn, int n, int sfd, bool name_ranks) {
-  *rn = (run){.n = n, .sfd = sfd, .name_ranks = name_ranks, .first_fail_rank = -1};
+  *rn = (run){.n = n, .sfd = sfd, .name_ranks = name_ranks, .first_fail_rank = -1, .epfd = -1};
+  rn->pid_cap = 16;
+  while (rn->pid_cap < 2 * n) rn->pid_cap *= 2;
   rn->kids = calloc((size_t)n, sizeof *rn->kids);
-  rn->pfd = calloc((size_t)(1 + 2 * n), sizeof *rn->pfd);
-  rn->who = calloc((size_t)(1 + 2 * n), sizeof *rn->who);
-  if (rn->kids && rn->pfd && rn->who) {
-    for (int i = 0; i < n; i++) rn->kids[i].in_fd = -1;
-    return 0;
+  rn->ev = calloc(LAUNCH_EVENTS, sizeof *rn->ev);
+  rn->by_pid = calloc((size_t)rn->pid_cap, sizeof *rn->by_pid);
+  if (!rn->kids || !rn->ev || !rn->by_pid) {
+    launch_msg("out of memory");
+    return -1;
   }
-  launch_msg("out of memory");
-  return -1;
+  for (int i = 0; i < n; i++) rn->kids[i].in_fd = -1;
+  rn->epfd = epoll_create1(EPOLL_CLOEXEC);
+  struct epoll_event e = {.events = EPOLLIN, .data.ptr = NULL};
+  if (rn->epfd < 0 || epoll_ctl(rn->epfd, EPOLL_CTL_ADD, sfd, &e) != 0) {
+    launch_msg("cannot set up epoll: %s.", strerror(errno));
+    return -1;
+  }
+  return 0;
 }
 
 static void run_free(run* rn) {
+  if (rn->epfd >= 0) close(rn->epfd);
   free(rn->kids);
-  free(rn->pfd);
-  free(rn->who);
+  free(rn->ev);
+  free(rn->by_pid);
 }
 
 int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
+  if (launch_nofile(n, 0) != 0) return 1;
   run rn;
   if (run_init(&rn, n, sfd, true) != 0) {
     run_free(&rn);
@@ -742,10 +819,12 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
     rn.kids[r].rn = &rn;
     if (start_child(sp, &rn.kids[r], r) == 0) {
       rn.alive++;
-      continue;
+      if (watch_child(&rn, &rn.kids[r]) == 0) continue;
+      rn.n = r + 1; /* it is started: stopped and reaped with the others */
+    } else {
+      rn.n = r;
     }
     launch_msg("cannot start rank %d: %s; stopping the others.", r, strerror(errno));
-    rn.n = r;
     rn.name_ranks = false;
     signal_all(&rn, SIGKILL);
     supervise(&rn, 0);
@@ -768,7 +847,13 @@ int launch_one(const launch_spawn* sp, int sfd, double timeout) {
     launch_msg("cannot start %s: %s.", sp->argv[0], strerror(errno));
   } else {
     rn.alive = 1;
-    rc = supervise(&rn, timeout);
+    if (watch_child(&rn, &rn.kids[0]) != 0) {
+      launch_msg("cannot watch %s's output: %s.", sp->argv[0], strerror(errno));
+      signal_all(&rn, SIGKILL);
+      supervise(&rn, 0);
+    } else {
+      rc = supervise(&rn, timeout);
+    }
   }
   run_free(&rn);
   return rc;
