@@ -12,6 +12,8 @@
 #     SCALE_TRANSPORTS="default tcp"
 #     SCALE_REPEAT=1          runs per (N, transport)
 #     SCALE_TIMEOUT=300       the launcher's --timeout per run, seconds
+#     SCALE_ENV="K=V ..."     more variables for the ranks (--env each), e.g. MLXDIST_SPIN_US=0
+#                             for CPU times without spinning (the cost model's runs)
 #     SCALE_LOGS=DIR          keep every run's output there (default: a temporary directory,
 #                             kept when a run fails; its path is printed)
 #     SCALE_LOCK=/tmp/big.lock  runs of >= 64 ranks take this lock (flock), so that two big
@@ -37,9 +39,9 @@ if [ -z "$logs" ]; then logs=$(mktemp -d /tmp/mlxdist-scale.XXXXXX); keep=0; fi
 mkdir -p "$logs"
 
 echo "# scale_rank under mlxdist-launch on $(hostname): $(nproc) cores, $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC')"
-echo "# per rank: max/median; times in ms; rss, shm in KiB; shm job = /dev/shm used during the barrier"
-echo "| N | transport | result | wall s | init ms | all_sum ms | all_gather ms | ring ms | fds | threads | RSS KiB | TCP conns | shm mapped KiB | shm job KiB | TCP kernel mem KiB |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "# per rank: max/median; times in ms (wall; CPU: the rank's user+system); rss, shm in KiB; shm job = /dev/shm used during the barrier"
+echo "| N | transport | result | wall s | init ms | all_sum ms | all_gather ms | ring ms | fds | threads | RSS KiB | TCP conns | shm mapped KiB | shm job KiB | TCP kernel mem KiB | init CPU ms | all_sum CPU ms |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 # max/median of field $1 over the "scale rank" lines of file $2
 stat() {
@@ -61,6 +63,7 @@ for n in $sizes; do
       log=$logs/n$n-$tr-$rep.log
       env=()
       [ "$tr" = default ] || env=(--env "MLXDIST_TRANSPORT=$tr")
+      for kv in ${SCALE_ENV:-}; do env+=(--env "$kv"); done
       cmd=("$launch" -n "$n" --timeout "$timeout" "${env[@]}" -- "$rankp")
       lk=()
       if [ -n "$lock" ] && [ "$n" -ge 64 ]; then lk=(flock "$lock"); fi
@@ -80,7 +83,7 @@ for n in $sizes; do
         keep=1
       fi
       wall=$(awk -v w="$wall_ns" 'BEGIN { printf "%.2f", w / 1e9 }')
-      echo "| $n | $tr | $res | $wall | $(stat init_ms "$log") | $(stat sum_ms "$log") | $(stat gather_ms "$log") | $(stat ring_ms "$log") | $(stat fds "$log") | $(stat threads "$log") | $(stat rss_kb "$log") | $(stat tcp "$log") | $(stat shm_map_kb "$log") | $(job shm_used_kb "$log") | $(job tcp_mem_kb "$log") |"
+      echo "| $n | $tr | $res | $wall | $(stat init_ms "$log") | $(stat sum_ms "$log") | $(stat gather_ms "$log") | $(stat ring_ms "$log") | $(stat fds "$log") | $(stat threads "$log") | $(stat rss_kb "$log") | $(stat tcp "$log") | $(stat shm_map_kb "$log") | $(job shm_used_kb "$log") | $(job tcp_mem_kb "$log") | $(stat init_cpu_ms "$log") | $(stat sum_cpu_ms "$log") |"
       if [ "$res" != pass ]; then
         grep -m3 -E '^\[launch\]|FAILED' "$log" | sed 's/^/#   /'
       fi

@@ -15,7 +15,9 @@
  *
  * Output, one line per rank on stdout (scripts/scale.sh parses it):
  *   scale rank R n N start_ms S init_ms I sum_ms A gather_ms G ring_ms X
- *         fds F threads T rss_kb K tcp C shm_map_kb M main_ms W ok
+ *         fds F threads T rss_kb K tcp C shm_map_kb M main_ms W
+ *         init_cpu_ms P sum_cpu_ms Q ops_cpu_ms O ok
+ * (*_cpu_ms: this process's CPU time in init, in the all_sum, in all three ops)
  * (start_ms: from SCALE_T0_NS, CLOCK_REALTIME ns set by the script, to main;
  * -1 without it; main_ms: main to the line), and from rank 0:
  *   scale job n N shm_used_kb U tcp_inuse S tcp_mem_kb B
@@ -27,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <time.h>
@@ -41,6 +44,15 @@ static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* This process's CPU time (user + system, every thread), ms: unlike wall times, what a phase
+ * costs stays near the same on a loaded machine. */
+static double cpu_ms(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return -1;
+  return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+         (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-3;
 }
 
 static int rank_g = -1;
@@ -160,9 +172,9 @@ int main(void) {
 
   mlx_distributed_group g = mlx_distributed_group_new();
   mlx_stream s = mlx_stream_new();
-  double t = now_ms();
+  double t = now_ms(), c0 = cpu_ms();
   if (mlx_distributed_init(&g, true, "ring") != 0) return 2;
-  double init_ms = now_ms() - t;
+  double init_ms = now_ms() - t, c1 = cpu_ms();
   int rank = mlx_distributed_group_rank(g), n = mlx_distributed_group_size(g);
   rank_g = rank;
   char why[160];
@@ -171,7 +183,7 @@ int main(void) {
   t = now_ms();
   int32_t sum = 0;
   if (sum_i32(rank + 1, &sum, g, s) != 0) return 2;
-  double sum_ms = now_ms() - t;
+  double sum_ms = now_ms() - t, c2 = cpu_ms();
   int64_t want = (int64_t)n * (n + 1) / 2;
   if (sum != want) {
     snprintf(why, sizeof why, "all_sum gave %d, expected %lld", (int)sum, (long long)want);
@@ -217,6 +229,7 @@ int main(void) {
   mlx_array_free(got);
   mlx_array_free(x);
 
+  double c3 = cpu_ms();
   /* what this rank holds after its ops */
   int fds = 0, tcp = 0;
   count_fds(&fds, &tcp);
@@ -239,9 +252,10 @@ int main(void) {
 
   printf(
       "scale rank %d n %d start_ms %lld init_ms %.1f sum_ms %.2f gather_ms %.2f ring_ms %.2f "
-      "fds %d threads %ld rss_kb %ld tcp %d shm_map_kb %lld main_ms %.1f ok\n",
+      "fds %d threads %ld rss_kb %ld tcp %d shm_map_kb %lld main_ms %.1f init_cpu_ms %.2f "
+      "sum_cpu_ms %.3f ops_cpu_ms %.3f ok\n",
       rank, n, start_ms, init_ms, sum_ms, gather_ms, ring_ms, fds, threads, rss, tcp, mapped,
-      now_ms() - t_main);
+      now_ms() - t_main, c1 - c0, c2 - c1, c3 - c1);
   if (rank == 0)
     printf("scale job n %d shm_used_kb %lld tcp_inuse %ld tcp_mem_kb %ld\n", n, shm_kb, tcp_inuse,
            tcp_mem_kb);
