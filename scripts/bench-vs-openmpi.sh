@@ -11,6 +11,11 @@
 # is the whole result of all_gather, the whole input of sum_scatter):
 #   BENCH_OPS=all_sum,all_gather,sum_scatter BENCH_MAX_BYTES=64M BENCH_FACTOR=16 \
 #     BENCH_MIN_TIME_MS=200 sh scripts/bench-vs-openmpi.sh build bench-results
+# and point to point, 1 B to 64 MiB, shared memory and TCP (sendrecv: ping-pong latency,
+# half the round trip, as osu_latency; sendrecv_bw: a window of 64 sends then an ack, as
+# osu_bw, time per message; both between ranks 0 and 1):
+#   BENCH_OPS=sendrecv,sendrecv_bw BENCH_RANKS=2 BENCH_DTYPE=uint8 BENCH_MIN_BYTES=1 \
+#     BENCH_MAX_BYTES=64M BENCH_FACTOR=8 sh scripts/bench-vs-openmpi.sh build bench-results-p2p
 #
 # Builds nothing: BUILD_DIR must hold tools/mlxdist-launch, tools/mlxdist-bench and
 # tools/mpi_ref_bench. Each configuration (rank count x implementation) runs
@@ -221,7 +226,7 @@ sizes=$(awk -v b="${BENCH_MIN_BYTES:-4}" -v e="${BENCH_MAX_BYTES:-4M}" -v f="${B
   BEGIN { n = 0; big = 0
     for (x = bytes(b); x <= bytes(e); x = (x * f > x + 1) ? x * f : x + 1) { n++; if (x >= 33554432) big++ }
     print n, big }')
-nops=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++) n += ($i == "all") ? 5 : 1; print n }')
+nops=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++) n += ($i == "all") ? 6 : 1; print n }')
 nred=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++)
   n += ($i == "all") ? 3 : ($i ~ /^(all_sum|all_max|sum_scatter)$/); print n }')
 rows=$((${sizes% *} * nops))

@@ -73,6 +73,14 @@ static void test_shapes(void) {
   T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_ALL_GATHER, 4) - 0.75) < 1e-12);
   T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_SUM_SCATTER, 2) - 0.5) < 1e-12);
   T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_SENDRECV, 8) - 1.0) < 1e-12);
+  T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_SENDRECV_BW, 8) - 1.0) < 1e-12);
+  T_ASSERT(strcmp(mlxd_bench_op_name(MLXD_OP_SENDRECV_BW), "sendrecv_bw") == 0);
+  /* the bandwidth window: 64 messages, fewer where they would pass 64 MiB, at least one */
+  T_EQ_INT(mlxd_bench_bw_window(1), 64);
+  T_EQ_INT(mlxd_bench_bw_window(1u << 20), 64);
+  T_EQ_INT(mlxd_bench_bw_window(2u << 20), 32);
+  T_EQ_INT(mlxd_bench_bw_window(64u << 20), 1);
+  T_EQ_INT(mlxd_bench_bw_window(1u << 30), 1);
   double m[] = {5, 1, 4, 2, 3};
   T_ASSERT(mlxd_bench_median(m, 5) == 3.0);
   double m2[] = {4, 1, 3, 2};

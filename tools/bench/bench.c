@@ -80,6 +80,35 @@ static int mlxd_bench_one(const mlxd_bench_ctx* c, mlxd_bench_op op, mlx_array x
   return mlx_array_eval(*res) ? -1 : 0;
 }
 
+/* One window of sendrecv_bw (as osu_bw): rank 0 queues nwin sends of x to
+ * rank 1 back to back (each op is queued on the stream when it is called;
+ * nothing waits until all are queued), waits for them, then receives rank
+ * 1's one-element ack into *res; rank 1 queues nwin receives into win[],
+ * waits for them, keeps the last in *res and sends the ack. Other ranks do
+ * nothing. */
+static int mlxd_bench_bw(const mlxd_bench_ctx* c, mlx_array x, mlx_array ack, mlx_array* win,
+                         int nwin, mlx_array* res) {
+  if (c->rank == 0) {
+    for (int i = 0; i < nwin; i++)
+      if (mlx_distributed_send(&win[i], x, 1, c->g, c->s)) return -1;
+    for (int i = 0; i < nwin; i++)
+      if (mlx_array_eval(win[i])) return -1;
+    if (mlx_distributed_recv_like(res, ack, 1, c->g, c->s) || mlx_array_eval(*res)) return -1;
+  } else if (c->rank == 1) {
+    for (int i = 0; i < nwin; i++)
+      if (mlx_distributed_recv_like(&win[i], x, 0, c->g, c->s)) return -1;
+    for (int i = 0; i < nwin; i++)
+      if (mlx_array_eval(win[i])) return -1;
+    if (mlx_array_set(res, win[nwin - 1])) return -1;
+    mlx_array sent = mlx_array_new();
+    int rc = mlx_distributed_send(&sent, ack, 0, c->g, c->s);
+    if (rc == 0) rc = mlx_array_eval(sent);
+    mlx_array_free(sent);
+    if (rc) return -1;
+  }
+  return 0;
+}
+
 /* The element-wise maximum over the ranks of v[0..n), through the library. */
 static int mlxd_bench_all_max(const mlxd_bench_ctx* c, double* v, int n) {
   mlx_array la = mlx_array_new_data(v, &n, 1, MLX_FLOAT64), ga = mlx_array_new();
@@ -102,10 +131,15 @@ typedef struct mlxd_bench_row {
   const mlxd_bench_ctx* c;
   mlxd_bench_op op;
   mlx_array x, res, tmp;
+  mlx_array ack;  /* sendrecv_bw: the one-element ack */
+  mlx_array* win; /* sendrecv_bw: the window's sends (rank 0) or receives (rank 1) */
+  int nwin;
 } mlxd_bench_row;
 
 static int mlxd_row_op(void* p) {
   mlxd_bench_row* r = p;
+  if (r->op == MLXD_OP_SENDRECV_BW)
+    return mlxd_bench_bw(r->c, r->x, r->ack, r->win, r->nwin, &r->res);
   return mlxd_bench_one(r->c, r->op, r->x, &r->res, &r->tmp);
 }
 
@@ -113,20 +147,39 @@ static int mlxd_row_all_max(void* p, double* v, int n) {
   return mlxd_bench_all_max(((mlxd_bench_row*)p)->c, v, n);
 }
 
-static void mlxd_row_init(mlxd_bench_row* r, const mlxd_bench_ctx* c, mlxd_bench_op op,
-                          const mlxd_bench_shape* sh, const void* host, mlx_dtype mdt) {
-  int shape = (int)sh->in_count;
+/* 0, or -1 when the window's handles cannot be allocated (said on stderr). */
+static int mlxd_row_init(mlxd_bench_row* r, const mlxd_bench_ctx* c, mlxd_bench_op op,
+                         const mlxd_bench_shape* sh, const void* host, mlx_dtype mdt) {
+  int shape = (int)sh->in_count, one = 1;
   r->c = c;
   r->op = op;
   r->x = mlx_array_new_data(host, &shape, 1, mdt);
   r->res = mlx_array_new();
   r->tmp = mlx_array_new();
+  r->ack = mlx_array_new_data(host, &one, 1, mdt);
+  r->win = NULL;
+  r->nwin = 0;
+  if (op == MLXD_OP_SENDRECV_BW) {
+    r->nwin = mlxd_bench_bw_window(sh->row_bytes);
+    r->win = malloc((size_t)r->nwin * sizeof *r->win);
+    if (!r->win) {
+      fprintf(stderr, "[bench] rank %d: cannot allocate a window of %d arrays.\n", c->rank,
+              r->nwin);
+      r->nwin = 0;
+      return -1;
+    }
+    for (int i = 0; i < r->nwin; i++) r->win[i] = mlx_array_new();
+  }
+  return 0;
 }
 
 static void mlxd_row_free(mlxd_bench_row* r) {
   mlx_array_free(r->x);
   mlx_array_free(r->res);
   mlx_array_free(r->tmp);
+  mlx_array_free(r->ack);
+  for (int i = 0; i < r->nwin; i++) mlx_array_free(r->win[i]);
+  free(r->win);
 }
 
 /* The untimed pass before any timing: every selected op at every size once,
@@ -136,14 +189,15 @@ static void mlxd_row_free(mlxd_bench_row* r) {
 static int mlxd_bench_warm_all(const mlxd_bench_ctx* c, const mlxd_bench_opts* o, const void* host,
                                mlx_dtype mdt) {
   for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
-    if (!o->ops[opi] || (opi == MLXD_OP_SENDRECV && c->n < 2)) continue;
+    if (!o->ops[opi] || ((opi == MLXD_OP_SENDRECV || opi == MLXD_OP_SENDRECV_BW) && c->n < 2))
+      continue;
     for (size_t bytes = o->min_bytes; bytes && bytes <= o->max_bytes;
          bytes = mlxd_bench_next_size(o, bytes)) {
       mlxd_bench_shape sh;
       if (!mlxd_bench_shape_for((mlxd_bench_op)opi, bytes, o->dtype->size, c->n, &sh)) continue;
       mlxd_bench_row row;
-      mlxd_row_init(&row, c, (mlxd_bench_op)opi, &sh, host, mdt);
-      int rc = mlxd_row_op(&row);
+      int rc = mlxd_row_init(&row, c, (mlxd_bench_op)opi, &sh, host, mdt);
+      if (rc == 0) rc = mlxd_row_op(&row);
       mlxd_row_free(&row);
       if (rc != 0) {
         fprintf(stderr, "[bench] rank %d: %s of %zu bytes failed in the warm-up pass.\n", c->rank,
@@ -196,8 +250,10 @@ int main(int argc, char** argv) {
   for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
     if (!o.ops[opi]) continue;
     mlxd_bench_op op = (mlxd_bench_op)opi;
-    if (op == MLXD_OP_SENDRECV && c.n < 2) {
-      if (c.rank == 0 && !o.csv) printf("#\n# op: sendrecv needs at least 2 ranks; skipped\n");
+    bool p2p = op == MLXD_OP_SENDRECV || op == MLXD_OP_SENDRECV_BW;
+    if (p2p && c.n < 2) {
+      if (c.rank == 0 && !o.csv)
+        printf("#\n# op: %s needs at least 2 ranks; skipped\n", mlxd_bench_op_name(op));
       continue;
     }
     if (c.rank == 0) mlxd_bench_print_header(&o, op);
@@ -207,7 +263,7 @@ int main(int argc, char** argv) {
       if (!mlxd_bench_shape_for(op, bytes, elt, c.n, &sh)) continue;
       if (o.check) mlxd_bench_fill(o.dtype, host, sh.in_count, c.rank);
       mlxd_bench_row row;
-      mlxd_row_init(&row, &c, op, &sh, host, mdt);
+      if (mlxd_row_init(&row, &c, op, &sh, host, mdt) != 0) return 1;
       mlxd_bench_hooks hooks = {&row, mlxd_row_op, mlxd_row_all_max};
       mlxd_bench_result r;
       if (mlxd_bench_measure(&o, &hooks, &r) != 0) {
@@ -215,13 +271,15 @@ int main(int argc, char** argv) {
                 mlxd_bench_op_name(op), sh.row_bytes);
         return 1;
       }
-      if (op == MLXD_OP_SENDRECV) {
-        r.time_s *= 0.5;
-        r.min_s *= 0.5;
-        r.max_s *= 0.5;
-      }
+      /* per message: half a round trip, or a window's time over its messages */
+      double per = op == MLXD_OP_SENDRECV ? 0.5 : op == MLXD_OP_SENDRECV_BW ? 1.0 / row.nwin : 1.0;
+      r.time_s *= per;
+      r.min_s *= per;
+      r.max_s *= per;
+      if (op == MLXD_OP_SENDRECV_BW) r.cpu_s *= per; /* sendrecv: per round trip, as before */
       double fail = 0.0;
-      if (o.check && (op != MLXD_OP_SENDRECV || c.rank < 2)) {
+      /* sendrecv: ranks 0 and 1 hold the message; sendrecv_bw: rank 1 (rank 0 the ack) */
+      if (o.check && (!p2p || c.rank == 1 || (op == MLXD_OP_SENDRECV && c.rank == 0))) {
         const void* data = mlxd_bench_bytes(row.res);
         size_t want = mlx_array_size(row.res);
         if (!data || want != sh.out_count ||

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char* const mlxd_op_names[MLXD_OP_COUNT] = {"all_sum", "all_max", "all_gather",
-                                                         "sum_scatter", "sendrecv"};
+static const char* const mlxd_op_names[MLXD_OP_COUNT] = {"all_sum",     "all_max",  "all_gather",
+                                                         "sum_scatter", "sendrecv", "sendrecv_bw"};
 
 static const mlxd_bench_dtype mlxd_dtypes[] = {
     {"bool", 1, MLXD_K_BOOL},     {"uint8", 1, MLXD_K_UINT},    {"uint16", 2, MLXD_K_UINT},
@@ -17,6 +17,12 @@ static const mlxd_bench_dtype mlxd_dtypes[] = {
     {"float16", 2, MLXD_K_F16},   {"float32", 4, MLXD_K_FLOAT}, {"float64", 8, MLXD_K_FLOAT},
     {"bfloat16", 2, MLXD_K_BF16},
 };
+
+int mlxd_bench_bw_window(size_t bytes) {
+  size_t w = bytes > 0 ? MLXD_BENCH_BW_WINDOW_BYTES / bytes : MLXD_BENCH_BW_WINDOW;
+  if (w > MLXD_BENCH_BW_WINDOW) w = MLXD_BENCH_BW_WINDOW;
+  return w < 1 ? 1 : (int)w;
+}
 
 const char* mlxd_bench_op_name(mlxd_bench_op op) {
   return (op >= 0 && op < MLXD_OP_COUNT) ? mlxd_op_names[op] : "?";
@@ -54,7 +60,7 @@ static void mlxd_bench_usage(FILE* f, const char* prog) {
           "Usage: %s [options]   (run one process per rank, e.g. under mlxdist-launch)\n"
           "\n"
           "  --op OP            all_sum (default), all_max, all_gather, sum_scatter, sendrecv,\n"
-          "                     all, or a comma-separated list\n"
+          "                     sendrecv_bw, all, or a comma-separated list\n"
           "  -b, --min-bytes N  smallest size (default 4); K/M/G suffixes (powers of 1024)\n"
           "  -e, --max-bytes N  largest size (default 64M)\n"
           "  -f, --factor F     size multiplication factor (default 2)\n"
@@ -82,8 +88,11 @@ static void mlxd_bench_usage(FILE* f, const char* prog) {
           "Columns: size in bytes (all_gather: the gathered output; sum_scatter: the input),\n"
           "count in elements of that buffer, time in microseconds per op: the median over the\n"
           "batches of (batch wall time / iterations), each batch the slowest rank's (sendrecv:\n"
-          "half the round trip between ranks 0 and 1), algbw = size/time, busbw = algbw times\n"
-          "2(n-1)/n (all_sum, all_max), (n-1)/n (all_gather, sum_scatter) or 1 (sendrecv),\n"
+          "half the round trip of a ping-pong between ranks 0 and 1, as osu_latency;\n"
+          "sendrecv_bw: a window of 64 sends from rank 0 to 1 then a one-element ack, as\n"
+          "osu_bw, per message; fewer than 64 where the window would pass 64 MiB),\n"
+          "algbw = size/time, busbw = algbw times 2(n-1)/n (all_sum, all_max),\n"
+          "(n-1)/n (all_gather, sum_scatter) or 1 (sendrecv, sendrecv_bw),\n"
           "cpu = process CPU microseconds per op on rank 0, check (ok, FAIL, or - without\n"
           "--check), iters per batch, batches, and the fastest and slowest batch (us per op).\n"
           "Only rank 0 prints.\n"
@@ -190,7 +199,7 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
         if (!found) {
           fprintf(stderr,
                   "[bench] --op '%s' is not an op; expected all_sum, all_max, all_gather, "
-                  "sum_scatter, sendrecv or all.\n",
+                  "sum_scatter, sendrecv, sendrecv_bw or all.\n",
                   tok);
           return 2;
         }

@@ -12,7 +12,8 @@ typedef enum mlxd_bench_op {
   MLXD_OP_ALL_MAX,
   MLXD_OP_ALL_GATHER,
   MLXD_OP_SUM_SCATTER,
-  MLXD_OP_SENDRECV,
+  MLXD_OP_SENDRECV,    /* latency: ping-pong between ranks 0 and 1, half the round trip */
+  MLXD_OP_SENDRECV_BW, /* bandwidth: a window of sends from rank 0 to 1, then one ack */
   MLXD_OP_COUNT
 } mlxd_bench_op;
 
@@ -54,6 +55,16 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
 /* The size after bytes in the sweep: bytes * factor, at least bytes + 1 (0 when
  * that would overflow, which ends the sweep like a size above max_bytes). */
 size_t mlxd_bench_next_size(const mlxd_bench_opts* o, size_t bytes);
+
+/* sendrecv_bw (as OSU's osu_bw): rank 0 sends a window of messages of one
+ * size back to back, rank 1 receives them all and answers with a one-element
+ * ack; the row's time is the window's time over its messages. The window is
+ * MLXD_BENCH_BW_WINDOW messages, fewer where they would hold more than
+ * MLXD_BENCH_BW_WINDOW_BYTES together (each receive of a window is its own
+ * result array in mlxdist), at least one. */
+#define MLXD_BENCH_BW_WINDOW 64
+#define MLXD_BENCH_BW_WINDOW_BYTES ((size_t)64 << 20)
+int mlxd_bench_bw_window(size_t bytes);
 
 /* "64M" -> 67108864; K/M/G are powers of 1024. false if not a size. */
 bool mlxd_bench_parse_size(const char* s, size_t* out);
@@ -143,7 +154,8 @@ double mlxd_bench_median(double* v, int n);
 /* Output. impl names the implementation ("mlxdist ring", "MPI"). */
 void mlxd_bench_print_title(const mlxd_bench_opts* o, const char* impl, int n);
 void mlxd_bench_print_header(const mlxd_bench_opts* o, mlxd_bench_op op);
-/* r: the row's figures (times per op; sendrecv: already halved); check:
+/* r: the row's figures (times per op; sendrecv: already halved;
+ * sendrecv_bw: already divided by the window); check:
  * "ok", "FAIL" or "-". */
 void mlxd_bench_print_row(const mlxd_bench_opts* o, mlxd_bench_op op, int n,
                           const mlxd_bench_shape* s, const mlxd_bench_result* r, const char* check);

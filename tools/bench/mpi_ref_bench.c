@@ -42,6 +42,20 @@ static int mlxd_ref_one(mlxd_bench_op op, const void* in, void* out, const mlxd_
         return rc ? rc : MPI_Send(out, cnt, t, 0, 8, MPI_COMM_WORLD);
       }
       return MPI_SUCCESS;
+    case MLXD_OP_SENDRECV_BW: {
+      /* as osu_bw: a window of nonblocking sends into one receive buffer,
+       * then a one-element ack from rank 1 (mlxdist-bench: the same window) */
+      int nwin = mlxd_bench_bw_window(sh->row_bytes), rc = MPI_SUCCESS;
+      MPI_Request req[MLXD_BENCH_BW_WINDOW];
+      if (rank > 1) return MPI_SUCCESS;
+      for (int i = 0; i < nwin && rc == MPI_SUCCESS; i++)
+        rc = rank == 0 ? MPI_Isend(in, cnt, t, 1, 9, MPI_COMM_WORLD, &req[i])
+                       : MPI_Irecv(out, cnt, t, 0, 9, MPI_COMM_WORLD, &req[i]);
+      if (rc == MPI_SUCCESS) rc = MPI_Waitall(nwin, req, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) return rc;
+      if (rank == 0) return MPI_Recv(out, 1, t, 1, 10, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      return MPI_Send(in, 1, t, 0, 10, MPI_COMM_WORLD);
+    }
     default: return MPI_ERR_OTHER;
   }
 }
@@ -74,7 +88,8 @@ static int mlxd_ref_all_max(void* p, double* v, int n) {
 static void mlxd_ref_warm_all(const mlxd_bench_opts* o, const void* in, void* out, MPI_Datatype t,
                               int rank, int n) {
   for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
-    if (!o->ops[opi] || (opi == MLXD_OP_SENDRECV && n < 2)) continue;
+    if (!o->ops[opi] || ((opi == MLXD_OP_SENDRECV || opi == MLXD_OP_SENDRECV_BW) && n < 2))
+      continue;
     for (size_t bytes = o->min_bytes; bytes && bytes <= o->max_bytes;
          bytes = mlxd_bench_next_size(o, bytes)) {
       mlxd_bench_shape sh;
@@ -129,8 +144,10 @@ int main(int argc, char** argv) {
   for (int opi = 0; opi < MLXD_OP_COUNT; opi++) {
     if (!o.ops[opi]) continue;
     mlxd_bench_op op = (mlxd_bench_op)opi;
-    if (op == MLXD_OP_SENDRECV && n < 2) {
-      if (rank == 0 && !o.csv) printf("#\n# op: sendrecv needs at least 2 ranks; skipped\n");
+    bool p2p = op == MLXD_OP_SENDRECV || op == MLXD_OP_SENDRECV_BW;
+    if (p2p && n < 2) {
+      if (rank == 0 && !o.csv)
+        printf("#\n# op: %s needs at least 2 ranks; skipped\n", mlxd_bench_op_name(op));
       continue;
     }
     if (rank == 0) mlxd_bench_print_header(&o, op);
@@ -150,13 +167,16 @@ int main(int argc, char** argv) {
         fprintf(stderr, "[bench] rank %d: MPI %s failed.\n", rank, mlxd_bench_op_name(op));
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
-      if (op == MLXD_OP_SENDRECV) {
-        r.time_s *= 0.5;
-        r.min_s *= 0.5;
-        r.max_s *= 0.5;
-      }
+      /* per message, as mlxdist-bench */
+      double per = op == MLXD_OP_SENDRECV      ? 0.5
+                   : op == MLXD_OP_SENDRECV_BW ? 1.0 / mlxd_bench_bw_window(sh.row_bytes)
+                                               : 1.0;
+      r.time_s *= per;
+      r.min_s *= per;
+      r.max_s *= per;
+      if (op == MLXD_OP_SENDRECV_BW) r.cpu_s *= per;
       double fail = 0.0;
-      if (o.check && (op != MLXD_OP_SENDRECV || rank < 2) &&
+      if (o.check && (!p2p || rank == 1 || (op == MLXD_OP_SENDRECV && rank == 0)) &&
           mlxd_bench_verify(o.dtype, op, out, sh.out_count, rank, n, 0) != 0)
         fail = 1.0;
       if (o.check) mlxd_ref_all_max(NULL, &fail, 1);
