@@ -144,7 +144,8 @@ _sl_start_munge() {
   chmod 400 "$d/munge/munge.key" # munged refuses a key that others (or the group) can read
   _sl_daemon "$MH_CLIENT_NS" "$SL_CTL_NAME" "$d/munged.log" munged -F --force \
     --socket="$d/munge/munge.socket.2" --key-file="$d/munge/munge.key" \
-    --pid-file="$d/munge/munged.pid" --seed-file="$d/munge/munged.seed" --log-file="$d/munge/munged.log"
+    --pid-file="$d/munge/munged.pid" --seed-file="$d/munge/munged.seed" --log-file="$d/munge/munged.log" \
+    --origin="$MH_SUBNET.1"
   t0=$(mh_now_ms)
   until munge -n -S "$d/munge/munge.socket.2" </dev/null 2>/dev/null | unmunge -S "$d/munge/munge.socket.2" >/dev/null 2>&1; do
     [ $(($(mh_now_ms) - t0)) -lt 10000 ] ||

@@ -38,6 +38,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 for f in "$collectives" "$netns_rank" ${probe:+"$probe"}; do
   [ -x "$f" ] || mh_fail "'$f' is not an executable file"
 done
+# the tasks (and the batch script) run in other directories: absolute paths
+collectives=$(realpath "$collectives")
+netns_rank=$(realpath "$netns_rank")
+[ -z "$probe" ] || probe=$(realpath "$probe")
 
 nh=3 # nodes
 k=2  # tasks per node
