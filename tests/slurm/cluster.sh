@@ -49,6 +49,7 @@ SL_CONF=""
 SL_BOOT_MS=0
 SL_CTL_NAME=slctl
 SL_PLUGIN_DIR=""
+SL_DAEMONS=() # "pid what on host (log)" per daemon
 
 sl_node_name() { echo "sl$1"; }
 
@@ -65,6 +66,20 @@ _sl_daemon() {
   setsid nsenter --net="/run/netns/$ns" unshare --uts /bin/sh -c 'hostname "$1" && shift && exec "$@"' \
     sh "$name" "$@" </dev/null >"$log" 2>&1 &
   MH_BG_PIDS+=("$!")
+  SL_DAEMONS+=("$! $1 on $name ($log)")
+}
+
+# Fail (naming it, with the end of its log) if a daemon started by _sl_daemon has exited.
+_sl_check_daemons() {
+  local d pid what log
+  for d in "${SL_DAEMONS[@]}"; do
+    pid=${d%% *}
+    kill -0 "$pid" 2>/dev/null && continue
+    what=${d#* }
+    log=${what##*(}
+    log=${log%)}
+    mh_fail "${what%% (*} exited during the boot; the end of its log: $(tail -n 8 "$log" 2>/dev/null)"
+  done
 }
 
 # Which of the needed programs and files are missing: one Debian package name per line.
@@ -125,6 +140,7 @@ InactiveLimit=0
 MinJobAge=30
 SlurmctldDebug=info
 SlurmdDebug=info
+MailProg=/bin/true
 EOF
     for ((i = 0; i < MH_N; i++)); do
       echo "NodeName=$(sl_node_name "$i") NodeAddr=$(mh_ip "$i") CPUs=8 Boards=1 SocketsPerBoard=1 CoresPerSocket=8 ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN"
@@ -132,6 +148,13 @@ EOF
     echo "PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } >"$d/slurm.conf"
   SL_CONF=$d/slurm.conf
+  # slurmd 22.05 sets up cgroups whatever the proctrack/task plugins are. Under cgroup v2 it
+  # asks systemd (over D-Bus) for a scope for its steps; a machine without D-Bus (a minimal
+  # VM) would stop it there: make that directory by hand instead.
+  cat >"$d/cgroup.conf" <<EOF
+CgroupPlugin=autodetect
+IgnoreSystemdOnFailure=yes
+EOF
   mkdir -p "$d/ctld"
   for ((i = 0; i < MH_N; i++)); do mkdir -p "$d/spool/$(sl_node_name "$i")" "$d/tmp/$(sl_node_name "$i")"; done
 }
@@ -179,6 +202,7 @@ sl_boot() {
   while :; do
     states=$(sl_run sinfo -h -N -o '%N %t' 2>/dev/null | sort)
     [ "$states" = "$want" ] && break
+    _sl_check_daemons
     [ $(($(mh_now_ms) - t0)) -lt 60000 ] || mh_fail "the nodes are not all idle 60 s after the start: sinfo says: $(echo "$states" | tr '\n' ';')"
     sleep 0.1
   done
