@@ -18,6 +18,8 @@
 #                names task 2, no task left on any node, all within bounds
 #   sbatch       a job script (no mlxdist-launch: srun inside) submitted with sbatch: its
 #                output file has the hostname step and 6 "passed" lines, the job's exit code 0
+#   nopmix       the collectives under srun without --mpi=pmix: every task's init fails at once
+#                with the error that says it runs under Slurm without PMIx and to add --mpi=pmix
 #
 # CASE...: run only these (default: all, in the order above). Prints "RESULT <what>: ..."
 # lines with the measured times (docs/slurm.md). Root only; exit 77 when not root or a
@@ -29,7 +31,7 @@ netns_rank=${2:?netns_rank}
 probe=${3:-}
 shift 3 2>/dev/null || shift $#
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(srun pmix conformance kill sbatch)
+[ ${#cases[@]} -gt 0 ] || cases=(srun pmix conformance kill sbatch nopmix)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=cluster.sh
@@ -248,10 +250,26 @@ EOF
   echo "RESULT sbatch: job $id ($nh nodes x $k tasks, srun inside) submitted to done in $took_ms ms, exit code 0:0"
 }
 
+case_nopmix() {
+  local r
+  # the same kind of step without --mpi=pmix (MpiDefault=none): the tasks are in a Slurm job
+  # but nothing can tell them their peers; init must fail at once and say what to add
+  start_srun nopmix.log -N $nh --ntasks-per-node 1 -l --time=2 "$netns_rank" collectives $nh
+  wait_srun 60 nopmix.log
+  sed 's/^/  /' "$MH_DIR/nopmix.log"
+  [ "$src" != 0 ] || mh_fail "a step without --mpi=pmix succeeded"
+  for ((r = 0; r < nh; r++)); do
+    grep -E "^ *$r: .*srun --mpi=pmix" "$MH_DIR/nopmix.log" | grep -q "Slurm" ||
+      mh_fail "task $r's error does not say that it runs under Slurm without PMIx and to add --mpi=pmix"
+  done
+  [ "$took_ms" -lt 30000 ] || mh_fail "the step without PMIx took $took_ms ms to fail (expected at once)"
+  echo "RESULT srun without --mpi=pmix: every task's init failed with the message to add it, srun exit $src after $took_ms ms"
+}
+
 # ---- run ----
 
 for c in "${cases[@]}"; do
-  declare -F "case_$c" >/dev/null || mh_fail "unknown case '$c' (srun pmix conformance kill sbatch)"
+  declare -F "case_$c" >/dev/null || mh_fail "unknown case '$c' (srun pmix conformance kill sbatch nopmix)"
 done
 sl_boot $nh
 echo "RESULT cluster boot (namespaces, munged, slurmctld, $nh slurmd, every node idle): $SL_BOOT_MS ms"
