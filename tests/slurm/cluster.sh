@@ -20,8 +20,11 @@
 # the foreground (-D, -F) under setsid (its own session: a signal to the driver's process
 # group does not reach it) inside its namespace, entered with `nsenter --net` (not
 # `ip netns exec`, which remounts /sys: slurmd 22.05 then finds no cgroup tree) and with its
-# own hostname (`unshare --uts`). Clients (srun, sbatch, squeue, ...) run in the
-# controller's namespace with SLURM_CONF set (sl_run).
+# own hostname (`unshare --uts`) and its own mount namespace (`unshare --mount`), where a
+# per-run hosts file is bound over /etc/hosts: every host's name resolves to its address
+# there, as on a real cluster (the ring's PMIx bootstrap listens on the address of the host
+# name; it falls back to 127.0.0.1 where that does not resolve). Clients (srun, sbatch,
+# squeue, ...) run in the controller's namespace with SLURM_CONF set (sl_run).
 #
 # Cleanup: hosts.sh's mh_cleanup (the EXIT trap) kills every process in every namespace
 # made here (munged, slurmctld, the slurmds and whatever they started) and removes the
@@ -63,8 +66,9 @@ sl_run() {
 _sl_daemon() {
   local ns=$1 name=$2 log=$3
   shift 3
-  setsid nsenter --net="/run/netns/$ns" unshare --uts /bin/sh -c 'hostname "$1" && shift && exec "$@"' \
-    sh "$name" "$@" </dev/null >"$log" 2>&1 &
+  setsid nsenter --net="/run/netns/$ns" unshare --uts --mount /bin/sh -c \
+    'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' \
+    sh "$name" "$MH_DIR/hosts" "$@" </dev/null >"$log" 2>&1 &
   MH_BG_PIDS+=("$!")
   SL_DAEMONS+=("$! $1 on $name ($log)")
 }
@@ -148,6 +152,14 @@ EOF
     echo "PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP"
   } >"$d/slurm.conf"
   SL_CONF=$d/slurm.conf
+  # every host's name resolves on every host (as DNS or /etc/hosts does on a real cluster):
+  # bound over /etc/hosts in each daemon's own mount namespace, so the tasks see it too
+  {
+    echo "127.0.0.1 localhost"
+    echo "$MH_SUBNET.1 $SL_CTL_NAME"
+    for ((i = 0; i < MH_N; i++)); do echo "$(mh_ip "$i") $(sl_node_name "$i")"; done
+  } >"$d/hosts"
+  chmod 644 "$d/hosts"
   # slurmd 22.05 sets up cgroups whatever the proctrack/task plugins are. Under cgroup v2 it
   # asks systemd (over D-Bus) for a scope for its steps; a machine without D-Bus (a minimal
   # VM) would stop it there: make that directory by hand instead.

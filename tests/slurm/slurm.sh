@@ -51,13 +51,15 @@ n=$((nh * k))
 
 # ---- helpers ----
 
-# Start `srun ARGS...` in the controller's namespace, in the background, output (stdout and
+# Start `srun -Q ARGS...` in the controller's namespace, in the background, output (stdout and
 # stderr) to $MH_DIR/$LOG. Sets spid and t_start.
 start_srun() {
   local log=$1
   shift
   t_start=$(mh_now_ms)
-  sl_run srun "$@" >"$MH_DIR/$log" 2>&1 &
+  # -Q: no "job queued and waiting for resources" lines among the tasks' output (a job that
+  # ends gives its nodes back a moment later), errors still shown
+  sl_run srun -Q "$@" >"$MH_DIR/$log" 2>&1 &
   spid=$!
   MH_BG_PIDS+=("$spid")
 }
