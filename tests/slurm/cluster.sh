@@ -99,7 +99,8 @@ _sl_missing() {
   command -v munged >/dev/null 2>&1 || echo munge
   command -v nsenter >/dev/null 2>&1 && command -v setsid >/dev/null 2>&1 || echo util-linux
   [ -n "$SL_PLUGIN_DIR" ] && [ -e "$SL_PLUGIN_DIR/mpi_pmix.so" ] || echo slurm-wlm-basic-plugins
-  ldconfig -p 2>/dev/null | grep -q 'libpmix\.so ' || echo libpmix-dev
+  compgen -G '/usr/lib/*/libpmix.so' >/dev/null || compgen -G '/usr/lib*/libpmix.so' >/dev/null ||
+    echo libpmix-dev
 }
 
 _sl_write_conf() {
