@@ -41,6 +41,7 @@
 #   SL_BOOT_MS             how long sl_boot took (namespaces to every node idle)
 #   SL_CONF                the slurm.conf path;  MH_DIR: the temp dir (free for the test's files)
 
+# shellcheck disable=SC2034 # read by hosts.sh
 MH_PREFIX=mlxdsl
 MH_SUBNET=10.202.0
 MH_TAG=${MH_TAG:-slurm}
