@@ -12,7 +12,7 @@ fi
 mpirun=$1 flags=$(printf %s "$2" | tr ";" " ") check=$3
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-base=$((20000 + $$ % 20000))
+base=$((20000 + $$ % 12000)) # below the ephemeral range (32768-)
 printf '[["127.0.0.1:%d"], ["127.0.0.1:%d"]]\n' "$base" $((base + 1)) > "$dir/hosts.json"
 # shellcheck disable=SC2086
 MLX_HOSTFILE=$dir/hosts.json MLX_RING_VERBOSE=1 \

@@ -97,14 +97,10 @@ typedef mlxd_pmix_status (*mlxd_pmix_commit_fn)(void);
 typedef mlxd_pmix_status (*mlxd_pmix_fence_nb_fn)(const mlxd_pmix_proc procs[], size_t nprocs,
                                                   const mlxd_pmix_info info[], size_t ninfo,
                                                   mlxd_pmix_op_cbfunc cbfunc, void* cbdata);
-typedef mlxd_pmix_status (*mlxd_pmix_get_fn)(const mlxd_pmix_proc* proc, const char key[],
-                                             const mlxd_pmix_info info[], size_t ninfo,
-                                             mlxd_pmix_value** val);
 typedef mlxd_pmix_status (*mlxd_pmix_get_nb_fn)(const mlxd_pmix_proc* proc, const char key[],
                                                 const mlxd_pmix_info info[], size_t ninfo,
                                                 mlxd_pmix_value_cbfunc cbfunc, void* cbdata);
 typedef const char* (*mlxd_pmix_error_string_fn)(mlxd_pmix_status status);
 typedef const char* (*mlxd_pmix_get_version_fn)(void);
-typedef void (*mlxd_pmix_value_destruct_fn)(mlxd_pmix_value* val); /* PMIx >= 4.1; may be NULL */
 
 #endif

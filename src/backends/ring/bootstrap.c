@@ -200,10 +200,11 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
                         "MLX_RANK=%ld is outside [0, MLX_WORLD_SIZE=%ld)", rank, size);
   bs->rank = (int)rank;
   bs->size = (int)size;
-  return mlxd_ring_create_bootstrap_ranked(bs, "the caller's all-gather", out, st);
+  return mlxd_ring_create_bootstrap_ranked(bs, "the caller's all-gather", NULL, out, st);
 }
 
-int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via, mlxd_backend** out,
+int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
+                                      const mlxd_ring_addr* listen_on, mlxd_backend** out,
                                       mlxd_status* st) {
   const long size = bs->size, rank = bs->rank;
   long K = mlxd_tunable_long(MLXD_T_RING_CONNECTIONS);
@@ -213,7 +214,10 @@ int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via, mlxd_
   int mode;
   if (mlxd_ring_transport_mode(&mode, st)) return st->code;
   mlxd_ring_addr host;
-  if (mlxd_ring_default_addr(&host, st)) return st->code;
+  if (listen_on)
+    host = *listen_on;
+  else if (mlxd_ring_default_addr(&host, st))
+    return st->code;
   mlxd_ring_auth auth;
   if (mlxd_ring_auth_load(&auth, st)) return st->code; /* a bad secret file: before anyone waits */
   unsigned char nonce[MLXD_RING_REC_NONCE_BYTES];

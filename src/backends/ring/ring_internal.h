@@ -122,8 +122,10 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st);
 /* Create with a caller's all-gather (rank and size from MLX_RANK, MLX_WORLD_SIZE). */
 int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st);
 /* The same with bs->rank and bs->size already set (0 <= rank < size <= 2^20) by
- * whoever provides the all-gather; via names it in MLX_RING_VERBOSE's lines. */
-int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via, mlxd_backend** out,
+ * whoever provides the all-gather; via names it in MLX_RING_VERBOSE's lines;
+ * listen_on: the address to listen on (port ignored), NULL: mlxd_ring_default_addr. */
+int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
+                                      const mlxd_ring_addr* listen_on, mlxd_backend** out,
                                       mlxd_status* st);
 
 /* select.c: MLXDIST_TRANSPORT and the transport a group uses (docs/ring.md). */
