@@ -13,10 +13,10 @@ pkgs=(build-essential cmake pkg-config clang clang-format libcjson-dev libssl-de
       # package's own initramfs, which the VM does not use).
       qemu-system-x86 linux-image-amd64 busybox-static kmod ibverbs-providers ibverbs-utils cpio perftest
       # tests/slurm (a Slurm cluster in network namespaces, docs/slurm.md): the daemons, the
-      # clients (srun, sbatch), munge for their authentication, and libpmix-dev: Slurm's pmix
-      # plugin loads the unversioned libpmix.so that only the -dev package ships (and
-      # tests/slurm/pmix_probe.c builds against its pmix.pc)
-      slurmctld slurmd slurm-client munge libpmix-dev)
+      # clients (srun, sbatch), munge for their authentication (libpmix-dev, above, is needed
+      # here too: Slurm's pmix plugin loads the unversioned libpmix.so that only the -dev
+      # package ships, and tests/slurm/pmix_probe.c builds against its pmix.pc)
+      slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -18,6 +18,9 @@
 #                names task 2, no task left on any node, all within bounds
 #   sbatch       a job script (no mlxdist-launch: srun inside) submitted with sbatch: its
 #                output file has the hostname step and 6 "passed" lines, the job's exit code 0
+#   noresolve    netns_rank collectives under srun --mpi=pmix in tasks where no host name
+#                resolves (empty /etc/hosts and resolv.conf in their own mount namespace): every
+#                rank listens on its node's interface address, not loopback; all pass
 #   nopmix       the collectives under srun without --mpi=pmix: every task's init fails at once
 #                with the error that says it runs under Slurm without PMIx and to add --mpi=pmix
 #
@@ -31,7 +34,7 @@ netns_rank=${2:?netns_rank}
 probe=${3:-}
 shift 3 2>/dev/null || shift $#
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(srun pmix conformance kill sbatch nopmix)
+[ ${#cases[@]} -gt 0 ] || cases=(srun pmix conformance kill sbatch noresolve nopmix)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=cluster.sh
@@ -252,6 +255,34 @@ EOF
   echo "RESULT sbatch: job $id ($nh nodes x $k tasks, srun inside) submitted to done in $took_ms ms, exit code 0:0"
 }
 
+case_noresolve() {
+  local r line
+  # the nodes' names do not resolve (a task's own mount namespace with empty /etc/hosts and
+  # /etc/resolv.conf): the host-name address is loopback only, and the ranks of a job that
+  # spans nodes must listen on an interface's address instead (docs/pmix.md)
+  : >"$MH_DIR/empty"
+  start_srun noresolve.log -N $nh --ntasks-per-node $k --mpi=pmix -l --time=3 \
+    --export=ALL,MLX_RING_VERBOSE=1 unshare --mount /bin/sh -c \
+    'mount --bind "$1" /etc/hosts && mount --bind "$1" /etc/resolv.conf || exit 9
+     if getent hosts "$(hostname)" >/dev/null; then echo "name resolves"; else echo "name does not resolve"; fi
+     exec "$2" collectives "$3"' sh "$MH_DIR/empty" "$netns_rank" $n
+  wait_srun 120 noresolve.log
+  [ "$src" = 0 ] || mh_fail "collectives under srun with names that do not resolve: srun exit status $src"
+  [ "$(grep -cE "^ *[0-9]+: netns_rank collectives: rank [0-9] of $n passed$" "$MH_DIR/noresolve.log")" = $n ] ||
+    mh_fail "names that do not resolve: not every rank reported 'passed'"
+  check_transport_lines "$MH_DIR/noresolve.log"
+  for ((r = 0; r < n; r++)); do
+    grep -qE "^ *$r: name does not resolve$" "$MH_DIR/noresolve.log" || {
+      mh_say "noresolve: task $r's host name resolves all the same (nss); the fallback is not exercised there"
+      continue
+    }
+    line=$(grep -E "^ *$r: .*loopback only: listening on $MH_SUBNET\.$((r / k + 2)):[0-9]+ \(interface" "$MH_DIR/noresolve.log" | head -n1)
+    [ -n "$line" ] || mh_fail "task $r (name unresolved) does not say it listens on its node's address $(mh_ip $((r / k))) instead of loopback"
+  done
+  grep -E "^ *[0-9]+: .*loopback only: listening on" "$MH_DIR/noresolve.log" | sort -n | sed 's/^/  /'
+  echo "RESULT srun with host names that do not resolve: every rank listened on its node's interface address, collectives passed in $took_ms ms"
+}
+
 case_nopmix() {
   local r
   # the same kind of step without --mpi=pmix (MpiDefault=none): the tasks are in a Slurm job
@@ -271,7 +302,7 @@ case_nopmix() {
 # ---- run ----
 
 for c in "${cases[@]}"; do
-  declare -F "case_$c" >/dev/null || mh_fail "unknown case '$c' (srun pmix conformance kill sbatch nopmix)"
+  declare -F "case_$c" >/dev/null || mh_fail "unknown case '$c' (srun pmix conformance kill sbatch noresolve nopmix)"
 done
 sl_boot $nh
 echo "RESULT cluster boot (namespaces, munged, slurmctld, $nh slurmd, every node idle): $SL_BOOT_MS ms"
