@@ -160,6 +160,12 @@ typedef struct mlxd_backend_kind {
   bool diagnose_unavailable;
 } mlxd_backend_kind;
 
+/* During a built-in kind's create, on its thread: true when init("any") is
+ * trying kinds in order, false when the kind was asked for by name. A
+ * configuration that would take a launch away from a later kind (the ring
+ * over PMIx, which mpirun also gives the mpi backend) is used by name only. */
+bool mlxd_init_for_any(void);
+
 /* Built-in kinds (the registry, distributed/registry.c, lists every backend). */
 extern const mlxd_backend_kind mlxd_ring_kind; /* backends/ring/ring.c */
 /* The size-one backend (rank 0, size 1); NULL only when out of memory. */

@@ -73,6 +73,10 @@ struct mlxd_user_gather {
 
 /* The callback may only run on the thread that is inside init or split for it. */
 static _Thread_local mlxd_user_gather* t_gather;
+/* set while a kind's create runs for init("any") (backend.h, mlxd_init_for_any) */
+static _Thread_local bool t_for_any;
+
+bool mlxd_init_for_any(void) { return t_for_any; }
 static _Thread_local int t_in_init;
 
 static int user_gather_call(mlxd_bootstrap* bs, void* dst, const void* src, size_t n,
@@ -369,7 +373,9 @@ static mlxd_group* try_start(int idx, mlxd_user_gather* u, bool for_any, bool st
   mlxd_backend* b = NULL;
   mlxd_user_gather* saved = t_gather;
   t_gather = u;
+  t_for_any = for_any;
   int rc = kind->create(u ? &u->bs : NULL, &b, &st);
+  t_for_any = false;
   t_gather = saved;
   if (rc != 0 || !b) {
     if (b) b->ops->destroy(b);

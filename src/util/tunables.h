@@ -158,6 +158,13 @@ typedef struct mlxd_tunable_spec {
   X(PORT_RANGE, "MLXDIST_PORT_RANGE", "", MLXD_TK_WORD("A-B, ports 1 <= A <= B <= 65535"),        \
     "A-B: bootstrapped ranks listen on the first free ports from A to B instead of ephemeral "    \
     "ones (for firewalled sites); none free is an error naming the range.")                       \
+  X(PMIX, "MLXDIST_PMIX", "auto", MLXD_TK_CHOICE("auto|on|off"),                                  \
+    "Ring under a PMIx server (srun --mpi=pmix, mpirun) with no other configuration: auto takes " \
+    "rank, size and addresses from PMIx for init(\"ring\") (init(\"any\") leaves such a job to "  \
+    "the mpi backend); on: for init(\"any\") too; off: never. See docs/pmix.md.")                 \
+  X(PMIX_LIB, "MLXDIST_PMIX_LIB", "", MLXD_TK_FILE(),                                             \
+    "The libpmix to load at run time under a PMIx server (a file name for the dynamic loader or " \
+    "a path); empty: libpmix.so.2, then libpmix.so. mlxdist never links against it.")             \
   X(ALGO, "MLXDIST_ALGO", "auto", MLXD_TK_CHOICE("auto|flat|hier"),                               \
     "Ring backend, groups that span hosts: auto and hier run all_sum/max/min, all_gather and "    \
     "sum_scatter in two levels (inside each host, then across hosts) where the group spans >= 2 " \

@@ -44,7 +44,7 @@
 #   MH_DIR             the private temp dir (free for the test's own files)
 
 MH_PREFIX=${MH_PREFIX:-mlxdmh}
-MH_SUBNET=10.201.0
+MH_SUBNET=${MH_SUBNET:-10.201.0} # the first three octets of the /24 (tests/slurm uses another)
 MH_DIR=""
 MH_CLIENT_NS=""
 MH_SW_NS=""
@@ -54,13 +54,13 @@ MH_SSHD_PIDS=()
 MH_CREATED=()
 MH_BG_PIDS=()
 
-mh_say() { echo "multihost: $*"; }
+mh_say() { echo "${MH_TAG:-multihost}: $*"; }
 mh_skip() {
   mh_say "SKIPPED: $*"
   exit 77
 }
 mh_fail() {
-  echo "multihost: FAILED: $*" >&2
+  echo "${MH_TAG:-multihost}: FAILED: $*" >&2
   mh_dump_logs >&2
   exit 1
 }
@@ -239,15 +239,16 @@ Host *
 EOF
 }
 
-# mh_setup N: build the network and start the sshds. Installs mh_cleanup as the EXIT trap.
-mh_setup() {
-  local n=${1:?mh_setup N} i ns err t0 out
-  [ "$(id -u)" = 0 ] || mh_skip "needs root to create network namespaces and run sshd (running as uid $(id -u))"
+# mh_net_setup N: the network only (the switch, the client and N host namespaces, MH_DIR),
+# no sshd: for harnesses that start daemons of their own in the hosts (tests/slurm).
+# Installs mh_cleanup as the EXIT trap.
+mh_net_setup() {
+  local n=${1:?mh_net_setup N} i ns err
+  [ "$(id -u)" = 0 ] || mh_skip "needs root to create network namespaces (running as uid $(id -u))"
   local c
-  for c in ip nft ssh ssh-keygen unshare; do
+  for c in ip nft unshare; do
     command -v "$c" >/dev/null 2>&1 || mh_skip "the '$c' command is not installed"
   done
-  [ -x /usr/sbin/sshd ] || mh_skip "/usr/sbin/sshd is not installed (Debian: openssh-server)"
   MH_N=$n
   trap 'mh_cleanup 2>/dev/null' EXIT
   trap 'mh_fail "terminated (SIGTERM)"' TERM
@@ -288,6 +289,17 @@ mh_setup() {
   done
   MH_CLIENT_NS=${names[0]}
   MH_NS=("${names[@]:1}")
+}
+
+# mh_setup N: build the network and start the sshds. Installs mh_cleanup as the EXIT trap.
+mh_setup() {
+  local n=${1:?mh_setup N} i t0 out c
+  [ "$(id -u)" = 0 ] || mh_skip "needs root to create network namespaces and run sshd (running as uid $(id -u))"
+  for c in ssh ssh-keygen; do
+    command -v "$c" >/dev/null 2>&1 || mh_skip "the '$c' command is not installed"
+  done
+  [ -x /usr/sbin/sshd ] || mh_skip "/usr/sbin/sshd is not installed (Debian: openssh-server)"
+  mh_net_setup "$n"
 
   mh_write_ssh_files
   mkdir -p /run/sshd && chmod 755 /run/sshd # sshd's privilege separation directory

@@ -1,5 +1,6 @@
 /* Rank program for the emulated-hosts ring test (tests/netns/netns_ring.sh starts one
- * per network namespace with MLX_RANK and MLX_HOSTFILE; public API only).
+ * per network namespace with MLX_RANK and MLX_HOSTFILE; tests/multihost through
+ * mlxdist-launch; tests/slurm under srun, PMIx; public API only).
  *
  *   netns_rank collectives N   all_sum (int32, float32), all_gather and send/recv between
  *                              every ordered pair of ranks, checked against values computed
@@ -54,7 +55,8 @@ static int collectives(int size_expected) {
   if (mlx_distributed_init(&g, true, "ring") != 0) T_FAIL("init ring: %s", t_last_error());
   int rank = mlx_distributed_group_rank(g), size = mlx_distributed_group_size(g);
   T_EQ_INT(size, size_expected);
-  T_EQ_INT(rank, t_env_int("MLX_RANK", -1));
+  /* the rank the bootstrap gave: MLX_RANK's (a hostfile), or Slurm's task id under srun (PMIx) */
+  T_EQ_INT(rank, getenv("MLX_RANK") ? t_env_int("MLX_RANK", -1) : t_env_int("SLURM_PROCID", -1));
 
   /* int32: small and 1 Mi elements (4 MiB: many TCP segments through the bridge) */
   T_EQ_INT(checked_sum_int32(g, rank, size, 10), 0);

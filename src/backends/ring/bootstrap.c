@@ -198,16 +198,26 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
   if (rank >= size)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "MLX_RANK=%ld is outside [0, MLX_WORLD_SIZE=%ld)", rank, size);
+  bs->rank = (int)rank;
+  bs->size = (int)size;
+  return mlxd_ring_create_bootstrap_ranked(bs, "the caller's all-gather", NULL, out, st);
+}
+
+int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
+                                      const mlxd_ring_addr* listen_on, mlxd_backend** out,
+                                      mlxd_status* st) {
+  const long size = bs->size, rank = bs->rank;
   long K = mlxd_tunable_long(MLXD_T_RING_CONNECTIONS);
   if (K < 1 || K > 64)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "MLXDIST_RING_CONNECTIONS=%ld is outside [1, 64]", K);
   int mode;
   if (mlxd_ring_transport_mode(&mode, st)) return st->code;
-  bs->rank = (int)rank;
-  bs->size = (int)size;
   mlxd_ring_addr host;
-  if (mlxd_ring_default_addr(&host, st)) return st->code;
+  if (listen_on)
+    host = *listen_on;
+  else if (mlxd_ring_default_addr(&host, st))
+    return st->code;
   mlxd_ring_auth auth;
   if (mlxd_ring_auth_load(&auth, st)) return st->code; /* a bad secret file: before anyone waits */
   unsigned char nonce[MLXD_RING_REC_NONCE_BYTES];
@@ -215,10 +225,8 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
     mlxd_ring_auth_clear(&auth);
     return st->code;
   }
-  mlxd_ring_log(
-      "rank %ld of %ld: bootstrapping through the caller's all-gather, %ld "
-      "connection(s) per peer, address %s",
-      rank, size, K, host.text);
+  mlxd_ring_log("rank %ld of %ld: bootstrapping through %s, %ld connection(s) per peer, address %s",
+                rank, size, via, K, host.text);
 
   int n = (int)size, k = (int)K;
   int* lfds = malloc(sizeof(int) * (size_t)k);

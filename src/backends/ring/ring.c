@@ -301,7 +301,9 @@ static bool ring_configured(bool with_bootstrap) {
   if (with_bootstrap) return env_set("MLX_RANK") && env_set("MLX_WORLD_SIZE");
   /* started by mlxdist-launch across hosts: the launcher is the all-gather (rendezvous.c) */
   if (mlxd_ring_rendezvous_configured()) return env_set("MLX_RANK");
-  return env_set("MLX_RANK") && env_set("MLX_HOSTFILE");
+  if (env_set("MLX_RANK") && env_set("MLX_HOSTFILE")) return true;
+  /* a PMIx server's job (ring_pmix.c): for init("any") only with MLXDIST_PMIX=on */
+  return mlxd_ring_pmix_for_any() && mlxd_ring_config_choice() == MLXD_RING_CFG_PMIX;
 }
 
 static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
@@ -377,9 +379,18 @@ done:
 
 static int ring_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
   *out = NULL;
-  int rc = bs                                  ? mlxd_ring_create_bootstrap(bs, out, st)
-           : mlxd_ring_rendezvous_configured() ? mlxd_ring_create_rendezvous(out, st)
-                                               : ring_create_hostfile(out, st);
+  int cfg = bs ? -1 : mlxd_ring_config_choice();
+  bool pmix = cfg == MLXD_RING_CFG_PMIX && (!mlxd_init_for_any() || mlxd_ring_pmix_for_any());
+  int rc = bs                                ? mlxd_ring_create_bootstrap(bs, out, st)
+           : cfg == MLXD_RING_CFG_RENDEZVOUS ? mlxd_ring_create_rendezvous(out, st)
+           : pmix                            ? mlxd_ring_create_pmix(out, st)
+           : cfg == MLXD_RING_CFG_PMIX
+               ? mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
+                              "not configured for init(\"any\"): a PMIx server started this "
+                              "process, which the ring uses for init(\"ring\"), or for "
+                              "init(\"any\") with MLXDIST_PMIX=on")
+           : mlxd_ring_slurm_without_pmix(st) ? st->code
+                                              : ring_create_hostfile(out, st);
   return ring_done(rc, st, NULL, 0);
 }
 

@@ -119,8 +119,14 @@ int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, in
                          const char* via, mlxd_ring_addr* out, mlxd_status* st);
 /* The address to listen on when bootstrapped (MLXDIST_RING_ADDR or a default). */
 int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st);
-/* Create with a caller's all-gather. */
+/* Create with a caller's all-gather (rank and size from MLX_RANK, MLX_WORLD_SIZE). */
 int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st);
+/* The same with bs->rank and bs->size already set (0 <= rank < size <= 2^20) by
+ * whoever provides the all-gather; via names it in MLX_RING_VERBOSE's lines;
+ * listen_on: the address to listen on (port ignored), NULL: mlxd_ring_default_addr. */
+int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
+                                      const mlxd_ring_addr* listen_on, mlxd_backend** out,
+                                      mlxd_status* st);
 
 /* select.c: MLXDIST_TRANSPORT and the transport a group uses (docs/ring.md). */
 enum { MLXD_RING_T_AUTO = 0, MLXD_RING_T_TCP = 1, MLXD_RING_T_SHM = 2 };
@@ -172,6 +178,23 @@ int mlxd_ring_port_range(unsigned* lo, unsigned* hi, mlxd_status* st);
  * none free: an error naming the range. */
 int mlxd_ring_listen_in_range(mlxd_ring_addr* addr, unsigned lo, unsigned hi, int* fd_out,
                               mlxd_status* st);
+
+/* ring_pmix.c: started by a PMIx server (srun --mpi=pmix, mpirun) with no other
+ * configuration (docs/pmix.md). */
+/* Which configuration a ring started without a caller's all-gather uses. */
+enum { MLXD_RING_CFG_HOSTFILE = 0, MLXD_RING_CFG_RENDEZVOUS, MLXD_RING_CFG_PMIX };
+/* The precedence: MLXDIST_RENDEZVOUS (without MLX_HOSTFILE), then MLX_RANK or
+ * MLX_HOSTFILE (MLX's launcher), then PMIx (unless MLXDIST_PMIX=off), else the
+ * hostfile path, whose error names what is missing. Environment only. */
+int mlxd_ring_config_choice(void);
+/* Whether init("any") may take PMIx as the ring's configuration
+ * (MLXDIST_PMIX=on; with auto only init("ring") does). */
+bool mlxd_ring_pmix_for_any(void);
+/* Create from PMIx (mlxd_ring_config_choice() == MLXD_RING_CFG_PMIX). */
+int mlxd_ring_create_pmix(mlxd_backend** out, mlxd_status* st);
+/* Without PMIx: Slurm's variables (SLURM_JOB_ID, SLURM_PROCID) alone give an
+ * error saying what to add (srun --mpi=pmix); 0 when they are absent. */
+int mlxd_ring_slurm_without_pmix(mlxd_status* st);
 
 /* rendezvous.c: started by mlxdist-launch across hosts (MLXDIST_RENDEZVOUS). */
 /* MLXDIST_RENDEZVOUS is set and MLX_HOSTFILE is not. */
