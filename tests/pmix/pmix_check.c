@@ -4,6 +4,10 @@
  *                             MLX_RANK when set (MLX's configuration keeps precedence), else
  *                             PMIX_RANK; an all_sum and a split work; clear_backends and a
  *                             second init (a second PMIx round) give the same group
+ *   pmix_check both N [mpi-first]
+ *                             init("ring") over PMIx and init("mpi") in one process (in this
+ *                             order, or mpi first): both groups of N work, the exit is clean
+ *                             (77: no mpi backend here)
  *   pmix_check fail TEXT...   strict init("ring") fails, its message holding every TEXT;
  *                             non-strict gives a group of one
  *   pmix_check late N SECS    the last of N ranks sleeps SECS before its init; the others'
@@ -11,6 +15,7 @@
  *                             the PMIx fence; the late one's fails too, within the same bound
  *
  * Run under mpirun (tests/pmix/CMakeLists.txt) or srun --mpi=pmix (tests/slurm). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +69,32 @@ static int mode_ok(const char* bk, int n) {
   return 0;
 }
 
+/* init("ring") over PMIx and init("mpi") in one process: PMIx is initialised twice
+ * (counted), both groups work, the process exits cleanly (MPI_Finalize, then PMIx_Finalize). */
+static int mode_both(int n, bool mpi_first) {
+  int want = t_env_int("PMIX_RANK", -1);
+  T_REQUIREF(want >= 0, "PMIX_RANK is not set: not under a PMIx server");
+  if (!mlx_distributed_is_available("mpi")) {
+    printf("pmix_check: the mpi backend is not available here: skipped\n");
+    return 77;
+  }
+  /* the same order on every rank: each init is collective (MPI_Init fences through PMIx too) */
+  const char* order[2][2] = {{"ring", "mpi"}, {"mpi", "ring"}};
+  const char* const* o = order[mpi_first ? 1 : 0];
+  mlx_distributed_group g[2];
+  for (int i = 0; i < 2; i++) {
+    g[i] = mlx_distributed_group_new();
+    T_REQUIREF(mlx_distributed_init(&g[i], true, o[i]) == 0, "init(%s): %s", o[i], t_last_error());
+    T_EQ_INT(mlx_distributed_group_size(g[i]), n);
+    T_EQ_INT(mlx_distributed_group_rank(g[i]), want);
+  }
+  for (int i = 0; i < 2; i++) check_sum(g[i]);
+  for (int i = 0; i < 2; i++) mlx_distributed_group_free(g[i]);
+  T_EXPECT_NO_ERROR();
+  printf("pmix_check: rank %d of %d: ring over PMIx and mpi in one process: ok\n", want, n);
+  return 0;
+}
+
 static int mode_fail(int argc, char** argv) {
   mlx_distributed_group g = mlx_distributed_group_new();
   T_ASSERT(mlx_distributed_init(&g, true, "ring") != 0);
@@ -101,8 +132,11 @@ static int mode_late(int n, int secs) {
 int main(int argc, char** argv) {
   t_capture_errors();
   if (argc >= 4 && strcmp(argv[1], "ok") == 0) return mode_ok(argv[2], atoi(argv[3]));
+  if (argc >= 3 && strcmp(argv[1], "both") == 0)
+    return mode_both(atoi(argv[2]), argc >= 4 && strcmp(argv[3], "mpi-first") == 0);
   if (argc >= 3 && strcmp(argv[1], "fail") == 0) return mode_fail(argc - 2, argv + 2);
   if (argc >= 4 && strcmp(argv[1], "late") == 0) return mode_late(atoi(argv[2]), atoi(argv[3]));
-  fprintf(stderr, "usage: pmix_check ok BACKEND N | fail TEXT... | late N SECS\n");
+  fprintf(stderr,
+          "usage: pmix_check ok BACKEND N | both N [mpi-first] | fail TEXT... | late N SECS\n");
   return 2;
 }
