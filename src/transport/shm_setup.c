@@ -456,7 +456,11 @@ static bool pair_peer_gone(shm_transport* t, int pi, const char* what, mlxd_stat
  * gone or the deadline passed. */
 static bool pair_wait_step(shm_transport* t, int pi, const char* name, double deadline, long* us,
                            mlxd_status* st) {
-  if (pair_peer_gone(t, pi, "making the shared memory of this pair", st)) return false;
+  if (pair_peer_gone(t, pi, "making the shared memory of this pair", st)) {
+    /* nobody else will ever use the name of a pair with a dead rank */
+    if (mlxd_shm_pid_dead(t->peers[pi].pid)) shm_unlink(name);
+    return false;
+  }
   if (mlxd_now() >= deadline) {
     mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
                  "rank %d made shared memory %s for its pair with rank %d but did not finish "
