@@ -1,13 +1,18 @@
 /* The shared-memory transport: tag-matched messages between processes on
  * one host through one POSIX shared-memory segment.
  *
- * Segment. Rank 0 creates /dev/shm/<name> (shm_open + ftruncate + mmap);
+ * Segments. Rank 0 creates /dev/shm/<name> (shm_open + ftruncate + mmap);
  * the other ranks open it with a bounded retry (MLXDIST_CONNECT_TIMEOUT).
  * It holds a header (geometry, a magic word written last), one record per
- * rank (pid, state, failure message, a futex "doorbell") and one ring per
- * ordered pair (src, dst). Each rank counts itself in with an atomic
- * increment; the rank that completes the count unlinks the name, so nothing
- * is left in /dev/shm once the session is set up, whatever happens later.
+ * rank (pid, state, failure message, a futex "doorbell", heartbeat, a hello
+ * counter) and one hello bitmap per rank. Each rank counts itself in with an
+ * atomic increment; the rank that completes the count unlinks the name.
+ * The rings of a pair live in a segment of their own, <name>-p<lo>-<hi>,
+ * made on the pair's first isend/irecv (shm_setup.c mlxd_shm_pair_attach):
+ * O_EXCL picks the one creator, the other checks owner, mode and size and
+ * waits for its magic; the creator sets its bit in the peer's hello bitmap
+ * and rings it, so the peer maps the pair at its next progress pass; the
+ * second to map it unlinks the name. Pairs that never talk map nothing.
  *
  * Rings. A ring is a single-producer single-consumer queue of SHM_NSLOTS
  * fixed slots of SHM_SLOT_BYTES, each with a 64-byte header (kind, tag,
@@ -32,7 +37,7 @@
  * the measurement), so the single-copy path is opt-in (MLXDIST_SHM_CMA_BYTES=65536 is a good value
  * where CMA is cheap).
  *
- * Matching. The receiver drains every incoming ring whenever it makes
+ * Matching. The receiver drains every mapped incoming ring whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against
  * the posted receives of that peer, in posting order; a match gets its
  * bytes written straight into its buffer. A message (up to SHM_DEFER_MAX)

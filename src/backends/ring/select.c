@@ -1,18 +1,22 @@
 /* Transport selection for a ring group (MLXDIST_TRANSPORT).
  *
- * Every group of two or more ranks first gets a TCP full mesh (connect.c).
- * Over it, one exchange with tags of kind MLXD_TAG_BOOT (never used by user
- * operations, so nothing can collide with them) all-gathers a fixed-size
- * host record: this rank's MLXDIST_TRANSPORT setting, host name, the kernel
- * boot id (/proc/sys/kernel/random/boot_id) and the inodes of its network
- * and IPC namespaces (/proc/self/ns/net, /proc/self/ns/ipc), so processes in
- * different namespaces count as different hosts. Rank 0's record also
+ * Every group of two or more ranks first gets a TCP transport (connect.c).
+ * Over it, the algorithm layer's all_gather (a fixed threshold, so every
+ * rank takes the same algorithm; sequence numbers the group's operations do
+ * not reach) gathers a 64-byte record per rank: this rank's
+ * MLXDIST_TRANSPORT setting, the settings that choose algorithms, and a hash
+ * of its host identity (host name, the kernel boot id from
+ * /proc/sys/kernel/random/boot_id and the inodes of its network and IPC
+ * namespaces, /proc/self/ns/net and /proc/self/ns/ipc, so processes in
+ * different namespaces count as different hosts). Rank 0's record also
  * carries a fresh shared-memory session name ("mlxdist-<pid>-<16 hex>").
+ * The full 336-byte records are gathered only to say what differs between
+ * hosts (MLXDIST_TRANSPORT=shm across hosts).
  *
  * Every rank sees the same records, so every rank makes the same decision:
  *   tcp                      keep TCP;
  *   auto/shm, one host       every rank joins the shared-memory session,
- *                            then a second tiny exchange over TCP (a status
+ *                            then a second tiny all_gather over TCP (a status
  *                            byte and the reason) tells every rank whether
  *                            all joined: if so the group uses shm and the
  *                            TCP transport is destroyed (its sockets are
