@@ -1,13 +1,18 @@
 /* The shared-memory transport: tag-matched messages between processes on
  * one host through one POSIX shared-memory segment.
  *
- * Segment. Rank 0 creates /dev/shm/<name> (shm_open + ftruncate + mmap);
+ * Segments. Rank 0 creates /dev/shm/<name> (shm_open + ftruncate + mmap);
  * the other ranks open it with a bounded retry (MLXDIST_CONNECT_TIMEOUT).
  * It holds a header (geometry, a magic word written last), one record per
- * rank (pid, state, failure message, a futex "doorbell") and one ring per
- * ordered pair (src, dst). Each rank counts itself in with an atomic
- * increment; the rank that completes the count unlinks the name, so nothing
- * is left in /dev/shm once the session is set up, whatever happens later.
+ * rank (pid, state, failure message, a futex "doorbell", heartbeat, a hello
+ * counter) and one hello bitmap per rank. Each rank counts itself in with an
+ * atomic increment; the rank that completes the count unlinks the name.
+ * The rings of a pair live in a segment of their own, <name>-p<lo>-<hi>,
+ * made on the pair's first isend/irecv (shm_setup.c mlxd_shm_pair_attach):
+ * O_EXCL picks the one creator, the other checks owner, mode and size and
+ * waits for its magic; the creator sets its bit in the peer's hello bitmap
+ * and rings it, so the peer maps the pair at its next progress pass; the
+ * second to map it unlinks the name. Pairs that never talk map nothing.
  *
  * Rings. A ring is a single-producer single-consumer queue of SHM_NSLOTS
  * fixed slots of SHM_SLOT_BYTES, each with a 64-byte header (kind, tag,
@@ -32,7 +37,7 @@
  * the measurement), so the single-copy path is opt-in (MLXDIST_SHM_CMA_BYTES=65536 is a good value
  * where CMA is cheap).
  *
- * Matching. The receiver drains every incoming ring whenever it makes
+ * Matching. The receiver drains every mapped incoming ring whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against
  * the posted receives of that peer, in posting order; a match gets its
  * bytes written straight into its buffer. A message (up to SHM_DEFER_MAX)
@@ -430,8 +435,9 @@ static int progress_out(shm_transport* t, int pi) {
 static int progress_all(shm_transport* t, bool buffer) {
   int ev = 0;
   t->deferred = false;
-  for (int i = 0; i < t->base.size && !t->err.code; i++) {
-    if (i == t->base.rank) continue;
+  if (mlxd_shm_pair_hellos(t) < 0) return 0;
+  for (int k = 0; k < t->nactive && !t->err.code; k++) {
+    int i = t->active[k];
     int a = progress_in(t, i, buffer);
     if (a < 0) break;
     int b = progress_out(t, i);
@@ -445,9 +451,9 @@ static int progress_all(shm_transport* t, bool buffer) {
 
 /* Sum of the shared counters peers move for this rank (changes = activity). */
 static uint64_t activity(shm_transport* t) {
-  uint64_t s = 0;
-  for (int i = 0; i < t->base.size; i++) {
-    if (i == t->base.rank) continue;
+  uint64_t s = atomic_load(&rank_rec(t, t->base.rank)->hello); /* a new pair */
+  for (int k = 0; k < t->nactive; k++) {
+    int i = t->active[k];
     shm_peer* p = &t->peers[i];
     s += atomic_load(&p->in->head) + atomic_load(&p->out->tail) + atomic_load(&p->out->acked);
     s += (uint64_t)atomic_load(&rank_rec(t, i)->state) << 40;
@@ -516,6 +522,15 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
                          kind == REQ_SEND ? "send" : "receive");
       mlxd_status_set_peer(st, shm_name(t, peer), t->peers[peer].addr);
     }
+    shm_lock_release(&t->mu);
+    return NULL;
+  }
+  if (!t->peers[peer].mapped && mlxd_shm_pair_attach(t, peer, st) != 0) {
+    /* first contact failed: the transport fails with it (published) */
+    shm_fail(t, st);
+    req_release(t, r);
+    *rc = fail_status(t, st);
+    ring_bell(t, t->base.rank);
     shm_lock_release(&t->mu);
     return NULL;
   }
@@ -744,6 +759,7 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
     atomic_compare_exchange_strong(&me->state, &s, RANK_CLOSED);
     for (int r = 0; r < t->base.size; r++)
       if (r != t->base.rank) ring_bell(t, r);
+    mlxd_shm_pair_release_all(t); /* after the state above (see there) */
   }
   if (t->peers) {
     for (int i = 0; i < t->base.size; i++) {
@@ -767,6 +783,7 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
   }
   if (t->map) munmap(t->map, t->map_len);
   free(t->peers);
+  free(t->active);
   free(t->names);
   free(t);
 }

@@ -46,7 +46,10 @@
 #endif
 
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
-#define SHM_VERSION 3u /* 2: structured failure records; 3: call signatures in slots, heartbeats */
+#define SHM_VERSION \
+  4u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
+                          * 4: rings in per-pair segments made on first contact */
+#define SHM_PAIR_MAGIC 0x6d6c786470617231ull /* "mlxdpar1" */
 #define SHM_CL 64
 #ifndef SHM_SLOT_BYTES
 #define SHM_SLOT_BYTES ((size_t)64 * 1024)
@@ -56,7 +59,8 @@
 #endif
 #define SHM_CMA_IO_MAX ((size_t)1 << 30)
 #define SHM_NAME_MAX 200
-#define SHM_CHECK_S 0.1   /* liveness checks / longest single sleep */
+#define SHM_PAIR_NAME_MAX (SHM_NAME_MAX + 32) /* the session's name + "-p<lo>-<hi>" */
+#define SHM_CHECK_S 0.1                       /* liveness checks / longest single sleep */
 #define SHM_DEFER_S 20e-6 /* a message without a receive waits in its ring this long (shm.c) */
 #define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 /* The ring algorithms' chunk over shared memory (mlxd_transport.ring_chunk):
@@ -97,6 +101,9 @@ typedef struct shm_rank_rec {
    * so a note may be torn: it is advice, cleaned before it is printed). */
   alignas(SHM_CL) _Atomic uint64_t beat;
   _Atomic uint64_t note[MLXD_NOTE_MAX / 8];
+  /* Bumped (then the doorbell rung) by a peer that made the pair's segment
+   * with this rank and set its bit in this rank's hello bitmap (shm.c). */
+  alignas(SHM_CL) _Atomic uint32_t hello;
 } shm_rank_rec;
 
 typedef struct shm_hdr {
@@ -107,6 +114,16 @@ typedef struct shm_hdr {
   alignas(SHM_CL) _Atomic uint32_t attached;
   alignas(SHM_CL) _Atomic uint32_t probed;
 } shm_hdr;
+
+/* The head of a pair's segment (rings lo -> hi, then hi -> lo; lo < hi are
+ * session ranks). Written by its creator before magic (release); checked by
+ * the other rank after it sees magic (acquire). */
+typedef struct shm_pair_hdr {
+  _Atomic uint64_t magic; /* stored last by the creator */
+  uint32_t version, lo, hi, pad_;
+  uint64_t slot_bytes, nslots, total;
+  alignas(SHM_CL) _Atomic uint32_t attached; /* the second to count in unlinks the name */
+} shm_pair_hdr;
 
 typedef struct shm_ring_ctl {
   alignas(SHM_CL) _Atomic uint64_t head; /* producer */
@@ -205,6 +222,10 @@ typedef struct shm_peer {
   char addr[24];      /* "pid 1234": where the peer lives, for statuses */
   uint64_t beat_seen; /* its heartbeat counter when last looked at */
   double heard;       /* mlxd_now() when it last changed */
+  /* The pair's segment, mapped on first contact (mlxd_shm_pair_attach). */
+  void* pair_map;
+  bool mapped;   /* pair_map, in, out are set; the peer is in t->active */
+  bool unlinked; /* the name is gone (both counted in, or this rank removed it) */
 } shm_peer;
 
 typedef struct shm_transport {
@@ -215,9 +236,12 @@ typedef struct shm_transport {
   size_t map_len;
   shm_hdr* hdr;
   shm_peer* peers;
-  int* names;     /* names[i]: the number messages give local rank i (a group rank when
+  int* active;         /* the peers whose pair is mapped, in mapping order */
+  int nactive;         /* ... how many */
+  uint32_t hello_seen; /* this rank's hello counter when its bitmap was last read */
+  int* names;          /* names[i]: the number messages give local rank i (a group rank when
                    * the session is part of a larger group: mixed.c); NULL: i itself */
-  int name_limit; /* published ranks must be below this (the group size) */
+  int name_limit;      /* published ranks must be below this (the group size) */
   size_t slot_stride;
   mlxd_live_cfg live; /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
   int watch;          /* the heartbeat's watchdog registration (0: none) */
@@ -237,25 +261,30 @@ typedef struct shm_transport {
 static inline size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 static inline size_t ranks_off(void) { return round_up(sizeof(shm_hdr), 4096); }
-static inline size_t rings_off(int size) {
-  return round_up(ranks_off() + (size_t)size * sizeof(shm_rank_rec), 4096);
+/* The host segment: header, one record per rank, one hello bitmap per rank
+ * (bit p of rank r's: p made the pair (p, r)). Rings live in pair segments. */
+static inline size_t hello_words(int size) { return ((size_t)size + 63) / 64; }
+static inline size_t hello_off(int size) {
+  return round_up(ranks_off() + (size_t)size * sizeof(shm_rank_rec), SHM_CL);
+}
+static inline size_t total_bytes(int size) {
+  return round_up(hello_off(size) + (size_t)size * hello_words(size) * 8, 4096);
 }
 static inline size_t slot_stride(void) { return sizeof(shm_slot_hdr) + SHM_SLOT_BYTES; }
 static inline size_t ring_bytes(void) {
   return round_up(sizeof(shm_ring_ctl) + SHM_NSLOTS * slot_stride(), 4096);
 }
-static inline size_t total_bytes(int size) {
-  return rings_off(size) + (size_t)size * (size_t)size * ring_bytes();
-}
+/* A pair's segment: its header's page, then the two rings. */
+static inline size_t pair_bytes(void) { return 4096 + 2 * ring_bytes(); }
 
 static inline int shm_name(const shm_transport* t, int i) { return t->names ? t->names[i] : i; }
 
 static inline shm_rank_rec* rank_rec(shm_transport* t, int r) {
   return (shm_rank_rec*)((char*)t->map + ranks_off() + (size_t)r * sizeof(shm_rank_rec));
 }
-static inline shm_ring_ctl* ring_ctl(shm_transport* t, int src, int dst) {
-  return (shm_ring_ctl*)((char*)t->map + rings_off(t->base.size) +
-                         ((size_t)src * (size_t)t->base.size + (size_t)dst) * ring_bytes());
+static inline _Atomic uint64_t* hello_bits(shm_transport* t, int r) {
+  return (_Atomic uint64_t*)((char*)t->map + hello_off(t->base.size) +
+                             (size_t)r * hello_words(t->base.size) * 8);
 }
 static inline char* ring_slots(shm_ring_ctl* c) { return (char*)c + sizeof(shm_ring_ctl); }
 
@@ -276,6 +305,20 @@ void mlxd_shm_note_read(shm_transport* t, int r, char* out, size_t n);
 /* Read n bytes at src of process pid into dst (process_vm_readv, looped).
  * 0, or -1 with *err set. */
 int mlxd_shm_cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err);
+
+/* Map the pair (this rank, pi) on first contact: create its segment, or
+ * (when pi made it first) open it and wait, bounded by
+ * MLXDIST_CONNECT_TIMEOUT, for its creator to initialise it, watching pi's
+ * process. Sets p->in/out and adds pi to t->active; a creator then tells pi
+ * through its hello bitmap. 0, or the status (naming pi and the segment)
+ * without failing the transport. mu held. */
+int mlxd_shm_pair_attach(shm_transport* t, int pi, mlxd_status* st);
+/* Read this rank's hello bitmap and map the pairs peers made with it (so
+ * their messages are drained as today, before a receive names them).
+ * Returns -1 if the transport failed. mu held. */
+int mlxd_shm_pair_hellos(shm_transport* t);
+/* Unmap every pair; unlink the names this rank must (destroy). */
+void mlxd_shm_pair_release_all(shm_transport* t);
 
 /* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
  * a wait without progress (shm.c wait_loop); true if the transport failed.

@@ -353,7 +353,8 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
   t->oversubscribed = ncpu > 0 && (size > ncpu || machine_ranks > ncpu);
   t->peers = calloc((size_t)size, sizeof *t->peers);
-  if (!t->peers) {
+  t->active = calloc((size_t)size, sizeof *t->active);
+  if (!t->peers || !t->active) {
     mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory creating the transport");
     mlxd_shm_destroy(&t->base);
     return NULL;
@@ -407,11 +408,7 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
     p->pid = (pid_t)atomic_load(&rec->pid);
     snprintf(p->addr, sizeof p->addr, "pid %d", (int)p->pid);
     p->cma = atomic_load(&rec->cma) == CMA_OK;
-    p->out = ring_ctl(t, rank, r);
-    p->out_slots = ring_slots(p->out);
-    p->in = ring_ctl(t, r, rank);
-    p->in_slots = ring_slots(p->in);
-    p->heard = mlxd_now();
+    p->heard = mlxd_now(); /* its rings come on first contact (mlxd_shm_pair_attach) */
   }
   mlxd_shm_live_start(t);
   return &t->base;
@@ -429,6 +426,237 @@ fail:
   }
   mlxd_shm_destroy(&t->base);
   return NULL;
+}
+
+/* ---- pairs: rings made on first contact ---- */
+
+/* The pair's segment name: the session's + "-p<lo>-<hi>" (session ranks).
+ * As unguessable as the session's name (64 random bits from rank 0). */
+static void pair_name(const shm_transport* t, int pi, char* out, size_t n) {
+  int lo = t->base.rank < pi ? t->base.rank : pi, hi = t->base.rank < pi ? pi : t->base.rank;
+  snprintf(out, n, "%s-p%d-%d", t->path, lo, hi);
+}
+
+/* Whether peer pi gave up (published a failure) or exited; if so st says
+ * so (what: what this rank was doing). */
+static bool pair_peer_gone(shm_transport* t, int pi, const char* what, mlxd_status* st) {
+  shm_rank_rec* rec = rank_rec(t, pi);
+  if (atomic_load_explicit(&rec->state, memory_order_acquire) == RANK_FAILED) {
+    mlxd_shm_fail_read(t, pi, st);
+    return true;
+  }
+  if (!mlxd_shm_pid_dead(t->peers[pi].pid)) return false;
+  char why[SHM_PAIR_NAME_MAX + 64];
+  snprintf(why, sizeof why, ": its process exited while %s", what);
+  mlxd_match_lost(st, MLXD_LAYER_SHM, shm_name(t, pi), t->peers[pi].addr, why, NULL, 0);
+  return true;
+}
+
+/* Sleep a little while a pair's creator finishes; false (st set) once pi is
+ * gone or the deadline passed. */
+static bool pair_wait_step(shm_transport* t, int pi, const char* name, double deadline, long* us,
+                           mlxd_status* st) {
+  if (pair_peer_gone(t, pi, "making the shared memory of this pair", st)) {
+    /* nobody else will ever use the name of a pair with a dead rank */
+    if (mlxd_shm_pid_dead(t->peers[pi].pid)) shm_unlink(name);
+    return false;
+  }
+  if (mlxd_now() >= deadline) {
+    mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
+                 "rank %d made shared memory %s for its pair with rank %d but did not finish "
+                 "it within %g s (MLXDIST_CONNECT_TIMEOUT)",
+                 shm_name(t, pi), name, shm_name(t, t->base.rank),
+                 mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
+    mlxd_status_set_peer(st, shm_name(t, pi), t->peers[pi].addr);
+    return false;
+  }
+  sleep_us(*us);
+  if (*us < 2000) *us *= 2;
+  return true;
+}
+
+static int pair_sys_fail(shm_transport* t, int pi, const char* call, int e, const char* what,
+                         const char* name, mlxd_status* st) {
+  mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM,
+               "rank %d could not %s shared memory %s for its pair "
+               "with rank %d",
+               shm_name(t, t->base.rank), what, name, shm_name(t, pi));
+  mlxd_status_set_sys(st, call, e);
+  mlxd_status_set_peer(st, shm_name(t, pi), t->peers[pi].addr);
+  return st->code;
+}
+
+int mlxd_shm_pair_attach(shm_transport* t, int pi, mlxd_status* st) {
+  shm_peer* p = &t->peers[pi];
+  if (p->mapped) return 0;
+  char name[SHM_PAIR_NAME_MAX];
+  pair_name(t, pi, name, sizeof name);
+  const size_t total = pair_bytes();
+  const uint32_t lo = (uint32_t)(t->base.rank < pi ? t->base.rank : pi);
+  const uint32_t hi = (uint32_t)(t->base.rank < pi ? pi : t->base.rank);
+  double deadline = mlxd_now() + mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
+  long us = 20;
+  bool creator = false;
+  int fd = -1;
+  /* Both ranks may start at once: O_EXCL makes exactly one the creator. */
+  for (;;) {
+    fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      creator = true;
+      if (ftruncate(fd, (off_t)total) != 0) {
+        int e = errno;
+        close(fd);
+        shm_unlink(name);
+        return pair_sys_fail(t, pi, "ftruncate", e, "size", name, st);
+      }
+      break;
+    }
+    if (errno != EEXIST) return pair_sys_fail(t, pi, "shm_open", errno, "create", name, st);
+    fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+      if (errno != ENOENT) return pair_sys_fail(t, pi, "shm_open", errno, "open", name, st);
+      continue; /* removed between the two calls (its creator closed): make it anew */
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+      int e = errno;
+      close(fd);
+      return pair_sys_fail(t, pi, "fstat", e, "inspect", name, st);
+    }
+    /* Only this user's 0600 segment of the right size is a pair's. */
+    if (sb.st_uid != geteuid() || (sb.st_mode & 0777) != 0600 ||
+        (sb.st_size != 0 && (size_t)sb.st_size != total)) {
+      close(fd);
+      mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
+                   "shared memory %s for the pair of ranks %d and %d is not theirs (owner uid "
+                   "%d, mode %03o, %lld bytes; expected uid %d, mode 600, %zu bytes): refusing "
+                   "it",
+                   name, shm_name(t, t->base.rank), shm_name(t, pi), (int)sb.st_uid,
+                   (unsigned)(sb.st_mode & 0777), (long long)sb.st_size, (int)geteuid(), total);
+      mlxd_status_set_peer(st, shm_name(t, pi), t->peers[pi].addr);
+      return st->code;
+    }
+    if ((size_t)sb.st_size == total) break;
+    close(fd); /* its creator has not sized it yet */
+    fd = -1;
+    if (!pair_wait_step(t, pi, name, deadline, &us, st)) return st->code;
+  }
+  void* m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int e = errno;
+  close(fd);
+  if (m == MAP_FAILED) {
+    if (creator) shm_unlink(name);
+    return pair_sys_fail(t, pi, "mmap", e, "map", name, st);
+  }
+  shm_pair_hdr* h = m;
+  if (creator) {
+    h->version = SHM_VERSION;
+    h->lo = lo;
+    h->hi = hi;
+    h->slot_bytes = SHM_SLOT_BYTES;
+    h->nslots = SHM_NSLOTS;
+    h->total = total;
+    atomic_store_explicit(&h->magic, SHM_PAIR_MAGIC, memory_order_release);
+  } else {
+    while (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_PAIR_MAGIC)
+      if (!pair_wait_step(t, pi, name, deadline, &us, st)) {
+        munmap(m, total);
+        return st->code;
+      }
+    if (h->version != SHM_VERSION || h->lo != lo || h->hi != hi ||
+        h->slot_bytes != SHM_SLOT_BYTES || h->nslots != SHM_NSLOTS || h->total != total) {
+      mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
+                   "shared memory %s was made for ranks %u and %u (layout version %u) but rank "
+                   "%d expected ranks %u and %u (version %u)",
+                   name, h->lo, h->hi, h->version, shm_name(t, t->base.rank), lo, hi, SHM_VERSION);
+      mlxd_status_set_peer(st, shm_name(t, pi), t->peers[pi].addr);
+      munmap(m, total);
+      return st->code;
+    }
+  }
+  shm_ring_ctl* first = (shm_ring_ctl*)((char*)m + 4096);                 /* lo -> hi */
+  shm_ring_ctl* second = (shm_ring_ctl*)((char*)m + 4096 + ring_bytes()); /* hi -> lo */
+  bool low = (uint32_t)t->base.rank == lo;
+  p->pair_map = m;
+  p->out = low ? first : second;
+  p->in = low ? second : first;
+  p->out_slots = ring_slots(p->out);
+  p->in_slots = ring_slots(p->in);
+  p->mapped = true;
+  t->active[t->nactive++] = pi;
+  if (atomic_fetch_add(&h->attached, 1) + 1 == 2) {
+    shm_unlink(name);
+    p->unlinked = true;
+  }
+  if (creator) {
+    /* Tell pi (it maps the pair at its next progress, so what this rank
+     * sends is drained as before, receive or not). */
+    size_t w = (size_t)t->base.rank / 64;
+    atomic_fetch_or(&hello_bits(t, pi)[w], (uint64_t)1 << (t->base.rank % 64));
+    atomic_fetch_add(&rank_rec(t, pi)->hello, 1);
+    shm_rank_rec* rec = rank_rec(t, pi);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(&rec->sleepers) != 0) {
+      atomic_fetch_add(&rec->doorbell, 1);
+      syscall(SYS_futex, (uint32_t*)&rec->doorbell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+  }
+  return 0;
+}
+
+int mlxd_shm_pair_hellos(shm_transport* t) {
+  shm_rank_rec* me = rank_rec(t, t->base.rank);
+  uint32_t h = atomic_load_explicit(&me->hello, memory_order_acquire);
+  if (h == t->hello_seen) return 0;
+  t->hello_seen = h;
+  _Atomic uint64_t* bits = hello_bits(t, t->base.rank);
+  for (size_t w = 0; w < hello_words(t->base.size); w++) {
+    uint64_t v = atomic_exchange(&bits[w], 0);
+    while (v) {
+      int b = __builtin_ctzll(v);
+      v &= v - 1;
+      int pi = (int)(w * 64) + b;
+      if (pi >= t->base.size || pi == t->base.rank || t->peers[pi].mapped) continue;
+      mlxd_status s;
+      if (mlxd_shm_pair_attach(t, pi, &s) != 0) {
+        mlxd_shm_fail(t, &s);
+        return -1;
+      }
+    }
+  }
+  return 0;
+}
+
+/* A pair's name stays until both ranks counted in. At the end a rank removes
+ * the names of pairs a peer made that it never mapped (its hello bits: the
+ * creator sets them right after making the pair), and of pairs it made whose
+ * peer is gone or closed; a live peer removes the rest itself (it sets its
+ * state to closed before it reads its bits, this rank sets the bit before it
+ * reads the state: one of them sees the other). */
+void mlxd_shm_pair_release_all(shm_transport* t) {
+  if (!t->peers || !t->map) return;
+  char name[SHM_PAIR_NAME_MAX];
+  _Atomic uint64_t* bits = hello_bits(t, t->base.rank);
+  for (int pi = 0; pi < t->base.size; pi++) {
+    if (pi == t->base.rank) continue;
+    shm_peer* p = &t->peers[pi];
+    bool told = atomic_load(&bits[pi / 64]) & ((uint64_t)1 << (pi % 64));
+    if (p->mapped && !p->unlinked) {
+      int s = atomic_load(&rank_rec(t, pi)->state);
+      told = told || s != RANK_ATTACHED || mlxd_shm_pid_dead(p->pid);
+    }
+    if (p->mapped) {
+      munmap(p->pair_map, pair_bytes());
+      p->pair_map = NULL;
+      p->mapped = false;
+    }
+    if (told && !p->unlinked) {
+      pair_name(t, pi, name, sizeof name);
+      shm_unlink(name);
+      p->unlinked = true;
+    }
+  }
+  t->nactive = 0;
 }
 
 /* ---- the transport lock's slow half (shm_impl.h) ---- */

@@ -2,13 +2,17 @@
  * any order, unexpected messages, both ranks sending 64 MiB first, zero-byte
  * messages, size mismatches, argument errors, concurrent threads, a peer
  * that dies, timeouts and failure propagation, CPU use while waiting, and
- * set-up errors. Usage: test_shm <section> <ranks>. */
+ * set-up errors; pairs' rings made on first contact only (lazy), and a
+ * first contact whose peer died, stalled or was impersonated. Usage: test_shm <section> <ranks>. */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -457,6 +461,153 @@ static int rank_connect(int rank, int size, const char* name, void* arg) {
   return 0;
 }
 
+/* ---- lazy: a pair's rings exist only once the pair talked ---- */
+
+/* This process's mappings of /dev/shm/<prefix>*: how many, and their bytes. */
+static int shm_maps(const char* prefix, size_t* bytes) {
+  FILE* f = fopen("/proc/self/maps", "r");
+  T_REQUIREF(f != NULL, "open /proc/self/maps");
+  char line[1024], want[400];
+  snprintf(want, sizeof want, "/dev/shm/%s", prefix);
+  int n = 0;
+  *bytes = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long a, b;
+    if (!strstr(line, want) || sscanf(line, "%lx-%lx", &a, &b) != 2) continue;
+    n++;
+    *bytes += (size_t)(b - a);
+  }
+  fclose(f);
+  return n;
+}
+
+static bool shm_exists(const char* name) {
+  char path[400];
+  snprintf(path, sizeof path, "/dev/shm/%s", name);
+  struct stat sb;
+  return stat(path, &sb) == 0;
+}
+
+static int rank_lazy(int rank, int size, const char* name, void* arg) {
+  (void)arg;
+  mlxd_transport* t = join(rank, size, name);
+  char pairs[300], mine[300];
+  snprintf(pairs, sizeof pairs, "%s-p", name);
+  size_t host_bytes = 0, pair_bytes = 0;
+  T_REQUIREF(shm_maps(name, &host_bytes) == 1, "more than the host segment mapped after set-up");
+  T_REQUIREF(shm_maps(pairs, &pair_bytes) == 0, "a pair mapped before any message");
+  T_REQUIREF(host_bytes <= 64 * 1024, "host segment of %zu bytes for %d ranks", host_bytes, size);
+  /* pairs (0,1), (2,3): each rank talks to its partner only */
+  int peer = rank ^ 1;
+  if (peer < size) {
+    size_t n = 300000;
+    unsigned char* a = malloc(n);
+    unsigned char* b = malloc(n);
+    T_REQUIRE(a && b);
+    fill(a, n, rank, peer, 5);
+    mlxd_req* q[2];
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    if (rank & 1) { /* one side receives first, the other sends first */
+      T_REQUIREF(t->ops->irecv(t, peer, 5, NULL, b, n, &q[0], &st) == 0, "%s", st.msg);
+      T_REQUIREF(t->ops->isend(t, peer, 5, NULL, a, n, &q[1], &st) == 0, "%s", st.msg);
+    } else {
+      T_REQUIREF(t->ops->isend(t, peer, 5, NULL, a, n, &q[1], &st) == 0, "%s", st.msg);
+      T_REQUIREF(t->ops->irecv(t, peer, 5, NULL, b, n, &q[0], &st) == 0, "%s", st.msg);
+    }
+    T_REQUIREF(t->ops->waitall(t, q, 2, &st) == 0, "%s", st.msg);
+    T_REQUIREF(first_bad(b, n, peer, rank, 5) == (size_t)-1, "data from rank %d", peer);
+    free(a);
+    free(b);
+    int lo = rank < peer ? rank : peer;
+    snprintf(mine, sizeof mine, "%s-p%d-%d", name, lo, lo + 1);
+    size_t mb = 0;
+    T_REQUIREF(shm_maps(pairs, &pair_bytes) == 1 && shm_maps(mine, &mb) == 1,
+               "expected exactly the pair with rank %d mapped", peer);
+    T_REQUIREF(!shm_exists(mine + 0), "%s still named after both ranks mapped it", mine);
+    for (int q2 = 0; q2 < size; q2++) {
+      if (q2 == rank || q2 == peer) continue;
+      char other[300];
+      snprintf(other, sizeof other, "%s-p%d-%d", name, rank < q2 ? rank : q2,
+               rank < q2 ? q2 : rank);
+      T_REQUIREF(!shm_exists(other), "%s exists but ranks %d and %d never talked", other, rank, q2);
+    }
+    printf("rank %d: host segment %zu bytes, pair segment %zu bytes, %d ranks\n", rank, host_bytes,
+           pair_bytes, size);
+  } else {
+    T_REQUIREF(shm_maps(pairs, &pair_bytes) == 0, "a rank that never talked mapped a pair");
+  }
+  t->ops->destroy(t);
+  T_REQUIREF(shm_maps(name, &host_bytes) == 0, "still mapped after destroy");
+  return 0;
+}
+
+/* ---- first contact: the pair's segment is there, but its maker died
+ * (first_dead), stalls (first_stall: MLXDIST_CONNECT_TIMEOUT=1) or it is
+ * not this user's 0600 segment (first_foreign) ---- */
+
+static int rank_first(int rank, int size, const char* name, void* arg) {
+  const char* how = arg;
+  (void)size;
+  setenv("MLXDIST_CONNECT_TIMEOUT", "1", 1);
+  mlxd_transport* t = join(rank, size, name);
+  char pair[300];
+  snprintf(pair, sizeof pair, "%s-p0-1", name);
+  if (rank == 1) {
+    /* as if this rank had begun making the pair and got no further */
+    int fd = shm_open(pair, O_CREAT | O_EXCL | O_RDWR, 0600);
+    T_REQUIREF(fd >= 0, "shm_open %s: %s", pair, strerror(errno));
+    if (strcmp(how, "first_foreign") == 0) T_REQUIRE(fchmod(fd, 0644) == 0);
+    close(fd);
+    if (strcmp(how, "first_dead") == 0) _exit(0);
+    struct timespec ts = {2, 500 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    shm_unlink(pair);
+    t->ops->destroy(t);
+    return 0;
+  }
+  struct timespec ts = {0, 200 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  mlxd_req* q = NULL;
+  char b[8] = {0};
+  double t0 = t_now();
+  int rc = t->ops->isend(t, 1, 1, NULL, b, sizeof b, &q, &st);
+  double dt = t_now() - t0;
+  T_REQUIREF(rc != 0 && q == NULL, "first contact succeeded");
+  T_REQUIREF(st.layer == MLXD_LAYER_SHM && st.has_peer && st.peer == 1, "fields: layer %d peer %d",
+             st.layer, st.peer);
+  mlxd_status_render(&st, "ring");
+  if (strcmp(how, "first_dead") == 0) {
+    T_REQUIREF(rc == MLXD_EREMOTE &&
+                   strstr(st.msg,
+                          "[ring] lost connection to rank 1: its process exited while "
+                          "making the shared memory of this pair"),
+               "rc %d: %s", rc, st.msg);
+    T_REQUIREF(dt < 1.0, "took %.2f s", dt);
+    T_REQUIREF(!shm_exists(pair), "%s of a dead rank left behind", pair);
+  } else if (strcmp(how, "first_stall") == 0) {
+    T_REQUIREF(rc == MLXD_ETIMEDOUT && strstr(st.msg, "rank 1 made shared memory") &&
+                   strstr(st.msg, "MLXDIST_CONNECT_TIMEOUT"),
+               "rc %d: %s", rc, st.msg);
+    T_REQUIREF(dt > 0.9 && dt < 2.0, "took %.2f s", dt);
+  } else {
+    T_REQUIREF(rc == MLXD_EINVAL && strstr(st.msg, "is not theirs") && strstr(st.msg, "mode 644"),
+               "rc %d: %s", rc, st.msg);
+    T_REQUIREF(dt < 0.5, "took %.2f s", dt);
+  }
+  /* the transport failed with it: later operations fail the same way */
+  char first[MLXD_MSG_MAX];
+  snprintf(first, sizeof first, "%s", st.msg);
+  mlxd_status_clear(&st);
+  T_REQUIREF(t->ops->irecv(t, 1, 2, NULL, b, sizeof b, &q, &st) != 0, "later receive succeeded");
+  mlxd_status_render(&st, "ring");
+  T_REQUIREF(strcmp(st.msg, first) == 0, "later '%s' vs first '%s'", st.msg, first);
+  t->ops->destroy(t);
+  return 0;
+}
+
 static void local_errors(void) {
   mlxd_status st;
   mlxd_status_clear(&st);
@@ -479,7 +630,10 @@ static void local_errors(void) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    fprintf(stderr, "usage: %s raw|raw_nocma|threads|death|timeout|idle|connect <ranks>\n",
+    fprintf(stderr,
+            "usage: %s "
+            "raw|raw_nocma|threads|death|timeout|idle|connect|lazy|first_dead|first_stall|first_"
+            "foreign <ranks>\n",
             argv[0]);
     return 2;
   }
@@ -504,6 +658,11 @@ int main(int argc, char** argv) {
     fn = rank_timeout;
   } else if (strcmp(what, "idle") == 0) {
     fn = rank_idle;
+  } else if (strcmp(what, "lazy") == 0) {
+    fn = rank_lazy;
+  } else if (strncmp(what, "first_", 6) == 0) {
+    T_ASSERT(n == 2);
+    fn = rank_first;
   } else if (strcmp(what, "connect") == 0) {
     local_errors();
     fn = rank_connect;
@@ -511,7 +670,7 @@ int main(int argc, char** argv) {
     T_FAIL("unknown section %s", what);
   }
   t_ranks_opts o = {.timeout_s = limit, .what = what};
-  int bad = t_run_ranks(n, fn, NULL, &o, NULL);
+  int bad = t_run_ranks(n, fn, (void*)(uintptr_t)what, &o, NULL);
   if (bad) T_FAIL("%s with %d ranks: %d rank%s failed", what, n, bad, bad == 1 ? "" : "s");
   printf("%s with %d ranks: ok\n", what, n);
   return 0;

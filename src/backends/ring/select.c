@@ -1,18 +1,22 @@
 /* Transport selection for a ring group (MLXDIST_TRANSPORT).
  *
- * Every group of two or more ranks first gets a TCP full mesh (connect.c).
- * Over it, one exchange with tags of kind MLXD_TAG_BOOT (never used by user
- * operations, so nothing can collide with them) all-gathers a fixed-size
- * host record: this rank's MLXDIST_TRANSPORT setting, host name, the kernel
- * boot id (/proc/sys/kernel/random/boot_id) and the inodes of its network
- * and IPC namespaces (/proc/self/ns/net, /proc/self/ns/ipc), so processes in
- * different namespaces count as different hosts. Rank 0's record also
+ * Every group of two or more ranks first gets a TCP transport (connect.c).
+ * Over it, the algorithm layer's all_gather (a fixed threshold, so every
+ * rank takes the same algorithm; sequence numbers the group's operations do
+ * not reach) gathers a 64-byte record per rank: this rank's
+ * MLXDIST_TRANSPORT setting, the settings that choose algorithms, and a hash
+ * of its host identity (host name, the kernel boot id from
+ * /proc/sys/kernel/random/boot_id and the inodes of its network and IPC
+ * namespaces, /proc/self/ns/net and /proc/self/ns/ipc, so processes in
+ * different namespaces count as different hosts). Rank 0's record also
  * carries a fresh shared-memory session name ("mlxdist-<pid>-<16 hex>").
+ * The full 336-byte records are gathered only to say what differs between
+ * hosts (MLXDIST_TRANSPORT=shm across hosts).
  *
  * Every rank sees the same records, so every rank makes the same decision:
  *   tcp                      keep TCP;
  *   auto/shm, one host       every rank joins the shared-memory session,
- *                            then a second tiny exchange over TCP (a status
+ *                            then a second tiny all_gather over TCP (a status
  *                            byte and the reason) tells every rank whether
  *                            all joined: if so the group uses shm and the
  *                            TCP transport is destroyed (its sockets are
@@ -50,6 +54,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* mlxd_algo_all_gather_upto: the all_gather with a threshold the caller fixes
+ * (algo.h has only the one that reads MLXDIST_SMALL_BYTES) */
+#include "algo/algo_impl.h"
 #include "backends/ring/ring_internal.h"
 #include "transport/mixed.h"
 #include "transport/shm.h"
@@ -92,6 +99,23 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
 #define ID_SESSION 208
 #define ID_SESSION_MAX 96
 #define STATUS_BYTES 160
+/* What travels: a compact record per rank (REC_BYTES), made from the full one
+ * above. layout: 0 magic, 4 version, 6 mode, 8 rank, 12 size, 16 the host (u64:
+ * FNV-1a of the full record's bytes 16..207, i.e. MLXDIST_HOST_ID, or boot id,
+ * namespaces and host name), 24 the machine (u64, as ID_MACHINE), 32 MLXDIST_ALGO
+ * (u8), 36 MLXDIST_HIER_SEGMENT (u32), 40 MLXDIST_SMALL_BYTES (u32), 44 rank 0's
+ * session (u32 pid, u64 random: "mlxdist-<pid>-<16 hex>"; zero elsewhere), 56..63
+ * zero. The full records travel only to explain different hosts (an error). */
+#define REC_BYTES 64
+#define REC_MAGIC 0x4D585243u /* "MXRC" */
+#define REC_VERSION 3u
+#define REC_HOST 16
+#define REC_MACHINE 24
+#define REC_ALGO 32
+#define REC_SEGMENT 36
+#define REC_SMALL 40
+#define REC_SESSION_PID 44
+#define REC_SESSION_RAND 48
 
 static void put_u(unsigned char* p, uint64_t v, int bytes) {
   for (int i = bytes - 1; i >= 0; i--) {
@@ -105,30 +129,20 @@ static uint64_t get_u(const unsigned char* p, int bytes) {
   return v;
 }
 
-/* All-gather n bytes per rank with tags of kind MLXD_TAG_BOOT. */
+/* The exchanges' sequence numbers: the top of the 33-bit space, which the
+ * group's own operations (numbered from 0) reach only after 2^33 - 8 of
+ * them, long after these have completed on every rank. */
+#define SELECT_SEQ ((1ull << MLXD_TAG_SEQ_BITS) - 8)
+/* Every rank takes the same algorithm whatever its MLXDIST_SMALL_BYTES (the
+ * exchange checks that they agree): payloads up to this in all take the
+ * algorithm layer's small all_gather (log-depth at large groups, so a rank
+ * talks to O(log N) peers, not N - 1), larger ones its ring. */
+#define SELECT_SMALL ((size_t)256 << 10)
+
+/* All-gather n bytes per rank over the algorithm layer (step: which exchange). */
 static int boot_exchange(mlxd_transport* t, unsigned step, const unsigned char* in,
                          unsigned char* out, size_t n, mlxd_status* st) {
-  const int size = t->size, rank = t->rank;
-  memcpy(out + (size_t)rank * n, in, n);
-  mlxd_req** reqs = calloc((size_t)size * 2, sizeof *reqs);
-  if (!reqs)
-    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
-                        "out of memory choosing the transport");
-  const uint64_t tag = mlxd_tag(MLXD_TAG_BOOT, 0x5e1ec7u, step);
-  int rc = 0;
-  for (int p = 0; p < size && rc == 0; p++) {
-    if (p == rank) continue;
-    rc = t->ops->irecv(t, p, tag, NULL, out + (size_t)p * n, n, &reqs[2 * p], st);
-    if (rc == 0) rc = t->ops->isend(t, p, tag, NULL, in, n, &reqs[2 * p + 1], st);
-  }
-  if (rc != 0) {
-    mlxd_status ignore = {0};
-    t->ops->waitall(t, reqs, size * 2, &ignore); /* frees what was posted */
-  } else {
-    rc = t->ops->waitall(t, reqs, size * 2, st);
-  }
-  free(reqs);
-  return rc;
+  return mlxd_algo_all_gather_upto(t, SELECT_SMALL, SELECT_SEQ + step, NULL, in, out, n, st);
 }
 
 static uint64_t ns_inode(const char* path) {
@@ -161,7 +175,8 @@ static uint64_t random64(void) {
 
 #define HOST_ID_MARK "MLXDIST_HOST_ID"
 
-static void make_id(unsigned char* id, int rank, int size, int mode, const char* host_id) {
+static void make_id(unsigned char* id, int rank, int size, int mode, const char* host_id,
+                    uint64_t session_rand) {
   memset(id, 0, ID_BYTES);
   put_u(id, ID_MAGIC, 4);
   put_u(id + 4, ID_VERSION, 2);
@@ -192,7 +207,26 @@ static void make_id(unsigned char* id, int rank, int size, int mode, const char*
   }
   if (rank == 0)
     snprintf((char*)id + ID_SESSION, ID_SESSION_MAX, "mlxdist-%ld-%016llx", (long)getpid(),
-             (unsigned long long)random64());
+             (unsigned long long)session_rand);
+}
+
+/* The compact record of a full one (layout at REC_BYTES). */
+static void make_rec(unsigned char* rec, const unsigned char* id, int rank, uint64_t session_rand) {
+  memset(rec, 0, REC_BYTES);
+  put_u(rec, REC_MAGIC, 4);
+  put_u(rec + 4, REC_VERSION, 2);
+  memcpy(rec + 6, id + 6, 10); /* mode, rank, size */
+  uint64_t h = 1469598103934665603ull;
+  for (int i = ID_HOST_FIRST; i < ID_HOST_END; i++) h = (h ^ id[i]) * 1099511628211ull;
+  put_u(rec + REC_HOST, h, 8);
+  memcpy(rec + REC_MACHINE, id + ID_MACHINE, 8);
+  memcpy(rec + REC_ALGO, id + ID_ALGO, 1);
+  memcpy(rec + REC_SEGMENT, id + ID_SEGMENT, 4);
+  memcpy(rec + REC_SMALL, id + ID_SMALL, 4);
+  if (rank == 0) {
+    put_u(rec + REC_SESSION_PID, (uint64_t)getpid() & 0xffffffffu, 4);
+    put_u(rec + REC_SESSION_RAND, session_rand, 8);
+  }
 }
 
 /* What differs between two host records, for messages. */
@@ -272,13 +306,14 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
   const char* host_id = NULL;
   if (mlxd_ring_transport_mode(&mode, st) || host_id_get(&host_id, st)) return st->code;
 
-  unsigned char* ids = calloc((size_t)size, ID_BYTES);
+  unsigned char* ids = calloc((size_t)size, REC_BYTES);
   unsigned char* stat_all = calloc((size_t)size, STATUS_BYTES);
   int* other = calloc((size_t)size, sizeof *other);
   int* local = calloc((size_t)size, sizeof *local);     /* peer -> shm index, -1: tcp */
   int* members = calloc((size_t)size, sizeof *members); /* this host's ranks */
   bool* on_shm = calloc((size_t)size, sizeof *on_shm);
-  unsigned char mine[ID_BYTES], my_status[STATUS_BYTES];
+  unsigned char mine[ID_BYTES], my_rec[REC_BYTES], my_status[STATUS_BYTES];
+  unsigned char* full = NULL; /* every rank's full record: only to explain different hosts */
   mlxd_transport* shm = NULL;
   int rc = 0;
   if (!ids || !stat_all || !other || !local || !members || !on_shm) {
@@ -286,15 +321,17 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
         mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory choosing the transport");
     goto done;
   }
-  make_id(mine, rank, size, mode, host_id);
-  if ((rc = boot_exchange(tcp, 1, mine, ids, ID_BYTES, st))) goto done;
+  uint64_t session_rand = rank == 0 ? random64() : 0;
+  make_id(mine, rank, size, mode, host_id, session_rand);
+  make_rec(my_rec, mine, rank, session_rand);
+  if ((rc = boot_exchange(tcp, 1, my_rec, ids, REC_BYTES, st))) goto done;
 
   /* validate, and agree on the setting */
   for (int p = 0; p < size; p++) {
-    const unsigned char* id = ids + (size_t)p * ID_BYTES;
-    if (get_u(id, 4) != ID_MAGIC || get_u(id + 4, 2) != ID_VERSION ||
+    const unsigned char* id = ids + (size_t)p * REC_BYTES;
+    if (get_u(id, 4) != REC_MAGIC || get_u(id + 4, 2) != REC_VERSION ||
         get_u(id + 8, 4) != (uint64_t)p || get_u(id + 12, 4) != (uint64_t)size ||
-        get_u(id + 6, 2) > MLXD_RING_T_SHM || get_u(id + ID_ALGO, 1) > 2) {
+        get_u(id + 6, 2) > MLXD_RING_T_SHM || get_u(id + REC_ALGO, 1) > 2) {
       rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "rank %d sent a malformed host record while choosing the transport "
                         "(is every rank running the same mlxdist version?)",
@@ -313,7 +350,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     }
     /* the two-level collectives run only if every rank takes them */
     static const char* algo_names[] = {"auto", "flat", "hier"};
-    unsigned pa = (unsigned)get_u(id + ID_ALGO, 1), ma = (unsigned)get_u(mine + ID_ALGO, 1);
+    unsigned pa = (unsigned)get_u(id + REC_ALGO, 1), ma = (unsigned)get_u(mine + ID_ALGO, 1);
     if (pa != ma) {
       rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "ranks disagree on MLXDIST_ALGO: rank %d has %s, rank %d has %s; expected "
@@ -326,9 +363,11 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     static const struct {
       int at;
       const char* name;
-    } sizes[] = {{ID_SEGMENT, "MLXDIST_HIER_SEGMENT"}, {ID_SMALL, "MLXDIST_SMALL_BYTES"}};
+      int mine_at;
+    } sizes[] = {{REC_SEGMENT, "MLXDIST_HIER_SEGMENT", ID_SEGMENT},
+                 {REC_SMALL, "MLXDIST_SMALL_BYTES", ID_SMALL}};
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-      uint64_t pv = get_u(id + sizes[k].at, 4), mv = get_u(mine + sizes[k].at, 4);
+      uint64_t pv = get_u(id + sizes[k].at, 4), mv = get_u(mine + sizes[k].mine_at, 4);
       if (pv == mv) continue;
       rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "ranks disagree on %s: rank %d has %" PRIu64 ", rank %d has %" PRIu64
@@ -341,14 +380,17 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
   for (int p = 0; p < size; p++) {
     host_of[p] = p;
     for (int q = 0; q < p; q++)
-      if (memcmp(ids + (size_t)p * ID_BYTES + ID_HOST_FIRST,
-                 ids + (size_t)q * ID_BYTES + ID_HOST_FIRST, ID_HOST_END - ID_HOST_FIRST) == 0) {
+      if (memcmp(ids + (size_t)p * REC_BYTES + REC_HOST, ids + (size_t)q * REC_BYTES + REC_HOST,
+                 8) == 0) {
         host_of[p] = q;
         break;
       }
   }
-  snprintf(session_out, MLXD_RING_SESSION_MAX, "%.*s", ID_SESSION_MAX,
-           (const char*)ids + ID_SESSION);
+  char session[ID_SESSION_MAX + 16];
+  snprintf(session, ID_SESSION_MAX, "mlxdist-%lu-%016llx",
+           (unsigned long)get_u(ids + REC_SESSION_PID, 4),
+           (unsigned long long)get_u(ids + REC_SESSION_RAND, 8));
+  snprintf(session_out, MLXD_RING_SESSION_MAX, "%s", session);
   if (mode == MLXD_RING_T_TCP) {
     mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=tcp)", rank, size);
     mlxd_ring_log_transports(rank, size, on_shm);
@@ -357,12 +399,12 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
   /* Who shares a host with rank 0 (for MLXDIST_TRANSPORT=shm's message),
    * and with this rank. */
   int m = 0, nloc = 0, me = -1;
-  const unsigned char* my_host = ids + (size_t)rank * ID_BYTES + ID_HOST_FIRST;
+  const unsigned char* my_host = ids + (size_t)rank * REC_BYTES + REC_HOST;
   for (int p = 0; p < size; p++) {
-    const unsigned char* h = ids + (size_t)p * ID_BYTES + ID_HOST_FIRST;
-    if (p > 0 && memcmp(ids + ID_HOST_FIRST, h, ID_HOST_END - ID_HOST_FIRST) != 0) other[m++] = p;
+    const unsigned char* h = ids + (size_t)p * REC_BYTES + REC_HOST;
+    if (p > 0 && memcmp(ids + REC_HOST, h, 8) != 0) other[m++] = p;
     local[p] = -1;
-    if (memcmp(my_host, h, ID_HOST_END - ID_HOST_FIRST) == 0) {
+    if (memcmp(my_host, h, 8) == 0) {
       if (p == rank) me = nloc;
       local[p] = nloc;
       members[nloc++] = p;
@@ -371,7 +413,15 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
   if (m > 0 && mode == MLXD_RING_T_SHM) {
     char list[160], why[200];
     rank_list(other, m, list, sizeof list);
-    host_diff(ids, ids + (size_t)other[0] * ID_BYTES, why, sizeof why);
+    /* every rank is here (the records said so): gather the full ones to say why */
+    full = calloc((size_t)size, ID_BYTES);
+    if (!full) {
+      rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
+                        "out of memory choosing the transport");
+      goto done;
+    }
+    if ((rc = boot_exchange(tcp, 3, mine, full, ID_BYTES, st))) goto done;
+    host_diff(full, full + (size_t)other[0] * ID_BYTES, why, sizeof why);
     rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                       "MLXDIST_TRANSPORT=shm needs every rank on one host, but rank%s %s "
                       "%s on a different host than rank 0 (rank %d: %s); use "
@@ -384,16 +434,13 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
    * 0's name, suffixed with the host's first rank when the group spans
    * hosts (its ranks are numbered in the session by increasing group rank
    * and named by their group ranks). */
-  char session[ID_SESSION_MAX + 16];
-  memcpy(session, ids + ID_SESSION, ID_SESSION_MAX);
-  session[ID_SESSION_MAX] = '\0';
   if (m > 0) {
     size_t l = strlen(session);
     snprintf(session + l, sizeof session - l, "-h%d", members[0]);
   }
   int machine = 0; /* the group's ranks on this machine, whatever MLXDIST_HOST_ID says */
   for (int p = 0; p < size; p++)
-    machine += get_u(ids + (size_t)p * ID_BYTES + ID_MACHINE, 8) == get_u(mine + ID_MACHINE, 8);
+    machine += get_u(ids + (size_t)p * REC_BYTES + REC_MACHINE, 8) == get_u(mine + ID_MACHINE, 8);
   mlxd_status sst = {0};
   if (nloc >= 2)
     shm = m == 0 ? mlxd_shm_transport_new(rank, size, session, &sst)
@@ -459,6 +506,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
 done:
   if (shm) shm->ops->destroy(shm);
   free(ids);
+  free(full);
   free(stat_all);
   free(other);
   free(local);
