@@ -37,6 +37,27 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const mlxd_
 int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
                                   const void* in, void* out, size_t count, mlx_dtype dtype,
                                   mlxd_reduce_op op, int bidir, mlxd_status* st);
+/* The log-depth forms (logdepth.c: the fold for sizes that are not a power
+ * of two and the one reduction order are described there): all_reduce by
+ * recursive doubling, reduce_scatter by recursive halving, all_gather by
+ * Bruck's rounds; ceil(log2 size) (+ 2 with the fold) steps, one peer each. */
+int mlxd_algo_all_reduce_rd(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                            void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                            mlxd_status* st);
+int mlxd_algo_reduce_scatter_rh(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                const void* in, void* out, size_t count, mlx_dtype dtype,
+                                mlxd_reduce_op op, mlxd_status* st);
+int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                               void* out, size_t nbytes, mlxd_status* st);
+/* Within the small limit: the one-shot / direct forms below these many
+ * ranks, the log-depth forms from them on (measured: docs/performance.md),
+ * unless MLXDIST_SMALL_ALGO forces one. */
+#define MLXD_LOGN_AR_MIN_RANKS 8
+#define MLXD_LOGN_AG_MIN_RANKS 8
+#define MLXD_LOGN_RS_MIN_RANKS 8
+/* Whether a small op in a group of size ranks takes the log-depth form
+ * (min_ranks: the op's MLXD_LOGN_*_MIN_RANKS). */
+bool mlxd_algo_logn(int size, int min_ranks);
 /* As mlxd_algo_all_reduce / _all_gather / _reduce_scatter (algo.h), with
  * `small` in place of MLXDIST_SMALL_BYTES: the largest whole buffer they
  * send by the one-shot (direct) form instead of the ring (the two-level

@@ -29,6 +29,16 @@ size_t mlxd_algo_small_bytes(void) {
   return g_small;
 }
 
+static pthread_once_t g_form_once = PTHREAD_ONCE_INIT;
+static int g_form; /* MLXDIST_SMALL_ALGO: 0 auto, 1 direct, 2 logn */
+
+static void form_init(void) { g_form = (int)mlxd_tunable_long(MLXD_T_SMALL_ALGO); }
+
+bool mlxd_algo_logn(int size, int min_ranks) {
+  pthread_once(&g_form_once, form_init);
+  return g_form == 2 || (g_form == 0 && size >= min_ranks);
+}
+
 int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st) {
   bool any = false;
   for (int i = 0; i < n && !any; i++) any = reqs[i] != NULL;
