@@ -111,7 +111,7 @@ int mlxd_algo_all_gather_upto(mlxd_transport* t, size_t small, uint64_t seq, con
                               const void* in, void* out, size_t nbytes, mlxd_status* st) {
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
   if (t->size <= 2 || total <= small) {
-    if (total <= small && mlxd_algo_logn(t->size, MLXD_LOGN_AG_MIN_RANKS))
+    if (total <= small && mlxd_algo_logn(t, MLXD_SMALL_AG, total))
       return mlxd_algo_all_gather_bruck(t, seq, sig, in, out, nbytes, st);
     return mlxd_algo_all_gather_direct(t, seq, sig, in, out, nbytes, st);
   }

@@ -108,7 +108,7 @@ int mlxd_algo_all_reduce_upto(mlxd_transport* t, size_t small, uint64_t seq, con
                               mlxd_reduce_op op, mlxd_status* st) {
   size_t esz = mlxd_algo_esize(dtype, op);
   if (count <= small / esz) {
-    if (mlxd_algo_logn(t->size, MLXD_LOGN_AR_MIN_RANKS))
+    if (mlxd_algo_logn(t, MLXD_SMALL_AR, count * esz))
       return mlxd_algo_all_reduce_rd(t, seq, sig, in, out, count, dtype, op, st);
     return mlxd_algo_all_reduce_oneshot(t, seq, sig, in, out, count, dtype, op, st);
   }

@@ -3,8 +3,8 @@
  * all_gather. Each rank talks to about log2(size) peers per op instead of
  * size - 1 (the one-shot / direct forms), and sends fewer bytes: the
  * dispatchers (all_reduce.c, reduce_scatter.c, all_gather.c) choose them
- * for small buffers in groups of at least MLXD_LOGN_MIN_RANKS ranks
- * (docs/performance.md has the measurements).
+ * for small buffers in large groups (mlxd_algo_logn, common.c; the
+ * measurements are in docs/performance.md).
  *
  * Groups that are not a power of two are folded: with p2 the largest power
  * of two <= size and rem = size - p2, ranks 2v and 2v + 1 (v < rem) pair up:

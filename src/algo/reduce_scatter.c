@@ -130,7 +130,7 @@ int mlxd_algo_reduce_scatter_upto(mlxd_transport* t, size_t small, uint64_t seq,
   size_t blk;
   rs_prologue(t, in, out, count, dtype, op, &blk, st);
   if (blk <= small / (size_t)t->size) {
-    if (mlxd_algo_logn(t->size, MLXD_LOGN_RS_MIN_RANKS))
+    if (mlxd_algo_logn(t, MLXD_SMALL_RS, blk * (size_t)t->size))
       return mlxd_algo_reduce_scatter_rh(t, seq, sig, in, out, count, dtype, op, st);
     return mlxd_algo_reduce_scatter_direct(t, seq, sig, in, out, count, dtype, op, st);
   }

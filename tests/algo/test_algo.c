@@ -471,7 +471,7 @@ static void logn_tree_case(mlxd_transport* t, bufs* b, int dt, int op, size_t co
  * any group size: every dtype and op, in place and not, counts around the
  * group size, against the references; arbitrary floats: the same bits on
  * every rank. The dispatcher too (it chooses them from
- * MLXD_LOGN_*_MIN_RANKS ranks on). */
+ * mlxd_algo_logn's group sizes on). */
 static void test_logn(mlxd_transport* t, bufs* b) {
   int n = t->size;
   const unsigned lg = 1u << V_LOGN | 1u << V_AUTO;
