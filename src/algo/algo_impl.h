@@ -58,19 +58,18 @@ int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* 
  * ranks; over shared memory (where a step costs a wake-up, and every rank's
  * messages cost little) all_reduce from MLXD_LOGN_SHM_AR_RANKS ranks, or
  * from MLXD_LOGN_SHM_AR_MID_RANKS ranks and MLXD_LOGN_SHM_AR_MID_BYTES;
- * all_gather from MLXD_LOGN_SHM_AG_RANKS ranks, or from
- * MLXD_LOGN_SHM_AG_MID_RANKS ranks and MLXD_LOGN_SHM_AG_MID_BYTES;
+ * all_gather from MLXD_LOGN_SHM_AG_RANKS ranks up to
+ * MLXD_LOGN_SHM_AG_MAX_BYTES;
  * reduce_scatter from MLXD_LOGN_SHM_RS_RANKS ranks up to
  * MLXD_LOGN_SHM_RS_MAX_BYTES. */
 #define MLXD_LOGN_NET_AR_RANKS 8
 #define MLXD_LOGN_NET_AG_RANKS 8
-#define MLXD_LOGN_NET_RS_RANKS 16
+#define MLXD_LOGN_NET_RS_RANKS 8
 #define MLXD_LOGN_SHM_AR_RANKS 64
 #define MLXD_LOGN_SHM_AR_MID_RANKS 8
 #define MLXD_LOGN_SHM_AR_MID_BYTES ((size_t)4 << 10)
 #define MLXD_LOGN_SHM_AG_RANKS 32
-#define MLXD_LOGN_SHM_AG_MID_RANKS 16
-#define MLXD_LOGN_SHM_AG_MID_BYTES ((size_t)1 << 10)
+#define MLXD_LOGN_SHM_AG_MAX_BYTES ((size_t)1 << 10)
 #define MLXD_LOGN_SHM_RS_RANKS 4
 #define MLXD_LOGN_SHM_RS_MAX_BYTES ((size_t)16 << 10)
 typedef enum { MLXD_SMALL_AR, MLXD_SMALL_AG, MLXD_SMALL_RS } mlxd_small_op;

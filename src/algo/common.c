@@ -49,8 +49,7 @@ bool mlxd_algo_logn(const mlxd_transport* t, mlxd_small_op op, size_t bytes) {
     return n >= MLXD_LOGN_SHM_AR_RANKS ||
            (n >= MLXD_LOGN_SHM_AR_MID_RANKS && bytes >= MLXD_LOGN_SHM_AR_MID_BYTES);
   if (op == MLXD_SMALL_AG)
-    return n >= MLXD_LOGN_SHM_AG_RANKS ||
-           (n >= MLXD_LOGN_SHM_AG_MID_RANKS && bytes >= MLXD_LOGN_SHM_AG_MID_BYTES);
+    return n >= MLXD_LOGN_SHM_AG_RANKS && bytes <= MLXD_LOGN_SHM_AG_MAX_BYTES;
   return n >= MLXD_LOGN_SHM_RS_RANKS && bytes <= MLXD_LOGN_SHM_RS_MAX_BYTES;
 }
 
