@@ -37,6 +37,46 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const mlxd_
 int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
                                   const void* in, void* out, size_t count, mlx_dtype dtype,
                                   mlxd_reduce_op op, int bidir, mlxd_status* st);
+/* The log-depth forms (logdepth.c: the fold for sizes that are not a power
+ * of two and the one reduction order are described there): all_reduce by
+ * recursive doubling, reduce_scatter by recursive halving, all_gather by
+ * Bruck's rounds; ceil(log2 size) (+ 2 with the fold) steps, one peer each. */
+int mlxd_algo_all_reduce_rd(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                            void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
+                            mlxd_status* st);
+int mlxd_algo_reduce_scatter_rh(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                const void* in, void* out, size_t count, mlx_dtype dtype,
+                                mlxd_reduce_op op, mlxd_status* st);
+int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                               void* out, size_t nbytes, mlxd_status* st);
+/* Within the small limit, the dispatchers take the log-depth form where it
+ * beat the one-shot / direct one on this machine (docs/performance.md,
+ * "Small collectives in log N steps"), unless MLXDIST_SMALL_ALGO forces one.
+ * bytes: all_reduce the buffer, all_gather the gathered output,
+ * reduce_scatter the input (mlxdist-bench's size). Over TCP and every
+ * transport but shared memory (mixed, views) from MLXD_LOGN_NET_*_RANKS
+ * ranks; over shared memory (where a step costs a wake-up, and every rank's
+ * messages cost little) all_reduce from MLXD_LOGN_SHM_AR_RANKS ranks, or
+ * from MLXD_LOGN_SHM_AR_MID_RANKS ranks and MLXD_LOGN_SHM_AR_MID_BYTES;
+ * all_gather from MLXD_LOGN_SHM_AG_RANKS ranks up to
+ * MLXD_LOGN_SHM_AG_MAX_BYTES;
+ * reduce_scatter from MLXD_LOGN_SHM_RS_RANKS ranks up to
+ * MLXD_LOGN_SHM_RS_MAX_BYTES. */
+#define MLXD_LOGN_NET_AR_RANKS 8
+#define MLXD_LOGN_NET_AG_RANKS 8
+#define MLXD_LOGN_NET_RS_RANKS 8
+#define MLXD_LOGN_SHM_AR_RANKS 64
+#define MLXD_LOGN_SHM_AR_MID_RANKS 8
+#define MLXD_LOGN_SHM_AR_MID_BYTES ((size_t)4 << 10)
+#define MLXD_LOGN_SHM_AG_RANKS 32
+#define MLXD_LOGN_SHM_AG_MAX_BYTES ((size_t)1 << 10)
+#define MLXD_LOGN_SHM_RS_RANKS 4
+#define MLXD_LOGN_SHM_RS_MAX_BYTES ((size_t)16 << 10)
+typedef enum { MLXD_SMALL_AR, MLXD_SMALL_AG, MLXD_SMALL_RS } mlxd_small_op;
+/* Whether a small op of `bytes` on t takes the log-depth form. The same on
+ * every rank of a group (same size, bytes and kind of transport;
+ * MLXDIST_SMALL_ALGO must agree). */
+bool mlxd_algo_logn(const mlxd_transport* t, mlxd_small_op op, size_t bytes);
 /* As mlxd_algo_all_reduce / _all_gather / _reduce_scatter (algo.h), with
  * `small` in place of MLXDIST_SMALL_BYTES: the largest whole buffer they
  * send by the one-shot (direct) form instead of the ring (the two-level

@@ -1,4 +1,5 @@
-/* all_gather: direct exchange for small payloads, pipelined ring otherwise. */
+/* all_gather: direct exchange (small groups) or Bruck's rounds (large ones,
+ * logdepth.c) for small payloads, pipelined ring otherwise. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,8 +110,11 @@ int mlxd_algo_all_gather_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig*
 int mlxd_algo_all_gather_upto(mlxd_transport* t, size_t small, uint64_t seq, const mlxd_sig* sig,
                               const void* in, void* out, size_t nbytes, mlxd_status* st) {
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
-  if (t->size <= 2 || total <= small)
+  if (t->size <= 2 || total <= small) {
+    if (total <= small && mlxd_algo_logn(t, MLXD_SMALL_AG, total))
+      return mlxd_algo_all_gather_bruck(t, seq, sig, in, out, nbytes, st);
     return mlxd_algo_all_gather_direct(t, seq, sig, in, out, nbytes, st);
+  }
   return mlxd_algo_all_gather_ring(t, seq, sig, in, out, nbytes, -1, st);
 }
 

@@ -1,4 +1,5 @@
-/* all_reduce: one-shot for small payloads, pipelined ring otherwise. */
+/* all_reduce: one-shot (small groups) or recursive doubling (large ones,
+ * logdepth.c) for small payloads, pipelined ring otherwise. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,8 +107,11 @@ int mlxd_algo_all_reduce_upto(mlxd_transport* t, size_t small, uint64_t seq, con
                               const void* in, void* out, size_t count, mlx_dtype dtype,
                               mlxd_reduce_op op, mlxd_status* st) {
   size_t esz = mlxd_algo_esize(dtype, op);
-  if (count <= small / esz)
+  if (count <= small / esz) {
+    if (mlxd_algo_logn(t, MLXD_SMALL_AR, count * esz))
+      return mlxd_algo_all_reduce_rd(t, seq, sig, in, out, count, dtype, op, st);
     return mlxd_algo_all_reduce_oneshot(t, seq, sig, in, out, count, dtype, op, st);
+  }
   return mlxd_algo_all_reduce_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
 }
 

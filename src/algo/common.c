@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "algo/algo_impl.h"
 #include "util/tunables.h"
@@ -27,6 +28,29 @@ static void small_init(void) {
 size_t mlxd_algo_small_bytes(void) {
   pthread_once(&g_small_once, small_init);
   return g_small;
+}
+
+static pthread_once_t g_form_once = PTHREAD_ONCE_INIT;
+static int g_form; /* MLXDIST_SMALL_ALGO: 0 auto, 1 direct, 2 logn */
+
+static void form_init(void) { g_form = (int)mlxd_tunable_long(MLXD_T_SMALL_ALGO); }
+
+bool mlxd_algo_logn(const mlxd_transport* t, mlxd_small_op op, size_t bytes) {
+  pthread_once(&g_form_once, form_init);
+  if (g_form) return g_form == 2;
+  int n = t->size;
+  if (n < 4) return false; /* below every threshold: no name compared */
+  if (strcmp(t->ops->name, "shm") != 0) {
+    if (op == MLXD_SMALL_AR) return n >= MLXD_LOGN_NET_AR_RANKS;
+    if (op == MLXD_SMALL_AG) return n >= MLXD_LOGN_NET_AG_RANKS;
+    return n >= MLXD_LOGN_NET_RS_RANKS;
+  }
+  if (op == MLXD_SMALL_AR)
+    return n >= MLXD_LOGN_SHM_AR_RANKS ||
+           (n >= MLXD_LOGN_SHM_AR_MID_RANKS && bytes >= MLXD_LOGN_SHM_AR_MID_BYTES);
+  if (op == MLXD_SMALL_AG)
+    return n >= MLXD_LOGN_SHM_AG_RANKS && bytes <= MLXD_LOGN_SHM_AG_MAX_BYTES;
+  return n >= MLXD_LOGN_SHM_RS_RANKS && bytes <= MLXD_LOGN_SHM_RS_MAX_BYTES;
 }
 
 int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st) {

@@ -1,4 +1,5 @@
-/* reduce_scatter: direct exchange for small payloads, pipelined ring otherwise.
+/* reduce_scatter: direct exchange (small groups) or recursive halving
+ * (large ones, logdepth.c) for small payloads, pipelined ring otherwise.
  * Rank r ends with block r (count elements) of the reduction of every
  * rank's input (size * count elements). */
 #include <stdlib.h>
@@ -128,8 +129,11 @@ int mlxd_algo_reduce_scatter_upto(mlxd_transport* t, size_t small, uint64_t seq,
                                   mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   size_t blk;
   rs_prologue(t, in, out, count, dtype, op, &blk, st);
-  if (blk <= small / (size_t)t->size)
+  if (blk <= small / (size_t)t->size) {
+    if (mlxd_algo_logn(t, MLXD_SMALL_RS, blk * (size_t)t->size))
+      return mlxd_algo_reduce_scatter_rh(t, seq, sig, in, out, count, dtype, op, st);
     return mlxd_algo_reduce_scatter_direct(t, seq, sig, in, out, count, dtype, op, st);
+  }
   return mlxd_algo_reduce_scatter_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
 }
 

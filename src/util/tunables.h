@@ -99,6 +99,12 @@ typedef struct mlxd_tunable_spec {
     "Connections per peer when bootstrapped by a caller's all-gather.")                           \
   X(SMALL_BYTES, "MLXDIST_SMALL_BYTES", "65536", MLXD_TK_INTEGER(0, 16777216, "bytes"),           \
     "Reductions up to this many bytes use the low-latency algorithm (0: never).")                 \
+  X(SMALL_ALGO, "MLXDIST_SMALL_ALGO", "auto", MLXD_TK_CHOICE("auto|direct|logn"),                 \
+    "all_sum/max/min, all_gather and sum_scatter up to MLXDIST_SMALL_BYTES: direct sends every "  \
+    "rank's buffer to every other rank in one step; logn runs recursive doubling, Bruck's "       \
+    "all-gather and recursive halving (log2 of the group size steps, one peer each); auto: "      \
+    "direct in small groups, logn in large ones, as measured (docs/performance.md). Read once "   \
+    "per process; must be the same on every rank.")                                               \
   X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "", MLXD_TK_PATHS(),                                      \
     "Colon-separated directories searched first for backend plugins "                             \
     "(libmlxdist-<name>.so).")                                                                    \

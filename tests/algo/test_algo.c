@@ -5,7 +5,7 @@
  *
  * (shm-cma: the shared-memory transport with its single-copy path on from
  * 64 KiB.) Every algorithm variant (the dispatcher, the direct / one-shot
- * exchange, the ring in one and in both directions) of all_reduce,
+ * exchange, the ring in one and in both directions, the log-depth forms) of all_reduce,
  * reduce_scatter and all_gather, and send/recv, on sizes 0, 1, fewer
  * elements than ranks, odd, around the small/large switch
  * (MLXDIST_SMALL_BYTES) and a few MiB; all_reduce with every dtype and op,
@@ -14,7 +14,9 @@
  * against the same references as the flat ones, and the two-level all_reduce
  * pipelined in many segments against the flat ring and its one-piece form;
  * results checked bit for bit against references computed here
- * (reference.c), plus a canary past the end of every output. Arbitrary
+ * (reference.c), plus a canary past the end of every output. With a third
+ * argument "logn": only the log-depth forms (logdepth.c) on small buffers,
+ * every dtype and op (groups up to T_MAX_RANKS ranks). Arbitrary
  * floats check that every rank gets bit-identical results close to the
  * reference.
  *
@@ -39,9 +41,9 @@
 
 /* Sanitizer builds (T_SANITIZED) run every case but the few-MiB ones for one dtype only. */
 
-enum { V_AUTO, V_DIRECT, V_RING, V_BIDIR, V_HIER, V_COUNT };
+enum { V_AUTO, V_DIRECT, V_RING, V_BIDIR, V_LOGN, V_HIER, V_COUNT };
 static const char* v_name(int v) {
-  static const char* nm[] = {"auto", "direct", "ring", "ring-bidir", "hier"};
+  static const char* nm[] = {"auto", "direct", "ring", "ring-bidir", "logn", "hier"};
   return nm[v];
 }
 /* Over mixed:HOSTS, the two-level collectives (algo/hier.h) on the host map
@@ -78,6 +80,7 @@ static int call_all_reduce(mlxd_transport* t, int v, const void* in, void* out, 
     case V_AUTO: return mlxd_algo_all_reduce(t, seq, NULL, in, out, count, d, o, st);
     case V_DIRECT: return mlxd_algo_all_reduce_oneshot(t, seq, NULL, in, out, count, d, o, st);
     case V_RING: return mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, d, o, 0, st);
+    case V_LOGN: return mlxd_algo_all_reduce_rd(t, seq, NULL, in, out, count, d, o, st);
     case V_HIER: return mlxd_algo_hier_all_reduce(t, g_hier, seq, NULL, in, out, count, d, o, st);
     default: return mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, d, o, 1, st);
   }
@@ -92,6 +95,7 @@ static int call_reduce_scatter(mlxd_transport* t, int v, const void* in, void* o
     case V_AUTO: return mlxd_algo_reduce_scatter(t, seq, NULL, in, out, count, d, o, st);
     case V_DIRECT: return mlxd_algo_reduce_scatter_direct(t, seq, NULL, in, out, count, d, o, st);
     case V_RING: return mlxd_algo_reduce_scatter_ring(t, seq, NULL, in, out, count, d, o, 0, st);
+    case V_LOGN: return mlxd_algo_reduce_scatter_rh(t, seq, NULL, in, out, count, d, o, st);
     case V_HIER:
       return mlxd_algo_hier_reduce_scatter(t, g_hier, seq, NULL, in, out, count, d, o, st);
     default: return mlxd_algo_reduce_scatter_ring(t, seq, NULL, in, out, count, d, o, 1, st);
@@ -105,6 +109,7 @@ static int call_all_gather(mlxd_transport* t, int v, const void* in, void* out, 
     case V_AUTO: return mlxd_algo_all_gather(t, seq, NULL, in, out, nbytes, st);
     case V_DIRECT: return mlxd_algo_all_gather_direct(t, seq, NULL, in, out, nbytes, st);
     case V_RING: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 0, st);
+    case V_LOGN: return mlxd_algo_all_gather_bruck(t, seq, NULL, in, out, nbytes, st);
     case V_HIER: return mlxd_algo_hier_all_gather(t, g_hier, seq, NULL, in, out, nbytes, st);
     default: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 1, st);
   }
@@ -298,7 +303,7 @@ static void test_pipeline(mlxd_transport* t, bufs* b) {
 static void test_all_reduce(mlxd_transport* t, bufs* b) {
   int n = t->size;
   const unsigned all = (1u << V_COUNT) - 1;
-  const unsigned auto_bidir = 1u << V_AUTO | 1u << V_BIDIR | 1u << V_HIER;
+  const unsigned auto_bidir = 1u << V_AUTO | 1u << V_BIDIR | 1u << V_LOGN | 1u << V_HIER;
   for (int dt = 0; dt < R_NDTYPES; dt++)
     for (int op = 0; op < R_NOPS; op++)
       all_reduce_case(t, b, dt, op, 129, auto_bidir, op == dt % 3);
@@ -371,7 +376,8 @@ static void test_reduce_scatter(mlxd_transport* t, bufs* b) {
   /* every dtype through both reduction paths (direct: mlxd_reduce after
    * the exchange; ring: mlxd_reduce3 on chunks) */
   for (int dt = 0; dt < R_NDTYPES; dt++)
-    reduce_scatter_case(t, b, dt, dt % 3, 7, 1u << V_DIRECT | 1u << V_RING | 1u << V_HIER);
+    reduce_scatter_case(t, b, dt, dt % 3, 7,
+                        1u << V_DIRECT | 1u << V_RING | 1u << V_LOGN | 1u << V_HIER);
   /* every op for one dtype per element size, every variant */
   const int per_size[] = {0 /* bool */, 9 /* float16 */, 7 /* int32 */, 13 /* complex64 */};
   for (int k = 0; k < 4; k++)
@@ -441,6 +447,59 @@ static void test_all_gather(mlxd_transport* t, bufs* b) {
   all_gather_case(t, b, BIG_BYTES / (size_t)n, all);
 }
 
+/* -------------------------------------------------- log-depth forms */
+
+/* The log-depth forms' one reduction order (logdepth.c): recursive halving
+ * computes every block with the same expression tree as recursive
+ * doubling, so on arbitrary floats rank r's reduce_scatter block is bit for
+ * bit block r of the all_reduce of the same input. */
+static void logn_tree_case(mlxd_transport* t, bufs* b, int dt, int op, size_t count) {
+  size_t es = r_esize(dt), n = (size_t)t->size;
+  T_REQUIRE(count * n * es <= b->cap);
+  char what[160];
+  snprintf(what, sizeof what,
+           "reduce_scatter logn %s %s count %zu (arbitrary floats) vs the logn all_reduce",
+           r_dt_name(dt), r_op_name(op), count);
+  r_fill(dt, t->rank, 0, count * n, false, 11, b->in);
+  mlxd_status st;
+  require_ok(call_all_reduce(t, V_LOGN, b->in, b->ref, count * n, dt, op, &st), &st, what);
+  require_ok(call_reduce_scatter(t, V_LOGN, b->in, b->out, count, dt, op, &st), &st, what);
+  check_equal(what, dt, b->out, b->ref + (size_t)t->rank * count * es, count);
+}
+
+/* The log-depth forms on small buffers (what the dispatchers give them) at
+ * any group size: every dtype and op, in place and not, counts around the
+ * group size, against the references; arbitrary floats: the same bits on
+ * every rank. The dispatcher too (it chooses them from
+ * mlxd_algo_logn's group sizes on). */
+static void test_logn(mlxd_transport* t, bufs* b) {
+  int n = t->size;
+  const unsigned lg = 1u << V_LOGN | 1u << V_AUTO;
+  for (int dt = 0; dt < R_NDTYPES; dt++)
+    for (int op = 0; op < R_NOPS; op++) {
+      all_reduce_case(t, b, dt, op, 37, lg, op == dt % 3);
+      reduce_scatter_case(t, b, dt, op, 5, lg);
+    }
+  const int per_size[] = {1 /* uint8 */, 12 /* bfloat16 */, 10 /* float32 */, 13 /* complex64 */};
+  const size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n + 1, 1001};
+  for (int k = 0; k < 4; k++)
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+      all_reduce_case(t, b, per_size[k], k % 3, counts[c], lg, c != 2);
+      if (counts[c] <= (size_t)n + 1) reduce_scatter_case(t, b, per_size[k], k % 3, counts[c], lg);
+    }
+  /* the switch to the ring */
+  size_t at = g_small / 4;
+  for (size_t c = at - 1; c <= at + 1; c++) all_reduce_case(t, b, 10, 0, c, lg, c == at);
+  at = g_small / (size_t)n / 4;
+  for (size_t c = at - 1; c <= at + 1; c++) reduce_scatter_case(t, b, 10, 1, c, lg);
+  const size_t sizes[] = {0, 1, 3, 1001, g_small / (size_t)n, g_small / (size_t)n + 1};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) all_gather_case(t, b, sizes[k], lg);
+  for (int dt = 9; dt < R_NDTYPES; dt++) inexact_case(t, b, dt, 1001, lg);
+  for (int op = 0; op < R_NOPS; op++) logn_tree_case(t, b, 10, op, 33);
+  logn_tree_case(t, b, 12, 0, 100);
+  logn_tree_case(t, b, 13, 0, 7);
+}
+
 /* ------------------------------------------------------------ send/recv */
 
 /* Every rank sends to every other rank (everyone sends first: sends must
@@ -505,6 +564,8 @@ static void test_tags(void) {
 
 /* ---------------------------------------------------------------- main */
 
+static bool g_logn_only; /* argument "logn": only test_logn */
+
 static int rank_main(mlxd_transport* t, void* arg) {
   const t_tp_spec* spec = arg;
   if (spec->kind == T_TP_MIXED) {
@@ -536,6 +597,20 @@ static int rank_main(mlxd_transport* t, void* arg) {
   b.ref = malloc(b.cap);
   T_REQUIREF(b.in && b.out && b.ref, "out of memory for 3 x %zu bytes", b.cap);
   double t0 = t_now();
+  if (g_logn_only) {
+    test_logn(t, &b);
+    uint64_t x = 1, all[T_MAX_RANKS];
+    mlxd_status st;
+    require_ok(mlxd_algo_all_gather_direct(t, g_seq++, NULL, &x, all, sizeof x, &st), &st,
+               "final all_gather");
+    if (t->rank == 0)
+      printf("%s, %d ranks: log-depth forms %.2f s\n", t->ops->name, t->size, t_now() - t0);
+    free(b.in);
+    free(b.out);
+    free(b.ref);
+    mlxd_hier_free(g_hier);
+    return 0;
+  }
   test_all_reduce(t, &b);
   double t1 = t_now();
   test_reduce_scatter(t, &b);
@@ -563,11 +638,13 @@ static int rank_main(mlxd_transport* t, void* arg) {
 
 int main(int argc, char** argv) {
   t_tp_spec spec;
-  bool cma = argc == 3 && strcmp(argv[1], "shm-cma") == 0;
-  int n = argc == 3 ? atoi(argv[2]) : 0;
-  if (argc != 3 || (!cma && !t_tp_parse(argv[1], &spec)) || n < 2 || n > T_MAX_RANKS) {
-    fprintf(stderr, "usage: %s tcp[:K]|unix[:K]|shm|shm-cma|mixed:HOSTS <ranks 2..%d>\n", argv[0],
-            T_MAX_RANKS);
+  g_logn_only = argc == 4 && strcmp(argv[3], "logn") == 0;
+  bool cma = (argc == 3 || g_logn_only) && strcmp(argv[1], "shm-cma") == 0;
+  int n = argc == 3 || g_logn_only ? atoi(argv[2]) : 0;
+  if ((argc != 3 && !g_logn_only) || (!cma && !t_tp_parse(argv[1], &spec)) || n < 2 ||
+      n > T_MAX_RANKS) {
+    fprintf(stderr, "usage: %s tcp[:K]|unix[:K]|shm|shm-cma|mixed:HOSTS <ranks 2..%d> [logn]\n",
+            argv[0], T_MAX_RANKS);
     return 2;
   }
   if (cma) {

@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#define T_MAX_RANKS 16
+#define T_MAX_RANKS 32
 
 /* session: a name unique to this run (for transports that need one: the
  * shared-memory session name); arg: the caller's. */
