@@ -34,6 +34,14 @@ int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, c
 /* out (size * nbytes) = every rank's in (nbytes), in rank order. */
 int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                          void* out, size_t nbytes, mlxd_status* st);
+/* As mlxd_algo_all_gather, for a group's set-up exchanges: the algorithm
+ * depends on the group size and nbytes alone, never on the environment
+ * (MLXDIST_SMALL_BYTES, MLXDIST_SMALL_ALGO), so ranks that disagree on those
+ * still meet here and the exchange can say so: Bruck's log-depth rounds
+ * from MLXD_LOGN_NET_AG_RANKS ranks up to 256 KiB gathered, direct below,
+ * the ring above. sig: none (set-up messages are unsigned). */
+int mlxd_algo_all_gather_setup(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                               size_t nbytes, mlxd_status* st);
 /* in: size * count elements; out: count elements = block `rank` of the all_reduce. */
 int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                              void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,

@@ -122,3 +122,13 @@ int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, c
                          void* out, size_t nbytes, mlxd_status* st) {
   return mlxd_algo_all_gather_upto(t, mlxd_algo_small_bytes(), seq, sig, in, out, nbytes, st);
 }
+
+int mlxd_algo_all_gather_setup(mlxd_transport* t, uint64_t seq, const void* in, void* out,
+                               size_t nbytes, mlxd_status* st) {
+  size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
+  if (t->size > 2 && total > ((size_t)256 << 10))
+    return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, -1, st);
+  if (t->size >= MLXD_LOGN_NET_AG_RANKS)
+    return mlxd_algo_all_gather_bruck(t, seq, NULL, in, out, nbytes, st);
+  return mlxd_algo_all_gather_direct(t, seq, NULL, in, out, nbytes, st);
+}

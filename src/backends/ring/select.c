@@ -54,9 +54,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* mlxd_algo_all_gather_upto: the all_gather with a threshold the caller fixes
- * (algo.h has only the one that reads MLXDIST_SMALL_BYTES) */
-#include "algo/algo_impl.h"
+#include "algo/algo.h"
 #include "backends/ring/ring_internal.h"
 #include "transport/mixed.h"
 #include "transport/shm.h"
@@ -89,11 +87,13 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
  * 32 boot id (48), 80 host name (128), 208 session name (96, rank 0's only), 304 the
  * machine (u64: a hash of the boot id, also with MLXDIST_HOST_ID), 312 MLXDIST_ALGO (u8:
  * auto 0, flat 1, hier 2), 316 MLXDIST_HIER_SEGMENT (u32), 320 MLXDIST_SMALL_BYTES (u32)
- * (the three choose algorithms: every rank must have the same), 313 and 324.. zero */
+ * 313 MLXDIST_SMALL_ALGO (u8: auto 0, direct 1, logn 2) (the four choose algorithms:
+ * every rank must have the same), 314 and 324.. zero */
 #define ID_MACHINE 304
 #define ID_ALGO 312
 #define ID_SEGMENT 316
 #define ID_SMALL 320
+#define ID_SMALL_ALGO 313
 #define ID_HOST_FIRST 16
 #define ID_HOST_END 208
 #define ID_SESSION 208
@@ -103,7 +103,7 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
  * above. layout: 0 magic, 4 version, 6 mode, 8 rank, 12 size, 16 the host (u64:
  * FNV-1a of the full record's bytes 16..207, i.e. MLXDIST_HOST_ID, or boot id,
  * namespaces and host name), 24 the machine (u64, as ID_MACHINE), 32 MLXDIST_ALGO
- * (u8), 36 MLXDIST_HIER_SEGMENT (u32), 40 MLXDIST_SMALL_BYTES (u32), 44 rank 0's
+ * (u8), 33 MLXDIST_SMALL_ALGO (u8), 36 MLXDIST_HIER_SEGMENT (u32), 40 MLXDIST_SMALL_BYTES (u32), 44 rank 0's
  * session (u32 pid, u64 random: "mlxdist-<pid>-<16 hex>"; zero elsewhere), 56..63
  * zero. The full records travel only to explain different hosts (an error). */
 #define REC_BYTES 64
@@ -114,6 +114,7 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
 #define REC_ALGO 32
 #define REC_SEGMENT 36
 #define REC_SMALL 40
+#define REC_SMALL_ALGO 33
 #define REC_SESSION_PID 44
 #define REC_SESSION_RAND 48
 
@@ -133,16 +134,13 @@ static uint64_t get_u(const unsigned char* p, int bytes) {
  * group's own operations (numbered from 0) reach only after 2^33 - 8 of
  * them, long after these have completed on every rank. */
 #define SELECT_SEQ ((1ull << MLXD_TAG_SEQ_BITS) - 8)
-/* Every rank takes the same algorithm whatever its MLXDIST_SMALL_BYTES (the
- * exchange checks that they agree): payloads up to this in all take the
- * algorithm layer's small all_gather (log-depth at large groups, so a rank
- * talks to O(log N) peers, not N - 1), larger ones its ring. */
-#define SELECT_SMALL ((size_t)256 << 10)
-
-/* All-gather n bytes per rank over the algorithm layer (step: which exchange). */
+/* All-gather n bytes per rank over the algorithm layer (step: which
+ * exchange): the same algorithm on every rank whatever its environment (the
+ * exchange checks that the settings agree), log-depth at large groups, so a
+ * rank talks to O(log N) peers, not N - 1. */
 static int boot_exchange(mlxd_transport* t, unsigned step, const unsigned char* in,
                          unsigned char* out, size_t n, mlxd_status* st) {
-  return mlxd_algo_all_gather_upto(t, SELECT_SMALL, SELECT_SEQ + step, NULL, in, out, n, st);
+  return mlxd_algo_all_gather_setup(t, SELECT_SEQ + step, in, out, n, st);
 }
 
 static uint64_t ns_inode(const char* path) {
@@ -192,6 +190,7 @@ static void make_id(unsigned char* id, int rank, int size, int mode, const char*
   put_u(id + ID_ALGO, (uint64_t)mlxd_tunable_long(MLXD_T_ALGO), 1);
   put_u(id + ID_SEGMENT, (uint64_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT), 4);
   put_u(id + ID_SMALL, (uint64_t)mlxd_tunable_long(MLXD_T_SMALL_BYTES), 4);
+  put_u(id + ID_SMALL_ALGO, (uint64_t)mlxd_tunable_long(MLXD_T_SMALL_ALGO), 1);
   if (host_id && *host_id) {
     /* MLXDIST_HOST_ID: the id alone says which host this rank is on. */
     snprintf((char*)id + 32, 48, "%s", HOST_ID_MARK);
@@ -221,6 +220,7 @@ static void make_rec(unsigned char* rec, const unsigned char* id, int rank, uint
   put_u(rec + REC_HOST, h, 8);
   memcpy(rec + REC_MACHINE, id + ID_MACHINE, 8);
   memcpy(rec + REC_ALGO, id + ID_ALGO, 1);
+  memcpy(rec + REC_SMALL_ALGO, id + ID_SMALL_ALGO, 1);
   memcpy(rec + REC_SEGMENT, id + ID_SEGMENT, 4);
   memcpy(rec + REC_SMALL, id + ID_SMALL, 4);
   if (rank == 0) {
@@ -331,7 +331,8 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     const unsigned char* id = ids + (size_t)p * REC_BYTES;
     if (get_u(id, 4) != REC_MAGIC || get_u(id + 4, 2) != REC_VERSION ||
         get_u(id + 8, 4) != (uint64_t)p || get_u(id + 12, 4) != (uint64_t)size ||
-        get_u(id + 6, 2) > MLXD_RING_T_SHM || get_u(id + REC_ALGO, 1) > 2) {
+        get_u(id + 6, 2) > MLXD_RING_T_SHM || get_u(id + REC_ALGO, 1) > 2 ||
+        get_u(id + REC_SMALL_ALGO, 1) > 2) {
       rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "rank %d sent a malformed host record while choosing the transport "
                         "(is every rank running the same mlxdist version?)",
@@ -356,6 +357,17 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
                         "ranks disagree on MLXDIST_ALGO: rank %d has %s, rank %d has %s; expected "
                         "the same value on every rank",
                         rank, algo_names[ma], p, algo_names[pa]);
+      mlxd_status_set_peer(st, p, NULL);
+      goto done;
+    }
+    static const char* small_names[] = {"auto", "direct", "logn"};
+    unsigned ps = (unsigned)get_u(id + REC_SMALL_ALGO, 1),
+             ms = (unsigned)get_u(mine + ID_SMALL_ALGO, 1);
+    if (ps != ms) {
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "ranks disagree on MLXDIST_SMALL_ALGO: rank %d has %s, rank %d has %s; "
+                        "expected the same value on every rank",
+                        rank, small_names[ms], p, small_names[ps]);
       mlxd_status_set_peer(st, p, NULL);
       goto done;
     }
