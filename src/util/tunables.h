@@ -62,136 +62,136 @@ typedef struct mlxd_tunable_spec {
 #define MLXD_TK_HEX(digits) \
   { MLXD_TK_HEX, 0, (digits), "" }
 
-#define MLXD_TUNABLES(X)                                                                           \
-  X(TIMEOUT, "MLXDIST_TIMEOUT", "60", MLXD_TK_NUMBER(0.001, 86400, "seconds"),                     \
-    "Seconds a peer may show no sign of life (no data, no heartbeat) while this rank waits on "    \
-    "it before it is taken for dead (stopped, frozen, cut off) and the op fails naming it. A "     \
-    "peer that is alive but busy elsewhere is waited for (MLXDIST_OP_TIMEOUT).")                   \
-  X(WARN_AFTER, "MLXDIST_WARN_AFTER", "60", MLXD_TK_NUMBER(0, 86400, "seconds"),                   \
-    "Seconds a wait on a live peer may last before one warning line names that peer and what "     \
-    "it was doing last, followed by this rank's operation record (0: never warn).")                \
-  X(OP_TIMEOUT, "MLXDIST_OP_TIMEOUT", "1800", MLXD_TK_NUMBER(0.001, 31536000, "seconds"),          \
-    "Seconds a wait may make no progress while its peers are alive before the op fails with a "    \
-    "timeout (a peer that never gets to the matching operation).")                                 \
-  X(DUMP_SIGNAL, "MLXDIST_DUMP_SIGNAL", "0", MLXD_TK_FLAG(),                                       \
-    "1: SIGUSR1 makes this process print its operation record on stderr (mlxdist-launch sets "     \
-    "it). 0: the signal keeps its default action.")                                                \
-  X(CHECK, "MLXDIST_CHECK", "0", MLXD_TK_FLAG(),                                                   \
-    "mpi backend: 1 exchanges a signature of every op (op, dtype, count) before it runs, so "      \
-    "ranks that make different calls fail with both calls named (the ring backend always "         \
-    "checks). One rank's 1 turns it on for the whole group (agreed at init).")                     \
-  X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30", MLXD_TK_NUMBER(0.001, 86400, "seconds"),     \
-    "Seconds init keeps retrying connections to peers (with back-off); with lazy connections, "    \
-    "the bound of each connection made on first use (a peer that never answers fails the op "      \
-    "naming it).")                                                                                 \
-  X(CONNECT, "MLXDIST_CONNECT", "lazy", MLXD_TK_CHOICE("lazy|eager"),                              \
-    "Ring over TCP: lazy makes a connection to a peer the first time an op sends to or receives "  \
-    "from it (the group starts with an address book and its listening sockets); eager builds the " \
-    "full mesh at init. MLXDIST_TLS=1 always connects eagerly.")                                   \
-  X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),                \
-    "Microseconds a waiting thread polls before it blocks.")                                       \
-  X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1", MLXD_TK_FLAG(),                                       \
-    "1: stream worker threads run at idle priority (SCHED_IDLE), so queued "                       \
-    "work never preempts a busy thread; a thread that waits for a result runs "                    \
-    "its task itself. 0: normal priority (more overlap of queued work with a "                     \
-    "busy CPU, at the cost of a wake-up per op).")                                                 \
-  X(TRANSPORT, "MLXDIST_TRANSPORT", "auto", MLXD_TK_CHOICE("auto|tcp|shm"),                        \
-    "Ring transport: auto (shared memory between ranks on one host, tcp "                          \
-    "otherwise), tcp, or shm.")                                                                    \
-  X(RING_ADDR, "MLXDIST_RING_ADDR", "", MLXD_TK_HOST(),                                            \
-    "Address this rank listens on when bootstrapped by a caller's "                                \
-    "all-gather (default: the address of the host name, else 127.0.0.1).")                         \
-  X(RING_CONNECTIONS, "MLXDIST_RING_CONNECTIONS", "1", MLXD_TK_INTEGER(1, 64, "connections"),      \
-    "Connections per peer when bootstrapped by a caller's all-gather.")                            \
-  X(SMALL_BYTES, "MLXDIST_SMALL_BYTES", "65536", MLXD_TK_INTEGER(0, 16777216, "bytes"),            \
-    "Reductions up to this many bytes use the low-latency algorithm (0: never).")                  \
-  X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "", MLXD_TK_PATHS(),                                       \
-    "Colon-separated directories searched first for backend plugins "                              \
-    "(libmlxdist-<name>.so).")                                                                     \
-  X(CUDART, "MLXDIST_CUDART", "", MLXD_TK_FILE(),                                                  \
-    "The CUDA runtime library the GPU provider opens (a file name or path). Unset: "               \
-    "libcudart.so.13, then libcudart.so.12. See docs/nccl.md.")                                    \
-  X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "0", MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),     \
-    "Shared-memory transport: messages of at least this many bytes are read "                      \
-    "in one copy from the sender's memory (process_vm_readv) where the "                           \
-    "kernel allows it; 0 disables that (every message goes through the "                           \
-    "shared rings).")                                                                              \
-  X(VERBS_ZCOPY_BYTES, "MLXDIST_VERBS_ZCOPY_BYTES", "262144",                                      \
-    MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),                                                  \
-    "verbs transport (jaccl): messages of at least this many bytes skip the "                      \
-    "staging slots: the receiver RDMA-reads them from the sender's registered "                    \
-    "buffer (0: never). See docs/jaccl.md.")                                                       \
-  X(VERBS_MR_CACHE_MB, "MLXDIST_VERBS_MR_CACHE_MB", "256", MLXD_TK_INTEGER(1, 1048576, "MiB"),     \
-    "verbs transport: megabytes of buffers kept registered for zero-copy "                         \
-    "messages per transport (also bounded by RLIMIT_MEMLOCK).")                                    \
-  X(BUFFER_CACHE_MB, "MLXDIST_BUFFER_CACHE_MB", "1024", MLXD_TK_INTEGER(0, 1048576, "MiB"),        \
-    "Megabytes of freed large buffers (>= 64 KiB) kept for reuse by later "                        \
-    "arrays and transfers (0: give every buffer back at once).")                                   \
-  X(MPI_CHUNK_BYTES, "MLXDIST_MPI_CHUNK_BYTES", "1073741824",                                      \
-    MLXD_TK_INTEGER(16, 1073741824, "bytes"),                                                      \
-    "mpi backend: the most bytes one MPI call moves; larger ops are split "                        \
-    "(read by the plugin; lowered by tests to exercise the split paths).")                         \
-  X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0", MLXD_TK_NUMBER(0, 31536000, "seconds"),         \
-    "mlxdist-launch: seconds before every rank is killed and the launcher "                        \
-    "exits 124 (0: no limit; --timeout overrides it).")                                            \
-  X(SECRET_FILE, "MLXDIST_SECRET_FILE", "", MLXD_TK_FILE(),                                        \
-    "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "      \
-    "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "              \
-    "docs/security.md.")                                                                           \
-  X(TLS, "MLXDIST_TLS", "0", MLXD_TK_FLAG(),                                                       \
-    "1: every TCP connection of the transport runs TLS 1.3, keyed from MLXDIST_SECRET_FILE "       \
-    "(required) as a pre-shared key; 0: plain TCP. Shared memory is unaffected. See "              \
-    "docs/security.md.")                                                                           \
-  X(TCP_UNEXPECTED_MB, "MLXDIST_TCP_UNEXPECTED_MB", "4096", MLXD_TK_INTEGER(1, 268435456, "MiB"),  \
-    "TCP transport: megabytes of messages that arrived before their receive was posted that "      \
-    "a rank buffers per peer; a peer going beyond fails the transport, naming it.")                \
-  X(JOB_TOKEN, "MLXDIST_JOB_TOKEN", "", MLXD_TK_HEX(32),                                           \
-    "The job's identity: 32 hex digits every connection of the job must carry (mlxdist-launch "    \
-    "sets a random one per job). Unset: derived from the hostfile (cross-job protection, not "     \
-    "authentication). See docs/security.md.")                                                      \
-  X(HOST_ID, "MLXDIST_HOST_ID", "", MLXD_TK_HOST(),                                                \
-    "Ring transport: the host this rank counts as (at most 127 characters). Ranks with the "       \
-    "same id use shared memory among themselves and TCP to the others; unset: the machine, its "   \
-    "network and IPC namespaces. Lets one machine emulate several hosts (tests).")                 \
-  X(RENDEZVOUS, "MLXDIST_RENDEZVOUS", "", MLXD_TK_WORD("ip:port or [ipv6]:port"),                  \
-    "ip:port (or [ipv6]:port) of mlxdist-launch's rendezvous: with MLX_HOSTFILE unset, the ring "  \
-    "backend posts its addresses there (the launcher is the job's all-gather), authenticated "     \
-    "with MLXDIST_JOB_TOKEN (required). Set by mlxdist-launch across hosts. See docs/ring.md.")    \
-  X(IFNAME, "MLXDIST_IFNAME", "", MLXD_TK_WORD("a network interface's name"),                      \
-    "Bootstrapped ranks (all-gather or rendezvous) listen on this network interface's first "      \
-    "IPv4 address, else its IPv6 one, when MLXDIST_RING_ADDR is unset (like "                      \
-    "NCCL_SOCKET_IFNAME).")                                                                        \
-  X(PORT_RANGE, "MLXDIST_PORT_RANGE", "", MLXD_TK_WORD("A-B, ports 1 <= A <= B <= 65535"),         \
-    "A-B: bootstrapped ranks listen on the first free ports from A to B instead of ephemeral "     \
-    "ones (for firewalled sites); none free is an error naming the range.")                        \
-  X(ALGO, "MLXDIST_ALGO", "auto", MLXD_TK_CHOICE("auto|flat|hier"),                                \
-    "Ring backend, groups that span hosts: auto and hier run all_sum/max/min, all_gather and "     \
-    "sum_scatter in two levels (inside each host, then across hosts) where the group spans >= 2 "  \
-    "hosts with >= 2 ranks on some host (auto: at every size, as measured; hier: the same, kept "  \
-    "for testing); flat runs the one-level algorithms over every rank. Read when a group is "      \
-    "created; must be the same on every rank. See docs/ring.md.")                                  \
-  X(HIER_SEGMENT, "MLXDIST_HIER_SEGMENT", "4194304", MLXD_TK_INTEGER(0, 1073741824, "bytes"),      \
-    "Two-level all_sum/max/min above this many bytes: the buffer goes through the phases in "      \
-    "segments of about this size, pipelined (one crosses the hosts while the next is reduced "     \
-    "inside the host and the last one spread there; at most 256 segments); 0: in one piece. "      \
-    "Read when a group is created; must be the same on every rank.")                               \
-  X(STRICT_ENV, "MLXDIST_STRICT_ENV", "0", MLXD_TK_FLAG(),                                         \
-    "1: an MLXDIST_* variable that mlxdist does not know (a typo) makes init "                     \
-    "fail naming it and the nearest known name (mlxdist-launch then refuses to start). 0: "        \
-    "one warning line per unknown name, once per process, and the name is ignored.")               \
-  X(ENV_REPORTED, "MLXDIST_ENV_REPORTED", "",                                                      \
-    MLXD_TK_WORDS("MLXDIST_* names separated by ':'", 4096),                                       \
-    "Set by mlxdist-launch: the unknown MLXDIST_* names it has already warned about, which its "   \
-    "ranks then do not warn about again (an unknown name not listed still gets its warning).")     \
-  X(IBVERBS_LIB, "MLXDIST_IBVERBS_LIB", "", MLXD_TK_FILE(),                                        \
-    "jaccl: the libibverbs to load at run time (a file name for the dynamic loader or a path); "   \
-    "empty: libibverbs.so.1. mlxdist never links against it. See docs/jaccl.md.")                  \
-  X(IB_PORT, "MLXDIST_IB_PORT", "0", MLXD_TK_INTEGER(0, 255, "port number"),                       \
-    "jaccl: the port of each RDMA device to use (1, 2, ...); 0: the first ACTIVE port. "           \
-    "mlxdist-info shows every port and its state.")                                                \
-  X(IB_GID_INDEX, "MLXDIST_IB_GID_INDEX", "-1", MLXD_TK_INTEGER(-1, 1023, "GID table index"),      \
-    "jaccl: the GID table entry to use on an Ethernet (RoCE) port; -1: chosen by content, the "    \
-    "first RoCE v2 entry holding an IPv4-mapped address (its index depends on timing, so it is "   \
+#define MLXD_TUNABLES(X)                                                                          \
+  X(TIMEOUT, "MLXDIST_TIMEOUT", "60", MLXD_TK_NUMBER(0.001, 86400, "seconds"),                    \
+    "Seconds a peer may show no sign of life (no data, no heartbeat) while this rank waits on "   \
+    "it before it is taken for dead (stopped, frozen, cut off) and the op fails naming it. A "    \
+    "peer that is alive but busy elsewhere is waited for (MLXDIST_OP_TIMEOUT).")                  \
+  X(WARN_AFTER, "MLXDIST_WARN_AFTER", "60", MLXD_TK_NUMBER(0, 86400, "seconds"),                  \
+    "Seconds a wait on a live peer may last before one warning line names that peer and what "    \
+    "it was doing last, followed by this rank's operation record (0: never warn).")               \
+  X(OP_TIMEOUT, "MLXDIST_OP_TIMEOUT", "1800", MLXD_TK_NUMBER(0.001, 31536000, "seconds"),         \
+    "Seconds a wait may make no progress while its peers are alive before the op fails with a "   \
+    "timeout (a peer that never gets to the matching operation).")                                \
+  X(DUMP_SIGNAL, "MLXDIST_DUMP_SIGNAL", "0", MLXD_TK_FLAG(),                                      \
+    "1: SIGUSR1 makes this process print its operation record on stderr (mlxdist-launch sets "    \
+    "it). 0: the signal keeps its default action.")                                               \
+  X(CHECK, "MLXDIST_CHECK", "0", MLXD_TK_FLAG(),                                                  \
+    "mpi backend: 1 exchanges a signature of every op (op, dtype, count) before it runs, so "     \
+    "ranks that make different calls fail with both calls named (the ring backend always "        \
+    "checks). One rank's 1 turns it on for the whole group (agreed at init).")                    \
+  X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30", MLXD_TK_NUMBER(0.001, 86400, "seconds"),    \
+    "Seconds init keeps retrying connections to peers (with back-off); with lazy connections, "   \
+    "the bound of each connection made on first use (a peer that never answers fails the op "     \
+    "naming it).")                                                                                \
+  X(CONNECT, "MLXDIST_CONNECT", "lazy", MLXD_TK_CHOICE("lazy|eager"),                             \
+    "Ring over TCP: lazy makes a connection to a peer the first time an op sends to or "          \
+    "receives from it (the group starts with an address book and its listening sockets); "        \
+    "eager builds the full mesh at init. MLXDIST_TLS=1 always connects eagerly.")                 \
+  X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),               \
+    "Microseconds a waiting thread polls before it blocks.")                                      \
+  X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1", MLXD_TK_FLAG(),                                      \
+    "1: stream worker threads run at idle priority (SCHED_IDLE), so queued "                      \
+    "work never preempts a busy thread; a thread that waits for a result runs "                   \
+    "its task itself. 0: normal priority (more overlap of queued work with a "                    \
+    "busy CPU, at the cost of a wake-up per op).")                                                \
+  X(TRANSPORT, "MLXDIST_TRANSPORT", "auto", MLXD_TK_CHOICE("auto|tcp|shm"),                       \
+    "Ring transport: auto (shared memory between ranks on one host, tcp "                         \
+    "otherwise), tcp, or shm.")                                                                   \
+  X(RING_ADDR, "MLXDIST_RING_ADDR", "", MLXD_TK_HOST(),                                           \
+    "Address this rank listens on when bootstrapped by a caller's "                               \
+    "all-gather (default: the address of the host name, else 127.0.0.1).")                        \
+  X(RING_CONNECTIONS, "MLXDIST_RING_CONNECTIONS", "1", MLXD_TK_INTEGER(1, 64, "connections"),     \
+    "Connections per peer when bootstrapped by a caller's all-gather.")                           \
+  X(SMALL_BYTES, "MLXDIST_SMALL_BYTES", "65536", MLXD_TK_INTEGER(0, 16777216, "bytes"),           \
+    "Reductions up to this many bytes use the low-latency algorithm (0: never).")                 \
+  X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "", MLXD_TK_PATHS(),                                      \
+    "Colon-separated directories searched first for backend plugins "                             \
+    "(libmlxdist-<name>.so).")                                                                    \
+  X(CUDART, "MLXDIST_CUDART", "", MLXD_TK_FILE(),                                                 \
+    "The CUDA runtime library the GPU provider opens (a file name or path). Unset: "              \
+    "libcudart.so.13, then libcudart.so.12. See docs/nccl.md.")                                   \
+  X(SHM_CMA_BYTES, "MLXDIST_SHM_CMA_BYTES", "0", MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),    \
+    "Shared-memory transport: messages of at least this many bytes are read "                     \
+    "in one copy from the sender's memory (process_vm_readv) where the "                          \
+    "kernel allows it; 0 disables that (every message goes through the "                          \
+    "shared rings).")                                                                             \
+  X(VERBS_ZCOPY_BYTES, "MLXDIST_VERBS_ZCOPY_BYTES", "262144",                                     \
+    MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),                                                 \
+    "verbs transport (jaccl): messages of at least this many bytes skip the "                     \
+    "staging slots: the receiver RDMA-reads them from the sender's registered "                   \
+    "buffer (0: never). See docs/jaccl.md.")                                                      \
+  X(VERBS_MR_CACHE_MB, "MLXDIST_VERBS_MR_CACHE_MB", "256", MLXD_TK_INTEGER(1, 1048576, "MiB"),    \
+    "verbs transport: megabytes of buffers kept registered for zero-copy "                        \
+    "messages per transport (also bounded by RLIMIT_MEMLOCK).")                                   \
+  X(BUFFER_CACHE_MB, "MLXDIST_BUFFER_CACHE_MB", "1024", MLXD_TK_INTEGER(0, 1048576, "MiB"),       \
+    "Megabytes of freed large buffers (>= 64 KiB) kept for reuse by later "                       \
+    "arrays and transfers (0: give every buffer back at once).")                                  \
+  X(MPI_CHUNK_BYTES, "MLXDIST_MPI_CHUNK_BYTES", "1073741824",                                     \
+    MLXD_TK_INTEGER(16, 1073741824, "bytes"),                                                     \
+    "mpi backend: the most bytes one MPI call moves; larger ops are split "                       \
+    "(read by the plugin; lowered by tests to exercise the split paths).")                        \
+  X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0", MLXD_TK_NUMBER(0, 31536000, "seconds"),        \
+    "mlxdist-launch: seconds before every rank is killed and the launcher "                       \
+    "exits 124 (0: no limit; --timeout overrides it).")                                           \
+  X(SECRET_FILE, "MLXDIST_SECRET_FILE", "", MLXD_TK_FILE(),                                       \
+    "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "     \
+    "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "             \
+    "docs/security.md.")                                                                          \
+  X(TLS, "MLXDIST_TLS", "0", MLXD_TK_FLAG(),                                                      \
+    "1: every TCP connection of the transport runs TLS 1.3, keyed from MLXDIST_SECRET_FILE "      \
+    "(required) as a pre-shared key; 0: plain TCP. Shared memory is unaffected. See "             \
+    "docs/security.md.")                                                                          \
+  X(TCP_UNEXPECTED_MB, "MLXDIST_TCP_UNEXPECTED_MB", "4096", MLXD_TK_INTEGER(1, 268435456, "MiB"), \
+    "TCP transport: megabytes of messages that arrived before their receive was posted that "     \
+    "a rank buffers per peer; a peer going beyond fails the transport, naming it.")               \
+  X(JOB_TOKEN, "MLXDIST_JOB_TOKEN", "", MLXD_TK_HEX(32),                                          \
+    "The job's identity: 32 hex digits every connection of the job must carry (mlxdist-launch "   \
+    "sets a random one per job). Unset: derived from the hostfile (cross-job protection, not "    \
+    "authentication). See docs/security.md.")                                                     \
+  X(HOST_ID, "MLXDIST_HOST_ID", "", MLXD_TK_HOST(),                                               \
+    "Ring transport: the host this rank counts as (at most 127 characters). Ranks with the "      \
+    "same id use shared memory among themselves and TCP to the others; unset: the machine, its "  \
+    "network and IPC namespaces. Lets one machine emulate several hosts (tests).")                \
+  X(RENDEZVOUS, "MLXDIST_RENDEZVOUS", "", MLXD_TK_WORD("ip:port or [ipv6]:port"),                 \
+    "ip:port (or [ipv6]:port) of mlxdist-launch's rendezvous: with MLX_HOSTFILE unset, the ring " \
+    "backend posts its addresses there (the launcher is the job's all-gather), authenticated "    \
+    "with MLXDIST_JOB_TOKEN (required). Set by mlxdist-launch across hosts. See docs/ring.md.")   \
+  X(IFNAME, "MLXDIST_IFNAME", "", MLXD_TK_WORD("a network interface's name"),                     \
+    "Bootstrapped ranks (all-gather or rendezvous) listen on this network interface's first "     \
+    "IPv4 address, else its IPv6 one, when MLXDIST_RING_ADDR is unset (like "                     \
+    "NCCL_SOCKET_IFNAME).")                                                                       \
+  X(PORT_RANGE, "MLXDIST_PORT_RANGE", "", MLXD_TK_WORD("A-B, ports 1 <= A <= B <= 65535"),        \
+    "A-B: bootstrapped ranks listen on the first free ports from A to B instead of ephemeral "    \
+    "ones (for firewalled sites); none free is an error naming the range.")                       \
+  X(ALGO, "MLXDIST_ALGO", "auto", MLXD_TK_CHOICE("auto|flat|hier"),                               \
+    "Ring backend, groups that span hosts: auto and hier run all_sum/max/min, all_gather and "    \
+    "sum_scatter in two levels (inside each host, then across hosts) where the group spans >= 2 " \
+    "hosts with >= 2 ranks on some host (auto: at every size, as measured; hier: the same, kept " \
+    "for testing); flat runs the one-level algorithms over every rank. Read when a group is "     \
+    "created; must be the same on every rank. See docs/ring.md.")                                 \
+  X(HIER_SEGMENT, "MLXDIST_HIER_SEGMENT", "4194304", MLXD_TK_INTEGER(0, 1073741824, "bytes"),     \
+    "Two-level all_sum/max/min above this many bytes: the buffer goes through the phases in "     \
+    "segments of about this size, pipelined (one crosses the hosts while the next is reduced "    \
+    "inside the host and the last one spread there; at most 256 segments); 0: in one piece. "     \
+    "Read when a group is created; must be the same on every rank.")                              \
+  X(STRICT_ENV, "MLXDIST_STRICT_ENV", "0", MLXD_TK_FLAG(),                                        \
+    "1: an MLXDIST_* variable that mlxdist does not know (a typo) makes init "                    \
+    "fail naming it and the nearest known name (mlxdist-launch then refuses to start). 0: "       \
+    "one warning line per unknown name, once per process, and the name is ignored.")              \
+  X(ENV_REPORTED, "MLXDIST_ENV_REPORTED", "",                                                     \
+    MLXD_TK_WORDS("MLXDIST_* names separated by ':'", 4096),                                      \
+    "Set by mlxdist-launch: the unknown MLXDIST_* names it has already warned about, which its "  \
+    "ranks then do not warn about again (an unknown name not listed still gets its warning).")    \
+  X(IBVERBS_LIB, "MLXDIST_IBVERBS_LIB", "", MLXD_TK_FILE(),                                       \
+    "jaccl: the libibverbs to load at run time (a file name for the dynamic loader or a path); "  \
+    "empty: libibverbs.so.1. mlxdist never links against it. See docs/jaccl.md.")                 \
+  X(IB_PORT, "MLXDIST_IB_PORT", "0", MLXD_TK_INTEGER(0, 255, "port number"),                      \
+    "jaccl: the port of each RDMA device to use (1, 2, ...); 0: the first ACTIVE port. "          \
+    "mlxdist-info shows every port and its state.")                                               \
+  X(IB_GID_INDEX, "MLXDIST_IB_GID_INDEX", "-1", MLXD_TK_INTEGER(-1, 1023, "GID table index"),     \
+    "jaccl: the GID table entry to use on an Ethernet (RoCE) port; -1: chosen by content, the "   \
+    "first RoCE v2 entry holding an IPv4-mapped address (its index depends on timing, so it is "  \
     "not fixed). InfiniBand ports use the LID. mlxdist-info shows the choice.")
 
 typedef enum mlxd_tunable {
