@@ -460,6 +460,10 @@ static int out_start(mesh* m, outgoing* o, mlxd_status* st) {
 static void out_connected(mesh* m, outgoing* o, bool expired) {
   int err = 0;
   socklen_t el = sizeof err;
+  struct sockaddr_storage sa;
+  socklen_t sl = sizeof sa;
+  /* Connected, its event not seen yet (more were ready than one epoll_wait returns)? */
+  if (expired && getpeername(o->fd, (struct sockaddr*)&sa, &sl) == 0) expired = false;
   if (expired) {
     err = ETIMEDOUT;
     o->attempt_s = o->attempt_s * 2 > CONNECT_ATTEMPT_S ? CONNECT_ATTEMPT_S : o->attempt_s * 2;
