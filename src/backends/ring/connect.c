@@ -209,10 +209,11 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
  *
  * Both ends may want each other at once. A slot (peer, conn) is filled by
  * exactly one connection on both ends: an acceptor that reads a hello for a
- * slot it is itself connecting keeps its own connection when it is the lower
+ * slot it is itself connecting keeps its own connection when it is the higher
  * rank (closes the hello quietly, without a reply) and takes the hello when
- * it is the higher one (its own attempt will be closed by the peer, the same
- * rule seen from there); a hello for a slot already filled is closed quietly
+ * it is the lower one (its own attempt will be closed by the peer, the same
+ * rule seen from there; so a stranger claiming a higher rank at a lower one
+ * always gets the full handshake, and its refusal logged); a hello for a slot already filled is closed quietly
  * too. An outgoing connection the peer closed is retried only while the slot
  * is neither filled nor being accepted. No connection carries data before
  * its slot is filled on its side, so no byte is lost.
@@ -367,11 +368,31 @@ static void out_retry(mesh* m, outgoing* o, int err) {
   o->backoff = o->backoff * 2 > 0.5 ? 0.5 : o->backoff * 2;
 }
 
+/* The set-up ended (lazy: every peer is connected, or the group is
+ * destroyed): what is still pending is refused, as at the end of an eager
+ * mesh. */
+static void pend_end(mesh* m) {
+  for (int i = 0; m->npending > 0 && i < m->npend; i++)
+    if (m->pend[i].state != P_FREE)
+      refuse(m, &m->pend[i], "%s when the set-up ended",
+             m->pend[i].got == 0 && m->pend[i].state == P_HELLO ? "it had sent nothing"
+                                                                : "its handshake was incomplete");
+}
+
 /* Slot (j, c) is filled with fd. */
 static void fill(mesh* m, int j, int c, int fd) {
   m->fds[j * m->K + c] = fd;
   m->filled++;
   if (m->lazy && m->d.ready) m->d.ready(m->d.ready_ctx, j, c, fd);
+  if (m->lazy && m->filled == (m->size - 1) * m->K) /* no peer may connect any more */
+    for (int k = 0; k < m->K; k++)
+      if (m->lfds[k] >= 0) {
+        ep_ctl(m, EPOLL_CTL_DEL, m->lfds[k], 0, 0, 0);
+        close(m->lfds[k]);
+        m->lfds[k] = -1;
+        mlxd_ring_log("rank %d: every peer is connected: listener %d closed", m->rank, k);
+      }
+  if (m->lazy && m->filled == (m->size - 1) * m->K) pend_end(m);
 }
 
 /* The connection is up: send the hello. */
@@ -614,8 +635,8 @@ static void pend_accept(mesh* m, int lfd) {
   }
 }
 
-/* Lazy: close an honest peer's hello without a word (a simultaneous connect
- * this rank's own connection wins, or a slot filled meanwhile). */
+/* Lazy: close a hello with this job's token without a word (a simultaneous
+ * connect this rank's own connection wins, or a slot filled meanwhile). */
 static void pend_yield(mesh* m, pending* p, const char* why) {
   mlxd_ring_log("rank %d: closed rank %u's connection %u from %s: %s", m->rank,
                 (unsigned)p->hello.rank, (unsigned)p->hello.conn, p->addr, why);
@@ -648,8 +669,8 @@ static int pend_hello(mesh* m, pending* p) {
       pend_yield(m, p, "the slot is filled already");
       return 0;
     }
-    if (o->state != O_NONE && m->rank < (int)h->rank) {
-      pend_yield(m, p, "both connected at once; the lower rank's connection is kept");
+    if (o->state != O_NONE && m->rank > (int)h->rank) {
+      pend_yield(m, p, "both connected at once; the higher rank's connection is kept");
       return 0;
     }
   }
@@ -720,7 +741,7 @@ static void pend_confirm(mesh* m, pending* p) {
   m->npending--;
   fill(m, (int)h->rank, (int)h->conn, fd);
   /* Lazy: this rank's own attempt for the slot, if any, is closed by the
-   * peer (it keeps the lower rank's); out_retry drops it then. */
+   * peer (it keeps the higher rank's); out_retry drops it then. */
 }
 
 static void pend_read(mesh* m, pending* p) {
@@ -862,7 +883,7 @@ static int mesh_step(mesh* m, int timeout_ms, mlxd_status* st) {
   for (int i = 0; i < n; i++) {
     int kind = (int)(ev[i].data.u64 >> 32), idx = (int)(uint32_t)ev[i].data.u64;
     if (kind == EV_LISTEN) {
-      pend_accept(m, m->lfds[idx]);
+      if (m->lfds[idx] >= 0) pend_accept(m, m->lfds[idx]);
     } else if (kind == EV_PEND) {
       pending* p = &m->pend[idx];
       if (p->state != P_FREE && p->fd >= 0) pend_read(m, p);
@@ -1016,11 +1037,7 @@ int mlxd_ring_mesh_with(int rank, const mlxd_ring_hosts* hosts, const int* liste
     }
   }
   /* What is still pending is refused too: every slot is filled (or set-up failed). */
-  for (int i = 0; i < m->npend; i++)
-    if (m->pend[i].state != P_FREE)
-      refuse(m, &m->pend[i], "%s when the set-up ended",
-             m->pend[i].got == 0 && m->pend[i].state == P_HELLO ? "it had sent nothing"
-                                                                : "its handshake was incomplete");
+  pend_end(m);
   if (m->refused > m->shown)
     fprintf(stderr, "[%s] rank %d: %d more refused connection%s not shown\n", m->tag, rank,
             m->refused - m->shown, m->refused - m->shown == 1 ? "" : "s");
@@ -1085,6 +1102,7 @@ static void dial_forget(mlxd_tcp_dialer* d) {
 
 static void dial_free(mlxd_tcp_dialer* d) {
   mesh* m = (mesh*)d;
+  pend_end(m);
   if (m->refused > m->shown)
     fprintf(stderr, "[%s] rank %d: %d more refused connection%s not shown\n", m->tag, m->rank,
             m->refused - m->shown, m->refused - m->shown == 1 ? "" : "s");

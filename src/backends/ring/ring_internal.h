@@ -120,7 +120,7 @@ int mlxd_ring_nofile(int size, int nconn, bool lazy, mlxd_status* st);
  * (copied) for rank, listening on lfds (nconn of them: taken over and set to -1
  * on success; closed by the dialer's free). Connections prove auth as the mesh's
  * do, any rank may connect to any other, and simultaneous connects keep the
- * lower rank's connection (connect.c). NULL with st set. */
+ * higher rank's connection (connect.c). NULL with st set. */
 struct mlxd_tcp_dialer;
 struct mlxd_tcp_dialer* mlxd_ring_dialer_new(int rank, const mlxd_ring_hosts* hosts, int* lfds,
                                              const mlxd_ring_auth* auth, mlxd_status* st);
