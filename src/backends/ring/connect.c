@@ -454,6 +454,12 @@ static int out_start(mesh* m, outgoing* o, mlxd_status* st) {
     return -1;
   }
   set_buffers(fd);
+  /* The ephemeral port this socket gets may be one a rank of this job that
+   * starts later is told to listen on (a hostfile's ports): with SO_REUSEADDR
+   * on both, its bind still succeeds (no listener holds the port). At 256
+   * ranks on one host, the lazy mesh's connects took such a port. */
+  int one = 1;
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   o->fd = fd;
   ep_ctl(m, EPOLL_CTL_ADD, fd, EPOLLOUT, EV_OUT, o->j * m->K + o->c);
   if (connect(fd, (const struct sockaddr*)&a->sa, a->len) == 0) {
@@ -996,7 +1002,14 @@ static mesh* mesh_new(int rank, const mlxd_ring_hosts* hosts, const int* lfds,
                             .state = O_NONE,
                             .backoff = 0.01,
                             .attempt_s = CONNECT_FIRST_S};
-  for (int c = 0; c < K; c++) ep_ctl(m, EPOLL_CTL_ADD, lfds[c], EPOLLIN, EV_LISTEN, c);
+  for (int c = 0; c < K; c++) {
+    /* The backlog grows with the job as the pending table does (Linux takes
+     * a second listen() as a new backlog): at 256 ranks, 255 peers
+     * connecting at once overflowed 64 and their SYNs waited for TCP's
+     * retransmission. */
+    if (np > LISTEN_BACKLOG) (void)listen(lfds[c], (int)np);
+    ep_ctl(m, EPOLL_CTL_ADD, lfds[c], EPOLLIN, EV_LISTEN, c);
+  }
   return m;
 }
 
