@@ -63,8 +63,9 @@ echo "== tests under AddressSanitizer + UndefinedBehaviorSanitizer =="
 configure_build build-asan -DCMAKE_BUILD_TYPE=Debug -DMLXDIST_SANITIZE=address,undefined
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # multihost (sshd in network namespaces, tests/multihost), slurm (a Slurm cluster in network
-# namespaces, tests/slurm) and vm (a soft-RoCE VM under qemu, tests/vm) run in the gcc build only.
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 run_ctest build-asan -LE 'install|mpi|multihost|slurm|vm'
+# namespaces, tests/slurm), vm (a soft-RoCE VM under qemu, tests/vm) and scale (jobs of 64 and
+# more ranks, tests/scale and tests/ring) run in the gcc build only.
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 run_ctest build-asan -LE 'install|mpi|multihost|slurm|vm|scale'
 # Open MPI unloads its components (dlclose) in MPI_Finalize, so LeakSanitizer
 # cannot tell whose their leftover allocations are (it reports "unknown
 # module" frames). The MPI tests run with every ASan/UBSan check but leak
@@ -77,5 +78,5 @@ configure_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DMLXDIST_SANITIZE=thread
 # all 14 here (MLXDIST_TEST_LIGHT): the references cost ~10x under TSan, and the data races
 # TSan looks for do not depend on the element type; the other builds check every dtype.
 MLXDIST_TEST_LIGHT=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-  run_ctest build-tsan -LE 'install|mpi|multihost|slurm|vm'
+  run_ctest build-tsan -LE 'install|mpi|multihost|slurm|vm|scale'
 echo "== all test runs passed =="

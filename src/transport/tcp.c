@@ -66,6 +66,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -118,6 +119,7 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
     c->cur = NULL;
     c->in_payload = false;
     c->wpos = c->wlen = 0;
+    mlxd_tcp_conn_arm(t, c);
     /* FIN after the abort record. Not SHUT_RD: data a peer still sends to
      * a socket shut for reading is answered with a reset, which would drop
      * the record before the peer reads it (destroy drains instead). */
@@ -142,9 +144,30 @@ static void fail_lost(tcp_transport* t, int peer, const char* syscall, int err) 
   tcp_fail(t, &s);
 }
 
+static void conn_eof(tcp_transport* t, tcp_conn* c);
+
+/* Whether data (not a control frame) is in flight with peer p. */
+static bool peer_has_data(tcp_transport* t, int p) {
+  tcp_peer* pe = &t->peers[p];
+  if (pe->mq.posted.head || pe->arriving.head) return true;
+  for (int c = 0; c < t->nconn; c++)
+    for (tcp_frag* f = t->conns[p * t->nconn + c].qhead; f; f = f->next)
+      if (f->req) return true;
+  return false;
+}
+
 /* Fail the transport: a socket call on c failed with err (an errno from
- * syscall; -2 or EPROTO over TLS: c->tls_why says why). */
+ * syscall; -2 or EPROTO over TLS: c->tls_why says why). A reset by a peer
+ * with nothing in flight is its close: a rank that finished and closed
+ * while one of our heartbeats was on the way answers it with a reset; only
+ * operations that (later) involve it fail, as after an orderly close. */
 static void fail_io(tcp_transport* t, tcp_conn* c, const char* syscall, int err) {
+  if ((err == ECONNRESET || err == EPIPE) && !c->ssl && !c->in_payload &&
+      !peer_has_data(t, c->peer)) {
+    c->qhead = c->qtail = NULL; /* heartbeats only */
+    conn_eof(t, c);
+    return;
+  }
   if (!c->ssl || (err != -2 && err != EPROTO)) {
     fail_lost(t, c->peer, syscall, err);
     return;
@@ -181,6 +204,7 @@ static void conn_eof(tcp_transport* t, tcp_conn* c) {
     return;
   }
   c->eof = true;
+  if (t->epfd >= 0) (void)epoll_ctl(t->epfd, EPOLL_CTL_DEL, c->fd, NULL); /* readable for ever */
   for (int i = 0; i < t->nconn; i++)
     if (!t->conns[c->peer * t->nconn + i].eof) return;
   if (peer_busy(t, c->peer))
@@ -218,8 +242,15 @@ void mlxd_tcp_conn_advance(tcp_transport* t, tcp_conn* c, size_t w) {
 
 /* Write as much of c's queue as the socket takes. 0 or an errno (-2: a TLS
  * error, c->tls_why says why). */
+static int conn_write_now(tcp_transport* t, tcp_conn* c);
 static int conn_write(tcp_transport* t, tcp_conn* c) {
-  if (c->ssl) return mlxd_tcp_tls_write(t, c);
+  if (c->fd < 0) return 0; /* lazy: not connected yet; written when it is */
+  int err = c->ssl ? mlxd_tcp_tls_write(t, c) : conn_write_now(t, c);
+  if (!err) mlxd_tcp_conn_arm(t, c);
+  return err;
+}
+
+static int conn_write_now(tcp_transport* t, tcp_conn* c) {
   while (c->qhead) {
     struct iovec iov[TCP_IOV];
     int k = 0;
@@ -303,6 +334,7 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     free(r);
     return code;
   }
+  mlxd_tcp_want(t, peer);
   unsigned start = pe->rr++;
   bool touched[64] = {false};
   for (size_t i = 0; i < nfrag; i++) {
@@ -335,84 +367,134 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
 
 /* ------------------------------------------------------------- progress */
 
-/* One round of polling (mu held; dropped while in poll). Returns whether
- * any socket had an event. */
+/* The dialer's marker in the epoll set (a connection's is its tcp_conn,
+ * the wake eventfd's NULL). */
+static char dial_mark;
+
+void mlxd_tcp_conn_arm(tcp_transport* t, tcp_conn* c) {
+  if (c->fd < 0 || c->eof || t->epfd < 0) return;
+  bool out = c->qhead != NULL || (c->ssl && (c->wlen > c->wpos || c->want_write));
+  if (out == c->ep_out) return;
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN | (out ? EPOLLOUT : 0);
+  ev.data.ptr = c;
+  if (epoll_ctl(t->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0) c->ep_out = out;
+}
+
+int mlxd_tcp_dial_attach(tcp_transport* t) {
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.ptr = &dial_mark;
+  return epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->dial->ops->fd(t->dial), &ev);
+}
+
+void mlxd_tcp_dial_step(tcp_transport* t) {
+  if (!t->dial || t->err.code) return;
+  mlxd_status s;
+  mlxd_status_clear(&s);
+  if (t->dial->ops->step(t->dial, &s) != 0) tcp_fail(t, &s);
+}
+
+void mlxd_tcp_want(tcp_transport* t, int peer) {
+  tcp_peer* pe = &t->peers[peer];
+  if (!t->dial || pe->wanted || t->err.code) return;
+  pe->wanted = true;
+  mlxd_status s;
+  mlxd_status_clear(&s);
+  if (t->dial->ops->want(t->dial, peer, &s) != 0) tcp_fail(t, &s);
+  tcp_wake(t); /* a progressor asleep in epoll_wait recomputes the dialer's timers */
+}
+
+/* One round of waiting for the sockets (mu held; dropped while in
+ * epoll_wait). Returns whether anything had an event. */
 static bool progress_round(tcp_transport* t, int timeout_ms) {
-  int np = 0;
-  t->pfds[np].fd = t->wake_fd;
-  t->pfds[np].events = POLLIN;
-  t->pconn[np] = NULL;
-  np++;
-  int nc = t->base.size * t->nconn;
-  for (int i = 0; i < nc; i++) {
-    tcp_conn* c = &t->conns[i];
-    if (c->fd < 0 || c->eof) continue;
-    bool out = c->qhead != NULL;
-    if (c->ssl) {
-      out = out || c->wlen > 0 || c->want_write;
-      if (c->kick || mlxd_tls_pending(c->ssl)) timeout_ms = 0; /* bytes poll cannot see */
+  if (t->dial && timeout_ms > 0) {
+    double next = t->dial->ops->next(t->dial);
+    if (next != INFINITY) {
+      int ms = mlxd_ms_left(next);
+      if (ms < timeout_ms) timeout_ms = ms;
     }
-    t->pfds[np].fd = c->fd;
-    t->pfds[np].events = (short)(POLLIN | (out ? POLLOUT : 0));
-    t->pconn[np] = c;
-    np++;
   }
-  /* Drop the lock while polling, also for a zero-timeout spin, so other
-   * threads can post requests meanwhile. Only a blocking poll needs the
+  if (t->tls) /* TLS: bytes epoll cannot see (transports with TLS connect at creation) */
+    for (int i = 0; i < t->base.size * t->nconn && timeout_ms > 0; i++) {
+      tcp_conn* c = &t->conns[i];
+      if (c->ssl && !c->eof && (c->kick || mlxd_tls_pending(c->ssl))) timeout_ms = 0;
+    }
+  /* Drop the lock while waiting, also for a zero-timeout spin, so other
+   * threads can post requests meanwhile. Only a blocking wait needs the
    * eventfd kick when they queue data. */
   t->in_poll = timeout_ms > 0;
   pthread_mutex_unlock(&t->mu);
-  int rc = poll(t->pfds, (nfds_t)np, timeout_ms);
+  int rc = epoll_wait(t->epfd, t->evs, t->nevs, timeout_ms);
   int perr = errno;
   pthread_mutex_lock(&t->mu);
   t->in_poll = false;
   if (rc < 0) {
     if (perr != EINTR) {
       mlxd_status s;
-      mlxd_fail_at(&s, MLXD_ESYS, MLXD_LAYER_TCP, "poll on the connections failed");
-      mlxd_status_set_sys(&s, "poll", perr);
+      mlxd_fail_at(&s, MLXD_ESYS, MLXD_LAYER_TCP, "waiting on the connections failed");
+      mlxd_status_set_sys(&s, "epoll_wait", perr);
       tcp_fail(t, &s);
     }
     return false;
   }
-  bool tls_pending = false;
-  for (int i = 1; t->tls && i < np; i++) {
-    tcp_conn* c = t->pconn[i];
-    if (c->ssl && (c->kick || mlxd_tls_pending(c->ssl))) {
+  bool any = rc > 0;
+  if (t->tls)
+    for (int i = 0; i < t->base.size * t->nconn; i++) {
+      tcp_conn* c = &t->conns[i];
+      if (!c->ssl || c->fd < 0 || c->eof || !(c->kick || mlxd_tls_pending(c->ssl))) continue;
       c->kick = false;
-      t->pfds[i].revents |= POLLIN;
-      tls_pending = true;
+      any = true;
+      t->peers[c->peer].heard = mlxd_now();
+      int err = mlxd_tcp_conn_read(t, c);
+      if (err < 0 && !t->err.code)
+        conn_eof(t, c);
+      else if (err && !t->err.code)
+        fail_io(t, c, "recv", err);
+      mlxd_tcp_conn_arm(t, c);
     }
+  if (!any) {
+    if (t->dial && t->dial->ops->next(t->dial) <= mlxd_now()) mlxd_tcp_dial_step(t);
+    return false;
   }
-  if (rc == 0 && !tls_pending) return false;
   double now = mlxd_now(); /* peers heard from (liveness) */
-  for (int i = 0; i < np && !t->err.code; i++) {
-    short ev = t->pfds[i].revents;
-    if (!ev) continue;
-    tcp_conn* c = t->pconn[i];
-    if (c && (ev & POLLIN)) t->peers[c->peer].heard = now;
-    if (c && c->want_write && (ev & POLLOUT)) {
-      c->want_write = false;
-      ev |= POLLIN; /* the read that waited for the socket to be writable */
-    }
-    if (!c) {
+  bool dial_due = false;
+  for (int i = 0; i < rc && !t->err.code; i++) {
+    unsigned ev = t->evs[i].events;
+    void* tag = t->evs[i].data.ptr;
+    if (!tag) {
       uint64_t v;
       ssize_t k = read(t->wake_fd, &v, sizeof v);
       (void)k;
       continue;
     }
-    if (ev & (POLLIN | POLLHUP | POLLERR)) {
+    if (tag == &dial_mark) {
+      dial_due = true;
+      continue;
+    }
+    tcp_conn* c = tag;
+    if (c->fd < 0 || c->eof) continue;
+    if (ev & EPOLLIN) t->peers[c->peer].heard = now;
+    if (c->want_write && (ev & EPOLLOUT)) {
+      c->want_write = false;
+      ev |= EPOLLIN; /* the read that waited for the socket to be writable */
+    }
+    if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
       int err = mlxd_tcp_conn_read(t, c);
       if (err < 0 && !t->err.code)
         conn_eof(t, c);
       else if (err && !t->err.code)
         fail_io(t, c, "recv", err);
     }
-    if (!t->err.code && !c->eof && (c->qhead || c->wlen) && (ev & (POLLOUT | POLLERR))) {
+    if (!t->err.code && !c->eof && (c->qhead || c->wlen) && (ev & (EPOLLOUT | EPOLLERR))) {
       int err = conn_write(t, c);
       if (err && !t->err.code) fail_io(t, c, "sendmsg", err);
     }
+    mlxd_tcp_conn_arm(t, c);
   }
+  if (t->dial && (dial_due || t->dial->ops->next(t->dial) <= mlxd_now())) mlxd_tcp_dial_step(t);
   return true;
 }
 

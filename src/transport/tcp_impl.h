@@ -10,11 +10,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/epoll.h>
 #include <sys/types.h>
 
 #include "core/buffer.h"
 #include "transport/liveness.h"
 #include "transport/match.h"
+#include "transport/tcp.h"
 #include "transport/tcp_wire.h"
 #include "transport/tls.h"
 #include "transport/transport.h"
@@ -33,6 +35,7 @@
  * its last bytes to be acknowledged until none went out for MLXDIST_TIMEOUT (and
  * at least this long) */
 #define TCP_CLOSE_MS 500
+#define TCP_FIN_WAIT_S 5.0 /* destroy: longest wait for the peers' FINs (orderly exit) */
 
 typedef struct tcp_frag tcp_frag;
 typedef struct tcp_imsg tcp_imsg;
@@ -100,6 +103,7 @@ typedef struct tcp_conn {
   unsigned char ctrl_buf[MLXD_TCP_ABORT_MAX];
   tcp_frag beat, abort;
   char beat_note[MLXD_TCP_BEAT_MAX];
+  bool ep_out; /* registered for EPOLLOUT too */
 } tcp_conn;
 
 typedef struct tcp_peer {
@@ -111,6 +115,8 @@ typedef struct tcp_peer {
   char addr[MLXD_ADDR_MAX]; /* "10.0.0.2:41000"; "" when unknown (e.g. AF_UNIX) */
   double heard;             /* mlxd_now() when a byte from it was last read */
   char note[MLXD_NOTE_MAX]; /* what it said it was doing (its last heartbeat) */
+  bool wanted;              /* lazy: its connections were asked of the dialer */
+  int nup;                  /* connections made to it (nconn: all) */
 } tcp_peer;
 
 typedef struct tcp_transport {
@@ -133,8 +139,11 @@ typedef struct tcp_transport {
   bool yield_spin;    /* more ranks than CPUs: give the CPU away between spin polls */
   uint64_t ux_budget; /* per peer (MLXDIST_TCP_UNEXPECTED_MB) */
   mlxd_tls* tls;      /* MLXDIST_TLS=1; NULL: plain sockets */
-  struct pollfd* pfds;
-  tcp_conn** pconn;
+  int epfd;           /* every connected socket, the wake eventfd, the dialer's fd */
+  struct epoll_event* evs;
+  int nevs;
+  mlxd_tcp_dialer* dial; /* lazy: makes connections on first use (NULL: all made at creation) */
+  int nconnected;        /* connections made */
 } tcp_transport;
 
 extern const mlxd_transport_ops mlxd_tcp_ops;
@@ -150,6 +159,16 @@ static inline const char* mlxd_tcp_frag_data(const tcp_frag* f) {
  * blocked in poll. */
 void mlxd_tcp_conn_advance(tcp_transport* t, tcp_conn* c, size_t w);
 int mlxd_tcp_conn_write(tcp_transport* t, tcp_conn* c);
+/* tcp.c (mu held): register c for EPOLLOUT exactly while it has bytes to
+ * write (or a TLS read waits for writability). */
+void mlxd_tcp_conn_arm(tcp_transport* t, tcp_conn* c);
+/* tcp.c (mu held): a lazy transport needs peer (an isend or irecv names it):
+ * ask the dialer once; a failure fails the transport. */
+void mlxd_tcp_want(tcp_transport* t, int peer);
+/* tcp.c: put the dialer's fd in the epoll set (creation). 0 or -1 (errno). */
+int mlxd_tcp_dial_attach(tcp_transport* t);
+/* tcp.c (mu held): run the dialer's step (progress, or the heartbeat). */
+void mlxd_tcp_dial_step(tcp_transport* t);
 /* tcp_recv.c: read what c has (mu held); 0, or an errno / -1 at the end of
  * the stream (the caller fails the transport). */
 int mlxd_tcp_conn_read(tcp_transport* t, tcp_conn* c);

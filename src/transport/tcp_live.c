@@ -2,7 +2,9 @@
  * control frames (tcp_wire.h: tag kind MLXD_TAG_CTRL, never matched).
  *
  * Heartbeats. The watchdog thread (core/watchdog.h) calls beat() every
- * mlxd_live_cfg.beat_s: for every peer, when the first connection's send
+ * mlxd_live_cfg.beat_s: it runs a lazy transport's dialer once when no
+ * thread is progressing (a rank busy outside mlxdist still answers its
+ * peers' handshakes); then for every peer it has a connection to, when the first connection's send
  * queue is empty, it queues a heartbeat frame carrying this rank's note
  * (core/oprec.h) and writes what the socket takes at once; when the queue
  * is not empty and no thread is progressing, it writes what the socket
@@ -64,6 +66,9 @@ static void beat(void* ctx, double now) {
   mlxd_oprec_note(note, sizeof note);
   size_t len = strnlen(note, MLXD_TCP_BEAT_MAX);
   pthread_mutex_lock(&t->mu);
+  /* Lazy: answer handshakes even while this rank is busy outside mlxdist,
+   * so that an honest peer connecting now is not kept waiting. */
+  if (!t->progressing) mlxd_tcp_dial_step(t);
   bool queued = false;
   for (int p = 0; p < t->base.size && !t->err.code; p++) {
     tcp_conn* c = &t->conns[p * t->nconn];
@@ -168,6 +173,7 @@ bool mlxd_tcp_live_check(tcp_transport* t, struct mlxd_req* const* reqs, int n, 
     if (!r || r->m.complete) continue;
     if (!first) first = r;
     tcp_peer* pe = &t->peers[r->m.peer];
+    if (pe->nup == 0) continue; /* lazy: connecting, within MLXDIST_CONNECT_TIMEOUT (connect.c) */
     double heard = pe->heard > w->start ? pe->heard : w->start;
     if (now - heard >= cfg->dead_s) {
       mlxd_status s;

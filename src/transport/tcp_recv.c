@@ -92,6 +92,7 @@ int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* s
     return code;
   } else {
     mlxd_match_push(&pe->mq.posted, &r->link, tag);
+    mlxd_tcp_want(t, peer); /* lazy: connect now, so the wait watches the peer's liveness */
   }
   pthread_mutex_unlock(&t->mu);
   *out = r;

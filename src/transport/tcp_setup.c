@@ -9,10 +9,12 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -29,95 +31,104 @@ static void imsg_drop(tcp_imsg* m) {
   free(m);
 }
 
-/* Read and drop whatever fd has to give (non-blocking). */
-static void drain(int fd) {
+/* Close the connections without losing what this rank sent last, and
+ * without destroying what a peer still sends (issue 25, orderly exit).
+ * Closing a socket with unread data resets it (RST), which drops the bytes
+ * the peer has not read yet, and so does data that arrives after the close:
+ * a rank that finished first and closed would make its peers fail with
+ * "Connection reset by peer" while they still read what it sent. So:
+ * FIN first (shutdown SHUT_WR: after every byte queued), then read and drop
+ * until every peer has closed its side too (its FIN: recv returns 0) and
+ * acknowledged every byte sent (TIOCOUTQ == 0), then close. Peers do the
+ * same when they are done, so each close follows the peer's FIN and nothing
+ * is reset. Bounds: a healthy transport waits for the peers' FINs for
+ * TCP_FIN_WAIT_S at most (MLXDIST_TIMEOUT if shorter): a peer that goes on
+ * with other work (another group, its own computation) before it closes this
+ * one must not hold this rank much longer; its heartbeats reset afterwards
+ * are taken for its close (tcp.c fail_io); a slow link is waited for as long as its queue keeps shrinking
+ * (until no queue has shrunk for MLXDIST_TIMEOUT, or MLXDIST_OP_TIMEOUT in
+ * all, for a trickle). A failed transport has written its abort record
+ * (tcp_live.c) and waits TCP_CLOSE_MS at most. The wait sleeps in poll on
+ * the sockets still open, so it costs nothing while peers compute. The
+ * chaos soak found the queued-bytes case: a split child freed right after
+ * an all_sum through a shaped link closed with 2 MB queued, and a peer's
+ * heartbeat reset it. */
+static bool drain_eof(int fd) {
   char b[4096];
-  while (recv(fd, b, sizeof b, MSG_DONTWAIT) > 0) {
+  for (;;) {
+    ssize_t k = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (k > 0) continue;
+    if (k == 0) return true;
+    if (errno == EINTR) continue;
+    return errno != EAGAIN && errno != EWOULDBLOCK; /* an error: nothing more will come */
   }
 }
 
-/* Close the connections without losing what this rank sent last. A peer's
- * heartbeats may wait unread here, and closing a socket with unread data
- * resets it (RST), which drops the bytes the peer has not read yet; so does
- * a heartbeat that arrives after the close while bytes are still queued. So:
- * FIN first, read and drop what arrived, wait until the peers have
- * acknowledged every byte sent (TIOCOUTQ == 0), reading meanwhile, read once
- * more, close. A slow link (a 4 MiB message through 5 Mbit/s takes 7 s) is
- * waited for as long as its queue keeps shrinking: the wait ends when no
- * queue has shrunk for MLXDIST_TIMEOUT (the peer is taken for dead, as in
- * any wait) and at least TCP_CLOSE_MS have passed, or, for a peer that
- * keeps taking a trickle, after MLXDIST_OP_TIMEOUT in all. A reset after that loses
- * nothing (a peer that reads nothing for that long may still lose bytes, if
- * one of its heartbeats lands between the last read and the close). The
- * chaos soak found it: a split child freed right after an all_sum through a
- * shaped link closed with 2 MB queued, and a peer's heartbeat reset it. */
-/* Whether the peer has closed its side of fd (its FIN arrived), or fd is
- * not TCP (an AF_UNIX pair: nothing to wait for). */
-static bool peer_closed(int fd) {
-  struct tcp_info ti;
-  socklen_t len = sizeof ti;
-  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return true;
-  return ti.tcpi_state == TCP_TIME_WAIT || ti.tcpi_state == TCP_CLOSE ||
-         ti.tcpi_state == TCP_CLOSE_WAIT || ti.tcpi_state == TCP_LAST_ACK ||
-         ti.tcpi_state == TCP_CLOSING;
-}
-
 static void close_all(tcp_transport* t, int nc) {
+  int live = 0;
   for (int i = 0; i < nc; i++)
-    if (t->conns[i].fd >= 0) shutdown(t->conns[i].fd, SHUT_WR);
-  /* A healthy transport waits until its last bytes are acknowledged. A
-   * failed one has written its abort record (tcp_live.c): closing while a
-   * peer still sends (e.g. the rest of a large message) would reset the
-   * connection and drop that record before the peer reads it, so it reads
-   * and drops until each peer has closed too, for at most TCP_CLOSE_MS. */
+    if (t->conns[i].fd >= 0) {
+      shutdown(t->conns[i].fd, SHUT_WR);
+      live++;
+    }
+  struct pollfd* pf = live ? calloc((size_t)live, sizeof *pf) : NULL;
+  bool* eof = calloc((size_t)nc + 1, sizeof *eof);
   double start = mlxd_now(), last_progress = start;
+  double quiet = t->live.dead_s > TCP_CLOSE_MS * 1e-3 ? t->live.dead_s : TCP_CLOSE_MS * 1e-3;
   long queued_before = -1;
-  for (;;) {
-    bool pending = false, slow = false; /* slow: TCP bytes still going out */
+  double fin_s = quiet < TCP_FIN_WAIT_S ? quiet : TCP_FIN_WAIT_S;
+  for (int i = 0; i < nc; i++) eof[i] = t->conns[i].fd < 0 || t->conns[i].eof;
+  while (pf && eof) {
+    int np = 0;
     long queued = 0;
     for (int i = 0; i < nc; i++) {
       int fd = t->conns[i].fd, outq = 0;
       if (fd < 0) continue;
-      drain(fd);
-      if (t->err.code) {
-        pending |= !peer_closed(fd);
-        continue;
-      }
-      if (ioctl(fd, TIOCOUTQ, &outq) != 0 || outq <= 0) continue;
-      struct tcp_info ti;
-      socklen_t len = sizeof ti;
-      if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) {
-        pending = true; /* not TCP (an AF_UNIX pair): TCP_CLOSE_MS at most */
-      } else if (ti.tcpi_state != TCP_CLOSE) {
+      if (!eof[i]) eof[i] = drain_eof(fd);
+      if (!t->err.code && ioctl(fd, TIOCOUTQ, &outq) == 0 && outq > 0) {
+        struct tcp_info ti;
+        socklen_t len = sizeof ti;
         /* (a reset connection keeps counting its unsent bytes: nothing will go) */
-        pending = slow = true;
-        queued += outq;
+        if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 && ti.tcpi_state != TCP_CLOSE)
+          queued += outq;
       }
+      if (!eof[i]) pf[np++] = (struct pollfd){fd, POLLIN, 0};
     }
     double now = mlxd_now(), waited = now - start;
-    if (!pending) break;
-    if (!slow) {
+    if (np == 0 && queued == 0) break;
+    if (t->err.code) {
       if (waited >= TCP_CLOSE_MS * 1e-3) break;
     } else {
-      /* healthy, over TCP: as long as the bytes queued keep going out */
       if (queued_before >= 0 && queued < queued_before) last_progress = now;
       queued_before = queued;
-      double quiet = t->live.dead_s > TCP_CLOSE_MS * 1e-3 ? t->live.dead_s : TCP_CLOSE_MS * 1e-3;
-      if (now - last_progress >= quiet) break;
-      if (waited >= t->live.op_s) break; /* a trickle, however long it lasts: MLXDIST_OP_TIMEOUT */
+      if (queued > 0 && now - last_progress >= quiet) break;
+      if (queued == 0 && waited >= fin_s) break; /* peers that do not close (yet) */
+      if (waited >= t->live.op_s) break;         /* a trickle, however long it lasts */
     }
-    struct timespec ts = {0, 2000000};
-    nanosleep(&ts, NULL);
+    /* Sleep until a peer sends or closes; poll sees no acknowledgements,
+     * so while bytes are queued look again every few ms. */
+    int ms = queued > 0 ? 2 : 100;
+    if (np > 0)
+      (void)poll(pf, (nfds_t)np, ms);
+    else {
+      struct timespec ts = {0, (long)ms * 1000000L};
+      nanosleep(&ts, NULL);
+    }
   }
+  free(pf);
+  free(eof);
   for (int i = 0; i < nc; i++)
     if (t->conns[i].fd >= 0) {
-      drain(t->conns[i].fd);
+      (void)drain_eof(t->conns[i].fd);
       close(t->conns[i].fd);
     }
 }
 
 void mlxd_tcp_forget(mlxd_transport* tt) {
   tcp_transport* t = (tcp_transport*)tt;
+  if (t->dial) t->dial->ops->forget(t->dial);
+  if (t->epfd >= 0) close(t->epfd);
+  t->epfd = -1;
   for (int i = 0; t->conns && i < t->base.size * t->nconn; i++)
     if (t->conns[i].fd >= 0) {
       close(t->conns[i].fd);
@@ -131,6 +142,9 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
   tcp_transport* t = (tcp_transport*)tt;
   if (!t) return;
   mlxd_tcp_live_stop(t); /* no heartbeat runs from here on */
+  /* No new connection from here on: every op that could need one is over. */
+  if (t->dial) t->dial->ops->free(t->dial);
+  t->dial = NULL;
   int nc = t->base.size * t->nconn;
   for (int i = 0; i < nc && t->conns; i++) mlxd_tls_conn_free(t->conns[i].ssl); /* close_notify */
   if (t->conns) close_all(t, nc);
@@ -149,13 +163,13 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
     while ((l = mlxd_match_pop(&pe->mq.unexpected))) imsg_drop(MLXD_MATCH_ENTRY(l, tcp_imsg, ux));
   }
   if (t->wake_fd >= 0) close(t->wake_fd);
+  if (t->epfd >= 0) close(t->epfd);
   mlxd_tls_free(t->tls);
   pthread_mutex_destroy(&t->mu);
   pthread_cond_destroy(&t->cv);
   free(t->conns);
   free(t->peers);
-  free(t->pfds);
-  free(t->pconn);
+  free(t->evs);
   free(t);
 }
 
@@ -183,15 +197,194 @@ static void close_fds(const int* fds, int count) {
     if (fds[i] >= 0) close(fds[i]);
 }
 
+/* Set up connection c (fd connected and handshaken): non-blocking, no
+ * Nagle, big send buffer, its receive buffer, in the epoll set. 0, or a
+ * status (the caller fails or gives up). */
+static int conn_attach(tcp_transport* t, tcp_conn* c, int fd, mlxd_status* st) {
+  c->fd = fd;
+  c->rbuf = malloc(TCP_RBUF);
+  if (!c->rbuf)
+    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
+                        "out of memory for the connection to rank %d", c->peer);
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+    int e = errno;
+    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP,
+                 "cannot make the connection to rank %d non-blocking", c->peer);
+    mlxd_status_set_peer(st, c->peer, t->peers[c->peer].addr);
+    mlxd_status_set_sys(st, "fcntl", e);
+    return st->code;
+  }
+  /* Best effort: TCP_NODELAY fails harmlessly on a non-TCP socket, and the
+   * buffer sizes are only raised, never lowered (setting them after the
+   * connection is up also disables the kernel's auto-tuning, so the
+   * connecting side should set them before connect/listen). */
+  int one = 1;
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  int cur = 0;
+  socklen_t cl = sizeof cur;
+  if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &cur, &cl) == 0 && cur < TCP_SOCKBUF) {
+    int want = TCP_SOCKBUF;
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
+  }
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  c->ep_out = c->qhead != NULL;
+  ev.events = EPOLLIN | (c->ep_out ? EPOLLOUT : 0);
+  ev.data.ptr = c;
+  if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    int e = errno;
+    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP, "cannot watch the connection to rank %d", c->peer);
+    mlxd_status_set_sys(st, "epoll_ctl", e);
+    return st->code;
+  }
+  tcp_peer* pe = &t->peers[c->peer];
+  if (!pe->addr[0]) peer_addr(fd, pe->addr, sizeof pe->addr);
+  pe->nup++;
+  pe->heard = mlxd_now();
+  t->nconnected++;
+  return 0;
+}
+
+/* The dialer made connection conn to peer (mu held, inside want or step). */
+static void conn_ready(void* ctx, int peer, int conn, int fd) {
+  tcp_transport* t = ctx;
+  tcp_conn* c = &t->conns[peer * t->nconn + conn];
+  mlxd_status s;
+  mlxd_status_clear(&s);
+  if (c->fd >= 0 || t->err.code) { /* cannot happen (one per slot), or too late */
+    close(fd);
+    return;
+  }
+  if (conn_attach(t, c, fd, &s) != 0) {
+    mlxd_tcp_fail(t, &s);
+    return;
+  }
+  if (c->qhead) { /* what isend queued while it connected */
+    int err = mlxd_tcp_conn_write(t, c);
+    if (err) mlxd_tcp_fail_lost(t, peer, "sendmsg", err);
+  }
+  mlxd_tcp_wake(t);
+}
+
+/* The transport without connections. NULL with st set. */
+static tcp_transport* tcp_alloc(int rank, int size, int nconn, mlxd_status* st) {
+  tcp_transport* t = calloc(1, sizeof *t);
+  if (!t) {
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
+    return NULL;
+  }
+  int nc = size * nconn;
+  t->base.ops = &mlxd_tcp_ops;
+  t->base.rank = rank;
+  t->base.size = size;
+  t->nconn = nconn;
+  t->wake_fd = -1;
+  t->epfd = -1;
+  pthread_mutex_init(&t->mu, NULL);
+  pthread_cond_init(&t->cv, NULL);
+  t->conns = calloc((size_t)nc, sizeof *t->conns);
+  t->peers = calloc((size_t)size, sizeof *t->peers);
+  t->nevs = nc + 2 < 256 ? nc + 2 : 256;
+  t->evs = calloc((size_t)t->nevs, sizeof *t->evs);
+  for (int i = 0; i < nc && t->conns; i++) {
+    t->conns[i].fd = -1;
+    t->conns[i].peer = i / nconn;
+  }
+  if (!t->conns || !t->peers || !t->evs) {
+    mlxd_tcp_destroy(&t->base);
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
+    return NULL;
+  }
+  t->epfd = epoll_create1(EPOLL_CLOEXEC);
+  t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = EPOLLIN;
+  ev.data.ptr = NULL;
+  if (t->epfd < 0 || t->wake_fd < 0 || epoll_ctl(t->epfd, EPOLL_CTL_ADD, t->wake_fd, &ev) != 0) {
+    int e = errno;
+    mlxd_tcp_destroy(&t->base);
+    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP,
+                 "cannot create the TCP transport's event set (epoll, eventfd)");
+    mlxd_status_set_sys(st, "epoll_create1", e);
+    return NULL;
+  }
+  mlxd_live_cfg_load(&t->live);
+  double spin = mlxd_tunable_double(MLXD_T_SPIN_US);
+  t->spin_s = spin > 0 ? spin * 1e-6 : 0;
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  t->yield_spin = ncpu > 0 && size > ncpu;
+  long ux_mb = mlxd_tunable_long(MLXD_T_TCP_UNEXPECTED_MB);
+  if (ux_mb <= 0 || ux_mb > (1L << 28)) ux_mb = 4096; /* the validation of tunables names it */
+  t->ux_budget = (uint64_t)ux_mb << 20;
+  double now = mlxd_now();
+  for (int p = 0; p < size; p++) t->peers[p].heard = now;
+  return t;
+}
+
+static bool shape_ok(int rank, int size, int nconn, mlxd_status* st) {
+  if (size >= 1 && rank >= 0 && rank < size && nconn >= 1 && nconn <= 64) return true;
+  mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_TCP,
+               "cannot build a TCP transport for rank %d of %d with %d connection(s) per "
+               "peer: expected 0 <= rank < size and 1 <= connections <= 64",
+               rank, size, nconn);
+  return false;
+}
+
+mlxd_transport* mlxd_tcp_transport_lazy(int rank, int size, int nconn, mlxd_tcp_dialer* d,
+                                        mlxd_status* st) {
+  bool tls = false;
+  if (!shape_ok(rank, size, nconn, st) || mlxd_tls_wanted(&tls, st) != 0) {
+    if (d) d->ops->free(d);
+    return NULL;
+  }
+  if (tls) {
+    d->ops->free(d);
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_TCP,
+                 "lazy TCP connections do not support MLXDIST_TLS=1 (its handshakes run at "
+                 "creation): connect eagerly");
+    return NULL;
+  }
+  tcp_transport* t = tcp_alloc(rank, size, nconn, st);
+  if (!t) {
+    d->ops->free(d);
+    return NULL;
+  }
+  t->dial = d;
+  d->ready = conn_ready;
+  d->ready_ctx = t;
+  if (mlxd_tcp_dial_attach(t) != 0) {
+    int e = errno;
+    mlxd_tcp_destroy(&t->base);
+    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP, "cannot watch the listening sockets");
+    mlxd_status_set_sys(st, "epoll_ctl", e);
+    return NULL;
+  }
+  mlxd_tcp_live_start(t);
+  return &t->base;
+}
+
+int mlxd_tcp_connections(mlxd_transport* tt, unsigned char* peers) {
+  if (!tt || tt->ops != &mlxd_tcp_ops) return -1;
+  tcp_transport* t = (tcp_transport*)tt;
+  pthread_mutex_lock(&t->mu);
+  int n = 0;
+  for (int i = 0; i < t->base.size * t->nconn; i++) {
+    if (t->conns[i].fd < 0) continue;
+    n++;
+    if (peers) peers[t->conns[i].peer] = 1;
+  }
+  pthread_mutex_unlock(&t->mu);
+  return n;
+}
+
 mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int nconn,
                                        mlxd_status* st) {
-  if (size < 1 || rank < 0 || rank >= size || nconn < 1 || nconn > 64 || !fds) {
+  if (!shape_ok(rank, size, nconn, st) || !fds) {
     if (fds && size > 0 && nconn > 0 && size <= (1 << 20) && nconn <= (1 << 10))
       close_fds(fds, size * nconn);
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_TCP,
-                 "cannot build a TCP transport for rank %d of %d with %d connection(s) per "
-                 "peer: expected 0 <= rank < size and 1 <= connections <= 64",
-                 rank, size, nconn);
+    if (!fds) shape_ok(-1, size, nconn, st);
     return NULL;
   }
   int nc = size * nconn;
@@ -210,87 +403,23 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
       }
     }
   }
-  tcp_transport* t = calloc(1, sizeof *t);
+  tcp_transport* t = tcp_alloc(rank, size, nconn, st);
   if (!t) {
     close_fds(fds, nc);
-    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
     return NULL;
   }
-  t->base.ops = &mlxd_tcp_ops;
-  t->base.rank = rank;
-  t->base.size = size;
-  t->nconn = nconn;
-  t->wake_fd = -1;
-  pthread_mutex_init(&t->mu, NULL);
-  pthread_cond_init(&t->cv, NULL);
-  t->conns = calloc((size_t)nc, sizeof *t->conns);
-  t->peers = calloc((size_t)size, sizeof *t->peers);
-  t->pfds = calloc((size_t)nc + 1, sizeof *t->pfds);
-  t->pconn = calloc((size_t)nc + 1, sizeof *t->pconn);
-  bool ok = t->conns && t->peers && t->pfds && t->pconn;
-  for (int i = 0; i < nc && t->conns; i++) t->conns[i].fd = -1;
-  if (!ok) {
-    close_fds(fds, nc);
-    mlxd_tcp_destroy(&t->base);
-    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
-    return NULL;
-  }
+  for (int i = 0; i < nc; i++)
+    if (i / nconn == rank && fds[i] >= 0) close(fds[i]);
   for (int i = 0; i < nc; i++) {
     tcp_conn* c = &t->conns[i];
-    c->peer = i / nconn;
-    c->fd = c->peer == rank ? -1 : fds[i];
-    if (c->peer == rank && fds[i] >= 0) close(fds[i]);
-  }
-  for (int p = 0; p < size; p++)
-    if (p != rank) peer_addr(t->conns[p * nconn].fd, t->peers[p].addr, sizeof t->peers[p].addr);
-  for (int i = 0; i < nc; i++) {
-    tcp_conn* c = &t->conns[i];
-    if (c->fd < 0) continue;
-    c->rbuf = malloc(TCP_RBUF);
-    if (!c->rbuf) {
-      mlxd_tcp_destroy(&t->base);
-      mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
-      return NULL;
-    }
-    int fl = fcntl(c->fd, F_GETFL);
-    if (fl < 0 || fcntl(c->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
-      int e = errno;
-      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP,
-                   "cannot make the connection to rank %d non-blocking", c->peer);
-      mlxd_status_set_peer(st, c->peer, t->peers[c->peer].addr);
-      mlxd_status_set_sys(st, "fcntl", e);
+    if (c->peer == rank) continue;
+    if (conn_attach(t, c, fds[i], st) != 0) {
+      for (int k = i + 1; k < nc; k++)
+        if (k / nconn != rank) close(fds[k]);
       mlxd_tcp_destroy(&t->base);
       return NULL;
     }
-    /* Best effort: TCP_NODELAY fails harmlessly on a non-TCP socket, and the
-     * buffer sizes are only raised, never lowered (setting them after the
-     * connection is up also disables the kernel's auto-tuning, so the
-     * connecting side should set them before connect/listen). */
-    int one = 1;
-    (void)setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    int cur = 0;
-    socklen_t cl = sizeof cur;
-    if (getsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &cur, &cl) == 0 && cur < TCP_SOCKBUF) {
-      int want = TCP_SOCKBUF;
-      (void)setsockopt(c->fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
-    }
   }
-  t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (t->wake_fd < 0) {
-    int e = errno;
-    mlxd_tcp_destroy(&t->base);
-    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_TCP, "cannot create an eventfd for the TCP transport");
-    mlxd_status_set_sys(st, "eventfd", e);
-    return NULL;
-  }
-  mlxd_live_cfg_load(&t->live);
-  double spin = mlxd_tunable_double(MLXD_T_SPIN_US);
-  t->spin_s = spin > 0 ? spin * 1e-6 : 0;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  t->yield_spin = ncpu > 0 && size > ncpu;
-  long ux_mb = mlxd_tunable_long(MLXD_T_TCP_UNEXPECTED_MB);
-  if (ux_mb <= 0 || ux_mb > (1L << 28)) ux_mb = 4096; /* the validation of tunables names it */
-  t->ux_budget = (uint64_t)ux_mb << 20;
   bool tls = false;
   if (mlxd_tls_wanted(&tls, st) != 0 || (tls && mlxd_tcp_tls_start(t, st) != 0)) {
     mlxd_tcp_destroy(&t->base);

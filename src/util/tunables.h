@@ -81,7 +81,13 @@ typedef struct mlxd_tunable_spec {
     "ranks that make different calls fail with both calls named (the ring backend always "        \
     "checks). One rank's 1 turns it on for the whole group (agreed at init).")                    \
   X(CONNECT_TIMEOUT, "MLXDIST_CONNECT_TIMEOUT", "30", MLXD_TK_NUMBER(0.001, 86400, "seconds"),    \
-    "Seconds init keeps retrying connections to peers (with back-off).")                          \
+    "Seconds init keeps retrying connections to peers (with back-off); with lazy connections, "   \
+    "the bound of each connection made on first use (a peer that never answers fails the op "     \
+    "naming it).")                                                                                \
+  X(CONNECT, "MLXDIST_CONNECT", "lazy", MLXD_TK_CHOICE("lazy|eager"),                             \
+    "Ring over TCP: lazy makes a connection to a peer the first time an op sends to or "          \
+    "receives from it (the group starts with an address book and its listening sockets); "        \
+    "eager builds the full mesh at init. MLXDIST_TLS=1 always connects eagerly.")                 \
   X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),               \
     "Microseconds a waiting thread polls before it blocks.")                                      \
   X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1", MLXD_TK_FLAG(),                                      \

@@ -23,7 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int nconn = 1 + data[3] % 4;
   const unsigned char* msg = data + 4;
   size_t len = size - 4;
-  mlxd_hs_expect e = {self, gsize, nconn, TOKEN, secret};
+  mlxd_hs_expect e = {self, gsize, nconn, TOKEN, secret, false};
   mlxd_hs_msg m;
   unsigned char again[MLXD_HS_REPLY_BYTES];
   if (kind == 0) {

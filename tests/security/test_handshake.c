@@ -33,7 +33,7 @@ static mlxd_hs_err hello_err(mlxd_hs_msg m, const mlxd_hs_expect* e) {
 }
 
 static void messages(void) {
-  mlxd_hs_expect e = {1, 4, 2, TOK, false};
+  mlxd_hs_expect e = {1, 4, 2, TOK, false, false};
   unsigned char b[MLXD_HS_REPLY_BYTES];
   mlxd_hs_msg m = msg(3, 4, 1, 2, 0), out;
   mlxd_hs_encode_hello(b, &m);
@@ -66,7 +66,7 @@ static void messages(void) {
   T_EQ_INT(hello_err(msg(2, 4, 0, 2, MLXD_HS_FLAG_SECRET), &es), MLXD_HS_OK);
 
   /* the reply: from the peer asked, for the connection asked, the MAC carried */
-  mlxd_hs_expect ec = {3, 4, 2, TOK, false};
+  mlxd_hs_expect ec = {3, 4, 2, TOK, false, false};
   m = msg(1, 4, 1, 2, 0);
   mlxd_hs_encode_reply(b, &m);
   T_EQ_INT(mlxd_hs_check_reply(b, sizeof b, &ec, 1, 1, &out), MLXD_HS_OK);

@@ -341,7 +341,7 @@ static void record_handshake(const job* j) {
   unsigned char key[32], tok[MLXD_HS_TOKEN_BYTES], buf[MLXD_HS_REPLY_BYTES];
   T_ASSERT(mlxd_secret_derive(&s, "handshake", key) == 0);
   T_ASSERT(mlxd_hs_token_parse(TOKEN_HEX, tok) == 0);
-  mlxd_hs_expect e = {0, 2, 1, tok, true};
+  mlxd_hs_expect e = {0, 2, 1, tok, true, false};
   mlxd_hs_msg h, r;
   T_EQ_INT(mlxd_hs_check_hello(g_rec, MLXD_HS_HELLO_BYTES, &e, &h), MLXD_HS_OK);
   memset(&r, 0, sizeof r);

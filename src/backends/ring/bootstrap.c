@@ -230,7 +230,7 @@ int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
 
   int n = (int)size, k = (int)K;
   int* lfds = malloc(sizeof(int) * (size_t)k);
-  int* fds = malloc(sizeof(int) * (size_t)n * (size_t)k);
+  mlxd_transport* t = NULL;
   mlxd_ring_addr* mine = calloc((size_t)k, sizeof *mine);
   unsigned char* src = calloc((size_t)k, MLXD_RING_REC_BYTES);
   unsigned char* dst = calloc((size_t)n * (size_t)k, MLXD_RING_REC_BYTES);
@@ -238,7 +238,7 @@ int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
   int rc = 0;
   if (lfds)
     for (int c = 0; c < k; c++) lfds[c] = -1;
-  if (!lfds || !fds || !mine || !src || !dst || !hosts.addrs) {
+  if (!lfds || !mine || !src || !dst || !hosts.addrs) {
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory bootstrapping %d ranks",
                       n);
     goto done;
@@ -265,16 +265,13 @@ int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
           goto done;
     /* every rank holds the same records now, with every rank's fresh nonce */
     mlxd_hs_token_records(dst, (size_t)n * (size_t)k * MLXD_RING_REC_BYTES, auth.token);
-    if ((rc = mlxd_ring_mesh((int)rank, &hosts, lfds, &auth, fds, st))) goto done;
-  } else {
-    fds[0] = -1;
+    if ((rc = mlxd_ring_tcp_open((int)rank, &hosts, lfds, &auth, &t, st))) goto done;
   }
-  rc = mlxd_ring_backend_new((int)rank, n, k, &host, &auth, fds, out, st);
+  rc = mlxd_ring_backend_new_t((int)rank, n, k, &host, &auth, t, out, st);
 done:
   mlxd_ring_auth_clear(&auth);
   if (lfds) mlxd_ring_close_all(lfds, k);
   free(lfds);
-  free(fds);
   free(mine);
   free(src);
   free(dst);

@@ -23,6 +23,7 @@
  * order, so no rank can block another. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -30,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,14 +40,16 @@
 #include "backends/ring/handshake.h"
 #include "backends/ring/ring_internal.h"
 #include "security/secret.h"
+#include "transport/tcp.h"
 #include "util/bytes.h"
 #include "util/clock.h"
 #include "util/tunables.h"
 
 #define SOCK_BUF_BYTES (4 << 20)
 #define LISTEN_BACKLOG 64 /* bounded: a flood fills it, not memory; accepted at once anyway */
-#define MAX_PENDING 64    /* incoming handshakes in progress at once */
-#define HS_TIMEOUT_S 3.0  /* an incoming connection's time to complete its handshake */
+#define MAX_PENDING 64    /* incoming handshakes in progress at once: at least this many... */
+#define PENDING_CAP 4096  /* ...and one per connection of the group up to this many */
+#define HS_TIMEOUT_S 3.0  /* an incoming connection's time to send a well-formed hello */
 /* One outgoing connect() attempt waits CONNECT_FIRST_S, doubling per expired
  * attempt up to CONNECT_ATTEMPT_S, then a fresh one. Short at first: a flood
  * that fills a listener's backlog while it cannot accept (during split's
@@ -192,17 +197,41 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
   return 0;
 }
 
-/* ---- the mesh: one loop over every connection and handshake ---- */
+/* ---- the mesh: one loop over every connection and handshake ----
+ *
+ * One engine serves both ways of connecting. Eager (mlxd_ring_mesh_with):
+ * every connection to a lower rank is wanted at once and the loop runs until
+ * every slot is filled. Lazy (mlxd_ring_dialer_new, the TCP transport's
+ * dialer, tcp.h): nothing is wanted at first; the transport wants a peer the
+ * first time an op names it, and runs one non-blocking step per progress
+ * round; any rank may connect to any other (the hello may come from a lower
+ * rank), and each filled slot is handed to the transport at once.
+ *
+ * Both ends may want each other at once. A slot (peer, conn) is filled by
+ * exactly one connection on both ends: an acceptor that reads a hello for a
+ * slot it is itself connecting keeps its own connection when it is the higher
+ * rank (closes the hello quietly, without a reply) and takes the hello when
+ * it is the lower one (its own attempt will be closed by the peer, the same
+ * rule seen from there; so a stranger claiming a higher rank at a lower one
+ * always gets the full handshake, and its refusal logged); a hello for a slot already filled is closed quietly
+ * too. An outgoing connection the peer closed is retried only while the slot
+ * is neither filled nor being accepted. No connection carries data before
+ * its slot is filled on its side, so no byte is lost.
+ *
+ * Every socket of the engine is in one epoll set (listeners, pending
+ * handshakes, outgoing connections), so a step costs what is active. */
 
-enum { O_IDLE, O_CONNECTING, O_WAIT_REPLY, O_DONE };
+enum { O_NONE, O_IDLE, O_CONNECTING, O_WAIT_REPLY, O_DONE };
 enum { P_FREE, P_HELLO, P_CONFIRM };
+enum { EV_LISTEN = 1, EV_PEND = 2, EV_OUT = 3 };
 
-typedef struct outgoing { /* this rank's connection c to lower rank j */
+typedef struct outgoing { /* this rank's connection c to rank j */
   int j, c;
   int fd;
   int state;
   double retry_at;   /* O_IDLE: when to connect again */
   double attempt_by; /* O_CONNECTING: when this attempt is given up */
+  double give_up;    /* lazy: MLXDIST_CONNECT_TIMEOUT from the first want */
   double backoff;
   double attempt_s;     /* the next connect() attempt's bound */
   int attempts, closed; /* connect attempts; handshakes the peer closed */
@@ -224,16 +253,23 @@ typedef struct pending { /* an accepted connection in its handshake */
 } pending;
 
 typedef struct mesh {
+  mlxd_tcp_dialer d; /* first: the lazy transport's view */
   int rank, size, K;
+  bool lazy;
   const mlxd_ring_hosts* hosts;
-  const int* lfds;
-  const mlxd_ring_auth* auth;
+  mlxd_ring_hosts own_hosts; /* lazy: a copy */
+  int lfds[64];
+  mlxd_ring_auth auth;
   mlxd_hs_expect ex;
-  int* fds;
+  int* fds; /* eager: the caller's; lazy: ours (>= 0: filled; the transport owns the fd) */
   int filled, need;
-  outgoing* outs;
-  int nouts;
-  pending pend[MAX_PENDING];
+  outgoing* outs; /* size * K: outs[j * K + c] */
+  int nactive;    /* outs not in O_NONE / O_DONE */
+  pending* pend;
+  int npend, npending; /* entries, entries in use */
+  int ep;
+  bool emfile; /* accept failed for want of descriptors */
+  int emfile_errno;
   /* refused connections: logged up to LOG_LINES, the rest counted */
   int refused, shown;
   char last_refused[260];
@@ -244,6 +280,24 @@ typedef struct mesh {
 } mesh;
 
 static bool linked(const mesh* m, int j) { return !m->link || m->link[j]; }
+
+static void ep_ctl(mesh* m, int op, int fd, unsigned events, int kind, int idx) {
+  struct epoll_event ev;
+  memset(&ev, 0, sizeof ev);
+  ev.events = events;
+  ev.data.u64 = ((uint64_t)kind << 32) | (uint32_t)idx;
+  (void)epoll_ctl(m->ep, op, fd, &ev); /* ADD/MOD of a valid fd: only ENOMEM, seen as a stall */
+}
+
+static void pend_close(mesh* m, pending* p) {
+  if (p->fd >= 0) {
+    ep_ctl(m, EPOLL_CTL_DEL, p->fd, 0, 0, 0);
+    close(p->fd);
+  }
+  p->fd = -1;
+  p->state = P_FREE;
+  m->npending--;
+}
 
 /* One line on stderr for a refused incoming connection (always, not only
  * with MLX_RING_VERBOSE; at most LOG_LINES per set-up), then close it. */
@@ -264,9 +318,7 @@ static void refuse(mesh* m, pending* p, const char* fmt, ...) {
     fprintf(stderr, "[%s] rank %d: further refused connections are counted, not shown\n", m->tag,
             m->rank);
   }
-  close(p->fd);
-  p->fd = -1;
-  p->state = P_FREE;
+  pend_close(m, p);
 }
 
 static bool transient_errno(int e) {
@@ -275,14 +327,72 @@ static bool transient_errno(int e) {
          e == ECONNABORTED;
 }
 
-static void out_retry(outgoing* o, int err) {
-  if (o->fd >= 0) close(o->fd);
+static void out_close(mesh* m, outgoing* o) {
+  if (o->fd >= 0) {
+    ep_ctl(m, EPOLL_CTL_DEL, o->fd, 0, 0, 0);
+    close(o->fd);
+  }
   o->fd = -1;
-  o->state = O_IDLE;
+}
+
+/* Lazy: this outgoing connection is no longer needed (the slot is filled or
+ * being accepted from the peer). */
+static void out_drop(mesh* m, outgoing* o) {
+  out_close(m, o);
+  if (o->state != O_NONE && o->state != O_DONE) m->nactive--;
+  o->state = O_NONE;
+  o->got = 0;
+}
+
+/* Lazy: whether slot (j, c) is filled or an incoming handshake for it has
+ * passed its hello (it will fill it unless its proof fails). */
+static bool slot_taken(const mesh* m, int j, int c) {
+  if (m->fds[j * m->K + c] >= 0) return true;
+  for (int i = 0; m->npending > 0 && i < m->npend; i++) {
+    const pending* p = &m->pend[i];
+    if (p->state == P_CONFIRM && (int)p->hello.rank == j && (int)p->hello.conn == c) return true;
+  }
+  return false;
+}
+
+static void out_retry(mesh* m, outgoing* o, int err) {
+  out_close(m, o);
   o->got = 0;
   o->last_errno = err;
+  if (m->lazy && slot_taken(m, o->j, o->c)) {
+    out_drop(m, o);
+    return;
+  }
+  o->state = O_IDLE;
   o->retry_at = mlxd_now() + o->backoff;
   o->backoff = o->backoff * 2 > 0.5 ? 0.5 : o->backoff * 2;
+}
+
+/* The set-up ended (lazy: every peer is connected, or the group is
+ * destroyed): what is still pending is refused, as at the end of an eager
+ * mesh. */
+static void pend_end(mesh* m) {
+  for (int i = 0; m->npending > 0 && i < m->npend; i++)
+    if (m->pend[i].state != P_FREE)
+      refuse(m, &m->pend[i], "%s when the set-up ended",
+             m->pend[i].got == 0 && m->pend[i].state == P_HELLO ? "it had sent nothing"
+                                                                : "its handshake was incomplete");
+}
+
+/* Slot (j, c) is filled with fd. */
+static void fill(mesh* m, int j, int c, int fd) {
+  m->fds[j * m->K + c] = fd;
+  m->filled++;
+  if (m->lazy && m->d.ready) m->d.ready(m->d.ready_ctx, j, c, fd);
+  if (m->lazy && m->filled == (m->size - 1) * m->K) /* no peer may connect any more */
+    for (int k = 0; k < m->K; k++)
+      if (m->lfds[k] >= 0) {
+        ep_ctl(m, EPOLL_CTL_DEL, m->lfds[k], 0, 0, 0);
+        close(m->lfds[k]);
+        m->lfds[k] = -1;
+        mlxd_ring_log("rank %d: every peer is connected: listener %d closed", m->rank, k);
+      }
+  if (m->lazy && m->filled == (m->size - 1) * m->K) pend_end(m);
 }
 
 /* The connection is up: send the hello. */
@@ -294,11 +404,11 @@ static void out_send_hello(mesh* m, outgoing* o) {
   h.size = (uint32_t)m->size;
   h.conn = (uint32_t)o->c;
   h.nconn = (uint32_t)m->K;
-  h.flags = m->auth->have_key ? MLXD_HS_FLAG_SECRET : 0;
-  memcpy(h.token, m->auth->token, MLXD_HS_TOKEN_BYTES);
+  h.flags = m->auth.have_key ? MLXD_HS_FLAG_SECRET : 0;
+  memcpy(h.token, m->auth.token, MLXD_HS_TOKEN_BYTES);
   mlxd_status ignore = {0};
   if (mlxd_random_bytes(o->nonce, sizeof o->nonce, &ignore) != 0) {
-    out_retry(o, EAGAIN);
+    out_retry(m, o, EAGAIN);
     return;
   }
   memcpy(h.nonce, o->nonce, sizeof o->nonce);
@@ -307,11 +417,23 @@ static void out_send_hello(mesh* m, outgoing* o) {
   /* A fresh socket's send buffer takes it whole; anything else is a failed attempt. */
   ssize_t k = send(o->fd, buf, sizeof buf, MSG_NOSIGNAL);
   if (k != (ssize_t)sizeof buf) {
-    out_retry(o, k < 0 ? errno : EPIPE);
+    out_retry(m, o, k < 0 ? errno : EPIPE);
     return;
   }
   o->state = O_WAIT_REPLY;
   o->got = 0;
+  ep_ctl(m, EPOLL_CTL_MOD, o->fd, EPOLLIN, EV_OUT, o->j * m->K + o->c);
+}
+
+/* The open-file limit, for the messages of a failed socket() or accept(). */
+static void nofile_text(char* buf, size_t n) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    snprintf(buf, n, "RLIMIT_NOFILE unknown");
+    return;
+  }
+  snprintf(buf, n, "RLIMIT_NOFILE soft %llu, hard %llu", (unsigned long long)rl.rlim_cur,
+           (unsigned long long)rl.rlim_max);
 }
 
 /* Start a connect() attempt (O_IDLE -> O_CONNECTING or straight on); a
@@ -322,14 +444,24 @@ static int out_start(mesh* m, outgoing* o, mlxd_status* st) {
   int fd = socket(a->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     int e = errno;
+    char lim[96] = "";
+    if (e == EMFILE || e == ENFILE) nofile_text(lim, sizeof lim);
     mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
-                 "cannot create a socket to connect to rank %d", o->j);
+                 "cannot create a socket to connect to rank %d%s%s%s", o->j, lim[0] ? " (" : "",
+                 lim, lim[0] ? "; raise it with ulimit -n)" : "");
     mlxd_status_set_peer(st, o->j, a->text);
     mlxd_status_set_sys(st, "socket", e);
     return -1;
   }
   set_buffers(fd);
+  /* The ephemeral port this socket gets may be one a rank of this job that
+   * starts later is told to listen on (a hostfile's ports): with SO_REUSEADDR
+   * on both, its bind still succeeds (no listener holds the port). At 256
+   * ranks on one host, the lazy mesh's connects took such a port. */
+  int one = 1;
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   o->fd = fd;
+  ep_ctl(m, EPOLL_CTL_ADD, fd, EPOLLOUT, EV_OUT, o->j * m->K + o->c);
   if (connect(fd, (const struct sockaddr*)&a->sa, a->len) == 0) {
     out_send_hello(m, o);
     return 0;
@@ -341,11 +473,10 @@ static int out_start(mesh* m, outgoing* o, mlxd_status* st) {
     return 0;
   }
   if (transient_errno(e)) {
-    out_retry(o, e);
+    out_retry(m, o, e);
     return 0;
   }
-  close(fd);
-  o->fd = -1;
+  out_close(m, o);
   mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot connect to rank %d", o->j);
   mlxd_status_set_peer(st, o->j, a->text);
   mlxd_status_set_sys(st, "connect", e);
@@ -356,13 +487,17 @@ static int out_start(mesh* m, outgoing* o, mlxd_status* st) {
 static void out_connected(mesh* m, outgoing* o, bool expired) {
   int err = 0;
   socklen_t el = sizeof err;
+  struct sockaddr_storage sa;
+  socklen_t sl = sizeof sa;
+  /* Connected, its event not seen yet (more were ready than one epoll_wait returns)? */
+  if (expired && getpeername(o->fd, (struct sockaddr*)&sa, &sl) == 0) expired = false;
   if (expired) {
     err = ETIMEDOUT;
     o->attempt_s = o->attempt_s * 2 > CONNECT_ATTEMPT_S ? CONNECT_ATTEMPT_S : o->attempt_s * 2;
   } else if (getsockopt(o->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
     err = errno;
   if (err) {
-    out_retry(o, err);
+    out_retry(m, o, err);
     return;
   }
   out_send_hello(m, o);
@@ -373,10 +508,10 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
   const char* at = m->hosts->addrs[o->j * m->K + o->c].text;
   mlxd_hs_msg r;
   mlxd_hs_err e = mlxd_hs_check_reply(o->in, o->got, &m->ex, o->j, o->c, &r);
-  const unsigned char* key = m->auth->have_key ? m->auth->key : NULL;
+  const unsigned char* key = m->auth.have_key ? m->auth.key : NULL;
   unsigned char mac[MLXD_HS_MAC_BYTES];
   if (e == MLXD_HS_OK) {
-    if (mlxd_hs_mac(key, false, m->auth->token, m->size, m->K, o->c, m->rank, o->j, o->nonce,
+    if (mlxd_hs_mac(key, false, m->auth.token, m->size, m->K, o->c, m->rank, o->j, o->nonce,
                     r.nonce, mac) != 0)
       return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "libcrypto failed (HMAC)");
     if (key && !mlxd_hs_mac_equal(mac, r.mac)) e = MLXD_HS_MAC_E;
@@ -385,13 +520,13 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
    * that j logs the mismatch too. */
   if (e == MLXD_HS_OK || e == MLXD_HS_MAC_E) {
     unsigned char cbuf[MLXD_HS_CONFIRM_BYTES];
-    if (mlxd_hs_mac(key, true, m->auth->token, m->size, m->K, o->c, m->rank, o->j, o->nonce,
-                    r.nonce, mac) != 0)
+    if (mlxd_hs_mac(key, true, m->auth.token, m->size, m->K, o->c, m->rank, o->j, o->nonce, r.nonce,
+                    mac) != 0)
       return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "libcrypto failed (HMAC)");
     mlxd_hs_encode_confirm(cbuf, mac);
     ssize_t k = send(o->fd, cbuf, sizeof cbuf, MSG_NOSIGNAL);
     if (e == MLXD_HS_OK && k != (ssize_t)sizeof cbuf) {
-      out_retry(o, k < 0 ? errno : EPIPE);
+      out_retry(m, o, k < 0 ? errno : EPIPE);
       return 0;
     }
   }
@@ -419,11 +554,13 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
     mlxd_status_set_peer(st, o->j, at);
     return -1;
   }
+  ep_ctl(m, EPOLL_CTL_DEL, o->fd, 0, 0, 0);
   o->state = O_DONE;
-  m->fds[o->j * m->K + o->c] = o->fd;
+  m->nactive--;
+  int fd = o->fd;
   o->fd = -1;
-  m->filled++;
   mlxd_ring_log("rank %d: connection %d to rank %d at %s ready", m->rank, o->c, o->j, at);
+  fill(m, o->j, o->c, fd);
   return 0;
 }
 
@@ -432,10 +569,11 @@ static int out_read(mesh* m, outgoing* o, mlxd_status* st) {
   ssize_t k = recv(o->fd, o->in + o->got, sizeof o->in - o->got, 0);
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
   if (k <= 0) {
-    /* Closed before the reply: j refused the hello (another job on that port?)
-     * or was not ready; try again until the deadline. */
+    /* Closed before the reply: j refused the hello (another job on that port?
+     * lazy: j keeps its own connection for this slot) or was not ready; try
+     * again until the deadline. */
     o->closed++;
-    out_retry(o, k == 0 ? ECONNRESET : errno);
+    out_retry(m, o, k == 0 ? ECONNRESET : errno);
     return 0;
   }
   o->got += (size_t)k;
@@ -457,22 +595,37 @@ static void pend_accept(mesh* m, int lfd) {
     struct sockaddr_storage sa;
     socklen_t sl = sizeof sa;
     int fd = accept4(lfd, (struct sockaddr*)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return; /* EAGAIN: all taken; anything else: try again next round */
-    /* A free entry, else the oldest that has not even sent its hello (a
-     * rightful peer sends it right after connecting), else the oldest. */
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) {
+        m->emfile = true; /* the listener stays readable: the step fails, naming the limit */
+        m->emfile_errno = errno;
+      }
+      return; /* EAGAIN: all taken; anything else: try again next round */
+    }
+    /* A free entry, else the oldest that has not sent a well-formed hello
+     * (a rightful peer sends it right after connecting; one that did has
+     * shown this job's token and keeps its place: a busy honest peer is not
+     * dropped for strangers). All well-formed: the newcomer waits in the
+     * backlog's stead (closed; an honest connector retries). */
     pending* p = NULL;
     pending* oldest = NULL;
-    for (int i = 0; i < MAX_PENDING && !p; i++) {
+    for (int i = 0; i < m->npend && !p; i++) {
       pending* q = &m->pend[i];
       if (q->state == P_FREE)
         p = q;
-      else if (!oldest || (q->state == P_HELLO && oldest->state != P_HELLO) ||
-               (q->state == oldest->state && q->since < oldest->since))
+      else if (q->state == P_HELLO && (!oldest || q->since < oldest->since))
         oldest = q;
     }
+    if (!p && !oldest) {
+      close(fd);
+      m->refused++;
+      continue;
+    }
     if (!p) {
-      refuse(m, oldest, "too many connections waiting for a handshake (%d); the oldest is dropped",
-             MAX_PENDING);
+      refuse(m, oldest,
+             "too many connections waiting for a handshake (%d); the oldest without a hello is "
+             "dropped",
+             m->npend);
       p = oldest;
     }
     set_nodelay(fd);
@@ -481,9 +634,19 @@ static void pend_accept(mesh* m, int lfd) {
     p->state = P_HELLO;
     p->since = mlxd_now();
     p->deadline = p->since + HS_TIMEOUT_S;
+    m->npending++;
     mlxd_ring_format_addr((struct sockaddr*)&sa, p->addr, sizeof p->addr);
+    ep_ctl(m, EPOLL_CTL_ADD, fd, EPOLLIN, EV_PEND, (int)(p - m->pend));
     pend_read(m, p); /* the hello is usually there already: a flood cannot push it out */
   }
+}
+
+/* Lazy: close a hello with this job's token without a word (a simultaneous
+ * connect this rank's own connection wins, or a slot filled meanwhile). */
+static void pend_yield(mesh* m, pending* p, const char* why) {
+  mlxd_ring_log("rank %d: closed rank %u's connection %u from %s: %s", m->rank,
+                (unsigned)p->hello.rank, (unsigned)p->hello.conn, p->addr, why);
+  pend_close(m, p);
 }
 
 /* The hello is complete: check it, answer, wait for the confirm. */
@@ -506,6 +669,17 @@ static int pend_hello(mesh* m, pending* p) {
     return 0;
   }
   int slot = (int)h->rank * m->K + (int)h->conn;
+  if (e == MLXD_HS_OK && m->lazy) {
+    const outgoing* o = &m->outs[slot];
+    if (m->fds[slot] >= 0 || o->state == O_DONE) {
+      pend_yield(m, p, "the slot is filled already");
+      return 0;
+    }
+    if (o->state != O_NONE && m->rank > (int)h->rank) {
+      pend_yield(m, p, "both connected at once; the higher rank's connection is kept");
+      return 0;
+    }
+  }
   if (e == MLXD_HS_OK && m->fds[slot] >= 0) {
     refuse(m, p, "rank %u's connection %u is already established (a duplicate or an impostor)",
            (unsigned)h->rank, (unsigned)h->conn);
@@ -517,17 +691,17 @@ static int pend_hello(mesh* m, pending* p) {
   r.size = (uint32_t)m->size;
   r.conn = h->conn;
   r.nconn = (uint32_t)m->K;
-  r.flags = m->auth->have_key ? MLXD_HS_FLAG_SECRET : 0;
-  memcpy(r.token, m->auth->token, MLXD_HS_TOKEN_BYTES);
+  r.flags = m->auth.have_key ? MLXD_HS_FLAG_SECRET : 0;
+  memcpy(r.token, m->auth.token, MLXD_HS_TOKEN_BYTES);
   mlxd_status ignore = {0};
   if (mlxd_random_bytes(r.nonce, sizeof r.nonce, &ignore) != 0) {
     refuse(m, p, "no random bytes for the handshake (libcrypto)");
     return 0;
   }
-  const unsigned char* key = m->auth->have_key ? m->auth->key : NULL;
-  if (mlxd_hs_mac(key, false, m->auth->token, m->size, m->K, (int)h->conn, (int)h->rank, m->rank,
+  const unsigned char* key = m->auth.have_key ? m->auth.key : NULL;
+  if (mlxd_hs_mac(key, false, m->auth.token, m->size, m->K, (int)h->conn, (int)h->rank, m->rank,
                   h->nonce, r.nonce, r.mac) != 0 ||
-      mlxd_hs_mac(key, true, m->auth->token, m->size, m->K, (int)h->conn, (int)h->rank, m->rank,
+      mlxd_hs_mac(key, true, m->auth.token, m->size, m->K, (int)h->conn, (int)h->rank, m->rank,
                   h->nonce, r.nonce, p->expect) != 0) {
     refuse(m, p, "libcrypto failed (HMAC)");
     return 0;
@@ -545,6 +719,9 @@ static int pend_hello(mesh* m, pending* p) {
   }
   p->state = P_CONFIRM;
   p->got = 0;
+  /* It showed this job's token: a busy honest peer gets the whole connect
+   * budget for its proof, not the stranger's HS_TIMEOUT_S. */
+  p->deadline = mlxd_now() + (m->budget > HS_TIMEOUT_S ? m->budget : HS_TIMEOUT_S);
   return 0;
 }
 
@@ -561,12 +738,16 @@ static void pend_confirm(mesh* m, pending* p) {
            (unsigned)h->rank, (unsigned)h->conn);
     return;
   }
-  m->fds[slot] = p->fd;
-  m->filled++;
   mlxd_ring_log("rank %d: accepted connection %u from rank %u at %s", m->rank, (unsigned)h->conn,
                 (unsigned)h->rank, p->addr);
+  int fd = p->fd;
+  ep_ctl(m, EPOLL_CTL_DEL, fd, 0, 0, 0);
   p->fd = -1;
   p->state = P_FREE;
+  m->npending--;
+  fill(m, (int)h->rank, (int)h->conn, fd);
+  /* Lazy: this rank's own attempt for the slot, if any, is closed by the
+   * peer (it keeps the higher rank's); out_retry drops it then. */
 }
 
 static void pend_read(mesh* m, pending* p) {
@@ -599,43 +780,48 @@ static void pend_read(mesh* m, pending* p) {
 }
 
 static void pend_expire(mesh* m, double now) {
-  for (int i = 0; i < MAX_PENDING; i++) {
+  for (int i = 0; m->npending > 0 && i < m->npend; i++) {
     pending* p = &m->pend[i];
     if (p->state == P_FREE || now < p->deadline) continue;
     if (p->state == P_HELLO && p->got == 0)
       refuse(m, p, "it sent nothing within %g s", HS_TIMEOUT_S);
+    else if (p->state == P_HELLO)
+      refuse(m, p, "it did not send a whole hello within %g s", HS_TIMEOUT_S);
     else
-      refuse(m, p, "it did not complete the handshake within %g s", HS_TIMEOUT_S);
+      refuse(m, p, "it did not complete the handshake within %g s", m->budget);
   }
 }
 
 /* ---- the loop ---- */
 
+/* Outgoing connection o ran out of MLXDIST_CONNECT_TIMEOUT: say what was seen. */
+static int out_timeout(mesh* m, outgoing* o, mlxd_status* st) {
+  const char* at = m->hosts->addrs[o->j * m->K + o->c].text;
+  if (o->closed > 0)
+    mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
+                 "rank %d closed this rank's handshake %d time%s within %g s "
+                 "(MLXDIST_CONNECT_TIMEOUT): the process listening at its address refused it "
+                 "(another job on that port, or a different MLXDIST_JOB_TOKEN?)",
+                 o->j, o->closed, o->closed == 1 ? "" : "s", m->budget);
+  else if (o->state == O_WAIT_REPLY)
+    mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
+                 "no handshake answer from rank %d within %g s (MLXDIST_CONNECT_TIMEOUT)", o->j,
+                 m->budget);
+  else
+    mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
+                 "cannot connect to rank %d within %g s (MLXDIST_CONNECT_TIMEOUT) after %d "
+                 "attempt%s",
+                 o->j, m->budget, o->attempts, o->attempts == 1 ? "" : "s");
+  mlxd_status_set_peer(st, o->j, at);
+  if (o->state != O_WAIT_REPLY && o->last_errno) mlxd_status_set_sys(st, "connect", o->last_errno);
+  return st->code;
+}
+
 /* MLXDIST_CONNECT_TIMEOUT ran out: say which peer is missing and what was seen. */
 static int mesh_timeout(mesh* m, mlxd_status* st) {
-  for (int i = 0; i < m->nouts; i++) {
+  for (int i = 0; i < m->size * m->K; i++) {
     outgoing* o = &m->outs[i];
-    if (o->state == O_DONE) continue;
-    const char* at = m->hosts->addrs[o->j * m->K + o->c].text;
-    if (o->closed > 0)
-      mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
-                   "rank %d closed this rank's handshake %d time%s within %g s "
-                   "(MLXDIST_CONNECT_TIMEOUT): the process listening at its address refused it "
-                   "(another job on that port, or a different MLXDIST_JOB_TOKEN?)",
-                   o->j, o->closed, o->closed == 1 ? "" : "s", m->budget);
-    else if (o->state == O_WAIT_REPLY)
-      mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
-                   "no handshake answer from rank %d within %g s (MLXDIST_CONNECT_TIMEOUT)", o->j,
-                   m->budget);
-    else
-      mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
-                   "cannot connect to rank %d within %g s (MLXDIST_CONNECT_TIMEOUT) after %d "
-                   "attempt%s",
-                   o->j, m->budget, o->attempts, o->attempts == 1 ? "" : "s");
-    mlxd_status_set_peer(st, o->j, at);
-    if (o->state != O_WAIT_REPLY && o->last_errno)
-      mlxd_status_set_sys(st, "connect", o->last_errno);
-    return st->code;
+    if (o->state != O_NONE && o->state != O_DONE) return out_timeout(m, o, st);
   }
   int missing = -1;
   for (int j = m->rank + 1; j < m->size && missing < 0; j++)
@@ -649,55 +835,182 @@ static int mesh_timeout(mesh* m, mlxd_status* st) {
                "rank %d did not connect to this rank (%d, listening on %s) within %g s "
                "(MLXDIST_CONNECT_TIMEOUT); is it running with the same %s%s?%s",
                missing, m->rank, m->hosts->addrs[m->rank * m->K].text, m->budget, m->what,
-               m->auth->have_key ? " and secret" : "", seen);
+               m->auth.have_key ? " and secret" : "", seen);
   if (missing >= 0) mlxd_status_set_peer(st, missing, NULL);
   return st->code;
 }
 
-/* One poll over the listeners, the pending handshakes and the outgoing connections. */
-static int mesh_step(mesh* m, struct pollfd* pfd, double deadline, mlxd_status* st) {
-  double now = mlxd_now();
-  double wake = deadline;
-  for (int i = 0; i < m->nouts; i++) {
-    outgoing* o = &m->outs[i];
-    if (o->state == O_IDLE && o->retry_at <= now && out_start(m, o, st) != 0) return -1;
+/* The earliest timer: a retry, an attempt's or a handshake's expiry, a
+ * lazy connection's give-up. */
+static double mesh_next(const mesh* m) {
+  double wake = INFINITY;
+  for (int i = 0; m->nactive > 0 && i < m->size * m->K; i++) {
+    const outgoing* o = &m->outs[i];
+    if (o->state == O_NONE || o->state == O_DONE) continue;
     if (o->state == O_IDLE && o->retry_at < wake) wake = o->retry_at;
     if (o->state == O_CONNECTING && o->attempt_by < wake) wake = o->attempt_by;
+    if (m->lazy && o->give_up < wake) wake = o->give_up;
   }
-  for (int i = 0; i < MAX_PENDING; i++)
+  for (int i = 0; m->npending > 0 && i < m->npend; i++)
     if (m->pend[i].state != P_FREE && m->pend[i].deadline < wake) wake = m->pend[i].deadline;
-  int n = 0;
-  for (int c = 0; c < m->K; c++) pfd[n++] = (struct pollfd){m->lfds[c], POLLIN, 0};
-  for (int i = 0; i < MAX_PENDING; i++)
-    pfd[n++] = (struct pollfd){m->pend[i].state != P_FREE ? m->pend[i].fd : -1, POLLIN, 0};
-  for (int i = 0; i < m->nouts; i++) {
+  return wake;
+}
+
+#define MESH_EVENTS 64
+
+/* Start the retries that are due, wait at most timeout_ms for the sockets,
+ * handle what they have, expire what ran out. */
+static int mesh_step(mesh* m, int timeout_ms, mlxd_status* st) {
+  double now = mlxd_now();
+  for (int i = 0; m->nactive > 0 && i < m->size * m->K; i++) {
     outgoing* o = &m->outs[i];
-    short ev = o->state == O_CONNECTING ? POLLOUT : O_WAIT_REPLY == o->state ? POLLIN : 0;
-    pfd[n++] = (struct pollfd){ev ? o->fd : -1, ev, 0};
+    if (o->state != O_IDLE || o->retry_at > now) continue;
+    if (m->lazy && slot_taken(m, o->j, o->c)) {
+      out_drop(m, o);
+      continue;
+    }
+    if (out_start(m, o, st) != 0) return -1;
   }
-  int pr = poll(pfd, (nfds_t)n, mlxd_ms_left(wake));
-  if (pr < 0 && errno != EINTR) {
+  if (timeout_ms > 0) {
+    double wake = mesh_next(m);
+    if (wake != INFINITY) {
+      int ms = mlxd_ms_left(wake);
+      if (ms < timeout_ms) timeout_ms = ms;
+    }
+  }
+  struct epoll_event ev[MESH_EVENTS];
+  int n = epoll_wait(m->ep, ev, MESH_EVENTS, timeout_ms < 0 ? 0 : timeout_ms);
+  if (n < 0 && errno != EINTR) {
     int e = errno;
     mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "waiting for connections failed");
-    mlxd_status_set_sys(st, "poll", e);
+    mlxd_status_set_sys(st, "epoll_wait", e);
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    int kind = (int)(ev[i].data.u64 >> 32), idx = (int)(uint32_t)ev[i].data.u64;
+    if (kind == EV_LISTEN) {
+      if (m->lfds[idx] >= 0) pend_accept(m, m->lfds[idx]);
+    } else if (kind == EV_PEND) {
+      pending* p = &m->pend[idx];
+      if (p->state != P_FREE && p->fd >= 0) pend_read(m, p);
+    } else if (kind == EV_OUT) {
+      outgoing* o = &m->outs[idx];
+      if (o->state == O_CONNECTING)
+        out_connected(m, o, false);
+      else if (o->state == O_WAIT_REPLY && out_read(m, o, st) != 0)
+        return -1;
+    }
+  }
+  if (m->emfile) {
+    char lim[96];
+    nofile_text(lim, sizeof lim);
+    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
+                 "cannot accept a connection from a peer: out of file descriptors (%s; raise it "
+                 "with ulimit -n)",
+                 lim);
+    mlxd_status_set_sys(st, "accept4", m->emfile_errno);
     return -1;
   }
   now = mlxd_now();
-  int k = 0;
-  for (int c = 0; c < m->K; c++, k++)
-    if (pfd[k].revents) pend_accept(m, m->lfds[c]);
-  for (int i = 0; i < MAX_PENDING; i++, k++)
-    if (pfd[k].revents && m->pend[i].state != P_FREE && m->pend[i].fd == pfd[k].fd)
-      pend_read(m, &m->pend[i]);
-  for (int i = 0; i < m->nouts; i++, k++) {
+  for (int i = 0; m->nactive > 0 && i < m->size * m->K; i++) {
     outgoing* o = &m->outs[i];
-    if (o->state == O_CONNECTING && (pfd[k].revents || now >= o->attempt_by))
-      out_connected(m, o, pfd[k].revents == 0);
-    else if (o->state == O_WAIT_REPLY && pfd[k].revents && out_read(m, o, st) != 0)
+    if (o->state == O_CONNECTING && now >= o->attempt_by) out_connected(m, o, true);
+    if (m->lazy && o->state != O_NONE && o->state != O_DONE && now >= o->give_up) {
+      if (slot_taken(m, o->j, o->c)) {
+        out_drop(m, o);
+        continue;
+      }
+      out_timeout(m, o, st);
       return -1;
+    }
   }
   pend_expire(m, now);
   return 0;
+}
+
+static void mesh_free(mesh* m) {
+  if (!m) return;
+  for (int i = 0; m->outs && i < m->size * m->K; i++)
+    if (m->outs[i].fd >= 0) close(m->outs[i].fd);
+  for (int i = 0; m->pend && i < m->npend; i++)
+    if (m->pend[i].state != P_FREE && m->pend[i].fd >= 0) close(m->pend[i].fd);
+  if (m->ep >= 0) close(m->ep);
+  if (m->lazy) {
+    for (int c = 0; c < m->K; c++)
+      if (m->lfds[c] >= 0) close(m->lfds[c]);
+    free(m->fds);
+    mlxd_ring_hosts_free(&m->own_hosts);
+  }
+  mlxd_ring_auth_clear(&m->auth);
+  free(m->outs);
+  free(m->pend);
+  free(m);
+}
+
+/* A mesh over hosts (borrowed: the caller keeps it alive while m lives) for
+ * rank, listening on lfds (K of them; not owned). NULL with st set. */
+static mesh* mesh_new(int rank, const mlxd_ring_hosts* hosts, const int* lfds,
+                      const mlxd_ring_auth* auth, const mlxd_ring_mesh_opts* opts, bool lazy,
+                      mlxd_status* st) {
+  const int size = hosts->size, K = hosts->nconn;
+  mesh* m = calloc(1, sizeof *m);
+  if (!m) {
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory setting up connections");
+    return NULL;
+  }
+  m->ep = -1;
+  for (int c = 0; c < 64; c++) m->lfds[c] = c < K ? lfds[c] : -1;
+  long np = (long)size * K;
+  if (np < MAX_PENDING) np = MAX_PENDING;
+  if (np > PENDING_CAP) np = PENDING_CAP;
+  double budget = mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
+  if (!(budget > 0)) budget = 30;
+  m->rank = rank;
+  m->size = size;
+  m->K = K;
+  m->lazy = lazy;
+  m->hosts = hosts;
+  m->auth = *auth;
+  m->budget = budget;
+  m->npend = (int)np;
+  m->tag = opts && opts->tag ? opts->tag : "ring";
+  m->link = opts ? opts->link : NULL;
+  m->what = opts && opts->what ? opts->what : "hostfile";
+  m->ex = (mlxd_hs_expect){rank, size, K, m->auth.token, auth->have_key, lazy};
+  m->outs = calloc((size_t)size * (size_t)K, sizeof *m->outs);
+  m->pend = calloc((size_t)np, sizeof *m->pend);
+  m->ep = epoll_create1(EPOLL_CLOEXEC);
+  if (!m->outs || !m->pend || m->ep < 0) {
+    int e = errno;
+    if (m->ep < 0 && m->outs && m->pend) {
+      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot create an epoll set");
+      mlxd_status_set_sys(st, "epoll_create1", e);
+    } else {
+      mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory setting up connections");
+    }
+    if (lazy) /* the caller's: not ours yet */
+      for (int c = 0; c < 64; c++) m->lfds[c] = -1;
+    m->lazy = false;
+    mesh_free(m);
+    return NULL;
+  }
+  for (int i = 0; i < np; i++) m->pend[i].fd = -1;
+  for (int i = 0; i < size * K; i++)
+    m->outs[i] = (outgoing){.j = i / K,
+                            .c = i % K,
+                            .fd = -1,
+                            .state = O_NONE,
+                            .backoff = 0.01,
+                            .attempt_s = CONNECT_FIRST_S};
+  for (int c = 0; c < K; c++) {
+    /* The backlog grows with the job as the pending table does (Linux takes
+     * a second listen() as a new backlog): at 256 ranks, 255 peers
+     * connecting at once overflowed 64 and their SYNs waited for TCP's
+     * retransmission. */
+    if (np > LISTEN_BACKLOG) (void)listen(lfds[c], (int)np);
+    ep_ctl(m, EPOLL_CTL_ADD, lfds[c], EPOLLIN, EV_LISTEN, c);
+  }
+  return m;
 }
 
 int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds,
@@ -710,72 +1023,38 @@ int mlxd_ring_mesh_with(int rank, const mlxd_ring_hosts* hosts, const int* liste
                         mlxd_status* st) {
   const int size = hosts->size, K = hosts->nconn;
   const bool* link = opts ? opts->link : NULL;
-  int nlinks = 0, nbelow = 0;
+  int nlinks = 0;
   for (int j = 0; j < size; j++)
-    if (j != rank && (!link || link[j])) {
-      nlinks++;
-      if (j < rank) nbelow++;
-    }
+    if (j != rank && (!link || link[j])) nlinks++;
   const int total = size * K;
   for (int i = 0; i < total; i++) fds[i] = -1;
-  double budget = mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
-  if (!(budget > 0)) budget = 30;
-  const double deadline = mlxd_now() + budget;
-  mesh* m = calloc(1, sizeof *m);
-  outgoing* outs = calloc((size_t)(rank * K) + 1, sizeof *outs);
-  struct pollfd* pfd = calloc((size_t)(K + MAX_PENDING + rank * K), sizeof *pfd);
-  int rc = 0;
-  if (!m || !outs || !pfd) {
-    rc =
-        mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory setting up connections");
-    goto out;
-  }
-  *m = (mesh){.rank = rank,
-              .size = size,
-              .K = K,
-              .hosts = hosts,
-              .lfds = listen_fds,
-              .auth = auth,
-              .fds = fds,
-              .need = nlinks * K,
-              .outs = outs,
-              .nouts = nbelow * K,
-              .budget = budget,
-              .tag = opts && opts->tag ? opts->tag : "ring",
-              .link = link,
-              .what = opts && opts->what ? opts->what : "hostfile"};
-  m->ex = (mlxd_hs_expect){rank, size, K, auth->token, auth->have_key};
-  for (int i = 0; i < MAX_PENDING; i++) m->pend[i].fd = -1;
-  int no = 0;
+  mesh* m = mesh_new(rank, hosts, listen_fds, auth, opts, false, st);
+  if (!m) return st->code;
+  const double deadline = mlxd_now() + m->budget;
+  m->fds = fds;
+  m->need = nlinks * K;
   for (int j = 0; j < rank; j++)
-    for (int c = 0; c < K && (!link || link[j]); c++)
-      outs[no++] = (outgoing){
-          .j = j, .c = c, .fd = -1, .state = O_IDLE, .backoff = 0.01, .attempt_s = CONNECT_FIRST_S};
+    for (int c = 0; c < K && linked(m, j); c++) {
+      m->outs[j * K + c].state = O_IDLE;
+      m->nactive++;
+    }
+  int rc = 0;
   while (m->filled < m->need) {
     if (mlxd_now() >= deadline) {
       rc = mesh_timeout(m, st);
       break;
     }
-    if (mesh_step(m, pfd, deadline, st) != 0) {
+    if (mesh_step(m, mlxd_ms_left(deadline), st) != 0) {
       rc = st->code ? st->code : MLXD_ESYS;
       break;
     }
   }
   /* What is still pending is refused too: every slot is filled (or set-up failed). */
-  for (int i = 0; i < MAX_PENDING; i++)
-    if (m->pend[i].state != P_FREE)
-      refuse(m, &m->pend[i], "%s when the set-up ended",
-             m->pend[i].got == 0 && m->pend[i].state == P_HELLO ? "it had sent nothing"
-                                                                : "its handshake was incomplete");
-  for (int i = 0; i < m->nouts; i++)
-    if (outs[i].fd >= 0) close(outs[i].fd);
+  pend_end(m);
   if (m->refused > m->shown)
     fprintf(stderr, "[%s] rank %d: %d more refused connection%s not shown\n", m->tag, rank,
             m->refused - m->shown, m->refused - m->shown == 1 ? "" : "s");
-out:
-  free(m);
-  free(outs);
-  free(pfd);
+  mesh_free(m);
   if (rc) {
     mlxd_ring_close_all(fds, total);
     return rc;
@@ -783,4 +1062,126 @@ out:
   for (int i = 0; i < total; i++)
     if (fds[i] >= 0) set_nonblock(fds[i], false);
   return 0;
+}
+
+/* ---- the lazy dialer (tcp.h) ---- */
+
+static int dial_want(mlxd_tcp_dialer* d, int peer, mlxd_status* st) {
+  mesh* m = (mesh*)d;
+  double now = mlxd_now();
+  for (int c = 0; c < m->K; c++) {
+    outgoing* o = &m->outs[peer * m->K + c];
+    if (o->state != O_NONE || slot_taken(m, peer, c)) continue;
+    o->state = O_IDLE;
+    o->give_up = now + m->budget;
+    o->retry_at = now;
+    o->backoff = 0.01;
+    o->attempt_s = CONNECT_FIRST_S;
+    o->attempts = o->closed = 0;
+    m->nactive++;
+    if (out_start(m, o, st) != 0) return st->code;
+  }
+  return 0;
+}
+
+static int dial_step(mlxd_tcp_dialer* d, mlxd_status* st) {
+  mesh* m = (mesh*)d;
+  return mesh_step(m, 0, st) != 0 ? (st->code ? st->code : MLXD_ESYS) : 0;
+}
+
+static double dial_next(mlxd_tcp_dialer* d) { return mesh_next((mesh*)d); }
+static int dial_fd(mlxd_tcp_dialer* d) { return ((mesh*)d)->ep; }
+
+static void dial_forget(mlxd_tcp_dialer* d) {
+  mesh* m = (mesh*)d;
+  for (int i = 0; i < m->size * m->K; i++)
+    if (m->outs[i].fd >= 0) {
+      close(m->outs[i].fd);
+      m->outs[i].fd = -1;
+    }
+  for (int i = 0; i < m->npend; i++)
+    if (m->pend[i].fd >= 0) {
+      close(m->pend[i].fd);
+      m->pend[i].fd = -1;
+    }
+  for (int c = 0; c < m->K; c++)
+    if (m->lfds[c] >= 0) {
+      close(m->lfds[c]);
+      m->lfds[c] = -1;
+    }
+  if (m->ep >= 0) close(m->ep);
+  m->ep = -1;
+}
+
+static void dial_free(mlxd_tcp_dialer* d) {
+  mesh* m = (mesh*)d;
+  pend_end(m);
+  if (m->refused > m->shown)
+    fprintf(stderr, "[%s] rank %d: %d more refused connection%s not shown\n", m->tag, m->rank,
+            m->refused - m->shown, m->refused - m->shown == 1 ? "" : "s");
+  mesh_free(m);
+}
+
+static const mlxd_tcp_dialer_ops dial_ops = {dial_want, dial_step,   dial_next,
+                                             dial_fd,   dial_forget, dial_free};
+
+bool mlxd_ring_connect_lazy(void) {
+  const char* v = mlxd_tunable_str(MLXD_T_CONNECT);
+  if (v && strcmp(v, "eager") == 0) return false;
+  const char* tls = mlxd_tunable_str(MLXD_T_TLS);
+  return !(tls && strcmp(tls, "1") == 0); /* TLS handshakes run at creation (tcp_tls.c) */
+}
+
+int mlxd_ring_nofile(int size, int nconn, bool lazy, mlxd_status* st) {
+  long pend = (long)size * nconn;
+  if (pend < MAX_PENDING) pend = MAX_PENDING;
+  if (pend > PENDING_CAP) pend = PENDING_CAP;
+  /* every connection, the pending handshakes, listeners, and room for the rest of the process */
+  rlim_t need = (rlim_t)size * (rlim_t)nconn + (rlim_t)pend + 256;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0; /* unknown: socket() will say */
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur >= need) return 0;
+  if (rl.rlim_cur == RLIM_INFINITY) return 0;
+  rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+  if (want > rl.rlim_cur) {
+    struct rlimit nl = {want, rl.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &nl) == 0) {
+      mlxd_ring_log("raised RLIMIT_NOFILE from %llu to %llu (%d ranks x %d connection(s))",
+                    (unsigned long long)rl.rlim_cur, (unsigned long long)want, size, nconn);
+      rl.rlim_cur = want;
+    }
+  }
+  if (rl.rlim_cur >= need || lazy) return 0; /* lazy: only the connections used count */
+  return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
+                      "a full mesh of %d ranks x %d connection(s) needs about %llu file "
+                      "descriptors, but RLIMIT_NOFILE allows %llu (hard limit %llu): raise it "
+                      "(ulimit -n) or use MLXDIST_CONNECT=lazy",
+                      size, nconn, (unsigned long long)need, (unsigned long long)rl.rlim_cur,
+                      (unsigned long long)rl.rlim_max);
+}
+
+mlxd_tcp_dialer* mlxd_ring_dialer_new(int rank, const mlxd_ring_hosts* hosts, int* lfds,
+                                      const mlxd_ring_auth* auth, mlxd_status* st) {
+  const int K = hosts->nconn, size = hosts->size;
+  mlxd_ring_hosts* own = NULL;
+  mlxd_ring_addr* addrs = calloc((size_t)size * (size_t)K, sizeof *addrs);
+  int* fds = malloc(sizeof(int) * (size_t)size * (size_t)K);
+  mesh* m = NULL;
+  if (addrs && fds) m = mesh_new(rank, hosts, lfds, auth, NULL, true, st);
+  if (!m) {
+    if (!addrs || !fds)
+      mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory setting up connections");
+    free(addrs);
+    free(fds);
+    return NULL; /* lfds stay the caller's */
+  }
+  memcpy(addrs, hosts->addrs, sizeof *addrs * (size_t)size * (size_t)K);
+  own = &m->own_hosts;
+  *own = (mlxd_ring_hosts){size, K, addrs};
+  m->hosts = own;
+  m->fds = fds;
+  for (int i = 0; i < size * K; i++) fds[i] = -1;
+  for (int c = 0; c < K; c++) lfds[c] = -1; /* ours now */
+  m->d.ops = &dial_ops;
+  return &m->d;
 }

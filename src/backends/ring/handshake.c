@@ -94,7 +94,9 @@ mlxd_hs_err mlxd_hs_check_hello(const unsigned char* buf, size_t len, const mlxd
                                 mlxd_hs_msg* out) {
   mlxd_hs_err r = check_common(buf, len, MLXD_HS_HELLO_BYTES, MAGIC_HELLO, e, out);
   if (r) return r;
-  if (out->rank <= (uint32_t)e->self || out->rank >= (uint32_t)e->size) return MLXD_HS_RANK;
+  if (out->rank == (uint32_t)e->self || (!e->any_rank && out->rank < (uint32_t)e->self) ||
+      out->rank >= (uint32_t)e->size)
+    return MLXD_HS_RANK;
   if (out->conn >= (uint32_t)e->nconn) return MLXD_HS_CONN;
   return MLXD_HS_OK;
 }

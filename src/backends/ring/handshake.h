@@ -55,6 +55,7 @@ typedef struct mlxd_hs_expect {
   int size, nconn;
   const unsigned char* token; /* MLXD_HS_TOKEN_BYTES */
   bool secret;                /* this rank uses a secret */
+  bool any_rank;              /* lazy connections: a lower rank may connect too */
 } mlxd_hs_expect;
 
 /* Why a message was refused (mlxd_hs_reason names it for the log). */
@@ -82,7 +83,8 @@ void mlxd_hs_encode_confirm(unsigned char out[MLXD_HS_CONFIRM_BYTES],
                             const unsigned char mac[MLXD_HS_MAC_BYTES]);
 
 /* A hello received by the acceptor e->self: decoded into out and checked
- * (magic, version, flags, size, nconn, token, a higher rank, conn < nconn, the
+ * (magic, version, flags, size, nconn, token, a higher rank (any other rank with
+ * e->any_rank), conn < nconn, the
  * same use of a secret). len is the number of bytes received. */
 mlxd_hs_err mlxd_hs_check_hello(const unsigned char* buf, size_t len, const mlxd_hs_expect* e,
                                 mlxd_hs_msg* out);

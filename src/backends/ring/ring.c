@@ -2,8 +2,9 @@
  *
  * Configuration (as MLX's launcher writes it): MLX_RANK and MLX_HOSTFILE
  * (hostfile.c), or MLX_RANK and MLX_WORLD_SIZE with a caller's all-gather
- * (bootstrap.c). Connections form a full mesh (connect.c), handed to the TCP
- * transport; select.c (MLXDIST_TRANSPORT) then picks shared memory between
+ * (bootstrap.c). The TCP transport starts with the group's address book and
+ * makes a connection the first time an op names a peer (MLXDIST_CONNECT=lazy,
+ * connect.c's dialer), or gets the full mesh at init (eager); select.c (MLXDIST_TRANSPORT) then picks shared memory between
  * ranks on one host and keeps TCP to the others (per peer). Every op maps to
  * the collective algorithms in src/algo.
  * split() bootstraps the child group's connections over the parent's
@@ -38,6 +39,24 @@ static int ring_done(int rc, mlxd_status* st, const char* op, uint64_t seq) {
 static void ring_destroy(mlxd_backend* b) {
   mlxd_ring* r = (mlxd_ring*)b;
   if (!r) return;
+  if (r->g.t && mlxd_ring_verbose()) {
+    /* "[ring] rank 3: 2 TCP connection(s) at close, to ranks 2,4" (tests count them) */
+    unsigned char* on = calloc((size_t)b->size, 1);
+    int n = on ? mlxd_tcp_connections(r->g.t, on) : -1;
+    if (n >= 0) {
+      char list[200] = "";
+      size_t len = 0;
+      int shown = 0;
+      for (int p = 0; p < b->size && len + 16 < sizeof list; p++)
+        if (on[p]) {
+          len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", shown ? "," : "", p);
+          shown++;
+        }
+      mlxd_ring_log("rank %d: %d TCP connection(s) at close, to ranks %s%s", b->rank, n,
+                    shown ? list : "(none)", len + 16 >= sizeof list ? ",..." : "");
+    }
+    free(on);
+  }
   if (r->g.t) r->g.t->ops->destroy(r->g.t);
   mlxd_ring_auth_clear(&r->auth);
   mlxd_hier_free(r->g.hier);
@@ -220,13 +239,55 @@ static const mlxd_backend_ops ring_ops = {
     /* no *_ref ops: the ring's ops never use a buffer after they return */
 };
 
+int mlxd_ring_tcp_open(int rank, const mlxd_ring_hosts* hosts, int* lfds,
+                       const mlxd_ring_auth* auth, mlxd_transport** out, mlxd_status* st) {
+  const int n = hosts->size, k = hosts->nconn;
+  *out = NULL;
+  bool lazy = mlxd_ring_connect_lazy();
+  if (mlxd_ring_nofile(n, k, lazy, st)) return st->code;
+  if (lazy) {
+    struct mlxd_tcp_dialer* d = mlxd_ring_dialer_new(rank, hosts, lfds, auth, st);
+    if (!d) return st->code;
+    *out = mlxd_tcp_transport_lazy(rank, n, k, d, st); /* owns d, also on failure */
+    return *out ? 0 : st->code;
+  }
+  int* fds = malloc(sizeof(int) * (size_t)n * (size_t)k);
+  if (!fds)
+    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory connecting %d ranks",
+                        n);
+  int rc = mlxd_ring_mesh(rank, hosts, lfds, auth, fds, st);
+  if (rc == 0) {
+    *out = mlxd_tcp_transport_new(rank, n, fds, k, st); /* owns the fds, also on failure */
+    if (!*out) rc = st->code ? st->code : MLXD_ESYS;
+  }
+  free(fds);
+  return rc;
+}
+
 int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
                           const mlxd_ring_auth* auth, int* fds, mlxd_backend** out,
                           mlxd_status* st) {
   *out = NULL;
+  mlxd_transport* t = NULL;
+  if (size > 1) {
+    t = mlxd_tcp_transport_new(rank, size, fds, nconn, st);
+    for (int i = 0; i < size * nconn; i++) fds[i] = -1; /* owned (or closed) by the transport */
+    if (!t) {
+      if (!st->code)
+        mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot create the TCP transport");
+      return st->code;
+    }
+  }
+  return mlxd_ring_backend_new_t(rank, size, nconn, self, auth, t, out, st);
+}
+
+int mlxd_ring_backend_new_t(int rank, int size, int nconn, const mlxd_ring_addr* self,
+                            const mlxd_ring_auth* auth, mlxd_transport* t, mlxd_backend** out,
+                            mlxd_status* st) {
+  *out = NULL;
   mlxd_ring* r = calloc(1, sizeof *r);
   if (!r) {
-    if (size > 1) mlxd_ring_close_all(fds, size * nconn);
+    if (t) t->ops->destroy(t);
     return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
   }
   r->g.base.ops = &ring_ops;
@@ -238,15 +299,7 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
   r->self = *self;
   r->auth = *auth;
   if (size > 1) {
-    r->g.t = mlxd_tcp_transport_new(rank, size, fds, nconn, st);
-    for (int i = 0; i < size * nconn; i++) fds[i] = -1; /* owned (or closed) by the transport */
-    if (!r->g.t) {
-      mlxd_ring_auth_clear(&r->auth);
-      free(r);
-      if (!st->code)
-        mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot create the TCP transport");
-      return st->code;
-    }
+    r->g.t = t;
     r->host_of = calloc((size_t)size, sizeof *r->host_of);
     if (!r->host_of)
       mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
@@ -338,7 +391,7 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   }
   if (!have_token) mlxd_hs_token_hosts(&hosts, auth.token);
   int* lfds = NULL;
-  int* fds = NULL;
+  mlxd_transport* t = NULL;
   if (rank >= n) {
     rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                       "MLX_RANK=%ld is outside the hostfile '%s', which lists %d rank(s) "
@@ -354,10 +407,9 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
     goto done;
   }
   lfds = malloc(sizeof(int) * (size_t)k);
-  fds = malloc(sizeof(int) * (size_t)n * (size_t)k);
   if (lfds)
     for (int c = 0; c < k; c++) lfds[c] = -1;
-  if (!lfds || !fds) {
+  if (!lfds) {
     rc =
         mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory connecting %d ranks", n);
     goto done;
@@ -366,13 +418,12 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
     mlxd_ring_addr a = hosts.addrs[rank * k + c];
     if ((rc = mlxd_ring_listen(&a, &lfds[c], st))) goto done;
   }
-  if ((rc = mlxd_ring_mesh((int)rank, &hosts, lfds, &auth, fds, st))) goto done;
-  rc = mlxd_ring_backend_new((int)rank, n, k, &self, &auth, fds, out, st);
+  if ((rc = mlxd_ring_tcp_open((int)rank, &hosts, lfds, &auth, &t, st))) goto done;
+  rc = mlxd_ring_backend_new_t((int)rank, n, k, &self, &auth, t, out, st);
 done:
   mlxd_ring_auth_clear(&auth);
   if (lfds) mlxd_ring_close_all(lfds, k);
   free(lfds);
-  free(fds);
   mlxd_ring_hosts_free(&hosts);
   return rc;
 }

@@ -108,6 +108,28 @@ int mlxd_ring_mesh_with(int rank, const mlxd_ring_hosts* hosts, const int* liste
                         const mlxd_ring_auth* auth, const mlxd_ring_mesh_opts* opts, int* fds,
                         mlxd_status* st);
 
+/* Lazy connections (MLXDIST_CONNECT=lazy, the default; not with MLXDIST_TLS=1):
+ * whether this group connects on first use. */
+bool mlxd_ring_connect_lazy(void);
+/* RLIMIT_NOFILE for a group of size ranks x nconn connections: the soft limit
+ * is raised (up to the hard one) to what a full mesh needs; when it cannot be,
+ * an eager group fails naming the limit, a lazy one goes on (socket() and
+ * accept() name the limit if it runs out). */
+int mlxd_ring_nofile(int size, int nconn, bool lazy, mlxd_status* st);
+/* The lazy TCP transport's dialer (transport/tcp.h) over the address book hosts
+ * (copied) for rank, listening on lfds (nconn of them: taken over and set to -1
+ * on success; closed by the dialer's free). Connections prove auth as the mesh's
+ * do, any rank may connect to any other, and simultaneous connects keep the
+ * higher rank's connection (connect.c). NULL with st set. */
+struct mlxd_tcp_dialer;
+struct mlxd_tcp_dialer* mlxd_ring_dialer_new(int rank, const mlxd_ring_hosts* hosts, int* lfds,
+                                             const mlxd_ring_auth* auth, mlxd_status* st);
+/* ring.c: the group's TCP transport over hosts: lazy (a dialer) or eager (the
+ * mesh), as MLXDIST_CONNECT says; lfds as for the dialer (left to the caller
+ * when eager). */
+int mlxd_ring_tcp_open(int rank, const mlxd_ring_hosts* hosts, int* lfds,
+                       const mlxd_ring_auth* auth, mlxd_transport** out, mlxd_status* st);
+
 /* bootstrap.c: the 64-byte address record exchanged through an all-gather. */
 #define MLXD_RING_REC_BYTES 64
 #define MLXD_RING_REC_NONCE_BYTES 16
@@ -160,6 +182,11 @@ typedef struct mlxd_ring {
 int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
                           const mlxd_ring_auth* auth, int* fds, mlxd_backend** out,
                           mlxd_status* st);
+/* The same over a transport made already (taken over, destroyed on failure;
+ * NULL when size == 1). */
+int mlxd_ring_backend_new_t(int rank, int size, int nconn, const mlxd_ring_addr* self,
+                            const mlxd_ring_auth* auth, mlxd_transport* t, mlxd_backend** out,
+                            mlxd_status* st);
 /* Listen on nconn ephemeral ports on host (port ignored); fills recs' addresses. */
 int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd_ring_addr* addrs,
                           mlxd_status* st);

@@ -1,0 +1,328 @@
+/* Lazy TCP connections (issue 25; connect.c's dialer, tcp.h's lazy
+ * transport): ranks are real processes with real listening sockets on
+ * 127.0.0.1 and the ring's address book; a connection exists only once an op
+ * named its peer.
+ *   ring      8 ranks, each sends to its right neighbour and receives from
+ *             its left (both ends want each other at once: simultaneous
+ *             connects): right bytes, and exactly 2 connections per rank,
+ *             to the neighbours
+ *   pairs     8 ranks, 2 connections per peer, partners r^1, r^2, r^4 in turn
+ *             (both ends of every pair connect at once): 6 connections each
+ *   intruder  2 ranks; a stranger with the wrong token connects to rank 1
+ *             first: rank 1 refuses it with the ring's line, the ranks'
+ *             exchange works; then a rank of another job (wrong token) wants
+ *             rank 1: its op fails naming rank 1 within MLXDIST_CONNECT_TIMEOUT
+ *   never     rank 1 listens but never answers (no transport), rank 2 does not
+ *             listen at all: rank 0's ops to each fail naming the peer within
+ *             MLXDIST_CONNECT_TIMEOUT (2 s) */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "backends/ring/handshake.h"
+#include "backends/ring/ring_internal.h"
+#include "ranks.h"
+#include "testutil.h"
+#include "transport/tcp.h"
+#include "transports.h"
+
+#define MAXN 8
+
+typedef struct {
+  int n, k;
+  int lfds[MAXN * 2];
+  mlxd_ring_hosts hosts;
+  mlxd_ring_auth auth;
+  const char* mode;
+  char logdir[64];
+} ctx;
+
+static void listen_all(ctx* x) {
+  x->hosts.size = x->n;
+  x->hosts.nconn = x->k;
+  x->hosts.addrs = calloc((size_t)(x->n * x->k), sizeof *x->hosts.addrs);
+  T_REQUIRE(x->hosts.addrs != NULL);
+  for (int i = 0; i < x->n * x->k; i++) {
+    char why[100];
+    mlxd_ring_addr* a = &x->hosts.addrs[i];
+    T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:0", true, a, why, sizeof why) == 0);
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    T_REQUIREF(mlxd_ring_listen(a, &x->lfds[i], &st) == 0, "listen: %s", st.msg);
+  }
+  memset(&x->auth, 0, sizeof x->auth);
+  memset(x->auth.token, 0x5a, sizeof x->auth.token);
+}
+
+/* This rank's lazy transport; the other ranks' listeners are closed here. */
+static mlxd_transport* open_lazy(ctx* x, int rank, const mlxd_ring_auth* auth) {
+  int mine[2] = {-1, -1};
+  for (int i = 0; i < x->n * x->k; i++) {
+    if (i / x->k == rank)
+      mine[i % x->k] = x->lfds[i];
+    else if (x->lfds[i] >= 0)
+      close(x->lfds[i]);
+    x->lfds[i] = -1; /* the dialer's, or closed */
+  }
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  struct mlxd_tcp_dialer* d = mlxd_ring_dialer_new(rank, &x->hosts, mine, auth, &st);
+  T_REQUIREF(d != NULL, "dialer: %s", st.msg);
+  mlxd_transport* t = mlxd_tcp_transport_lazy(rank, x->n, x->k, d, &st);
+  T_REQUIREF(t != NULL, "lazy transport: %s", st.msg);
+  T_CHECK_EQ(mlxd_tcp_connections(t, NULL), 0);
+  return t;
+}
+
+/* Send to `to` and receive from `from` (64 KiB + rank-dependent bytes). */
+static int exchange(mlxd_transport* t, int to, int from, unsigned step) {
+  enum { N = 65536 + 3 };
+  static unsigned char out[N], in[N];
+  for (int i = 0; i < N; i++) out[i] = (unsigned char)(t->rank * 31 + i + step);
+  mlxd_req* r[2] = {NULL, NULL};
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  uint64_t tag = mlxd_tag(MLXD_TAG_P2P, 7, step);
+  T_REQUIREF(t->ops->irecv(t, from, tag, NULL, in, N, &r[0], &st) == 0, "irecv: %s", st.msg);
+  T_REQUIREF(t->ops->isend(t, to, tag, NULL, out, N, &r[1], &st) == 0, "isend: %s", st.msg);
+  int rc = t->ops->waitall(t, r, 2, &st);
+  T_CHECKF(rc == 0, "rank %d: exchange with %d/%d: %s", t->rank, to, from, st.msg);
+  for (int i = 0; rc == 0 && i < N; i++)
+    if (in[i] != (unsigned char)(from * 31 + i + step)) {
+      T_CHECKF(false, "rank %d: byte %d from rank %d is wrong", t->rank, i, from);
+      break;
+    }
+  return rc;
+}
+
+static int rank_ring(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  ctx* x = arg;
+  mlxd_transport* t = open_lazy(x, rank, &x->auth);
+  exchange(t, (rank + 1) % size, (rank + size - 1) % size, 1);
+  unsigned char on[MAXN] = {0};
+  int n = mlxd_tcp_connections(t, on);
+  T_CHECKF(n == 2, "rank %d holds %d connections, expected 2 (its neighbours)", rank, n);
+  T_CHECK(on[(rank + 1) % size] && on[(rank + size - 1) % size]);
+  t->ops->destroy(t);
+  return t_exit_status();
+}
+
+static int rank_pairs(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  (void)size;
+  ctx* x = arg;
+  mlxd_transport* t = open_lazy(x, rank, &x->auth);
+  for (unsigned b = 1; b < 8; b <<= 1) exchange(t, rank ^ (int)b, rank ^ (int)b, b);
+  int n = mlxd_tcp_connections(t, NULL);
+  T_CHECKF(n == 3 * x->k, "rank %d holds %d connections, expected %d", rank, n, 3 * x->k);
+  t->ops->destroy(t);
+  return t_exit_status();
+}
+
+/* stderr into a file the parent reads afterwards. */
+static void log_to(const ctx* x, int rank) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/rank%d.log", x->logdir, rank);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  T_REQUIRE(fd >= 0);
+  dup2(fd, 2);
+  close(fd);
+}
+
+static char* slurp(const ctx* x, int rank) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/rank%d.log", x->logdir, rank);
+  FILE* f = fopen(path, "r");
+  static char buf[16384];
+  buf[0] = '\0';
+  if (f) {
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    buf[k] = '\0';
+    fclose(f);
+  }
+  return buf;
+}
+
+/* A stranger: connects to addr and sends a well-formed hello with another token. */
+static int stranger(const mlxd_ring_addr* a, int claim) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0 || connect(fd, (const struct sockaddr*)&a->sa, a->len) != 0) return -1;
+  mlxd_hs_msg h;
+  memset(&h, 0, sizeof h);
+  h.rank = (uint32_t)claim;
+  h.size = 3;
+  h.conn = 0;
+  h.nconn = 1;
+  memset(h.token, 0x77, sizeof h.token);
+  unsigned char buf[MLXD_HS_HELLO_BYTES];
+  mlxd_hs_encode_hello(buf, &h);
+  if (write(fd, buf, sizeof buf) != (ssize_t)sizeof buf) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+static int rank_intruder(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  (void)size;
+  ctx* x = arg;
+  log_to(x, rank);
+  setenv("MLXDIST_CONNECT_TIMEOUT", "2", 1);
+  if (rank == 2) { /* another job's rank 2 (its token differs): wants rank 1 */
+    mlxd_ring_auth other = x->auth;
+    memset(other.token, 0x66, sizeof other.token);
+    mlxd_transport* t = open_lazy(x, rank, &other);
+    usleep(300000); /* after the honest exchange */
+    double t0 = t_now();
+    unsigned char b[4] = {0};
+    mlxd_req* r = NULL;
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    int rc = t->ops->isend(t, 1, mlxd_tag(MLXD_TAG_P2P, 9, 0), NULL, b, 4, &r, &st);
+    if (rc == 0) rc = t->ops->waitall(t, &r, 1, &st);
+    double took = t_now() - t0;
+    T_CHECKF(rc != 0, "a rank with another token connected to rank 1");
+    T_CHECKF(t_status_names_peer(&st, 1), "the failure does not name rank 1: %s", st.msg);
+    T_CHECKF(strstr(st.msg, "MLXDIST_CONNECT_TIMEOUT") != NULL, "no bound named: %s", st.msg);
+    T_CHECKF(took < 6, "the failure took %.1f s (MLXDIST_CONNECT_TIMEOUT=2)", took);
+    t->ops->destroy(t);
+    return t_exit_status();
+  }
+  mlxd_transport* t = open_lazy(x, rank, &x->auth);
+  int fd = -1;
+  if (rank == 0) {
+    fd = stranger(&x->hosts.addrs[1 * x->k], 0);
+    T_CHECK(fd >= 0);
+    usleep(100000);
+  }
+  exchange(t, 1 - rank, 1 - rank, 3);
+  if (rank == 1) { /* stay until rank 2 has tried (its op runs through this rank's dialer) */
+    unsigned char b[4];
+    mlxd_req* r = NULL;
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    double until = t_now() + 3.5;
+    /* drive the transport: a receive from rank 0 that arrives at the end */
+    T_REQUIRE(t->ops->irecv(t, 0, mlxd_tag(MLXD_TAG_P2P, 11, 0), NULL, b, 4, &r, &st) == 0);
+    T_REQUIRE(t->ops->waitall(t, &r, 1, &st) == 0);
+    (void)until;
+  } else {
+    usleep(3500000);
+    unsigned char b[4] = {1, 2, 3, 4};
+    mlxd_req* r = NULL;
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    T_REQUIRE(t->ops->isend(t, 1, mlxd_tag(MLXD_TAG_P2P, 11, 0), NULL, b, 4, &r, &st) == 0);
+    T_REQUIRE(t->ops->waitall(t, &r, 1, &st) == 0);
+  }
+  if (fd >= 0) close(fd);
+  t->ops->destroy(t);
+  return t_exit_status();
+}
+
+static int rank_never(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  (void)size;
+  ctx* x = arg;
+  setenv("MLXDIST_CONNECT_TIMEOUT", "2", 1);
+  if (rank == 1) { /* listens, never answers */
+    close(x->lfds[0]);
+    close(x->lfds[2]);
+    sleep(7);
+    return 0;
+  }
+  if (rank == 2) { /* does not listen */
+    for (int i = 0; i < 3; i++) close(x->lfds[i]);
+    sleep(7);
+    return 0;
+  }
+  close(x->lfds[2]); /* rank 2's listener is gone in this process too */
+  x->lfds[2] = -1;
+  close(x->lfds[1]);
+  x->lfds[1] = -1;
+  for (int peer = 1; peer <= 2; peer++) {
+    mlxd_transport* t = open_lazy(x, rank, &x->auth);
+    double t0 = t_now();
+    unsigned char b[4];
+    mlxd_req* r = NULL;
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    int rc = t->ops->irecv(t, peer, mlxd_tag(MLXD_TAG_P2P, 5, 0), NULL, b, 4, &r, &st);
+    if (rc == 0) rc = t->ops->waitall(t, &r, 1, &st);
+    double took = t_now() - t0;
+    T_CHECKF(rc != 0, "a receive from rank %d that never connects succeeded", peer);
+    T_CHECKF(t_status_names_peer(&st, peer), "the failure does not name rank %d: %s", peer, st.msg);
+    T_CHECKF(took >= 1.5 && took < 6, "the failure took %.1f s (MLXDIST_CONNECT_TIMEOUT=2)", took);
+    fprintf(stderr, "[test] rank 0 on rank %d: %s (%.1f s)\n", peer, st.msg, took);
+    t->ops->destroy(t);
+    if (peer == 1) { /* a second transport for rank 2: listen again */
+      mlxd_status s2;
+      mlxd_status_clear(&s2);
+      char why[100];
+      T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:0", true, &x->hosts.addrs[0], why, sizeof why) ==
+                0);
+      T_REQUIRE(mlxd_ring_listen(&x->hosts.addrs[0], &x->lfds[0], &s2) == 0);
+    }
+  }
+  return t_exit_status();
+}
+
+/* The parent's copies of the ranks' listeners. */
+static void close_parent(void* arg) {
+  ctx* x = arg;
+  for (int i = 0; i < MAXN * 2; i++)
+    if (x->lfds[i] >= 0) close(x->lfds[i]);
+}
+
+int main(int argc, char** argv) {
+  const char* mode = argc > 1 ? argv[1] : "ring";
+  ctx x;
+  memset(&x, 0, sizeof x);
+  for (int i = 0; i < MAXN * 2; i++) x.lfds[i] = -1;
+  x.mode = mode;
+  x.n = 8;
+  x.k = 1;
+  t_rank_fn fn = rank_ring;
+  if (strcmp(mode, "pairs") == 0) {
+    fn = rank_pairs;
+    x.k = 2;
+  } else if (strcmp(mode, "intruder") == 0) {
+    fn = rank_intruder;
+    x.n = 3;
+  } else if (strcmp(mode, "never") == 0) {
+    fn = rank_never;
+    x.n = 3;
+  } else if (strcmp(mode, "ring") != 0) {
+    fprintf(stderr, "usage: test_lazy ring|pairs|intruder|never\n");
+    return 2;
+  }
+  snprintf(x.logdir, sizeof x.logdir, "/tmp/test_lazy.XXXXXX");
+  T_REQUIRE(mkdtemp(x.logdir) != NULL);
+  listen_all(&x);
+  t_ranks_opts o = {.timeout_s = 60, .grace_s = 15, .after_fork = close_parent, .what = mode};
+  int bad = t_run_ranks(x.n, fn, &x, &o, NULL);
+  T_CHECKF(bad == 0, "%d rank(s) failed", bad);
+  if (strcmp(mode, "intruder") == 0) {
+    const char* log1 = slurp(&x, 1);
+    T_CHECKF(strstr(log1, "refused a connection from 127.0.0.1") != NULL &&
+                 strstr(log1, mlxd_hs_reason(MLXD_HS_TOKEN)) != NULL,
+             "rank 1 did not log the stranger's refusal; its stderr:\n%s", log1);
+    fprintf(stderr, "rank 1's stderr:\n%s", log1);
+    fprintf(stderr, "rank 2's stderr:\n%s", slurp(&x, 2));
+  }
+  for (int r = 0; r < x.n; r++) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/rank%d.log", x.logdir, r);
+    unlink(path);
+  }
+  rmdir(x.logdir);
+  mlxd_ring_hosts_free(&x.hosts);
+  return t_exit_status();
+}
