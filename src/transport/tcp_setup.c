@@ -124,6 +124,16 @@ static void close_all(tcp_transport* t, int nc) {
     }
 }
 
+/* A transport whose create failed on connected sockets (a TLS handshake, a
+ * socket option): nothing was sent on it that a peer must finish reading,
+ * so its close takes a failed transport's short bound (TCP_CLOSE_MS), not
+ * the orderly wait for the peers' FINs, which a silent peer would stretch
+ * to TCP_FIN_WAIT_S past the create's own bound. */
+static void destroy_unborn(tcp_transport* t, const mlxd_status* st) {
+  t->err.code = st->code ? st->code : MLXD_ESYS;
+  mlxd_tcp_destroy(&t->base);
+}
+
 void mlxd_tcp_forget(mlxd_transport* tt) {
   tcp_transport* t = (tcp_transport*)tt;
   if (t->dial) t->dial->ops->forget(t->dial);
@@ -416,13 +426,13 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
     if (conn_attach(t, c, fds[i], st) != 0) {
       for (int k = i + 1; k < nc; k++)
         if (k / nconn != rank) close(fds[k]);
-      mlxd_tcp_destroy(&t->base);
+      destroy_unborn(t, st);
       return NULL;
     }
   }
   bool tls = false;
   if (mlxd_tls_wanted(&tls, st) != 0 || (tls && mlxd_tcp_tls_start(t, st) != 0)) {
-    mlxd_tcp_destroy(&t->base);
+    destroy_unborn(t, st);
     return NULL;
   }
   double now = mlxd_now();

@@ -408,7 +408,11 @@ static int run(void) {
       char line[120];
       snprintf(line, sizeof line, "[ring] rank %d: refused a connection from 127.0.0.1:", r);
       const char* at = strstr(e, line);
-      T_CHECKF(at && strstr(at, want), "rank %d did not log the intruder ('%s')", r, want);
+      /* A flood that lands after a rank's lazy set-up has ended (its
+       * listener is drained then, not filled) is refused as silent. */
+      bool seen = at && (strstr(at, want) || (!strcmp(g_kind, "flood") &&
+                                              strstr(at, "it had sent nothing when the set-up")));
+      T_CHECKF(seen, "rank %d did not log the intruder ('%s')", r, want);
     }
     free(e);
   }

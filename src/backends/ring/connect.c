@@ -41,6 +41,7 @@
 #include "backends/ring/ring_internal.h"
 #include "security/secret.h"
 #include "transport/tcp.h"
+#include "transport/tls.h"
 #include "util/bytes.h"
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -664,6 +665,14 @@ static int pend_hello(mesh* m, pending* p) {
       refuse(m, p, "%s", mlxd_hs_reason(e));
     return 0;
   }
+  /* mlxd_hs_check_hello range-checks rank and connection only on its way
+   * to MLXD_HS_OK: a secret mismatch returns before, and h->rank indexes
+   * below (linked, the slot). */
+  if (h->rank >= (uint32_t)m->size || (int)h->rank == m->rank || h->conn >= (uint32_t)m->K) {
+    refuse(m, p, "%s (it claims rank %u, connection %u)", mlxd_hs_reason(MLXD_HS_RANK),
+           (unsigned)h->rank, (unsigned)h->conn);
+    return 0;
+  }
   if (!linked(m, (int)h->rank)) {
     refuse(m, p, "rank %u has no connection with this rank in this group", (unsigned)h->rank);
     return 0;
@@ -807,11 +816,18 @@ static int out_timeout(mesh* m, outgoing* o, mlxd_status* st) {
     mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
                  "no handshake answer from rank %d within %g s (MLXDIST_CONNECT_TIMEOUT)", o->j,
                  m->budget);
-  else
+  else {
+    /* Both sides dial a lazy peer: the reason a peer gave up on this
+     * rank is often in what this rank refused from it. */
+    char seen[300] = "";
+    if (m->refused > 0)
+      snprintf(seen, sizeof seen, "; %d connection%s refused here, the last from %.200s",
+               m->refused, m->refused == 1 ? " was" : "s were", m->last_refused);
     mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
                  "cannot connect to rank %d within %g s (MLXDIST_CONNECT_TIMEOUT) after %d "
-                 "attempt%s",
-                 o->j, m->budget, o->attempts, o->attempts == 1 ? "" : "s");
+                 "attempt%s%s",
+                 o->j, m->budget, o->attempts, o->attempts == 1 ? "" : "s", seen);
+  }
   mlxd_status_set_peer(st, o->j, at);
   if (o->state != O_WAIT_REPLY && o->last_errno) mlxd_status_set_sys(st, "connect", o->last_errno);
   return st->code;
@@ -1128,8 +1144,9 @@ static const mlxd_tcp_dialer_ops dial_ops = {dial_want, dial_step,   dial_next,
 bool mlxd_ring_connect_lazy(void) {
   const char* v = mlxd_tunable_str(MLXD_T_CONNECT);
   if (v && strcmp(v, "eager") == 0) return false;
-  const char* tls = mlxd_tunable_str(MLXD_T_TLS);
-  return !(tls && strcmp(tls, "1") == 0); /* TLS handshakes run at creation (tcp_tls.c) */
+  bool tls = false;
+  mlxd_status ignore = {0}; /* a bad MLXDIST_TLS is reported by the transport's create */
+  return mlxd_tls_wanted(&tls, &ignore) != 0 || !tls; /* TLS handshakes run at creation */
 }
 
 int mlxd_ring_nofile(int size, int nconn, bool lazy, mlxd_status* st) {
