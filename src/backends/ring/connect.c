@@ -215,8 +215,15 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
  * rule seen from there; so a stranger claiming a higher rank at a lower one
  * always gets the full handshake, and its refusal logged); a hello for a slot already filled is closed quietly
  * too. An outgoing connection the peer closed is retried only while the slot
- * is neither filled nor being accepted. No connection carries data before
- * its slot is filled on its side, so no byte is lost.
+ * is neither filled nor being accepted. A connector sends its confirm (which
+ * commits the peer) only while the slot is free on its side too: not once it
+ * is filled, nor while it has answered a higher peer's hello for it; when a
+ * higher rank's own connection completes, a lower peer's answered hello for
+ * the slot is closed. A handshake this rank stood down for that then fails
+ * re-arms a wanted peer's dial. A pending handshake is read once more before
+ * its deadline refuses it (its bytes may sit unread under load). No
+ * connection carries data before its slot is filled on its side, so no byte
+ * is lost.
  *
  * Every socket of the engine is in one epoll set (listeners, pending
  * handshakes, outgoing connections), so a step costs what is active. */
