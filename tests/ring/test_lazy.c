@@ -12,12 +12,23 @@
  *             first: rank 1 refuses it with the ring's line, the ranks'
  *             exchange works; then a rank of another job (wrong token) wants
  *             rank 1: its op fails naming rank 1 within MLXDIST_CONNECT_TIMEOUT
+ *   storm     32 ranks on one CPU (sched_setaffinity: starved, as at 256
+ *             ranks on a loaded host), MLXDIST_CONNECT_TIMEOUT=20: every rank
+ *             sends to and receives from every other at once, so every pair
+ *             connects from both ends simultaneously, 3 rounds over the same
+ *             connections: right bytes, exactly 31 connections each, and no
+ *             rank loses a connection its peer kept (the race of two
+ *             handshakes for one slot, docs/ring.md)
  *   never     rank 1 listens but never answers (no transport), rank 2 does not
  *             listen at all: rank 0's ops to each fail naming the peer within
  *             MLXDIST_CONNECT_TIMEOUT (2 s) */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_setaffinity */
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +42,7 @@
 #include "transport/tcp.h"
 #include "transports.h"
 
-#define MAXN 8
+#define MAXN 32
 
 typedef struct {
   int n, k;
@@ -121,6 +132,45 @@ static int rank_pairs(int rank, int size, const char* session, void* arg) {
   for (unsigned b = 1; b < 8; b <<= 1) exchange(t, rank ^ (int)b, rank ^ (int)b, b);
   int n = mlxd_tcp_connections(t, NULL);
   T_CHECKF(n == 3 * x->k, "rank %d holds %d connections, expected %d", rank, n, 3 * x->k);
+  t->ops->destroy(t);
+  return t_exit_status();
+}
+
+static int rank_storm(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  ctx* x = arg;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(0, &one);
+  (void)sched_setaffinity(0, sizeof one, &one); /* best effort: the race needs starvation */
+  setenv("MLXDIST_CONNECT_TIMEOUT", "20", 1);
+  mlxd_transport* t = open_lazy(x, rank, &x->auth);
+  for (unsigned round = 0; round < 3; round++) {
+    uint32_t out[MAXN], in[MAXN];
+    mlxd_req* r[2 * MAXN];
+    int nr = 0;
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    uint64_t tag = mlxd_tag(MLXD_TAG_P2P, 11, round);
+    for (int j = 0; j < size; j++) {
+      if (j == rank) continue;
+      out[j] = (uint32_t)(rank * 1000 + j * 7 + (int)round);
+      in[j] = 0;
+      T_REQUIREF(t->ops->irecv(t, j, tag, NULL, &in[j], 4, &r[nr++], &st) == 0, "irecv: %s",
+                 st.msg);
+      T_REQUIREF(t->ops->isend(t, j, tag, NULL, &out[j], 4, &r[nr++], &st) == 0, "isend: %s",
+                 st.msg);
+    }
+    int rc = t->ops->waitall(t, r, nr, &st);
+    T_CHECKF(rc == 0, "rank %d: round %u of the all-to-all: %s", rank, round, st.msg);
+    for (int j = 0; rc == 0 && j < size; j++)
+      if (j != rank)
+        T_CHECKF(in[j] == (uint32_t)(j * 1000 + rank * 7 + (int)round),
+                 "rank %d: round %u: rank %d sent %u", rank, round, j, (unsigned)in[j]);
+    if (rc) break;
+  }
+  int n = mlxd_tcp_connections(t, NULL);
+  T_CHECKF(n == size - 1, "rank %d holds %d connections, expected %d", rank, n, size - 1);
   t->ops->destroy(t);
   return t_exit_status();
 }
@@ -299,8 +349,11 @@ int main(int argc, char** argv) {
   } else if (strcmp(mode, "never") == 0) {
     fn = rank_never;
     x.n = 3;
+  } else if (strcmp(mode, "storm") == 0) {
+    fn = rank_storm;
+    x.n = 32;
   } else if (strcmp(mode, "ring") != 0) {
-    fprintf(stderr, "usage: test_lazy ring|pairs|intruder|never\n");
+    fprintf(stderr, "usage: test_lazy ring|pairs|storm|intruder|never\n");
     return 2;
   }
   snprintf(x.logdir, sizeof x.logdir, "/tmp/test_lazy.XXXXXX");

@@ -216,8 +216,15 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
  * rule seen from there; so a stranger claiming a higher rank at a lower one
  * always gets the full handshake, and its refusal logged); a hello for a slot already filled is closed quietly
  * too. An outgoing connection the peer closed is retried only while the slot
- * is neither filled nor being accepted. No connection carries data before
- * its slot is filled on its side, so no byte is lost.
+ * is neither filled nor being accepted. A connector sends its confirm (which
+ * commits the peer) only while the slot is free on its side too: not once it
+ * is filled, nor while it has answered a higher peer's hello for it; when a
+ * higher rank's own connection completes, a lower peer's answered hello for
+ * the slot is closed. A handshake this rank stood down for that then fails
+ * re-arms a wanted peer's dial. A pending handshake is read once more before
+ * its deadline refuses it (its bytes may sit unread under load). No
+ * connection carries data before its slot is filled on its side, so no byte
+ * is lost.
  *
  * Every socket of the engine is in one epoll set (listeners, pending
  * handshakes, outgoing connections), so a step costs what is active. */
@@ -236,6 +243,7 @@ typedef struct outgoing { /* this rank's connection c to rank j */
   double backoff;
   double attempt_s;     /* the next connect() attempt's bound */
   int attempts, closed; /* connect attempts; handshakes the peer closed */
+  bool wanted;          /* lazy: the transport asked for this peer */
   int last_errno;
   unsigned char nonce[MLXD_HS_NONCE_BYTES];
   unsigned char in[MLXD_HS_REPLY_BYTES];
@@ -290,14 +298,34 @@ static void ep_ctl(mesh* m, int op, int fd, unsigned events, int kind, int idx) 
   (void)epoll_ctl(m->ep, op, fd, &ev); /* ADD/MOD of a valid fd: only ENOMEM, seen as a stall */
 }
 
+static bool slot_taken(const mesh* m, int j, int c);
+
 static void pend_close(mesh* m, pending* p) {
   if (p->fd >= 0) {
     ep_ctl(m, EPOLL_CTL_DEL, p->fd, 0, 0, 0);
     close(p->fd);
   }
   p->fd = -1;
+  bool confirming = p->state == P_CONFIRM;
   p->state = P_FREE;
   m->npending--;
+  if (!m->lazy || !confirming) return;
+  /* Lazy: this rank's own attempt for the slot may have stood down for this
+   * handshake; if the transport wants the peer and nothing else fills the
+   * slot, connect again (within the first want's MLXDIST_CONNECT_TIMEOUT). */
+  int j = (int)p->hello.rank, c = (int)p->hello.conn;
+  outgoing* o = &m->outs[j * m->K + c];
+  if (!o->wanted || o->state != O_NONE || slot_taken(m, j, c)) return;
+  mlxd_ring_log("rank %d: rank %d's connection %d failed in its handshake: connecting again",
+                m->rank, j, c);
+  double now = mlxd_now();
+  o->state = O_IDLE;
+  o->give_up = now + m->budget;
+  o->retry_at = now;
+  o->backoff = 0.01;
+  o->attempt_s = CONNECT_FIRST_S;
+  o->attempts = o->closed = 0;
+  m->nactive++;
 }
 
 /* One line on stderr for a refused incoming connection (always, not only
@@ -504,6 +532,8 @@ static void out_connected(mesh* m, outgoing* o, bool expired) {
   out_send_hello(m, o);
 }
 
+static void pend_yield(mesh* m, pending* p, const char* why);
+
 /* The reply is complete: check it and j's proof, send the confirm. */
 static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
   const char* at = m->hosts->addrs[o->j * m->K + o->c].text;
@@ -511,6 +541,19 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
   mlxd_hs_err e = mlxd_hs_check_reply(o->in, o->got, &m->ex, o->j, o->c, &r);
   const unsigned char* key = m->auth.have_key ? m->auth.key : NULL;
   unsigned char mac[MLXD_HS_MAC_BYTES];
+  /* Lazy: the confirm commits the peer to this connection, so it is not sent
+   * for a slot this rank filled meanwhile, nor while a hello from a higher
+   * peer for it is past its reply (the higher rank's connection is kept); the
+   * peer sees this one closed before its confirm and refuses it. */
+  if (e == MLXD_HS_OK && m->lazy && slot_taken(m, o->j, o->c) &&
+      (m->fds[o->j * m->K + o->c] >= 0 || m->rank < o->j)) {
+    mlxd_ring_log(
+        "rank %d: connection %d to rank %d answered, but the slot is taken: closed "
+        "without a confirm",
+        m->rank, o->c, o->j);
+    out_drop(m, o);
+    return 0;
+  }
   if (e == MLXD_HS_OK) {
     if (mlxd_hs_mac(key, false, m->auth.token, m->size, m->K, o->c, m->rank, o->j, o->nonce,
                     r.nonce, mac) != 0)
@@ -560,6 +603,13 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
   m->nactive--;
   int fd = o->fd;
   o->fd = -1;
+  /* Lazy, this rank the higher: a lower peer's hello for the slot that got
+   * its reply loses to this connection; closed before its confirm counts. */
+  for (int i = 0; m->lazy && m->npending > 0 && i < m->npend; i++) {
+    pending* p = &m->pend[i];
+    if (p->state == P_CONFIRM && (int)p->hello.rank == o->j && (int)p->hello.conn == o->c)
+      pend_yield(m, p, "this rank's own connection for the slot completed first");
+  }
   mlxd_ring_log("rank %d: connection %d to rank %d at %s ready", m->rank, o->c, o->j, at);
   fill(m, o->j, o->c, fd);
   return 0;
@@ -791,6 +841,12 @@ static void pend_read(mesh* m, pending* p) {
 static void pend_expire(mesh* m, double now) {
   for (int i = 0; m->npending > 0 && i < m->npend; i++) {
     pending* p = &m->pend[i];
+    if (p->state == P_FREE || now < p->deadline) continue;
+    /* What the peer sent may be waiting unread (more sockets were ready than
+     * one epoll_wait returns, or this rank was not scheduled for a while):
+     * read it before giving up, so that a peer that sent its confirm, and so
+     * already uses this connection, is not cut off. */
+    pend_read(m, p);
     if (p->state == P_FREE || now < p->deadline) continue;
     if (p->state == P_HELLO && p->got == 0)
       refuse(m, p, "it sent nothing within %g s", HS_TIMEOUT_S);
@@ -1087,6 +1143,7 @@ static int dial_want(mlxd_tcp_dialer* d, int peer, mlxd_status* st) {
   double now = mlxd_now();
   for (int c = 0; c < m->K; c++) {
     outgoing* o = &m->outs[peer * m->K + c];
+    o->wanted = true;
     if (o->state != O_NONE || slot_taken(m, peer, c)) continue;
     o->state = O_IDLE;
     o->give_up = now + m->budget;
