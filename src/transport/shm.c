@@ -10,9 +10,9 @@
  * The rings of a pair live in a segment of their own, <name>-p<lo>-<hi>,
  * made on the pair's first isend/irecv (shm_setup.c mlxd_shm_pair_attach):
  * O_EXCL picks the one creator, the other checks owner, mode and size and
- * waits for its magic; the creator sets its bit in the peer's hello bitmap
- * and rings it, so the peer maps the pair at its next progress pass; the
- * second to map it unlinks the name. Pairs that never talk map nothing.
+ * waits for its magic (t->mu dropped around each sleep); the creator sets
+ * its bit in the peer's hello bitmap and rings it, so the peer maps the pair
+ * at its next progress pass; the second to map it unlinks the name. Pairs that never talk map nothing.
  *
  * Rings. A ring is a single-producer single-consumer queue of SHM_NSLOTS
  * fixed slots of SHM_SLOT_BYTES, each with a 64-byte header (kind, tag,
@@ -525,7 +525,10 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
     shm_lock_release(&t->mu);
     return NULL;
   }
-  if (!t->peers[peer].mapped && mlxd_shm_pair_attach(t, peer, st) != 0) {
+  /* First contact; mu is dropped while it waits for the peer to finish the
+   * pair (its failure is the transport's if the transport failed meanwhile,
+   * and r is not queued yet, so nothing else sees it). */
+  if (!t->peers[peer].mapped && mlxd_shm_pair_attach(t, peer, true, st) != 0) {
     /* first contact failed: the transport fails with it (published) */
     shm_fail(t, st);
     req_release(t, r);

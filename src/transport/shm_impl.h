@@ -311,8 +311,12 @@ int mlxd_shm_cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err);
  * MLXDIST_CONNECT_TIMEOUT, for its creator to initialise it, watching pi's
  * process. Sets p->in/out and adds pi to t->active; a creator then tells pi
  * through its hello bitmap. 0, or the status (naming pi and the segment)
- * without failing the transport. mu held. */
-int mlxd_shm_pair_attach(shm_transport* t, int pi, mlxd_status* st);
+ * without failing the transport. mu held; with drop, mu is released around
+ * each sleep of that wait (ops never sleep under it: transport.h) and state
+ * re-checked after: 0 if another thread mapped the pair meanwhile, the
+ * transport's failure if it failed (abort) meanwhile. Without drop it never
+ * sleeps only when pi already wrote the magic (its hello bit says so). */
+int mlxd_shm_pair_attach(shm_transport* t, int pi, bool drop, mlxd_status* st);
 /* Read this rank's hello bitmap and map the pairs peers made with it (so
  * their messages are drained as today, before a receive names them).
  * Returns -1 if the transport failed. mu held. */

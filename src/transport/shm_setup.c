@@ -452,10 +452,12 @@ static bool pair_peer_gone(shm_transport* t, int pi, const char* what, mlxd_stat
   return true;
 }
 
-/* Sleep a little while a pair's creator finishes; false (st set) once pi is
- * gone or the deadline passed. */
+/* Sleep a little while a pair's creator finishes, with t->mu dropped when
+ * drop (transport.h: ops never sleep under it); false (st set) once pi is
+ * gone or the deadline passed. With drop, the caller re-checks what another
+ * thread may have done meanwhile (pair_recheck). */
 static bool pair_wait_step(shm_transport* t, int pi, const char* name, double deadline, long* us,
-                           mlxd_status* st) {
+                           bool drop, mlxd_status* st) {
   if (pair_peer_gone(t, pi, "making the shared memory of this pair", st)) {
     /* nobody else will ever use the name of a pair with a dead rank */
     if (mlxd_shm_pid_dead(t->peers[pi].pid)) shm_unlink(name);
@@ -470,9 +472,23 @@ static bool pair_wait_step(shm_transport* t, int pi, const char* name, double de
     mlxd_status_set_peer(st, shm_name(t, pi), t->peers[pi].addr);
     return false;
   }
+  if (drop) shm_lock_release(&t->mu);
   sleep_us(*us);
+  if (drop) shm_lock_acquire(&t->mu);
   if (*us < 2000) *us *= 2;
   return true;
+}
+
+/* After a sleep with t->mu dropped: 1 if the transport failed meanwhile
+ * (abort, or another thread's failure: st is it), 2 if another thread
+ * mapped the pair meanwhile (another op to pi, or progress reading pi's
+ * hello), 0 if this thread goes on. */
+static int pair_recheck(shm_transport* t, int pi, mlxd_status* st) {
+  if (t->err.code) {
+    *st = t->err;
+    return 1;
+  }
+  return t->peers[pi].mapped ? 2 : 0;
 }
 
 static int pair_sys_fail(shm_transport* t, int pi, const char* call, int e, const char* what,
@@ -486,7 +502,7 @@ static int pair_sys_fail(shm_transport* t, int pi, const char* call, int e, cons
   return st->code;
 }
 
-int mlxd_shm_pair_attach(shm_transport* t, int pi, mlxd_status* st) {
+int mlxd_shm_pair_attach(shm_transport* t, int pi, bool drop, mlxd_status* st) {
   shm_peer* p = &t->peers[pi];
   if (p->mapped) return 0;
   char name[SHM_PAIR_NAME_MAX];
@@ -539,7 +555,11 @@ int mlxd_shm_pair_attach(shm_transport* t, int pi, mlxd_status* st) {
     if ((size_t)sb.st_size == total) break;
     close(fd); /* its creator has not sized it yet */
     fd = -1;
-    if (!pair_wait_step(t, pi, name, deadline, &us, st)) return st->code;
+    if (!pair_wait_step(t, pi, name, deadline, &us, drop, st)) return st->code;
+    if (drop) {
+      int again = pair_recheck(t, pi, st);
+      if (again) return again == 1 ? st->code : 0;
+    }
   }
   void* m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
@@ -558,11 +578,17 @@ int mlxd_shm_pair_attach(shm_transport* t, int pi, mlxd_status* st) {
     h->total = total;
     atomic_store_explicit(&h->magic, SHM_PAIR_MAGIC, memory_order_release);
   } else {
-    while (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_PAIR_MAGIC)
-      if (!pair_wait_step(t, pi, name, deadline, &us, st)) {
+    while (atomic_load_explicit(&h->magic, memory_order_acquire) != SHM_PAIR_MAGIC) {
+      if (!pair_wait_step(t, pi, name, deadline, &us, drop, st)) {
         munmap(m, total);
         return st->code;
       }
+      int again = drop ? pair_recheck(t, pi, st) : 0;
+      if (again) {
+        munmap(m, total); /* not counted in: the thread that mapped it did */
+        return again == 1 ? st->code : 0;
+      }
+    }
     if (h->version != SHM_VERSION || h->lo != lo || h->hi != hi ||
         h->slot_bytes != SHM_SLOT_BYTES || h->nslots != SHM_NSLOTS || h->total != total) {
       mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
@@ -618,7 +644,9 @@ int mlxd_shm_pair_hellos(shm_transport* t) {
       int pi = (int)(w * 64) + b;
       if (pi >= t->base.size || pi == t->base.rank || t->peers[pi].mapped) continue;
       mlxd_status s;
-      if (mlxd_shm_pair_attach(t, pi, &s) != 0) {
+      /* pi made the pair and wrote its magic before it set this bit: no
+       * wait, so mu stays held (progress is mid-pass) */
+      if (mlxd_shm_pair_attach(t, pi, false, &s) != 0) {
         mlxd_shm_fail(t, &s);
         return -1;
       }

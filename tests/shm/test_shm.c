@@ -3,7 +3,8 @@
  * messages, size mismatches, argument errors, concurrent threads, a peer
  * that dies, timeouts and failure propagation, CPU use while waiting, and
  * set-up errors; pairs' rings made on first contact only (lazy), and a
- * first contact whose peer died, stalled or was impersonated. Usage: test_shm <section> <ranks>. */
+ * first contact whose peer died, stalled or was impersonated, or that an
+ * abort ends at once. Usage: test_shm <section> <ranks>. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -608,6 +609,75 @@ static int rank_first(int rank, int size, const char* name, void* arg) {
   return 0;
 }
 
+/* ---- first_abort: while rank 1 stalls making the pair (a segment made but
+ * never sized), two threads of rank 0 wait in first contact with it (an
+ * isend, an irecv): they wait with the transport's lock dropped, so an
+ * abort from the main thread returns at once and ends both waits, long
+ * before MLXDIST_CONNECT_TIMEOUT ---- */
+
+typedef struct {
+  mlxd_transport* t;
+  int send;
+  int rc;
+  double returned;
+  mlxd_status st;
+} first_op;
+
+static void* first_op_main(void* p) {
+  first_op* o = p;
+  mlxd_req* q = NULL;
+  char b[8] = {0};
+  mlxd_status_clear(&o->st);
+  o->rc = o->send ? o->t->ops->isend(o->t, 1, 1, NULL, b, sizeof b, &q, &o->st)
+                  : o->t->ops->irecv(o->t, 1, 2, NULL, b, sizeof b, &q, &o->st);
+  if (q) o->rc = wait1(o->t, q, &o->st);
+  o->returned = t_now();
+  return NULL;
+}
+
+static int rank_first_abort(int rank, int size, const char* name, void* arg) {
+  (void)arg;
+  setenv("MLXDIST_CONNECT_TIMEOUT", "4", 1);
+  mlxd_transport* t = join(rank, size, name);
+  char pair[300];
+  snprintf(pair, sizeof pair, "%s-p0-1", name);
+  if (rank == 1) {
+    int fd = shm_open(pair, O_CREAT | O_EXCL | O_RDWR, 0600);
+    T_REQUIREF(fd >= 0, "shm_open %s: %s", pair, strerror(errno));
+    close(fd);
+    struct timespec ts = {2, 0};
+    nanosleep(&ts, NULL);
+    shm_unlink(pair);
+    t->ops->destroy(t);
+    return 0;
+  }
+  struct timespec ts = {0, 200 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  first_op ops[2] = {{.t = t, .send = 1}, {.t = t, .send = 0}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    T_REQUIRE(pthread_create(&th[i], NULL, first_op_main, &ops[i]) == 0);
+    nanosleep(&ts, NULL); /* the first is waiting for rank 1 before the second starts */
+  }
+  mlxd_status ab;
+  mlxd_status_clear(&ab);
+  mlxd_fail_at(&ab, MLXD_EABORTED, MLXD_LAYER_SHM, "test abort while first contact waits");
+  double t0 = t_now();
+  t->ops->abort(t, &ab);
+  double dt = t_now() - t0;
+  for (int i = 0; i < 2; i++) T_REQUIRE(pthread_join(th[i], NULL) == 0);
+  T_REQUIREF(dt < 0.5, "abort took %.2f s (waited for first contact under the lock?)", dt);
+  for (int i = 0; i < 2; i++) {
+    first_op* o = &ops[i];
+    T_REQUIREF(o->rc == MLXD_EABORTED && strstr(o->st.msg, "test abort while first contact"),
+               "%s: rc %d: %s", o->send ? "isend" : "irecv", o->rc, o->st.msg);
+    T_REQUIREF(o->returned - t0 < 1.0, "%s returned %.2f s after the abort",
+               o->send ? "isend" : "irecv", o->returned - t0);
+  }
+  t->ops->destroy(t);
+  return 0;
+}
+
 static void local_errors(void) {
   mlxd_status st;
   mlxd_status_clear(&st);
@@ -633,7 +703,7 @@ int main(int argc, char** argv) {
     fprintf(stderr,
             "usage: %s "
             "raw|raw_nocma|threads|death|timeout|idle|connect|lazy|first_dead|first_stall|first_"
-            "foreign <ranks>\n",
+            "foreign|first_abort <ranks>\n",
             argv[0]);
     return 2;
   }
@@ -660,6 +730,9 @@ int main(int argc, char** argv) {
     fn = rank_idle;
   } else if (strcmp(what, "lazy") == 0) {
     fn = rank_lazy;
+  } else if (strcmp(what, "first_abort") == 0) {
+    T_ASSERT(n == 2);
+    fn = rank_first_abort;
   } else if (strncmp(what, "first_", 6) == 0) {
     T_ASSERT(n == 2);
     fn = rank_first;
