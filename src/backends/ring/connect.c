@@ -300,6 +300,18 @@ static void ep_ctl(mesh* m, int op, int fd, unsigned events, int kind, int idx) 
 
 static bool slot_taken(const mesh* m, int j, int c);
 
+/* Arm outgoing connection o for a first attempt now, with a fresh
+ * MLXDIST_CONNECT_TIMEOUT (a lazy dial, or a dial again). */
+static void out_arm(mesh* m, outgoing* o, double now) {
+  o->state = O_IDLE;
+  o->give_up = now + m->budget;
+  o->retry_at = now;
+  o->backoff = 0.01;
+  o->attempt_s = CONNECT_FIRST_S;
+  o->attempts = o->closed = 0;
+  m->nactive++;
+}
+
 static void pend_close(mesh* m, pending* p) {
   if (p->fd >= 0) {
     ep_ctl(m, EPOLL_CTL_DEL, p->fd, 0, 0, 0);
@@ -319,13 +331,7 @@ static void pend_close(mesh* m, pending* p) {
   mlxd_ring_log("rank %d: rank %d's connection %d failed in its handshake: connecting again",
                 m->rank, j, c);
   double now = mlxd_now();
-  o->state = O_IDLE;
-  o->give_up = now + m->budget;
-  o->retry_at = now;
-  o->backoff = 0.01;
-  o->attempt_s = CONNECT_FIRST_S;
-  o->attempts = o->closed = 0;
-  m->nactive++;
+  out_arm(m, o, now);
 }
 
 /* One line on stderr for a refused incoming connection (always, not only
@@ -1145,13 +1151,7 @@ static int dial_want(mlxd_tcp_dialer* d, int peer, mlxd_status* st) {
     outgoing* o = &m->outs[peer * m->K + c];
     o->wanted = true;
     if (o->state != O_NONE || slot_taken(m, peer, c)) continue;
-    o->state = O_IDLE;
-    o->give_up = now + m->budget;
-    o->retry_at = now;
-    o->backoff = 0.01;
-    o->attempt_s = CONNECT_FIRST_S;
-    o->attempts = o->closed = 0;
-    m->nactive++;
+    out_arm(m, o, now);
     if (out_start(m, o, st) != 0) return st->code;
   }
   return 0;
