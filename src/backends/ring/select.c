@@ -349,25 +349,23 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
       mlxd_status_set_peer(st, p, NULL);
       goto done;
     }
-    /* the two-level collectives run only if every rank takes them */
-    static const char* algo_names[] = {"auto", "flat", "hier"};
-    unsigned pa = (unsigned)get_u(id + REC_ALGO, 1), ma = (unsigned)get_u(mine + ID_ALGO, 1);
-    if (pa != ma) {
+    /* the two-level and log-depth collectives run only if every rank takes
+     * them (values range-checked above) */
+    static const struct {
+      int at, mine_at;
+      const char* name;
+      const char* values[3];
+    } choices[] = {
+        {REC_ALGO, ID_ALGO, "MLXDIST_ALGO", {"auto", "flat", "hier"}},
+        {REC_SMALL_ALGO, ID_SMALL_ALGO, "MLXDIST_SMALL_ALGO", {"auto", "direct", "logn"}}};
+    for (size_t k = 0; k < sizeof choices / sizeof choices[0]; k++) {
+      unsigned pv = (unsigned)get_u(id + choices[k].at, 1);
+      unsigned mv = (unsigned)get_u(mine + choices[k].mine_at, 1);
+      if (pv == mv) continue;
       rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "ranks disagree on MLXDIST_ALGO: rank %d has %s, rank %d has %s; expected "
-                        "the same value on every rank",
-                        rank, algo_names[ma], p, algo_names[pa]);
-      mlxd_status_set_peer(st, p, NULL);
-      goto done;
-    }
-    static const char* small_names[] = {"auto", "direct", "logn"};
-    unsigned ps = (unsigned)get_u(id + REC_SMALL_ALGO, 1),
-             ms = (unsigned)get_u(mine + ID_SMALL_ALGO, 1);
-    if (ps != ms) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "ranks disagree on MLXDIST_SMALL_ALGO: rank %d has %s, rank %d has %s; "
-                        "expected the same value on every rank",
-                        rank, small_names[ms], p, small_names[ps]);
+                        "ranks disagree on %s: rank %d has %s, rank %d has %s; expected the same "
+                        "value on every rank",
+                        choices[k].name, rank, choices[k].values[mv], p, choices[k].values[pv]);
       mlxd_status_set_peer(st, p, NULL);
       goto done;
     }
