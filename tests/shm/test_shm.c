@@ -547,6 +547,15 @@ static int rank_lazy(int rank, int size, const char* name, void* arg) {
  * (first_dead), stalls (first_stall: MLXDIST_CONNECT_TIMEOUT=1) or it is
  * not this user's 0600 segment (first_foreign) ---- */
 
+/* Create a pair's segment and go no further (unsized, no magic): a creator
+ * stopped between shm_open and its first store; foreign: not mode 0600. */
+static void begin_pair(const char* pair, bool foreign) {
+  int fd = shm_open(pair, O_CREAT | O_EXCL | O_RDWR, 0600);
+  T_REQUIREF(fd >= 0, "shm_open %s: %s", pair, strerror(errno));
+  if (foreign) T_REQUIRE(fchmod(fd, 0644) == 0);
+  close(fd);
+}
+
 static int rank_first(int rank, int size, const char* name, void* arg) {
   const char* how = arg;
   (void)size;
@@ -556,10 +565,7 @@ static int rank_first(int rank, int size, const char* name, void* arg) {
   snprintf(pair, sizeof pair, "%s-p0-1", name);
   if (rank == 1) {
     /* as if this rank had begun making the pair and got no further */
-    int fd = shm_open(pair, O_CREAT | O_EXCL | O_RDWR, 0600);
-    T_REQUIREF(fd >= 0, "shm_open %s: %s", pair, strerror(errno));
-    if (strcmp(how, "first_foreign") == 0) T_REQUIRE(fchmod(fd, 0644) == 0);
-    close(fd);
+    begin_pair(pair, strcmp(how, "first_foreign") == 0);
     if (strcmp(how, "first_dead") == 0) _exit(0);
     struct timespec ts = {2, 500 * 1000 * 1000};
     nanosleep(&ts, NULL);
@@ -642,9 +648,7 @@ static int rank_first_abort(int rank, int size, const char* name, void* arg) {
   char pair[300];
   snprintf(pair, sizeof pair, "%s-p0-1", name);
   if (rank == 1) {
-    int fd = shm_open(pair, O_CREAT | O_EXCL | O_RDWR, 0600);
-    T_REQUIREF(fd >= 0, "shm_open %s: %s", pair, strerror(errno));
-    close(fd);
+    begin_pair(pair, false);
     struct timespec ts = {2, 0};
     nanosleep(&ts, NULL);
     shm_unlink(pair);
