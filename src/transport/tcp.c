@@ -373,7 +373,7 @@ static char dial_mark;
 
 void mlxd_tcp_conn_arm(tcp_transport* t, tcp_conn* c) {
   if (c->fd < 0 || c->eof || t->epfd < 0) return;
-  bool out = c->qhead != NULL || (c->ssl && (c->wlen > c->wpos || c->want_write));
+  bool out = (c->qhead != NULL && !c->tls_hs) || (c->ssl && (c->wlen > c->wpos || c->want_write));
   if (out == c->ep_out) return;
   struct epoll_event ev;
   memset(&ev, 0, sizeof ev);
@@ -394,7 +394,10 @@ void mlxd_tcp_dial_step(tcp_transport* t) {
   if (!t->dial || t->err.code) return;
   mlxd_status s;
   mlxd_status_clear(&s);
-  if (t->dial->ops->step(t->dial, &s) != 0) tcp_fail(t, &s);
+  if (t->dial->ops->step(t->dial, &s) != 0)
+    tcp_fail(t, &s);
+  else if (t->tls_hs_n > 0)
+    mlxd_tcp_tls_step_all(t); /* lazy TLS handshakes (tcp_tls.c) */
 }
 
 void mlxd_tcp_want(tcp_transport* t, int peer) {
@@ -417,11 +420,8 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
       if (ms < timeout_ms) timeout_ms = ms;
     }
   }
-  if (t->tls) /* TLS: bytes epoll cannot see (transports with TLS connect at creation) */
-    for (int i = 0; i < t->base.size * t->nconn && timeout_ms > 0; i++) {
-      tcp_conn* c = &t->conns[i];
-      if (c->ssl && !c->eof && (c->kick || mlxd_tls_pending(c->ssl))) timeout_ms = 0;
-    }
+  if (t->tls) /* TLS: bytes epoll cannot see; lazy handshakes' bounds (tcp_tls.c) */
+    timeout_ms = mlxd_tcp_tls_before_wait(t, timeout_ms);
   /* Drop the lock while waiting, also for a zero-timeout spin, so other
    * threads can post requests meanwhile. Only a blocking wait needs the
    * eventfd kick when they queue data. */
@@ -477,6 +477,10 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
     tcp_conn* c = tag;
     if (c->fd < 0 || c->eof) continue;
     if (ev & EPOLLIN) t->peers[c->peer].heard = now;
+    if (c->tls_hs && mlxd_tcp_tls_step(t, c) != 0) { /* lazy TLS: no data before it is done */
+      mlxd_tcp_conn_arm(t, c);
+      continue;
+    }
     if (c->want_write && (ev & EPOLLOUT)) {
       c->want_write = false;
       ev |= EPOLLIN; /* the read that waited for the socket to be writable */

@@ -51,7 +51,9 @@ struct mlxd_tcp_dialer {
 /* Build a transport that starts with no connection: the first isend or
  * irecv naming a peer asks d for its connections (so every peer a wait
  * depends on is connected and watched). Takes ownership of d (freed by
- * destroy, also when this fails). Not with MLXDIST_TLS=1 (st: EINVAL). */
+ * destroy, also when this fails). With MLXDIST_TLS=1 each connection's TLS
+ * handshake runs in the transport's progress once d hands it over
+ * (tcp_tls.c); its context is made here (no MLXDIST_SECRET_FILE: st). */
 mlxd_transport* mlxd_tcp_transport_lazy(int rank, int size, int nconn, mlxd_tcp_dialer* d,
                                         mlxd_status* st);
 

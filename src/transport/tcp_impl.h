@@ -95,6 +95,8 @@ typedef struct tcp_conn {
   size_t wpos, wlen;
   bool want_write; /* a read needs the socket writable first */
   bool kick;       /* read before polling: OpenSSL may hold bytes from the handshake */
+  bool tls_hs;     /* lazy: its handshake runs (no data until it is done; tcp_tls.c) */
+  double tls_by;   /* lazy: the handshake's bound (MLXDIST_CONNECT_TIMEOUT from its start) */
   char tls_why[200];
   /* Control frames (tcp_live.c; only the first connection to a peer sends
    * them): the one being received, and the two this side sends. */
@@ -139,6 +141,7 @@ typedef struct tcp_transport {
   bool yield_spin;    /* more ranks than CPUs: give the CPU away between spin polls */
   uint64_t ux_budget; /* per peer (MLXDIST_TCP_UNEXPECTED_MB) */
   mlxd_tls* tls;      /* MLXDIST_TLS=1; NULL: plain sockets */
+  int tls_hs_n;       /* lazy: connections whose TLS handshake runs (tls_hs) */
   int epfd;           /* every connected socket, the wake eventfd, the dialer's fd */
   struct epoll_event* evs;
   int nevs;
@@ -213,6 +216,23 @@ void mlxd_tcp_forget(mlxd_transport* tt);
 /* tcp_tls.c: the TLS variants (mu held). Handshake every connection
  * (inside create). */
 int mlxd_tcp_tls_start(tcp_transport* t, mlxd_status* st);
+/* Lazy (mu held; none blocks). begin: the dialer handed c over (attached):
+ * its SSL object, and the first step of its handshake (a client sends its
+ * hello at once); 0, or out of memory (st; the caller fails the transport).
+ * step: one step of c's handshake: 0 when it is complete (now or before:
+ * c->kick set so that its first read runs; queued bytes go out through the
+ * usual writes), 1 while it waits for the socket (c->want_write says
+ * which way; register with mlxd_tcp_conn_arm), -1 when it failed (the
+ * transport failed, naming the peer). step_all: step every running
+ * handshake (the dialer's step: a rank busy outside mlxdist still answers
+ * from its heartbeat tick). before_wait: fail the transport for a
+ * handshake past its bound (naming the peer), and return the wait's bound
+ * in ms (0: OpenSSL holds bytes epoll cannot see; at most the next
+ * handshake's bound). */
+int mlxd_tcp_tls_begin(tcp_transport* t, tcp_conn* c, mlxd_status* st);
+int mlxd_tcp_tls_step(tcp_transport* t, tcp_conn* c);
+void mlxd_tcp_tls_step_all(tcp_transport* t);
+int mlxd_tcp_tls_before_wait(tcp_transport* t, int timeout_ms);
 /* Write as much of c's queue as TLS takes: 0, an errno, or -2 (TLS error,
  * c->tls_why says why). */
 int mlxd_tcp_tls_write(tcp_transport* t, tcp_conn* c);

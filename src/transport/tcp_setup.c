@@ -266,7 +266,7 @@ static void conn_ready(void* ctx, int peer, int conn, int fd) {
     close(fd);
     return;
   }
-  if (conn_attach(t, c, fd, &s) != 0) {
+  if (conn_attach(t, c, fd, &s) != 0 || (t->tls && mlxd_tcp_tls_begin(t, c, &s) != 0)) {
     mlxd_tcp_fail(t, &s);
     return;
   }
@@ -349,16 +349,14 @@ mlxd_transport* mlxd_tcp_transport_lazy(int rank, int size, int nconn, mlxd_tcp_
     if (d) d->ops->free(d);
     return NULL;
   }
-  if (tls) {
-    d->ops->free(d);
-    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_TCP,
-                 "lazy TCP connections do not support MLXDIST_TLS=1 (its handshakes run at "
-                 "creation): connect eagerly");
-    return NULL;
-  }
   tcp_transport* t = tcp_alloc(rank, size, nconn, st);
   if (!t) {
     d->ops->free(d);
+    return NULL;
+  }
+  if (tls && !(t->tls = mlxd_tls_new(st))) { /* each connection's handshake: tcp_tls.c */
+    d->ops->free(d);
+    mlxd_tcp_destroy(&t->base);
     return NULL;
   }
   t->dial = d;

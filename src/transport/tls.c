@@ -201,6 +201,31 @@ void mlxd_tls_conn_free(mlxd_tls_conn* c) {
   SSL_free(c);
 }
 
+mlxd_tls_io mlxd_tls_handshake(mlxd_tls_conn* c, int* err, char* why, size_t why_n) {
+  *err = 0;
+  if (SSL_is_init_finished(c)) return MLXD_TLS_OK;
+  ERR_clear_error();
+  errno = 0;
+  int r = SSL_do_handshake(c);
+  if (r == 1) return MLXD_TLS_OK;
+  int sys = errno;
+  int e = SSL_get_error(c, r);
+  if (e == SSL_ERROR_WANT_READ) return MLXD_TLS_WANT_READ;
+  if (e == SSL_ERROR_WANT_WRITE) return MLXD_TLS_WANT_WRITE;
+  if (e == SSL_ERROR_SSL) {
+    ssl_reason(why, why_n);
+    return MLXD_TLS_ERROR;
+  }
+  ERR_clear_error();
+  if (e == SSL_ERROR_SYSCALL && sys) {
+    *err = sys;
+    snprintf(why, why_n, "%s", strerror(sys));
+    return MLXD_TLS_ERROR;
+  }
+  snprintf(why, why_n, "the peer closed the connection");
+  return MLXD_TLS_EOF;
+}
+
 int mlxd_tls_handshake_all(mlxd_tls_conn* const* conns, const int* fds, const int* peers,
                            const char* const* addrs, int n, double timeout_s, mlxd_status* st) {
   struct pollfd* pf = calloc((size_t)n + 1, sizeof *pf);
@@ -218,44 +243,26 @@ int mlxd_tls_handshake_all(mlxd_tls_conn* const* conns, const int* fds, const in
     int np = 0;
     for (int i = 0; i < n && rc == 0; i++) {
       if (!conns[i] || done[i]) continue;
-      ERR_clear_error();
-      errno = 0;
-      int r = SSL_do_handshake(conns[i]);
-      if (r == 1) {
+      char why[256];
+      int err = 0;
+      mlxd_tls_io io = mlxd_tls_handshake(conns[i], &err, why, sizeof why);
+      if (io == MLXD_TLS_OK) {
         done[i] = true;
         continue;
       }
-      int e = SSL_get_error(conns[i], r);
-      if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+      if (io == MLXD_TLS_WANT_READ || io == MLXD_TLS_WANT_WRITE) {
         pf[np].fd = fds[i];
-        pf[np].events = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+        pf[np].events = io == MLXD_TLS_WANT_READ ? POLLIN : POLLOUT;
         which[np++] = i;
         continue;
       }
-      char why[256];
-      int err = errno;
-      if (e == SSL_ERROR_SSL)
-        ssl_reason(why, sizeof why);
-      else if (e == SSL_ERROR_SYSCALL && err)
-        snprintf(why, sizeof why, "%s", strerror(err));
-      else
-        snprintf(why, sizeof why, "the peer closed the connection");
-      ERR_clear_error();
-      rc = mlxd_fail_at(st, MLXD_EREMOTE, MLXD_LAYER_TCP,
-                        "TLS handshake with rank %d failed: %s; do both ranks run with "
-                        "MLXDIST_TLS=1 and the same MLXDIST_SECRET_FILE?",
-                        peers[i], why);
-      mlxd_status_set_peer(st, peers[i], addrs[i]);
+      rc = mlxd_tls_handshake_failed(st, peers[i], addrs[i], why);
     }
     if (rc != 0 || np == 0) break;
     double now = mlxd_now();
     if (now >= deadline) {
       int i = which[0];
-      rc = mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_TCP,
-                        "TLS handshake with rank %d timed out after %g s "
-                        "(MLXDIST_CONNECT_TIMEOUT); does that rank run with MLXDIST_TLS=1?",
-                        peers[i], timeout_s);
-      mlxd_status_set_peer(st, peers[i], addrs[i]);
+      rc = mlxd_tls_handshake_timeout(st, peers[i], addrs[i], timeout_s);
       break;
     }
     int ms = mlxd_ms_left(deadline);
@@ -269,6 +276,24 @@ int mlxd_tls_handshake_all(mlxd_tls_conn* const* conns, const int* fds, const in
   free(pf);
   free(which);
   free(done);
+  return rc;
+}
+
+int mlxd_tls_handshake_failed(mlxd_status* st, int peer, const char* addr, const char* why) {
+  int rc = mlxd_fail_at(st, MLXD_EREMOTE, MLXD_LAYER_TCP,
+                        "TLS handshake with rank %d failed: %s; do both ranks run with "
+                        "MLXDIST_TLS=1 and the same MLXDIST_SECRET_FILE?",
+                        peer, why);
+  mlxd_status_set_peer(st, peer, addr);
+  return rc;
+}
+
+int mlxd_tls_handshake_timeout(mlxd_status* st, int peer, const char* addr, double timeout_s) {
+  int rc = mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_TCP,
+                        "TLS handshake with rank %d timed out after %g s "
+                        "(MLXDIST_CONNECT_TIMEOUT); does that rank run with MLXDIST_TLS=1?",
+                        peer, timeout_s);
+  mlxd_status_set_peer(st, peer, addr);
   return rc;
 }
 

@@ -10,6 +10,11 @@
  *
  * Roles. Of the two ends of a connection, the higher rank is the TLS client.
  *
+ * When. Eager connections (MLXDIST_CONNECT=eager): all handshakes at once
+ * inside the transport's creation (mlxd_tls_handshake_all). Lazy ones: each
+ * connection's handshake is stepped (mlxd_tls_handshake) by the transport's
+ * progress as soon as the ring's own handshake handed it over (tcp_tls.c).
+ *
  * I/O. The sockets are non-blocking; the wrappers below map OpenSSL's
  * results to "moved n bytes", "would block" (wanting a read or a write),
  * "end of stream" or an error with OpenSSL's reason. The socket I/O under
@@ -48,18 +53,32 @@ mlxd_tls_conn* mlxd_tls_conn_new(mlxd_tls* x, int fd, bool client, mlxd_status* 
 void mlxd_tls_conn_free(mlxd_tls_conn* c);
 
 /* Handshake conns[0..n) (NULL entries skipped) all at once, polling their
- * sockets, for at most timeout_s. peers[i] / addrs[i] name the other end
- * in errors ("TLS handshake with rank 1 (127.0.0.1:5000) failed: ..."). */
+ * sockets, for at most timeout_s (blocks that long at most). peers[i] /
+ * addrs[i] name the other end in errors ("TLS handshake with rank 1
+ * (127.0.0.1:5000) failed: ..."). The eager transport's creation. */
 int mlxd_tls_handshake_all(mlxd_tls_conn* const* conns, const int* fds, const int* peers,
                            const char* const* addrs, int n, double timeout_s, mlxd_status* st);
 
 typedef enum mlxd_tls_io {
-  MLXD_TLS_OK,         /* *moved > 0 bytes */
+  MLXD_TLS_OK,         /* *moved > 0 bytes (a handshake: it is complete) */
   MLXD_TLS_WANT_READ,  /* would block until the socket is readable */
   MLXD_TLS_WANT_WRITE, /* would block until the socket is writable */
   MLXD_TLS_EOF,        /* the peer closed the connection */
   MLXD_TLS_ERROR,      /* *err: an errno (a socket call failed) or 0 and why is set */
 } mlxd_tls_io;
+
+/* One non-blocking step of c's handshake (never blocks): OK once it is
+ * complete (also when it was already), WANT_READ / WANT_WRITE while it
+ * waits for the socket; EOF or ERROR when it failed, with why set (OpenSSL's
+ * reason, strerror, or "the peer closed the connection"). A lazy
+ * connection's handshake (tcp_tls.c), and each round of handshake_all. */
+mlxd_tls_io mlxd_tls_handshake(mlxd_tls_conn* c, int* err, char* why, size_t why_n);
+/* The two ways a handshake with peer fails, worded once for the eager and
+ * the lazy set-up: st set (naming peer, at addr; may be NULL), its code
+ * returned. failed: why is the reason from mlxd_tls_handshake;
+ * timeout: no completion within timeout_s (MLXDIST_CONNECT_TIMEOUT). */
+int mlxd_tls_handshake_failed(mlxd_status* st, int peer, const char* addr, const char* why);
+int mlxd_tls_handshake_timeout(mlxd_status* st, int peer, const char* addr, double timeout_s);
 
 /* Write up to n > 0 bytes. After WANT_*, call again with the same bytes
  * (the buffer may move). Partial writes are OK results. */

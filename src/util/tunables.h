@@ -87,7 +87,8 @@ typedef struct mlxd_tunable_spec {
   X(CONNECT, "MLXDIST_CONNECT", "lazy", MLXD_TK_CHOICE("lazy|eager"),                             \
     "Ring over TCP: lazy makes a connection to a peer the first time an op sends to or "          \
     "receives from it (the group starts with an address book and its listening sockets); "        \
-    "eager builds the full mesh at init. MLXDIST_TLS=1 always connects eagerly.")                 \
+    "eager builds the full mesh at init. With MLXDIST_TLS=1 a connection's TLS handshake runs "   \
+    "when it is made.")                                                                           \
   X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),               \
     "Microseconds a waiting thread polls before it blocks.")                                      \
   X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1", MLXD_TK_FLAG(),                                      \

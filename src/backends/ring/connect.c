@@ -41,7 +41,6 @@
 #include "backends/ring/ring_internal.h"
 #include "security/secret.h"
 #include "transport/tcp.h"
-#include "transport/tls.h"
 #include "util/bytes.h"
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -1199,11 +1198,9 @@ static const mlxd_tcp_dialer_ops dial_ops = {dial_want, dial_step,   dial_next,
                                              dial_fd,   dial_forget, dial_free};
 
 bool mlxd_ring_connect_lazy(void) {
+  /* MLXDIST_TLS=1 too: a connection's TLS handshake follows this file's, in the transport */
   const char* v = mlxd_tunable_str(MLXD_T_CONNECT);
-  if (v && strcmp(v, "eager") == 0) return false;
-  bool tls = false;
-  mlxd_status ignore = {0}; /* a bad MLXDIST_TLS is reported by the transport's create */
-  return mlxd_tls_wanted(&tls, &ignore) != 0 || !tls; /* TLS handshakes run at creation */
+  return !(v && strcmp(v, "eager") == 0);
 }
 
 int mlxd_ring_nofile(int size, int nconn, bool lazy, mlxd_status* st) {
