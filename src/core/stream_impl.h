@@ -38,8 +38,9 @@ int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
  * once the task is sure to be queued, under the stream's lock, just before
  * it joins the queue (no task of the stream can run meanwhile, and two
  * submits to one stream call it in queue order): the place to take a number
- * that must follow queue order. It must not block, take locks or call back
- * into the stream. Not called when the submit fails. */
+ * that must follow queue order. It must not block or call back into the
+ * stream, and may take only leaf locks (the operation record's g_id_mu, on
+ * a group's first op). Not called when the submit fails. */
 #define MLXD_TASK_ARG_MAX 96
 int mlxd_stream_submit_copy(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
                             void (*on_queue)(void*), const void* arg, size_t arg_size,
