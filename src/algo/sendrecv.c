@@ -6,7 +6,7 @@
 
 static void p2p_prologue(mlxd_transport* t, const void* buf, size_t nbytes, int peer,
                          mlxd_status* st) {
-  mlxd_status_clear(st);
+  mlxd_status_reset(st); /* not cleared: a 620-byte memset on every message */
   assert(peer >= 0 && peer < t->size && peer != t->rank);
   assert(nbytes == 0 || buf);
   (void)t;

@@ -124,7 +124,10 @@ uint64_t mlxd_oprec_begin(unsigned group, int rank, int size, uint64_t seq, cons
     }
     pthread_mutex_unlock(&g_id_mu);
   }
-  /* One group's ops begin under its mutex (ops.c): one writer per group. */
+  /* A group's ops begin under their stream's lock (ops.c): one writer per
+   * group and stream. Two streams of one group queueing collectives at once
+   * (their order across ranks is the application's to keep) may leave this
+   * count a number behind until the next one; it is the heading's figure. */
   if (peer < 0 && group == atomic_load_explicit(&g_id_group, RLX) &&
       seq + 1 > atomic_load_explicit(&g_colls, RLX))
     atomic_store_explicit(&g_colls, seq + 1, RLX);

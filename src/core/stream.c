@@ -594,9 +594,10 @@ static int fork_refuse(mlxd_status* st, mlxd_stream* s, const char* doing) {
 
 /* Queue a task; copy: arg points to arg_size bytes to copy into the task
  * (run and cleanup get the copy). */
-static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*), void* arg,
-                       size_t arg_size, bool copy, mlxd_array* const* inputs, int n_inputs,
-                       mlxd_array* const* outputs, int n_outputs, mlxd_status* st_out) {
+static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
+                       void (*on_queue)(void*), void* arg, size_t arg_size, bool copy,
+                       mlxd_array* const* inputs, int n_inputs, mlxd_array* const* outputs,
+                       int n_outputs, mlxd_status* st_out) {
   mlxd_status local;
   mlxd_status* st = st_out ? st_out : &local;
   int code = 0;
@@ -658,6 +659,7 @@ static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
                        s->index);
       task_free(t);
     } else {
+      if (on_queue) on_queue(t->arg);
       if (s->tail)
         s->tail->next = t;
       else
@@ -687,15 +689,16 @@ static int submit_task(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
 int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*), void* arg,
                        mlxd_array* const* inputs, int n_inputs, mlxd_array* const* outputs,
                        int n_outputs, mlxd_status* st) {
-  return submit_task(s, run, cleanup, arg, 0, false, inputs, n_inputs, outputs, n_outputs, st);
+  return submit_task(s, run, cleanup, NULL, arg, 0, false, inputs, n_inputs, outputs, n_outputs,
+                     st);
 }
 
 int mlxd_stream_submit_copy(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
-                            const void* arg, size_t arg_size, mlxd_array* const* inputs,
-                            int n_inputs, mlxd_array* const* outputs, int n_outputs,
-                            mlxd_status* st) {
-  return submit_task(s, run, cleanup, (void*)arg, arg_size, true, inputs, n_inputs, outputs,
-                     n_outputs, st);
+                            void (*on_queue)(void*), const void* arg, size_t arg_size,
+                            mlxd_array* const* inputs, int n_inputs, mlxd_array* const* outputs,
+                            int n_outputs, mlxd_status* st) {
+  return submit_task(s, run, cleanup, on_queue, (void*)arg, arg_size, true, inputs, n_inputs,
+                     outputs, n_outputs, st);
 }
 
 /* A new stream; device: the GPU's index for a GPU stream (which gets a CUDA

@@ -34,12 +34,18 @@ int mlxd_stream_submit(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
 /* mlxd_stream_submit, but arg points to arg_size bytes (at most
  * MLXD_TASK_ARG_MAX) that are copied into the task: run and cleanup get a
  * pointer to the copy, which lives until cleanup returns. Saves the caller
- * an allocation per task. */
+ * an allocation per task. on_queue (may be NULL) is called with the copy
+ * once the task is sure to be queued, under the stream's lock, just before
+ * it joins the queue (no task of the stream can run meanwhile, and two
+ * submits to one stream call it in queue order): the place to take a number
+ * that must follow queue order. It must not block or call back into the
+ * stream, and may take only leaf locks (the operation record's g_id_mu, on
+ * a group's first op). Not called when the submit fails. */
 #define MLXD_TASK_ARG_MAX 96
 int mlxd_stream_submit_copy(mlxd_stream* s, mlxd_task_fn run, void (*cleanup)(void*),
-                            const void* arg, size_t arg_size, mlxd_array* const* inputs,
-                            int n_inputs, mlxd_array* const* outputs, int n_outputs,
-                            mlxd_status* st);
+                            void (*on_queue)(void*), const void* arg, size_t arg_size,
+                            mlxd_array* const* inputs, int n_inputs, mlxd_array* const* outputs,
+                            int n_outputs, mlxd_status* st);
 
 /* The default stream of a device type (created on first use, lives until exit).
  * GPU: NULL with st set when no GPU backend is available. Not retained. */

@@ -236,7 +236,7 @@ static mlxd_group* group_new(mlxd_backend* b, const char* kind, mlxd_user_gather
     }
   }
   mlxd_group* g = calloc(1, sizeof *g);
-  uint64_t* seqs = calloc(2 * (size_t)b->size, sizeof *seqs);
+  _Atomic uint64_t* seqs = calloc(2 * (size_t)b->size, sizeof *seqs);
   if (!g || !seqs) {
     free(g);
     free(seqs);
@@ -254,7 +254,7 @@ static mlxd_group* group_new(mlxd_backend* b, const char* kind, mlxd_user_gather
   mlxd_status ignore;
   mlxd_status_clear(&ignore);
   g->comm_stream = mlxd_default_stream(b->comm_device, &ignore);
-  pthread_mutex_init(&g->mu, NULL);
+  atomic_init(&g->coll_seq, 0);
   g->send_seq = seqs;
   g->recv_seq = seqs + b->size;
   atomic_init(&g->queued, 0);
@@ -281,8 +281,9 @@ mlxd_group* mlxd_group_retain(mlxd_group* g) {
 
 int mlxd_group_refuse(const mlxd_group* g, const char* op, bool numbered) {
   char prefix[96];
-  if (numbered) /* read without g->mu: a thread of the parent may hold it */
-    snprintf(prefix, sizeof prefix, "[%s] %s #%llu", g->kind, op, (unsigned long long)g->coll_seq);
+  if (numbered)
+    snprintf(prefix, sizeof prefix, "[%s] %s #%llu", g->kind, op,
+             (unsigned long long)atomic_load_explicit(&g->coll_seq, memory_order_relaxed));
   else
     snprintf(prefix, sizeof prefix, "[%s] %s", g->kind, op);
   mlxd_status st;
@@ -305,8 +306,7 @@ void mlxd_group_release(mlxd_group* g) {
   g->backend->ops->destroy(g->backend);
   mlxd_group_release(g->parent);
   user_gather_release(g->gather);
-  pthread_mutex_destroy(&g->mu);
-  free(g->send_seq);
+  free((void*)g->send_seq);
   free(g);
 }
 
@@ -666,9 +666,7 @@ int mlx_distributed_group_split(mlx_distributed_group* res, mlx_distributed_grou
   mlxd_backend* b = g->backend;
   if (key < 0) key = b->rank;
 
-  pthread_mutex_lock(&g->mu);
-  uint64_t seq = g->coll_seq++;
-  pthread_mutex_unlock(&g->mu);
+  uint64_t seq = atomic_fetch_add_explicit(&g->coll_seq, 1, memory_order_relaxed);
 
   mlxd_status st;
   mlxd_status_clear(&st);

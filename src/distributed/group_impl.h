@@ -45,18 +45,18 @@ typedef struct mlxd_group {
   struct mlxd_group* parent; /* the group this one was split from, or NULL (one reference) */
   mlxd_stream*
       comm_stream; /* mlxd_default_stream(backend->comm_device); NULL if that device is unavailable */
-  /* Sequence numbers (backend.h). Ops take them and queue their task while
-   * holding mu, so that every stream sees one group's work in seq order. */
-  pthread_mutex_t mu;
-  uint64_t coll_seq;  /* collectives and split */
-  uint64_t* send_seq; /* size entries, per destination */
-  uint64_t* recv_seq; /* size entries, per source */
+  /* Sequence numbers (backend.h). An op takes its number under its
+   * stream's lock as its task joins the queue (ops.c, op_queued), so that
+   * every stream sees one group's work in seq order; atomic, as two streams
+   * of one group hold two different locks (split takes one too). */
+  _Atomic uint64_t coll_seq;  /* collectives and split */
+  _Atomic uint64_t* send_seq; /* size entries, per destination */
+  _Atomic uint64_t* recv_seq; /* size entries, per source */
   /* The operation record (core/oprec.h) and teardown at exit. */
   unsigned id; /* 1, 2, ... in the order groups were made (the record's g<id>) */
   /* Ops queued and finished (ops.c); queued - finished are pending. queued
-   * changes only under mu (a plain load and store, no locked instruction
-   * on every op), finished with an atomic add from whichever thread ends
-   * the task. */
+   * is raised as a task joins its queue (before it can finish), finished
+   * with an atomic add from whichever thread ends the task. */
   _Atomic uint64_t queued, finished;
   pid_t pid;                                /* the process that made it (core/fork.h) */
   bool aborted;                             /* under group.c's list mutex: abort was called */

@@ -33,10 +33,11 @@ typedef struct op_task {
   mlxd_reduce_op rop;
   uint64_t seq;
   int peer;
-  mlxd_array* in;  /* held by the stream task (its input); NULL for recv */
-  mlxd_array* out; /* held by the stream task (its output) */
-  uint64_t rec;    /* the operation record's handle (core/oprec.h) */
-  bool ended;      /* the record has its end */
+  mlxd_array* in;   /* held by the stream task (its input); NULL for recv */
+  mlxd_array* out;  /* held by the stream task (its output) */
+  uint64_t rec;     /* the operation record's handle (core/oprec.h) */
+  const char* name; /* the record's op name */
+  bool ended;       /* the record has its end */
 } op_task;
 
 _Static_assert(sizeof(op_task) <= MLXD_TASK_ARG_MAX,
@@ -212,39 +213,44 @@ static int check_dtype(const char* op, const char* what, mlx_dtype dtype) {
   return 0;
 }
 
-/* Take the sequence number and queue the task; on success *res = out. Consumes out.
- * The op_task is copied into the stream's task (no allocation of its own). */
+/* Called by the stream under its lock, once the task is sure to be queued
+ * and before it joins the queue (mlxd_stream_submit_copy's on_queue): take
+ * the sequence number and begin the operation record. Two submits to one
+ * stream come here in queue order, so every stream sees one group's work in
+ * seq order without a group-wide lock; the counters are atomic because
+ * submits to two streams of one group hold two different locks. The task's
+ * copy of the op_task is updated: nothing reads it before it is queued. */
+static void op_queued(void* arg) {
+  op_task* t = arg;
+  mlxd_group* g = t->g;
+  _Atomic uint64_t* counter = t->kind == OP_SEND   ? &g->send_seq[t->peer]
+                              : t->kind == OP_RECV ? &g->recv_seq[t->peer]
+                                                   : &g->coll_seq;
+  t->seq = atomic_fetch_add_explicit(counter, 1, memory_order_relaxed);
+  const mlxd_array* data = t->in ? t->in : t->out;
+  t->rec = mlxd_oprec_begin(g->id, g->backend->rank, g->backend->size, t->seq, t->name,
+                            (int)data->dtype, data->nbytes, t->peer);
+  atomic_fetch_add_explicit(&g->queued, 1, memory_order_relaxed);
+}
+
+/* Queue the task (its sequence number is taken in op_queued); on success
+ * *res = out. Consumes out. The op_task is copied into the stream's task (no
+ * allocation of its own). */
 static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind, mlxd_reduce_op rop,
                   int peer, mlxd_array* in, mlxd_array* out, mlx_array* res) {
   mlxd_status st;
   mlxd_status_reset(&st);
-  op_task t = {.g = g, .kind = kind, .rop = rop, .peer = peer, .in = in, .out = out};
-
-  pthread_mutex_lock(&g->mu);
-  uint64_t* counter = kind == OP_SEND   ? &g->send_seq[peer]
-                      : kind == OP_RECV ? &g->recv_seq[peer]
-                                        : &g->coll_seq;
-  t.seq = (*counter)++;
-  const mlxd_array* data = in ? in : out;
-  t.rec =
-      mlxd_oprec_begin(g->id, g->backend->rank, g->backend->size, t.seq,
-                       kind == OP_RECV ? "recv" : op, /* recv_like: a recv, as the backend says */
-                       (int)data->dtype, data->nbytes, peer);
-  /* only under mu: a plain load and store suffice */
-  atomic_store_explicit(&g->queued, atomic_load_explicit(&g->queued, memory_order_relaxed) + 1,
-                        memory_order_relaxed);
+  op_task t = {.g = g,
+               .kind = kind,
+               .rop = rop,
+               .peer = peer,
+               .in = in,
+               .out = out,
+               .name = kind == OP_RECV ? "recv" : op}; /* recv_like: a recv, as the backend says */
   mlxd_group_retain(g); /* the task's reference, dropped by op_cleanup */
-  int rc = mlxd_stream_submit_copy(s, op_run, op_cleanup, &t, sizeof t, in ? &in : NULL, in ? 1 : 0,
-                                   &out, 1, &st);
-  if (rc != 0) { /* nothing was queued: the number is unused */
-    (*counter)--;
-    atomic_store_explicit(&g->queued, atomic_load_explicit(&g->queued, memory_order_relaxed) - 1,
-                          memory_order_relaxed);
-  }
-  pthread_mutex_unlock(&g->mu);
-
-  if (rc != 0) {
-    mlxd_oprec_end(t.rec, rc);
+  int rc = mlxd_stream_submit_copy(s, op_run, op_cleanup, op_queued, &t, sizeof t, in ? &in : NULL,
+                                   in ? 1 : 0, &out, 1, &st);
+  if (rc != 0) { /* nothing was queued: no number was taken, no record begun */
     mlxd_group_release(g);
     mlxd_array_release(out);
     if (!st.msg[0]) mlxd_fail(&st, rc, "[distributed] %s: could not queue the operation", op);
