@@ -244,9 +244,10 @@ extern char** environ;
  * per child with setenv): the environment with sp's variables applied, a
  * slot for MLX_RANK that each child fills in its own copy, and the gate. */
 typedef struct spawn_env {
-  char** envp;   /* environ, then MLX_RANK's slot, MLXDIST_DUMP_SIGNAL, sp->set_env (last wins) */
-  int rank_slot; /* envp's MLX_RANK (-1: none, or sp->set_env sets it) */
-  int gate;      /* the read end of the gate pipe (-1: none): children wait for its EOF */
+  char** envp;    /* environ, then MLX_RANK's slot, MLXDIST_DUMP_SIGNAL, sp->set_env (last wins) */
+  int rank_slot;  /* envp's MLX_RANK (-1: none, or sp->set_env sets it) */
+  int gate;       /* the read end of the gate pipe (-1: none): children wait for its EOF */
+  pid_t launcher; /* getpid(): a held child whose parent is another one by then does not run */
 } spawn_env;
 
 /* name=... of kv in envp[0..n): its index, -1 if absent. */
@@ -308,6 +309,7 @@ static _Noreturn void exec_child(const launch_spawn* sp, spawn_env* se, int rank
     close(gate_w);
     char b;
     while (read(se->gate, &b, 1) < 0 && errno == EINTR) continue;
+    if (getppid() != se->launcher) _exit(1); /* the launcher died: the job never started */
   }
   char** argv = rank >= 0 && sp->rank_argv && sp->rank_argv[rank] ? sp->rank_argv[rank] : sp->argv;
   if (argv != sp->argv) { /* ssh: the rank's variables travel in its script, not here */
@@ -882,6 +884,7 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
     return 1;
   }
   se.gate = gate[0];
+  se.launcher = getpid();
   fflush(NULL); /* nothing buffered may be written twice by the children */
   int rc = -1;
   rn.sp = sp;
