@@ -77,6 +77,37 @@ static int rank_check(int want_size, int want_conns) {
   return 0;
 }
 
+/* rank mode (--gate-check N DIR): how many children the launcher has when this rank's program
+ * starts (every rank's process exists before any runs: the launcher's gate), then wait (bounded)
+ * until all N ranks have looked, so that none is reaped before the last one counts. */
+static int gate_check(int n, const char* dir) {
+  int rank = t_env_int("MLX_RANK", -1);
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "/proc/%ld/task/%ld/children", (long)getppid(), (long)getppid());
+  FILE* f = fopen(path, "r");
+  if (!f) T_FAIL("cannot open %s", path);
+  int kids = 0;
+  long pid;
+  while (fscanf(f, "%ld", &pid) == 1) kids++;
+  fclose(f);
+  snprintf(path, sizeof path, "%s/%d", dir, rank);
+  FILE* mark = fopen(path, "w");
+  T_ASSERT(mark != NULL);
+  fclose(mark);
+  double t0 = now_s();
+  for (int seen = 0; seen < n && now_s() - t0 < 20.0;) {
+    seen = 0;
+    for (int r = 0; r < n; r++) {
+      snprintf(path, sizeof path, "%s/%d", dir, r);
+      seen += access(path, F_OK) == 0;
+    }
+    if (seen < n) usleep(10000);
+  }
+  const char* dump = getenv("MLXDIST_DUMP_SIGNAL");
+  printf("rank %d saw %d dump=%s\n", rank, kids, dump ? dump : "(unset)");
+  return 0;
+}
+
 /* ---------------------------------------------------------------------- */
 /* running the launcher                                                    */
 
@@ -329,6 +360,39 @@ static void test_exit_status(void) {
   run(ARGV("-n", "2", "--", "/nonexistent/program"), NULL);
   T_EQ_INT(R.status, 127);
   T_ASSERT(strstr(R.err, "/nonexistent/program") != NULL);
+  T_ASSERT(strstr(R.err, "rank 0: cannot run '/nonexistent/program'") != NULL);
+  /* a program that is not executable: 126, said by the rank that tried */
+  run(ARGV("-n", "2", "--", "/dev/null"), NULL);
+  T_EQ_INT(R.status, 126);
+  T_ASSERT(strstr(R.err, "cannot run '/dev/null'") != NULL);
+}
+
+/* Every rank is forked before any runs the program (they wait at the launcher's gate), each gets
+ * its own MLX_RANK over the caller's, and MLXDIST_DUMP_SIGNAL=1 unless the caller set it. */
+static void test_gate(void) {
+  enum { N = 32 };
+  char dir[] = "/tmp/test_launch_gate.XXXXXX";
+  T_ASSERT(mkdtemp(dir) != NULL);
+  char n_arg[16];
+  snprintf(n_arg, sizeof n_arg, "%d", N);
+  run(ARGV("-n", n_arg, "--", self_exe, "--gate-check", n_arg, dir), "MLX_RANK=99");
+  T_EQ_INT(R.status, 0);
+  for (int r = 0; r < N; r++) {
+    char line[64], path[PATH_MAX];
+    snprintf(line, sizeof line, "[%d] rank %d saw %d dump=1", r, r, N);
+    if (!has_line(R.out, line)) T_FAIL("no line '%s' in:\n%s%s", line, R.out, R.err);
+    snprintf(path, sizeof path, "%s/%d", dir, r);
+    unlink(path);
+  }
+  run(ARGV("-n", "2", "--", self_exe, "--gate-check", "2", dir), "MLXDIST_DUMP_SIGNAL=0");
+  T_EQ_INT(R.status, 0);
+  T_ASSERT(has_line(R.out, "[1] rank 1 saw 2 dump=0"));
+  for (int r = 0; r < 2; r++) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%d", dir, r);
+    unlink(path);
+  }
+  rmdir(dir);
 }
 
 static void test_timeout(void) {
@@ -416,6 +480,7 @@ static void test_bad_arguments(void) {
 }
 
 int main(int argc, char** argv) {
+  if (argc == 4 && strcmp(argv[1], "--gate-check") == 0) return gate_check(atoi(argv[2]), argv[3]);
   if (argc == 4 && strcmp(argv[1], "--rank-check") == 0)
     return rank_check(atoi(argv[2]), atoi(argv[3]));
   if (argc != 2) {
@@ -433,6 +498,7 @@ int main(int argc, char** argv) {
   test_ring_env();
   test_given_hostfile();
   test_exit_status();
+  test_gate();
   test_timeout();
   test_sigint_forwarded();
   test_bad_arguments();

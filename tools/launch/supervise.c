@@ -45,6 +45,7 @@
 #include "util/clock.h"
 
 #define LAUNCH_CHECK_S 0.5        /* how often /proc is read for stopped ranks */
+#define LAUNCH_CHECK_MAX 128      /* ranks read per look: the others at the next (1,024: 4 s) */
 #define LAUNCH_SETTLE_S 0.5       /* from the first failure to stopping the others */
 #define LAUNCH_TABLE_EVERY_S 30.0 /* at most one table for warnings this often */
 #define LAUNCH_RDV_CHECK_S 0.25   /* how often sp->failed is asked */
@@ -96,6 +97,7 @@ typedef struct run {
   double table_at;        /* print the table then (0: none) */
   double table_last;      /* when the last table for a stall or warning was printed */
   double next_check;      /* the next look at /proc */
+  int check_from;         /* the first rank that look reads (LAUNCH_CHECK_MAX at a time) */
   int epfd;               /* epoll: the signalfd (data.ptr NULL) and every open pipe (its relay) */
   struct epoll_event* ev; /* epoll_wait's batch, LAUNCH_EVENTS */
   int* by_pid;            /* open addressing, pid_cap slots: child index + 1 by pid (0: empty) */
@@ -236,10 +238,66 @@ static void begin_stop(run* rn) {
 
 /* ---- starting a child ---- */
 
+extern char** environ;
+
+/* What every child of one job execs with, made once in the launcher (not
+ * per child with setenv): the environment with sp's variables applied, a
+ * slot for MLX_RANK that each child fills in its own copy, and the gate. */
+typedef struct spawn_env {
+  char** envp;    /* environ, then MLX_RANK's slot, MLXDIST_DUMP_SIGNAL, sp->set_env (last wins) */
+  int rank_slot;  /* envp's MLX_RANK (-1: none, or sp->set_env sets it) */
+  int gate;       /* the read end of the gate pipe (-1: none): children wait for its EOF */
+  pid_t launcher; /* getpid(): a held child whose parent is another one by then does not run */
+} spawn_env;
+
+/* name=... of kv in envp[0..n): its index, -1 if absent. */
+static int env_find(char* const* envp, int n, const char* kv) {
+  size_t nl = strcspn(kv, "=");
+  for (int i = 0; i < n; i++)
+    if (strncmp(envp[i], kv, nl) == 0 && envp[i][nl] == '=') return i;
+  return -1;
+}
+
+/* envp[n] = kv, or in place of the variable of the same name; returns its index. */
+static int env_put(char** envp, int* n, const char* kv) {
+  int i = env_find(envp, *n, kv);
+  if (i < 0) i = (*n)++;
+  envp[i] = (char*)kv;
+  envp[*n] = NULL;
+  return i;
+}
+
+/* The environment of sp's local children (rank >= 0: the ranks'): -1 on ENOMEM. The strings are
+ * borrowed (environ, sp->set_env, literals), only the array is the caller's to free. */
+static int spawn_env_make(spawn_env* se, const launch_spawn* sp, bool ranks) {
+  int n = 0, ne = 0;
+  while (environ && environ[ne]) ne++;
+  se->rank_slot = -1;
+  se->envp = malloc((size_t)(ne + sp->n_env + 3) * sizeof *se->envp);
+  if (!se->envp) return -1;
+  for (int i = 0; i < ne; i++)
+    if (strchr(environ[i], '=')) se->envp[n++] = environ[i];
+  se->envp[n] = NULL;
+  if (ranks) {
+    se->rank_slot = env_put(se->envp, &n, "MLX_RANK=");
+    /* the record on SIGUSR1; the user's value wins */
+    if (env_find(se->envp, n, "MLXDIST_DUMP_SIGNAL=") < 0)
+      env_put(se->envp, &n, "MLXDIST_DUMP_SIGNAL=1");
+  }
+  for (int i = 0; i < sp->n_env; i++) {
+    if (!strchr(sp->set_env[i], '=')) continue;
+    int at = env_put(se->envp, &n, sp->set_env[i]);
+    if (at == se->rank_slot) se->rank_slot = -1;
+  }
+  return 0;
+}
+
 /* In the child: its own process group, default signals, the pipes as stdout
- * and stderr, MLX_RANK (rank >= 0) and sp's variables; then the program. */
-static _Noreturn void exec_child(const launch_spawn* sp, int rank, int out_fd, int err_fd,
-                                 int in_fd) {
+ * and stderr; then it waits for the gate to open (every rank forked), puts
+ * MLX_RANK (rank >= 0) into its copy of the prepared environment and runs
+ * the program. Only async-signal-safe calls: no malloc, no setenv. */
+static _Noreturn void exec_child(const launch_spawn* sp, spawn_env* se, int rank, int out_fd,
+                                 int err_fd, int in_fd, int gate_w) {
   setpgid(0, 0);
   signal(SIGPIPE, SIG_DFL);
   signal(SIGINT, SIG_DFL);
@@ -247,6 +305,12 @@ static _Noreturn void exec_child(const launch_spawn* sp, int rank, int out_fd, i
   sigprocmask(SIG_SETMASK, &old_mask, NULL);
   if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(127);
   if (in_fd >= 0 && dup2(in_fd, 0) < 0) _exit(127);
+  if (se->gate >= 0) { /* EOF once the launcher closes its end: every rank is forked */
+    close(gate_w);
+    char b;
+    while (read(se->gate, &b, 1) < 0 && errno == EINTR) continue;
+    if (getppid() != se->launcher) _exit(1); /* the launcher died: the job never started */
+  }
   char** argv = rank >= 0 && sp->rank_argv && sp->rank_argv[rank] ? sp->rank_argv[rank] : sp->argv;
   if (argv != sp->argv) { /* ssh: the rank's variables travel in its script, not here */
     execvp(argv[0], argv);
@@ -254,23 +318,15 @@ static _Noreturn void exec_child(const launch_spawn* sp, int rank, int out_fd, i
             strerror(errno));
     _exit(255);
   }
-  if (rank >= 0) {
-    char v[16];
-    snprintf(v, sizeof v, "%d", rank);
-    setenv("MLX_RANK", v, 1);
-    setenv("MLXDIST_DUMP_SIGNAL", "1", 0); /* the record on SIGUSR1; the user's value wins */
+  char rank_kv[32] = "MLX_RANK=", digits[16];
+  if (rank >= 0 && se->rank_slot >= 0) { /* no snprintf: the launcher may have threads */
+    int k = 0, at = (int)strlen(rank_kv);
+    for (unsigned v = (unsigned)rank; k == 0 || v > 0; v /= 10) digits[k++] = (char)('0' + v % 10);
+    while (k > 0) rank_kv[at++] = digits[--k];
+    rank_kv[at] = '\0';
+    se->envp[se->rank_slot] = rank_kv; /* this child's copy of the array */
   }
-  for (int i = 0; i < sp->n_env; i++) {
-    const char* kv = sp->set_env[i];
-    const char* eq = strchr(kv, '=');
-    char name[256];
-    size_t nl = (size_t)(eq - kv);
-    if (nl >= sizeof name) continue;
-    memcpy(name, kv, nl);
-    name[nl] = '\0';
-    setenv(name, eq + 1, 1);
-  }
-  execvp(sp->argv[0], sp->argv);
+  execvpe(sp->argv[0], sp->argv, se->envp);
   int e = errno;
   if (rank >= 0)
     dprintf(2, "[launch] rank %d: cannot run '%s': %s.\n", rank, sp->argv[0], strerror(e));
@@ -314,8 +370,9 @@ static void on_err_line(void* ctx, const char* line, size_t len) {
   rn->table_at = now + LAUNCH_DUMP_WAIT_S;
 }
 
-/* Fork and exec one child with its output relayed; -1 with errno on failure. */
-static int start_child(const launch_spawn* sp, child* c, int rank) {
+/* Fork one child with its output relayed, to exec once se's gate opens (at once without
+ * one); -1 with errno on failure. gate_w: the gate's write end (the child closes its copy). */
+static int start_child(const launch_spawn* sp, spawn_env* se, int gate_w, child* c, int rank) {
   int po[2], pe[2], pi[2] = {-1, -1};
   const char* in = rank >= 0 && sp->rank_stdin ? sp->rank_stdin[rank] : NULL;
   c->in_fd = -1;
@@ -342,7 +399,7 @@ static int start_child(const launch_spawn* sp, child* c, int rank) {
     errno = e;
     return -1;
   }
-  if (pid == 0) exec_child(sp, rank, po[1], pe[1], pi[0]);
+  if (pid == 0) exec_child(sp, se, rank, po[1], pe[1], pi[0], gate_w);
   setpgid(pid, pid); /* also in the parent, so a signal right away reaches the group */
   close(po[1]);
   close(pe[1]);
@@ -366,8 +423,8 @@ static int start_child(const launch_spawn* sp, child* c, int rank) {
     c->remote = true;
   }
   if (rank >= 0 && sp->rank_host) c->host = sp->rank_host[rank];
-  fcntl(po[0], F_SETFL, fcntl(po[0], F_GETFL) | O_NONBLOCK);
-  fcntl(pe[0], F_SETFL, fcntl(pe[0], F_GETFL) | O_NONBLOCK);
+  fcntl(po[0], F_SETFL, O_NONBLOCK); /* a pipe's read end: O_RDONLY, nothing else to keep */
+  fcntl(pe[0], F_SETFL, O_NONBLOCK);
   c->pid = pid;
   c->alive = true;
   c->out = (launch_relay){.fd = po[0], .out_fd = 1, .prefix = c->prefix};
@@ -552,11 +609,15 @@ static void child_views_table(run* rn, const char* title) {
 }
 
 /* Act on the timeout and on the end of the grace period. */
-/* Ranks stopped (state T) for LAUNCH_STOPPED_S are reported once per stop. */
+/* Ranks stopped (state T) for LAUNCH_STOPPED_S are reported once per stop. A look
+ * reads LAUNCH_CHECK_MAX ranks' /proc/<pid>/stat, round robin: at 1,024 ranks all
+ * of them every 0.5 s cost the launcher ~15% of a core that the ranks want. */
 static void check_stopped(run* rn, double now) {
-  if (now < rn->next_check || rn->stopping || !rn->name_ranks) return;
+  if (now < rn->next_check || rn->stopping || !rn->name_ranks || rn->n <= 0) return;
   rn->next_check = now + LAUNCH_CHECK_S;
-  for (int i = 0; i < rn->n; i++) {
+  int k = rn->n < LAUNCH_CHECK_MAX ? rn->n : LAUNCH_CHECK_MAX;
+  for (int j = 0; j < k; j++) {
+    int i = (rn->check_from + j) % rn->n;
     child* c = &rn->kids[i];
     if (!c->alive) continue;
     char s = launch_proc_state(c->pid);
@@ -577,6 +638,7 @@ static void check_stopped(run* rn, double now) {
         c->view.has_record ? c->view.note : "none");
     if (rn->table_at == 0 && request_records(rn, i) > 0) rn->table_at = now + LAUNCH_DUMP_WAIT_S;
   }
+  rn->check_from = (rn->check_from + k) % rn->n;
 }
 
 /* The job cannot start (or rendezvous again): stop it; exit status 1 when no rank failed. */
@@ -799,51 +861,82 @@ static void run_free(run* rn) {
   free(rn->by_pid);
 }
 
+/* The ranks are forked first, each held before its exec by the gate (a pipe whose
+ * write end only the launcher keeps), and the gate opens once all are: ranks
+ * that run take the CPU from the launcher, so started one by one on a busy
+ * host the last of 1,024 came up tens of seconds after the first (past rank
+ * 0's connect bound); held, they cost nothing until the last is forked and
+ * then start together. A rank that cannot be started stops the held ones
+ * (SIGKILL) before any of them runs the program. docs/scale.md, "launcher". */
 int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
   if (launch_nofile(n, 0) != 0) return 1;
   run rn;
-  if (run_init(&rn, n, sfd, true) != 0) {
+  spawn_env se = {.gate = -1};
+  int gate[2] = {-1, -1};
+  int ok = run_init(&rn, n, sfd, true) == 0; /* said why when not */
+  if (ok && (spawn_env_make(&se, sp, true) != 0 || (n > 1 && pipe2(gate, O_CLOEXEC) != 0))) {
+    launch_msg("cannot prepare the ranks' start: %s.", strerror(errno));
+    ok = 0;
+  }
+  if (!ok) {
+    free(se.envp);
     run_free(&rn);
     return 1;
   }
+  se.gate = gate[0];
+  se.launcher = getpid();
   fflush(NULL); /* nothing buffered may be written twice by the children */
   int rc = -1;
   rn.sp = sp;
-  if (sp->started && sp->start_timeout > 0) rn.start_deadline = mlxd_now() + sp->start_timeout;
-  if (sp->failed) rn.rdv_check_at = mlxd_now() + LAUNCH_RDV_CHECK_S;
   for (int r = 0; r < n && rc < 0; r++) {
     if (sp->host_prefix && sp->rank_host)
       snprintf(rn.kids[r].prefix, sizeof rn.kids[r].prefix, "[%d %s] ", r, sp->rank_host[r]);
     else
       snprintf(rn.kids[r].prefix, sizeof rn.kids[r].prefix, "[%d] ", r);
     rn.kids[r].rn = &rn;
-    if (start_child(sp, &rn.kids[r], r) == 0) {
+    if (start_child(sp, &se, gate[1], &rn.kids[r], r) == 0) {
       rn.alive++;
       if (watch_child(&rn, &rn.kids[r]) == 0) continue;
       rn.n = r + 1; /* it is started: stopped and reaped with the others */
     } else {
       rn.n = r;
     }
-    launch_msg("cannot start rank %d: %s; stopping the others.", r, strerror(errno));
+    int e = errno;
+    signal_all(&rn, SIGKILL); /* before the gate opens: none of them runs the program */
+    launch_msg("cannot start rank %d: %s; stopping the others.", r, strerror(e));
     rn.name_ranks = false;
-    signal_all(&rn, SIGKILL);
-    supervise(&rn, 0);
     rc = 1;
   }
-  if (rc < 0) rc = supervise(&rn, timeout);
+  if (gate[1] >= 0) close(gate[1]); /* the gate opens */
+  if (gate[0] >= 0) close(gate[0]);
+  if (rc < 0) {
+    if (sp->started && sp->start_timeout > 0) rn.start_deadline = mlxd_now() + sp->start_timeout;
+    if (sp->failed) rn.rdv_check_at = mlxd_now() + LAUNCH_RDV_CHECK_S;
+    rc = supervise(&rn, timeout);
+  } else {
+    supervise(&rn, 0);
+  }
+  free(se.envp);
   run_free(&rn);
   return rc;
 }
 
 int launch_one(const launch_spawn* sp, int sfd, double timeout) {
   run rn;
-  if (run_init(&rn, 1, sfd, false) != 0) {
+  spawn_env se = {.gate = -1};
+  int ok = run_init(&rn, 1, sfd, false) == 0; /* said why when not */
+  if (ok && spawn_env_make(&se, sp, false) != 0) {
+    launch_msg("out of memory");
+    ok = 0;
+  }
+  if (!ok) {
+    free(se.envp);
     run_free(&rn);
     return 1;
   }
   fflush(NULL);
   int rc = 1;
-  if (start_child(sp, &rn.kids[0], -1) != 0) {
+  if (start_child(sp, &se, -1, &rn.kids[0], -1) != 0) {
     launch_msg("cannot start %s: %s.", sp->argv[0], strerror(errno));
   } else {
     rn.alive = 1;
@@ -855,6 +948,7 @@ int launch_one(const launch_spawn* sp, int sfd, double timeout) {
       rc = supervise(&rn, timeout);
     }
   }
+  free(se.envp);
   run_free(&rn);
   return rc;
 }

@@ -9,6 +9,7 @@
  *    whether it catches SIGUSR1 (SigCgt in /proc/<pid>/status), so that the
  *    launcher only asks ranks that print their record on that signal. */
 #include <ctype.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,10 +72,11 @@ void launch_view_line(launch_view* v, const char* line, size_t len) {
 char launch_proc_state(pid_t pid) {
   char path[64], buf[512];
   snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-  FILE* f = fopen(path, "r");
-  if (!f) return 0;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
+  int fd = open(path, O_RDONLY | O_CLOEXEC); /* not stdio: no buffer to allocate per rank */
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
   buf[n] = 0;
   /* "pid (comm) S ...": comm may hold spaces and parentheses; the state
    * follows the last ')'. */
