@@ -76,7 +76,9 @@ int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* 
 #define MLXD_LOGN_SHM_AG_MAX_BYTES ((size_t)1 << 10)
 #define MLXD_LOGN_SHM_RS_RANKS 4
 #define MLXD_LOGN_SHM_RS_MAX_BYTES ((size_t)16 << 10)
+#ifndef MLXD_LOGN_SHM_WIDE_RANKS /* a build may lower it to test the wide forms on few ranks */
 #define MLXD_LOGN_SHM_WIDE_RANKS 128
+#endif
 typedef enum { MLXD_SMALL_AR, MLXD_SMALL_AG, MLXD_SMALL_RS } mlxd_small_op;
 /* Whether a small op of `bytes` on t takes the log-depth form. The same on
  * every rank of a group (same size, bytes and kind of transport;
