@@ -61,7 +61,11 @@ int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* 
  * all_gather from MLXD_LOGN_SHM_AG_RANKS ranks up to
  * MLXD_LOGN_SHM_AG_MAX_BYTES;
  * reduce_scatter from MLXD_LOGN_SHM_RS_RANKS ranks up to
- * MLXD_LOGN_SHM_RS_MAX_BYTES. */
+ * MLXD_LOGN_SHM_RS_MAX_BYTES; and from MLXD_LOGN_SHM_WIDE_RANKS ranks every
+ * small op of every size: a direct / one-shot form makes (and maps) a pair
+ * of rings with every other rank of the host the first time it runs, N^2/2
+ * pairs in the job, which costs more than any saving of its single step
+ * (docs/performance.md, "Small collectives at 128 ranks and more"). */
 #define MLXD_LOGN_NET_AR_RANKS 8
 #define MLXD_LOGN_NET_AG_RANKS 8
 #define MLXD_LOGN_NET_RS_RANKS 8
@@ -72,6 +76,9 @@ int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* 
 #define MLXD_LOGN_SHM_AG_MAX_BYTES ((size_t)1 << 10)
 #define MLXD_LOGN_SHM_RS_RANKS 4
 #define MLXD_LOGN_SHM_RS_MAX_BYTES ((size_t)16 << 10)
+#ifndef MLXD_LOGN_SHM_WIDE_RANKS /* a build may lower it to test the wide forms on few ranks */
+#define MLXD_LOGN_SHM_WIDE_RANKS 128
+#endif
 typedef enum { MLXD_SMALL_AR, MLXD_SMALL_AG, MLXD_SMALL_RS } mlxd_small_op;
 /* Whether a small op of `bytes` on t takes the log-depth form. The same on
  * every rank of a group (same size, bytes and kind of transport;

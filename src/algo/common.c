@@ -45,6 +45,7 @@ bool mlxd_algo_logn(const mlxd_transport* t, mlxd_small_op op, size_t bytes) {
     if (op == MLXD_SMALL_AG) return n >= MLXD_LOGN_NET_AG_RANKS;
     return n >= MLXD_LOGN_NET_RS_RANKS;
   }
+  if (n >= MLXD_LOGN_SHM_WIDE_RANKS) return true; /* a pair per peer costs more than a step */
   if (op == MLXD_SMALL_AR)
     return n >= MLXD_LOGN_SHM_AR_RANKS ||
            (n >= MLXD_LOGN_SHM_AR_MID_RANKS && bytes >= MLXD_LOGN_SHM_AR_MID_BYTES);

@@ -79,6 +79,35 @@ static int gather_reduce(mlxd_transport* v, uint64_t seq, const mlxd_sig* sig, c
   return st->code;
 }
 
+/* Whether a host of nlocal ranks takes the log-depth forms inside the host
+ * (recursive doubling, a binomial tree) instead of the leader's gather and
+ * broadcast or the one-shot: from MLXD_LOGN_SHM_WIDE_RANKS, where making a
+ * pair of rings with every rank of the host costs more than the steps. The
+ * same on every rank of the group (h->nlocal is the same on a host; the
+ * columns form needs every host alike). */
+static bool host_wide(const mlxd_hier* h) { return h->nlocal >= MLXD_LOGN_SHM_WIDE_RANKS; }
+
+/* Phase 3 of a wide host: a binomial tree from local 0 (each rank receives
+ * once, then sends to the ranks mask above it): log2 n peers, not n - 1. */
+static int host_bcast_tree(mlxd_transport* v, uint64_t seq, const mlxd_sig* sig, void* out,
+                           size_t nbytes, mlxd_status* st) {
+  int n = v->size, r = v->rank;
+  uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
+  int mask = 1;
+  while (mask <= r) mask <<= 1; /* the round in which r receives: from r - mask / 2 */
+  if (r != 0) {
+    mlxd_req* q = NULL;
+    if (v->ops->irecv(v, r - mask / 2, tag, sig, out, nbytes, &q, st)) return st->code;
+    if (v->ops->waitall(v, &q, 1, st)) return st->code;
+  }
+  for (; r + mask < n && !st->code; mask <<= 1) {
+    mlxd_req* q = NULL;
+    if (v->ops->isend(v, r + mask, tag, sig, out, nbytes, &q, st)) return st->code;
+    v->ops->waitall(v, &q, 1, st);
+  }
+  return st->code;
+}
+
 /* Phase 3: the leader sends out to its host's ranks. */
 static int host_bcast(mlxd_transport* v, uint64_t seq, const mlxd_sig* sig, void* out,
                       size_t nbytes, mlxd_status* st) {
@@ -105,7 +134,8 @@ static int all_reduce_small(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
   const void* src = in;
   if (h->nlocal > 1) {
     host_view(&v, t, h, PH_GATHER);
-    if (gather_reduce(&v.base, seq, sig, in, out, count, nbytes, dtype, op, st))
+    if (host_wide(h) ? mlxd_algo_all_reduce_rd(&v.base, seq, sig, in, out, count, dtype, op, st)
+                     : gather_reduce(&v.base, seq, sig, in, out, count, nbytes, dtype, op, st))
       return phase_failed(t, st);
     src = out;
   }
@@ -117,20 +147,24 @@ static int all_reduce_small(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
   }
   if (h->nlocal > 1) {
     host_view(&v, t, h, PH_BCAST);
-    if (host_bcast(&v.base, seq, sig, out, nbytes, st)) return phase_failed(t, st);
+    if (host_wide(h) ? host_bcast_tree(&v.base, seq, sig, out, nbytes, st)
+                     : host_bcast(&v.base, seq, sig, out, nbytes, st))
+      return phase_failed(t, st);
   }
   return 0;
 }
 
 /* Phase 1: one-shot inside the host (every rank gets the host's sum, in
- * local order); phase 2: one-shot of the host sums in each column (host
+ * local order; recursive doubling's order on a wide host: the same on every
+ * rank of it); phase 2: one-shot of the host sums in each column (host
  * order). Every rank does the same operations on the same values. */
 static int all_reduce_columns(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
                               const mlxd_sig* sig, const void* in, void* out, size_t count,
                               mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st) {
   mlxd_view v;
   host_view(&v, t, h, PH_GATHER);
-  if (mlxd_algo_all_reduce_oneshot(&v.base, seq, sig, in, out, count, dtype, op, st))
+  if (host_wide(h) ? mlxd_algo_all_reduce_rd(&v.base, seq, sig, in, out, count, dtype, op, st)
+                   : mlxd_algo_all_reduce_oneshot(&v.base, seq, sig, in, out, count, dtype, op, st))
     return phase_failed(t, st);
   mlxd_view_init(&v, t, h->col, h->nhosts, h->host, PH_LEADERS);
   if (mlxd_algo_all_reduce_oneshot(&v.base, seq, sig, out, out, count, dtype, op, st))

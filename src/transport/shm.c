@@ -25,8 +25,9 @@
  * never interleave on one ring; a zero-byte message is one empty chunk).
  *
  * Large messages (>= MLXDIST_SHM_CMA_BYTES; default 0 = off) use a single copy when cross-memory
- * attach works (probed at set-up: each rank reads a value from every peer
- * with process_vm_readv): the sender puts one "ready to send" slot holding
+ * attach works (probed when a pair is first mapped, by a rank with the
+ * threshold set: it reads a value from its peer with process_vm_readv and
+ * says so in the pair's header): the sender puts one "ready to send" slot holding
  * its buffer's address, the receiver reads the bytes straight from the
  * sender's memory into the receive buffer and bumps `acked`; the send
  * completes when its ticket is acked. Where CMA is refused (ptrace policy,
@@ -123,6 +124,7 @@ static void shm_fail(shm_transport* t, const mlxd_status* st) {
   shm_rank_rec* me = rank_rec(t, t->base.rank);
   mlxd_shm_fail_publish(&me->fail, &t->err);
   atomic_store_explicit(&me->state, RANK_FAILED, memory_order_release);
+  atomic_fetch_add(&t->hdr->nfailed, 1);
   for (int r = 0; r < t->base.size; r++)
     if (r != t->base.rank) ring_bell(t, r);
 }
@@ -554,7 +556,8 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   shm_req* r = req_start(t, REQ_SEND, peer, tag, sig, buf, n, req, st, &rc);
   if (!r) return rc;
   shm_peer* p = &t->peers[peer];
-  r->rndv = p->cma && t->cma_min && n >= t->cma_min;
+  r->rndv = t->cma_min && n >= t->cma_min &&
+            atomic_load_explicit(p->peer_reads, memory_order_relaxed) == CMA_OK;
   r->where = W_SENDQ;
   list_push(&p->sq_head, &p->sq_tail, r);
   progress_out(t, peer);
@@ -626,9 +629,14 @@ static void block_wait(shm_transport* t, uint64_t snap, double max_s) {
 }
 
 /* The end of a wait: a peer that published a failure (it gave up on an
- * operation, maybe this one) fails this wait too (transport.h). One
- * atomic load per peer. mu held. */
+ * operation, maybe this one) fails this wait too (transport.h). One load
+ * of the failure counter; the ranks' states only when it moved (a rank
+ * bumps it after it stores RANK_FAILED: acquire here sees the state). mu
+ * held. */
 static void check_failed(shm_transport* t) {
+  uint32_t nf = atomic_load_explicit(&t->hdr->nfailed, memory_order_acquire);
+  if (nf == t->nfailed_seen) return;
+  t->nfailed_seen = nf;
   for (int r = 0; r < t->base.size && !t->err.code; r++) {
     if (r == t->base.rank) continue;
     if (atomic_load_explicit(&rank_rec(t, r)->state, memory_order_acquire) == RANK_FAILED) {

@@ -47,8 +47,9 @@
 
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
 #define SHM_VERSION \
-  4u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
-                          * 4: rings in per-pair segments made on first contact */
+  5u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
+      * 4: rings in per-pair segments made on first contact; 5: CMA probed per
+      * pair, a failure counter, the ranks' pids in pair names */
 #define SHM_PAIR_MAGIC 0x6d6c786470617231ull /* "mlxdpar1" */
 #define SHM_CL 64
 #ifndef SHM_SLOT_BYTES
@@ -59,8 +60,15 @@
 #endif
 #define SHM_CMA_IO_MAX ((size_t)1 << 30)
 #define SHM_NAME_MAX 200
-#define SHM_PAIR_NAME_MAX (SHM_NAME_MAX + 32) /* the session's name + "-p<lo>-<hi>" */
-#define SHM_CHECK_S 0.1                       /* liveness checks / longest single sleep */
+/* The session's name + "~<lo>-<hi>~<pid lo>-<pid hi>" (shm_setup.c pair_name) */
+#define SHM_PAIR_NAME_MAX (SHM_NAME_MAX + 48)
+/* A stale pair name (both its ranks gone) is removed by the next session's
+ * sweep once it is this many MLXDIST_CONNECT_TIMEOUTs old (shm_setup.c). */
+#define SHM_SWEEP_AGE_TIMEOUTS 2
+/* While joining, each liveness check looks at this many ranks' processes
+ * (in turn: a dead one is found within size / SHM_JOIN_SCAN checks). */
+#define SHM_JOIN_SCAN 32
+#define SHM_CHECK_S 0.1   /* liveness checks / longest single sleep */
 #define SHM_DEFER_S 20e-6 /* a message without a receive waits in its ring this long (shm.c) */
 #define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 /* The ring algorithms' chunk over shared memory (mlxd_transport.ring_chunk):
@@ -90,7 +98,6 @@ typedef struct shm_fail_rec {
 typedef struct shm_rank_rec {
   alignas(SHM_CL) _Atomic int32_t state;
   _Atomic int32_t pid;
-  _Atomic int32_t cma;
   uint64_t probe_addr; /* published by the state store */
   uint64_t probe_val;
   shm_fail_rec fail; /* published by state = RANK_FAILED */
@@ -111,8 +118,11 @@ typedef struct shm_hdr {
   uint32_t version;
   uint32_t size;
   uint64_t slot_bytes, nslots, total;
-  alignas(SHM_CL) _Atomic uint32_t attached;
-  alignas(SHM_CL) _Atomic uint32_t probed;
+  alignas(SHM_CL) _Atomic uint32_t attached; /* a futex: the last to count in wakes the rest */
+  /* Bumped by a rank after it publishes state = RANK_FAILED: a wait's end
+   * looks at the ranks' states only when it moved (one load, not one per
+   * rank). */
+  alignas(SHM_CL) _Atomic uint32_t nfailed;
 } shm_hdr;
 
 /* The head of a pair's segment (rings lo -> hi, then hi -> lo; lo < hi are
@@ -123,6 +133,10 @@ typedef struct shm_pair_hdr {
   uint32_t version, lo, hi, pad_;
   uint64_t slot_bytes, nslots, total;
   alignas(SHM_CL) _Atomic uint32_t attached; /* the second to count in unlinks the name */
+  /* reads[0]: whether lo can read hi's memory through CMA, reads[1]: hi lo's
+   * (CMA_*; probed by the reader when it maps the pair, only if it has
+   * MLXDIST_SHM_CMA_BYTES set): a sender uses CMA once its peer said so. */
+  _Atomic uint32_t reads[2];
 } shm_pair_hdr;
 
 typedef struct shm_ring_ctl {
@@ -208,7 +222,7 @@ typedef struct shm_peer {
   shm_req *sq_head, *sq_tail;   /* sends not yet fully in the ring */
   shm_req *ack_head, *ack_tail; /* rendezvous sends waiting for their ack */
   uint64_t rts_sent;
-  bool cma; /* the peer can read our memory */
+  _Atomic uint32_t* peer_reads; /* the pair header's word: CMA_OK if the peer can read our memory */
   /* incoming ring (peer -> this rank) */
   shm_ring_ctl* in;
   char* in_slots;
@@ -236,12 +250,13 @@ typedef struct shm_transport {
   size_t map_len;
   shm_hdr* hdr;
   shm_peer* peers;
-  int* active;         /* the peers whose pair is mapped, in mapping order */
-  int nactive;         /* ... how many */
-  uint32_t hello_seen; /* this rank's hello counter when its bitmap was last read */
-  int* names;          /* names[i]: the number messages give local rank i (a group rank when
+  int* active;           /* the peers whose pair is mapped, in mapping order */
+  uint32_t nfailed_seen; /* hdr->nfailed when check_failed last scanned */
+  int nactive;           /* ... how many */
+  uint32_t hello_seen;   /* this rank's hello counter when its bitmap was last read */
+  int* names;            /* names[i]: the number messages give local rank i (a group rank when
                    * the session is part of a larger group: mixed.c); NULL: i itself */
-  int name_limit;      /* published ranks must be below this (the group size) */
+  int name_limit;        /* published ranks must be below this (the group size) */
   size_t slot_stride;
   mlxd_live_cfg live; /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
   int watch;          /* the heartbeat's watchdog registration (0: none) */

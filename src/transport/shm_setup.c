@@ -4,6 +4,8 @@
 #include "transport/shm.h"
 #include "transport/shm_impl.h"
 
+#include <dirent.h>
+
 #include "core/oprec.h"
 #include "core/watchdog.h"
 
@@ -161,12 +163,19 @@ static bool valid_name(const char* s) {
   return s[0] != '.';
 }
 
-/* Wait until *counter reaches want (bounded; watching the attached peers). */
+/* Wait until *counter reaches want (bounded), asleep on it as a futex (the
+ * rank that completes the count wakes the others); every SHM_CHECK_S a look
+ * at SHM_JOIN_SCAN of the ranks' processes in turn, and at every rank's
+ * state only when the failure counter moved: a wait of N ranks costs O(1)
+ * per check, not O(N). */
 static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want, double deadline,
                       const char* what, mlxd_status* st) {
-  long us = 20;
   double last_check = mlxd_now();
-  while (atomic_load_explicit(counter, memory_order_acquire) < want) {
+  int cursor = 0;
+  uint32_t seen_failed = 0;
+  for (;;) {
+    uint32_t c = atomic_load_explicit(counter, memory_order_acquire);
+    if (c >= want) return 0;
     double now = mlxd_now();
     if (now >= deadline) {
       char missing[160] = "";
@@ -182,24 +191,38 @@ static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want
     }
     if (now - last_check >= SHM_CHECK_S) {
       last_check = now;
-      for (int r = 0; r < t->base.size; r++) {
-        shm_rank_rec* rec = rank_rec(t, r);
-        pid_t pid = atomic_load(&rec->pid);
-        int state = atomic_load_explicit(&rec->state, memory_order_acquire);
-        if (r == t->base.rank || pid <= 0) continue;
-        if (state == RANK_FAILED) return mlxd_shm_fail_read(t, r, st);
-        if (mlxd_shm_pid_dead(pid)) {
-          char addr[24];
-          snprintf(addr, sizeof addr, "pid %d", (int)pid);
-          return mlxd_match_lost(st, MLXD_LAYER_SHM, shm_name(t, r), addr,
-                                 ": its process exited while joining shared memory", NULL, 0);
-        }
+      uint32_t nf = atomic_load_explicit(&t->hdr->nfailed, memory_order_acquire);
+      if (nf != seen_failed) {
+        seen_failed = nf;
+        for (int r = 0; r < t->base.size; r++)
+          if (r != t->base.rank &&
+              atomic_load_explicit(&rank_rec(t, r)->state, memory_order_acquire) == RANK_FAILED)
+            return mlxd_shm_fail_read(t, r, st);
+      }
+      for (int k = 0; k < SHM_JOIN_SCAN && k < t->base.size; k++, cursor++) {
+        int r = cursor % t->base.size;
+        pid_t pid = atomic_load(&rank_rec(t, r)->pid);
+        if (r == t->base.rank || pid <= 0 || !mlxd_shm_pid_dead(pid)) continue;
+        char addr[24];
+        snprintf(addr, sizeof addr, "pid %d", (int)pid);
+        return mlxd_match_lost(st, MLXD_LAYER_SHM, shm_name(t, r), addr,
+                               ": its process exited while joining shared memory", NULL, 0);
       }
     }
-    sleep_us(us);
-    if (us < 2000) us *= 2;
+    double left = deadline - now, nap = SHM_CHECK_S - (now - last_check);
+    if (nap > left) nap = left;
+    if (nap < 1e-4) nap = 1e-4;
+    struct timespec ts = {(time_t)nap, (long)((nap - (double)(time_t)nap) * 1e9)};
+    syscall(SYS_futex, (uint32_t*)counter, FUTEX_WAIT, c, &ts, NULL, 0);
   }
-  return 0;
+}
+
+/* Count this rank in at *counter (of want): the last wakes the waiters.
+ * Returns whether this rank was the last. */
+static bool count_in(_Atomic uint32_t* counter, uint32_t want) {
+  if (atomic_fetch_add(counter, 1) + 1 != want) return false;
+  syscall(SYS_futex, (uint32_t*)counter, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+  return true;
 }
 
 static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_status* st) {
@@ -300,6 +323,55 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
   return 0;
 }
 
+/* ---- stale pair names ----
+ *
+ * A pair's name lives from its creator's shm_open until the second rank
+ * maps it (or a rank's destroy removes it: mlxd_shm_pair_release_all). If
+ * both ranks die in between (killed), nobody of the session is left to
+ * remove it. So the first session a process starts as rank 0 removes, once,
+ * every name in /dev/shm of a pair (the '~' suffix of pair_name) that is
+ * this user's 0600 file, whose two processes are both gone, and that is
+ * older than SHM_SWEEP_AGE_TIMEOUTS x MLXDIST_CONNECT_TIMEOUT (a rank of a
+ * live pair in another pid namespace sharing /dev/shm looks gone from here;
+ * such a pair's second rank maps it within its first contact's bound). A
+ * leaked name lasts at most until the next job on the host. */
+static bool parse_pair_suffix(const char* name, pid_t* a, pid_t* b) {
+  const char* s = strchr(name, '~');
+  if (!s || s == name) return false;
+  int lo = -1, hi = -1, pa = -1, pb = -1, end = -1;
+  if (sscanf(s, "~%d-%d~%d-%d%n", &lo, &hi, &pa, &pb, &end) != 4 || end < 0 || s[end] != '\0')
+    return false;
+  if (lo < 0 || hi <= lo || pa <= 0 || pb <= 0) return false;
+  *a = (pid_t)pa;
+  *b = (pid_t)pb;
+  return true;
+}
+
+static void sweep_stale_pairs(void) {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return; /* nothing to sweep where there is no /dev/shm to read */
+  double age = SHM_SWEEP_AGE_TIMEOUTS * mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  uid_t me = geteuid();
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    pid_t a, b;
+    if (!parse_pair_suffix(e->d_name, &a, &b)) continue;
+    struct stat sb;
+    if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(sb.st_mode) || sb.st_uid != me || (sb.st_mode & 0777) != 0600) continue;
+    if ((double)(now.tv_sec - sb.st_ctim.tv_sec) < age) continue;
+    if (!mlxd_shm_pid_dead(a) || !mlxd_shm_pid_dead(b)) continue;
+    char path[NAME_MAX + 2];
+    snprintf(path, sizeof path, "/%s", e->d_name);
+    shm_unlink(path);
+  }
+  closedir(d);
+}
+
+static pthread_once_t g_sweep_once = PTHREAD_ONCE_INIT;
+
 mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlxd_status* st) {
   return mlxd_shm_transport_new_named(rank, size, name, NULL, size, size, st);
 }
@@ -359,6 +431,7 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
     mlxd_shm_destroy(&t->base);
     return NULL;
   }
+  if (rank == 0) pthread_once(&g_sweep_once, sweep_stale_pairs);
   double deadline = mlxd_now() + mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT);
   size_t total = total_bytes(size);
   bool unlinked = false;
@@ -378,36 +451,21 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   }
   atomic_store(&me->pid, (int32_t)getpid());
   atomic_store_explicit(&me->state, RANK_ATTACHED, memory_order_release);
-  if (atomic_fetch_add(&t->hdr->attached, 1) + 1 == (uint32_t)size) {
+  if (count_in(&t->hdr->attached, (uint32_t)size)) {
     shm_unlink(t->path);
     unlinked = true;
   }
   if (wait_count(t, &t->hdr->attached, (uint32_t)size, deadline, "map", st) != 0) goto fail;
   unlinked = true; /* someone did it */
 
-  /* Probe cross-memory attach from this rank to every peer. */
-  bool cma = true;
-  for (int r = 0; r < size && cma; r++) {
-    if (r == rank) continue;
-    shm_rank_rec* rec = rank_rec(t, r);
-    uint64_t v = 0;
-    int err = 0;
-    if (mlxd_shm_cma_read((pid_t)atomic_load(&rec->pid), &v, rec->probe_addr, sizeof v, &err) !=
-            0 ||
-        v != rec->probe_val)
-      cma = false;
-  }
-  atomic_store(&me->cma, cma ? CMA_OK : CMA_NO);
-  atomic_fetch_add(&t->hdr->probed, 1);
-  if (wait_count(t, &t->hdr->probed, (uint32_t)size, deadline, "probe", st) != 0) goto fail;
-
+  /* Cross-memory attach is probed per pair when it is first mapped
+   * (mlxd_shm_pair_attach), and only by a rank that may use it. */
   for (int r = 0; r < size; r++) {
     if (r == rank) continue;
     shm_peer* p = &t->peers[r];
     shm_rank_rec* rec = rank_rec(t, r);
     p->pid = (pid_t)atomic_load(&rec->pid);
     snprintf(p->addr, sizeof p->addr, "pid %d", (int)p->pid);
-    p->cma = atomic_load(&rec->cma) == CMA_OK;
     p->heard = mlxd_now(); /* its rings come on first contact (mlxd_shm_pair_attach) */
   }
   mlxd_shm_live_start(t);
@@ -420,6 +478,7 @@ fail:
     if (atomic_load(&mine->pid) == (int32_t)getpid()) {
       mlxd_shm_fail_publish(&mine->fail, st);
       atomic_store_explicit(&mine->state, RANK_FAILED, memory_order_release);
+      atomic_fetch_add(&t->hdr->nfailed, 1);
     }
     munmap(t->map, t->map_len);
     t->map = NULL;
@@ -430,11 +489,27 @@ fail:
 
 /* ---- pairs: rings made on first contact ---- */
 
-/* The pair's segment name: the session's + "-p<lo>-<hi>" (session ranks).
- * As unguessable as the session's name (64 random bits from rank 0). */
+/* The pair's segment name: the session's + "~<lo>-<hi>~<pid lo>-<pid hi>"
+ * (session ranks, their processes; '~' is in no session name, so the
+ * suffix reads back unambiguously: sweep_stale_pairs). As unguessable as
+ * the session's name (64 random bits from rank 0). */
 static void pair_name(const shm_transport* t, int pi, char* out, size_t n) {
-  int lo = t->base.rank < pi ? t->base.rank : pi, hi = t->base.rank < pi ? pi : t->base.rank;
-  snprintf(out, n, "%s-p%d-%d", t->path, lo, hi);
+  int me = t->base.rank;
+  int lo = me < pi ? me : pi, hi = me < pi ? pi : me;
+  pid_t plo = me < pi ? getpid() : t->peers[pi].pid, phi = me < pi ? t->peers[pi].pid : getpid();
+  snprintf(out, n, "%s~%d-%d~%d-%d", t->path, lo, hi, (int)plo, (int)phi);
+}
+
+/* This rank's view of whether it can read pi's memory through CMA (its
+ * probe value), said in the pair's header for pi's sends. */
+static void pair_probe(shm_transport* t, int pi, shm_pair_hdr* h, bool low) {
+  if (!t->cma_min) return; /* this rank never reads through CMA: its peer need not know */
+  shm_rank_rec* rec = rank_rec(t, pi);
+  uint64_t v = 0;
+  int err = 0;
+  bool ok = mlxd_shm_cma_read(t->peers[pi].pid, &v, rec->probe_addr, sizeof v, &err) == 0 &&
+            v == rec->probe_val;
+  atomic_store_explicit(&h->reads[low ? 0 : 1], ok ? CMA_OK : CMA_NO, memory_order_release);
 }
 
 /* Whether peer pi gave up (published a failure) or exited; if so st says
@@ -608,6 +683,8 @@ int mlxd_shm_pair_attach(shm_transport* t, int pi, bool drop, mlxd_status* st) {
   p->in = low ? second : first;
   p->out_slots = ring_slots(p->out);
   p->in_slots = ring_slots(p->in);
+  p->peer_reads = &h->reads[low ? 1 : 0];
+  pair_probe(t, pi, h, low);
   p->mapped = true;
   t->active[t->nactive++] = pi;
   if (atomic_fetch_add(&h->attached, 1) + 1 == 2) {

@@ -5,9 +5,11 @@
  * set-up errors; pairs' rings made on first contact only (lazy), and a
  * first contact whose peer died, stalled or was impersonated, or that an
  * abort ends at once. Usage: test_shm <section> <ranks>. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,7 +38,18 @@ static size_t first_bad(const unsigned char* b, size_t n, int src, int dst, uint
   return (size_t)-1;
 }
 
+/* Every rank's pid, shared by the forked ranks (main maps it before they
+ * start; join writes it before the set-up, which waits for every rank). */
+static volatile pid_t* g_pids;
+
+/* The name of pair (lo, hi)'s segment (shm_setup.c pair_name), once both
+ * ranks joined. */
+static void pair_path(char* out, size_t n, const char* name, int lo, int hi) {
+  snprintf(out, n, "%s~%d-%d~%d-%d", name, lo, hi, (int)g_pids[lo], (int)g_pids[hi]);
+}
+
 static mlxd_transport* join(int rank, int size, const char* name) {
+  if (g_pids) g_pids[rank] = getpid();
   mlxd_status st;
   mlxd_status_clear(&st);
   mlxd_transport* t = mlxd_shm_transport_new(rank, size, name, &st);
@@ -489,11 +502,26 @@ static bool shm_exists(const char* name) {
   return stat(path, &sb) == 0;
 }
 
+/* Whether /dev/shm holds a name starting with prefix; the first in found. */
+static bool shm_exists_prefix(const char* prefix, char* found, size_t n) {
+  DIR* d = opendir("/dev/shm");
+  T_REQUIREF(d != NULL, "opendir /dev/shm: %s", strerror(errno));
+  struct dirent* e;
+  bool any = false;
+  while (!any && (e = readdir(d)) != NULL)
+    if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+      any = true;
+      if (found) snprintf(found, n, "%s", e->d_name);
+    }
+  closedir(d);
+  return any;
+}
+
 static int rank_lazy(int rank, int size, const char* name, void* arg) {
   (void)arg;
   mlxd_transport* t = join(rank, size, name);
   char pairs[300], mine[300];
-  snprintf(pairs, sizeof pairs, "%s-p", name);
+  snprintf(pairs, sizeof pairs, "%s~", name);
   size_t host_bytes = 0, pair_bytes = 0;
   T_REQUIREF(shm_maps(name, &host_bytes) == 1, "more than the host segment mapped after set-up");
   T_REQUIREF(shm_maps(pairs, &pair_bytes) == 0, "a pair mapped before any message");
@@ -521,17 +549,19 @@ static int rank_lazy(int rank, int size, const char* name, void* arg) {
     free(a);
     free(b);
     int lo = rank < peer ? rank : peer;
-    snprintf(mine, sizeof mine, "%s-p%d-%d", name, lo, lo + 1);
+    snprintf(mine, sizeof mine, "%s~%d-%d~", name, lo, lo + 1);
     size_t mb = 0;
     T_REQUIREF(shm_maps(pairs, &pair_bytes) == 1 && shm_maps(mine, &mb) == 1,
                "expected exactly the pair with rank %d mapped", peer);
-    T_REQUIREF(!shm_exists(mine + 0), "%s still named after both ranks mapped it", mine);
+    T_REQUIREF(!shm_exists_prefix(mine, NULL, 0), "%s* still named after both ranks mapped it",
+               mine);
     for (int q2 = 0; q2 < size; q2++) {
       if (q2 == rank || q2 == peer) continue;
       char other[300];
-      snprintf(other, sizeof other, "%s-p%d-%d", name, rank < q2 ? rank : q2,
+      snprintf(other, sizeof other, "%s~%d-%d~", name, rank < q2 ? rank : q2,
                rank < q2 ? q2 : rank);
-      T_REQUIREF(!shm_exists(other), "%s exists but ranks %d and %d never talked", other, rank, q2);
+      T_REQUIREF(!shm_exists_prefix(other, NULL, 0), "%s* exists but ranks %d and %d never talked",
+                 other, rank, q2);
     }
     printf("rank %d: host segment %zu bytes, pair segment %zu bytes, %d ranks\n", rank, host_bytes,
            pair_bytes, size);
@@ -562,7 +592,7 @@ static int rank_first(int rank, int size, const char* name, void* arg) {
   setenv("MLXDIST_CONNECT_TIMEOUT", "1", 1);
   mlxd_transport* t = join(rank, size, name);
   char pair[300];
-  snprintf(pair, sizeof pair, "%s-p0-1", name);
+  pair_path(pair, sizeof pair, name, 0, 1);
   if (rank == 1) {
     /* as if this rank had begun making the pair and got no further */
     begin_pair(pair, strcmp(how, "first_foreign") == 0);
@@ -646,7 +676,7 @@ static int rank_first_abort(int rank, int size, const char* name, void* arg) {
   setenv("MLXDIST_CONNECT_TIMEOUT", "4", 1);
   mlxd_transport* t = join(rank, size, name);
   char pair[300];
-  snprintf(pair, sizeof pair, "%s-p0-1", name);
+  pair_path(pair, sizeof pair, name, 0, 1);
   if (rank == 1) {
     begin_pair(pair, false);
     struct timespec ts = {2, 0};
@@ -682,6 +712,109 @@ static int rank_first_abort(int rank, int size, const char* name, void* arg) {
   return 0;
 }
 
+/* ---- leak: both ranks of a pair die (SIGKILL) after rank 1 made the pair
+ * and before rank 0 mapped it: its name stays in /dev/shm (checked: the
+ * test can fail), and the next session's set-up removes it; a pair name
+ * with a live process, or not this user's 0600 file, stays ---- */
+
+typedef struct {
+  char session[128];
+  char pair[300];
+} leak_info;
+
+static leak_info* g_leak;
+
+static int rank_leak_die(int rank, int size, const char* name, void* arg) {
+  (void)arg;
+  mlxd_transport* t = join(rank, size, name);
+  if (rank == 1) {
+    mlxd_req* q = NULL;
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    char b[8] = {1};
+    T_REQUIREF(t->ops->isend(t, 0, 1, NULL, b, sizeof b, &q, &st) == 0, "%s", st.msg);
+    raise(SIGKILL); /* made the pair, sent into it, and dies */
+  }
+  snprintf(g_leak->session, sizeof g_leak->session, "%s", name);
+  char prefix[300];
+  snprintf(prefix, sizeof prefix, "%s~0-1~", name);
+  double t0 = t_now();
+  while (!shm_exists_prefix(prefix, g_leak->pair, sizeof g_leak->pair)) {
+    T_REQUIREF(t_now() - t0 < 20, "rank 1 never made the pair %s*", prefix);
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
+  raise(SIGKILL); /* never mapped it */
+  return 1;
+}
+
+static int rank_leak_next(int rank, int size, const char* name, void* arg) {
+  (void)arg;
+  mlxd_transport* t = join(rank, size, name); /* rank 0 sweeps here */
+  int peer = rank ^ 1;
+  char a[8] = {(char)rank}, b[8] = {0};
+  mlxd_req* q[2];
+  mlxd_status st;
+  mlxd_status_clear(&st);
+  T_REQUIREF(t->ops->irecv(t, peer, 3, NULL, b, sizeof b, &q[0], &st) == 0, "%s", st.msg);
+  T_REQUIREF(t->ops->isend(t, peer, 3, NULL, a, sizeof a, &q[1], &st) == 0, "%s", st.msg);
+  T_REQUIREF(t->ops->waitall(t, q, 2, &st) == 0, "%s", st.msg);
+  T_REQUIREF(b[0] == (char)peer, "got %d from rank %d", b[0], peer);
+  t->ops->destroy(t);
+  return 0;
+}
+
+/* A pair name as shm_setup.c makes them, of a session that never ran. */
+static void make_decoy(char* out, size_t n, const char* session, pid_t a, pid_t b, mode_t mode) {
+  snprintf(out, n, "%s-decoy~2-3~%d-%d", session, (int)a, (int)b);
+  char path[320];
+  snprintf(path, sizeof path, "/%s", out);
+  int fd = shm_open(path, O_CREAT | O_EXCL | O_RDWR, 0600);
+  T_REQUIREF(fd >= 0, "shm_open %s: %s", path, strerror(errno));
+  T_REQUIRE(fchmod(fd, mode) == 0);
+  close(fd);
+}
+
+static void run_leak(void) {
+  setenv("MLXDIST_CONNECT_TIMEOUT", "0.5", 1); /* stale once 1 s old */
+  g_leak = mmap(NULL, sizeof *g_leak, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  T_REQUIRE(g_leak != MAP_FAILED);
+  memset(g_leak, 0, sizeof *g_leak);
+  t_rank_exit ex[2];
+  t_ranks_opts o = {.timeout_s = 30, .grace_s = -1, .what = "leak: both ranks die"};
+  t_run_ranks(2, rank_leak_die, NULL, &o, ex);
+  for (int r = 0; r < 2; r++)
+    T_REQUIREF(ex[r].signal == SIGKILL, "rank %d: exit %d signal %d (expected SIGKILL)", r,
+               ex[r].code, ex[r].signal);
+  T_REQUIREF(g_leak->pair[0] && shm_exists(g_leak->pair),
+             "pair name %s not left behind by the two dead ranks", g_leak->pair);
+  /* the dead ranks' pids in the pair's name */
+  pid_t d0 = 0, d1 = 0;
+  const char* tl = strchr(g_leak->pair, '~');
+  T_REQUIRE(tl && sscanf(tl, "~0-1~%d-%d", &d0, &d1) == 2 && d0 > 0 && d1 > 0);
+  char live[320], foreign[320];
+  make_decoy(live, sizeof live, g_leak->session, getpid(), d1, 0600);
+  snprintf(foreign, sizeof foreign, "%s-f", g_leak->session);
+  make_decoy(foreign, sizeof foreign, foreign, d0, d1, 0644);
+  struct timespec ts = {1, 300 * 1000 * 1000}; /* older than 2 x MLXDIST_CONNECT_TIMEOUT */
+  nanosleep(&ts, NULL);
+  T_REQUIREF(shm_exists(g_leak->pair), "%s gone before the next session", g_leak->pair);
+  o.what = "leak: the next session";
+  o.grace_s = 0;
+  int bad = t_run_ranks(2, rank_leak_next, NULL, &o, NULL);
+  T_REQUIREF(bad == 0, "the next session: %d ranks failed", bad);
+  T_REQUIREF(!shm_exists(g_leak->pair), "%s of two dead ranks still there after the next session",
+             g_leak->pair);
+  T_REQUIREF(shm_exists(live), "%s (a live process) removed", live);
+  T_REQUIREF(shm_exists(foreign), "%s (mode 644) removed", foreign);
+  char path[330];
+  snprintf(path, sizeof path, "/%s", live);
+  shm_unlink(path);
+  snprintf(path, sizeof path, "/%s", foreign);
+  shm_unlink(path);
+  printf("leak: %s removed by the next session\n", g_leak->pair);
+}
+
 static void local_errors(void) {
   mlxd_status st;
   mlxd_status_clear(&st);
@@ -707,13 +840,21 @@ int main(int argc, char** argv) {
     fprintf(stderr,
             "usage: %s "
             "raw|raw_nocma|threads|death|timeout|idle|connect|lazy|first_dead|first_stall|first_"
-            "foreign|first_abort <ranks>\n",
+            "foreign|first_abort|leak <ranks>\n",
             argv[0]);
     return 2;
   }
   const char* what = argv[1];
   int n = atoi(argv[2]);
   T_ASSERT(n >= 1 && n <= 16);
+  g_pids =
+      mmap(NULL, 16 * sizeof *g_pids, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  T_REQUIRE(g_pids != MAP_FAILED);
+  if (strcmp(what, "leak") == 0) {
+    T_ASSERT(n == 2);
+    run_leak();
+    return 0;
+  }
   t_rank_fn fn = NULL;
   double limit = 60;
   if (strcmp(what, "raw") == 0) { /* single-copy (CMA) path from 64 KiB on */
