@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "transport/spin.h"
 #include "util/clock.h"
 #include "util/tunables.h"
 
@@ -261,10 +262,13 @@ mlxd_transport* mlxd_mixed_combine(mlxd_transport* rest, mlxd_transport* part, c
   t->local = map;
   t->sleep_on_part = sleep_on_part;
   t->max_idle_s = max_idle_s > MIXED_IDLE_SLICE_S ? max_idle_s : MIXED_IDLE_SLICE_S;
-  t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
-  if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  t->yield = ncpu > 0 && rest->size > ncpu; /* as the TCP transport decides */
+  /* The group's ranks on this host: the ring's part is this host's shm (this
+   * rank and its part's peers); jaccl's links cross hosts, so all of them. */
+  int here = sleep_on_part ? 1 : rest->size;
+  for (int p = 0; p < rest->size && sleep_on_part; p++) here += map[p] >= 0;
+  mlxd_spin_rule spin = mlxd_spin_rule_for(here);
+  t->spin_s = spin.spin_s;
+  t->yield = spin.yield;
   return &t->base;
 }
 

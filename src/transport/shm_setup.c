@@ -3,6 +3,7 @@
  * cross-memory reads (design notes at the top of shm.c). */
 #include "transport/shm.h"
 #include "transport/shm_impl.h"
+#include "transport/spin.h"
 
 #include <dirent.h>
 
@@ -418,12 +419,11 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   snprintf(t->path, sizeof t->path, "/%s", name);
   t->slot_stride = slot_stride();
   mlxd_live_cfg_load(&t->live);
-  t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
-  if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
+  mlxd_spin_rule spin = mlxd_spin_rule_for(machine_ranks > size ? machine_ranks : size);
+  t->spin_s = spin.spin_s;
+  t->oversubscribed = spin.yield;
   long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
   t->cma_min = cma_min > 0 ? (size_t)cma_min : 0;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  t->oversubscribed = ncpu > 0 && (size > ncpu || machine_ranks > ncpu);
   t->peers = calloc((size_t)size, sizeof *t->peers);
   t->active = calloc((size_t)size, sizeof *t->active);
   if (!t->peers || !t->active) {

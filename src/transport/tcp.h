@@ -15,6 +15,12 @@
 mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int nconn,
                                        mlxd_status* st);
 
+/* Set how a wait spends the time before it blocks (spin.h) from the number
+ * of the group's ranks on this host; creation assumes all of them (the
+ * transport does not know the hosts). Takes the transport's mutex; never
+ * blocks otherwise, cannot fail. */
+void mlxd_tcp_set_local_ranks(mlxd_transport* t, int local_ranks);
+
 /* What makes a lazy transport's connections (the ring's: connect.c). Every
  * op is called with the transport's mutex held, from the thread that drives
  * the transport (or the watchdog's heartbeat), never concurrently, and never

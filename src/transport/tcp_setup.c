@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/spin.h"
 #include "transport/tcp_impl.h"
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -278,6 +279,15 @@ static void conn_ready(void* ctx, int peer, int conn, int fd) {
 }
 
 /* The transport without connections. NULL with st set. */
+void mlxd_tcp_set_local_ranks(mlxd_transport* tt, int local_ranks) {
+  tcp_transport* t = (tcp_transport*)tt;
+  mlxd_spin_rule spin = mlxd_spin_rule_for(local_ranks);
+  pthread_mutex_lock(&t->mu);
+  t->spin_s = spin.spin_s;
+  t->yield_spin = spin.yield;
+  pthread_mutex_unlock(&t->mu);
+}
+
 static tcp_transport* tcp_alloc(int rank, int size, int nconn, mlxd_status* st) {
   tcp_transport* t = calloc(1, sizeof *t);
   if (!t) {
@@ -321,10 +331,7 @@ static tcp_transport* tcp_alloc(int rank, int size, int nconn, mlxd_status* st) 
     return NULL;
   }
   mlxd_live_cfg_load(&t->live);
-  double spin = mlxd_tunable_double(MLXD_T_SPIN_US);
-  t->spin_s = spin > 0 ? spin * 1e-6 : 0;
-  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-  t->yield_spin = ncpu > 0 && size > ncpu;
+  mlxd_tcp_set_local_ranks(&t->base, size); /* until the ring knows the hosts */
   long ux_mb = mlxd_tunable_long(MLXD_T_TCP_UNEXPECTED_MB);
   if (ux_mb <= 0 || ux_mb > (1L << 28)) ux_mb = 4096; /* the validation of tunables names it */
   t->ux_budget = (uint64_t)ux_mb << 20;

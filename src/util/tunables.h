@@ -90,7 +90,10 @@ typedef struct mlxd_tunable_spec {
     "eager builds the full mesh at init. With MLXDIST_TLS=1 a connection's TLS handshake runs "   \
     "when it is made.")                                                                           \
   X(SPIN_US, "MLXDIST_SPIN_US", "1000", MLXD_TK_NUMBER(0, 1000000, "microseconds"),               \
-    "Microseconds a waiting thread polls before it blocks.")                                      \
+    "Microseconds a waiting thread polls before it blocks. Unset, a host with more of the "       \
+    "group's ranks than CPUs the process may run on (sched_getaffinity) polls 100 us, with "      \
+    "sched_yield between polls, so a peer that needs the CPU gets it; set, it applies to "        \
+    "every host (the yield still follows the crowding).")                                         \
   X(WORKER_IDLE, "MLXDIST_WORKER_IDLE", "1", MLXD_TK_FLAG(),                                      \
     "1: stream worker threads run at idle priority (SCHED_IDLE), so queued "                      \
     "work never preempts a busy thread; a thread that waits for a result runs "                   \

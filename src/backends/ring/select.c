@@ -58,6 +58,7 @@
 #include "backends/ring/ring_internal.h"
 #include "transport/mixed.h"
 #include "transport/shm.h"
+#include "transport/tcp.h"
 #include "util/tunables.h"
 
 static const char* const k_mode_names[] = {"auto", "tcp", "shm"};
@@ -401,6 +402,13 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
            (unsigned long)get_u(ids + REC_SESSION_PID, 4),
            (unsigned long long)get_u(ids + REC_SESSION_RAND, 8));
   snprintf(session_out, MLXD_RING_SESSION_MAX, "%s", session);
+  { /* how the TCP transport waits (spin.h) depends on how crowded this host is */
+    int here = 0;
+    for (int p = 0; p < size; p++)
+      here += memcmp(ids + (size_t)rank * REC_BYTES + REC_HOST,
+                     ids + (size_t)p * REC_BYTES + REC_HOST, 8) == 0;
+    mlxd_tcp_set_local_ranks(tcp, here);
+  }
   if (mode == MLXD_RING_T_TCP) {
     mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=tcp)", rank, size);
     mlxd_ring_log_transports(rank, size, on_shm);
