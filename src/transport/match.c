@@ -10,9 +10,10 @@
 void mlxd_match_tag_str(uint64_t tag, char* out, size_t n) {
   static const char* kinds[] = {"?", "p2p", "collective", "split", "bootstrap"};
   unsigned kind = (unsigned)(tag >> 60), phase = mlxd_tag_phase(tag);
-  unsigned segment = mlxd_tag_segment(tag);
-  char ph[48] = "";
-  int k = phase ? snprintf(ph, sizeof ph, " phase %u", phase) : 0;
+  unsigned segment = mlxd_tag_segment(tag), group = mlxd_tag_group(tag);
+  char ph[64] = "";
+  int k = group ? snprintf(ph, sizeof ph, " group %u", group) : 0;
+  if (phase && k >= 0) k += snprintf(ph + k, sizeof ph - (size_t)k, " phase %u", phase);
   if (segment && k >= 0) snprintf(ph + k, sizeof ph - (size_t)k, " segment %u", segment);
   snprintf(out, n, "%s #%" PRIu64 "%s step %u",
            kind < 5                ? kinds[kind]

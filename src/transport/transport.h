@@ -211,7 +211,8 @@ struct mlxd_transport {
  *   63..60  kind             4 bits (below)
  *   59..57  phase            3 bits (MLXD_TAG_PHASE_SHIFT; 0..7)
  *   56..49  segment          8 bits (MLXD_TAG_SEGMENT_SHIFT; 0..255)
- *   48..16  sequence number 33 bits (MLXD_TAG_SEQ_BITS; the op's number, modulo 2^33)
+ *   48..33  group           16 bits (MLXD_TAG_GROUP_SHIFT; 0..65535)
+ *   32..16  sequence number 17 bits (MLXD_TAG_SEQ_BITS; the op's number, modulo 2^17)
  *   15..0   step            16 bits (the algorithm's: 0 for one-shot; direction and unit
  *                                    for the ring, src/algo/ring.c)
  *
@@ -221,10 +222,17 @@ struct mlxd_transport {
  * on subsets of the ranks, and the segments of a pipelined one, which run
  * the same phase on several parts of the buffer at once, never match each
  * other's messages: two messages of one call differ in phase, segment or
- * step. Messages of one call share kind and sequence number whatever their
- * phase, segment and step (mlxd_tag_op, match.h): their signatures are
- * compared. The sequence number wraps after 2^33 ops of one kind on a
- * group, far more than can be in flight at once. */
+ * step. The group is 0 on a group's own transport; a split child's view
+ * of its parent's transport (view.h, mlxd_view_child_new) sets it to the
+ * child's id, the same on every member and different from every other
+ * group over that transport this rank belongs to, so a child's messages
+ * never match its parent's or another child's. Messages of one call share
+ * kind, group and sequence number whatever their phase, segment and step
+ * (mlxd_tag_op, match.h): their signatures are compared. The sequence
+ * number wraps after 2^17 ops of one kind on a group: a collective's ranks
+ * are never more than a few ops apart, and point-to-point messages between
+ * two ranks arrive in order and are matched oldest first, so a number seen
+ * again 2^17 messages later takes the older message first, as it must. */
 /* Kind 3 is unused (split's exchange is a collective: MLXD_TAG_COLL).
  * Kind 15 (MLXD_TAG_CTRL) is the transports' own: control frames between
  * two ranks' transports (tcp: heartbeats and abort records, tcp_wire.h),
@@ -234,7 +242,9 @@ enum { MLXD_TAG_P2P = 1, MLXD_TAG_COLL = 2, MLXD_TAG_BOOT = 4, MLXD_TAG_CTRL = 1
 #define MLXD_TAG_PHASES 8 /* phases 0..7 */
 #define MLXD_TAG_SEGMENT_SHIFT 49
 #define MLXD_TAG_SEGMENTS 256 /* segments 0..255 */
-#define MLXD_TAG_SEQ_BITS 33
+#define MLXD_TAG_GROUP_SHIFT 33
+#define MLXD_TAG_GROUPS 65536 /* groups 0..65535 */
+#define MLXD_TAG_SEQ_BITS 17
 static inline uint64_t mlxd_tag(unsigned kind, uint64_t seq, unsigned step) {
   return ((uint64_t)(kind & 0xF) << 60) | ((seq & ((1ull << MLXD_TAG_SEQ_BITS) - 1)) << 16) |
          (step & 0xFFFF);
@@ -255,7 +265,15 @@ static inline uint64_t mlxd_tag_with_segment(uint64_t tag, unsigned segment) {
 static inline unsigned mlxd_tag_segment(uint64_t tag) {
   return (unsigned)(tag >> MLXD_TAG_SEGMENT_SHIFT) & 0xFF;
 }
-/* The sequence number a tag carries (modulo 2^33). */
+/* tag with its group set to group (0..65535). */
+static inline uint64_t mlxd_tag_with_group(uint64_t tag, unsigned group) {
+  return (tag & ~((uint64_t)0xFFFF << MLXD_TAG_GROUP_SHIFT)) |
+         ((uint64_t)(group & 0xFFFF) << MLXD_TAG_GROUP_SHIFT);
+}
+static inline unsigned mlxd_tag_group(uint64_t tag) {
+  return (unsigned)(tag >> MLXD_TAG_GROUP_SHIFT) & 0xFFFF;
+}
+/* The sequence number a tag carries (modulo 2^17). */
 static inline uint64_t mlxd_tag_seq(uint64_t tag) {
   return (tag >> 16) & ((1ull << MLXD_TAG_SEQ_BITS) - 1);
 }

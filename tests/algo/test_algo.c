@@ -545,19 +545,29 @@ static void test_send_recv(mlxd_transport* t, bufs* b) {
  * and from the kind, the sequence number and the step; one operation
  * whatever the phase and segment (signatures are compared per operation). */
 static void test_tags(void) {
-  uint64_t seq = ((uint64_t)1 << 33) - 2, t = mlxd_tag(MLXD_TAG_COLL, seq, 0x8007);
+  uint64_t seq = ((uint64_t)1 << 17) - 2, t = mlxd_tag(MLXD_TAG_COLL, seq, 0x8007);
   uint64_t u = mlxd_tag_with_segment(mlxd_tag_with_phase(t, 7), 255);
-  T_ASSERT(mlxd_tag_phase(u) == 7 && mlxd_tag_segment(u) == 255);
+  T_ASSERT(mlxd_tag_phase(u) == 7 && mlxd_tag_segment(u) == 255 && mlxd_tag_group(u) == 0);
   T_ASSERT(mlxd_tag_seq(u) == seq && (u & 0xFFFF) == 0x8007 && u >> 60 == MLXD_TAG_COLL);
   T_ASSERT(mlxd_tag_op(u) == mlxd_tag_op(t) && u != t);
   T_ASSERT(mlxd_tag_with_segment(mlxd_tag_with_phase(u, 0), 0) == t);
   uint64_t v = mlxd_tag_with_segment(t, 1);
   T_ASSERT(v != t && v != mlxd_tag_with_phase(t, 1) && mlxd_tag_op(v) == mlxd_tag_op(t));
-  T_ASSERT(mlxd_tag_seq(mlxd_tag(MLXD_TAG_COLL, seq + 2, 0)) == 0); /* wraps at 2^33 */
+  T_ASSERT(mlxd_tag_seq(mlxd_tag(MLXD_TAG_COLL, seq + 2, 0)) == 0); /* wraps at 2^17 */
+  /* the group: apart from every other field, part of the operation (a split
+   * child's op never lines up with its parent's of the same number) */
+  uint64_t g = mlxd_tag_with_group(u, 65535);
+  T_ASSERT(mlxd_tag_group(g) == 65535 && mlxd_tag_phase(g) == 7 && mlxd_tag_segment(g) == 255);
+  T_ASSERT(mlxd_tag_seq(g) == seq && (g & 0xFFFF) == 0x8007 && g >> 60 == MLXD_TAG_COLL);
+  T_ASSERT(mlxd_tag_op(g) != mlxd_tag_op(u) && mlxd_tag_with_group(g, 0) == u);
+  T_ASSERT(mlxd_tag_group(mlxd_tag(MLXD_TAG_COLL, (uint64_t)-1, 0xFFFF)) == 0);
   char txt[80];
   mlxd_match_tag_str(mlxd_tag_with_segment(mlxd_tag_with_phase(mlxd_tag(2, 5, 3), 2), 9), txt,
                      sizeof txt);
   T_REQUIREF(strcmp(txt, "collective #5 phase 2 segment 9 step 3") == 0, "tag in words: '%s'", txt);
+  mlxd_match_tag_str(mlxd_tag_with_group(mlxd_tag_with_phase(mlxd_tag(2, 5, 3), 2), 12), txt,
+                     sizeof txt);
+  T_REQUIREF(strcmp(txt, "collective #5 group 12 phase 2 step 3") == 0, "tag in words: '%s'", txt);
   mlxd_match_tag_str(mlxd_tag_with_segment(mlxd_tag(2, 5, 3), 9), txt, sizeof txt);
   T_REQUIREF(strcmp(txt, "collective #5 segment 9 step 3") == 0, "tag in words: '%s'", txt);
 }

@@ -4,6 +4,11 @@
  *
  *   test_ring basic N K   collectives, split, any-backend, clear + re-init on the same ports
  *   test_ring kill        a rank dies (SIGKILL); the survivor fails promptly, later ops fail fast
+ *   test_ring split       split children over the parent's connections: siblings, an
+ *                         overlapping child and the parent summing at once from threads,
+ *                         the parent freed first, a split of a split, no new descriptor
+ *   test_ring split_kill  a rank dies inside a child's op: the child fails naming it,
+ *                         and a sibling child sharing the connections fails fast
  *   test_ring exit3       3 ranks; rank 2 _exits mid-collective; survivors fail within a bound
  *   test_ring stall       a peer stops participating; MLXDIST_OP_TIMEOUT=2 gives a timeout error
  *   test_ring badhost     malformed hostfiles and MLX_RANK values (strict / non-strict)
@@ -179,6 +184,147 @@ static void rendered_once(void) {
   const char* tag = strstr(m, "[ring] ");
   if (!tag || strstr(tag + 1, "[ring]") || strstr(m, "[shm]") || strstr(m, "[tcp]"))
     T_FAIL("error '%s' is not rendered once by the ring", m);
+}
+
+/* ---- split: children are views of the parent's connections ---- */
+
+/* all_sum of n int32 [base + rank*7 + i] on g's stream s; 0 when the sum is right. */
+static int split_sum(mlx_distributed_group g, mlx_stream s, int base, int n) {
+  int size = mlx_distributed_group_size(g), rank = mlx_distributed_group_rank(g);
+  int32_t* v = malloc(sizeof(int32_t) * (size_t)n);
+  T_ASSERT(v);
+  for (int i = 0; i < n; i++) v[i] = base + rank * 7 + i;
+  int shape[1] = {n};
+  mlx_array x = mlx_array_new_data(v, shape, 1, MLX_INT32), y = mlx_array_new();
+  int rc = mlx_distributed_all_sum(&y, x, g, s);
+  if (rc == 0) rc = mlx_array_eval(y);
+  if (rc == 0) {
+    const int32_t* d = mlx_array_data_int32(y);
+    for (int i = 0; i < n && rc == 0; i++)
+      if (d[i] != size * (base + i) + 7 * size * (size - 1) / 2) {
+        T_CHECKF(false, "rank %d: group of %d, base %d: element %d is %d", rank, size, base, i,
+                 d[i]);
+        rc = -1;
+      }
+  }
+  mlx_array_free(x);
+  mlx_array_free(y);
+  free(v);
+  return rc;
+}
+
+static int open_fds(void) {
+  int n = 0;
+  char path[64];
+  for (int fd = 0; fd < 4096; fd++) {
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    if (access(path, F_OK) == 0) n++;
+  }
+  return n;
+}
+
+typedef struct split_job {
+  mlx_distributed_group g;
+  int base, iters;
+  int failed;
+} split_job;
+
+/* One thread's ops on one group, on a stream of its own: sums of a small
+ * (one-shot or log-depth), a middle and a ring size, each checked. */
+static void* split_thread(void* p) {
+  split_job* j = p;
+  mlx_device cpu = mlx_device_new_type(MLX_CPU, 0);
+  mlx_stream s = mlx_stream_new_device(cpu);
+  mlx_device_free(cpu);
+  static const int sizes[] = {1, 3000, 70000};
+  for (int i = 0; i < j->iters && !j->failed; i++)
+    if (split_sum(j->g, s, j->base + i, sizes[i % 3]) != 0) j->failed = 1;
+  mlx_stream_free(s);
+  return NULL;
+}
+
+/* 4 ranks: siblings (odd/even) of one split, a child of every rank (keys
+ * reversed) of another, and the parent, all summing at once from threads
+ * with the same sequence numbers and different values; then the parent is
+ * freed before its children, a child splits again, and (tcp) no split adds
+ * a descriptor. */
+static int split_rank(int rank, int size) {
+  mlx_distributed_group g = init_ring();
+  T_EQ_INT(check_sum(g, size, 100), 0); /* every pair has talked: no connection is left to make */
+  int fds = open_fds();
+  mlx_distributed_group sib = mlx_distributed_group_new(), rev = mlx_distributed_group_new();
+  T_EQ_INT(mlx_distributed_group_split(&sib, g, rank % 2, rank), 0);
+  T_EQ_INT(mlx_distributed_group_split(&rev, g, 0, size - rank), 0);
+  T_EQ_INT(mlx_distributed_group_size(sib), size / 2);
+  T_EQ_INT(mlx_distributed_group_rank(sib), rank / 2);
+  T_EQ_INT(mlx_distributed_group_rank(rev), size - 1 - rank);
+  if (on_tcp()) T_EQ_INT(open_fds(), fds);
+  split_job jobs[3] = {{g, 1000, 30, 0}, {sib, 5000 + 100 * (rank % 2), 30, 0}, {rev, 9000, 30, 0}};
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) T_ASSERT(pthread_create(&th[i], NULL, split_thread, &jobs[i]) == 0);
+  for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < 3; i++)
+    T_CHECKF(!jobs[i].failed, "rank %d: group %d failed: %s", rank, i, t_last_error());
+  /* the parent goes first: its children keep the connections */
+  mlx_distributed_group_free(g);
+  mlx_stream s = mlx_default_cpu_stream_new();
+  T_EQ_INT(split_sum(rev, s, 300, 70000), 0);
+  T_EQ_INT(split_sum(sib, s, 400, 10), 0);
+  /* a split of a split (of a freed parent): pairs, ranked by the reversed child */
+  mlx_distributed_group pair = mlx_distributed_group_new();
+  T_EQ_INT(mlx_distributed_group_split(&pair, rev, (size - 1 - rank) / 2, rank), 0);
+  T_EQ_INT(mlx_distributed_group_size(pair), 2);
+  mlx_distributed_group_free(rev);
+  T_EQ_INT(split_sum(pair, s, 500, 3000), 0);
+  T_EQ_INT(split_sum(sib, s, 600, 3000), 0);
+  /* point to point in the grandchild */
+  int peer = 1 - mlx_distributed_group_rank(pair);
+  mlx_array x = mlx_array_new_int(rank + 40), r = mlx_array_new(), sent = mlx_array_new();
+  T_EQ_INT(mlx_distributed_send(&sent, x, peer, pair, s), 0);
+  T_EQ_INT(mlx_distributed_recv_like(&r, x, peer, pair, s), 0);
+  int32_t got = -1;
+  T_EQ_INT(mlx_array_item_int32(&got, r), 0);
+  T_EQ_INT(got, (rank ^ 1) + 40); /* keys size - rank pair ranks {0,1} and {2,3} */
+  mlx_array_free(x);
+  mlx_array_free(r);
+  mlx_array_free(sent);
+  if (on_tcp()) T_ASSERT(open_fds() <= fds);
+  mlx_distributed_group_free(pair);
+  mlx_distributed_group_free(sib);
+  mlx_stream_free(s);
+  mlx_distributed_clear_backends();
+  T_EXPECT_NO_ERROR();
+  return 0;
+}
+
+/* 3 ranks, a child of all (keys reversed: child rank 2 - r), the parent freed;
+ * rank 2 dies inside the child's sum: the survivors' child fails naming the
+ * lost rank, and so does the parent's transport it shares (a later child op fails fast). */
+static int split_kill_rank(int rank, int size) {
+  setenv("MLXDIST_TIMEOUT", "20", 1);
+  mlx_distributed_group g = init_ring();
+  mlx_distributed_group c = mlx_distributed_group_new(), c2 = mlx_distributed_group_new();
+  T_EQ_INT(mlx_distributed_group_split(&c, g, 0, size - rank), 0);
+  T_EQ_INT(mlx_distributed_group_split(&c2, g, rank < 2, rank), 0);
+  mlx_distributed_group_free(g);
+  mlx_stream s = mlx_default_cpu_stream_new();
+  T_EQ_INT(split_sum(c, s, 1, 1000), 0);
+  if (rank == size - 1) raise(SIGKILL);
+  double t0 = t_now();
+  t_clear_errors();
+  T_ASSERT(split_sum(c, s, 2, 1 << 20) != 0);
+  rendered_once();
+  T_EXPECT_ERROR("[ring] all_sum #1: lost connection to rank ");
+  T_ASSERT(t_now() - t0 < 10.0);
+  /* the sibling group of ranks 0 and 1 shares the failed connections: it fails fast */
+  t0 = t_now();
+  T_ASSERT(split_sum(c2, s, 3, 10) != 0);
+  T_EXPECT_ERROR("[ring] all_sum #0: lost connection to rank ");
+  T_ASSERT(t_now() - t0 < 1.0);
+  mlx_distributed_group_free(c);
+  mlx_distributed_group_free(c2);
+  mlx_stream_free(s);
+  return 0;
 }
 
 static int kill_rank(int rank, int size) {
@@ -566,6 +712,16 @@ int main(int argc, char** argv) {
     T_EQ_INT(codes[1], 128 + SIGKILL);
     n = 3;
     ok = spawn(n, 2, kill_rank, codes, 30);
+    T_EQ_INT(codes[0], 0);
+    T_EQ_INT(codes[1], 0);
+    T_EQ_INT(codes[2], 128 + SIGKILL);
+  } else if (strcmp(mode, "split") == 0) {
+    n = 4;
+    ok = spawn(n, 1, split_rank, codes, 60);
+    T_EQ_INT(ok, 4);
+  } else if (strcmp(mode, "split_kill") == 0) {
+    n = 3;
+    ok = spawn(n, 1, split_kill_rank, codes, 30);
     T_EQ_INT(codes[0], 0);
     T_EQ_INT(codes[1], 0);
     T_EQ_INT(codes[2], 128 + SIGKILL);

@@ -7,11 +7,13 @@
  * connect.c's dialer), or gets the full mesh at init (eager); select.c (MLXDIST_TRANSPORT) then picks shared memory between
  * ranks on one host and keeps TCP to the others (per peer). Every op maps to
  * the collective algorithms in src/algo.
- * split() bootstraps the child group's connections over the parent's
- * transport, per peer again; a child whose ranks all share this rank's host
- * gets shared memory only, without a TCP mesh. See docs/ring.md. */
+ * split() makes no connection: the child is a view of its parent's
+ * transport over the child's ranks with a tag space of its own
+ * (transport/view.h), sharing the connections of the group made at init.
+ * See docs/ring.md. */
 #include <assert.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,7 @@
 #include "backends/ring/ring_internal.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
+#include "transport/view.h"
 #include "util/bytes.h"
 #include "util/tunables.h"
 
@@ -57,17 +60,23 @@ static void ring_destroy(mlxd_backend* b) {
     }
     free(on);
   }
-  if (r->g.t) r->g.t->ops->destroy(r->g.t);
+  /* a child's view drops its reference; a shared root transport is destroyed
+   * by whichever group over it goes last (view.h) */
+  if (r->share)
+    mlxd_tshare_release(r->share);
+  else if (r->g.t)
+    r->g.t->ops->destroy(r->g.t);
   mlxd_ring_auth_clear(&r->auth);
   mlxd_hier_free(r->g.hier);
   free(r->host_of);
   free(r);
 }
 
-/* ---- split: all-gather (color, key, address records) over the parent ---- */
+/* ---- split: a view of the parent's connections ---- */
 
 typedef struct {
-  int color, key, prank;
+  int key, prank;
+  unsigned id; /* the rank's proposed group id */
 } split_ent;
 
 static int split_cmp(const void* a, const void* b) {
@@ -77,39 +86,79 @@ static int split_cmp(const void* a, const void* b) {
   return (x->prank > y->prank) - (x->prank < y->prank);
 }
 
-/* A child whose ranks are all on this rank's host: shared memory only, no
- * TCP mesh. Its session's name is the parent's with this split's sequence
- * number and color, the same on every member and unique per split. */
-static int split_one_host(const mlxd_ring* r, uint64_t seq, int color, int me, int m,
-                          const mlxd_ring_auth* child, mlxd_backend** out, mlxd_status* st) {
-  char name[MLXD_RING_SESSION_MAX + 48];
-  snprintf(name, sizeof name, "%s-s%llu-c%d", r->session, (unsigned long long)seq, color);
-  mlxd_transport* shm = mlxd_shm_transport_new(me, m, name, st);
-  if (!shm) return st->code ? st->code : MLXD_ESYS;
+/* Serialises the first split of a group made at init, which shares its
+ * transport from then on (mlxd_tshare). */
+static pthread_mutex_t g_share_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The shared root transport of r's family, shared now if it was not yet. */
+static mlxd_tshare* ring_share(mlxd_ring* r, mlxd_status* st) {
+  if (mlxd_view_is_child(r->g.t)) return mlxd_view_child_share(r->g.t);
+  pthread_mutex_lock(&g_share_mu);
+  if (!r->share) {
+    r->share = mlxd_tshare_new(r->g.t, st);
+  }
+  mlxd_tshare* sh = r->share;
+  pthread_mutex_unlock(&g_share_mu);
+  return sh;
+}
+
+/* The child r's split made: ranks[0..m) its members' ranks of the root
+ * transport (this rank at me), prank[i] their parent ranks, id its group id. */
+static int split_child(const mlxd_ring* r, mlxd_tshare* sh, const int* ranks, const int* prank,
+                       int m, int me, unsigned id, mlxd_backend** out, mlxd_status* st) {
   mlxd_ring* c = calloc(1, sizeof *c);
-  int* host_of = calloc((size_t)m, sizeof *host_of); /* all on host 0 */
-  if (!c || !host_of) {
-    shm->ops->destroy(shm);
+  int* host_of = calloc((size_t)m, sizeof *host_of);
+  mlxd_transport* v = c && host_of ? mlxd_view_child_new(sh, ranks, m, me, id, st) : NULL;
+  if (!v) {
     free(c);
     free(host_of);
-    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
+    return st->code ? st->code
+                    : mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND,
+                                   "out of memory creating the group");
   }
+  /* host_of[i]: the lowest child rank on child rank i's host (hier.h) */
+  for (int i = 0; i < m; i++)
+    for (int j = 0; j <= i; j++)
+      if (r->host_of[prank[j]] == r->host_of[prank[i]]) {
+        host_of[i] = j;
+        break;
+      }
   c->g.base = (mlxd_backend){.ops = r->g.base.ops, .rank = me, .size = m, .comm_device = MLX_CPU};
   c->g.tag = "ring";
+  c->g.t = v;
+  c->g.verbose = mlxd_ring_verbose();
   c->nconn = r->nconn;
   c->self = r->self;
-  c->auth = *child;
-  c->g.t = shm;
+  c->auth = r->auth;
   c->host_of = host_of;
-  c->g.verbose = mlxd_ring_verbose();
-  snprintf(c->session, sizeof c->session, "%.*s", (int)sizeof c->session - 1, name);
-  bool* on = calloc((size_t)m, sizeof *on);
-  if (on) {
-    for (int p = 0; p < m; p++) on[p] = p != me;
-    mlxd_ring_log_transports(me, m, on);
-    free(on);
+  memcpy(c->session, r->session, sizeof c->session);
+  if (mlxd_hier_mode() != MLXD_ALGO_FLAT) {
+    c->g.hier = mlxd_hier_new(me, m, host_of, st);
+    if (!c->g.hier) {
+      ring_destroy(&c->g.base);
+      return st->code;
+    }
+    if (!mlxd_hier_applies(c->g.hier)) {
+      mlxd_hier_free(c->g.hier);
+      c->g.hier = NULL;
+    }
   }
-  mlxd_ring_log("rank %d of %d ready (shm transport, split on one host: no TCP mesh)", me, m);
+  if (mlxd_ring_verbose()) {
+    /* the parent's wire per peer: shm to this host's ranks unless the root is tcp */
+    bool local_shm = strcmp(v->ops->name, "tcp") != 0;
+    bool* on = calloc((size_t)m, sizeof *on);
+    if (on) {
+      for (int p = 0; p < m; p++) on[p] = p != me && local_shm && host_of[p] == host_of[me];
+      mlxd_ring_log_transports(me, m, on);
+      free(on);
+    }
+    char where[96] = "";
+    if (c->g.hier) mlxd_hier_describe(c->g.hier, where, sizeof where);
+    mlxd_ring_log(
+        "rank %d of %d ready (a view of the parent's %s transport, group %u: no TCP "
+        "mesh, no new connection)%s%s",
+        me, m, v->ops->name, id, c->g.hier ? "; two-level collectives: " : "", where);
+  }
   *out = &c->g.base;
   return 0;
 }
@@ -119,104 +168,100 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   mlxd_ring* r = (mlxd_ring*)b;
   *out = NULL;
   const int n = b->size, k = r->nconn;
-  /* The child's connections prove the parent's secret and a token of their own:
-   * derived from the parent's, this split's sequence number and the color, so
-   * two splits (or two colors) never take each other's connections. */
-  mlxd_ring_auth child = r->auth;
-  mlxd_hs_token_split(r->auth.token, seq, color, child.token);
   if (!r->g.t) {
     int none = -1;
-    int rc0 = mlxd_ring_backend_new(0, 1, k, &r->self, &child, &none, out, st);
-    mlxd_ring_auth_clear(&child);
-    return rc0;
+    return mlxd_ring_backend_new(0, 1, k, &r->self, &r->auth, &none, out, st);
   }
-  int mode;
-  if (mlxd_ring_transport_mode(&mode, st)) return st->code;
-  const size_t per = 8 + (size_t)k * MLXD_RING_REC_BYTES;
-  int* lfds = malloc(sizeof(int) * (size_t)k);
-  mlxd_ring_addr* mine = calloc((size_t)k, sizeof *mine);
-  unsigned char* src = calloc(1, per);
-  unsigned char* all = calloc((size_t)n, per);
+  mlxd_tshare* sh = ring_share(r, st);
+  if (!sh) return st->code;
+  const bool child = mlxd_view_is_child(r->g.t);
+  /* color, key, proposed id, MLXDIST_ALGO, MLXDIST_HIER_SEGMENT: the child's
+   * two-level choice is read now, so its members must agree on it now */
+  enum { PER = 20 };
+  unsigned char src[PER];
+  unsigned char* all = calloc((size_t)n, PER);
   split_ent* ents = calloc((size_t)n, sizeof *ents);
-  int* fds = NULL;
-  mlxd_ring_hosts hosts = {0, k, NULL};
+  int* ranks = calloc((size_t)n, sizeof *ranks);
+  int* prank = calloc((size_t)n, sizeof *prank);
+  unsigned propose = mlxd_tshare_split_begin(sh), id = 0;
   int rc = 0;
-  if (lfds)
-    for (int c = 0; c < k; c++) lfds[c] = -1;
-  if (!lfds || !mine || !src || !all || !ents) {
+  if (!all || !ents || !ranks || !prank) {
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
     goto done;
   }
-  if ((rc = mlxd_ring_listen_many(&r->self, k, lfds, mine, st))) goto done;
   mlxd_put32(src, (uint32_t)color);
   mlxd_put32(src + 4, (uint32_t)key);
-  for (int c = 0; c < k; c++)
-    mlxd_ring_rec_encode(src + 8 + (size_t)c * MLXD_RING_REC_BYTES, b->rank, n, c, k, &mine[c],
-                         NULL);
-  mlxd_sig sig = mlxd_xg_sig(b, MLXD_SIG_SPLIT, MLX_UINT8, per);
+  mlxd_put32(src + 8, propose);
+  mlxd_put32(src + 12, (uint32_t)mlxd_hier_mode());
+  mlxd_put32(src + 16, (uint32_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT));
+  mlxd_sig sig = mlxd_xg_sig(b, MLXD_SIG_SPLIT, MLX_UINT8, PER);
   sig.dtype = MLXD_SIG_NO_DTYPE;
-  if ((rc = mlxd_algo_all_gather(r->g.t, seq, &sig, src, all, per, st))) goto done;
+  if ((rc = mlxd_algo_all_gather(r->g.t, seq, &sig, src, all, PER, st))) goto done;
 
   int m = 0;
   for (int p = 0; p < n; p++) {
-    const unsigned char* e = all + (size_t)p * per;
+    const unsigned char* e = all + (size_t)p * PER;
     if ((int)mlxd_get32(e) != color) continue;
-    ents[m].color = color;
+    static const char* const algos[] = {"auto", "flat", "hier"};
+    uint32_t pa = mlxd_get32(e + 12), ma = mlxd_get32(src + 12);
+    if (pa != ma) {
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                        "ranks of the new group disagree on MLXDIST_ALGO: rank %d has %s, rank %d "
+                        "has %s (ranks of the parent); expected the same value on every rank",
+                        b->rank, algos[ma % 3], p, pa < 3 ? algos[pa] : "?");
+      mlxd_status_set_peer(st, p, NULL);
+      goto done;
+    }
+    if (mlxd_get32(e + 16) != mlxd_get32(src + 16)) {
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                        "ranks of the new group disagree on MLXDIST_HIER_SEGMENT: rank %d has %u, "
+                        "rank %d has %u (ranks of the parent); expected the same value on every "
+                        "rank",
+                        b->rank, (unsigned)mlxd_get32(src + 16), p, (unsigned)mlxd_get32(e + 16));
+      mlxd_status_set_peer(st, p, NULL);
+      goto done;
+    }
     ents[m].key = (int)mlxd_get32(e + 4);
+    ents[m].id = mlxd_get32(e + 8);
     ents[m].prank = p;
     m++;
   }
   qsort(ents, (size_t)m, sizeof *ents, split_cmp);
   int me = -1;
-  for (int i = 0; i < m; i++)
+  for (int i = 0; i < m; i++) {
     if (ents[i].prank == b->rank) me = i;
+    if (ents[i].id > id) id = ents[i].id;
+    prank[i] = ents[i].prank;
+    ranks[i] = child ? mlxd_view_child_root_rank(r->g.t, ents[i].prank) : ents[i].prank;
+  }
   if (me < 0) {
     rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
                       "this rank is missing from its own group in the exchanged records");
+    id = 0;
     goto done;
   }
   mlxd_ring_log("split: parent rank %d, color %d, key %d -> rank %d of %d", b->rank, color, key, me,
                 m);
   if (m == 1) {
     int none = -1;
-    rc = mlxd_ring_backend_new(0, 1, k, &r->self, &child, &none, out, st);
+    id = 0; /* no view, no tag: the id stays free */
+    rc = mlxd_ring_backend_new(0, 1, k, &r->self, &r->auth, &none, out, st);
     goto done;
   }
-  /* (a parent on plain TCP has no shared memory that works here: TCP was
-   * forced, or shm could not start, or this rank is alone on its host) */
-  bool one_host = mode != MLXD_RING_T_TCP && strcmp(r->g.t->ops->name, "tcp") != 0;
-  for (int i = 0; i < m && one_host; i++)
-    one_host = r->host_of[ents[i].prank] == r->host_of[b->rank];
-  if (one_host) {
-    rc = split_one_host(r, seq, color, me, m, &child, out, st);
+  if (id >= MLXD_TAG_GROUPS) {
+    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                      "no group id left: a rank of this group has made %d groups by split over "
+                      "the connections of the group made at init (ids are never reused)",
+                      MLXD_TAG_GROUPS - 1);
     goto done;
   }
-  hosts.size = m;
-  hosts.addrs = calloc((size_t)m * (size_t)k, sizeof *hosts.addrs);
-  fds = malloc(sizeof(int) * (size_t)m * (size_t)k);
-  if (!hosts.addrs || !fds) {
-    rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
-    goto done;
-  }
-  for (int i = 0; i < m; i++) {
-    int p = ents[i].prank;
-    for (int c = 0; c < k; c++)
-      if ((rc = mlxd_ring_rec_decode(all + (size_t)p * per + 8 + (size_t)c * MLXD_RING_REC_BYTES, p,
-                                     n, c, k, "split's exchange", &hosts.addrs[i * k + c], st)))
-        goto done;
-  }
-  if ((rc = mlxd_ring_mesh(me, &hosts, lfds, &child, fds, st))) goto done;
-  rc = mlxd_ring_backend_new(me, m, k, &r->self, &child, fds, out, st);
+  rc = split_child(r, sh, ranks, prank, m, me, id, out, st);
 done:
-  mlxd_ring_auth_clear(&child);
-  if (lfds) mlxd_ring_close_all(lfds, k);
-  free(lfds);
-  free(mine);
-  free(src);
+  mlxd_tshare_split_end(sh, id < MLXD_TAG_GROUPS ? id : 0);
   free(all);
   free(ents);
-  free(fds);
-  mlxd_ring_hosts_free(&hosts);
+  free(ranks);
+  free(prank);
   return rc;
 }
 

@@ -175,7 +175,11 @@ typedef struct mlxd_ring {
   mlxd_ring_addr self; /* the address this rank listens on (port 0 form is reused by split) */
   mlxd_ring_auth auth; /* the group's token and key; split derives its child's from them */
   int* host_of;        /* host_of[p]: the lowest rank on rank p's host (NULL when size == 1) */
-  char session[MLXD_RING_SESSION_MAX]; /* the group's shm session name (split derives from it) */
+  char session[MLXD_RING_SESSION_MAX]; /* the group's shm session name */
+  /* A group made at init, once split: its transport shared with its split
+   * children's views (transport/view.h), released rather than destroyed;
+   * NULL before the first split and in a child (whose g.t is a view). */
+  struct mlxd_tshare* share;
 } mlxd_ring;
 
 /* Finish a group from connected fds (takes ownership of fds; closes them on failure). */
