@@ -354,14 +354,18 @@ static int one_op(mlxd_transport* t, bool send, int peer, unsigned step, void* b
 
 /* refuse: rank 1's transport fails (rank 2 leaves while rank 1 waits for
  * it); rank 0's first contact with rank 1 afterwards is turned down with
- * that failure at once, not after MLXDIST_CONNECT_TIMEOUT (10 s). */
+ * that failure at once, not after MLXDIST_CONNECT_TIMEOUT (10 s). With a
+ * shared secret, so the refusal's MAC is checked. */
 static int rank_refuse(int rank, int size, const char* session, void* arg) {
   (void)session;
   (void)size;
   ctx* x = arg;
   log_to(x, rank);
   setenv("MLXDIST_CONNECT_TIMEOUT", "10", 1);
-  mlxd_transport* t = open_lazy(x, rank, &x->auth);
+  mlxd_ring_auth keyed = x->auth; /* with a secret: the refusal is proven by its MAC */
+  keyed.have_key = true;
+  memset(keyed.key, 0x2b, sizeof keyed.key);
+  mlxd_transport* t = open_lazy(x, rank, &keyed);
   unsigned char b[4] = {1, 2, 3, 4};
   mlxd_status st;
   if (rank == 2) {
