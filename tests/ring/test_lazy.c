@@ -340,6 +340,25 @@ static int rank_never(int rank, int size, const char* session, void* arg) {
   return t_exit_status();
 }
 
+/* A rank tells the others it reached a point: a file in the log directory. */
+static void mark(const ctx* x, const char* name) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  T_REQUIRE(fd >= 0);
+  close(fd);
+}
+
+static void wait_mark(const ctx* x, const char* name, double limit_s) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
+  double until = t_now() + limit_s;
+  while (access(path, F_OK) != 0) {
+    T_REQUIREF(t_now() < until, "%s not reached within %g s", name, limit_s);
+    usleep(10000);
+  }
+}
+
 /* Post a receive or a send of n bytes (tag step), wait, return the code. */
 static int one_op(mlxd_transport* t, bool send, int peer, unsigned step, void* buf, size_t n,
                   mlxd_status* st) {
@@ -377,11 +396,12 @@ static int rank_refuse(int rank, int size, const char* session, void* arg) {
     int rc = one_op(t, false, 2, 2, b, 4, &st);
     T_CHECKF(rc != 0 && strstr(st.msg, "lost connection to rank 2"),
              "rank 1's receive from rank 2 that left: %d %s", rc, st.msg);
+    mark(x, "failed");
     usleep(5000000); /* failed, alive: its heartbeat tick answers hellos */
     t->ops->destroy(t);
     return t_exit_status();
   }
-  usleep(1500000); /* rank 1 has failed by now */
+  wait_mark(x, "failed", 30);
   double t0 = t_now();
   int rc = one_op(t, true, 1, 3, b, 4, &st);
   double took = t_now() - t0;
@@ -423,13 +443,15 @@ static int rank_closing(int rank, int size, const char* session, void* arg) {
     mlxd_status_clear(&st);
     T_REQUIRE(t->ops->isend(t, 2, mlxd_tag(MLXD_TAG_P2P, 13, 9), NULL, big, n, &r, &st) == 0);
     double t0 = t_now();
+    mark(x, "destroy");
     t->ops->destroy(t); /* its sockets stay full: the close waits MLXDIST_TIMEOUT */
     fprintf(stderr, "[test] rank 1's destroy took %.2f s\n", t_now() - t0);
     free(r); /* never waited: the transport that held it is gone */
     free(big);
     return t_exit_status();
   }
-  usleep(1000000); /* rank 1 is in its destroy by now */
+  wait_mark(x, "destroy", 30);
+  usleep(200000); /* rank 1 is in its destroy by now (3 s of it) */
   unsigned char b[4] = {1, 2, 3, 4};
   mlxd_status st;
   double t0 = t_now();
@@ -689,6 +711,12 @@ int main(int argc, char** argv) {
   for (int r = 0; r < x.n; r++) {
     char path[128];
     snprintf(path, sizeof path, "%s/rank%d.log", x.logdir, r);
+    unlink(path);
+  }
+  const char* marks[] = {"failed", "destroy"};
+  for (int i = 0; i < 2; i++) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", x.logdir, marks[i]);
     unlink(path);
   }
   rmdir(x.logdir);
