@@ -89,6 +89,9 @@ static void fail_posted(void* ctx, mlxd_match_link* l) {
 static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
   if (!mlxd_match_fail_first(&t->err, st)) return;
   int code = t->err.code;
+  /* A peer's first contact from now on is answered with this failure
+   * (connect.c: a refusal), not left to its MLXDIST_CONNECT_TIMEOUT. */
+  if (t->dial) t->dial->ops->refuse(t->dial, &t->err);
   /* A failure found here (not relayed to us) is told to every peer. */
   bool relay = !t->err.has_reporter;
   if (relay) mlxd_tcp_relay_prepare(t);
@@ -185,19 +188,11 @@ static int fail_status(tcp_transport* t, mlxd_status* st) {
   return t->err.code;
 }
 
-/* Whether anything is still in flight with peer p. */
-static bool peer_busy(tcp_transport* t, int p) {
-  tcp_peer* pe = &t->peers[p];
-  if (pe->mq.posted.head || pe->arriving.head) return true;
-  for (int c = 0; c < t->nconn; c++)
-    if (t->conns[p * t->nconn + c].qhead) return true;
-  return false;
-}
-
 /* Connection c reached EOF. A peer that closes all its connections after
  * finishing its work is a normal shutdown: only operations still (or
  * later) involving it fail. One that closes in the middle of a message or
- * with operations pending fails the transport. */
+ * with operations pending fails the transport. Heartbeats still queued to
+ * it (a write that met its close) are not operations: they are dropped. */
 static void conn_eof(tcp_transport* t, tcp_conn* c) {
   if (c->in_payload) {
     fail_lost(t, c->peer, NULL, 0);
@@ -207,10 +202,15 @@ static void conn_eof(tcp_transport* t, tcp_conn* c) {
   if (t->epfd >= 0) (void)epoll_ctl(t->epfd, EPOLL_CTL_DEL, c->fd, NULL); /* readable for ever */
   for (int i = 0; i < t->nconn; i++)
     if (!t->conns[c->peer * t->nconn + i].eof) return;
-  if (peer_busy(t, c->peer))
+  if (peer_has_data(t, c->peer)) {
     fail_lost(t, c->peer, NULL, 0);
-  else
-    t->peers[c->peer].closed = true;
+    return;
+  }
+  for (int i = 0; i < t->nconn; i++) {
+    tcp_conn* q = &t->conns[c->peer * t->nconn + i];
+    q->qhead = q->qtail = NULL; /* control frames only */
+  }
+  t->peers[c->peer].closed = true;
 }
 
 static void tcp_wake(tcp_transport* t) {
@@ -391,7 +391,8 @@ int mlxd_tcp_dial_attach(tcp_transport* t) {
 }
 
 void mlxd_tcp_dial_step(tcp_transport* t) {
-  if (!t->dial || t->err.code) return;
+  if (!t->dial) return;
+  /* also once failed: the dialer answers hellos with the failure then */
   mlxd_status s;
   mlxd_status_clear(&s);
   if (t->dial->ops->step(t->dial, &s) != 0)

@@ -43,6 +43,11 @@ typedef struct mlxd_tcp_dialer_ops {
   double (*next)(mlxd_tcp_dialer* d);
   /* A descriptor (an epoll fd) that is readable while step has work. */
   int (*fd)(mlxd_tcp_dialer* d);
+  /* From now on answer every hello that passes its checks with a refusal
+   * naming why (handshake.h) and dial nothing: why is the transport's
+   * failure (it failed), or NULL (it is being destroyed). A failure given
+   * once stays the reason. Never blocks. */
+  void (*refuse)(mlxd_tcp_dialer* d, const mlxd_status* why);
   /* The transport's forget (transport.h): close() every descriptor, nothing else. */
   void (*forget)(mlxd_tcp_dialer* d);
   /* Close the listeners and every connection not handed over; free d. */

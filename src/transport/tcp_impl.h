@@ -33,9 +33,8 @@
 #define TCP_TLS_WBUF ((size_t)16 << 10)          /* TLS: headers and small payloads coalesced */
 /* destroy: a failed transport drains this long at most; a healthy one waits for
  * its last bytes to be acknowledged until none went out for MLXDIST_TIMEOUT (and
- * at least this long) */
+ * at least this long); neither waits for the peers' FINs (tcp_setup.c close_all) */
 #define TCP_CLOSE_MS 500
-#define TCP_FIN_WAIT_S 5.0 /* destroy: longest wait for the peers' FINs (orderly exit) */
 
 typedef struct tcp_frag tcp_frag;
 typedef struct tcp_imsg tcp_imsg;

@@ -33,27 +33,32 @@ static void imsg_drop(tcp_imsg* m) {
 }
 
 /* Close the connections without losing what this rank sent last, and
- * without destroying what a peer still sends (issue 25, orderly exit).
- * Closing a socket with unread data resets it (RST), which drops the bytes
- * the peer has not read yet, and so does data that arrives after the close:
- * a rank that finished first and closed would make its peers fail with
- * "Connection reset by peer" while they still read what it sent. So:
- * FIN first (shutdown SHUT_WR: after every byte queued), then read and drop
- * until every peer has closed its side too (its FIN: recv returns 0) and
- * acknowledged every byte sent (TIOCOUTQ == 0), then close. Peers do the
- * same when they are done, so each close follows the peer's FIN and nothing
- * is reset. Bounds: a healthy transport waits for the peers' FINs for
- * TCP_FIN_WAIT_S at most (MLXDIST_TIMEOUT if shorter): a peer that goes on
- * with other work (another group, its own computation) before it closes this
- * one must not hold this rank much longer; its heartbeats reset afterwards
- * are taken for its close (tcp.c fail_io); a slow link is waited for as long as its queue keeps shrinking
- * (until no queue has shrunk for MLXDIST_TIMEOUT, or MLXDIST_OP_TIMEOUT in
- * all, for a trickle). A failed transport has written its abort record
- * (tcp_live.c) and waits TCP_CLOSE_MS at most. The wait sleeps in poll on
- * the sockets still open, so it costs nothing while peers compute. The
- * chaos soak found the queued-bytes case: a split child freed right after
- * an all_sum through a shaped link closed with 2 MB queued, and a peer's
- * heartbeat reset it. */
+ * without destroying what a peer still reads (issue 25, orderly exit).
+ * Closing a socket with bytes not yet acknowledged loses them if the peer
+ * answers with a reset (its heartbeat arriving after the close does), and
+ * so does closing with unread data (the close itself is a reset): a rank
+ * that finished first and closed made its peers fail with "Connection reset
+ * by peer" while they still read what it sent. So: FIN first (shutdown
+ * SHUT_WR: after every byte queued), then read and drop what arrives until
+ * every byte sent and the FIN are acknowledged (TIOCOUTQ == 0), then close.
+ * Once they are, the peer's kernel holds all of it, and a reset that
+ * follows (this rank's close, or its answer to a late heartbeat) does not
+ * take it back: Linux keeps the bytes a socket received readable, then
+ * reports the end (tcp_reset purges only the write queue); the peer's
+ * transport takes that reset for the close it is (tcp.c fail_io, a peer
+ * with nothing in flight). So the close does not wait for the peers' own
+ * FINs: a peer that goes on with other work (another group, its own
+ * computation) before closing this one costs nothing, and a process that
+ * frees several groups (split children) one after another does not add up
+ * waits. Bounds: a slow link is waited for as long as its queue keeps
+ * shrinking (until no queue has shrunk for MLXDIST_TIMEOUT, or
+ * MLXDIST_OP_TIMEOUT in all, for a trickle). A failed transport has
+ * written its abort record (tcp_live.c) and waits TCP_CLOSE_MS at most. The
+ * wait sleeps in poll on the sockets still open. The chaos soak found the
+ * queued-bytes case: a split child freed right after an all_sum through a
+ * shaped link closed with 2 MB queued, and a peer's heartbeat reset it.
+ * Meanwhile a lazy transport's dialer answers hellos with a refusal
+ * (connect.c: shutting down, or the failure). */
 static bool drain_eof(int fd) {
   char b[4096];
   for (;;) {
@@ -72,12 +77,11 @@ static void close_all(tcp_transport* t, int nc) {
       shutdown(t->conns[i].fd, SHUT_WR);
       live++;
     }
-  struct pollfd* pf = live ? calloc((size_t)live, sizeof *pf) : NULL;
+  struct pollfd* pf = live ? calloc((size_t)live + 1, sizeof *pf) : NULL;
   bool* eof = calloc((size_t)nc + 1, sizeof *eof);
   double start = mlxd_now(), last_progress = start;
   double quiet = t->live.dead_s > TCP_CLOSE_MS * 1e-3 ? t->live.dead_s : TCP_CLOSE_MS * 1e-3;
   long queued_before = -1;
-  double fin_s = quiet < TCP_FIN_WAIT_S ? quiet : TCP_FIN_WAIT_S;
   for (int i = 0; i < nc; i++) eof[i] = t->conns[i].fd < 0 || t->conns[i].eof;
   while (pf && eof) {
     int np = 0;
@@ -86,7 +90,7 @@ static void close_all(tcp_transport* t, int nc) {
       int fd = t->conns[i].fd, outq = 0;
       if (fd < 0) continue;
       if (!eof[i]) eof[i] = drain_eof(fd);
-      if (!t->err.code && ioctl(fd, TIOCOUTQ, &outq) == 0 && outq > 0) {
+      if (ioctl(fd, TIOCOUTQ, &outq) == 0 && outq > 0) {
         struct tcp_info ti;
         socklen_t len = sizeof ti;
         /* (a reset connection keeps counting its unsent bytes: nothing will go) */
@@ -96,24 +100,24 @@ static void close_all(tcp_transport* t, int nc) {
       if (!eof[i]) pf[np++] = (struct pollfd){fd, POLLIN, 0};
     }
     double now = mlxd_now(), waited = now - start;
-    if (np == 0 && queued == 0) break;
+    if (queued == 0) break; /* every peer's kernel holds what was sent to it */
     if (t->err.code) {
       if (waited >= TCP_CLOSE_MS * 1e-3) break;
     } else {
       if (queued_before >= 0 && queued < queued_before) last_progress = now;
       queued_before = queued;
-      if (queued > 0 && now - last_progress >= quiet) break;
-      if (queued == 0 && waited >= fin_s) break; /* peers that do not close (yet) */
-      if (waited >= t->live.op_s) break;         /* a trickle, however long it lasts */
+      if (now - last_progress >= quiet) break;
+      if (waited >= t->live.op_s) break; /* a trickle, however long it lasts */
     }
-    /* Sleep until a peer sends or closes; poll sees no acknowledgements,
-     * so while bytes are queued look again every few ms. */
-    int ms = queued > 0 ? 2 : 100;
-    if (np > 0)
-      (void)poll(pf, (nfds_t)np, ms);
-    else {
-      struct timespec ts = {0, (long)ms * 1000000L};
-      nanosleep(&ts, NULL);
+    /* Sleep until a peer sends or closes (or a hello comes: the dialer);
+     * poll sees no acknowledgements, so look again every few ms. */
+    int dial = t->dial ? t->dial->ops->fd(t->dial) : -1;
+    if (dial >= 0) pf[np++] = (struct pollfd){dial, POLLIN, 0};
+    (void)poll(pf, (nfds_t)np, 2);
+    if (t->dial) {
+      mlxd_status ignore;
+      mlxd_status_clear(&ignore);
+      (void)t->dial->ops->step(t->dial, &ignore); /* refusals only: nothing is dialed */
     }
   }
   free(pf);
@@ -128,8 +132,8 @@ static void close_all(tcp_transport* t, int nc) {
 /* A transport whose create failed on connected sockets (a TLS handshake, a
  * socket option): nothing was sent on it that a peer must finish reading,
  * so its close takes a failed transport's short bound (TCP_CLOSE_MS), not
- * the orderly wait for the peers' FINs, which a silent peer would stretch
- * to TCP_FIN_WAIT_S past the create's own bound. */
+ * the orderly wait for acknowledgements, which a silent peer would stretch
+ * to MLXDIST_TIMEOUT past the create's own bound. */
 static void destroy_unborn(tcp_transport* t, const mlxd_status* st) {
   t->err.code = st->code ? st->code : MLXD_ESYS;
   mlxd_tcp_destroy(&t->base);
@@ -153,12 +157,15 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
   tcp_transport* t = (tcp_transport*)tt;
   if (!t) return;
   mlxd_tcp_live_stop(t); /* no heartbeat runs from here on */
-  /* No new connection from here on: every op that could need one is over. */
-  if (t->dial) t->dial->ops->free(t->dial);
-  t->dial = NULL;
+  /* No new connection from here on: every op that could need one is over.
+   * A hello that comes while the connections close is told so (a failed
+   * transport's dialer keeps saying it failed). */
+  if (t->dial) t->dial->ops->refuse(t->dial, t->err.code ? &t->err : NULL);
   int nc = t->base.size * t->nconn;
   for (int i = 0; i < nc && t->conns; i++) mlxd_tls_conn_free(t->conns[i].ssl); /* close_notify */
   if (t->conns) close_all(t, nc);
+  if (t->dial) t->dial->ops->free(t->dial);
+  t->dial = NULL;
   for (int i = 0; i < nc && t->conns; i++) {
     free(t->conns[i].rbuf);
     free(t->conns[i].wbuf);

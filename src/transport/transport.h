@@ -174,13 +174,13 @@ typedef struct mlxd_transport_ops {
   /* Close the transport and free it (NULL is a no-op). Call it once, from
    * one thread, after every request was waited and with no other op in
    * flight. Blocks only over TCP, for the orderly close (tcp_setup.c
-   * close_all): until every peer has closed its side and acknowledged the
-   * last bytes sent, so that closing resets no connection a peer still
-   * reads; at most TCP_FIN_WAIT_S (5 s, or MLXDIST_TIMEOUT if shorter) for
-   * peers that do not close yet, longer only while bytes queued to a slow
-   * link keep draining (bounded by MLXDIST_TIMEOUT without progress and
+   * close_all): until every peer's kernel has acknowledged the last bytes
+   * sent and the FIN (a reset after that loses nothing a peer still reads;
+   * the peers' own FINs are not waited for), as long as bytes queued to a
+   * slow link keep draining (bounded by MLXDIST_TIMEOUT without progress and
    * MLXDIST_OP_TIMEOUT in all); a failed transport waits TCP_CLOSE_MS
-   * (0.5 s) at most. Sockets are closed (peers see an orderly close),
+   * (0.5 s) at most. A lazy transport's dialer answers hellos with a
+   * refusal meanwhile. Sockets are closed (peers see an orderly close),
    * shm marks this rank closed and wakes its peers, and the segment is
    * unmapped. Messages that arrived without a receive are dropped. */
   void (*destroy)(mlxd_transport* t);

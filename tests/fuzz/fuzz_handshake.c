@@ -1,4 +1,4 @@
-/* Fuzz target: the ring handshake's three messages (backends/ring/handshake.c),
+/* Fuzz target: the ring handshake's messages (a refusal when bit 3 of byte 0 is set) (backends/ring/handshake.c),
  * as an acceptor or a connector receives them from the network. Input: byte 0
  * picks the message kind and whether a secret is in use, bytes 1..3 this
  * rank, the group size and the connection count; the rest is what arrived (any
@@ -32,6 +32,23 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         abort();
       mlxd_hs_encode_hello(again, &m);
       if (memcmp(again, msg, MLXD_HS_HELLO_BYTES) != 0) abort();
+    }
+  } else if (kind == 1 && (data[0] >> 3) & 1) { /* a refusal in the reply's place */
+    int peer = (self + 1) % gsize;
+    int conn = nconn - 1;
+    size_t need = 0, blen = 0;
+    unsigned rk = 0;
+    const unsigned char* body = NULL;
+    if (mlxd_hs_check_refusal(msg, len, &e, peer, conn, &m, &need, &rk, &body, &blen) ==
+        MLXD_HS_OK) {
+      if (blen > MLXD_HS_REFUSAL_BODY_MAX || body != msg + MLXD_HS_REFUSAL_HEAD ||
+          need != MLXD_HS_REFUSAL_HEAD + blen || need > len)
+        abort();
+      unsigned char re[MLXD_HS_REFUSAL_MAX];
+      if (mlxd_hs_encode_refusal(re, &m, rk, body, blen) != need || memcmp(re, msg, need) != 0)
+        abort();
+    } else if (need > MLXD_HS_REFUSAL_MAX) {
+      abort(); /* a reader is never told to read past the bound */
     }
   } else if (kind == 1) {
     int peer = (self + 1) % gsize;

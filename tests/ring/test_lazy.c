@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -43,51 +44,66 @@
 #include "transports.h"
 
 #define MAXN 32
+#define NSET 3 /* groups (address books) a run can have: exit makes three */
 
 typedef struct {
   int n, k;
-  int lfds[MAXN * 2];
-  mlxd_ring_hosts hosts;
+  int g; /* the group's size (n, or n - 1 when the last process floods) */
+  int nsets;
+  int lfds_set[NSET][MAXN * 2];
+  mlxd_ring_hosts hosts_set[NSET];
   mlxd_ring_auth auth;
   const char* mode;
   char logdir[64];
 } ctx;
 
+#define lfds lfds_set[0]
+#define hosts hosts_set[0]
+
 static void listen_all(ctx* x) {
-  x->hosts.size = x->n;
-  x->hosts.nconn = x->k;
-  x->hosts.addrs = calloc((size_t)(x->n * x->k), sizeof *x->hosts.addrs);
-  T_REQUIRE(x->hosts.addrs != NULL);
-  for (int i = 0; i < x->n * x->k; i++) {
-    char why[100];
-    mlxd_ring_addr* a = &x->hosts.addrs[i];
-    T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:0", true, a, why, sizeof why) == 0);
-    mlxd_status st;
-    mlxd_status_clear(&st);
-    T_REQUIREF(mlxd_ring_listen(a, &x->lfds[i], &st) == 0, "listen: %s", st.msg);
+  for (int s = 0; s < x->nsets; s++) {
+    mlxd_ring_hosts* h = &x->hosts_set[s];
+    h->size = x->g;
+    h->nconn = x->k;
+    h->addrs = calloc((size_t)(x->g * x->k), sizeof *h->addrs);
+    T_REQUIRE(h->addrs != NULL);
+    for (int i = 0; i < x->g * x->k; i++) {
+      char why[100];
+      mlxd_ring_addr* a = &h->addrs[i];
+      T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:0", true, a, why, sizeof why) == 0);
+      mlxd_status st;
+      mlxd_status_clear(&st);
+      T_REQUIREF(mlxd_ring_listen(a, &x->lfds_set[s][i], &st) == 0, "listen: %s", st.msg);
+    }
   }
   memset(&x->auth, 0, sizeof x->auth);
   memset(x->auth.token, 0x5a, sizeof x->auth.token);
 }
 
-/* This rank's lazy transport; the other ranks' listeners are closed here. */
-static mlxd_transport* open_lazy(ctx* x, int rank, const mlxd_ring_auth* auth) {
+/* This rank's lazy transport of group set; the other ranks' listeners of
+ * that set are closed here. */
+static mlxd_transport* open_lazy_set(ctx* x, int set, int rank, const mlxd_ring_auth* auth) {
   int mine[2] = {-1, -1};
-  for (int i = 0; i < x->n * x->k; i++) {
+  int* lf = x->lfds_set[set];
+  for (int i = 0; i < x->g * x->k; i++) {
     if (i / x->k == rank)
-      mine[i % x->k] = x->lfds[i];
-    else if (x->lfds[i] >= 0)
-      close(x->lfds[i]);
-    x->lfds[i] = -1; /* the dialer's, or closed */
+      mine[i % x->k] = lf[i];
+    else if (lf[i] >= 0)
+      close(lf[i]);
+    lf[i] = -1; /* the dialer's, or closed */
   }
   mlxd_status st;
   mlxd_status_clear(&st);
-  struct mlxd_tcp_dialer* d = mlxd_ring_dialer_new(rank, &x->hosts, mine, auth, &st);
+  struct mlxd_tcp_dialer* d = mlxd_ring_dialer_new(rank, &x->hosts_set[set], mine, auth, &st);
   T_REQUIREF(d != NULL, "dialer: %s", st.msg);
-  mlxd_transport* t = mlxd_tcp_transport_lazy(rank, x->n, x->k, d, &st);
+  mlxd_transport* t = mlxd_tcp_transport_lazy(rank, x->g, x->k, d, &st);
   T_REQUIREF(t != NULL, "lazy transport: %s", st.msg);
   T_CHECK_EQ(mlxd_tcp_connections(t, NULL), 0);
   return t;
+}
+
+static mlxd_transport* open_lazy(ctx* x, int rank, const mlxd_ring_auth* auth) {
+  return open_lazy_set(x, 0, rank, auth);
 }
 
 /* Send to `to` and receive from `from` (64 KiB + rank-dependent bytes). */
@@ -324,18 +340,308 @@ static int rank_never(int rank, int size, const char* session, void* arg) {
   return t_exit_status();
 }
 
+/* A rank tells the others it reached a point: a file in the log directory. */
+static void mark(const ctx* x, const char* name) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  T_REQUIRE(fd >= 0);
+  close(fd);
+}
+
+static void wait_mark(const ctx* x, const char* name, double limit_s) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
+  double until = t_now() + limit_s;
+  while (access(path, F_OK) != 0) {
+    T_REQUIREF(t_now() < until, "%s not reached within %g s", name, limit_s);
+    usleep(10000);
+  }
+}
+
+/* Post a receive or a send of n bytes (tag step), wait, return the code. */
+static int one_op(mlxd_transport* t, bool send, int peer, unsigned step, void* buf, size_t n,
+                  mlxd_status* st) {
+  mlxd_req* r = NULL;
+  mlxd_status_clear(st);
+  uint64_t tag = mlxd_tag(MLXD_TAG_P2P, 13, step);
+  int rc = send ? t->ops->isend(t, peer, tag, NULL, buf, n, &r, st)
+                : t->ops->irecv(t, peer, tag, NULL, buf, n, &r, st);
+  if (rc == 0) rc = t->ops->waitall(t, &r, 1, st);
+  return rc;
+}
+
+/* refuse: rank 1's transport fails (rank 2 leaves while rank 1 waits for
+ * it); rank 0's first contact with rank 1 afterwards is turned down with
+ * that failure at once, not after MLXDIST_CONNECT_TIMEOUT (10 s). With a
+ * shared secret, so the refusal's MAC is checked. */
+static int rank_refuse(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  (void)size;
+  ctx* x = arg;
+  log_to(x, rank);
+  setenv("MLXDIST_CONNECT_TIMEOUT", "10", 1);
+  mlxd_ring_auth keyed = x->auth; /* with a secret: the refusal is proven by its MAC */
+  keyed.have_key = true;
+  memset(keyed.key, 0x2b, sizeof keyed.key);
+  mlxd_transport* t = open_lazy(x, rank, &keyed);
+  unsigned char b[4] = {1, 2, 3, 4};
+  mlxd_status st;
+  if (rank == 2) {
+    exchange(t, 1, 1, 1);
+    _exit(t_exit_status()); /* gone, while rank 1 waits for a message */
+  }
+  if (rank == 1) {
+    exchange(t, 2, 2, 1);
+    int rc = one_op(t, false, 2, 2, b, 4, &st);
+    T_CHECKF(rc != 0 && strstr(st.msg, "lost connection to rank 2"),
+             "rank 1's receive from rank 2 that left: %d %s", rc, st.msg);
+    mark(x, "failed");
+    usleep(5000000); /* failed, alive: its heartbeat tick answers hellos */
+    t->ops->destroy(t);
+    return t_exit_status();
+  }
+  wait_mark(x, "failed", 30);
+  double t0 = t_now();
+  int rc = one_op(t, true, 1, 3, b, 4, &st);
+  double took = t_now() - t0;
+  fprintf(stderr, "[test] rank 0's first contact with the failed rank 1: %s (%.2f s)\n", st.msg,
+          took);
+  T_CHECKF(rc != 0, "a send to the failed rank 1 succeeded");
+  T_CHECKF(strstr(st.msg, "rank 1 turned this rank's connection down: its group failed") &&
+               strstr(st.msg, "lost connection to rank 2"),
+           "the failure does not carry rank 1's reason: %s", st.msg);
+  T_CHECKF(st.has_reporter && st.reporter == 1, "not reported by rank 1: %s", st.msg);
+  T_CHECKF(took < 3, "the refusal took %.1f s (MLXDIST_CONNECT_TIMEOUT=10)", took);
+  t->ops->destroy(t);
+  return t_exit_status();
+}
+
+/* closing: rank 1 destroys its transport while 64 MiB to rank 2 (which
+ * reads nothing) keep its close waiting (MLXDIST_TIMEOUT=3); rank 0's first
+ * contact meanwhile is told rank 1 is shutting down, at once. */
+static int rank_closing(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  (void)size;
+  ctx* x = arg;
+  log_to(x, rank);
+  setenv("MLXDIST_CONNECT_TIMEOUT", "10", 1);
+  setenv("MLXDIST_TIMEOUT", "3", 1);
+  mlxd_transport* t = open_lazy(x, rank, &x->auth);
+  if (rank == 2) {
+    exchange(t, 1, 1, 1);
+    usleep(6000000); /* reads nothing */
+    _exit(t_exit_status());
+  }
+  if (rank == 1) {
+    exchange(t, 2, 2, 1);
+    size_t n = (size_t)64 << 20;
+    char* big = calloc(1, n);
+    T_REQUIRE(big != NULL);
+    mlxd_req* r = NULL;
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    T_REQUIRE(t->ops->isend(t, 2, mlxd_tag(MLXD_TAG_P2P, 13, 9), NULL, big, n, &r, &st) == 0);
+    double t0 = t_now();
+    mark(x, "destroy");
+    t->ops->destroy(t); /* its sockets stay full: the close waits MLXDIST_TIMEOUT */
+    fprintf(stderr, "[test] rank 1's destroy took %.2f s\n", t_now() - t0);
+    free(r); /* never waited: the transport that held it is gone */
+    free(big);
+    return t_exit_status();
+  }
+  wait_mark(x, "destroy", 30);
+  usleep(200000); /* rank 1 is in its destroy by now (3 s of it) */
+  unsigned char b[4] = {1, 2, 3, 4};
+  mlxd_status st;
+  double t0 = t_now();
+  int rc = one_op(t, true, 1, 3, b, 4, &st);
+  double took = t_now() - t0;
+  fprintf(stderr, "[test] rank 0's first contact with rank 1 in its destroy: %s (%.2f s)\n", st.msg,
+          took);
+  T_CHECKF(rc != 0, "a send to rank 1 in its destroy succeeded");
+  T_CHECKF(strstr(st.msg, "rank 1 turned this rank's connection down: it is shutting down") != NULL,
+           "the failure does not say rank 1 is shutting down: %s", st.msg);
+  T_CHECKF(t_status_names_peer(&st, 1), "the failure does not name rank 1: %s", st.msg);
+  T_CHECKF(took < 1.5, "the refusal took %.1f s", took);
+  t->ops->destroy(t);
+  return t_exit_status();
+}
+
+/* flood: rank 0 of 8 runs with a small RLIMIT_NOFILE while process 8
+ * floods its lazy listener with idle connections; rounds with partners
+ * rank ^ 1 .. rank ^ 7 each make new connections (rank 0 accepts them all:
+ * the higher rank's connection is kept). Every round passes, and rank 0
+ * says once that it ran short. */
+static int count_fds(void) {
+  int n = 0;
+  for (int fd = 0; fd < 4096; fd++)
+    if (fcntl(fd, F_GETFD) >= 0) n++;
+  return n;
+}
+
+static int rank_flood(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  (void)size;
+  ctx* x = arg;
+  log_to(x, rank);
+  if (rank == x->g) { /* the flooder */
+    for (int i = 0; i < x->g * x->k; i++) close(x->lfds[i]);
+    int held[1200];
+    int nh = 0;
+    double until = t_now() + 7;
+    while (t_now() < until) {
+      for (int i = 0; i < 20 && nh < 1200; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        if (fd < 0) break;
+        (void)connect(fd, (const struct sockaddr*)&x->hosts.addrs[0].sa, x->hosts.addrs[0].len);
+        held[nh++] = fd;
+      }
+      usleep(50000);
+    }
+    fprintf(stderr, "[test] the flooder made %d idle connections\n", nh);
+    for (int i = 0; i < nh; i++) close(held[i]);
+    return 0;
+  }
+  setenv("MLXDIST_CONNECT_TIMEOUT", "20", 1);
+  mlxd_transport* t = open_lazy(x, rank, &x->auth);
+  if (rank == 0) {
+    struct rlimit rl;
+    T_REQUIRE(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    int used = count_fds();
+    rl.rlim_cur = (rlim_t)used + 16; /* its 7 connections and a few handshakes */
+    T_REQUIRE(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    fprintf(stderr, "[test] rank 0: %d descriptors open, RLIMIT_NOFILE %d\n", used, used + 16);
+  }
+  usleep(700000); /* the flood is on */
+  for (unsigned b = 1; b < 8; b++) {
+    if (exchange(t, rank ^ (int)b, rank ^ (int)b, b) != 0) break;
+    usleep(150000);
+  }
+  int n = mlxd_tcp_connections(t, NULL);
+  T_CHECKF(n == 7, "rank %d holds %d connections, expected 7", rank, n);
+  t->ops->destroy(t);
+  return t_exit_status();
+}
+
+/* exit: 3 ranks, 3 groups each. Rank 0 sends rank 1 a last 64 KiB message
+ * on every group and destroys the three at once, while ranks 1 and 2 keep
+ * theirs open and read nothing (MLXDIST_TIMEOUT=20): its destroys must not
+ * wait for their FINs (they added up to 3 x 5 s), and rank 1, reading
+ * only afterwards (its heartbeats to rank 0's closed sockets reset), still
+ * gets every byte; then ranks 1 and 2 exchange on each group. */
+static int rank_exit(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  ctx* x = arg;
+  log_to(x, rank);
+  setenv("MLXDIST_TIMEOUT", "20", 1);
+  enum { N = 65536 + 5 };
+  static unsigned char msg[N];
+  mlxd_transport* t[NSET];
+  for (int s = 0; s < NSET; s++) {
+    t[s] = open_lazy_set(x, s, rank, &x->auth);
+    exchange(t[s], (rank + 1) % size, (rank + size - 1) % size, (unsigned)s);
+  }
+  mlxd_status st;
+  if (rank == 0) {
+    for (int s = 0; s < NSET; s++) {
+      for (int i = 0; i < N; i++) msg[i] = (unsigned char)(i * 7 + s);
+      T_CHECKF(one_op(t[s], true, 1, 20, msg, N, &st) == 0, "last send: %s", st.msg);
+    }
+    double t0 = t_now();
+    for (int s = 0; s < NSET; s++) t[s]->ops->destroy(t[s]);
+    double took = t_now() - t0;
+    fprintf(stderr, "[test] rank 0 destroyed 3 groups in %.2f s\n", took);
+    T_CHECKF(took < 2, "rank 0's three destroys took %.1f s (peers that keep their groups open)",
+             took);
+    return t_exit_status();
+  }
+  usleep(3000000); /* rank 0 closed meanwhile */
+  for (int s = 0; s < NSET; s++) {
+    if (rank == 1) {
+      memset(msg, 0, N);
+      int rc = one_op(t[s], false, 0, 20, msg, N, &st);
+      T_CHECKF(rc == 0, "rank 1: rank 0's last message on group %d: %s", s, st.msg);
+      for (int i = 0; rc == 0 && i < N; i++)
+        if (msg[i] != (unsigned char)(i * 7 + s)) {
+          T_CHECKF(false, "rank 1: byte %d of rank 0's last message on group %d is wrong", i, s);
+          break;
+        }
+    }
+    exchange(t[s], 3 - rank, 3 - rank, 30 + (unsigned)s); /* 1 <-> 2: not failed */
+  }
+  for (int s = 0; s < NSET; s++) t[s]->ops->destroy(t[s]);
+  return t_exit_status();
+}
+
+/* late: rank 1 listens only 3.5 s in; rank 0 first needs it 2.5 s in, with
+ * MLXDIST_CONNECT_TIMEOUT=3: its dial is refused, retried, and succeeds (a
+ * bound from init would have run out). Then on a second group where rank 1
+ * never listens, rank 0's op (2 s after that group was made) fails after
+ * the bound, counted from the op, saying how many attempts were refused. */
+static int rank_late(int rank, int size, const char* session, void* arg) {
+  (void)session;
+  (void)size;
+  ctx* x = arg;
+  log_to(x, rank);
+  setenv("MLXDIST_CONNECT_TIMEOUT", "3", 1);
+  double start = t_now();
+  if (rank == 1) {
+    close(x->lfds_set[1][1]); /* never listens in group 1 */
+    x->lfds_set[1][1] = -1;
+    close(x->lfds[1]); /* not started yet: nothing listens at its address */
+    x->lfds[1] = -1;
+    usleep(3500000);
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    T_REQUIRE(mlxd_ring_listen(&x->hosts.addrs[1], &x->lfds[1], &st) == 0);
+    mlxd_transport* t = open_lazy(x, rank, &x->auth);
+    exchange(t, 0, 0, 1);
+    usleep(6000000); /* rank 0's second group waits for nothing here */
+    t->ops->destroy(t);
+    return t_exit_status();
+  }
+  mlxd_transport* t = open_lazy(x, rank, &x->auth);
+  usleep(2500000);
+  double t0 = t_now();
+  int rc = exchange(t, 1, 1, 1);
+  fprintf(stderr, "[test] rank 0 reached rank 1 %.2f s after first needing it (%.2f s in)\n",
+          t_now() - t0, t_now() - start);
+  T_CHECKF(rc == 0, "rank 0 did not reach the late rank 1");
+  mlxd_transport* t1 = open_lazy_set(x, 1, rank, &x->auth);
+  usleep(2000000);
+  unsigned char b[4] = {0};
+  mlxd_status st;
+  t0 = t_now();
+  rc = one_op(t1, true, 1, 2, b, 4, &st);
+  double took = t_now() - t0;
+  fprintf(stderr, "[test] rank 0 on rank 1 that never listens: %s (%.2f s)\n", st.msg, took);
+  T_CHECKF(rc != 0, "a send to a rank that never listens succeeded");
+  T_CHECKF(took >= 2.5 && took < 6, "the bound ran out after %.1f s of the op (3 s from need)",
+           took);
+  T_CHECKF(strstr(st.msg, "of first needing it (MLXDIST_CONNECT_TIMEOUT)") &&
+               strstr(st.msg, "refused (nothing listened at"),
+           "the failure does not count the refusals: %s", st.msg);
+  t1->ops->destroy(t1);
+  t->ops->destroy(t);
+  return t_exit_status();
+}
+
 /* The parent's copies of the ranks' listeners. */
 static void close_parent(void* arg) {
   ctx* x = arg;
-  for (int i = 0; i < MAXN * 2; i++)
-    if (x->lfds[i] >= 0) close(x->lfds[i]);
+  for (int s = 0; s < NSET; s++)
+    for (int i = 0; i < MAXN * 2; i++)
+      if (x->lfds_set[s][i] >= 0) close(x->lfds_set[s][i]);
 }
 
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "ring";
   ctx x;
   memset(&x, 0, sizeof x);
-  for (int i = 0; i < MAXN * 2; i++) x.lfds[i] = -1;
+  for (int s = 0; s < NSET; s++)
+    for (int i = 0; i < MAXN * 2; i++) x.lfds_set[s][i] = -1;
+  x.nsets = 1;
   x.mode = mode;
   x.n = 8;
   x.k = 1;
@@ -352,10 +658,30 @@ int main(int argc, char** argv) {
   } else if (strcmp(mode, "storm") == 0) {
     fn = rank_storm;
     x.n = 32;
+  } else if (strcmp(mode, "refuse") == 0) {
+    fn = rank_refuse;
+    x.n = 3;
+  } else if (strcmp(mode, "closing") == 0) {
+    fn = rank_closing;
+    x.n = 3;
+  } else if (strcmp(mode, "flood") == 0) {
+    fn = rank_flood;
+    x.n = 9;
+    x.g = 8;
+  } else if (strcmp(mode, "exit") == 0) {
+    fn = rank_exit;
+    x.n = 3;
+    x.nsets = 3;
+  } else if (strcmp(mode, "late") == 0) {
+    fn = rank_late;
+    x.n = 2;
+    x.nsets = 2;
   } else if (strcmp(mode, "ring") != 0) {
-    fprintf(stderr, "usage: test_lazy ring|pairs|storm|intruder|never\n");
+    fprintf(stderr,
+            "usage: test_lazy ring|pairs|storm|intruder|never|refuse|closing|flood|exit|late\n");
     return 2;
   }
+  if (!x.g) x.g = x.n;
   snprintf(x.logdir, sizeof x.logdir, "/tmp/test_lazy.XXXXXX");
   T_REQUIRE(mkdtemp(x.logdir) != NULL);
   listen_all(&x);
@@ -370,12 +696,30 @@ int main(int argc, char** argv) {
     fprintf(stderr, "rank 1's stderr:\n%s", log1);
     fprintf(stderr, "rank 2's stderr:\n%s", slurp(&x, 2));
   }
+  if (strcmp(mode, "flood") == 0) {
+    const char* log0 = slurp(&x, 0);
+    int said = 0;
+    for (const char* q = log0; (q = strstr(q, "(said once)")) != NULL; q++) said++;
+    T_CHECKF(said == 1,
+             "rank 0 said %d times that it ran short of descriptors (expected once: the flood "
+             "must reach its limit); its stderr:\n%s",
+             said, log0);
+  }
+  if (strcmp(x.mode, "ring") != 0 && strcmp(x.mode, "pairs") != 0 && strcmp(x.mode, "storm") != 0 &&
+      strcmp(x.mode, "intruder") != 0 && strcmp(x.mode, "never") != 0)
+    for (int r = 0; r < x.n; r++) fprintf(stderr, "--- rank %d's stderr:\n%s", r, slurp(&x, r));
   for (int r = 0; r < x.n; r++) {
     char path[128];
     snprintf(path, sizeof path, "%s/rank%d.log", x.logdir, r);
     unlink(path);
   }
+  const char* marks[] = {"failed", "destroy"};
+  for (int i = 0; i < 2; i++) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", x.logdir, marks[i]);
+    unlink(path);
+  }
   rmdir(x.logdir);
-  mlxd_ring_hosts_free(&x.hosts);
+  for (int s = 0; s < x.nsets; s++) mlxd_ring_hosts_free(&x.hosts_set[s]);
   return t_exit_status();
 }

@@ -85,7 +85,71 @@ static void messages(void) {
   T_EQ_INT(mlxd_hs_check_confirm(c, sizeof c, mac), MLXD_HS_MAC_E);
   c[7] = 1;
   T_EQ_INT(mlxd_hs_check_confirm(c, sizeof c, mac), MLXD_HS_RESERVED_E);
-  for (int r = 0; r <= MLXD_HS_RESERVED_E; r++) T_CHECK(strlen(mlxd_hs_reason(r)) > 1);
+  for (int r = 0; r <= MLXD_HS_REFUSAL_E; r++) T_CHECK(strlen(mlxd_hs_reason(r)) > 1);
+}
+
+/* The refusal: the reply's checks, a known reason, a bounded body, its
+ * length told by its head; its MAC covers the reason and the body. */
+static void refusals(void) {
+  mlxd_hs_expect ec = {3, 4, 2, TOK, false, false};
+  mlxd_hs_msg m = msg(1, 4, 1, 2, 0), out;
+  unsigned char b[MLXD_HS_REFUSAL_MAX], body[40];
+  for (size_t i = 0; i < sizeof body; i++) body[i] = (unsigned char)('a' + i % 26);
+  size_t n = mlxd_hs_encode_refusal(b, &m, MLXD_HS_REFUSE_FAILED, body, sizeof body);
+  T_EQ_INT((int)n, MLXD_HS_REFUSAL_HEAD + (int)sizeof body);
+  T_CHECK(mlxd_hs_is_refusal(b, 4));
+  unsigned kind = 0;
+  const unsigned char* got = NULL;
+  size_t glen = 0, need = 0;
+  T_EQ_INT(mlxd_hs_check_refusal(b, n, &ec, 1, 1, &out, &need, &kind, &got, &glen), MLXD_HS_OK);
+  T_CHECK(kind == MLXD_HS_REFUSE_FAILED && glen == sizeof body && got == b + MLXD_HS_REFUSAL_HEAD);
+  T_CHECK(memcmp(out.mac, m.mac, sizeof m.mac) == 0);
+  /* short: the head first, then as much as it says */
+  T_EQ_INT(mlxd_hs_check_refusal(b, 50, &ec, 1, 1, &out, &need, NULL, NULL, NULL), MLXD_HS_SHORT);
+  T_EQ_INT((int)need, MLXD_HS_REFUSAL_HEAD);
+  T_EQ_INT(mlxd_hs_check_refusal(b, n - 1, &ec, 1, 1, &out, &need, NULL, NULL, NULL),
+           MLXD_HS_SHORT);
+  T_EQ_INT((int)need, (int)n);
+  T_EQ_INT(mlxd_hs_check_refusal(b, n, &ec, 0, 1, &out, NULL, NULL, NULL, NULL), MLXD_HS_RANK);
+  T_EQ_INT(mlxd_hs_check_reply(b, n, &ec, 1, 1, &out), MLXD_HS_MAGIC); /* no reply */
+  unsigned char tok2[MLXD_HS_TOKEN_BYTES];
+  memcpy(tok2, TOK, sizeof tok2);
+  tok2[3] ^= 1;
+  mlxd_hs_expect eo = ec;
+  eo.token = tok2;
+  T_EQ_INT(mlxd_hs_check_refusal(b, n, &eo, 1, 1, &out, NULL, NULL, NULL, NULL), MLXD_HS_TOKEN);
+  /* a length past the bound is refused before anything is read on */
+  unsigned char bad[MLXD_HS_REFUSAL_MAX];
+  memcpy(bad, b, n);
+  bad[106] = 0xff;
+  bad[107] = 0xff;
+  T_EQ_INT(mlxd_hs_check_refusal(bad, MLXD_HS_REFUSAL_HEAD, &ec, 1, 1, &out, &need, NULL, NULL,
+                                 NULL),
+           MLXD_HS_REFUSAL_E);
+  memcpy(bad, b, n);
+  bad[105] = 7; /* an unknown reason */
+  T_EQ_INT(mlxd_hs_check_refusal(bad, n, &ec, 1, 1, &out, NULL, NULL, NULL, NULL),
+           MLXD_HS_REFUSAL_E);
+  /* closing carries nothing; failed carries something */
+  n = mlxd_hs_encode_refusal(b, &m, MLXD_HS_REFUSE_CLOSING, NULL, 0);
+  T_EQ_INT(mlxd_hs_check_refusal(b, n, &ec, 1, 1, &out, NULL, &kind, NULL, &glen), MLXD_HS_OK);
+  T_CHECK(kind == MLXD_HS_REFUSE_CLOSING && glen == 0);
+  n = mlxd_hs_encode_refusal(b, &m, MLXD_HS_REFUSE_CLOSING, body, 3);
+  T_EQ_INT(mlxd_hs_check_refusal(b, n, &ec, 1, 1, &out, NULL, NULL, NULL, NULL), MLXD_HS_REFUSAL_E);
+  n = mlxd_hs_encode_refusal(b, &m, MLXD_HS_REFUSE_FAILED, NULL, 0);
+  T_EQ_INT(mlxd_hs_check_refusal(b, n, &ec, 1, 1, &out, NULL, NULL, NULL, NULL), MLXD_HS_REFUSAL_E);
+  /* the MAC: keyed, and over the reason and the body */
+  unsigned char key[32], nc[MLXD_HS_NONCE_BYTES], na[MLXD_HS_NONCE_BYTES], m1[32], m2[32];
+  memset(key, 1, sizeof key);
+  memset(nc, 4, sizeof nc);
+  memset(na, 5, sizeof na);
+  unsigned char rest[8] = {0, 1, 0, 4, 'a', 'b', 'c', 'd'};
+  T_EQ_INT(mlxd_hs_mac_refusal(key, TOK, 4, 2, 1, 3, 1, nc, na, rest, sizeof rest, m1), 0);
+  rest[7] ^= 1;
+  T_EQ_INT(mlxd_hs_mac_refusal(key, TOK, 4, 2, 1, 3, 1, nc, na, rest, sizeof rest, m2), 0);
+  T_CHECK(!mlxd_hs_mac_equal(m1, m2));
+  T_EQ_INT(mlxd_hs_mac(key, false, TOK, 4, 2, 1, 3, 1, nc, na, m2), 0); /* not the reply's */
+  T_CHECK(!mlxd_hs_mac_equal(m1, m2));
 }
 
 static void macs(void) {
@@ -184,6 +248,7 @@ static void tokens(void) {
 }
 
 int main(void) {
+  refusals();
   messages();
   macs();
   tokens();

@@ -41,6 +41,7 @@
 #include "backends/ring/ring_internal.h"
 #include "security/secret.h"
 #include "transport/tcp.h"
+#include "transport/tcp_wire.h"
 #include "util/bytes.h"
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -58,6 +59,10 @@
 #define CONNECT_FIRST_S 0.25
 #define CONNECT_ATTEMPT_S 2.0
 #define LOG_LINES 20 /* refused connections logged per set-up, then counted */
+/* accept() out of descriptors or buffers with nothing to shed: the listeners
+ * rest this long, doubling up to ACCEPT_REST_MAX_S */
+#define ACCEPT_REST_S 0.01
+#define ACCEPT_REST_MAX_S 1.0
 
 bool mlxd_ring_verbose(void) {
   const char* v = getenv("MLX_RING_VERBOSE");
@@ -239,14 +244,16 @@ typedef struct outgoing { /* this rank's connection c to rank j */
   double retry_at;   /* O_IDLE: when to connect again */
   double attempt_by; /* O_CONNECTING: when this attempt is given up */
   double give_up;    /* lazy: MLXDIST_CONNECT_TIMEOUT from the first want */
+  double first_want; /* lazy: when the transport first asked for the peer (0: never) */
   double backoff;
   double attempt_s;     /* the next connect() attempt's bound */
   int attempts, closed; /* connect attempts; handshakes the peer closed */
+  int refused;          /* attempts answered ECONNREFUSED (nothing listened yet) */
   bool wanted;          /* lazy: the transport asked for this peer */
   int last_errno;
   unsigned char nonce[MLXD_HS_NONCE_BYTES];
-  unsigned char in[MLXD_HS_REPLY_BYTES];
-  size_t got;
+  unsigned char in[MLXD_HS_REFUSAL_MAX]; /* the reply, or a refusal */
+  size_t got, want;
 } outgoing;
 
 typedef struct pending { /* an accepted connection in its handshake */
@@ -276,8 +283,18 @@ typedef struct mesh {
   pending* pend;
   int npend, npending; /* entries, entries in use */
   int ep;
-  bool emfile; /* accept failed for want of descriptors */
-  int emfile_errno;
+  /* accept() or socket() short of descriptors or buffers (EMFILE, ENFILE,
+   * ENOBUFS, ENOMEM): never fatal to accept; logged once, counted */
+  int fd_errno; /* the last such errno (0: none yet) */
+  int fd_shed;  /* pending connections without a hello closed to make room */
+  bool rest;    /* the listeners are out of the epoll set until rest_until */
+  double rest_until, rest_s;
+  /* lazy, the transport failed or is being destroyed: every hello that passes
+   * its checks is answered with a refusal (handshake.h) and nothing is dialed */
+  unsigned refusing; /* 0, MLXD_HS_REFUSE_FAILED or _CLOSING */
+  unsigned char refuse_body[MLXD_HS_REFUSAL_BODY_MAX];
+  size_t refuse_len;
+  int refusals; /* hellos answered so */
   /* refused connections: logged up to LOG_LINES, the rest counted */
   int refused, shown;
   char last_refused[260];
@@ -299,15 +316,17 @@ static void ep_ctl(mesh* m, int op, int fd, unsigned events, int kind, int idx) 
 
 static bool slot_taken(const mesh* m, int j, int c);
 
-/* Arm outgoing connection o for a first attempt now, with a fresh
- * MLXDIST_CONNECT_TIMEOUT (a lazy dial, or a dial again). */
+/* Arm outgoing connection o for a first attempt now (a lazy dial, or a
+ * dial again), within MLXDIST_CONNECT_TIMEOUT of the first want. */
 static void out_arm(mesh* m, outgoing* o, double now) {
   o->state = O_IDLE;
-  o->give_up = now + m->budget;
+  /* The bound counts from the first want, also for a dial again: a peer
+   * that keeps failing its handshakes cannot stretch it. */
+  if (o->first_want <= 0) o->first_want = now;
+  o->give_up = o->first_want + m->budget;
   o->retry_at = now;
   o->backoff = 0.01;
   o->attempt_s = CONNECT_FIRST_S;
-  o->attempts = o->closed = 0;
   m->nactive++;
 }
 
@@ -326,7 +345,7 @@ static void pend_close(mesh* m, pending* p) {
    * slot, connect again (within the first want's MLXDIST_CONNECT_TIMEOUT). */
   int j = (int)p->hello.rank, c = (int)p->hello.conn;
   outgoing* o = &m->outs[j * m->K + c];
-  if (!o->wanted || o->state != O_NONE || slot_taken(m, j, c)) return;
+  if (m->refusing || !o->wanted || o->state != O_NONE || slot_taken(m, j, c)) return;
   mlxd_ring_log("rank %d: rank %d's connection %d failed in its handshake: connecting again",
                 m->rank, j, c);
   double now = mlxd_now();
@@ -393,6 +412,7 @@ static void out_retry(mesh* m, outgoing* o, int err) {
   out_close(m, o);
   o->got = 0;
   o->last_errno = err;
+  if (err == ECONNREFUSED) o->refused++;
   if (m->lazy && slot_taken(m, o->j, o->c)) {
     out_drop(m, o);
     return;
@@ -456,6 +476,7 @@ static void out_send_hello(mesh* m, outgoing* o) {
   }
   o->state = O_WAIT_REPLY;
   o->got = 0;
+  o->want = MLXD_HS_REPLY_BYTES; /* a refusal's head says how much more (out_read) */
   ep_ctl(m, EPOLL_CTL_MOD, o->fd, EPOLLIN, EV_OUT, o->j * m->K + o->c);
 }
 
@@ -470,12 +491,88 @@ static void nofile_text(char* buf, size_t n) {
            (unsigned long long)rl.rlim_max);
 }
 
+static bool short_of_fds(int e) {
+  return e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM;
+}
+
+/* accept() or socket() ran short of descriptors or kernel buffers: said
+ * once per engine (a flood of idle connections must not fill stderr). */
+static void fd_short(mesh* m, int e, const char* call) {
+  bool first = m->fd_errno == 0;
+  m->fd_errno = e;
+  if (!first) return;
+  char lim[96];
+  nofile_text(lim, sizeof lim);
+  fprintf(stderr,
+          "[%s] rank %d: %s failed: %s (%s); connections that have sent no hello are closed "
+          "to make room, oldest first, and accepting pauses while there are none (said once)\n",
+          m->tag, m->rank, call, strerror(e), lim);
+}
+
+/* Close the oldest pending connection that has not sent a whole hello (an
+ * honest peer sends it at once; one that did keeps its place), counted as
+ * refused, not logged line by line. Whether there was one. */
+static bool pend_shed(mesh* m) {
+  pending* oldest = NULL;
+  for (int i = 0; m->npending > 0 && i < m->npend; i++) {
+    pending* q = &m->pend[i];
+    if (q->state == P_HELLO && (!oldest || q->since < oldest->since)) oldest = q;
+  }
+  if (!oldest) return false;
+  m->fd_shed++;
+  m->refused++;
+  snprintf(m->last_refused, sizeof m->last_refused,
+           "%s: closed without a hello to make room (out of descriptors)", oldest->addr);
+  pend_close(m, oldest);
+  return true;
+}
+
+/* Nothing to shed: the listeners leave the epoll set for a while (a
+ * level-triggered listener with a backlog would wake every step), the
+ * pause doubling up to ACCEPT_REST_MAX_S while it lasts. */
+static void accept_rest(mesh* m) {
+  m->rest_s = m->rest_s > 0 ? 2 * m->rest_s : ACCEPT_REST_S;
+  if (m->rest_s > ACCEPT_REST_MAX_S) m->rest_s = ACCEPT_REST_MAX_S;
+  m->rest_until = mlxd_now() + m->rest_s;
+  if (m->rest) return;
+  m->rest = true;
+  for (int c = 0; c < m->K; c++)
+    if (m->lfds[c] >= 0) ep_ctl(m, EPOLL_CTL_MOD, m->lfds[c], 0, EV_LISTEN, c);
+}
+
+static void accept_resume(mesh* m, double now) {
+  if (!m->rest || now < m->rest_until) return;
+  m->rest = false;
+  for (int c = 0; c < m->K; c++)
+    if (m->lfds[c] >= 0) ep_ctl(m, EPOLL_CTL_MOD, m->lfds[c], EPOLLIN, EV_LISTEN, c);
+}
+
+/* What was short, for the messages of a connect bound that ran out. */
+static void fd_text(const mesh* m, char* buf, size_t n) {
+  buf[0] = '\0';
+  if (!m->fd_errno) return;
+  char lim[96];
+  nofile_text(lim, sizeof lim);
+  snprintf(buf, n,
+           "; this rank ran short of descriptors or buffers (%s; %s), %d connection%s without a "
+           "hello closed to make room",
+           strerror(m->fd_errno), lim, m->fd_shed, m->fd_shed == 1 ? "" : "s");
+}
+
 /* Start a connect() attempt (O_IDLE -> O_CONNECTING or straight on); a
  * non-transient failure is fatal (st set, -1). */
 static int out_start(mesh* m, outgoing* o, mlxd_status* st) {
   const mlxd_ring_addr* a = &m->hosts->addrs[o->j * m->K + o->c];
   o->attempts++;
   int fd = socket(a->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0 && short_of_fds(errno)) { /* a flood's idle connections may hold them */
+    int e = errno;
+    fd_short(m, e, "socket");
+    if (pend_shed(m))
+      fd = socket(a->sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    else
+      errno = e;
+  }
   if (fd < 0) {
     int e = errno;
     char lim[96] = "";
@@ -620,9 +717,70 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
   return 0;
 }
 
+/* A refusal is complete (or malformed): check it and its proof; the
+ * transport fails with the acceptor's reason (always -1, st set). */
+static int out_refused(mesh* m, outgoing* o, mlxd_status* st) {
+  const char* at = m->hosts->addrs[o->j * m->K + o->c].text;
+  mlxd_hs_msg r;
+  unsigned kind = 0;
+  const unsigned char* body = NULL;
+  size_t blen = 0;
+  mlxd_hs_err e =
+      mlxd_hs_check_refusal(o->in, o->got, &m->ex, o->j, o->c, &r, NULL, &kind, &body, &blen);
+  const unsigned char* key = m->auth.have_key ? m->auth.key : NULL;
+  if (e == MLXD_HS_OK) {
+    unsigned char mac[MLXD_HS_MAC_BYTES];
+    if (mlxd_hs_mac_refusal(key, m->auth.token, m->size, m->K, o->c, m->rank, o->j, o->nonce,
+                            r.nonce, o->in + MLXD_HS_REPLY_BYTES, 4 + blen, mac) != 0) {
+      out_drop(m, o);
+      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "libcrypto failed (HMAC)");
+      return -1;
+    }
+    if (key && !mlxd_hs_mac_equal(mac, r.mac)) e = MLXD_HS_MAC_E;
+  }
+  mlxd_tcp_abort_rec rec;
+  char why[200] = "";
+  if (e == MLXD_HS_OK && kind == MLXD_HS_REFUSE_FAILED) {
+    /* the record names the rank that found the failure first: any rank of the group */
+    int32_t reporter = blen >= 8 ? (int32_t)((uint32_t)body[4] | (uint32_t)body[5] << 8 |
+                                             (uint32_t)body[6] << 16 | (uint32_t)body[7] << 24)
+                                 : -1;
+    if (reporter < 0 || reporter >= m->size)
+      snprintf(why, sizeof why, "a failure record naming rank %d as its reporter", (int)reporter);
+    else
+      (void)mlxd_tcp_abort_decode(body, blen, reporter, m->size, &rec, why, sizeof why);
+  }
+  if (e != MLXD_HS_OK || why[0]) {
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                 "the process listening at rank %d's address is not rank %d of this job (a "
+                 "refusal: %s); check the %s",
+                 o->j, o->j, why[0] ? why : mlxd_hs_reason(e), m->what);
+    mlxd_status_set_peer(st, o->j, at);
+  } else if (kind == MLXD_HS_REFUSE_CLOSING) {
+    mlxd_fail_at(st, MLXD_EREMOTE, MLXD_LAYER_BOOTSTRAP,
+                 "rank %d turned this rank's connection down: it is shutting down (its group is "
+                 "being destroyed or its process is exiting); did every rank run the same "
+                 "operations?",
+                 o->j);
+    mlxd_status_set_peer(st, o->j, at);
+  } else {
+    mlxd_fail_at(st, (int)rec.code, MLXD_LAYER_BOOTSTRAP,
+                 "rank %d turned this rank's connection down: its group failed: %s", o->j,
+                 rec.detail[0] ? rec.detail : "no reason given");
+    if (rec.peer >= 0)
+      mlxd_status_set_peer(st, rec.peer, rec.addr);
+    else
+      mlxd_status_set_peer(st, o->j, at);
+    if (rec.syscall || rec.sys_errno) mlxd_status_set_sys(st, rec.syscall, rec.sys_errno);
+    mlxd_status_set_reporter(st, rec.reporter);
+  }
+  out_drop(m, o);
+  return -1;
+}
+
 /* O_WAIT_REPLY and readable. */
 static int out_read(mesh* m, outgoing* o, mlxd_status* st) {
-  ssize_t k = recv(o->fd, o->in + o->got, sizeof o->in - o->got, 0);
+  ssize_t k = recv(o->fd, o->in + o->got, o->want - o->got, 0);
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
   if (k <= 0) {
     /* Closed before the reply: j refused the hello (another job on that port?
@@ -633,13 +791,25 @@ static int out_read(mesh* m, outgoing* o, mlxd_status* st) {
     return 0;
   }
   o->got += (size_t)k;
+  if (mlxd_hs_is_refusal(o->in, o->got)) {
+    /* its head says how long it is (bounded: MLXD_HS_REFUSAL_MAX) */
+    size_t need = 0;
+    mlxd_hs_msg r;
+    mlxd_hs_err e =
+        mlxd_hs_check_refusal(o->in, o->got, &m->ex, o->j, o->c, &r, &need, NULL, NULL, NULL);
+    if (e == MLXD_HS_SHORT && need > o->got && need <= sizeof o->in) {
+      o->want = need;
+      return 0;
+    }
+    return out_refused(m, o, st);
+  }
   /* garbage is known as soon as the magic is */
-  if (o->got >= 4 && o->got < sizeof o->in) {
+  if (o->got >= 4 && o->got < o->want) {
     mlxd_hs_msg r;
     if (mlxd_hs_check_reply(o->in, o->got, &m->ex, o->j, o->c, &r) == MLXD_HS_MAGIC)
       return out_finish(m, o, st);
   }
-  return o->got == sizeof o->in ? out_finish(m, o, st) : 0;
+  return o->got == o->want ? out_finish(m, o, st) : 0;
 }
 
 /* ---- incoming ---- */
@@ -652,12 +822,18 @@ static void pend_accept(mesh* m, int lfd) {
     socklen_t sl = sizeof sa;
     int fd = accept4(lfd, (struct sockaddr*)&sa, &sl, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE) {
-        m->emfile = true; /* the listener stays readable: the step fails, naming the limit */
-        m->emfile_errno = errno;
+      /* Short of descriptors or buffers: never fatal (the listeners stay
+       * open for the group's life, and anyone who reaches them can hold
+       * idle connections). Make room at a silent connection's expense and
+       * accept again, or pause accepting for a while. */
+      if (short_of_fds(errno)) {
+        fd_short(m, errno, "accept");
+        if (pend_shed(m)) continue;
+        accept_rest(m);
       }
       return; /* EAGAIN: all taken; anything else: try again next round */
     }
+    m->rest_s = 0;
     /* A free entry, else the oldest that has not sent a well-formed hello
      * (a rightful peer sends it right after connecting; one that did has
      * shown this job's token and keeps its place: a busy honest peer is not
@@ -705,6 +881,48 @@ static void pend_yield(mesh* m, pending* p, const char* why) {
   pend_close(m, p);
 }
 
+/* The reply's fields for hello h (this rank's, a fresh nonce). 0 or -1. */
+static int reply_fields(const mesh* m, const mlxd_hs_msg* h, mlxd_hs_msg* r) {
+  memset(r, 0, sizeof *r);
+  r->rank = (uint32_t)m->rank;
+  r->size = (uint32_t)m->size;
+  r->conn = h->conn;
+  r->nconn = (uint32_t)m->K;
+  r->flags = m->auth.have_key ? MLXD_HS_FLAG_SECRET : 0;
+  memcpy(r->token, m->auth.token, MLXD_HS_TOKEN_BYTES);
+  mlxd_status ignore = {0};
+  return mlxd_random_bytes(r->nonce, sizeof r->nonce, &ignore) != 0 ? -1 : 0;
+}
+
+/* Refusing (the transport failed or is being destroyed): answer a hello
+ * that passed its checks with the reason, proven with the secret, and close. */
+static void pend_refuse(mesh* m, pending* p) {
+  const mlxd_hs_msg* h = &p->hello;
+  mlxd_hs_msg r;
+  unsigned char buf[MLXD_HS_REFUSAL_MAX];
+  if (reply_fields(m, h, &r) != 0) {
+    refuse(m, p, "no random bytes for the handshake (libcrypto)");
+    return;
+  }
+  size_t n = mlxd_hs_encode_refusal(buf, &r, m->refusing, m->refuse_body, m->refuse_len);
+  const unsigned char* key = m->auth.have_key ? m->auth.key : NULL;
+  if (mlxd_hs_mac_refusal(key, m->auth.token, m->size, m->K, (int)h->conn, (int)h->rank, m->rank,
+                          h->nonce, r.nonce, buf + MLXD_HS_REPLY_BYTES, n - MLXD_HS_REPLY_BYTES,
+                          buf + 72) != 0) {
+    refuse(m, p, "libcrypto failed (HMAC)");
+    return;
+  }
+  /* a fresh socket's send buffer takes it whole; the hello was read whole,
+   * so the close that follows is a FIN, not a reset */
+  ssize_t k = send(p->fd, buf, n, MSG_NOSIGNAL);
+  m->refusals++;
+  mlxd_ring_log("rank %d: turned down rank %u's connection %u from %s (%s)%s", m->rank,
+                (unsigned)h->rank, (unsigned)h->conn, p->addr,
+                m->refusing == MLXD_HS_REFUSE_FAILED ? "its group failed" : "shutting down",
+                k == (ssize_t)n ? "" : ": the refusal could not be sent");
+  pend_close(m, p);
+}
+
 /* The hello is complete: check it, answer, wait for the confirm. */
 static int pend_hello(mesh* m, pending* p) {
   mlxd_hs_msg* h = &p->hello;
@@ -730,6 +948,10 @@ static int pend_hello(mesh* m, pending* p) {
   }
   if (!linked(m, (int)h->rank)) {
     refuse(m, p, "rank %u has no connection with this rank in this group", (unsigned)h->rank);
+    return 0;
+  }
+  if (e == MLXD_HS_OK && m->refusing) {
+    pend_refuse(m, p);
     return 0;
   }
   int slot = (int)h->rank * m->K + (int)h->conn;
@@ -794,6 +1016,10 @@ static void pend_confirm(mesh* m, pending* p) {
   const mlxd_hs_msg* h = &p->hello;
   if (e != MLXD_HS_OK) {
     refuse(m, p, "%s (it claimed rank %u)", mlxd_hs_reason(e), (unsigned)h->rank);
+    return;
+  }
+  if (m->refusing) { /* answered before the transport failed or its destroy began */
+    pend_yield(m, p, "the group failed or is shutting down");
     return;
   }
   int slot = (int)h->rank * m->K + (int)h->conn;
@@ -867,16 +1093,18 @@ static void pend_expire(mesh* m, double now) {
 /* Outgoing connection o ran out of MLXDIST_CONNECT_TIMEOUT: say what was seen. */
 static int out_timeout(mesh* m, outgoing* o, mlxd_status* st) {
   const char* at = m->hosts->addrs[o->j * m->K + o->c].text;
+  char fds[300];
+  fd_text(m, fds, sizeof fds);
   if (o->closed > 0)
     mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
                  "rank %d closed this rank's handshake %d time%s within %g s "
                  "(MLXDIST_CONNECT_TIMEOUT): the process listening at its address refused it "
-                 "(another job on that port, or a different MLXDIST_JOB_TOKEN?)",
-                 o->j, o->closed, o->closed == 1 ? "" : "s", m->budget);
+                 "(another job on that port, or a different MLXDIST_JOB_TOKEN?)%s",
+                 o->j, o->closed, o->closed == 1 ? "" : "s", m->budget, fds);
   else if (o->state == O_WAIT_REPLY)
     mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
-                 "no handshake answer from rank %d within %g s (MLXDIST_CONNECT_TIMEOUT)", o->j,
-                 m->budget);
+                 "no handshake answer from rank %d within %g s (MLXDIST_CONNECT_TIMEOUT)%s", o->j,
+                 m->budget, fds);
   else {
     /* Both sides dial a lazy peer: the reason a peer gave up on this
      * rank is often in what this rank refused from it. */
@@ -884,10 +1112,18 @@ static int out_timeout(mesh* m, outgoing* o, mlxd_status* st) {
     if (m->refused > 0)
       snprintf(seen, sizeof seen, "; %d connection%s refused here, the last from %.200s",
                m->refused, m->refused == 1 ? " was" : "s were", m->last_refused);
+    /* ECONNREFUSED: nothing listened there (yet); a launcher may start a
+     * rank tens of seconds after the first at 1,024 ranks on few cores */
+    char refused[200] = "";
+    if (o->refused > 0)
+      snprintf(refused, sizeof refused,
+               ", %d of them refused (nothing listened at %.80s: has rank %d started?)", o->refused,
+               at, o->j);
     mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
-                 "cannot connect to rank %d within %g s (MLXDIST_CONNECT_TIMEOUT) after %d "
-                 "attempt%s%s",
-                 o->j, m->budget, o->attempts, o->attempts == 1 ? "" : "s", seen);
+                 "cannot connect to rank %d within %g s%s (MLXDIST_CONNECT_TIMEOUT) after %d "
+                 "attempt%s%s%s%s",
+                 o->j, m->budget, m->lazy ? " of first needing it" : "", o->attempts,
+                 o->attempts == 1 ? "" : "s", refused, seen, fds);
   }
   mlxd_status_set_peer(st, o->j, at);
   if (o->state != O_WAIT_REPLY && o->last_errno) mlxd_status_set_sys(st, "connect", o->last_errno);
@@ -904,15 +1140,16 @@ static int mesh_timeout(mesh* m, mlxd_status* st) {
   for (int j = m->rank + 1; j < m->size && missing < 0; j++)
     for (int c = 0; c < m->K && linked(m, j); c++)
       if (m->fds[j * m->K + c] < 0) missing = j;
-  char seen[300] = "";
+  char seen[300] = "", fds[300];
   if (m->refused > 0)
     snprintf(seen, sizeof seen, " %d connection%s refused, the last from %.200s", m->refused,
              m->refused == 1 ? " was" : "s were", m->last_refused);
+  fd_text(m, fds, sizeof fds);
   mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
                "rank %d did not connect to this rank (%d, listening on %s) within %g s "
-               "(MLXDIST_CONNECT_TIMEOUT); is it running with the same %s%s?%s",
+               "(MLXDIST_CONNECT_TIMEOUT); is it running with the same %s%s?%s%s",
                missing, m->rank, m->hosts->addrs[m->rank * m->K].text, m->budget, m->what,
-               m->auth.have_key ? " and secret" : "", seen);
+               m->auth.have_key ? " and secret" : "", seen, fds);
   if (missing >= 0) mlxd_status_set_peer(st, missing, NULL);
   return st->code;
 }
@@ -930,6 +1167,7 @@ static double mesh_next(const mesh* m) {
   }
   for (int i = 0; m->npending > 0 && i < m->npend; i++)
     if (m->pend[i].state != P_FREE && m->pend[i].deadline < wake) wake = m->pend[i].deadline;
+  if (m->rest && m->rest_until < wake) wake = m->rest_until;
   return wake;
 }
 
@@ -939,6 +1177,7 @@ static double mesh_next(const mesh* m) {
  * handle what they have, expire what ran out. */
 static int mesh_step(mesh* m, int timeout_ms, mlxd_status* st) {
   double now = mlxd_now();
+  accept_resume(m, now);
   for (int i = 0; m->nactive > 0 && i < m->size * m->K; i++) {
     outgoing* o = &m->outs[i];
     if (o->state != O_IDLE || o->retry_at > now) continue;
@@ -977,16 +1216,6 @@ static int mesh_step(mesh* m, int timeout_ms, mlxd_status* st) {
       else if (o->state == O_WAIT_REPLY && out_read(m, o, st) != 0)
         return -1;
     }
-  }
-  if (m->emfile) {
-    char lim[96];
-    nofile_text(lim, sizeof lim);
-    mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
-                 "cannot accept a connection from a peer: out of file descriptors (%s; raise it "
-                 "with ulimit -n)",
-                 lim);
-    mlxd_status_set_sys(st, "accept4", m->emfile_errno);
-    return -1;
   }
   now = mlxd_now();
   for (int i = 0; m->nactive > 0 && i < m->size * m->K; i++) {
@@ -1164,6 +1393,36 @@ static int dial_step(mlxd_tcp_dialer* d, mlxd_status* st) {
 static double dial_next(mlxd_tcp_dialer* d) { return mesh_next((mesh*)d); }
 static int dial_fd(mlxd_tcp_dialer* d) { return ((mesh*)d)->ep; }
 
+static void dial_refuse(mlxd_tcp_dialer* d, const mlxd_status* why) {
+  mesh* m = (mesh*)d;
+  _Static_assert(MLXD_HS_REFUSAL_BODY_MAX >= MLXD_TCP_ABORT_MAX, "a refusal holds a record");
+  if (m->refusing == MLXD_HS_REFUSE_FAILED) return; /* the failure stays the reason */
+  if (why && why->code) {
+    mlxd_tcp_abort_rec r;
+    memset(&r, 0, sizeof r);
+    r.code = why->code >= MLXD_EINVAL && why->code <= MLXD_ECALLBACK ? (uint32_t)why->code
+                                                                     : (uint32_t)MLXD_EREMOTE;
+    r.reporter = why->has_reporter && why->reporter >= 0 && why->reporter < m->size ? why->reporter
+                                                                                    : m->rank;
+    r.peer = why->has_peer && why->peer >= 0 && why->peer < m->size ? why->peer : -1;
+    r.sys_errno = why->sys_errno > 0 && why->sys_errno < 4096 ? why->sys_errno : 0;
+    r.syscall = why->syscall;
+    snprintf(r.addr, sizeof r.addr, "%s", r.peer >= 0 ? why->peer_addr : "");
+    snprintf(r.detail, sizeof r.detail, "%s", why->msg);
+    m->refuse_len = mlxd_tcp_abort_encode(m->refuse_body, &r);
+    m->refusing = MLXD_HS_REFUSE_FAILED;
+  } else {
+    m->refusing = MLXD_HS_REFUSE_CLOSING;
+    m->refuse_len = 0;
+  }
+  /* nothing is dialed from here on */
+  for (int i = 0; i < m->size * m->K; i++) {
+    outgoing* o = &m->outs[i];
+    o->wanted = false;
+    if (o->state != O_NONE && o->state != O_DONE) out_drop(m, o);
+  }
+}
+
 static void dial_forget(mlxd_tcp_dialer* d) {
   mesh* m = (mesh*)d;
   for (int i = 0; i < m->size * m->K; i++)
@@ -1194,8 +1453,8 @@ static void dial_free(mlxd_tcp_dialer* d) {
   mesh_free(m);
 }
 
-static const mlxd_tcp_dialer_ops dial_ops = {dial_want, dial_step,   dial_next,
-                                             dial_fd,   dial_forget, dial_free};
+static const mlxd_tcp_dialer_ops dial_ops = {dial_want,   dial_step,   dial_next, dial_fd,
+                                             dial_refuse, dial_forget, dial_free};
 
 bool mlxd_ring_connect_lazy(void) {
   /* MLXDIST_TLS=1 too: a connection's TLS handshake follows this file's, in the transport */

@@ -10,6 +10,7 @@
 #define MAGIC_HELLO 0x4D4C5848u   /* "MLXH" */
 #define MAGIC_REPLY 0x4D4C5841u   /* "MLXA" */
 #define MAGIC_CONFIRM 0x4D4C5846u /* "MLXF" */
+#define MAGIC_REFUSAL 0x4D4C5852u /* "MLXR" */
 
 const char* mlxd_hs_reason(mlxd_hs_err e) {
   switch (e) {
@@ -31,6 +32,7 @@ const char* mlxd_hs_reason(mlxd_hs_err e) {
       return "the proof does not match this rank's secret (a different MLXDIST_SECRET_FILE, "
              "or a replayed handshake)";
     case MLXD_HS_RESERVED_E: return "non-zero reserved bytes";
+    case MLXD_HS_REFUSAL_E: return "a refusal of an unknown reason or length";
   }
   return "unknown error";
 }
@@ -111,6 +113,44 @@ mlxd_hs_err mlxd_hs_check_reply(const unsigned char* buf, size_t len, const mlxd
   return MLXD_HS_OK;
 }
 
+size_t mlxd_hs_encode_refusal(unsigned char* out, const mlxd_hs_msg* m, unsigned kind,
+                              const unsigned char* body, size_t len) {
+  if (len > MLXD_HS_REFUSAL_BODY_MAX) len = MLXD_HS_REFUSAL_BODY_MAX;
+  put_fields(out, MAGIC_REFUSAL, m);
+  memcpy(out + 72, m->mac, MLXD_HS_MAC_BYTES);
+  mlxd_put16(out + 104, (uint16_t)kind);
+  mlxd_put16(out + 106, (uint16_t)len);
+  if (len) memcpy(out + MLXD_HS_REFUSAL_HEAD, body, len);
+  return MLXD_HS_REFUSAL_HEAD + len;
+}
+
+bool mlxd_hs_is_refusal(const unsigned char* buf, size_t len) {
+  return len >= 4 && mlxd_get32(buf) == MAGIC_REFUSAL;
+}
+
+mlxd_hs_err mlxd_hs_check_refusal(const unsigned char* buf, size_t len, const mlxd_hs_expect* e,
+                                  int peer, int conn, mlxd_hs_msg* out, size_t* need,
+                                  unsigned* kind, const unsigned char** body, size_t* body_len) {
+  if (need) *need = MLXD_HS_REFUSAL_HEAD;
+  mlxd_hs_err r = check_common(buf, len, MLXD_HS_REFUSAL_HEAD, MAGIC_REFUSAL, e, out);
+  if (r) return r;
+  memcpy(out->mac, buf + 72, MLXD_HS_MAC_BYTES);
+  if (out->rank != (uint32_t)peer) return MLXD_HS_RANK;
+  if (out->conn != (uint32_t)conn) return MLXD_HS_CONN;
+  unsigned k = mlxd_get16(buf + 104);
+  size_t n = mlxd_get16(buf + 106);
+  /* The length is checked before it is used to read on: at most the bound. */
+  if (n > MLXD_HS_REFUSAL_BODY_MAX || (k != MLXD_HS_REFUSE_FAILED && k != MLXD_HS_REFUSE_CLOSING) ||
+      (k == MLXD_HS_REFUSE_CLOSING) != (n == 0))
+    return MLXD_HS_REFUSAL_E;
+  if (need) *need = MLXD_HS_REFUSAL_HEAD + n;
+  if (len < MLXD_HS_REFUSAL_HEAD + n) return MLXD_HS_SHORT;
+  if (kind) *kind = k;
+  if (body) *body = buf + MLXD_HS_REFUSAL_HEAD;
+  if (body_len) *body_len = n;
+  return MLXD_HS_OK;
+}
+
 mlxd_hs_err mlxd_hs_check_confirm(const unsigned char* buf, size_t len,
                                   const unsigned char expect[MLXD_HS_MAC_BYTES]) {
   if (len >= 4 && mlxd_get32(buf) != MAGIC_CONFIRM) return MLXD_HS_MAGIC;
@@ -142,6 +182,28 @@ int mlxd_hs_mac(const unsigned char* key, bool dir_connect, const unsigned char*
   const size_t lens[5] = {strlen(label) + 1, MLXD_HS_TOKEN_BYTES, sizeof ints, MLXD_HS_NONCE_BYTES,
                           MLXD_HS_NONCE_BYTES};
   return mlxd_hmac_sha256(key, MLXD_KEY_BYTES, parts, lens, 5, out);
+}
+
+int mlxd_hs_mac_refusal(const unsigned char* key, const unsigned char* token, int size, int nconn,
+                        int conn, int rank_connector, int rank_acceptor,
+                        const unsigned char* nonce_connector, const unsigned char* nonce_acceptor,
+                        const unsigned char* rest, size_t rest_len,
+                        unsigned char out[MLXD_HS_MAC_BYTES]) {
+  if (!key) {
+    memset(out, 0, MLXD_HS_MAC_BYTES);
+    return 0;
+  }
+  static const char L_REFUSAL[] = "mlxdist ring handshake v2: refusal";
+  unsigned char ints[20];
+  mlxd_put32(ints, (uint32_t)size);
+  mlxd_put32(ints + 4, (uint32_t)nconn);
+  mlxd_put32(ints + 8, (uint32_t)conn);
+  mlxd_put32(ints + 12, (uint32_t)rank_connector);
+  mlxd_put32(ints + 16, (uint32_t)rank_acceptor);
+  const void* parts[6] = {L_REFUSAL, token, ints, nonce_connector, nonce_acceptor, rest};
+  const size_t lens[6] = {sizeof L_REFUSAL,    MLXD_HS_TOKEN_BYTES, sizeof ints,
+                          MLXD_HS_NONCE_BYTES, MLXD_HS_NONCE_BYTES, rest_len};
+  return mlxd_hmac_sha256(key, MLXD_KEY_BYTES, parts, lens, 6, out);
 }
 
 bool mlxd_hs_mac_equal(const unsigned char* a, const unsigned char* b) {

@@ -17,6 +17,21 @@
  *     0 magic "MLXF"  4 version  6 zero (u16)  8 MAC (direction "connect"; zeros
  *       without a secret)
  *
+ *   refusal acceptor -> connector, in place of the reply, REFUSAL_HEAD + length bytes
+ *     0 magic "MLXR"  then the reply's fields (its rank, the connection echoed, its nonce
+ *       at 40), at 72 a MAC (direction "refusal", over the transcript and bytes 104..:
+ *       zeros without a secret), at 104 the reason (u16: MLXD_HS_REFUSE_*), at 106 the
+ *       body's length (u16, at most MLXD_HS_REFUSAL_BODY_MAX), at 108 the body: for
+ *       MLXD_HS_REFUSE_FAILED the acceptor's failure as a TCP abort record
+ *       (transport/tcp_wire.h, checked by the connector with mlxd_tcp_abort_decode),
+ *       for MLXD_HS_REFUSE_CLOSING nothing.
+ *     A lazy rank whose transport failed, or that is being destroyed, sends it to a
+ *     hello that passed every check, then closes: the connector fails at once with
+ *     the acceptor's reason instead of waiting out MLXDIST_CONNECT_TIMEOUT. The hello,
+ *     reply and confirm are unchanged (version 2): an acceptor that never refuses is
+ *     unaffected, and a connector of before refusals reads one as a wrong magic (it
+ *     fails at once too, naming the listener as not the rank it expected).
+ *
  * The transcript both MACs cover: a direction label, the token, size, nconn, the
  * connection index, both ranks and both nonces. So a MAC proves knowledge of
  * the key for this very connection: it cannot be replayed (the other side's
@@ -39,6 +54,12 @@
 #define MLXD_HS_REPLY_BYTES 104
 #define MLXD_HS_CONFIRM_BYTES 40
 #define MLXD_HS_FLAG_SECRET 1u
+#define MLXD_HS_REFUSAL_HEAD 108
+#define MLXD_HS_REFUSAL_BODY_MAX 640 /* >= an abort record's largest (tcp_wire.h) */
+#define MLXD_HS_REFUSAL_MAX (MLXD_HS_REFUSAL_HEAD + MLXD_HS_REFUSAL_BODY_MAX)
+
+/* Why a refusal is sent. */
+enum { MLXD_HS_REFUSE_FAILED = 1, MLXD_HS_REFUSE_CLOSING = 2 };
 
 /* A hello or a reply, decoded. */
 typedef struct mlxd_hs_msg {
@@ -73,6 +94,7 @@ typedef enum mlxd_hs_err {
   MLXD_HS_SECRET,     /* the peer uses a secret, this rank does not */
   MLXD_HS_MAC_E,      /* the proof does not match this rank's secret */
   MLXD_HS_RESERVED_E, /* non-zero reserved bytes */
+  MLXD_HS_REFUSAL_E,  /* a refusal whose reason or body length is not one this version sends */
 } mlxd_hs_err;
 
 const char* mlxd_hs_reason(mlxd_hs_err e);
@@ -91,6 +113,22 @@ mlxd_hs_err mlxd_hs_check_hello(const unsigned char* buf, size_t len, const mlxd
 /* A reply received by the connector e->self from rank peer for connection conn. */
 mlxd_hs_err mlxd_hs_check_reply(const unsigned char* buf, size_t len, const mlxd_hs_expect* e,
                                 int peer, int conn, mlxd_hs_msg* out);
+/* A refusal (m: the reply's fields, its MAC unchecked; kind MLXD_HS_REFUSE_*; body:
+ * len bytes). out must hold MLXD_HS_REFUSAL_HEAD + len bytes; returns the length. */
+size_t mlxd_hs_encode_refusal(unsigned char* out, const mlxd_hs_msg* m, unsigned kind,
+                              const unsigned char* body, size_t len);
+/* A refusal received by the connector e->self from rank peer for connection conn:
+ * the reply's checks, then a known reason, a body length within
+ * MLXD_HS_REFUSAL_BODY_MAX (none for MLXD_HS_REFUSE_CLOSING, some for _FAILED).
+ * MLXD_HS_SHORT until all of it (the head tells how much) is in len; *need
+ * (may be NULL) is then the whole length once the head is in. On MLXD_HS_OK,
+ * *kind, *body and *body_len (into buf) are set; the MAC (out->mac) is the
+ * caller's to check (mlxd_hs_mac_refusal). */
+mlxd_hs_err mlxd_hs_check_refusal(const unsigned char* buf, size_t len, const mlxd_hs_expect* e,
+                                  int peer, int conn, mlxd_hs_msg* out, size_t* need,
+                                  unsigned* kind, const unsigned char** body, size_t* body_len);
+/* Whether buf (len >= 4) starts like a refusal. */
+bool mlxd_hs_is_refusal(const unsigned char* buf, size_t len);
 /* A confirm: the MAC must equal expect (constant-time compare). */
 mlxd_hs_err mlxd_hs_check_confirm(const unsigned char* buf, size_t len,
                                   const unsigned char expect[MLXD_HS_MAC_BYTES]);
@@ -101,6 +139,14 @@ int mlxd_hs_mac(const unsigned char* key, bool dir_connect, const unsigned char*
                 int nconn, int conn, int rank_connector, int rank_acceptor,
                 const unsigned char* nonce_connector, const unsigned char* nonce_acceptor,
                 unsigned char out[MLXD_HS_MAC_BYTES]);
+/* A refusal's MAC: the transcript (direction "refusal") and the refusal's bytes from
+ * its reason on (rest: reason, length and body, 4 + body length bytes). Zeros when
+ * key is NULL. 0, or -1. */
+int mlxd_hs_mac_refusal(const unsigned char* key, const unsigned char* token, int size, int nconn,
+                        int conn, int rank_connector, int rank_acceptor,
+                        const unsigned char* nonce_connector, const unsigned char* nonce_acceptor,
+                        const unsigned char* rest, size_t rest_len,
+                        unsigned char out[MLXD_HS_MAC_BYTES]);
 /* Constant-time comparison of two MACs. */
 bool mlxd_hs_mac_equal(const unsigned char* a, const unsigned char* b);
 
