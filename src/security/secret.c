@@ -6,12 +6,12 @@
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/rand.h>
 #include <openssl/sha.h>
 #include <openssl/ssl.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,7 +72,7 @@ int mlxd_secret_load_path(const char* path, mlxd_secret* out, mlxd_status* st) {
       if (errno == EINTR) continue;
       int e = errno;
       close(fd);
-      OPENSSL_cleanse(buf, sizeof buf);
+      mlxd_wipe(buf, sizeof buf);
       mlxd_fail(st, MLXD_ESYS, "cannot read MLXDIST_SECRET_FILE '%s': %s", path, strerror(e));
       mlxd_status_set_sys(st, "read", e);
       return MLXD_ESYS;
@@ -81,7 +81,7 @@ int mlxd_secret_load_path(const char* path, mlxd_secret* out, mlxd_status* st) {
   }
   close(fd);
   if (got < MLXD_SECRET_MIN_BYTES || got > MLXD_SECRET_MAX_BYTES) {
-    OPENSSL_cleanse(buf, sizeof buf);
+    mlxd_wipe(buf, sizeof buf);
     return bad_file(st, path, "changed size while it was read");
   }
   const void* parts[2] = {KEY_LABEL, buf};
@@ -93,7 +93,7 @@ int mlxd_secret_load_path(const char* path, mlxd_secret* out, mlxd_status* st) {
             EVP_DigestUpdate(ctx, parts[1], lens[1]) == 1 &&
             EVP_DigestFinal_ex(ctx, out->key, &n) == 1 && n == MLXD_KEY_BYTES;
   EVP_MD_CTX_free(ctx);
-  OPENSSL_cleanse(buf, sizeof buf);
+  mlxd_wipe(buf, sizeof buf);
   if (!ok) return mlxd_fail(st, MLXD_ESYS, "libcrypto could not hash MLXDIST_SECRET_FILE");
   out->have = true;
   return 0;
@@ -135,13 +135,36 @@ void mlxd_sha256(const void* buf, size_t len, unsigned char out[MLXD_KEY_BYTES])
   SHA256(buf, len, out);
 }
 
-void mlxd_wipe(void* p, size_t n) { OPENSSL_cleanse(p, n); }
+/* explicit_bzero: a clear the compiler may not drop (as OPENSSL_cleanse). These three need
+ * no libcrypto, so a job without a secret never initialises OpenSSL (docs/scale.md). */
+void mlxd_wipe(void* p, size_t n) { explicit_bzero(p, n); }
 
-bool mlxd_ct_equal(const void* a, const void* b, size_t n) { return CRYPTO_memcmp(a, b, n) == 0; }
+bool mlxd_ct_equal(const void* a, const void* b, size_t n) {
+  /* every byte compared whatever differs first; volatile so the loop is not cut short */
+  const volatile unsigned char* x = a;
+  const volatile unsigned char* y = b;
+  unsigned char d = 0;
+  for (size_t i = 0; i < n; i++) d |= (unsigned char)(x[i] ^ y[i]);
+  return d == 0;
+}
 
+/* The kernel's CSPRNG (getrandom(2), which also seeds OpenSSL's): OpenSSL's own
+ * generator cost ~8 million instructions to set up in every process, more than the rest
+ * of a rank's init (docs/scale.md). Blocks only until the kernel's pool is first
+ * initialised after boot; never returns fewer bytes than asked. */
 int mlxd_random_bytes(void* buf, size_t n, mlxd_status* st) {
-  mlxd_crypto_init();
-  if (n > (size_t)0x7fffffff || RAND_bytes(buf, (int)n) != 1)
-    return mlxd_fail(st, MLXD_ESYS, "the random number generator (OpenSSL RAND_bytes) failed");
+  unsigned char* p = buf;
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = getrandom(p + got, n - got, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      int e = k < 0 ? errno : EIO;
+      mlxd_fail(st, MLXD_ESYS, "the random number generator (getrandom) failed: %s", strerror(e));
+      mlxd_status_set_sys(st, "getrandom", e);
+      return MLXD_ESYS;
+    }
+    got += (size_t)k;
+  }
   return 0;
 }
