@@ -25,12 +25,14 @@ typedef struct mlxd_secret {
   unsigned char key[MLXD_KEY_BYTES]; /* SHA-256 of a label and the file's bytes */
 } mlxd_secret;
 
-/* Initialise OpenSSL once, without its at-exit clean-up: the library's stream
- * workers may still be inside OpenSSL calls until mlxdist's own teardown joins
- * them, and a worker's per-thread OpenSSL state is freed at its exit only while
- * OpenSSL's thread key exists. Every function here calls it first; so must any
- * other first user of OpenSSL in mlxdist (tls.c). Idempotent, thread-safe. */
-void mlxd_crypto_init(void);
+/* Load OpenSSL (security/ossl.h: libssl by dlopen, on first use) and initialise it
+ * once, without its at-exit clean-up: the library's stream workers may still be
+ * inside OpenSSL calls until mlxdist's own teardown joins them, and a worker's
+ * per-thread OpenSSL state is freed at its exit only while OpenSSL's thread key
+ * exists. Every function here that needs OpenSSL calls it first; so must any other
+ * user of OpenSSL in mlxdist (tls.c). Idempotent, thread-safe. 0, or (OpenSSL
+ * cannot be loaded) an MLXD_ESYS error naming the library, st may be NULL. */
+int mlxd_crypto_init(mlxd_status* st);
 
 /* Read MLXDIST_SECRET_FILE (if set). The file must be a regular file owned by
  * this user and not readable or writable by group or others; it is read with
