@@ -3,33 +3,25 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <openssl/core_names.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/rand.h>
-#include <openssl/sha.h>
-#include <openssl/ssl.h>
-#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "security/ossl.h" /* OpenSSL by dlopen: mlxd_crypto_init first */
 #include "util/tunables.h"
 
 static const char KEY_LABEL[] = "mlxdist secret v1";
-
-static pthread_once_t crypto_once = PTHREAD_ONCE_INIT;
-static void crypto_init_once(void) { OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT, NULL); }
-void mlxd_crypto_init(void) { pthread_once(&crypto_once, crypto_init_once); }
 
 static int bad_file(mlxd_status* st, const char* path, const char* what) {
   return mlxd_fail(st, MLXD_EINVAL, "MLXDIST_SECRET_FILE '%s' %s", path, what);
 }
 
 int mlxd_secret_load_path(const char* path, mlxd_secret* out, mlxd_status* st) {
-  mlxd_crypto_init();
   memset(out, 0, sizeof *out);
+  if (mlxd_crypto_init(st)) return st->code;
   /* O_NONBLOCK: a FIFO must not block the open; it is refused below. */
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
@@ -72,7 +64,7 @@ int mlxd_secret_load_path(const char* path, mlxd_secret* out, mlxd_status* st) {
       if (errno == EINTR) continue;
       int e = errno;
       close(fd);
-      OPENSSL_cleanse(buf, sizeof buf);
+      mlxd_wipe(buf, sizeof buf);
       mlxd_fail(st, MLXD_ESYS, "cannot read MLXDIST_SECRET_FILE '%s': %s", path, strerror(e));
       mlxd_status_set_sys(st, "read", e);
       return MLXD_ESYS;
@@ -81,7 +73,7 @@ int mlxd_secret_load_path(const char* path, mlxd_secret* out, mlxd_status* st) {
   }
   close(fd);
   if (got < MLXD_SECRET_MIN_BYTES || got > MLXD_SECRET_MAX_BYTES) {
-    OPENSSL_cleanse(buf, sizeof buf);
+    mlxd_wipe(buf, sizeof buf);
     return bad_file(st, path, "changed size while it was read");
   }
   const void* parts[2] = {KEY_LABEL, buf};
@@ -93,7 +85,7 @@ int mlxd_secret_load_path(const char* path, mlxd_secret* out, mlxd_status* st) {
             EVP_DigestUpdate(ctx, parts[1], lens[1]) == 1 &&
             EVP_DigestFinal_ex(ctx, out->key, &n) == 1 && n == MLXD_KEY_BYTES;
   EVP_MD_CTX_free(ctx);
-  OPENSSL_cleanse(buf, sizeof buf);
+  mlxd_wipe(buf, sizeof buf);
   if (!ok) return mlxd_fail(st, MLXD_ESYS, "libcrypto could not hash MLXDIST_SECRET_FILE");
   out->have = true;
   return 0;
@@ -108,7 +100,7 @@ int mlxd_secret_load(mlxd_secret* out, mlxd_status* st) {
 
 int mlxd_hmac_sha256(const unsigned char* key, size_t key_len, const void* const* parts,
                      const size_t* lens, int n, unsigned char out[MLXD_KEY_BYTES]) {
-  mlxd_crypto_init();
+  if (mlxd_crypto_init(NULL)) return -1;
   /* EVP_MAC: OpenSSL 3's interface (HMAC_CTX is deprecated there). */
   EVP_MAC* mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
   EVP_MAC_CTX* ctx = mac ? EVP_MAC_CTX_new(mac) : NULL;
@@ -131,17 +123,50 @@ int mlxd_secret_derive(const mlxd_secret* s, const char* label, unsigned char ou
 }
 
 void mlxd_sha256(const void* buf, size_t len, unsigned char out[MLXD_KEY_BYTES]) {
-  mlxd_crypto_init();
-  SHA256(buf, len, out);
+  mlxd_status st;
+  memset(&st, 0, sizeof st);
+  if (mlxd_crypto_init(&st) == 0) {
+    SHA256(buf, len, out);
+    return;
+  }
+  /* Only derived job tokens hash without a secret (cross-job separation, not
+   * authentication): without OpenSSL they are all zeros, said once. */
+  static int said;
+  if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED) == 0)
+    fprintf(stderr, "[mlxdist] %s\n", st.msg);
+  memset(out, 0, MLXD_KEY_BYTES);
 }
 
-void mlxd_wipe(void* p, size_t n) { OPENSSL_cleanse(p, n); }
+/* explicit_bzero: a clear the compiler may not drop (as OPENSSL_cleanse). These three need
+ * no libcrypto, so a job without a secret never initialises OpenSSL (docs/scale.md). */
+void mlxd_wipe(void* p, size_t n) { explicit_bzero(p, n); }
 
-bool mlxd_ct_equal(const void* a, const void* b, size_t n) { return CRYPTO_memcmp(a, b, n) == 0; }
+bool mlxd_ct_equal(const void* a, const void* b, size_t n) {
+  /* every byte compared whatever differs first; volatile so the loop is not cut short */
+  const volatile unsigned char* x = a;
+  const volatile unsigned char* y = b;
+  unsigned char d = 0;
+  for (size_t i = 0; i < n; i++) d |= (unsigned char)(x[i] ^ y[i]);
+  return d == 0;
+}
 
+/* The kernel's CSPRNG (getrandom(2), which also seeds OpenSSL's): OpenSSL's own
+ * generator cost ~8 million instructions to set up in every process, more than the rest
+ * of a rank's init (docs/scale.md). Blocks only until the kernel's pool is first
+ * initialised after boot; never returns fewer bytes than asked. */
 int mlxd_random_bytes(void* buf, size_t n, mlxd_status* st) {
-  mlxd_crypto_init();
-  if (n > (size_t)0x7fffffff || RAND_bytes(buf, (int)n) != 1)
-    return mlxd_fail(st, MLXD_ESYS, "the random number generator (OpenSSL RAND_bytes) failed");
+  unsigned char* p = buf;
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = getrandom(p + got, n - got, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      int e = k < 0 ? errno : EIO;
+      mlxd_fail(st, MLXD_ESYS, "the random number generator (getrandom) failed: %s", strerror(e));
+      mlxd_status_set_sys(st, "getrandom", e);
+      return MLXD_ESYS;
+    }
+    got += (size_t)k;
+  }
   return 0;
 }

@@ -1,10 +1,12 @@
 /* Private: the job's shared secret (MLXDIST_SECRET_FILE) and the few
- * cryptographic primitives mlxdist uses, all from OpenSSL's libcrypto.
- * docs/security.md says what each protects against.
+ * cryptographic primitives mlxdist uses. docs/security.md says what each
+ * protects against.
  *
- * Nothing here is hand-rolled crypto: HMAC-SHA256, SHA-256, the random
- * source and the constant-time compare are OpenSSL's. Every function is
- * thread-safe and never blocks beyond reading the secret file once. */
+ * Nothing here is hand-rolled crypto: HMAC-SHA256 and SHA-256 are OpenSSL's
+ * libcrypto, the random source is the kernel's (getrandom), and the
+ * constant-time compare and the wipe need no library. Every function is
+ * thread-safe and never blocks beyond reading the secret file once (and
+ * getrandom before the kernel's pool is first initialised after boot). */
 #ifndef MLXD_SECRET_H
 #define MLXD_SECRET_H
 
@@ -23,12 +25,14 @@ typedef struct mlxd_secret {
   unsigned char key[MLXD_KEY_BYTES]; /* SHA-256 of a label and the file's bytes */
 } mlxd_secret;
 
-/* Initialise OpenSSL once, without its at-exit clean-up: the library's stream
- * workers may still be inside OpenSSL calls until mlxdist's own teardown joins
- * them, and a worker's per-thread OpenSSL state is freed at its exit only while
- * OpenSSL's thread key exists. Every function here calls it first; so must any
- * other first user of OpenSSL in mlxdist (tls.c). Idempotent, thread-safe. */
-void mlxd_crypto_init(void);
+/* Load OpenSSL (security/ossl.h: libssl by dlopen, on first use) and initialise it
+ * once, without its at-exit clean-up: the library's stream workers may still be
+ * inside OpenSSL calls until mlxdist's own teardown joins them, and a worker's
+ * per-thread OpenSSL state is freed at its exit only while OpenSSL's thread key
+ * exists. Every function here that needs OpenSSL calls it first; so must any other
+ * user of OpenSSL in mlxdist (tls.c). Idempotent, thread-safe. 0, or (OpenSSL
+ * cannot be loaded) an MLXD_ESYS error naming the library, st may be NULL. */
+int mlxd_crypto_init(mlxd_status* st);
 
 /* Read MLXDIST_SECRET_FILE (if set). The file must be a regular file owned by
  * this user and not readable or writable by group or others; it is read with
@@ -47,11 +51,11 @@ int mlxd_hmac_sha256(const unsigned char* key, size_t key_len, const void* const
                      const size_t* lens, int n, unsigned char out[MLXD_KEY_BYTES]);
 /* SHA-256 of buf. */
 void mlxd_sha256(const void* buf, size_t len, unsigned char out[MLXD_KEY_BYTES]);
-/* Constant-time equality of two n-byte buffers (CRYPTO_memcmp). */
+/* Constant-time equality of two n-byte buffers (every byte read, whatever differs). */
 bool mlxd_ct_equal(const void* a, const void* b, size_t n);
-/* Clear memory that held key material (OPENSSL_cleanse: not optimised away). */
+/* Clear memory that held key material (explicit_bzero: not optimised away). */
 void mlxd_wipe(void* p, size_t n);
-/* n bytes from OpenSSL's CSPRNG. 0, or an MLXD_ESYS error. */
+/* n bytes from the kernel's CSPRNG (getrandom). 0, or an MLXD_ESYS error naming it. */
 int mlxd_random_bytes(void* buf, size_t n, mlxd_status* st);
 
 #endif

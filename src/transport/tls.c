@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "security/ossl.h" /* OpenSSL by dlopen, after mlxd_crypto_init */
 #include "security/secret.h"
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -119,7 +120,7 @@ void mlxd_tls_free(mlxd_tls* x) {
 }
 
 mlxd_tls* mlxd_tls_new(mlxd_status* st) {
-  mlxd_crypto_init();
+  if (mlxd_crypto_init(st)) return NULL;
   mlxd_secret sec;
   if (mlxd_secret_load(&sec, st) != 0) return NULL;
   if (!sec.have) {

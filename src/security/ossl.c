@@ -1,0 +1,60 @@
+/* OpenSSL loaded at run time (ossl.h): the table and mlxd_crypto_init (secret.h). */
+#define MLXD_OSSL_NO_MACROS /* here the names are the table's members */
+#include "security/ossl.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "security/secret.h"
+
+#ifndef MLXDIST_LIBSSL
+#define MLXDIST_LIBSSL "libssl.so.3" /* CMakeLists.txt passes the found OpenSSL's */
+#endif
+
+mlxd_ossl_table mlxd_ossl;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static bool load_ok;
+static char load_err[300];
+
+static void load(void) {
+  /* libssl brings libcrypto; a handle's dlsym searches both. Never closed: OpenSSL stays
+   * for the process's life (it marks itself NODELETE too). */
+  void* h = dlopen(MLXDIST_LIBSSL, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* d = dlerror();
+    snprintf(load_err, sizeof load_err, "%s", d ? d : "dlopen failed");
+    return;
+  }
+  mlxd_ossl_table t;
+  void* p;
+#define MLXD_OSSL_LOAD(f)                                                    \
+  p = dlsym(h, #f);                                                          \
+  if (!p) {                                                                  \
+    snprintf(load_err, sizeof load_err, "%s has no %s", MLXDIST_LIBSSL, #f); \
+    return;                                                                  \
+  }                                                                          \
+  memcpy(&t.f, &p, sizeof p);
+  MLXD_OSSL_FNS(MLXD_OSSL_LOAD)
+#undef MLXD_OSSL_LOAD
+  mlxd_ossl = t;
+  /* Without OpenSSL's at-exit clean-up (secret.h says why). */
+  if (mlxd_ossl.OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT, NULL) != 1) {
+    snprintf(load_err, sizeof load_err, "OPENSSL_init_ssl failed");
+    return;
+  }
+  load_ok = true;
+}
+
+int mlxd_crypto_init(mlxd_status* st) {
+  pthread_once(&load_once, load);
+  if (load_ok) return 0;
+  if (!st) return -1;
+  return mlxd_fail(st, MLXD_ESYS,
+                   "cannot load OpenSSL (%s), which MLXDIST_SECRET_FILE and MLXDIST_TLS need: %s "
+                   "(install the distribution's libssl3)",
+                   MLXDIST_LIBSSL, load_err);
+}
