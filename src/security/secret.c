@@ -129,8 +129,9 @@ void mlxd_sha256(const void* buf, size_t len, unsigned char out[MLXD_KEY_BYTES])
     SHA256(buf, len, out);
     return;
   }
-  /* Only derived job tokens hash without a secret (cross-job separation, not
-   * authentication): without OpenSSL they are all zeros, said once. */
+  /* Unreachable where it matters: every caller deriving a token (ring.c,
+   * bootstrap.c, jaccl, the nccl exchange) runs mlxd_crypto_init first and
+   * fails naming the library; a caller that did not gets zeros, said once. */
   static int said;
   if (__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED) == 0)
     fprintf(stderr, "[mlxdist] %s\n", st.msg);

@@ -47,9 +47,10 @@
 
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
 #define SHM_VERSION \
-  5u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
+  6u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
       * 4: rings in per-pair segments made on first contact; 5: CMA probed per
-      * pair, a failure counter, the ranks' pids in pair names */
+      * pair, a failure counter, the ranks' pids in pair names; 6: the ranks' pid
+      * namespace in their records and in pair names */
 #define SHM_PAIR_MAGIC 0x6d6c786470617231ull /* "mlxdpar1" */
 #define SHM_CL 64
 #ifndef SHM_SLOT_BYTES
@@ -61,7 +62,7 @@
 #define SHM_CMA_IO_MAX ((size_t)1 << 30)
 #define SHM_NAME_MAX 200
 /* The session's name + "~<lo>-<hi>~<pid lo>-<pid hi>" (shm_setup.c pair_name) */
-#define SHM_PAIR_NAME_MAX (SHM_NAME_MAX + 48)
+#define SHM_PAIR_NAME_MAX (SHM_NAME_MAX + 64) /* + "~lo-hi~pid-pid~ns" */
 /* A stale pair name (both its ranks gone) is removed by the next session's
  * sweep once it is this many MLXDIST_CONNECT_TIMEOUTs old (shm_setup.c). */
 #define SHM_SWEEP_AGE_TIMEOUTS 2
@@ -100,6 +101,8 @@ typedef struct shm_rank_rec {
   _Atomic int32_t pid;
   uint64_t probe_addr; /* published by the state store */
   uint64_t probe_val;
+  uint64_t
+      pidns; /* the inode of the rank's pid namespace (0: unknown); published by the state store */
   shm_fail_rec fail; /* published by state = RANK_FAILED */
   alignas(SHM_CL) _Atomic uint32_t doorbell;
   alignas(SHM_CL) _Atomic uint32_t sleepers;
@@ -233,6 +236,7 @@ typedef struct shm_peer {
   shm_unexp* cur_ux; /* cur_req == cur_ux == NULL while active: discard */
   size_t cur_len, cur_off;
   pid_t pid;
+  uint64_t pidns;     /* its pid namespace's inode (0: unknown), from its record */
   char addr[24];      /* "pid 1234": where the peer lives, for statuses */
   uint64_t beat_seen; /* its heartbeat counter when last looked at */
   double heard;       /* mlxd_now() when it last changed */
@@ -267,6 +271,7 @@ typedef struct shm_transport {
   int waiting;             /* threads inside wait_run (under mu; mu is dropped while they sleep) */
   mlxd_status err;         /* the first failure; err.code == 0 while none */
   volatile uint64_t probe; /* read by peers through CMA at set-up */
+  uint64_t pidns;          /* this process's pid namespace inode (0: unknown), as in its record */
   shm_req* free_reqs;
   int nfree;
 } shm_transport;

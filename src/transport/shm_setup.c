@@ -15,6 +15,13 @@ static void sleep_us(long us) {
   nanosleep(&ts, NULL);
 }
 
+/* The inode of this process's pid namespace, 0 where it cannot be read:
+ * pids in a pair's name mean something only to a process of that namespace. */
+static uint64_t own_pidns(void) {
+  struct stat sb;
+  return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
 /* Whether process pid is gone (no such process, or a zombie). */
 bool mlxd_shm_pid_dead(pid_t pid) {
   if (pid <= 0) return false;
@@ -332,19 +339,49 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
  * remove it. So the first session a process starts as rank 0 removes, once,
  * every name in /dev/shm of a pair (the '~' suffix of pair_name) that is
  * this user's 0600 file, whose two processes are both gone, and that is
- * older than SHM_SWEEP_AGE_TIMEOUTS x MLXDIST_CONNECT_TIMEOUT (a rank of a
- * live pair in another pid namespace sharing /dev/shm looks gone from here;
- * such a pair's second rank maps it within its first contact's bound). A
- * leaked name lasts at most until the next job on the host. */
-static bool parse_pair_suffix(const char* name, pid_t* a, pid_t* b) {
+ * older than SHM_SWEEP_AGE_TIMEOUTS x MLXDIST_CONNECT_TIMEOUT, and whose
+ * ranks were both in this process's pid namespace (the name says which: a
+ * live pair in another namespace sharing /dev/shm, e.g. containers with
+ * --ipc=host, looks gone from here, so it is never touched; nor is a pair
+ * whose two ranks were in different namespaces, named with 0). A leaked
+ * name lasts at most until the next job on the host. */
+/* A decimal field of a name in /dev/shm (anyone may create one): digits
+ * only, no sign, at most 10 of them, value <= max; *p moves past it. */
+static bool name_num(const char** p, long long max, long long* out) {
+  const char* s = *p;
+  long long v = 0;
+  int n = 0;
+  for (; *s >= '0' && *s <= '9'; s++, n++) {
+    if (n == 10) return false;
+    v = v * 10 + (*s - '0');
+  }
+  if (n == 0 || v > max) return false;
+  *p = s;
+  *out = v;
+  return true;
+}
+
+/* "~<lo>-<hi>~<pid lo>-<pid hi>~<pid namespace, hex>" at the end of name. */
+static bool parse_pair_suffix(const char* name, pid_t* a, pid_t* b, uint64_t* ns) {
   const char* s = strchr(name, '~');
   if (!s || s == name) return false;
-  int lo = -1, hi = -1, pa = -1, pb = -1, end = -1;
-  if (sscanf(s, "~%d-%d~%d-%d%n", &lo, &hi, &pa, &pb, &end) != 4 || end < 0 || s[end] != '\0')
+  long long lo, hi, pa, pb;
+  s++;
+  if (!name_num(&s, INT32_MAX, &lo) || *s++ != '-' || !name_num(&s, INT32_MAX, &hi) ||
+      *s++ != '~' || !name_num(&s, INT32_MAX, &pa) || *s++ != '-' ||
+      !name_num(&s, INT32_MAX, &pb) || *s++ != '~')
     return false;
-  if (lo < 0 || hi <= lo || pa <= 0 || pb <= 0) return false;
+  uint64_t v = 0;
+  int n = 0;
+  for (; *s; s++, n++) {
+    int d = (*s >= '0' && *s <= '9') ? *s - '0' : (*s >= 'a' && *s <= 'f') ? *s - 'a' + 10 : -1;
+    if (d < 0 || n == 16) return false;
+    v = v << 4 | (uint64_t)d;
+  }
+  if (n == 0 || hi <= lo || pa <= 0 || pb <= 0) return false;
   *a = (pid_t)pa;
   *b = (pid_t)pb;
+  *ns = v;
   return true;
 }
 
@@ -355,10 +392,16 @@ static void sweep_stale_pairs(void) {
   struct timespec now;
   clock_gettime(CLOCK_REALTIME, &now);
   uid_t me = geteuid();
+  uint64_t pidns = own_pidns();
+  if (!pidns) {
+    closedir(d);
+    return; /* whose pids the names hold cannot be told */
+  }
   struct dirent* e;
   while ((e = readdir(d)) != NULL) {
     pid_t a, b;
-    if (!parse_pair_suffix(e->d_name, &a, &b)) continue;
+    uint64_t ns;
+    if (!parse_pair_suffix(e->d_name, &a, &b, &ns) || ns == 0 || ns != pidns) continue;
     struct stat sb;
     if (fstatat(dirfd(d), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0) continue;
     if (!S_ISREG(sb.st_mode) || sb.st_uid != me || (sb.st_mode & 0777) != 0600) continue;
@@ -442,6 +485,7 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   t->probe = ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)t ^ 0x9e3779b97f4a7c15ull;
   me->probe_addr = (uint64_t)(uintptr_t)&t->probe;
   me->probe_val = t->probe;
+  me->pidns = t->pidns = own_pidns();
   if (atomic_load(&me->state) != RANK_NONE) {
     mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
                  "rank %d of shared memory %s was already taken by process %d; expected every "
@@ -465,6 +509,7 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
     shm_peer* p = &t->peers[r];
     shm_rank_rec* rec = rank_rec(t, r);
     p->pid = (pid_t)atomic_load(&rec->pid);
+    p->pidns = rec->pidns; /* published before its state, which count_in ordered before ours */
     snprintf(p->addr, sizeof p->addr, "pid %d", (int)p->pid);
     p->heard = mlxd_now(); /* its rings come on first contact (mlxd_shm_pair_attach) */
   }
@@ -497,7 +542,10 @@ static void pair_name(const shm_transport* t, int pi, char* out, size_t n) {
   int me = t->base.rank;
   int lo = me < pi ? me : pi, hi = me < pi ? pi : me;
   pid_t plo = me < pi ? getpid() : t->peers[pi].pid, phi = me < pi ? t->peers[pi].pid : getpid();
-  snprintf(out, n, "%s~%d-%d~%d-%d", t->path, lo, hi, (int)plo, (int)phi);
+  /* both ranks' pid namespace when it is one (both compute the same name), else 0: never swept */
+  uint64_t ns = t->pidns == t->peers[pi].pidns ? t->pidns : 0;
+  snprintf(out, n, "%s~%d-%d~%d-%d~%llx", t->path, lo, hi, (int)plo, (int)phi,
+           (unsigned long long)ns);
 }
 
 /* This rank's view of whether it can read pi's memory through CMA (its

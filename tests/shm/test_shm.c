@@ -44,8 +44,14 @@ static volatile pid_t* g_pids;
 
 /* The name of pair (lo, hi)'s segment (shm_setup.c pair_name), once both
  * ranks joined. */
+static unsigned long long pidns(void) {
+  struct stat sb;
+  T_REQUIRE(stat("/proc/self/ns/pid", &sb) == 0);
+  return (unsigned long long)sb.st_ino;
+}
+
 static void pair_path(char* out, size_t n, const char* name, int lo, int hi) {
-  snprintf(out, n, "%s~%d-%d~%d-%d", name, lo, hi, (int)g_pids[lo], (int)g_pids[hi]);
+  snprintf(out, n, "%s~%d-%d~%d-%d~%llx", name, lo, hi, (int)g_pids[lo], (int)g_pids[hi], pidns());
 }
 
 static mlxd_transport* join(int rank, int size, const char* name) {
@@ -764,9 +770,11 @@ static int rank_leak_next(int rank, int size, const char* name, void* arg) {
   return 0;
 }
 
-/* A pair name as shm_setup.c makes them, of a session that never ran. */
-static void make_decoy(char* out, size_t n, const char* session, pid_t a, pid_t b, mode_t mode) {
-  snprintf(out, n, "%s-decoy~2-3~%d-%d", session, (int)a, (int)b);
+/* A pair name as shm_setup.c makes them, of a session that never ran, whose
+ * ranks were in pid namespace ns. */
+static void make_decoy(char* out, size_t n, const char* session, pid_t a, pid_t b, mode_t mode,
+                       unsigned long long ns) {
+  snprintf(out, n, "%s-decoy~2-3~%d-%d~%llx", session, (int)a, (int)b, ns);
   char path[320];
   snprintf(path, sizeof path, "/%s", out);
   int fd = shm_open(path, O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -792,10 +800,13 @@ static void run_leak(void) {
   pid_t d0 = 0, d1 = 0;
   const char* tl = strchr(g_leak->pair, '~');
   T_REQUIRE(tl && sscanf(tl, "~0-1~%d-%d", &d0, &d1) == 2 && d0 > 0 && d1 > 0);
-  char live[320], foreign[320];
-  make_decoy(live, sizeof live, g_leak->session, getpid(), d1, 0600);
+  char live[320], foreign[320], other_ns[320];
+  make_decoy(live, sizeof live, g_leak->session, getpid(), d1, 0600, pidns());
   snprintf(foreign, sizeof foreign, "%s-f", g_leak->session);
-  make_decoy(foreign, sizeof foreign, foreign, d0, d1, 0644);
+  make_decoy(foreign, sizeof foreign, foreign, d0, d1, 0644, pidns());
+  /* dead pids here, but of ranks in another pid namespace (a container sharing /dev/shm) */
+  snprintf(other_ns, sizeof other_ns, "%s-n", g_leak->session);
+  make_decoy(other_ns, sizeof other_ns, other_ns, d0, d1, 0600, pidns() + 1);
   struct timespec ts = {1, 300 * 1000 * 1000}; /* older than 2 x MLXDIST_CONNECT_TIMEOUT */
   nanosleep(&ts, NULL);
   T_REQUIREF(shm_exists(g_leak->pair), "%s gone before the next session", g_leak->pair);
@@ -807,7 +818,10 @@ static void run_leak(void) {
              g_leak->pair);
   T_REQUIREF(shm_exists(live), "%s (a live process) removed", live);
   T_REQUIREF(shm_exists(foreign), "%s (mode 644) removed", foreign);
+  T_REQUIREF(shm_exists(other_ns), "%s (another pid namespace) removed", other_ns);
   char path[330];
+  snprintf(path, sizeof path, "/%s", other_ns);
+  shm_unlink(path);
   snprintf(path, sizeof path, "/%s", live);
   shm_unlink(path);
   snprintf(path, sizeof path, "/%s", foreign);

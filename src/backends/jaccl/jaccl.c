@@ -231,6 +231,7 @@ static int tcp_mesh(int rank, int size, const mlxd_ring_addr* host, const mlxd_r
     if ((rc = mlxd_ring_rec_decode(all + (size_t)r * MLXD_RING_REC_BYTES, r, size, 0, 1,
                                    "the set-up's all-gather", &hosts.addrs[r], st)))
       goto done;
+  if ((rc = mlxd_crypto_init(st))) goto done; /* the token is a digest */
   mlxd_hs_token_records(all, (size_t)size * MLXD_RING_REC_BYTES, a.token);
   mlxd_ring_mesh_opts o = {.tag = TAG, .link = NULL, .what = "device matrix"};
   if ((rc = mlxd_ring_mesh_with(rank, &hosts, &lfd, &a, &o, fds, st))) goto done;
@@ -452,6 +453,7 @@ static int split_run(jaccl* j, uint64_t seq, int color, int key, mlxd_backend** 
                       "this rank is missing from its own group in the exchanged records");
     goto done;
   }
+  if ((rc = mlxd_crypto_init(st))) goto done; /* the child's token is a digest */
   if (!(c = jaccl_alloc(me, m, st))) {
     rc = st->code;
     goto done;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "backends/ring/handshake.h"
+#include "security/secret.h"
 #include "util/bytes.h"
 #include "util/clock.h"
 #include "util/tunables.h"
@@ -32,6 +33,10 @@ int mlxd_jaccl_side_auth(const mlxd_jaccl_config* cfg, mlxd_ring_auth* a, mlxd_s
     return st->code;
   }
   if (have) return 0;
+  if (mlxd_crypto_init(st)) { /* the token below is a digest */
+    mlxd_ring_auth_clear(a);
+    return st->code;
+  }
   /* Every rank of the job has the same matrix and coordinator: its token is their digest
    * (cross-job protection only, as the ring's hostfile token). */
   size_t len = 16 + sizeof cfg->coord.text + (size_t)cfg->m.nnames * (MLXD_JACCL_DEV_MAX + 1) +

@@ -155,6 +155,10 @@ int mlxd_nccl_xchg_from_env(mlxd_nccl_xchg* x, mlxd_status* st) {
     char text[400];
     int w = snprintf(text, sizeof text, "mlxdist nccl token v1|%s|%ld", root, size);
     unsigned char h[32];
+    if (mlxd_crypto_init(st)) {
+      mlxd_ring_auth_clear(&auth);
+      return st->code;
+    }
     mlxd_sha256(text, (size_t)w, h);
     memcpy(auth.token, h, MLXD_RING_TOKEN_BYTES);
   }

@@ -264,6 +264,7 @@ int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
                                        "the all-gather callback", &hosts.addrs[r * k + c], st)))
           goto done;
     /* every rank holds the same records now, with every rank's fresh nonce */
+    if ((rc = mlxd_crypto_init(st))) goto done;
     mlxd_hs_token_records(dst, (size_t)n * (size_t)k * MLXD_RING_REC_BYTES, auth.token);
     if ((rc = mlxd_ring_tcp_open((int)rank, &hosts, lfds, &auth, &t, st))) goto done;
   }

@@ -23,6 +23,7 @@
 #include "backends/common/xgroup.h"
 #include "backends/ring/handshake.h"
 #include "backends/ring/ring_internal.h"
+#include "security/secret.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 #include "transport/view.h"
@@ -434,7 +435,14 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
     mlxd_ring_auth_clear(&auth);
     return rc;
   }
-  if (!have_token) mlxd_hs_token_hosts(&hosts, auth.token);
+  if (!have_token) { /* a digest: OpenSSL must load (never a token of zeros) */
+    if ((rc = mlxd_crypto_init(st))) {
+      mlxd_ring_hosts_free(&hosts);
+      mlxd_ring_auth_clear(&auth);
+      return rc;
+    }
+    mlxd_hs_token_hosts(&hosts, auth.token);
+  }
   int* lfds = NULL;
   mlxd_transport* t = NULL;
   if (rank >= n) {
