@@ -36,7 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!a->text[0] || strlen(a->text) > MLXD_RING_ADDR_MAX_CHARS) abort();
     if (fam != AF_UNSPEC && (a->len == 0 || a->len > sizeof a->sa)) abort();
   }
-  /* no two the same (pairwise for small groups: the parser sorts) */
+  /* no two the same (pairwise for small groups: the parser hashes) */
   if (m <= 64)
     for (int i = 0; i < m; i++)
       for (int j = i + 1; j < m; j++) {

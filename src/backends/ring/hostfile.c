@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,7 +76,8 @@ static int split_addr(const char* s, bool allow_port0, char* host, size_t host_l
   }
   const char* ps = colon + 1;
   size_t nd = strspn(ps, "0123456789");
-  long p = nd > 0 && nd <= 5 && ps[nd] == '\0' ? strtol(ps, NULL, 10) : -1;
+  long p = nd > 0 && nd <= 5 && ps[nd] == '\0' ? 0 : -1; /* 5 digits at most: no overflow */
+  for (size_t i = 0; p >= 0 && i < nd; i++) p = p * 10 + (ps[i] - '0');
   if (p < (allow_port0 ? 0 : 1) || p > 65535) {
     snprintf(why, why_len, "'%s' has an invalid port '%s' (expected an integer in [%d, 65535])", s,
              ps, allow_port0 ? 0 : 1);
@@ -180,7 +182,7 @@ static int addr_from_text(const char* s, mlxd_ring_addr* out, char* why, size_t 
   return 0;
 }
 
-/* ---- duplicates: sort, then compare neighbours ---- */
+/* ---- duplicates: a hash table in one pass (a sort if it degrades) ---- */
 
 static int addr_cmp(const mlxd_ring_addr* a, const mlxd_ring_addr* b) {
   int fa = a->sa.ss_family, fb = b->sa.ss_family;
@@ -211,26 +213,104 @@ static int ptr_cmp(const void* pa, const void* pb) {
   return a < b ? -1 : a > b; /* equal keys in file order */
 }
 
-/* The duplicate whose second occurrence comes first in the file is named. */
-static int check_duplicates(const char* name, const mlxd_ring_hosts* h, mlxd_status* st) {
-  size_t m = (size_t)h->size * (size_t)h->nconn;
-  if (m < 2) return 0;
+/* The same key as addr_cmp: equal addresses hash alike. FNV-1a over the
+ * family, the address, the port (and the scope of an IPv6 address), or over
+ * the text without case for a host name not yet resolved; then mixed. */
+static uint32_t addr_hash(const mlxd_ring_addr* a) {
+  uint32_t h = 2166136261u;
+  const unsigned char* p = NULL;
+  size_t n = 0;
+  int fam = a->sa.ss_family;
+  h = (h ^ (uint32_t)fam) * 16777619u;
+  if (fam == AF_INET) {
+    const struct sockaddr_in* x = (const struct sockaddr_in*)(const void*)&a->sa;
+    p = (const unsigned char*)&x->sin_addr;
+    n = sizeof x->sin_addr;
+    h = (h ^ x->sin_port) * 16777619u;
+  } else if (fam == AF_INET6) {
+    const struct sockaddr_in6* x = (const struct sockaddr_in6*)(const void*)&a->sa;
+    p = (const unsigned char*)&x->sin6_addr;
+    n = sizeof x->sin6_addr;
+    h = (h ^ x->sin6_port) * 16777619u;
+    h = (h ^ x->sin6_scope_id) * 16777619u;
+  } else {
+    for (const char* t = a->text; *t; t++) {
+      unsigned char c = (unsigned char)*t;
+      if (c >= 'A' && c <= 'Z') c = (unsigned char)(c - 'A' + 'a');
+      h = (h ^ c) * 16777619u;
+    }
+  }
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
+  h ^= h >> 16; /* mix every bit into the low ones the table uses */
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  return h ^ (h >> 16);
+}
+
+/* The first address (in file order) equal to an earlier one: a hash table of
+ * indices filled in one pass. Sets *first and *second, or *second = m if all
+ * differ. 1 if the table could not be had (memory) or its probes pass a
+ * bound (a file built to collide): the caller sorts instead. */
+static int find_duplicate_hashed(const mlxd_ring_hosts* h, size_t m, size_t* first,
+                                 size_t* second) {
+  size_t cap = 16;
+  while (cap < 2 * m) cap *= 2;
+  uint32_t* slot = calloc(cap, sizeof *slot); /* index + 1; 0: empty */
+  if (!slot) return 1;
+  size_t probes = 0, budget = 32 * m;
+  *second = m;
+  for (size_t i = 0; i < m; i++) {
+    size_t b = addr_hash(&h->addrs[i]) & (cap - 1);
+    for (; slot[b]; b = (b + 1) & (cap - 1)) {
+      if (++probes > budget) {
+        free(slot);
+        return 1;
+      }
+      size_t j = slot[b] - 1;
+      if (addr_cmp(&h->addrs[j], &h->addrs[i]) == 0) {
+        *first = j;
+        *second = i;
+        free(slot);
+        return 0;
+      }
+    }
+    slot[b] = (uint32_t)(i + 1);
+  }
+  free(slot);
+  return 0;
+}
+
+/* The same answer by sorting: O(m log m) whatever the input. */
+static int find_duplicate_sorted(const mlxd_ring_hosts* h, size_t m, size_t* first,
+                                 size_t* second) {
   const mlxd_ring_addr** p = malloc(m * sizeof *p);
-  if (!p)
-    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
-                        "out of memory checking hostfile '%s'", name);
+  if (!p) return -1;
   for (size_t i = 0; i < m; i++) p[i] = &h->addrs[i];
   qsort(p, m, sizeof *p, ptr_cmp);
-  size_t first = 0, second = m;
+  *second = m;
   for (size_t i = 1; i < m; i++) {
     if (addr_cmp(p[i - 1], p[i]) != 0) continue;
     size_t j = (size_t)(p[i] - h->addrs);
-    if (j < second) {
-      second = j;
-      first = (size_t)(p[i - 1] - h->addrs);
+    if (j < *second) {
+      *second = j;
+      *first = (size_t)(p[i - 1] - h->addrs);
     }
   }
   free(p);
+  return 0;
+}
+
+/* The duplicate whose second occurrence comes first in the file is named,
+ * with the occurrence before it (the only one: it is the first repeat). */
+static int check_duplicates(const char* name, const mlxd_ring_hosts* h, mlxd_status* st) {
+  size_t m = (size_t)h->size * (size_t)h->nconn;
+  if (m < 2) return 0;
+  size_t first = 0, second = m;
+  if (find_duplicate_hashed(h, m, &first, &second) != 0 &&
+      find_duplicate_sorted(h, m, &first, &second) != 0)
+    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
+                        "out of memory checking hostfile '%s'", name);
   if (second == m) return 0;
   int k = h->nconn;
   const mlxd_ring_addr *a = &h->addrs[first], *b = &h->addrs[second];
