@@ -229,10 +229,12 @@ struct mlxd_transport {
  * never match its parent's or another child's. Messages of one call share
  * kind, group and sequence number whatever their phase, segment and step
  * (mlxd_tag_op, match.h): their signatures are compared. The sequence
- * number wraps after 2^17 ops of one kind on a group: a collective's ranks
- * are never more than a few ops apart, and point-to-point messages between
- * two ranks arrive in order and are matched oldest first, so a number seen
- * again 2^17 messages later takes the older message first, as it must. */
+ * number wraps after 2^17 collectives on a group: a collective's ranks are
+ * never more than a few ops apart. A point-to-point message has no steps:
+ * its step field holds its number's next 16 bits (src/algo/sendrecv.c), so
+ * its tag wraps only after 2^33 messages between two ranks in one
+ * direction, however many of them are unreceived on however many
+ * connections. */
 /* Kind 3 is unused (split's exchange is a collective: MLXD_TAG_COLL).
  * Kind 15 (MLXD_TAG_CTRL) is the transports' own: control frames between
  * two ranks' transports (tcp: heartbeats and abort records, tcp_wire.h),

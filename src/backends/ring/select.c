@@ -131,9 +131,10 @@ static uint64_t get_u(const unsigned char* p, int bytes) {
   return v;
 }
 
-/* The exchanges' sequence numbers: the top of the 33-bit space, which the
- * group's own operations (numbered from 0) reach only after 2^33 - 8 of
- * them, long after these have completed on every rank. */
+/* The exchanges' sequence numbers: the top of the tags' sequence space
+ * (MLXD_TAG_SEQ_BITS), which the group's own operations (numbered from 0)
+ * reach only after 2^17 - 8 of them, long after these have completed on
+ * every rank. */
 #define SELECT_SEQ ((1ull << MLXD_TAG_SEQ_BITS) - 8)
 /* All-gather n bytes per rank over the algorithm layer (step: which
  * exchange): the same algorithm on every rank whatever its environment (the
