@@ -7,7 +7,7 @@
  * rank (pid, state, failure message, a futex "doorbell", heartbeat, a hello
  * counter) and one hello bitmap per rank. Each rank counts itself in with an
  * atomic increment; the rank that completes the count unlinks the name.
- * The rings of a pair live in a segment of their own, <name>-p<lo>-<hi>,
+ * The rings of a pair live in a segment of their own, <name>~<lo>-<hi>~<pids>~<pid ns> (pair_name),
  * made on the pair's first isend/irecv (shm_setup.c mlxd_shm_pair_attach):
  * O_EXCL picks the one creator, the other checks owner, mode and size and
  * waits for its magic (t->mu dropped around each sleep); the creator sets
