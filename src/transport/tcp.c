@@ -114,7 +114,8 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
     }
   }
   for (int i = 0; i < n * t->nconn; i++) {
-    tcp_conn* c = &t->conns[i];
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (!c) continue; /* never used: nothing queued, no socket */
     for (tcp_frag* f = c->qhead; f; f = f->next)
       if (f->req) mlxd_tcp_req_fail(t, f->req, code);
     if (relay && i % t->nconn == 0) mlxd_tcp_relay_conn(t, c);
@@ -137,8 +138,8 @@ static void fail_lost(tcp_transport* t, int peer, const char* syscall, int err) 
   /* The peer may have said why before it went (an abort frame, tcp_live.c;
    * sent before its sockets closed): read what it sent first. */
   for (int i = 0; i < t->nconn && !t->err.code; i++) {
-    tcp_conn* c = &t->conns[peer * t->nconn + i];
-    if (c->fd >= 0 && !c->eof) (void)mlxd_tcp_conn_read(t, c);
+    tcp_conn* c = mlxd_tcp_conn_at(t, peer * t->nconn + i);
+    if (c && c->fd >= 0 && !c->eof) (void)mlxd_tcp_conn_read(t, c);
   }
   if (t->err.code) return;
   mlxd_status s;
@@ -153,8 +154,8 @@ static void conn_eof(tcp_transport* t, tcp_conn* c);
 static bool peer_has_data(tcp_transport* t, int p) {
   tcp_peer* pe = &t->peers[p];
   if (pe->mq.posted.head || pe->arriving.head) return true;
-  for (int c = 0; c < t->nconn; c++)
-    for (tcp_frag* f = t->conns[p * t->nconn + c].qhead; f; f = f->next)
+  for (int c = 0; c < t->nconn && t->conns[p]; c++)
+    for (tcp_frag* f = t->conns[p][c].qhead; f; f = f->next)
       if (f->req) return true;
   return false;
 }
@@ -201,13 +202,13 @@ static void conn_eof(tcp_transport* t, tcp_conn* c) {
   c->eof = true;
   if (t->epfd >= 0) (void)epoll_ctl(t->epfd, EPOLL_CTL_DEL, c->fd, NULL); /* readable for ever */
   for (int i = 0; i < t->nconn; i++)
-    if (!t->conns[c->peer * t->nconn + i].eof) return;
+    if (!t->conns[c->peer][i].eof) return; /* (c is one of them: they exist) */
   if (peer_has_data(t, c->peer)) {
     fail_lost(t, c->peer, NULL, 0);
     return;
   }
   for (int i = 0; i < t->nconn; i++) {
-    tcp_conn* q = &t->conns[c->peer * t->nconn + i];
+    tcp_conn* q = &t->conns[c->peer][i];
     q->qhead = q->qtail = NULL; /* control frames only */
   }
   t->peers[c->peer].closed = true;
@@ -334,12 +335,22 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     free(r);
     return code;
   }
+  mlxd_status ns;
+  mlxd_status_clear(&ns);
+  tcp_conn* pc = mlxd_tcp_peer_conns(t, peer, &ns);
+  if (!pc) { /* out of memory: this send fails, the transport stays usable */
+    int code = ns.code;
+    if (st) *st = ns;
+    pthread_mutex_unlock(&t->mu);
+    free(r);
+    return code;
+  }
   mlxd_tcp_want(t, peer);
   unsigned start = pe->rr++;
   bool touched[64] = {false};
   for (size_t i = 0; i < nfrag; i++) {
     int ci = (int)((start + i) % (unsigned)t->nconn);
-    tcp_conn* c = &t->conns[peer * t->nconn + ci];
+    tcp_conn* c = &pc[ci];
     tcp_frag* f = &r->frags[i];
     if (c->qtail)
       c->qtail->next = f;
@@ -350,7 +361,7 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   }
   bool queued = false;
   for (int ci = 0; ci < t->nconn && !t->err.code; ci++) {
-    tcp_conn* c = &t->conns[peer * t->nconn + ci];
+    tcp_conn* c = &pc[ci];
     if (ci < 64 && !touched[ci]) continue;
     int err = conn_write(t, c);
     if (err)
@@ -444,8 +455,8 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
   bool any = rc > 0;
   if (t->tls)
     for (int i = 0; i < t->base.size * t->nconn; i++) {
-      tcp_conn* c = &t->conns[i];
-      if (!c->ssl || c->fd < 0 || c->eof || !(c->kick || mlxd_tls_pending(c->ssl))) continue;
+      tcp_conn* c = mlxd_tcp_conn_at(t, i);
+      if (!c || !c->ssl || c->fd < 0 || c->eof || !(c->kick || mlxd_tls_pending(c->ssl))) continue;
       c->kick = false;
       any = true;
       t->peers[c->peer].heard = mlxd_now();

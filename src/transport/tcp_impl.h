@@ -123,7 +123,13 @@ typedef struct tcp_peer {
 typedef struct tcp_transport {
   mlxd_transport base;
   int nconn;
-  tcp_conn* conns; /* size * nconn; conns[p * nconn + c] */
+  /* size entries; conns[p]: the nconn connections to p, allocated when p
+   * is first used (mlxd_tcp_peer_conns; all at creation when eager), NULL
+   * until then, so a rank pays only for the peers it talks to. Allocated
+   * under mu (or by create before any other thread sees t); never moved or
+   * freed before destroy (epoll's data points into them). Connection
+   * p * nconn + c: mlxd_tcp_conn_at. */
+  tcp_conn** conns;
   tcp_peer* peers;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -149,6 +155,17 @@ typedef struct tcp_transport {
 } tcp_transport;
 
 extern const mlxd_transport_ops mlxd_tcp_ops;
+
+/* Connection i (peer i / nconn) if its peer's connections exist, else NULL
+ * (never used: no socket, nothing queued). mu held, or creation/destroy. */
+static inline tcp_conn* mlxd_tcp_conn_at(const tcp_transport* t, int i) {
+  tcp_conn* a = t->conns ? t->conns[i / t->nconn] : NULL;
+  return a ? &a[i % t->nconn] : NULL;
+}
+/* tcp_setup.c: peer's nconn connections, allocated and set up (fd -1) on
+ * first use (mu held, or creation). Does not block. NULL with st set
+ * (MLXD_ENOMEM naming the peer) when out of memory; t is left as it was. */
+tcp_conn* mlxd_tcp_peer_conns(tcp_transport* t, int peer, mlxd_status* st);
 
 /* Where a fragment's payload comes from. */
 static inline const char* mlxd_tcp_frag_data(const tcp_frag* f) {

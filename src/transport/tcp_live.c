@@ -71,8 +71,8 @@ static void beat(void* ctx, double now) {
   if (!t->progressing) mlxd_tcp_dial_step(t);
   bool queued = false;
   for (int p = 0; p < t->base.size && !t->err.code; p++) {
-    tcp_conn* c = &t->conns[p * t->nconn];
-    if (p == t->base.rank || c->fd < 0 || c->eof) continue;
+    tcp_conn* c = t->conns[p]; /* its first connection; NULL: never used */
+    if (p == t->base.rank || !c || c->fd < 0 || c->eof) continue;
     if (!c->qhead) {
       memcpy(c->beat_note, note, len);
       frag_ctrl(&c->beat, MLXD_TCP_CTRL_BEAT, c->beat_note, len);

@@ -72,22 +72,28 @@ static bool drain_eof(int fd) {
 
 static void close_all(tcp_transport* t, int nc) {
   int live = 0;
-  for (int i = 0; i < nc; i++)
-    if (t->conns[i].fd >= 0) {
-      shutdown(t->conns[i].fd, SHUT_WR);
+  for (int i = 0; i < nc; i++) {
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (c && c->fd >= 0) {
+      shutdown(c->fd, SHUT_WR);
       live++;
     }
+  }
   struct pollfd* pf = live ? calloc((size_t)live + 1, sizeof *pf) : NULL;
   bool* eof = calloc((size_t)nc + 1, sizeof *eof);
   double start = mlxd_now(), last_progress = start;
   double quiet = t->live.dead_s > TCP_CLOSE_MS * 1e-3 ? t->live.dead_s : TCP_CLOSE_MS * 1e-3;
   long queued_before = -1;
-  for (int i = 0; i < nc; i++) eof[i] = t->conns[i].fd < 0 || t->conns[i].eof;
+  for (int i = 0; eof && i < nc; i++) {
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    eof[i] = !c || c->fd < 0 || c->eof;
+  }
   while (pf && eof) {
     int np = 0;
     long queued = 0;
     for (int i = 0; i < nc; i++) {
-      int fd = t->conns[i].fd, outq = 0;
+      tcp_conn* c = mlxd_tcp_conn_at(t, i);
+      int fd = c ? c->fd : -1, outq = 0;
       if (fd < 0) continue;
       if (!eof[i]) eof[i] = drain_eof(fd);
       if (ioctl(fd, TIOCOUTQ, &outq) == 0 && outq > 0) {
@@ -122,11 +128,13 @@ static void close_all(tcp_transport* t, int nc) {
   }
   free(pf);
   free(eof);
-  for (int i = 0; i < nc; i++)
-    if (t->conns[i].fd >= 0) {
-      (void)drain_eof(t->conns[i].fd);
-      close(t->conns[i].fd);
+  for (int i = 0; i < nc; i++) {
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (c && c->fd >= 0) {
+      (void)drain_eof(c->fd);
+      close(c->fd);
     }
+  }
 }
 
 /* A transport whose create failed on connected sockets (a TLS handshake, a
@@ -144,11 +152,13 @@ void mlxd_tcp_forget(mlxd_transport* tt) {
   if (t->dial) t->dial->ops->forget(t->dial);
   if (t->epfd >= 0) close(t->epfd);
   t->epfd = -1;
-  for (int i = 0; t->conns && i < t->base.size * t->nconn; i++)
-    if (t->conns[i].fd >= 0) {
-      close(t->conns[i].fd);
-      t->conns[i].fd = -1;
+  for (int i = 0; t->conns && i < t->base.size * t->nconn; i++) {
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (c && c->fd >= 0) {
+      close(c->fd);
+      c->fd = -1;
     }
+  }
   if (t->wake_fd >= 0) close(t->wake_fd);
   t->wake_fd = -1;
 }
@@ -162,13 +172,19 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
    * transport's dialer keeps saying it failed). */
   if (t->dial) t->dial->ops->refuse(t->dial, t->err.code ? &t->err : NULL);
   int nc = t->base.size * t->nconn;
-  for (int i = 0; i < nc && t->conns; i++) mlxd_tls_conn_free(t->conns[i].ssl); /* close_notify */
+  for (int i = 0; i < nc && t->conns; i++) {
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (c) mlxd_tls_conn_free(c->ssl); /* close_notify */
+  }
   if (t->conns) close_all(t, nc);
   if (t->dial) t->dial->ops->free(t->dial);
   t->dial = NULL;
   for (int i = 0; i < nc && t->conns; i++) {
-    free(t->conns[i].rbuf);
-    free(t->conns[i].wbuf);
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (c) {
+      free(c->rbuf);
+      free(c->wbuf);
+    }
   }
   for (int p = 0; p < t->base.size && t->peers; p++) {
     tcp_peer* pe = &t->peers[p];
@@ -185,6 +201,7 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
   mlxd_tls_free(t->tls);
   pthread_mutex_destroy(&t->mu);
   pthread_cond_destroy(&t->cv);
+  for (int p = 0; p < t->base.size && t->conns; p++) free(t->conns[p]);
   free(t->conns);
   free(t->peers);
   free(t->evs);
@@ -264,14 +281,33 @@ static int conn_attach(tcp_transport* t, tcp_conn* c, int fd, mlxd_status* st) {
   return 0;
 }
 
+tcp_conn* mlxd_tcp_peer_conns(tcp_transport* t, int peer, mlxd_status* st) {
+  if (t->conns[peer]) return t->conns[peer];
+  tcp_conn* a = calloc((size_t)t->nconn, sizeof *a);
+  if (!a) {
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
+                 "out of memory setting up the connections to rank %d", peer);
+    mlxd_status_set_peer(st, peer, t->peers[peer].addr);
+    return NULL;
+  }
+  for (int c = 0; c < t->nconn; c++) {
+    a[c].fd = -1;
+    a[c].peer = peer;
+  }
+  t->conns[peer] = a;
+  return a;
+}
+
 /* The dialer made connection conn to peer (mu held, inside want or step). */
 static void conn_ready(void* ctx, int peer, int conn, int fd) {
   tcp_transport* t = ctx;
-  tcp_conn* c = &t->conns[peer * t->nconn + conn];
   mlxd_status s;
   mlxd_status_clear(&s);
-  if (c->fd >= 0 || t->err.code) { /* cannot happen (one per slot), or too late */
+  tcp_conn* a = t->err.code ? NULL : mlxd_tcp_peer_conns(t, peer, &s);
+  tcp_conn* c = a ? &a[conn] : NULL;
+  if (!c || c->fd >= 0 || t->err.code) { /* cannot happen (one per slot), or too late */
     close(fd);
+    if (s.code) mlxd_tcp_fail(t, &s);
     return;
   }
   if (conn_attach(t, c, fd, &s) != 0 || (t->tls && mlxd_tcp_tls_begin(t, c, &s) != 0)) {
@@ -310,14 +346,10 @@ static tcp_transport* tcp_alloc(int rank, int size, int nconn, mlxd_status* st) 
   t->epfd = -1;
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->cv, NULL);
-  t->conns = calloc((size_t)nc, sizeof *t->conns);
+  t->conns = calloc((size_t)size, sizeof *t->conns); /* each on first use */
   t->peers = calloc((size_t)size, sizeof *t->peers);
   t->nevs = nc + 2 < 256 ? nc + 2 : 256;
   t->evs = calloc((size_t)t->nevs, sizeof *t->evs);
-  for (int i = 0; i < nc && t->conns; i++) {
-    t->conns[i].fd = -1;
-    t->conns[i].peer = i / nconn;
-  }
   if (!t->conns || !t->peers || !t->evs) {
     mlxd_tcp_destroy(&t->base);
     mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory creating the TCP transport");
@@ -393,9 +425,10 @@ int mlxd_tcp_connections(mlxd_transport* tt, unsigned char* peers) {
   pthread_mutex_lock(&t->mu);
   int n = 0;
   for (int i = 0; i < t->base.size * t->nconn; i++) {
-    if (t->conns[i].fd < 0) continue;
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (!c || c->fd < 0) continue;
     n++;
-    if (peers) peers[t->conns[i].peer] = 1;
+    if (peers) peers[c->peer] = 1;
   }
   pthread_mutex_unlock(&t->mu);
   return n;
@@ -433,9 +466,11 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
   for (int i = 0; i < nc; i++)
     if (i / nconn == rank && fds[i] >= 0) close(fds[i]);
   for (int i = 0; i < nc; i++) {
-    tcp_conn* c = &t->conns[i];
-    if (c->peer == rank) continue;
-    if (conn_attach(t, c, fds[i], st) != 0) {
+    if (i / nconn == rank) continue;
+    tcp_conn* a = mlxd_tcp_peer_conns(t, i / nconn, st); /* eager: every peer's */
+    tcp_conn* c = a ? &a[i % nconn] : NULL;
+    if (!c || conn_attach(t, c, fds[i], st) != 0) {
+      if (!c) close(fds[i]);
       for (int k = i + 1; k < nc; k++)
         if (k / nconn != rank) close(fds[k]);
       destroy_unborn(t, st);

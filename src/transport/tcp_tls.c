@@ -65,11 +65,11 @@ int mlxd_tcp_tls_start(tcp_transport* t, mlxd_status* st) {
   if (!ssl || !fds || !peers || !addrs)
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP, "out of memory setting up TLS");
   for (int i = 0; i < nc && rc == 0; i++) {
-    tcp_conn* c = &t->conns[i];
-    fds[i] = c->fd;
-    peers[i] = c->peer;
-    addrs[i] = t->peers[c->peer].addr;
-    if (c->fd < 0) continue;
+    tcp_conn* c = mlxd_tcp_conn_at(t, i); /* eager: NULL only for this rank */
+    fds[i] = c ? c->fd : -1;
+    peers[i] = i / t->nconn;
+    addrs[i] = t->peers[i / t->nconn].addr;
+    if (!c || c->fd < 0) continue;
     c->wbuf = malloc(TCP_TLS_WBUF);
     c->ssl = mlxd_tls_conn_new(t->tls, c->fd, t->base.rank > c->peer, st);
     if (!c->ssl) {
@@ -80,7 +80,10 @@ int mlxd_tcp_tls_start(tcp_transport* t, mlxd_status* st) {
     ssl[i] = c->ssl;
   }
   if (rc == 0) rc = mlxd_tls_handshake_all(ssl, fds, peers, addrs, nc, connect_s(), st);
-  for (int i = 0; i < nc && rc == 0; i++) t->conns[i].kick = t->conns[i].ssl != NULL;
+  for (int i = 0; i < nc && rc == 0; i++) {
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (c) c->kick = c->ssl != NULL;
+  }
   free(ssl);
   free(fds);
   free(peers);
@@ -131,8 +134,8 @@ int mlxd_tcp_tls_step(tcp_transport* t, tcp_conn* c) {
 
 void mlxd_tcp_tls_step_all(tcp_transport* t) {
   for (int i = 0; t->tls_hs_n > 0 && !t->err.code && i < t->base.size * t->nconn; i++) {
-    tcp_conn* c = &t->conns[i];
-    if (!c->tls_hs || c->fd < 0) continue;
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (!c || !c->tls_hs || c->fd < 0) continue;
     (void)mlxd_tcp_tls_step(t, c);
     mlxd_tcp_conn_arm(t, c); /* done: EPOLLOUT for what was queued meanwhile */
   }
@@ -141,8 +144,8 @@ void mlxd_tcp_tls_step_all(tcp_transport* t) {
 int mlxd_tcp_tls_before_wait(tcp_transport* t, int timeout_ms) {
   double now = t->tls_hs_n > 0 ? mlxd_now() : 0;
   for (int i = 0; i < t->base.size * t->nconn && (timeout_ms > 0 || t->tls_hs_n > 0); i++) {
-    tcp_conn* c = &t->conns[i];
-    if (!c->ssl || c->fd < 0 || c->eof) continue;
+    tcp_conn* c = mlxd_tcp_conn_at(t, i);
+    if (!c || !c->ssl || c->fd < 0 || c->eof) continue;
     if (c->tls_hs) {
       if (t->err.code) continue;
       if (now >= c->tls_by) {
