@@ -1,8 +1,13 @@
 #include "testutil.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "mlx/c/error.h"
 
@@ -123,4 +128,27 @@ int t_exit_status(void) {
   fprintf(stderr, "%s%s%d check%s failed\n", t_label_buf, *t_label_buf ? ": " : "", n,
           n == 1 ? "" : "s");
   return 1;
+}
+
+void t_rank_log_to(const char* dir, int rank) {
+  char path[256];
+  snprintf(path, sizeof path, "%s/rank%d.log", dir, rank);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  T_REQUIREF(fd >= 0, "cannot open %s: %s", path, strerror(errno));
+  dup2(fd, 2);
+  close(fd);
+}
+
+const char* t_rank_log(const char* dir, int rank) {
+  static char buf[16384];
+  char path[256];
+  snprintf(path, sizeof path, "%s/rank%d.log", dir, rank);
+  buf[0] = '\0';
+  FILE* f = fopen(path, "r");
+  if (f) {
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    buf[k] = '\0';
+    fclose(f);
+  }
+  return buf;
 }

@@ -88,6 +88,12 @@ void t_expect_no_error(const char* file, int line);
 /* Rank/size of a launched test from MLX_RANK / MLX_WORLD_SIZE (or -1). */
 int t_env_int(const char* name, int dflt);
 
+/* A forked rank's stderr into DIR/rank<R>.log (t_rank_log_to, in the rank),
+ * read back by the parent afterwards (t_rank_log: at most 16 KiB, "" when
+ * there is none; a static buffer, valid until the next call). */
+void t_rank_log_to(const char* dir, int rank);
+const char* t_rank_log(const char* dir, int rank);
+
 /* T_SANITIZED: 1 in an ASan or TSan build (gcc or clang), where tests shrink their largest cases. */
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define T_SANITIZED 1

@@ -191,30 +191,6 @@ static int rank_storm(int rank, int size, const char* session, void* arg) {
   return t_exit_status();
 }
 
-/* stderr into a file the parent reads afterwards. */
-static void log_to(const ctx* x, int rank) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/rank%d.log", x->logdir, rank);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  T_REQUIRE(fd >= 0);
-  dup2(fd, 2);
-  close(fd);
-}
-
-static char* slurp(const ctx* x, int rank) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/rank%d.log", x->logdir, rank);
-  FILE* f = fopen(path, "r");
-  static char buf[16384];
-  buf[0] = '\0';
-  if (f) {
-    size_t k = fread(buf, 1, sizeof buf - 1, f);
-    buf[k] = '\0';
-    fclose(f);
-  }
-  return buf;
-}
-
 /* A stranger: connects to addr and sends a well-formed hello with another token. */
 static int stranger(const mlxd_ring_addr* a, int claim) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -239,7 +215,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
   (void)session;
   (void)size;
   ctx* x = arg;
-  log_to(x, rank);
+  t_rank_log_to(x->logdir, rank);
   setenv("MLXDIST_CONNECT_TIMEOUT", "2", 1);
   if (rank == 2) { /* another job's rank 2 (its token differs): wants rank 1 */
     mlxd_ring_auth other = x->auth;
@@ -379,7 +355,7 @@ static int rank_refuse(int rank, int size, const char* session, void* arg) {
   (void)session;
   (void)size;
   ctx* x = arg;
-  log_to(x, rank);
+  t_rank_log_to(x->logdir, rank);
   setenv("MLXDIST_CONNECT_TIMEOUT", "10", 1);
   mlxd_ring_auth keyed = x->auth; /* with a secret: the refusal is proven by its MAC */
   keyed.have_key = true;
@@ -424,7 +400,7 @@ static int rank_closing(int rank, int size, const char* session, void* arg) {
   (void)session;
   (void)size;
   ctx* x = arg;
-  log_to(x, rank);
+  t_rank_log_to(x->logdir, rank);
   setenv("MLXDIST_CONNECT_TIMEOUT", "10", 1);
   setenv("MLXDIST_TIMEOUT", "3", 1);
   mlxd_transport* t = open_lazy(x, rank, &x->auth);
@@ -442,6 +418,13 @@ static int rank_closing(int rank, int size, const char* session, void* arg) {
     mlxd_status st;
     mlxd_status_clear(&st);
     T_REQUIRE(t->ops->isend(t, 2, mlxd_tag(MLXD_TAG_P2P, 13, 9), NULL, big, n, &r, &st) == 0);
+    /* push it until the socket buffers are full (rank 2 reads nothing): on a
+     * busy host the isend alone may not have written a byte yet, and a
+     * destroy with nothing in flight has nothing to wait for */
+    mlxd_wait_state ws;
+    memset(&ws, 0, sizeof ws);
+    T_REQUIREF(t->ops->wait_slice(t, &r, 1, 0.5, &ws, &st) == 0 && !ws.done,
+               "the 64 MiB send to a rank that reads nothing: %s", st.msg);
     double t0 = t_now();
     mark(x, "destroy");
     t->ops->destroy(t); /* its sockets stay full: the close waits MLXDIST_TIMEOUT */
@@ -484,7 +467,7 @@ static int rank_flood(int rank, int size, const char* session, void* arg) {
   (void)session;
   (void)size;
   ctx* x = arg;
-  log_to(x, rank);
+  t_rank_log_to(x->logdir, rank);
   if (rank == x->g) { /* the flooder */
     for (int i = 0; i < x->g * x->k; i++) close(x->lfds[i]);
     int held[1200];
@@ -533,7 +516,7 @@ static int rank_flood(int rank, int size, const char* session, void* arg) {
 static int rank_exit(int rank, int size, const char* session, void* arg) {
   (void)session;
   ctx* x = arg;
-  log_to(x, rank);
+  t_rank_log_to(x->logdir, rank);
   setenv("MLXDIST_TIMEOUT", "20", 1);
   enum { N = 65536 + 5 };
   static unsigned char msg[N];
@@ -583,7 +566,7 @@ static int rank_late(int rank, int size, const char* session, void* arg) {
   (void)session;
   (void)size;
   ctx* x = arg;
-  log_to(x, rank);
+  t_rank_log_to(x->logdir, rank);
   setenv("MLXDIST_CONNECT_TIMEOUT", "3", 1);
   double start = t_now();
   if (rank == 1) {
@@ -689,15 +672,15 @@ int main(int argc, char** argv) {
   int bad = t_run_ranks(x.n, fn, &x, &o, NULL);
   T_CHECKF(bad == 0, "%d rank(s) failed", bad);
   if (strcmp(mode, "intruder") == 0) {
-    const char* log1 = slurp(&x, 1);
+    const char* log1 = t_rank_log(x.logdir, 1);
     T_CHECKF(strstr(log1, "refused a connection from 127.0.0.1") != NULL &&
                  strstr(log1, mlxd_hs_reason(MLXD_HS_TOKEN)) != NULL,
              "rank 1 did not log the stranger's refusal; its stderr:\n%s", log1);
     fprintf(stderr, "rank 1's stderr:\n%s", log1);
-    fprintf(stderr, "rank 2's stderr:\n%s", slurp(&x, 2));
+    fprintf(stderr, "rank 2's stderr:\n%s", t_rank_log(x.logdir, 2));
   }
   if (strcmp(mode, "flood") == 0) {
-    const char* log0 = slurp(&x, 0);
+    const char* log0 = t_rank_log(x.logdir, 0);
     int said = 0;
     for (const char* q = log0; (q = strstr(q, "(said once)")) != NULL; q++) said++;
     T_CHECKF(said == 1,
@@ -707,7 +690,8 @@ int main(int argc, char** argv) {
   }
   if (strcmp(x.mode, "ring") != 0 && strcmp(x.mode, "pairs") != 0 && strcmp(x.mode, "storm") != 0 &&
       strcmp(x.mode, "intruder") != 0 && strcmp(x.mode, "never") != 0)
-    for (int r = 0; r < x.n; r++) fprintf(stderr, "--- rank %d's stderr:\n%s", r, slurp(&x, r));
+    for (int r = 0; r < x.n; r++)
+      fprintf(stderr, "--- rank %d's stderr:\n%s", r, t_rank_log(x.logdir, r));
   for (int r = 0; r < x.n; r++) {
     char path[128];
     snprintf(path, sizeof path, "%s/rank%d.log", x.logdir, r);

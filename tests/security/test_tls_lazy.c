@@ -174,30 +174,6 @@ static int rank_pairs(int rank, int size, const char* session, void* arg) {
   return t_exit_status();
 }
 
-/* stderr into a file the parent reads afterwards. */
-static void log_to(const ctx* x, int rank) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/rank%d.log", x->dir, rank);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  T_REQUIRE(fd >= 0);
-  dup2(fd, 2);
-  close(fd);
-}
-
-static char* slurp(const ctx* x, int rank) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/rank%d.log", x->dir, rank);
-  FILE* f = fopen(path, "r");
-  static char buf[16384];
-  buf[0] = '\0';
-  if (f) {
-    size_t k = fread(buf, 1, sizeof buf - 1, f);
-    buf[k] = '\0';
-    fclose(f);
-  }
-  return buf;
-}
-
 static int connect_to(const mlxd_ring_addr* a) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
@@ -237,7 +213,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
   (void)session;
   (void)size;
   ctx* x = arg;
-  log_to(x, rank);
+  t_rank_log_to(x->dir, rank);
   setenv("MLXDIST_CONNECT_TIMEOUT", "10", 1); /* the refusal is immediate; room for a loaded host */
   if (rank == 2) { /* holds the job's token but another secret: wants rank 1 */
     mlxd_ring_auth other = load_auth(x, x->secret_b);
@@ -431,7 +407,7 @@ int main(int argc, char** argv) {
   } else if (strcmp(mode, "intruder") == 0) {
     x.n = 3;
     run(&x, rank_intruder, "lazy TLS with intruders");
-    const char* log1 = slurp(&x, 1);
+    const char* log1 = t_rank_log(x.dir, 1);
     fprintf(stderr, "rank 1's stderr:\n%s", log1);
     const char* want[] = {mlxd_hs_reason(MLXD_HS_MAGIC), mlxd_hs_reason(MLXD_HS_TOKEN),
                           mlxd_hs_reason(MLXD_HS_NO_SECRET), mlxd_hs_reason(MLXD_HS_MAC_E)};
@@ -439,7 +415,7 @@ int main(int argc, char** argv) {
       T_CHECKF(strstr(log1, want[i]) != NULL, "rank 1 did not log a refusal for '%s'", want[i]);
     T_CHECKF(strstr(log1, "refused a connection from 127.0.0.1") != NULL,
              "rank 1's refusals are not the ring's lines");
-    fprintf(stderr, "rank 2's stderr:\n%s", slurp(&x, 2));
+    fprintf(stderr, "rank 2's stderr:\n%s", t_rank_log(x.dir, 2));
   } else if (strcmp(mode, "mismatch") == 0) {
     x.n = 2;
     const char* subs[] = {"keys", "half", "silent"};

@@ -161,6 +161,16 @@ mlxd_hs_err mlxd_hs_check_confirm(const unsigned char* buf, size_t len,
   return MLXD_HS_OK;
 }
 
+/* The connection's numbers a MAC covers, big-endian, in this order. */
+static void mac_ints(unsigned char ints[20], int size, int nconn, int conn, int rank_connector,
+                     int rank_acceptor) {
+  mlxd_put32(ints, (uint32_t)size);
+  mlxd_put32(ints + 4, (uint32_t)nconn);
+  mlxd_put32(ints + 8, (uint32_t)conn);
+  mlxd_put32(ints + 12, (uint32_t)rank_connector);
+  mlxd_put32(ints + 16, (uint32_t)rank_acceptor);
+}
+
 int mlxd_hs_mac(const unsigned char* key, bool dir_connect, const unsigned char* token, int size,
                 int nconn, int conn, int rank_connector, int rank_acceptor,
                 const unsigned char* nonce_connector, const unsigned char* nonce_acceptor,
@@ -173,11 +183,7 @@ int mlxd_hs_mac(const unsigned char* key, bool dir_connect, const unsigned char*
   static const char L_ACCEPT[] = "mlxdist ring handshake v2: acceptor";
   const char* label = dir_connect ? L_CONNECT : L_ACCEPT;
   unsigned char ints[20];
-  mlxd_put32(ints, (uint32_t)size);
-  mlxd_put32(ints + 4, (uint32_t)nconn);
-  mlxd_put32(ints + 8, (uint32_t)conn);
-  mlxd_put32(ints + 12, (uint32_t)rank_connector);
-  mlxd_put32(ints + 16, (uint32_t)rank_acceptor);
+  mac_ints(ints, size, nconn, conn, rank_connector, rank_acceptor);
   const void* parts[5] = {label, token, ints, nonce_connector, nonce_acceptor};
   const size_t lens[5] = {strlen(label) + 1, MLXD_HS_TOKEN_BYTES, sizeof ints, MLXD_HS_NONCE_BYTES,
                           MLXD_HS_NONCE_BYTES};
@@ -195,11 +201,7 @@ int mlxd_hs_mac_refusal(const unsigned char* key, const unsigned char* token, in
   }
   static const char L_REFUSAL[] = "mlxdist ring handshake v2: refusal";
   unsigned char ints[20];
-  mlxd_put32(ints, (uint32_t)size);
-  mlxd_put32(ints + 4, (uint32_t)nconn);
-  mlxd_put32(ints + 8, (uint32_t)conn);
-  mlxd_put32(ints + 12, (uint32_t)rank_connector);
-  mlxd_put32(ints + 16, (uint32_t)rank_acceptor);
+  mac_ints(ints, size, nconn, conn, rank_connector, rank_acceptor);
   const void* parts[6] = {L_REFUSAL, token, ints, nonce_connector, nonce_acceptor, rest};
   const size_t lens[6] = {sizeof L_REFUSAL,    MLXD_HS_TOKEN_BYTES, sizeof ints,
                           MLXD_HS_NONCE_BYTES, MLXD_HS_NONCE_BYTES, rest_len};
