@@ -54,7 +54,8 @@ int mlxd_crypto_init(mlxd_status* st) {
   if (load_ok) return 0;
   if (!st) return -1;
   return mlxd_fail(st, MLXD_ESYS,
-                   "cannot load OpenSSL (%s), which MLXDIST_SECRET_FILE and MLXDIST_TLS need: %s "
-                   "(install the distribution's libssl3)",
+                   "cannot load OpenSSL (%s), which MLXDIST_SECRET_FILE, MLXDIST_TLS and a job "
+                   "token derived without MLXDIST_JOB_TOKEN need: %s (install the distribution's "
+                   "libssl3)",
                    MLXDIST_LIBSSL, load_err);
 }

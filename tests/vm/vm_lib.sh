@@ -78,6 +78,14 @@ vm_build_initrd() {
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
   elfs+=("$lib")
+  # OpenSSL: libmlxdist.so loads it at run time (dlopen, src/security/ossl.h) for secrets, TLS
+  # and the tokens jaccl derives by digest, so ldd of the binaries does not name it
+  lib=$(ldconfig -p | awk '/libssl\.so\.3 / && !f {print $NF; f = 1}')
+  if [ -n "$lib" ]; then
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+    elfs+=("$lib")
+  fi
   # ibverbs-utils and perftest (ib_write_bw...), when installed
   for u in ibv_rc_pingpong ibv_devinfo ib_write_bw ib_send_lat; do
     command -v $u >/dev/null || continue
