@@ -224,10 +224,11 @@ static int io_step(io* x, bool reading) {
   }
 }
 
-/* Drive ios (reads or writes) until all are done or deadline. check: for
- * reads, called when a header is complete (sets plen/p or fails). */
+/* Drive ios (reads or writes) until all are done or deadline (span seconds
+ * after the round began, named in the timeout's message). check: for reads,
+ * called when a header is complete (sets plen/p or fails). */
 static int run_ios(mlxd_jaccl_side* sc, io* ios, int nio, bool reading, double deadline,
-                   int (*check)(mlxd_jaccl_side*, io*, void*, mlxd_status*), void* arg,
+                   double span, int (*check)(mlxd_jaccl_side*, io*, void*, mlxd_status*), void* arg,
                    const char* what, mlxd_status* st) {
   struct pollfd* pfd = calloc((size_t)nio, sizeof *pfd);
   if (!pfd) return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory");
@@ -247,12 +248,16 @@ static int run_ios(mlxd_jaccl_side* sc, io* ios, int nio, bool reading, double d
         rc = mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
                           "the side channel's all-gather #%u: rank %d %s within %g s "
                           "(MLXDIST_CONNECT_TIMEOUT)",
-                          (unsigned)sc->round, r, what, sc->budget);
+                          (unsigned)sc->round, r, what, span);
       else
         rc = mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_BOOTSTRAP,
                           "the side channel's all-gather #%u: the coordinator (rank 0 at %s) %s "
-                          "within %g s (MLXDIST_CONNECT_TIMEOUT)",
-                          (unsigned)sc->round, sc->coord, what, sc->budget);
+                          "within %g s (%s)",
+                          (unsigned)sc->round, sc->coord, what, span,
+                          span > sc->budget
+                              ? "twice MLXDIST_CONNECT_TIMEOUT: the coordinator answers "
+                                "once every rank has sent"
+                              : "MLXDIST_CONNECT_TIMEOUT");
       mlxd_status_set_peer(st, r, NULL);
       break;
     }
@@ -349,7 +354,12 @@ int mlxd_jaccl_side_allgather(void* ctx, const void* src, void* dst, size_t n, m
   if (!sc->fds)
     return mlxd_fail_at(st, MLXD_EREMOTE, MLXD_LAYER_BOOTSTRAP,
                         "the side channel is closed (an earlier all-gather failed)");
-  const double deadline = mlxd_now() + sc->budget;
+  /* A leaf waits twice the budget for the answer: the coordinator answers only
+   * once every rank has sent, and waits up to the budget for the slowest, so a
+   * leaf with one budget would time out first and hide the coordinator's
+   * verdict (the closed channel naming the missing rank) behind its own. */
+  const double begun = mlxd_now(), deadline = begun + sc->budget;
+  const double leaf_deadline = begun + 2 * sc->budget;
   int nio = sc->rank == 0 ? size - 1 : 1;
   io* ios = calloc((size_t)nio, sizeof *ios);
   if (!ios) return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory");
@@ -357,24 +367,26 @@ int mlxd_jaccl_side_allgather(void* ctx, const void* src, void* dst, size_t n, m
   int rc = 0;
   if (sc->rank == 0) {
     for (int r = 1; r < size; r++) ios[r - 1] = (io){.fd = sc->fds[r], .peer = r};
-    rc = run_ios(sc, ios, nio, true, deadline, check_up, &a, "sent nothing", st);
+    rc = run_ios(sc, ios, nio, true, deadline, sc->budget, check_up, &a, "sent nothing", st);
     for (int r = 1; r < size && rc == 0; r++) {
       ios[r - 1] = (io){.fd = sc->fds[r], .peer = r, .p = dst, .plen = (size_t)size * n};
       put_hdr(ios[r - 1].hdr, MAGIC_DOWN, sc->round, (uint32_t)size, n);
     }
-    if (rc == 0) rc = run_ios(sc, ios, nio, false, deadline, NULL, NULL, "took nothing", st);
+    if (rc == 0)
+      rc = run_ios(sc, ios, nio, false, deadline, sc->budget, NULL, NULL, "took nothing", st);
   } else {
     unsigned char* mine = (unsigned char*)dst + (size_t)sc->rank * n;
     ios[0] = (io){.fd = sc->fds[0], .peer = 0, .p = mine, .plen = n};
     put_hdr(ios[0].hdr, MAGIC_UP, sc->round, (uint32_t)sc->rank, n);
-    rc = run_ios(sc, ios, 1, false, deadline, NULL, NULL, "took nothing", st);
+    rc = run_ios(sc, ios, 1, false, deadline, sc->budget, NULL, NULL, "took nothing", st);
     unsigned char* copy = NULL;
     if (rc == 0 && n && !(copy = malloc(n)))
       rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory");
     if (rc == 0) {
       if (n) memcpy(copy, mine, n);
       ios[0] = (io){.fd = sc->fds[0], .peer = 0};
-      rc = run_ios(sc, ios, 1, true, deadline, check_down, &a, "sent nothing back", st);
+      rc = run_ios(sc, ios, 1, true, leaf_deadline, 2 * sc->budget, check_down, &a,
+                   "sent nothing back", st);
     }
     if (rc == 0 && n && memcmp(copy, mine, n) != 0) {
       rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
