@@ -131,12 +131,20 @@ missing() { # 3 ranks, rank 2 never starts: named within MLXDIST_CONNECT_TIMEOUT
   export MLX_IBV_DEVICES=$(matrix 3) MLXDIST_CONNECT_TIMEOUT=2
   local t0=$(date +%s%N)
   start_rank r0 0 rank 1
+  listening $port
   start_rank r1 1 rank 1
   wait_for r0 && no "rank 0 started without rank 2"
   local ms=$((($(date +%s%N) - t0) / 1000000))
   echo "rank 0 failed after $ms ms: $(cat "$dir/r0.out")"
   expect_out r0 "rank 2 did not connect to this rank (0, listening on 127.0.0.1:$port) within 2 s"
-  [ $ms -le 3500 ] || no "rank 0 took $ms ms (MLXDIST_CONNECT_TIMEOUT=2)"
+  # The bound is checked on rank 0's own clock, from the open of the star: the start, the
+  # configuration (OpenSSL loaded) and the exit of a process add 1-2 s under TSan on a busy
+  # host (3.1-4.1 s from here to its end, up to 4 s before it listens), which says nothing
+  # of the bound; the wall clock only backs it up, generously.
+  local own
+  own=$(sed -n 's/^failed \([0-9]*\) ms after the star began to open$/\1/p' "$dir/r0.out")
+  [ -n "$own" ] && [ "$own" -le 3000 ] || no "rank 0 failed ${own:-?} ms after it began to open the star (MLXDIST_CONNECT_TIMEOUT=2)"
+  [ $ms -le 10000 ] || no "rank 0 ended $ms ms after its start (MLXDIST_CONNECT_TIMEOUT=2)"
   wait_for r1 && no "rank 1 finished without rank 2"
   expect_out r1 "the coordinator (rank 0 at 127.0.0.1:$port) closed the side channel"
 }
