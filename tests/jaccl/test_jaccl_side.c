@@ -9,7 +9,12 @@
  *                                   ROUNDS all-gathers of different sizes
  *                                   (0 bytes, 1 byte, ~200 KiB, ...), check
  *                                   every byte, print "ok" (exit 0), else the
- *                                   error (exit 1)
+ *                                   error and "failed N ms after the star
+ *                                   began to open" (exit 1): the time in this
+ *                                   process from the open to the failure (the
+ *                                   process's start, its configuration and its
+ *                                   exit, slow under the sanitizers on a busy
+ *                                   host, not counted)
  *   test_jaccl_side bad-up          a rank that opens the star rightfully (it
  *                                   has the token) and then sends a frame with
  *                                   another rank's number in it
@@ -29,6 +34,7 @@
 #include "backends/jaccl/jaccl_config.h"
 #include "backends/jaccl/jaccl_side.h"
 #include "util/bytes.h"
+#include "util/clock.h"
 
 static unsigned char pattern(int rank, int round, size_t i) {
   return (unsigned char)(rank * 131 + round * 17 + (int)(i % 251));
@@ -39,10 +45,14 @@ static size_t round_bytes(int round) {
   return sizes[round % 5];
 }
 
+static double g_start; /* mlxd_now() as the star began to open (0: not yet) */
+
 static int fail(const mlxd_status* st) {
   mlxd_status copy = *st;
   mlxd_status_render(&copy, "jaccl");
   printf("error: %s\n", copy.msg);
+  if (g_start > 0)
+    printf("failed %.0f ms after the star began to open\n", (mlxd_now() - g_start) * 1000);
   fflush(stdout);
   return 1;
 }
@@ -51,6 +61,7 @@ static int open_side(mlxd_jaccl_config* cfg, mlxd_jaccl_side* sc, mlxd_status* s
   mlxd_ring_auth auth;
   if (mlxd_jaccl_config_load(false, cfg, st)) return st->code;
   if (mlxd_jaccl_side_auth(cfg, &auth, st)) return st->code;
+  g_start = mlxd_now();
   int rc = mlxd_jaccl_side_open(cfg, &auth, sc, st);
   mlxd_ring_auth_clear(&auth);
   return rc;
