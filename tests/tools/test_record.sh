@@ -1,7 +1,7 @@
 #!/bin/sh
 # The operation record and mlxdist-launch as supervisor (docs/troubleshooting.md),
 # with real processes: test_record.sh CASE LAUNCHER RANK_PROGRAM (rec_rank.c).
-#   hang      3 ranks, the last waits in a recv nobody sends, --timeout 3: exit 124,
+#   hang      3 ranks, the last waits in a recv nobody sends, --timeout 6: exit 124,
 #             each rank's record, and the table marks rank 2 as behind
 #   kill      rank 1 dies of SIGKILL: the summary names rank 1 as the first failure
 #   exitrecv  rank 0 exits with a recv pending: rank 1's recv fails within 5 s naming
@@ -50,7 +50,7 @@ run() { # run EXPECTED-STATUS MAX-SECONDS ARGS...: the launcher's status and tim
 
 case $case_ in
 hang)
-  run 124 12 -n 3 --timeout 3 -- "$prog" hang
+  run 124 20 -n 3 --timeout 6 -- "$prog" hang
   check "rank 2 prints its record on SIGUSR1" '^\[2\] \[mlxdist\] record rank 2/3 pid [0-9]+ host [^ ]+ \(signal\): in recv #0 for [0-9.]+ s; colls 2$'
   check "rank 0's record shows the all_sum it waits in" '^\[0\] \[mlxdist\]   all_sum #2 float32 16 B: running for'
   check "the table's heading" '^\[launch\] where every rank was when the timeout expired'
