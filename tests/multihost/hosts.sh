@@ -322,7 +322,7 @@ mh_setup() {
     while ! out=$(mh_client ssh -F "$MH_DIR/ssh_config" -o ConnectTimeout=2 "root@$(mh_ip "$i")" hostname 2>&1) ||
       [ "$out" != "mh$i" ]; do
       kill -0 "${MH_SSHD_PIDS[i]}" 2>/dev/null || mh_fail "sshd of host $i exited: $(cat "$MH_DIR/sshd.$i.log")"
-      [ $(($(mh_now_ms) - t0)) -lt 20000 ] || mh_fail "sshd of host $i ($(mh_ip "$i")) does not answer after 20 s: $out"
+      [ $(($(mh_now_ms) - t0)) -lt 60000 ] || mh_fail "sshd of host $i ($(mh_ip "$i")) does not answer after 60 s: $out"
       sleep 0.2
     done
   done
