@@ -417,7 +417,7 @@ static void test_exit_status(void) {
 /* Every rank is started before any begins its init's bootstrap (init waits for the launcher's
  * gate), each gets its own MLX_RANK over the caller's, and MLXDIST_DUMP_SIGNAL=1 unless the caller set it. */
 static void test_gate(void) {
-  enum { N = 32 };
+  enum { N = 16 };
   char dir[] = "/tmp/test_launch_gate.XXXXXX";
   T_ASSERT(mkdtemp(dir) != NULL);
   char n_arg[16];
