@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/oprec.h"
 #include "distributed/group_impl.h"
+#include "distributed/launch_gate.h"
 #include "distributed/plugin.h"
 #include "util/env_names.h"
 #include "util/text.h"
@@ -421,6 +422,13 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
   t_in_init = 1;
   g = cache_get(idx);
   if (g) goto done;
+  /* mlxdist-launch's ranks: every rank started before any connect bound starts; a launcher
+   * that died or could not start them all fails init, strict or not (launch_gate.h) */
+  if (mlxd_launch_gate_pass(&cst) != 0) {
+    mlxd_text_add(&t, "%s", cst.msg);
+    *code = cst.code;
+    goto done;
+  }
 
   int cand[MLXD_REGISTRY_MAX], n = 0;
   if (idx != ANY_IDX)

@@ -144,6 +144,11 @@ typedef struct mlxd_tunable_spec {
   X(LAUNCH_TIMEOUT, "MLXDIST_LAUNCH_TIMEOUT", "0", MLXD_TK_NUMBER(0, 31536000, "seconds"),        \
     "mlxdist-launch: seconds before every rank is killed and the launcher "                       \
     "exits 124 (0: no limit; --timeout overrides it).")                                           \
+  X(LAUNCH_GATE, "MLXDIST_LAUNCH_GATE", "", MLXD_TK_WORD("FD:INODE, two decimal numbers"),        \
+    "Set by mlxdist-launch for its ranks: FD:INODE of the gate, a pipe the launcher writes one "  \
+    "byte into once every rank is started. Init waits for it (at most 4 x "                       \
+    "MLXDIST_CONNECT_TIMEOUT) before it connects; the pipe closed without the byte (the "         \
+    "launcher died or could not start a rank) fails init. See docs/launch.md.")                   \
   X(SECRET_FILE, "MLXDIST_SECRET_FILE", "", MLXD_TK_FILE(),                                       \
     "Path of the job's shared secret (a private file of 16 to 4096 bytes, mode 0600): every "     \
     "connection then proves both ends hold it (HMAC-SHA256 challenge-response). See "             \

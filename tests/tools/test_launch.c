@@ -14,10 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "mlx/c/distributed.h"
+#include "mlx/c/distributed_group.h"
 #include "testutil.h"
 
 static const char* launcher;
@@ -77,19 +80,43 @@ static int rank_check(int want_size, int want_conns) {
   return 0;
 }
 
-/* rank mode (--gate-check N DIR): how many children the launcher has when this rank's program
- * starts (every rank's process exists before any runs: the launcher's gate), then wait (bounded)
- * until all N ranks have looked, so that none is reaped before the last one counts. */
-static int gate_check(int n, const char* dir) {
-  int rank = t_env_int("MLX_RANK", -1);
+/* How many children process pid has (/proc/PID/task/PID/children). */
+static int children_of(long pid) {
   char path[PATH_MAX];
-  snprintf(path, sizeof path, "/proc/%ld/task/%ld/children", (long)getppid(), (long)getppid());
+  snprintf(path, sizeof path, "/proc/%ld/task/%ld/children", pid, pid);
   FILE* f = fopen(path, "r");
   if (!f) T_FAIL("cannot open %s", path);
   int kids = 0;
-  long pid;
-  while (fscanf(f, "%ld", &pid) == 1) kids++;
+  long child;
+  while (fscanf(f, "%ld", &child) == 1) kids++;
   fclose(f);
+  return kids;
+}
+
+/* The all-gather of gate_check's init: how many children the launcher has when the backend
+ * starts its bootstrap (its first exchange), into *payload; then it fails the init. */
+static int count_at_bootstrap(void* dst, const void* src, size_t n_bytes, int rank, int size,
+                              void* payload) {
+  (void)dst, (void)src, (void)n_bytes, (void)rank, (void)size;
+  *(int*)payload = children_of((long)getppid());
+  return 1;
+}
+
+/* rank mode (--gate-check N DIR): how many children the launcher has when this rank's init
+ * begins its bootstrap (every rank's process exists by then: init waits for the launcher's
+ * gate, opened once all are started, before any backend starts; the bootstrap is the caller's
+ * all-gather here, which counts and fails the init), then wait (bounded) until all N ranks
+ * have looked, so that none is reaped before the last one counts. */
+static int gate_check(int n, const char* dir) {
+  int rank = t_env_int("MLX_RANK", -1);
+  int at_start = children_of((long)getppid()); /* anything from 1 to n: not asserted */
+  int kids = -1;
+  t_capture_errors();
+  mlx_distributed_group g = mlx_distributed_group_new();
+  if (mlx_distributed_init_with_all_gather(&g, true, "ring", count_at_bootstrap, &kids, NULL) == 0)
+    T_FAIL("rank %d: init succeeded, its all-gather failing", rank);
+  if (kids < 0) T_FAIL("rank %d: init failed before its all-gather: %s", rank, t_last_error());
+  char path[PATH_MAX];
   snprintf(path, sizeof path, "%s/%d", dir, rank);
   FILE* mark = fopen(path, "w");
   T_ASSERT(mark != NULL);
@@ -105,6 +132,26 @@ static int gate_check(int n, const char* dir) {
   }
   const char* dump = getenv("MLXDIST_DUMP_SIGNAL");
   printf("rank %d saw %d dump=%s\n", rank, kids, dump ? dump : "(unset)");
+  fprintf(stderr, "rank %d: %d of %d at its start\n", rank, at_start, n);
+  return 0;
+}
+
+/* rank mode (--gate-init [DIR]): init (ring, strict); on success the mark DIR/MLX_RANK (the
+ * job ran) and exit 0, else exit 3 with init's message on stderr. */
+static int gate_init(const char* dir) {
+  t_capture_errors();
+  mlx_distributed_group g = mlx_distributed_group_new();
+  if (mlx_distributed_init(&g, true, "ring") != 0) {
+    fprintf(stderr, "%s\n", t_last_error());
+    return 3;
+  }
+  if (dir) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%d", dir, t_env_int("MLX_RANK", -1));
+    FILE* mark = fopen(path, "w");
+    if (mark) fclose(mark);
+  }
+  mlx_distributed_group_free(g);
   return 0;
 }
 
@@ -367,10 +414,10 @@ static void test_exit_status(void) {
   T_ASSERT(strstr(R.err, "cannot run '/dev/null'") != NULL);
 }
 
-/* Every rank is forked before any runs the program (they wait at the launcher's gate), each gets
- * its own MLX_RANK over the caller's, and MLXDIST_DUMP_SIGNAL=1 unless the caller set it. */
+/* Every rank is started before any begins its init's bootstrap (init waits for the launcher's
+ * gate), each gets its own MLX_RANK over the caller's, and MLXDIST_DUMP_SIGNAL=1 unless the caller set it. */
 static void test_gate(void) {
-  enum { N = 32 };
+  enum { N = 16 };
   char dir[] = "/tmp/test_launch_gate.XXXXXX";
   T_ASSERT(mkdtemp(dir) != NULL);
   char n_arg[16];
@@ -391,6 +438,134 @@ static void test_gate(void) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%d", dir, r);
     unlink(path);
+  }
+  rmdir(dir);
+}
+
+/* A stand-in launcher, a real process: it starts 2 ranks of --gate-init with its gate (as
+ * mlxdist-launch does), then dies without opening it (dies), or lives on without opening it
+ * (the ranks' bound: 4 x MLXDIST_CONNECT_TIMEOUT 0.25 = 1 s). Both ranks' init must fail with
+ * a message containing want, in a bounded time. */
+static void gate_stand_in(bool dies, const char* want) {
+  int pe[2];
+  T_ASSERT(pipe(pe) == 0);
+  double t0 = now_s();
+  pid_t mid = fork();
+  T_ASSERT(mid >= 0);
+  if (mid == 0) {
+    int g[2];
+    struct stat sb;
+    if (pipe2(g, 0) != 0 || fcntl(g[1], F_SETFD, FD_CLOEXEC) != 0 || fstat(g[0], &sb) != 0)
+      _exit(90);
+    static char kv[64];
+    snprintf(kv, sizeof kv, "MLXDIST_LAUNCH_GATE=%d:%llu", g[0], (unsigned long long)sb.st_ino);
+    for (int r = 0; r < 2; r++) {
+      if (fork() == 0) {
+        dup2(pe[1], 2);
+        close(pe[0]);
+        close(pe[1]);
+        static char rk[32];
+        snprintf(rk, sizeof rk, "MLX_RANK=%d", r);
+        putenv(kv);
+        putenv(rk);
+        putenv("MLX_WORLD_SIZE=2");
+        putenv("MLXDIST_CONNECT_TIMEOUT=0.25");
+        execl(self_exe, self_exe, "--gate-init", (char*)NULL);
+        _exit(99);
+      }
+    }
+    close(pe[1]);
+    if (dies) _exit(0); /* its end of the gate closes with it */
+    sleep(30);
+    _exit(0);
+  }
+  close(pe[1]);
+  char err[8192];
+  size_t n = 0;
+  while (n < sizeof err - 1) { /* until both ranks are gone (EOF), bounded */
+    struct pollfd p = {.fd = pe[0], .events = POLLIN};
+    int left = (int)((t0 + 20.0 - now_s()) * 1000);
+    if (left <= 0) break;
+    if (poll(&p, 1, left) < 0 && errno == EINTR) continue;
+    ssize_t got = read(pe[0], err + n, sizeof err - 1 - n);
+    if (got <= 0) break;
+    n += (size_t)got;
+  }
+  err[n] = '\0';
+  double took = now_s() - t0;
+  close(pe[0]);
+  kill(mid, SIGKILL);
+  waitpid(mid, NULL, 0);
+  int seen = 0;
+  for (const char* q = err; (q = strstr(q, want)) != NULL; q++) seen++;
+  if (seen != 2) T_FAIL("expected '%s' from both ranks, got:\n%s", want, err);
+  if (took > 10.0) T_FAIL("the ranks took %.1f s", took);
+  if (!dies && took < 0.9) T_FAIL("the ranks gave up after %.2f s, before their bound", took);
+}
+
+/* The gate as hostile input, and what a gate that never opens does to the ranks' init. */
+static void test_gate_fails(void) {
+  gate_stand_in(true,
+                "mlxdist-launch closed its gate (MLXDIST_LAUNCH_GATE) without opening it: "
+                "the launcher died or could not start every rank");
+  gate_stand_in(false,
+                "mlxdist-launch did not open its gate (MLXDIST_LAUNCH_GATE: every rank "
+                "started) within 1 s (4 x MLXDIST_CONNECT_TIMEOUT)");
+
+  const char* const gate_init_argv[] = {self_exe, "--gate-init", NULL};
+  const char* bad[] = {"MLXDIST_LAUNCH_GATE=abc", "MLXDIST_LAUNCH_GATE=2:5",
+                       "MLXDIST_LAUNCH_GATE=5:", "MLXDIST_LAUNCH_GATE=99999999999:1",
+                       "MLXDIST_LAUNCH_GATE=5:1:2"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    run(gate_init_argv, bad[i]);
+    T_EQ_INT(R.status, 3);
+    char want[128];
+    snprintf(want, sizeof want,
+             "MLXDIST_LAUNCH_GATE='%s' is not a launcher's gate (expected "
+             "FD:INODE",
+             strchr(bad[i], '=') + 1);
+    if (!strstr(R.err, want)) T_FAIL("no '%s' in:\n%s", want, R.err);
+  }
+  /* an fd that is not this process's gate: a warning, and init goes on (to fail here for
+   * want of a configuration, not for the gate) */
+  int devnull = open("/dev/null", O_RDONLY); /* inherited by the rank */
+  int other[2];
+  T_ASSERT(devnull >= 3 && pipe(other) == 0);
+  struct {
+    char kv[64];
+    const char* why;
+  } odd[3] = {{"MLXDIST_LAUNCH_GATE=900:1", "fd 900 is not open"},
+              {"", "is not a pipe"},
+              {"", "is another pipe"}};
+  snprintf(odd[1].kv, sizeof odd[1].kv, "MLXDIST_LAUNCH_GATE=%d:1", devnull);
+  snprintf(odd[2].kv, sizeof odd[2].kv, "MLXDIST_LAUNCH_GATE=%d:1", other[0]);
+  for (int i = 0; i < 3; i++) {
+    run(gate_init_argv, odd[i].kv);
+    T_EQ_INT(R.status, 3);
+    if (!strstr(R.err, odd[i].why) || !strstr(R.err, "so it is not the launcher's gate") ||
+        strstr(R.err, "its gate (MLXDIST_LAUNCH_GATE)"))
+      T_FAIL("%s: no warning '%s' (or a gate failure) in:\n%s", odd[i].kv, odd[i].why, R.err);
+  }
+  close(devnull);
+  close(other[0]);
+  close(other[1]);
+}
+
+/* A rank that cannot be started (rank 2: its ssh command is missing) stops the ranks already
+ * started (0 and 1, on this host, waiting at the gate in their init) before any runs its job. */
+static void test_spawn_fails_at_rank(void) {
+  char dir[] = "/tmp/test_launch_spawn.XXXXXX";
+  T_ASSERT(mkdtemp(dir) != NULL);
+  run(ARGV("--ssh", "/nonexistent/ssh", "--hosts", "localhost,127.0.0.2", "-n", "2", "--", self_exe,
+           "--gate-init", dir),
+      NULL);
+  T_EQ_INT(R.status, 255);
+  if (!strstr(R.err, "rank 2: cannot run the ssh command '/nonexistent/ssh': No such file"))
+    T_FAIL("no spawn failure named in:\n%s", R.err);
+  for (int r = 0; r < 4; r++) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%d", dir, r);
+    if (access(path, F_OK) == 0) T_FAIL("rank %d ran its job:\n%s", r, R.err);
   }
   rmdir(dir);
 }
@@ -481,6 +656,8 @@ static void test_bad_arguments(void) {
 
 int main(int argc, char** argv) {
   if (argc == 4 && strcmp(argv[1], "--gate-check") == 0) return gate_check(atoi(argv[2]), argv[3]);
+  if ((argc == 2 || argc == 3) && strcmp(argv[1], "--gate-init") == 0)
+    return gate_init(argc == 3 ? argv[2] : NULL);
   if (argc == 4 && strcmp(argv[1], "--rank-check") == 0)
     return rank_check(atoi(argv[2]), atoi(argv[3]));
   if (argc != 2) {
@@ -499,6 +676,8 @@ int main(int argc, char** argv) {
   test_given_hostfile();
   test_exit_status();
   test_gate();
+  test_gate_fails();
+  test_spawn_fails_at_rank();
   test_timeout();
   test_sigint_forwarded();
   test_bad_arguments();

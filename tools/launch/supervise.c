@@ -32,12 +32,14 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -240,14 +242,18 @@ static void begin_stop(run* rn) {
 
 extern char** environ;
 
-/* What every child of one job execs with, made once in the launcher (not
- * per child with setenv): the environment with sp's variables applied, a
- * slot for MLX_RANK that each child fills in its own copy, and the gate. */
+/* What every child of one job is spawned with, made once in the launcher (not per child
+ * with setenv): the environment with sp's variables applied, a slot for MLX_RANK that the
+ * launcher fills in before each rank's spawn, the attributes, and the gate. */
 typedef struct spawn_env {
-  char** envp;    /* environ, then MLX_RANK's slot, MLXDIST_DUMP_SIGNAL, sp->set_env (last wins) */
-  int rank_slot;  /* envp's MLX_RANK (-1: none, or sp->set_env sets it) */
-  int gate;       /* the read end of the gate pipe (-1: none): children wait for its EOF */
-  pid_t launcher; /* getpid(): a held child whose parent is another one by then does not run */
+  char** envp;      /* environ, then MLX_RANK's slot, MLXDIST_DUMP_SIGNAL, sp->set_env (last wins),
+                    MLXDIST_LAUNCH_GATE */
+  int rank_slot;    /* envp's MLX_RANK (-1: none, or sp->set_env sets it) */
+  int gate;         /* the gate's read end, not close-on-exec (-1: none): every local rank has it */
+  char gate_kv[64]; /* "MLXDIST_LAUNCH_GATE=FD:INODE" */
+  char rank_kv[32]; /* "MLX_RANK=r", envp[rank_slot] while rank r is spawned */
+  posix_spawnattr_t attr; /* its own process group, default signals, the launcher's old mask */
+  bool attr_ok;
 } spawn_env;
 
 /* name=... of kv in envp[0..n): its index, -1 if absent. */
@@ -267,16 +273,22 @@ static int env_put(char** envp, int* n, const char* kv) {
   return i;
 }
 
-/* The environment of sp's local children (rank >= 0: the ranks'): -1 on ENOMEM. The strings are
- * borrowed (environ, sp->set_env, literals), only the array is the caller's to free. */
+#define GATE_ENV "MLXDIST_LAUNCH_GATE="
+
+/* The environment and attributes of sp's local children (ranks: the ranks', with MLX_RANK's
+ * slot and the gate se->gate when >= 0): -1 with errno. The strings are borrowed (environ,
+ * sp->set_env, literals, se's own), only the array is the caller's (spawn_env_free). A
+ * MLXDIST_LAUNCH_GATE in the launcher's own environment (a launcher run by a rank) is not
+ * passed on: only this launcher's gate is. */
 static int spawn_env_make(spawn_env* se, const launch_spawn* sp, bool ranks) {
   int n = 0, ne = 0;
   while (environ && environ[ne]) ne++;
   se->rank_slot = -1;
-  se->envp = malloc((size_t)(ne + sp->n_env + 3) * sizeof *se->envp);
+  se->envp = malloc((size_t)(ne + sp->n_env + 4) * sizeof *se->envp);
   if (!se->envp) return -1;
   for (int i = 0; i < ne; i++)
-    if (strchr(environ[i], '=')) se->envp[n++] = environ[i];
+    if (strchr(environ[i], '=') && strncmp(environ[i], GATE_ENV, strlen(GATE_ENV)) != 0)
+      se->envp[n++] = environ[i];
   se->envp[n] = NULL;
   if (ranks) {
     se->rank_slot = env_put(se->envp, &n, "MLX_RANK=");
@@ -285,54 +297,110 @@ static int spawn_env_make(spawn_env* se, const launch_spawn* sp, bool ranks) {
       env_put(se->envp, &n, "MLXDIST_DUMP_SIGNAL=1");
   }
   for (int i = 0; i < sp->n_env; i++) {
-    if (!strchr(sp->set_env[i], '=')) continue;
+    if (!strchr(sp->set_env[i], '=') || strncmp(sp->set_env[i], GATE_ENV, strlen(GATE_ENV)) == 0)
+      continue;
     int at = env_put(se->envp, &n, sp->set_env[i]);
     if (at == se->rank_slot) se->rank_slot = -1;
+  }
+  if (ranks && se->gate >= 0) {
+    struct stat sb;
+    if (fstat(se->gate, &sb) != 0) return -1;
+    snprintf(se->gate_kv, sizeof se->gate_kv, GATE_ENV "%d:%llu", se->gate,
+             (unsigned long long)sb.st_ino);
+    env_put(se->envp, &n, se->gate_kv);
+  }
+  /* like a shell's child: its own group, the signals the launcher ignores or blocks as they
+   * were before it */
+  sigset_t def;
+  sigemptyset(&def);
+  sigaddset(&def, SIGPIPE);
+  sigaddset(&def, SIGINT);
+  sigaddset(&def, SIGTERM);
+  int e = posix_spawnattr_init(&se->attr);
+  if (e == 0) {
+    se->attr_ok = true;
+    e = posix_spawnattr_setflags(&se->attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF |
+                                                POSIX_SPAWN_SETSIGMASK);
+  }
+  if (e == 0) e = posix_spawnattr_setpgroup(&se->attr, 0);
+  if (e == 0) e = posix_spawnattr_setsigdefault(&se->attr, &def);
+  if (e == 0) e = posix_spawnattr_setsigmask(&se->attr, &old_mask);
+  if (e != 0) {
+    errno = e;
+    return -1;
   }
   return 0;
 }
 
-/* In the child: its own process group, default signals, the pipes as stdout
- * and stderr; then it waits for the gate to open (every rank forked), puts
- * MLX_RANK (rank >= 0) into its copy of the prepared environment and runs
- * the program. Only async-signal-safe calls: no malloc, no setenv. */
-static _Noreturn void exec_child(const launch_spawn* sp, spawn_env* se, int rank, int out_fd,
-                                 int err_fd, int in_fd, int gate_w) {
-  setpgid(0, 0);
-  signal(SIGPIPE, SIG_DFL);
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  sigprocmask(SIG_SETMASK, &old_mask, NULL);
-  if (dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0) _exit(127);
-  if (in_fd >= 0 && dup2(in_fd, 0) < 0) _exit(127);
-  if (se->gate >= 0) { /* EOF once the launcher closes its end: every rank is forked */
-    close(gate_w);
-    char b;
-    while (read(se->gate, &b, 1) < 0 && errno == EINTR) continue;
-    if (getppid() != se->launcher) _exit(1); /* the launcher died: the job never started */
-  }
+static void spawn_env_free(spawn_env* se) {
+  free(se->envp);
+  se->envp = NULL;
+  if (se->attr_ok) posix_spawnattr_destroy(&se->attr);
+  se->attr_ok = false;
+}
+
+/* argv[0], a file without "#!" that the kernel cannot run, run by /bin/sh (what execvp did). */
+static int spawn_sh(pid_t* pid, const posix_spawn_file_actions_t* fa, spawn_env* se,
+                    char* const* argv) {
+  int n = 0;
+  while (argv[n]) n++;
+  char** sh = malloc((size_t)(n + 2) * sizeof *sh);
+  if (!sh) return ENOMEM;
+  sh[0] = (char*)"/bin/sh";
+  for (int i = 0; i <= n; i++) sh[i + 1] = argv[i];
+  int e = posix_spawn(pid, "/bin/sh", fa, &se->attr, sh, se->envp);
+  free(sh);
+  return e;
+}
+
+/* The child's pipes as its stdout, stderr (and stdin), and for a rank over ssh the gate
+ * closed (it is for local ranks); then posix_spawnp of the program: the rank's ssh command,
+ * or sp->argv with the prepared environment and MLX_RANK (rank >= 0) in its slot. Returns 0
+ * with *pid, or the error (the program's: it cannot run, or the system's: no process). */
+static int spawn_child(const launch_spawn* sp, spawn_env* se, int rank, int out_fd, int err_fd,
+                       int in_fd, pid_t* pid) {
+  posix_spawn_file_actions_t fa;
+  int e = posix_spawn_file_actions_init(&fa);
+  if (e != 0) return e;
+  e = posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+  if (e == 0) e = posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
+  if (e == 0 && in_fd >= 0) e = posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
   char** argv = rank >= 0 && sp->rank_argv && sp->rank_argv[rank] ? sp->rank_argv[rank] : sp->argv;
-  if (argv != sp->argv) { /* ssh: the rank's variables travel in its script, not here */
-    execvp(argv[0], argv);
-    dprintf(2, "[launch] rank %d: cannot run the ssh command '%s': %s.\n", rank, argv[0],
-            strerror(errno));
-    _exit(255);
+  if (e == 0 && argv != sp->argv && se->gate >= 0)
+    e = posix_spawn_file_actions_addclose(&fa, se->gate);
+  if (e == 0) {
+    if (argv != sp->argv) { /* ssh: the rank's variables travel in its script, not here */
+      e = posix_spawnp(pid, argv[0], &fa, &se->attr, argv, environ);
+    } else {
+      if (rank >= 0 && se->rank_slot >= 0) {
+        snprintf(se->rank_kv, sizeof se->rank_kv, "MLX_RANK=%d", rank);
+        se->envp[se->rank_slot] = se->rank_kv; /* read by the child before posix_spawn returns */
+      }
+      e = posix_spawnp(pid, sp->argv[0], &fa, &se->attr, sp->argv, se->envp);
+      if (e == ENOEXEC && strchr(sp->argv[0], '/')) /* a script without #!: sh, as execvp did */
+        e = spawn_sh(pid, &fa, se, sp->argv);
+    }
   }
-  char rank_kv[32] = "MLX_RANK=", digits[16];
-  if (rank >= 0 && se->rank_slot >= 0) { /* no snprintf: the launcher may have threads */
-    int k = 0, at = (int)strlen(rank_kv);
-    for (unsigned v = (unsigned)rank; k == 0 || v > 0; v /= 10) digits[k++] = (char)('0' + v % 10);
-    while (k > 0) rank_kv[at++] = digits[--k];
-    rank_kv[at] = '\0';
-    se->envp[se->rank_slot] = rank_kv; /* this child's copy of the array */
+  posix_spawn_file_actions_destroy(&fa);
+  return e;
+}
+
+/* Whether posix_spawn's error e is the program's (it cannot run: say so, exit 127/126 as a
+ * shell does) rather than the system's (no process could be made). */
+static bool program_error(int e) { return e != EAGAIN && e != ENOMEM; }
+
+/* The launcher's message and exit status for a child whose program cannot run (error e). */
+static int report_cannot_run(const launch_spawn* sp, int rank, int e) {
+  if (rank >= 0 && sp->rank_argv && sp->rank_argv[rank]) {
+    launch_msg("rank %d: cannot run the ssh command '%s': %s.", rank, sp->rank_argv[rank][0],
+               strerror(e));
+    return 255;
   }
-  execvpe(sp->argv[0], sp->argv, se->envp);
-  int e = errno;
   if (rank >= 0)
-    dprintf(2, "[launch] rank %d: cannot run '%s': %s.\n", rank, sp->argv[0], strerror(e));
+    launch_msg("rank %d: cannot run '%s': %s.", rank, sp->argv[0], strerror(e));
   else
-    dprintf(2, "[launch] cannot run '%s': %s.\n", sp->argv[0], strerror(e));
-  _exit(e == ENOENT ? 127 : 126);
+    launch_msg("cannot run '%s': %s.", sp->argv[0], strerror(e));
+  return e == ENOENT ? 127 : 126;
 }
 
 static void close_pair(int p[2]) {
@@ -370,9 +438,10 @@ static void on_err_line(void* ctx, const char* line, size_t len) {
   rn->table_at = now + LAUNCH_DUMP_WAIT_S;
 }
 
-/* Fork one child with its output relayed, to exec once se's gate opens (at once without
- * one); -1 with errno on failure. gate_w: the gate's write end (the child closes its copy). */
-static int start_child(const launch_spawn* sp, spawn_env* se, int gate_w, child* c, int rank) {
+/* Spawn one child with its output relayed; -1 with errno on failure, *cannot_run set when
+ * the error is the program's (program_error: it cannot run) rather than the system's. */
+static int start_child(const launch_spawn* sp, spawn_env* se, child* c, int rank,
+                       bool* cannot_run) {
   int po[2], pe[2], pi[2] = {-1, -1};
   const char* in = rank >= 0 && sp->rank_stdin ? sp->rank_stdin[rank] : NULL;
   c->in_fd = -1;
@@ -390,17 +459,17 @@ static int start_child(const launch_spawn* sp, spawn_env* se, int gate_w, child*
     errno = e;
     return -1;
   }
-  pid_t pid = fork();
-  if (pid < 0) {
-    int e = errno;
+  *cannot_run = false;
+  pid_t pid = -1;
+  int e = spawn_child(sp, se, rank, po[1], pe[1], pi[0], &pid);
+  if (e != 0) {
     close_pair(po);
     close_pair(pe);
     if (in) close_pair(pi);
+    *cannot_run = program_error(e);
     errno = e;
     return -1;
   }
-  if (pid == 0) exec_child(sp, se, rank, po[1], pe[1], pi[0], gate_w);
-  setpgid(pid, pid); /* also in the parent, so a signal right away reaches the group */
   close(po[1]);
   close(pe[1]);
   if (in) {
@@ -861,31 +930,37 @@ static void run_free(run* rn) {
   free(rn->by_pid);
 }
 
-/* The ranks are forked first, each held before its exec by the gate (a pipe whose
- * write end only the launcher keeps), and the gate opens once all are: ranks
- * that run take the CPU from the launcher, so started one by one on a busy
- * host the last of 1,024 came up tens of seconds after the first (past rank
- * 0's connect bound); held, they cost nothing until the last is forked and
- * then start together. A rank that cannot be started stops the held ones
- * (SIGKILL) before any of them runs the program. docs/scale.md, "launcher". */
+/* The ranks are spawned one after the other (posix_spawn: no copy of the launcher's page
+ * tables), each with the gate's read end (MLXDIST_LAUNCH_GATE), and the gate opens (one byte,
+ * then the launcher's end closed) once all are: the library's init waits for it before it
+ * connects (src/distributed/launch_gate.h), so a rank started first does not spend its
+ * connect bounds while the launcher, competing with the ranks already started for the CPU,
+ * still starts the last of 1,024. A rank that cannot be started stops the others (SIGKILL)
+ * and closes the gate without the byte, which fails the init of any that gets there first.
+ * A program that never calls init just runs. docs/scale.md, "launcher"; docs/launch.md. */
 int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
   if (launch_nofile(n, 0) != 0) return 1;
   run rn;
   spawn_env se = {.gate = -1};
   int gate[2] = {-1, -1};
   int ok = run_init(&rn, n, sfd, true) == 0; /* said why when not */
-  if (ok && (spawn_env_make(&se, sp, true) != 0 || (n > 1 && pipe2(gate, O_CLOEXEC) != 0))) {
+  /* the read end without O_CLOEXEC: every local rank inherits it (the ssh ranks close it) */
+  if (ok && n > 1 && (pipe2(gate, 0) != 0 || fcntl(gate[1], F_SETFD, FD_CLOEXEC) != 0)) {
+    launch_msg("cannot prepare the ranks' start: %s.", strerror(errno));
+    ok = 0;
+  }
+  se.gate = gate[0];
+  if (ok && spawn_env_make(&se, sp, true) != 0) {
     launch_msg("cannot prepare the ranks' start: %s.", strerror(errno));
     ok = 0;
   }
   if (!ok) {
-    free(se.envp);
+    if (gate[0] >= 0) close_pair(gate);
+    spawn_env_free(&se);
     run_free(&rn);
     return 1;
   }
-  se.gate = gate[0];
-  se.launcher = getpid();
-  fflush(NULL); /* nothing buffered may be written twice by the children */
+  fflush(NULL);
   int rc = -1;
   rn.sp = sp;
   for (int r = 0; r < n && rc < 0; r++) {
@@ -894,7 +969,8 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
     else
       snprintf(rn.kids[r].prefix, sizeof rn.kids[r].prefix, "[%d] ", r);
     rn.kids[r].rn = &rn;
-    if (start_child(sp, &se, gate[1], &rn.kids[r], r) == 0) {
+    bool cannot_run = false;
+    if (start_child(sp, &se, &rn.kids[r], r, &cannot_run) == 0) {
       rn.alive++;
       if (watch_child(&rn, &rn.kids[r]) == 0) continue;
       rn.n = r + 1; /* it is started: stopped and reaped with the others */
@@ -902,13 +978,30 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
       rn.n = r;
     }
     int e = errno;
-    signal_all(&rn, SIGKILL); /* before the gate opens: none of them runs the program */
-    launch_msg("cannot start rank %d: %s; stopping the others.", r, strerror(e));
+    signal_all(&rn, SIGKILL); /* before the gate opens: none of them gets past init */
+    if (cannot_run) {
+      rc = report_cannot_run(sp, r, e);
+      if (r > 0) launch_msg("stopping the %d rank%s started.", r, r == 1 ? "" : "s");
+    } else {
+      launch_msg("cannot start rank %d: %s; stopping the others.", r, strerror(e));
+      rc = 1;
+    }
     rn.name_ranks = false;
-    rc = 1;
   }
-  if (gate[1] >= 0) close(gate[1]); /* the gate opens */
-  if (gate[0] >= 0) close(gate[0]);
+  if (gate[1] >= 0) {
+    if (rc < 0) { /* the gate opens: the ranks' init goes on */
+      ssize_t w;
+      do {
+        w = write(gate[1], "g", 1);
+      } while (w < 0 && errno == EINTR);
+      if (w != 1) { /* cannot happen to an empty pipe whose read end is open (gate[0]) */
+        launch_msg("cannot open the ranks' gate: %s; stopping them.", strerror(errno));
+        signal_all(&rn, SIGKILL);
+        rc = 1;
+      }
+    }
+    close_pair(gate);
+  }
   if (rc < 0) {
     if (sp->started && sp->start_timeout > 0) rn.start_deadline = mlxd_now() + sp->start_timeout;
     if (sp->failed) rn.rdv_check_at = mlxd_now() + LAUNCH_RDV_CHECK_S;
@@ -916,7 +1009,7 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
   } else {
     supervise(&rn, 0);
   }
-  free(se.envp);
+  spawn_env_free(&se);
   run_free(&rn);
   return rc;
 }
@@ -926,18 +1019,22 @@ int launch_one(const launch_spawn* sp, int sfd, double timeout) {
   spawn_env se = {.gate = -1};
   int ok = run_init(&rn, 1, sfd, false) == 0; /* said why when not */
   if (ok && spawn_env_make(&se, sp, false) != 0) {
-    launch_msg("out of memory");
+    launch_msg("cannot prepare the start of %s: %s.", sp->argv[0], strerror(errno));
     ok = 0;
   }
   if (!ok) {
-    free(se.envp);
+    spawn_env_free(&se);
     run_free(&rn);
     return 1;
   }
   fflush(NULL);
   int rc = 1;
-  if (start_child(sp, &se, -1, &rn.kids[0], -1) != 0) {
-    launch_msg("cannot start %s: %s.", sp->argv[0], strerror(errno));
+  bool cannot_run = false;
+  if (start_child(sp, &se, &rn.kids[0], -1, &cannot_run) != 0) {
+    if (cannot_run)
+      rc = report_cannot_run(sp, -1, errno);
+    else
+      launch_msg("cannot start %s: %s.", sp->argv[0], strerror(errno));
   } else {
     rn.alive = 1;
     if (watch_child(&rn, &rn.kids[0]) != 0) {
@@ -948,7 +1045,7 @@ int launch_one(const launch_spawn* sp, int sfd, double timeout) {
       rc = supervise(&rn, timeout);
     }
   }
-  free(se.envp);
+  spawn_env_free(&se);
   run_free(&rn);
   return rc;
 }
