@@ -6,7 +6,7 @@
  * Two real processes with real listeners on 127.0.0.1 are ranks 0 and 4,095
  * of a group of 4,096 (the other ranks' addresses are never dialed). Each
  * creates its lazy transport (the dialer taking the address book over) and
- * counts the minor page faults that took (getrusage): at most 64 (512 under
+ * counts the minor page faults that took (getrusage): at most 64 (1,024 under
  * ASan or TSan, whose shadow memory counts too).
  * Before, the dialer's outgoing and pending tables, its copy of the book and
  * the transport's per-peer table were written in full: ~1,300 pages per rank
@@ -27,7 +27,7 @@
 
 #define G 4096 /* the group's size */
 /* faults allowed for one rank's transport creation; a sanitizer's shadow memory counts too */
-#define PAGES_MAX (T_SANITIZED ? 512 : 64)
+#define PAGES_MAX (T_SANITIZED ? 1024 : 64)
 
 typedef struct {
   int lfd[2]; /* ranks 0 and G - 1 listen */
