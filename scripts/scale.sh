@@ -39,9 +39,9 @@ if [ -z "$logs" ]; then logs=$(mktemp -d /tmp/mlxdist-scale.XXXXXX); keep=0; fi
 mkdir -p "$logs"
 
 echo "# scale_rank under mlxdist-launch on $(hostname): $(nproc) cores, $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u '+%Y-%m-%d %H:%M UTC')"
-echo "# per rank: max/median; times in ms (wall; CPU: the rank's user+system); rss, shm in KiB; shm job = /dev/shm used during the barrier"
-echo "| N | transport | result | wall s | init ms | all_sum ms | all_gather ms | ring ms | fds | threads | RSS KiB | TCP conns | shm mapped KiB | shm job KiB | TCP kernel mem KiB | init CPU ms | all_sum CPU ms |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "# per rank: max/median; times in ms (wall; CPU: the rank's user+system); faults: minor page faults (in init; from start); rss, shm in KiB; shm job = /dev/shm used during the barrier"
+echo "| N | transport | result | wall s | init ms | all_sum ms | all_gather ms | ring ms | fds | threads | RSS KiB | TCP conns | shm mapped KiB | shm job KiB | TCP kernel mem KiB | init CPU ms | all_sum CPU ms | init faults | faults |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 # max/median of field $1 over the "scale rank" lines of file $2
 stat() {
@@ -83,7 +83,7 @@ for n in $sizes; do
         keep=1
       fi
       wall=$(awk -v w="$wall_ns" 'BEGIN { printf "%.2f", w / 1e9 }')
-      echo "| $n | $tr | $res | $wall | $(stat init_ms "$log") | $(stat sum_ms "$log") | $(stat gather_ms "$log") | $(stat ring_ms "$log") | $(stat fds "$log") | $(stat threads "$log") | $(stat rss_kb "$log") | $(stat tcp "$log") | $(stat shm_map_kb "$log") | $(job shm_used_kb "$log") | $(job tcp_mem_kb "$log") | $(stat init_cpu_ms "$log") | $(stat sum_cpu_ms "$log") |"
+      echo "| $n | $tr | $res | $wall | $(stat init_ms "$log") | $(stat sum_ms "$log") | $(stat gather_ms "$log") | $(stat ring_ms "$log") | $(stat fds "$log") | $(stat threads "$log") | $(stat rss_kb "$log") | $(stat tcp "$log") | $(stat shm_map_kb "$log") | $(job shm_used_kb "$log") | $(job tcp_mem_kb "$log") | $(stat init_cpu_ms "$log") | $(stat sum_cpu_ms "$log") | $(stat init_flt "$log") | $(stat flt "$log") |"
       if [ "$res" != pass ]; then
         grep -m3 -E '^\[launch\]|FAILED' "$log" | sed 's/^/#   /'
       fi

@@ -130,6 +130,8 @@ typedef struct tcp_transport {
    * freed before destroy (epoll's data points into them). Connection
    * p * nconn + c: mlxd_tcp_conn_at. */
   tcp_conn** conns;
+  /* size entries, zero until a peer is used; conns and peers are ztables
+   * (util/ztable.h): pages of peers never used are never touched */
   tcp_peer* peers;
   pthread_mutex_t mu;
   pthread_cond_t cv;

@@ -25,6 +25,7 @@
 #include "transport/tcp_impl.h"
 #include "util/clock.h"
 #include "util/tunables.h"
+#include "util/ztable.h"
 
 /* Free a message at destruction (its charge goes with the transport). */
 static void imsg_drop(tcp_imsg* m) {
@@ -187,6 +188,9 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
     }
   }
   for (int p = 0; p < t->base.size && t->peers; p++) {
+    /* a message arrives only over a connection: a peer never connected has
+     * none (and its entry's page may never have been touched) */
+    if (!t->conns || !t->conns[p]) continue;
     tcp_peer* pe = &t->peers[p];
     mlxd_match_link* l;
     while ((l = mlxd_match_pop(&pe->arriving))) {
@@ -202,8 +206,8 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
   pthread_mutex_destroy(&t->mu);
   pthread_cond_destroy(&t->cv);
   for (int p = 0; p < t->base.size && t->conns; p++) free(t->conns[p]);
-  free(t->conns);
-  free(t->peers);
+  mlxd_ztable_free(t->conns, (size_t)t->base.size, sizeof *t->conns);
+  mlxd_ztable_free(t->peers, (size_t)t->base.size, sizeof *t->peers);
   free(t->evs);
   free(t);
 }
@@ -346,8 +350,11 @@ static tcp_transport* tcp_alloc(int rank, int size, int nconn, mlxd_status* st) 
   t->epfd = -1;
   pthread_mutex_init(&t->mu, NULL);
   pthread_cond_init(&t->cv, NULL);
-  t->conns = calloc((size_t)size, sizeof *t->conns); /* each on first use */
-  t->peers = calloc((size_t)size, sizeof *t->peers);
+  /* Both sized by the group but written only for the peers used (ztable.h):
+   * a peer's entry is zero until then (heard 0: liveness counts from the
+   * wait's start, tcp_live.c). */
+  t->conns = mlxd_ztable_new((size_t)size, sizeof *t->conns); /* each on first use */
+  t->peers = mlxd_ztable_new((size_t)size, sizeof *t->peers);
   t->nevs = nc + 2 < 256 ? nc + 2 : 256;
   t->evs = calloc((size_t)t->nevs, sizeof *t->evs);
   if (!t->conns || !t->peers || !t->evs) {
@@ -374,8 +381,6 @@ static tcp_transport* tcp_alloc(int rank, int size, int nconn, mlxd_status* st) 
   long ux_mb = mlxd_tunable_long(MLXD_T_TCP_UNEXPECTED_MB);
   if (ux_mb <= 0 || ux_mb > (1L << 28)) ux_mb = 4096; /* the validation of tunables names it */
   t->ux_budget = (uint64_t)ux_mb << 20;
-  double now = mlxd_now();
-  for (int p = 0; p < size; p++) t->peers[p].heard = now;
   return t;
 }
 
@@ -482,8 +487,6 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
     destroy_unborn(t, st);
     return NULL;
   }
-  double now = mlxd_now();
-  for (int p = 0; p < size; p++) t->peers[p].heard = now;
-  mlxd_tcp_live_start(t);
+  mlxd_tcp_live_start(t); /* heard: set by conn_attach for every peer */
   return &t->base;
 }

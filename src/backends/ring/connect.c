@@ -45,6 +45,7 @@
 #include "util/bytes.h"
 #include "util/clock.h"
 #include "util/tunables.h"
+#include "util/ztable.h"
 
 #define SOCK_BUF_BYTES (4 << 20)
 #define LISTEN_BACKLOG 64 /* bounded: a flood fills it, not memory; accepted at once anyway */
@@ -276,12 +277,19 @@ typedef struct mesh {
   int lfds[64];
   mlxd_ring_auth auth;
   mlxd_hs_expect ex;
-  int* fds; /* eager: the caller's; lazy: ours (>= 0: filled; the transport owns the fd) */
+  /* Slot j * K + c: rank j's connection c. Tables sized by the group, but
+   * written only for the slots used: a rank of a big group touches memory
+   * for the peers it talks to (util/ztable.h), not for every rank. */
+  int* fds; /* eager: the caller's (>= 0: filled); lazy: a ztable of fd + 1 (0: empty; the
+               transport owns the fd) */
   int filled, need;
-  outgoing* outs; /* size * K: outs[j * K + c] */
-  int nactive;    /* outs not in O_NONE / O_DONE */
-  pending* pend;
+  outgoing** outs;  /* a ztable: outs[slot], NULL until this rank first dials the slot */
+  outgoing** olist; /* the outgoing connections made (nout), what the loops walk */
+  int nout, olist_cap;
+  int nactive;         /* outs not in O_NONE / O_DONE */
+  pending* pend;       /* a ztable of npend entries, P_FREE (zero) until used */
   int npend, npending; /* entries, entries in use */
+  int pend_hi;         /* entries [pend_hi, npend) were never used */
   int ep;
   /* accept() or socket() short of descriptors or buffers (EMFILE, ENFILE,
    * ENOBUFS, ENOMEM): never fatal to accept; logged once, counted */
@@ -305,6 +313,29 @@ typedef struct mesh {
 } mesh;
 
 static bool linked(const mesh* m, int j) { return !m->link || m->link[j]; }
+
+/* Slot's fd, -1 when empty. */
+static int slot_fd(const mesh* m, int slot) { return m->lazy ? m->fds[slot] - 1 : m->fds[slot]; }
+
+/* The outgoing connection for slot (j, c), made on first use (NULL: out of memory). */
+static outgoing* out_make(mesh* m, int j, int c) {
+  int slot = j * m->K + c;
+  if (m->outs[slot]) return m->outs[slot];
+  if (m->nout == m->olist_cap) {
+    int cap = m->olist_cap ? 2 * m->olist_cap : 16;
+    outgoing** l = realloc(m->olist, sizeof *l * (size_t)cap);
+    if (!l) return NULL;
+    m->olist = l;
+    m->olist_cap = cap;
+  }
+  outgoing* o = calloc(1, sizeof *o);
+  if (!o) return NULL;
+  *o = (outgoing){
+      .j = j, .c = c, .fd = -1, .state = O_NONE, .backoff = 0.01, .attempt_s = CONNECT_FIRST_S};
+  m->olist[m->nout++] = o;
+  m->outs[slot] = o;
+  return o;
+}
 
 static void ep_ctl(mesh* m, int op, int fd, unsigned events, int kind, int idx) {
   struct epoll_event ev;
@@ -344,8 +375,8 @@ static void pend_close(mesh* m, pending* p) {
    * handshake; if the transport wants the peer and nothing else fills the
    * slot, connect again (within the first want's MLXDIST_CONNECT_TIMEOUT). */
   int j = (int)p->hello.rank, c = (int)p->hello.conn;
-  outgoing* o = &m->outs[j * m->K + c];
-  if (m->refusing || !o->wanted || o->state != O_NONE || slot_taken(m, j, c)) return;
+  outgoing* o = m->outs[j * m->K + c]; /* NULL: never wanted */
+  if (m->refusing || !o || !o->wanted || o->state != O_NONE || slot_taken(m, j, c)) return;
   mlxd_ring_log("rank %d: rank %d's connection %d failed in its handshake: connecting again",
                 m->rank, j, c);
   double now = mlxd_now();
@@ -400,8 +431,8 @@ static void out_drop(mesh* m, outgoing* o) {
 /* Lazy: whether slot (j, c) is filled or an incoming handshake for it has
  * passed its hello (it will fill it unless its proof fails). */
 static bool slot_taken(const mesh* m, int j, int c) {
-  if (m->fds[j * m->K + c] >= 0) return true;
-  for (int i = 0; m->npending > 0 && i < m->npend; i++) {
+  if (slot_fd(m, j * m->K + c) >= 0) return true;
+  for (int i = 0; m->npending > 0 && i < m->pend_hi; i++) {
     const pending* p = &m->pend[i];
     if (p->state == P_CONFIRM && (int)p->hello.rank == j && (int)p->hello.conn == c) return true;
   }
@@ -426,7 +457,7 @@ static void out_retry(mesh* m, outgoing* o, int err) {
  * destroyed): what is still pending is refused, as at the end of an eager
  * mesh. */
 static void pend_end(mesh* m) {
-  for (int i = 0; m->npending > 0 && i < m->npend; i++)
+  for (int i = 0; m->npending > 0 && i < m->pend_hi; i++)
     if (m->pend[i].state != P_FREE)
       refuse(m, &m->pend[i], "%s when the set-up ended",
              m->pend[i].got == 0 && m->pend[i].state == P_HELLO ? "it had sent nothing"
@@ -435,7 +466,7 @@ static void pend_end(mesh* m) {
 
 /* Slot (j, c) is filled with fd. */
 static void fill(mesh* m, int j, int c, int fd) {
-  m->fds[j * m->K + c] = fd;
+  m->fds[j * m->K + c] = m->lazy ? fd + 1 : fd;
   m->filled++;
   if (m->lazy && m->d.ready) m->d.ready(m->d.ready_ctx, j, c, fd);
   if (m->lazy && m->filled == (m->size - 1) * m->K) /* no peer may connect any more */
@@ -514,7 +545,7 @@ static void fd_short(mesh* m, int e, const char* call) {
  * refused, not logged line by line. Whether there was one. */
 static bool pend_shed(mesh* m) {
   pending* oldest = NULL;
-  for (int i = 0; m->npending > 0 && i < m->npend; i++) {
+  for (int i = 0; m->npending > 0 && i < m->pend_hi; i++) {
     pending* q = &m->pend[i];
     if (q->state == P_HELLO && (!oldest || q->since < oldest->since)) oldest = q;
   }
@@ -648,7 +679,7 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
    * peer for it is past its reply (the higher rank's connection is kept); the
    * peer sees this one closed before its confirm and refuses it. */
   if (e == MLXD_HS_OK && m->lazy && slot_taken(m, o->j, o->c) &&
-      (m->fds[o->j * m->K + o->c] >= 0 || m->rank < o->j)) {
+      (slot_fd(m, o->j * m->K + o->c) >= 0 || m->rank < o->j)) {
     mlxd_ring_log(
         "rank %d: connection %d to rank %d answered, but the slot is taken: closed "
         "without a confirm",
@@ -707,7 +738,7 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
   o->fd = -1;
   /* Lazy, this rank the higher: a lower peer's hello for the slot that got
    * its reply loses to this connection; closed before its confirm counts. */
-  for (int i = 0; m->lazy && m->npending > 0 && i < m->npend; i++) {
+  for (int i = 0; m->lazy && m->npending > 0 && i < m->pend_hi; i++) {
     pending* p = &m->pend[i];
     if (p->state == P_CONFIRM && (int)p->hello.rank == o->j && (int)p->hello.conn == o->c)
       pend_yield(m, p, "this rank's own connection for the slot completed first");
@@ -841,7 +872,7 @@ static void pend_accept(mesh* m, int lfd) {
      * backlog's stead (closed; an honest connector retries). */
     pending* p = NULL;
     pending* oldest = NULL;
-    for (int i = 0; i < m->npend && !p; i++) {
+    for (int i = 0; i < m->npend && !p; i++) { /* stops at the first free: pend_hi at most */
       pending* q = &m->pend[i];
       if (q->state == P_FREE)
         p = q;
@@ -861,6 +892,7 @@ static void pend_accept(mesh* m, int lfd) {
       p = oldest;
     }
     set_nodelay(fd);
+    if ((int)(p - m->pend) >= m->pend_hi) m->pend_hi = (int)(p - m->pend) + 1;
     memset(p, 0, sizeof *p);
     p->fd = fd;
     p->state = P_HELLO;
@@ -956,17 +988,18 @@ static int pend_hello(mesh* m, pending* p) {
   }
   int slot = (int)h->rank * m->K + (int)h->conn;
   if (e == MLXD_HS_OK && m->lazy) {
-    const outgoing* o = &m->outs[slot];
-    if (m->fds[slot] >= 0 || o->state == O_DONE) {
+    const outgoing* o = m->outs[slot]; /* NULL: this rank never dialed it */
+    int ostate = o ? o->state : O_NONE;
+    if (slot_fd(m, slot) >= 0 || ostate == O_DONE) {
       pend_yield(m, p, "the slot is filled already");
       return 0;
     }
-    if (o->state != O_NONE && m->rank > (int)h->rank) {
+    if (ostate != O_NONE && m->rank > (int)h->rank) {
       pend_yield(m, p, "both connected at once; the higher rank's connection is kept");
       return 0;
     }
   }
-  if (e == MLXD_HS_OK && m->fds[slot] >= 0) {
+  if (e == MLXD_HS_OK && slot_fd(m, slot) >= 0) {
     refuse(m, p, "rank %u's connection %u is already established (a duplicate or an impostor)",
            (unsigned)h->rank, (unsigned)h->conn);
     return 0;
@@ -1023,7 +1056,7 @@ static void pend_confirm(mesh* m, pending* p) {
     return;
   }
   int slot = (int)h->rank * m->K + (int)h->conn;
-  if (m->fds[slot] >= 0) { /* two complete handshakes for one slot: the first won */
+  if (slot_fd(m, slot) >= 0) { /* two complete handshakes for one slot: the first won */
     refuse(m, p, "rank %u's connection %u is already established (a duplicate or an impostor)",
            (unsigned)h->rank, (unsigned)h->conn);
     return;
@@ -1070,7 +1103,7 @@ static void pend_read(mesh* m, pending* p) {
 }
 
 static void pend_expire(mesh* m, double now) {
-  for (int i = 0; m->npending > 0 && i < m->npend; i++) {
+  for (int i = 0; m->npending > 0 && i < m->pend_hi; i++) {
     pending* p = &m->pend[i];
     if (p->state == P_FREE || now < p->deadline) continue;
     /* What the peer sent may be waiting unread (more sockets were ready than
@@ -1132,14 +1165,14 @@ static int out_timeout(mesh* m, outgoing* o, mlxd_status* st) {
 
 /* MLXDIST_CONNECT_TIMEOUT ran out: say which peer is missing and what was seen. */
 static int mesh_timeout(mesh* m, mlxd_status* st) {
-  for (int i = 0; i < m->size * m->K; i++) {
-    outgoing* o = &m->outs[i];
+  for (int i = 0; i < m->nout; i++) {
+    outgoing* o = m->olist[i];
     if (o->state != O_NONE && o->state != O_DONE) return out_timeout(m, o, st);
   }
   int missing = -1;
   for (int j = m->rank + 1; j < m->size && missing < 0; j++)
     for (int c = 0; c < m->K && linked(m, j); c++)
-      if (m->fds[j * m->K + c] < 0) missing = j;
+      if (slot_fd(m, j * m->K + c) < 0) missing = j;
   char seen[300] = "", fds[300];
   if (m->refused > 0)
     snprintf(seen, sizeof seen, " %d connection%s refused, the last from %.200s", m->refused,
@@ -1158,14 +1191,14 @@ static int mesh_timeout(mesh* m, mlxd_status* st) {
  * lazy connection's give-up. */
 static double mesh_next(const mesh* m) {
   double wake = INFINITY;
-  for (int i = 0; m->nactive > 0 && i < m->size * m->K; i++) {
-    const outgoing* o = &m->outs[i];
+  for (int i = 0; m->nactive > 0 && i < m->nout; i++) {
+    const outgoing* o = m->olist[i];
     if (o->state == O_NONE || o->state == O_DONE) continue;
     if (o->state == O_IDLE && o->retry_at < wake) wake = o->retry_at;
     if (o->state == O_CONNECTING && o->attempt_by < wake) wake = o->attempt_by;
     if (m->lazy && o->give_up < wake) wake = o->give_up;
   }
-  for (int i = 0; m->npending > 0 && i < m->npend; i++)
+  for (int i = 0; m->npending > 0 && i < m->pend_hi; i++)
     if (m->pend[i].state != P_FREE && m->pend[i].deadline < wake) wake = m->pend[i].deadline;
   if (m->rest && m->rest_until < wake) wake = m->rest_until;
   return wake;
@@ -1178,8 +1211,8 @@ static double mesh_next(const mesh* m) {
 static int mesh_step(mesh* m, int timeout_ms, mlxd_status* st) {
   double now = mlxd_now();
   accept_resume(m, now);
-  for (int i = 0; m->nactive > 0 && i < m->size * m->K; i++) {
-    outgoing* o = &m->outs[i];
+  for (int i = 0; m->nactive > 0 && i < m->nout; i++) {
+    outgoing* o = m->olist[i];
     if (o->state != O_IDLE || o->retry_at > now) continue;
     if (m->lazy && slot_taken(m, o->j, o->c)) {
       out_drop(m, o);
@@ -1210,7 +1243,8 @@ static int mesh_step(mesh* m, int timeout_ms, mlxd_status* st) {
       pending* p = &m->pend[idx];
       if (p->state != P_FREE && p->fd >= 0) pend_read(m, p);
     } else if (kind == EV_OUT) {
-      outgoing* o = &m->outs[idx];
+      outgoing* o = m->outs[idx];
+      if (!o) continue;
       if (o->state == O_CONNECTING)
         out_connected(m, o, false);
       else if (o->state == O_WAIT_REPLY && out_read(m, o, st) != 0)
@@ -1218,8 +1252,8 @@ static int mesh_step(mesh* m, int timeout_ms, mlxd_status* st) {
     }
   }
   now = mlxd_now();
-  for (int i = 0; m->nactive > 0 && i < m->size * m->K; i++) {
-    outgoing* o = &m->outs[i];
+  for (int i = 0; m->nactive > 0 && i < m->nout; i++) {
+    outgoing* o = m->olist[i];
     if (o->state == O_CONNECTING && now >= o->attempt_by) out_connected(m, o, true);
     if (m->lazy && o->state != O_NONE && o->state != O_DONE && now >= o->give_up) {
       if (slot_taken(m, o->j, o->c)) {
@@ -1236,20 +1270,23 @@ static int mesh_step(mesh* m, int timeout_ms, mlxd_status* st) {
 
 static void mesh_free(mesh* m) {
   if (!m) return;
-  for (int i = 0; m->outs && i < m->size * m->K; i++)
-    if (m->outs[i].fd >= 0) close(m->outs[i].fd);
-  for (int i = 0; m->pend && i < m->npend; i++)
+  for (int i = 0; i < m->nout; i++) {
+    if (m->olist[i]->fd >= 0) close(m->olist[i]->fd);
+    free(m->olist[i]);
+  }
+  free(m->olist);
+  for (int i = 0; m->pend && i < m->pend_hi; i++)
     if (m->pend[i].state != P_FREE && m->pend[i].fd >= 0) close(m->pend[i].fd);
   if (m->ep >= 0) close(m->ep);
   if (m->lazy) {
     for (int c = 0; c < m->K; c++)
       if (m->lfds[c] >= 0) close(m->lfds[c]);
-    free(m->fds);
+    mlxd_ztable_free(m->fds, (size_t)m->size * (size_t)m->K, sizeof *m->fds);
     mlxd_ring_hosts_free(&m->own_hosts);
   }
   mlxd_ring_auth_clear(&m->auth);
-  free(m->outs);
-  free(m->pend);
+  mlxd_ztable_free(m->outs, (size_t)m->size * (size_t)m->K, sizeof *m->outs);
+  mlxd_ztable_free(m->pend, (size_t)m->npend, sizeof *m->pend);
   free(m);
 }
 
@@ -1283,8 +1320,8 @@ static mesh* mesh_new(int rank, const mlxd_ring_hosts* hosts, const int* lfds,
   m->link = opts ? opts->link : NULL;
   m->what = opts && opts->what ? opts->what : "hostfile";
   m->ex = (mlxd_hs_expect){rank, size, K, m->auth.token, auth->have_key, lazy};
-  m->outs = calloc((size_t)size * (size_t)K, sizeof *m->outs);
-  m->pend = calloc((size_t)np, sizeof *m->pend);
+  m->outs = mlxd_ztable_new((size_t)size * (size_t)K, sizeof *m->outs);
+  m->pend = mlxd_ztable_new((size_t)np, sizeof *m->pend); /* P_FREE is zero */
   m->ep = epoll_create1(EPOLL_CLOEXEC);
   if (!m->outs || !m->pend || m->ep < 0) {
     int e = errno;
@@ -1300,14 +1337,6 @@ static mesh* mesh_new(int rank, const mlxd_ring_hosts* hosts, const int* lfds,
     mesh_free(m);
     return NULL;
   }
-  for (int i = 0; i < np; i++) m->pend[i].fd = -1;
-  for (int i = 0; i < size * K; i++)
-    m->outs[i] = (outgoing){.j = i / K,
-                            .c = i % K,
-                            .fd = -1,
-                            .state = O_NONE,
-                            .backoff = 0.01,
-                            .attempt_s = CONNECT_FIRST_S};
   for (int c = 0; c < K; c++) {
     /* The backlog grows with the job as the pending table does (Linux takes
      * a second listen() as a new backlog): at 256 ranks, 255 peers
@@ -1339,13 +1368,19 @@ int mlxd_ring_mesh_with(int rank, const mlxd_ring_hosts* hosts, const int* liste
   const double deadline = mlxd_now() + m->budget;
   m->fds = fds;
   m->need = nlinks * K;
-  for (int j = 0; j < rank; j++)
-    for (int c = 0; c < K && linked(m, j); c++) {
-      m->outs[j * K + c].state = O_IDLE;
+  int rc = 0;
+  for (int j = 0; j < rank && !rc; j++)
+    for (int c = 0; c < K && linked(m, j) && !rc; c++) {
+      outgoing* o = out_make(m, j, c);
+      if (!o) {
+        rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
+                          "out of memory setting up connections");
+        break;
+      }
+      o->state = O_IDLE;
       m->nactive++;
     }
-  int rc = 0;
-  while (m->filled < m->need) {
+  while (!rc && m->filled < m->need) {
     if (mlxd_now() >= deadline) {
       rc = mesh_timeout(m, st);
       break;
@@ -1376,7 +1411,13 @@ static int dial_want(mlxd_tcp_dialer* d, int peer, mlxd_status* st) {
   mesh* m = (mesh*)d;
   double now = mlxd_now();
   for (int c = 0; c < m->K; c++) {
-    outgoing* o = &m->outs[peer * m->K + c];
+    outgoing* o = out_make(m, peer, c);
+    if (!o) {
+      mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
+                   "out of memory setting up a connection to rank %d", peer);
+      mlxd_status_set_peer(st, peer, m->hosts->addrs[peer * m->K + c].text);
+      return st->code;
+    }
     o->wanted = true;
     if (o->state != O_NONE || slot_taken(m, peer, c)) continue;
     out_arm(m, o, now);
@@ -1416,8 +1457,8 @@ static void dial_refuse(mlxd_tcp_dialer* d, const mlxd_status* why) {
     m->refuse_len = 0;
   }
   /* nothing is dialed from here on */
-  for (int i = 0; i < m->size * m->K; i++) {
-    outgoing* o = &m->outs[i];
+  for (int i = 0; i < m->nout; i++) {
+    outgoing* o = m->olist[i];
     o->wanted = false;
     if (o->state != O_NONE && o->state != O_DONE) out_drop(m, o);
   }
@@ -1425,13 +1466,13 @@ static void dial_refuse(mlxd_tcp_dialer* d, const mlxd_status* why) {
 
 static void dial_forget(mlxd_tcp_dialer* d) {
   mesh* m = (mesh*)d;
-  for (int i = 0; i < m->size * m->K; i++)
-    if (m->outs[i].fd >= 0) {
-      close(m->outs[i].fd);
-      m->outs[i].fd = -1;
+  for (int i = 0; i < m->nout; i++)
+    if (m->olist[i]->fd >= 0) {
+      close(m->olist[i]->fd);
+      m->olist[i]->fd = -1;
     }
-  for (int i = 0; i < m->npend; i++)
-    if (m->pend[i].fd >= 0) {
+  for (int i = 0; i < m->pend_hi; i++)
+    if (m->pend[i].state != P_FREE && m->pend[i].fd >= 0) {
       close(m->pend[i].fd);
       m->pend[i].fd = -1;
     }
@@ -1490,28 +1531,40 @@ int mlxd_ring_nofile(int size, int nconn, bool lazy, mlxd_status* st) {
                       (unsigned long long)rl.rlim_max);
 }
 
-mlxd_tcp_dialer* mlxd_ring_dialer_new(int rank, const mlxd_ring_hosts* hosts, int* lfds,
-                                      const mlxd_ring_auth* auth, mlxd_status* st) {
+mlxd_tcp_dialer* mlxd_ring_dialer_take(int rank, mlxd_ring_hosts* hosts, int* lfds,
+                                       const mlxd_ring_auth* auth, mlxd_status* st) {
   const int K = hosts->nconn, size = hosts->size;
-  mlxd_ring_hosts* own = NULL;
-  mlxd_ring_addr* addrs = calloc((size_t)size * (size_t)K, sizeof *addrs);
-  int* fds = malloc(sizeof(int) * (size_t)size * (size_t)K);
+  /* fd + 1 per slot, zero: empty (not a -1 written per slot: that is a page
+   * per 1,024 slots touched at init) */
+  int* fds = mlxd_ztable_new((size_t)size * (size_t)K, sizeof *fds);
   mesh* m = NULL;
-  if (addrs && fds) m = mesh_new(rank, hosts, lfds, auth, NULL, true, st);
+  if (fds) m = mesh_new(rank, hosts, lfds, auth, NULL, true, st);
   if (!m) {
-    if (!addrs || !fds)
+    if (!fds)
       mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory setting up connections");
-    free(addrs);
-    free(fds);
-    return NULL; /* lfds stay the caller's */
+    mlxd_ztable_free(fds, (size_t)size * (size_t)K, sizeof *fds);
+    return NULL; /* lfds and hosts stay the caller's */
   }
-  memcpy(addrs, hosts->addrs, sizeof *addrs * (size_t)size * (size_t)K);
-  own = &m->own_hosts;
-  *own = (mlxd_ring_hosts){size, K, addrs};
-  m->hosts = own;
+  /* the address book is taken over, not copied (a copy writes every entry) */
+  m->own_hosts = *hosts;
+  *hosts = (mlxd_ring_hosts){0, 0, NULL};
+  m->hosts = &m->own_hosts;
   m->fds = fds;
-  for (int i = 0; i < size * K; i++) fds[i] = -1;
   for (int c = 0; c < K; c++) lfds[c] = -1; /* ours now */
   m->d.ops = &dial_ops;
   return &m->d;
+}
+
+mlxd_tcp_dialer* mlxd_ring_dialer_new(int rank, const mlxd_ring_hosts* hosts, int* lfds,
+                                      const mlxd_ring_auth* auth, mlxd_status* st) {
+  size_t n = (size_t)hosts->size * (size_t)hosts->nconn;
+  mlxd_ring_hosts own = {hosts->size, hosts->nconn, malloc(sizeof(mlxd_ring_addr) * (n ? n : 1))};
+  if (!own.addrs) {
+    mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory setting up connections");
+    return NULL;
+  }
+  memcpy(own.addrs, hosts->addrs, sizeof(mlxd_ring_addr) * n);
+  mlxd_tcp_dialer* d = mlxd_ring_dialer_take(rank, &own, lfds, auth, st);
+  mlxd_ring_hosts_free(&own); /* empty when taken */
+  return d;
 }

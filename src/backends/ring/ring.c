@@ -285,14 +285,14 @@ static const mlxd_backend_ops ring_ops = {
     /* no *_ref ops: the ring's ops never use a buffer after they return */
 };
 
-int mlxd_ring_tcp_open(int rank, const mlxd_ring_hosts* hosts, int* lfds,
-                       const mlxd_ring_auth* auth, mlxd_transport** out, mlxd_status* st) {
+int mlxd_ring_tcp_open(int rank, mlxd_ring_hosts* hosts, int* lfds, const mlxd_ring_auth* auth,
+                       mlxd_transport** out, mlxd_status* st) {
   const int n = hosts->size, k = hosts->nconn;
   *out = NULL;
   bool lazy = mlxd_ring_connect_lazy();
   if (mlxd_ring_nofile(n, k, lazy, st)) return st->code;
   if (lazy) {
-    struct mlxd_tcp_dialer* d = mlxd_ring_dialer_new(rank, hosts, lfds, auth, st);
+    struct mlxd_tcp_dialer* d = mlxd_ring_dialer_take(rank, hosts, lfds, auth, st);
     if (!d) return st->code;
     *out = mlxd_tcp_transport_lazy(rank, n, k, d, st); /* owns d, also on failure */
     return *out ? 0 : st->code;

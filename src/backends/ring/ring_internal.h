@@ -120,15 +120,20 @@ int mlxd_ring_nofile(int size, int nconn, bool lazy, mlxd_status* st);
  * (copied) for rank, listening on lfds (nconn of them: taken over and set to -1
  * on success; closed by the dialer's free). Connections prove auth as the mesh's
  * do, any rank may connect to any other, and simultaneous connects keep the
- * higher rank's connection (connect.c). NULL with st set. */
+ * higher rank's connection (connect.c). NULL with st set.
+ * mlxd_ring_dialer_take: the same, but hosts is taken over, not copied (on
+ * success it is left empty, as by mlxd_ring_hosts_free; on failure it stays
+ * the caller's): a copy writes every rank's entry. */
 struct mlxd_tcp_dialer;
 struct mlxd_tcp_dialer* mlxd_ring_dialer_new(int rank, const mlxd_ring_hosts* hosts, int* lfds,
                                              const mlxd_ring_auth* auth, mlxd_status* st);
+struct mlxd_tcp_dialer* mlxd_ring_dialer_take(int rank, mlxd_ring_hosts* hosts, int* lfds,
+                                              const mlxd_ring_auth* auth, mlxd_status* st);
 /* ring.c: the group's TCP transport over hosts: lazy (a dialer) or eager (the
- * mesh), as MLXDIST_CONNECT says; lfds as for the dialer (left to the caller
- * when eager). */
-int mlxd_ring_tcp_open(int rank, const mlxd_ring_hosts* hosts, int* lfds,
-                       const mlxd_ring_auth* auth, mlxd_transport** out, mlxd_status* st);
+ * mesh), as MLXDIST_CONNECT says; hosts and lfds as for the dialer (left to the
+ * caller when eager; hosts may be emptied even when this fails). */
+int mlxd_ring_tcp_open(int rank, mlxd_ring_hosts* hosts, int* lfds, const mlxd_ring_auth* auth,
+                       mlxd_transport** out, mlxd_status* st);
 
 /* bootstrap.c: the 64-byte address record exchanged through an all-gather. */
 #define MLXD_RING_REC_BYTES 64
