@@ -107,6 +107,24 @@ static void ring_bell(shm_transport* t, int r) {
   }
 }
 
+/* Wake every peer that may wait on this rank: those whose pair with it is
+ * mapped here, and those that made one this rank has not mapped yet (its
+ * hello bits). A rank without a pair with this one has nothing of it to
+ * wait for (and its record stays untouched: at 1,024 ranks ringing every
+ * rank faulted in the host segment's 256 pages of records in every rank). */
+static void ring_paired(shm_transport* t) {
+  for (int k = 0; k < t->nactive; k++) ring_bell(t, t->active[k]);
+  _Atomic uint64_t* bits = hello_bits(t, t->base.rank);
+  for (size_t w = 0; w < hello_words(t->base.size); w++) {
+    uint64_t v = atomic_load_explicit(&bits[w], memory_order_acquire);
+    while (v) {
+      int pi = (int)(w * 64) + __builtin_ctzll(v);
+      v &= v - 1;
+      if (pi < t->base.size && pi != t->base.rank && !t->peers[pi].mapped) ring_bell(t, pi);
+    }
+  }
+}
+
 static void fail_posted(void* ctx, mlxd_match_link* l) {
   shm_transport* t = ctx;
   shm_req* r = MLXD_MATCH_ENTRY(l, shm_req, link);
@@ -119,14 +137,14 @@ static void fail_posted(void* ctx, mlxd_match_link* l) {
  * to the peers. Called with mu held. */
 static void shm_fail(shm_transport* t, const mlxd_status* st) {
   if (!mlxd_match_fail_first(&t->err, st)) return;
-  for (int r = 0; r < t->base.size; r++)
-    if (r != t->base.rank) mlxd_match_fail_posted(&t->peers[r].mq, fail_posted, t);
+  /* receives are posted only to peers whose pair is mapped (req_start) */
+  for (int k = 0; k < t->nactive; k++)
+    mlxd_match_fail_posted(&t->peers[t->active[k]].mq, fail_posted, t);
   shm_rank_rec* me = rank_rec(t, t->base.rank);
   mlxd_shm_fail_publish(&me->fail, &t->err);
   atomic_store_explicit(&me->state, RANK_FAILED, memory_order_release);
   atomic_fetch_add(&t->hdr->nfailed, 1);
-  for (int r = 0; r < t->base.size; r++)
-    if (r != t->base.rank) ring_bell(t, r);
+  ring_paired(t);
 }
 
 void mlxd_shm_fail(shm_transport* t, const mlxd_status* st) { shm_fail(t, st); }
@@ -515,6 +533,7 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
   assert(req && peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0));
   *req = NULL;
   shm_lock_acquire(&t->mu);
+  mlxd_shm_peer_ident(t, peer);
   shm_req* r = t->err.code ? NULL : req_alloc(t);
   if (!r) {
     if (t->err.code) {
@@ -768,13 +787,16 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
     shm_rank_rec* me = rank_rec(t, t->base.rank);
     int s = RANK_ATTACHED;
     atomic_compare_exchange_strong(&me->state, &s, RANK_CLOSED);
-    for (int r = 0; r < t->base.size; r++)
-      if (r != t->base.rank) ring_bell(t, r);
-    mlxd_shm_pair_release_all(t); /* after the state above (see there) */
+    ring_paired(t);
   }
-  if (t->peers) {
-    for (int i = 0; i < t->base.size; i++) {
-      shm_peer* p = &t->peers[i];
+  /* Requests and buffered messages exist only for peers whose pair is
+   * mapped (req_start maps it first; messages come through it): the rest
+   * of the peer table is never read (at 1,024 ranks it is 62 pages). */
+  int nactive = t->nactive;
+  if (t->map) mlxd_shm_pair_release_all(t); /* after the state above (see there) */
+  if (t->peers && t->active) {
+    for (int k = 0; k < nactive; k++) {
+      shm_peer* p = &t->peers[t->active[k]];
       free_req_list(t, p->sq_head);
       free_req_list(t, p->ack_head);
       mlxd_match_link* l;

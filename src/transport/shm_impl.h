@@ -235,6 +235,10 @@ typedef struct shm_peer {
   shm_req* cur_req;
   shm_unexp* cur_ux; /* cur_req == cur_ux == NULL while active: discard */
   size_t cur_len, cur_off;
+  /* Who the peer is, read from its record on first need (mlxd_shm_peer_ident:
+   * a rank that never talks to pi never touches pi's record, which at 1,024
+   * ranks is 256 pages of the host segment, each a page fault). */
+  bool known; /* pid, pidns and addr are set */
   pid_t pid;
   uint64_t pidns;     /* its pid namespace's inode (0: unknown), from its record */
   char addr[24];      /* "pid 1234": where the peer lives, for statuses */
@@ -309,6 +313,15 @@ static inline _Atomic uint64_t* hello_bits(shm_transport* t, int r) {
 static inline char* ring_slots(shm_ring_ctl* c) { return (char*)c + sizeof(shm_ring_ctl); }
 
 /* ---- shm_setup.c ---- */
+
+/* Fill peer pi's pid, pid namespace and address from its record the first
+ * time they are needed (records are complete once the join ended: every
+ * rank wrote its own before it counted in). Cheap after the first call;
+ * never blocks. */
+void mlxd_shm_peer_ident_slow(shm_transport* t, int pi);
+static inline void mlxd_shm_peer_ident(shm_transport* t, int pi) {
+  if (!t->peers[pi].known) mlxd_shm_peer_ident_slow(t, pi);
+}
 
 /* Whether process pid is gone (no such process, or a zombie). */
 bool mlxd_shm_pid_dead(pid_t pid);

@@ -503,16 +503,8 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   unlinked = true; /* someone did it */
 
   /* Cross-memory attach is probed per pair when it is first mapped
-   * (mlxd_shm_pair_attach), and only by a rank that may use it. */
-  for (int r = 0; r < size; r++) {
-    if (r == rank) continue;
-    shm_peer* p = &t->peers[r];
-    shm_rank_rec* rec = rank_rec(t, r);
-    p->pid = (pid_t)atomic_load(&rec->pid);
-    p->pidns = rec->pidns; /* published before its state, which count_in ordered before ours */
-    snprintf(p->addr, sizeof p->addr, "pid %d", (int)p->pid);
-    p->heard = mlxd_now(); /* its rings come on first contact (mlxd_shm_pair_attach) */
-  }
+   * (mlxd_shm_pair_attach), and only by a rank that may use it. A peer's
+   * record is read when the pair is first used (mlxd_shm_peer_ident). */
   mlxd_shm_live_start(t);
   return &t->base;
 
@@ -533,6 +525,16 @@ fail:
 }
 
 /* ---- pairs: rings made on first contact ---- */
+
+void mlxd_shm_peer_ident_slow(shm_transport* t, int pi) {
+  shm_peer* p = &t->peers[pi];
+  shm_rank_rec* rec = rank_rec(t, pi);
+  p->pid = (pid_t)atomic_load(&rec->pid);
+  /* published before its count-in, which this rank's join acquired */
+  p->pidns = rec->pidns;
+  snprintf(p->addr, sizeof p->addr, "pid %d", (int)p->pid);
+  p->known = true;
+}
 
 /* The pair's segment name: the session's + "~<lo>-<hi>~<pid lo>-<pid hi>"
  * (session ranks, their processes; '~' is in no session name, so the
@@ -628,6 +630,7 @@ static int pair_sys_fail(shm_transport* t, int pi, const char* call, int e, cons
 int mlxd_shm_pair_attach(shm_transport* t, int pi, bool drop, mlxd_status* st) {
   shm_peer* p = &t->peers[pi];
   if (p->mapped) return 0;
+  mlxd_shm_peer_ident(t, pi);
   char name[SHM_PAIR_NAME_MAX];
   pair_name(t, pi, name, sizeof name);
   const size_t total = pair_bytes();
@@ -786,30 +789,44 @@ int mlxd_shm_pair_hellos(shm_transport* t) {
  * peer is gone or closed; a live peer removes the rest itself (it sets its
  * state to closed before it reads its bits, this rank sets the bit before it
  * reads the state: one of them sees the other). */
+static void pair_release(shm_transport* t, int pi) {
+  _Atomic uint64_t* bits = hello_bits(t, t->base.rank);
+  shm_peer* p = &t->peers[pi];
+  bool told = atomic_load(&bits[pi / 64]) & ((uint64_t)1 << (pi % 64));
+  if (p->mapped && !p->unlinked) {
+    int s = atomic_load(&rank_rec(t, pi)->state);
+    told = told || s != RANK_ATTACHED || mlxd_shm_pid_dead(p->pid);
+  }
+  if (p->mapped) {
+    munmap(p->pair_map, pair_bytes());
+    p->pair_map = NULL;
+    p->mapped = false;
+  }
+  if (told && !p->unlinked) {
+    char name[SHM_PAIR_NAME_MAX];
+    mlxd_shm_peer_ident(t, pi); /* a pair made by pi that this rank never mapped */
+    pair_name(t, pi, name, sizeof name);
+    shm_unlink(name);
+    p->unlinked = true;
+  }
+}
+
+/* The pairs this rank mapped (t->active), then those its hello bits name
+ * and it never mapped; no other peer has a pair with it, so the rest of
+ * the peer table and the other ranks' records are never touched. */
 void mlxd_shm_pair_release_all(shm_transport* t) {
   if (!t->peers || !t->map) return;
-  char name[SHM_PAIR_NAME_MAX];
+  for (int k = 0; k < t->nactive; k++) pair_release(t, t->active[k]);
+  t->nactive = 0;
   _Atomic uint64_t* bits = hello_bits(t, t->base.rank);
-  for (int pi = 0; pi < t->base.size; pi++) {
-    if (pi == t->base.rank) continue;
-    shm_peer* p = &t->peers[pi];
-    bool told = atomic_load(&bits[pi / 64]) & ((uint64_t)1 << (pi % 64));
-    if (p->mapped && !p->unlinked) {
-      int s = atomic_load(&rank_rec(t, pi)->state);
-      told = told || s != RANK_ATTACHED || mlxd_shm_pid_dead(p->pid);
-    }
-    if (p->mapped) {
-      munmap(p->pair_map, pair_bytes());
-      p->pair_map = NULL;
-      p->mapped = false;
-    }
-    if (told && !p->unlinked) {
-      pair_name(t, pi, name, sizeof name);
-      shm_unlink(name);
-      p->unlinked = true;
+  for (size_t w = 0; w < hello_words(t->base.size); w++) {
+    uint64_t v = atomic_load(&bits[w]);
+    while (v) {
+      int pi = (int)(w * 64) + __builtin_ctzll(v);
+      v &= v - 1;
+      if (pi < t->base.size && pi != t->base.rank && !t->peers[pi].unlinked) pair_release(t, pi);
     }
   }
-  t->nactive = 0;
 }
 
 /* ---- the transport lock's slow half (shm_impl.h) ---- */
