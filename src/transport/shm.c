@@ -639,7 +639,7 @@ static void block_wait(shm_transport* t, uint64_t snap, double max_s) {
   uint32_t v = atomic_load(&me->doorbell);
   atomic_fetch_add(&me->sleepers, 1); /* seq_cst, then seq_cst loads in activity() */
   if (activity(t) == snap) {
-    if (max_s > SHM_CHECK_S) max_s = SHM_CHECK_S;
+    if (max_s > t->check_s) max_s = t->check_s;
     if (max_s < 1e-4) max_s = 1e-4;
     struct timespec ts = {(time_t)max_s, (long)((max_s - (double)(time_t)max_s) * 1e9)};
     futex(&me->doorbell, FUTEX_WAIT, v, &ts);
@@ -700,7 +700,7 @@ static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlx
       if (now >= until) return false;
       continue;
     }
-    if (now - ws->next_check >= SHM_CHECK_S) {
+    if (now - ws->next_check >= t->check_s) {
       ws->next_check = now;
       if (check_peers(t, reqs, n)) return true;
       if (mlxd_shm_live_check(t, reqs, n, ws->start, ws->last_change, now, &ws->warned))
@@ -718,7 +718,7 @@ static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlx
     }
     if (t->deferred && progress_all(t, true) > 0) continue;
     uint64_t snap = activity(t);
-    double to_check = SHM_CHECK_S - (now - ws->next_check);
+    double to_check = t->check_s - (now - ws->next_check);
     if (until - now < to_check) to_check = until - now;
     shm_lock_release(&t->mu);
     block_wait(t, snap, to_check);

@@ -66,10 +66,20 @@
 /* A stale pair name (both its ranks gone) is removed by the next session's
  * sweep once it is this many MLXDIST_CONNECT_TIMEOUTs old (shm_setup.c). */
 #define SHM_SWEEP_AGE_TIMEOUTS 2
-/* While joining, each liveness check looks at this many ranks' processes
- * (in turn: a dead one is found within size / SHM_JOIN_SCAN checks). */
+/* While joining, each liveness check watches the next SHM_JOIN_WATCH ranks
+ * after this one that have counted in (looking at most SHM_JOIN_SCAN
+ * records ahead): every rank that counted in is watched by the waiting
+ * ranks just before it, so a dead one is found within one check, at the
+ * cost of SHM_JOIN_WATCH process checks per rank (not O(N)). */
+#define SHM_JOIN_WATCH 2
 #define SHM_JOIN_SCAN 32
-#define SHM_CHECK_S 0.1   /* liveness checks / longest single sleep */
+#define SHM_CHECK_S 0.1 /* liveness checks / longest single sleep */
+/* ... on a host with more than SHM_CROWDED_FACTOR times as many of the
+ * group's ranks as CPUs: every idle waiter waking 10 times a second to look
+ * at its peers costs the CPUs the ranks it waits for need (1,024 ranks on 2
+ * cores: 10,000 wake-ups a second, each a context switch of ~20 us here). */
+#define SHM_CHECK_CROWDED_S 0.5
+#define SHM_CROWDED_FACTOR 8
 #define SHM_DEFER_S 20e-6 /* a message without a receive waits in its ring this long (shm.c) */
 #define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 /* The ring algorithms' chunk over shared memory (mlxd_transport.ring_chunk):
@@ -269,6 +279,7 @@ typedef struct shm_transport {
   mlxd_live_cfg live; /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
   int watch;          /* the heartbeat's watchdog registration (0: none) */
   double spin_s;
+  double check_s; /* liveness checks / longest sleep of a wait: SHM_CHECK_S or _CROWDED_S */
   size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
   bool oversubscribed;
   bool deferred;           /* the last progress pass left a message without a receive in its ring */
@@ -357,7 +368,7 @@ int mlxd_shm_pair_hellos(shm_transport* t);
 /* Unmap every pair; unlink the names this rank must (destroy). */
 void mlxd_shm_pair_release_all(shm_transport* t);
 
-/* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
+/* Liveness apart from progress (liveness.h), checked every t->check_s of
  * a wait without progress (shm.c wait_loop); true if the transport failed.
  * mu held. */
 bool mlxd_shm_live_check(shm_transport* t, shm_req** reqs, int n, double start, double last,
