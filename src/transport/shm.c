@@ -17,7 +17,13 @@
  * Rings. A ring is a single-producer single-consumer queue of SHM_NSLOTS
  * fixed slots of SHM_SLOT_BYTES, each with a 64-byte header (kind, tag,
  * message length, chunk length, address; in a message's first chunk the
- * sender's call signature). The producer owns `head`, the
+ * sender's call signature). The pair's first page holds its header, both
+ * rings' control words and both rings' slot headers; the data slots follow.
+ * A chunk of at most SHM_INLINE_BYTES travels in its header, so a pair that
+ * only exchanges small messages touches that one page (each page a rank
+ * touches first costs a page fault: ~20-40 us on a VM with shadow page
+ * tables, where the slots' pages were most of the CPU of a 256-rank job's
+ * small ops; docs/scale.md). The producer owns `head`, the
  * consumer owns `tail` and `acked`, each on its own cache line; they are
  * C11 atomics published with release and read with acquire, and the slot
  * contents are plain memory ordered by them. A message is a sequence of
@@ -238,8 +244,11 @@ static void req_unlink(shm_transport* t, shm_req* r) {
 
 /* ---- progress ---- */
 
-static shm_slot_hdr* slot_at(shm_transport* t, char* slots, uint64_t idx) {
-  return (shm_slot_hdr*)(slots + (size_t)(idx % SHM_NSLOTS) * t->slot_stride);
+/* Slot idx's data: in its header for a chunk of <= SHM_INLINE_BYTES
+ * (sender and receiver decide alike, by the chunk's length), else its slot. */
+static char* slot_data(shm_slot_hdr* hdrs, char* slots, uint64_t idx, size_t chunk) {
+  if (chunk <= SHM_INLINE_BYTES) return (char*)hdrs[idx % SHM_NSLOTS].u.data;
+  return slots + (size_t)(idx % SHM_NSLOTS) * SHM_SLOT_BYTES;
 }
 
 /* Whether this rank's call `mine` and a message of the same operation from
@@ -345,7 +354,7 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
    * this pass rang our bell with its chunks, and our next pass sees it full. */
   bool wake = head - p->in_tail >= SHM_NSLOTS;
   while (p->in_tail != head) {
-    shm_slot_hdr* h = slot_at(t, p->in_slots, p->in_tail);
+    shm_slot_hdr* h = &p->in_hdrs[p->in_tail % SHM_NSLOTS];
     if (!p->cur_active) {
       bool now = buffer || head - p->in_tail >= SHM_NSLOTS || h->msg_len > SHM_DEFER_MAX;
       int sm = start_message(t, pi, h, now);
@@ -355,7 +364,7 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
     if (h->kind == SLOT_RTS) {
       char* dst = cur_dest(p);
       int err = 0;
-      if (dst && p->cur_len && mlxd_shm_cma_read(p->pid, dst, h->addr, p->cur_len, &err) != 0) {
+      if (dst && p->cur_len && mlxd_shm_cma_read(p->pid, dst, h->u.addr, p->cur_len, &err) != 0) {
         mlxd_status s;
         mlxd_fail_at(&s, MLXD_ESYS, MLXD_LAYER_SHM,
                      "reading a %zu-byte message from rank %d failed", p->cur_len, shm_name(t, pi));
@@ -372,7 +381,7 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
     } else {
       size_t c = (size_t)h->chunk_len;
       char* dst = cur_dest(p);
-      if (dst && c) memcpy(dst + p->cur_off, (const char*)(h + 1), c);
+      if (dst && c) memcpy(dst + p->cur_off, slot_data(p->in_hdrs, p->in_slots, p->in_tail, c), c);
       p->cur_off += c;
       if (p->cur_ux) p->cur_ux->got = p->cur_off;
     }
@@ -412,22 +421,21 @@ static int progress_out(shm_transport* t, int pi) {
       if (p->out_head - p->out_tail_seen >= SHM_NSLOTS) break;
     }
     shm_req* r = p->sq_head;
-    shm_slot_hdr* h = slot_at(t, p->out_slots, p->out_head);
+    shm_slot_hdr* h = &p->out_hdrs[p->out_head % SHM_NSLOTS];
     h->tag = r->m.tag;
     h->msg_len = r->m.n;
     if (r->off == 0) mlxd_sig_encode(h->sig, &r->m.sig); /* the message's first chunk */
     bool finished;
     if (r->rndv) {
       h->kind = SLOT_RTS;
-      h->addr = (uint64_t)(uintptr_t)r->buf;
+      h->u.addr = (uint64_t)(uintptr_t)r->buf;
       h->chunk_len = 0;
       finished = true;
     } else {
       size_t c = r->m.n - r->off < SHM_SLOT_BYTES ? r->m.n - r->off : SHM_SLOT_BYTES;
       h->kind = SLOT_EAGER;
-      h->addr = 0;
       h->chunk_len = c;
-      if (c) memcpy((char*)(h + 1), r->buf + r->off, c);
+      if (c) memcpy(slot_data(p->out_hdrs, p->out_slots, p->out_head, c), r->buf + r->off, c);
       r->off += c;
       finished = r->off == r->m.n;
     }

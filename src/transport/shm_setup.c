@@ -503,7 +503,6 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
     t->name_limit = name_limit;
   }
   snprintf(t->path, sizeof t->path, "/%s", name);
-  t->slot_stride = slot_stride();
   mlxd_live_cfg_load(&t->live);
   mlxd_spin_rule spin = mlxd_spin_rule_for(machine_ranks > size ? machine_ranks : size);
   t->spin_s = spin.spin_s;
@@ -773,14 +772,15 @@ int mlxd_shm_pair_attach(shm_transport* t, int pi, bool drop, mlxd_status* st) {
       return st->code;
     }
   }
-  shm_ring_ctl* first = (shm_ring_ctl*)((char*)m + 4096);                 /* lo -> hi */
-  shm_ring_ctl* second = (shm_ring_ctl*)((char*)m + 4096 + ring_bytes()); /* hi -> lo */
   bool low = (uint32_t)t->base.rank == lo;
+  int out = low ? 0 : 1, in = low ? 1 : 0; /* ring 0: lo -> hi, ring 1: hi -> lo */
   p->pair_map = m;
-  p->out = low ? first : second;
-  p->in = low ? second : first;
-  p->out_slots = ring_slots(p->out);
-  p->in_slots = ring_slots(p->in);
+  p->out = pair_ctl(m, out);
+  p->in = pair_ctl(m, in);
+  p->out_hdrs = pair_hdrs(m, out);
+  p->in_hdrs = pair_hdrs(m, in);
+  p->out_slots = pair_data(m, out);
+  p->in_slots = pair_data(m, in);
   p->peer_reads = &h->reads[low ? 1 : 0];
   pair_probe(t, pi, h, low);
   p->mapped = true;
