@@ -1,8 +1,10 @@
 /* The shared-memory transport: tag-matched messages between processes on
  * one host through one POSIX shared-memory segment.
  *
- * Segments. Rank 0 creates /dev/shm/<name> (shm_open + ftruncate + mmap);
- * the other ranks open it with a bounded retry (MLXDIST_CONNECT_TIMEOUT).
+ * Segments. The first rank to get there creates /dev/shm/<name> (shm_open
+ * O_EXCL + ftruncate + mmap); the others open it (this user's, mode 0600,
+ * the group's size) and wait, bounded by MLXDIST_CONNECT_TIMEOUT, for the
+ * magic its creator writes last.
  * It holds a header (geometry, a magic word written last), one record per
  * rank (pid, state, failure message, a futex "doorbell", heartbeat, a hello
  * counter) and one hello bitmap per rank. Each rank counts itself in with an
@@ -64,14 +66,15 @@
  * one mutex. A waiting thread polls for MLXDIST_SPIN_US after the last
  * event (with sched_yield when there are more ranks than CPUs, so spinning
  * ranks do not starve the rank they wait for), then sleeps on its rank's
- * doorbell (a futex in the segment, at most 100 ms at a time). Whoever
+ * doorbell (a futex in the segment, at most t->check_s at a time). Whoever
  * publishes something a rank waits for (a chunk; slots freed in a ring it
  * found full; an ack) bumps that rank's doorbell and wakes it if it sleeps
  * (a seq_cst fence on both sides closes the lost-wake-up window); a rank's
  * own doorbell is rung for its other waiting threads only when there are
  * any.
  *
- * Failure. Every 100 ms without progress the waiter checks the peers its
+ * Failure. Every 100 ms without progress (500 ms on a host with more than
+ * SHM_CROWDED_FACTOR times as many ranks as CPUs) the waiter checks the peers its
  * pending requests involve: a process that exited ("lost connection to
  * rank N: its process exited", peer address "pid P"), a transport that was
  * closed, or one that failed (its structured status is published in the
@@ -248,7 +251,7 @@ static void req_unlink(shm_transport* t, shm_req* r) {
  * (sender and receiver decide alike, by the chunk's length), else its slot. */
 static char* slot_data(shm_slot_hdr* hdrs, char* slots, uint64_t idx, size_t chunk) {
   if (chunk <= SHM_INLINE_BYTES) return (char*)hdrs[idx % SHM_NSLOTS].u.data;
-  return slots + (size_t)(idx % SHM_NSLOTS) * SHM_SLOT_BYTES;
+  return slots + (size_t)(idx % SHM_NSLOTS) * SHM_SLOT_STRIDE;
 }
 
 /* Whether this rank's call `mine` and a message of the same operation from

@@ -331,10 +331,15 @@ static inline shm_slot_hdr* pair_hdrs(void* m, int ring) {
   return (shm_slot_hdr*)((char*)m + SHM_PAIR_HDRS_OFF +
                          (size_t)ring * SHM_NSLOTS * sizeof(shm_slot_hdr));
 }
+/* Data slots are SHM_SLOT_STRIDE apart (one line more than a slot), so
+ * that the slots' first lines do not all fall in the same cache sets. */
+#define SHM_SLOT_STRIDE (SHM_SLOT_BYTES + SHM_CL)
 static inline char* pair_data(void* m, int ring) {
-  return (char*)m + 4096 + (size_t)ring * SHM_NSLOTS * SHM_SLOT_BYTES;
+  return (char*)m + 4096 + (size_t)ring * SHM_NSLOTS * SHM_SLOT_STRIDE;
 }
-static inline size_t pair_bytes(void) { return 4096 + 2 * (size_t)SHM_NSLOTS * SHM_SLOT_BYTES; }
+static inline size_t pair_bytes(void) {
+  return round_up(4096 + 2 * (size_t)SHM_NSLOTS * SHM_SLOT_STRIDE, 4096);
+}
 
 static inline int shm_name(const shm_transport* t, int i) { return t->names ? t->names[i] : i; }
 
