@@ -1,8 +1,10 @@
 /* The shared-memory transport: tag-matched messages between processes on
  * one host through one POSIX shared-memory segment.
  *
- * Segments. Rank 0 creates /dev/shm/<name> (shm_open + ftruncate + mmap);
- * the other ranks open it with a bounded retry (MLXDIST_CONNECT_TIMEOUT).
+ * Segments. The first rank to get there creates /dev/shm/<name> (shm_open
+ * O_EXCL + ftruncate + mmap); the others open it (this user's, mode 0600,
+ * the group's size) and wait, bounded by MLXDIST_CONNECT_TIMEOUT, for the
+ * magic its creator writes last.
  * It holds a header (geometry, a magic word written last), one record per
  * rank (pid, state, failure message, a futex "doorbell", heartbeat, a hello
  * counter) and one hello bitmap per rank. Each rank counts itself in with an
@@ -17,7 +19,13 @@
  * Rings. A ring is a single-producer single-consumer queue of SHM_NSLOTS
  * fixed slots of SHM_SLOT_BYTES, each with a 64-byte header (kind, tag,
  * message length, chunk length, address; in a message's first chunk the
- * sender's call signature). The producer owns `head`, the
+ * sender's call signature). The pair's first page holds its header, both
+ * rings' control words and both rings' slot headers; the data slots follow.
+ * A chunk of at most SHM_INLINE_BYTES travels in its header, so a pair that
+ * only exchanges small messages touches that one page (each page a rank
+ * touches first costs a page fault: ~20-40 us on a VM with shadow page
+ * tables, where the slots' pages were most of the CPU of a 256-rank job's
+ * small ops; docs/scale.md). The producer owns `head`, the
  * consumer owns `tail` and `acked`, each on its own cache line; they are
  * C11 atomics published with release and read with acquire, and the slot
  * contents are plain memory ordered by them. A message is a sequence of
@@ -58,14 +66,15 @@
  * one mutex. A waiting thread polls for MLXDIST_SPIN_US after the last
  * event (with sched_yield when there are more ranks than CPUs, so spinning
  * ranks do not starve the rank they wait for), then sleeps on its rank's
- * doorbell (a futex in the segment, at most 100 ms at a time). Whoever
+ * doorbell (a futex in the segment, at most t->check_s at a time). Whoever
  * publishes something a rank waits for (a chunk; slots freed in a ring it
  * found full; an ack) bumps that rank's doorbell and wakes it if it sleeps
  * (a seq_cst fence on both sides closes the lost-wake-up window); a rank's
  * own doorbell is rung for its other waiting threads only when there are
  * any.
  *
- * Failure. Every 100 ms without progress the waiter checks the peers its
+ * Failure. Every 100 ms without progress (500 ms on a host with more than
+ * SHM_CROWDED_FACTOR times as many ranks as CPUs) the waiter checks the peers its
  * pending requests involve: a process that exited ("lost connection to
  * rank N: its process exited", peer address "pid P"), a transport that was
  * closed, or one that failed (its structured status is published in the
@@ -107,6 +116,24 @@ static void ring_bell(shm_transport* t, int r) {
   }
 }
 
+/* Wake every peer that may wait on this rank: those whose pair with it is
+ * mapped here, and those that made one this rank has not mapped yet (its
+ * hello bits). A rank without a pair with this one has nothing of it to
+ * wait for (and its record stays untouched: at 1,024 ranks ringing every
+ * rank faulted in the host segment's 256 pages of records in every rank). */
+static void ring_paired(shm_transport* t) {
+  for (int k = 0; k < t->nactive; k++) ring_bell(t, t->active[k]);
+  _Atomic uint64_t* bits = hello_bits(t, t->base.rank);
+  for (size_t w = 0; w < hello_words(t->base.size); w++) {
+    uint64_t v = atomic_load_explicit(&bits[w], memory_order_acquire);
+    while (v) {
+      int pi = (int)(w * 64) + __builtin_ctzll(v);
+      v &= v - 1;
+      if (pi < t->base.size && pi != t->base.rank && !t->peers[pi].mapped) ring_bell(t, pi);
+    }
+  }
+}
+
 static void fail_posted(void* ctx, mlxd_match_link* l) {
   shm_transport* t = ctx;
   shm_req* r = MLXD_MATCH_ENTRY(l, shm_req, link);
@@ -119,14 +146,14 @@ static void fail_posted(void* ctx, mlxd_match_link* l) {
  * to the peers. Called with mu held. */
 static void shm_fail(shm_transport* t, const mlxd_status* st) {
   if (!mlxd_match_fail_first(&t->err, st)) return;
-  for (int r = 0; r < t->base.size; r++)
-    if (r != t->base.rank) mlxd_match_fail_posted(&t->peers[r].mq, fail_posted, t);
+  /* receives are posted only to peers whose pair is mapped (req_start) */
+  for (int k = 0; k < t->nactive; k++)
+    mlxd_match_fail_posted(&t->peers[t->active[k]].mq, fail_posted, t);
   shm_rank_rec* me = rank_rec(t, t->base.rank);
   mlxd_shm_fail_publish(&me->fail, &t->err);
   atomic_store_explicit(&me->state, RANK_FAILED, memory_order_release);
   atomic_fetch_add(&t->hdr->nfailed, 1);
-  for (int r = 0; r < t->base.size; r++)
-    if (r != t->base.rank) ring_bell(t, r);
+  ring_paired(t);
 }
 
 void mlxd_shm_fail(shm_transport* t, const mlxd_status* st) { shm_fail(t, st); }
@@ -220,8 +247,11 @@ static void req_unlink(shm_transport* t, shm_req* r) {
 
 /* ---- progress ---- */
 
-static shm_slot_hdr* slot_at(shm_transport* t, char* slots, uint64_t idx) {
-  return (shm_slot_hdr*)(slots + (size_t)(idx % SHM_NSLOTS) * t->slot_stride);
+/* Slot idx's data: in its header for a chunk of <= SHM_INLINE_BYTES
+ * (sender and receiver decide alike, by the chunk's length), else its slot. */
+static char* slot_data(shm_slot_hdr* hdrs, char* slots, uint64_t idx, size_t chunk) {
+  if (chunk <= SHM_INLINE_BYTES) return (char*)hdrs[idx % SHM_NSLOTS].u.data;
+  return slots + (size_t)(idx % SHM_NSLOTS) * SHM_SLOT_STRIDE;
 }
 
 /* Whether this rank's call `mine` and a message of the same operation from
@@ -327,7 +357,7 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
    * this pass rang our bell with its chunks, and our next pass sees it full. */
   bool wake = head - p->in_tail >= SHM_NSLOTS;
   while (p->in_tail != head) {
-    shm_slot_hdr* h = slot_at(t, p->in_slots, p->in_tail);
+    shm_slot_hdr* h = &p->in_hdrs[p->in_tail % SHM_NSLOTS];
     if (!p->cur_active) {
       bool now = buffer || head - p->in_tail >= SHM_NSLOTS || h->msg_len > SHM_DEFER_MAX;
       int sm = start_message(t, pi, h, now);
@@ -337,7 +367,7 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
     if (h->kind == SLOT_RTS) {
       char* dst = cur_dest(p);
       int err = 0;
-      if (dst && p->cur_len && mlxd_shm_cma_read(p->pid, dst, h->addr, p->cur_len, &err) != 0) {
+      if (dst && p->cur_len && mlxd_shm_cma_read(p->pid, dst, h->u.addr, p->cur_len, &err) != 0) {
         mlxd_status s;
         mlxd_fail_at(&s, MLXD_ESYS, MLXD_LAYER_SHM,
                      "reading a %zu-byte message from rank %d failed", p->cur_len, shm_name(t, pi));
@@ -354,7 +384,7 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
     } else {
       size_t c = (size_t)h->chunk_len;
       char* dst = cur_dest(p);
-      if (dst && c) memcpy(dst + p->cur_off, (const char*)(h + 1), c);
+      if (dst && c) memcpy(dst + p->cur_off, slot_data(p->in_hdrs, p->in_slots, p->in_tail, c), c);
       p->cur_off += c;
       if (p->cur_ux) p->cur_ux->got = p->cur_off;
     }
@@ -394,22 +424,21 @@ static int progress_out(shm_transport* t, int pi) {
       if (p->out_head - p->out_tail_seen >= SHM_NSLOTS) break;
     }
     shm_req* r = p->sq_head;
-    shm_slot_hdr* h = slot_at(t, p->out_slots, p->out_head);
+    shm_slot_hdr* h = &p->out_hdrs[p->out_head % SHM_NSLOTS];
     h->tag = r->m.tag;
     h->msg_len = r->m.n;
     if (r->off == 0) mlxd_sig_encode(h->sig, &r->m.sig); /* the message's first chunk */
     bool finished;
     if (r->rndv) {
       h->kind = SLOT_RTS;
-      h->addr = (uint64_t)(uintptr_t)r->buf;
+      h->u.addr = (uint64_t)(uintptr_t)r->buf;
       h->chunk_len = 0;
       finished = true;
     } else {
       size_t c = r->m.n - r->off < SHM_SLOT_BYTES ? r->m.n - r->off : SHM_SLOT_BYTES;
       h->kind = SLOT_EAGER;
-      h->addr = 0;
       h->chunk_len = c;
-      if (c) memcpy((char*)(h + 1), r->buf + r->off, c);
+      if (c) memcpy(slot_data(p->out_hdrs, p->out_slots, p->out_head, c), r->buf + r->off, c);
       r->off += c;
       finished = r->off == r->m.n;
     }
@@ -515,6 +544,7 @@ static shm_req* req_start(shm_transport* t, int kind, int peer, uint64_t tag, co
   assert(req && peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0));
   *req = NULL;
   shm_lock_acquire(&t->mu);
+  mlxd_shm_peer_ident(t, peer);
   shm_req* r = t->err.code ? NULL : req_alloc(t);
   if (!r) {
     if (t->err.code) {
@@ -620,7 +650,7 @@ static void block_wait(shm_transport* t, uint64_t snap, double max_s) {
   uint32_t v = atomic_load(&me->doorbell);
   atomic_fetch_add(&me->sleepers, 1); /* seq_cst, then seq_cst loads in activity() */
   if (activity(t) == snap) {
-    if (max_s > SHM_CHECK_S) max_s = SHM_CHECK_S;
+    if (max_s > t->check_s) max_s = t->check_s;
     if (max_s < 1e-4) max_s = 1e-4;
     struct timespec ts = {(time_t)max_s, (long)((max_s - (double)(time_t)max_s) * 1e9)};
     futex(&me->doorbell, FUTEX_WAIT, v, &ts);
@@ -681,7 +711,7 @@ static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlx
       if (now >= until) return false;
       continue;
     }
-    if (now - ws->next_check >= SHM_CHECK_S) {
+    if (now - ws->next_check >= t->check_s) {
       ws->next_check = now;
       if (check_peers(t, reqs, n)) return true;
       if (mlxd_shm_live_check(t, reqs, n, ws->start, ws->last_change, now, &ws->warned))
@@ -699,7 +729,7 @@ static bool wait_loop(shm_transport* t, shm_req** reqs, int n, double until, mlx
     }
     if (t->deferred && progress_all(t, true) > 0) continue;
     uint64_t snap = activity(t);
-    double to_check = SHM_CHECK_S - (now - ws->next_check);
+    double to_check = t->check_s - (now - ws->next_check);
     if (until - now < to_check) to_check = until - now;
     shm_lock_release(&t->mu);
     block_wait(t, snap, to_check);
@@ -768,13 +798,16 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
     shm_rank_rec* me = rank_rec(t, t->base.rank);
     int s = RANK_ATTACHED;
     atomic_compare_exchange_strong(&me->state, &s, RANK_CLOSED);
-    for (int r = 0; r < t->base.size; r++)
-      if (r != t->base.rank) ring_bell(t, r);
-    mlxd_shm_pair_release_all(t); /* after the state above (see there) */
+    ring_paired(t);
   }
-  if (t->peers) {
-    for (int i = 0; i < t->base.size; i++) {
-      shm_peer* p = &t->peers[i];
+  /* Requests and buffered messages exist only for peers whose pair is
+   * mapped (req_start maps it first; messages come through it): the rest
+   * of the peer table is never read (at 1,024 ranks it is 62 pages). */
+  int nactive = t->nactive;
+  if (t->map) mlxd_shm_pair_release_all(t); /* after the state above (see there) */
+  if (t->peers && t->active) {
+    for (int k = 0; k < nactive; k++) {
+      shm_peer* p = &t->peers[t->active[k]];
       free_req_list(t, p->sq_head);
       free_req_list(t, p->ack_head);
       mlxd_match_link* l;

@@ -47,10 +47,12 @@
 
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
 #define SHM_VERSION \
-  6u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
+  7u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
       * 4: rings in per-pair segments made on first contact; 5: CMA probed per
       * pair, a failure counter, the ranks' pids in pair names; 6: the ranks' pid
-      * namespace in their records and in pair names */
+      * namespace in their records and in pair names; 7: a pair's control words
+      * and slot headers in its first page, chunks of <= SHM_INLINE_BYTES in
+      * their header */
 #define SHM_PAIR_MAGIC 0x6d6c786470617231ull /* "mlxdpar1" */
 #define SHM_CL 64
 #ifndef SHM_SLOT_BYTES
@@ -66,10 +68,20 @@
 /* A stale pair name (both its ranks gone) is removed by the next session's
  * sweep once it is this many MLXDIST_CONNECT_TIMEOUTs old (shm_setup.c). */
 #define SHM_SWEEP_AGE_TIMEOUTS 2
-/* While joining, each liveness check looks at this many ranks' processes
- * (in turn: a dead one is found within size / SHM_JOIN_SCAN checks). */
+/* While joining, each liveness check watches the next SHM_JOIN_WATCH ranks
+ * after this one that have counted in (looking at most SHM_JOIN_SCAN
+ * records ahead): every rank that counted in is watched by the waiting
+ * ranks just before it, so a dead one is found within one check, at the
+ * cost of SHM_JOIN_WATCH process checks per rank (not O(N)). */
+#define SHM_JOIN_WATCH 2
 #define SHM_JOIN_SCAN 32
-#define SHM_CHECK_S 0.1   /* liveness checks / longest single sleep */
+#define SHM_CHECK_S 0.1 /* liveness checks / longest single sleep */
+/* ... on a host with more than SHM_CROWDED_FACTOR times as many of the
+ * group's ranks as CPUs: every idle waiter waking 10 times a second to look
+ * at its peers costs the CPUs the ranks it waits for need (1,024 ranks on 2
+ * cores: 10,000 wake-ups a second, each a context switch of ~20 us here). */
+#define SHM_CHECK_CROWDED_S 0.5
+#define SHM_CROWDED_FACTOR 8
 #define SHM_DEFER_S 20e-6 /* a message without a receive waits in its ring this long (shm.c) */
 #define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 /* The ring algorithms' chunk over shared memory (mlxd_transport.ring_chunk):
@@ -148,15 +160,26 @@ typedef struct shm_ring_ctl {
   _Atomic uint64_t acked;                /* consumer: rendezvous reads done */
 } shm_ring_ctl;
 
+_Static_assert(sizeof(shm_pair_hdr) <= 128 && 128 + 2 * sizeof(shm_ring_ctl) <= 512 &&
+                   512 + 2 * SHM_NSLOTS * SHM_CL <= 4096,
+               "a pair's header, control words and slot headers fit its first page");
+
+/* A chunk of at most this many bytes travels in its slot's header (the
+ * header's page is the pair's first: a pair of ranks that only exchange
+ * such messages touches one page of its segment, not one per slot). */
+#define SHM_INLINE_BYTES 16
+
 typedef struct shm_slot_hdr {
   uint32_t kind;
   uint32_t pad_;
   uint64_t tag;
   uint64_t msg_len;
   uint64_t chunk_len;
-  uint64_t addr;
   unsigned char sig[MLXD_SIG_BYTES]; /* the sender's call (mlxd_sig_encode); first chunk only */
-  uint64_t pad2_;
+  union {
+    uint64_t addr;                        /* SLOT_RTS: the sender's buffer */
+    unsigned char data[SHM_INLINE_BYTES]; /* SLOT_EAGER, chunk_len <= SHM_INLINE_BYTES */
+  } u;
 } shm_slot_hdr;
 
 _Static_assert(sizeof(shm_slot_hdr) == SHM_CL, "slot header is one cache line");
@@ -220,7 +243,8 @@ typedef struct shm_unexp {
 typedef struct shm_peer {
   /* outgoing ring (this rank -> peer) */
   shm_ring_ctl* out;
-  char* out_slots;
+  shm_slot_hdr* out_hdrs; /* SHM_NSLOTS headers (the pair's first page) */
+  char* out_slots;        /* SHM_NSLOTS data slots of SHM_SLOT_BYTES */
   uint64_t out_head, out_tail_seen;
   shm_req *sq_head, *sq_tail;   /* sends not yet fully in the ring */
   shm_req *ack_head, *ack_tail; /* rendezvous sends waiting for their ack */
@@ -228,6 +252,7 @@ typedef struct shm_peer {
   _Atomic uint32_t* peer_reads; /* the pair header's word: CMA_OK if the peer can read our memory */
   /* incoming ring (peer -> this rank) */
   shm_ring_ctl* in;
+  shm_slot_hdr* in_hdrs;
   char* in_slots;
   uint64_t in_tail;
   mlxd_match_peer mq; /* posted receives, unexpected messages */
@@ -235,6 +260,10 @@ typedef struct shm_peer {
   shm_req* cur_req;
   shm_unexp* cur_ux; /* cur_req == cur_ux == NULL while active: discard */
   size_t cur_len, cur_off;
+  /* Who the peer is, read from its record on first need (mlxd_shm_peer_ident:
+   * a rank that never talks to pi never touches pi's record, which at 1,024
+   * ranks is 256 pages of the host segment, each a page fault). */
+  bool known; /* pid, pidns and addr are set */
   pid_t pid;
   uint64_t pidns;     /* its pid namespace's inode (0: unknown), from its record */
   char addr[24];      /* "pid 1234": where the peer lives, for statuses */
@@ -261,10 +290,10 @@ typedef struct shm_transport {
   int* names;            /* names[i]: the number messages give local rank i (a group rank when
                    * the session is part of a larger group: mixed.c); NULL: i itself */
   int name_limit;        /* published ranks must be below this (the group size) */
-  size_t slot_stride;
-  mlxd_live_cfg live; /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
-  int watch;          /* the heartbeat's watchdog registration (0: none) */
+  mlxd_live_cfg live;    /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
+  int watch;             /* the heartbeat's watchdog registration (0: none) */
   double spin_s;
+  double check_s; /* liveness checks / longest sleep of a wait: SHM_CHECK_S or _CROWDED_S */
   size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
   bool oversubscribed;
   bool deferred;           /* the last progress pass left a message without a receive in its ring */
@@ -290,12 +319,27 @@ static inline size_t hello_off(int size) {
 static inline size_t total_bytes(int size) {
   return round_up(hello_off(size) + (size_t)size * hello_words(size) * 8, 4096);
 }
-static inline size_t slot_stride(void) { return sizeof(shm_slot_hdr) + SHM_SLOT_BYTES; }
-static inline size_t ring_bytes(void) {
-  return round_up(sizeof(shm_ring_ctl) + SHM_NSLOTS * slot_stride(), 4096);
+/* A pair's segment: page 0 holds its header, the two rings' control words
+ * (ring 0: lo -> hi, ring 1: hi -> lo) and their slot headers; then ring
+ * 0's data slots, then ring 1's. */
+#define SHM_PAIR_CTL_OFF 128
+#define SHM_PAIR_HDRS_OFF 512
+static inline shm_ring_ctl* pair_ctl(void* m, int ring) {
+  return (shm_ring_ctl*)((char*)m + SHM_PAIR_CTL_OFF + (size_t)ring * sizeof(shm_ring_ctl));
 }
-/* A pair's segment: its header's page, then the two rings. */
-static inline size_t pair_bytes(void) { return 4096 + 2 * ring_bytes(); }
+static inline shm_slot_hdr* pair_hdrs(void* m, int ring) {
+  return (shm_slot_hdr*)((char*)m + SHM_PAIR_HDRS_OFF +
+                         (size_t)ring * SHM_NSLOTS * sizeof(shm_slot_hdr));
+}
+/* Data slots are SHM_SLOT_STRIDE apart (one line more than a slot), so
+ * that the slots' first lines do not all fall in the same cache sets. */
+#define SHM_SLOT_STRIDE (SHM_SLOT_BYTES + SHM_CL)
+static inline char* pair_data(void* m, int ring) {
+  return (char*)m + 4096 + (size_t)ring * SHM_NSLOTS * SHM_SLOT_STRIDE;
+}
+static inline size_t pair_bytes(void) {
+  return round_up(4096 + 2 * (size_t)SHM_NSLOTS * SHM_SLOT_STRIDE, 4096);
+}
 
 static inline int shm_name(const shm_transport* t, int i) { return t->names ? t->names[i] : i; }
 
@@ -306,9 +350,17 @@ static inline _Atomic uint64_t* hello_bits(shm_transport* t, int r) {
   return (_Atomic uint64_t*)((char*)t->map + hello_off(t->base.size) +
                              (size_t)r * hello_words(t->base.size) * 8);
 }
-static inline char* ring_slots(shm_ring_ctl* c) { return (char*)c + sizeof(shm_ring_ctl); }
 
 /* ---- shm_setup.c ---- */
+
+/* Fill peer pi's pid, pid namespace and address from its record the first
+ * time they are needed (records are complete once the join ended: every
+ * rank wrote its own before it counted in). Cheap after the first call;
+ * never blocks. */
+void mlxd_shm_peer_ident_slow(shm_transport* t, int pi);
+static inline void mlxd_shm_peer_ident(shm_transport* t, int pi) {
+  if (!t->peers[pi].known) mlxd_shm_peer_ident_slow(t, pi);
+}
 
 /* Whether process pid is gone (no such process, or a zombie). */
 bool mlxd_shm_pid_dead(pid_t pid);
@@ -344,7 +396,7 @@ int mlxd_shm_pair_hellos(shm_transport* t);
 /* Unmap every pair; unlink the names this rank must (destroy). */
 void mlxd_shm_pair_release_all(shm_transport* t);
 
-/* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
+/* Liveness apart from progress (liveness.h), checked every t->check_s of
  * a wait without progress (shm.c wait_loop); true if the transport failed.
  * mu held. */
 bool mlxd_shm_live_check(shm_transport* t, shm_req** reqs, int n, double start, double last,

@@ -171,19 +171,55 @@ static bool valid_name(const char* s) {
   return s[0] != '.';
 }
 
-/* Wait until *counter reaches want (bounded), asleep on it as a futex (the
- * rank that completes the count wakes the others); every SHM_CHECK_S a look
- * at SHM_JOIN_SCAN of the ranks' processes in turn, and at every rank's
- * state only when the failure counter moved: a wait of N ranks costs O(1)
- * per check, not O(N). */
+/* Whether a rank published a failure since *seen (the failure counter
+ * moved): then st is the first such rank's status. One load otherwise. */
+static bool join_failed(shm_transport* t, uint32_t* seen, mlxd_status* st) {
+  uint32_t nf = atomic_load_explicit(&t->hdr->nfailed, memory_order_acquire);
+  if (nf == *seen) return false;
+  *seen = nf;
+  for (int r = 0; r < t->base.size; r++)
+    if (r != t->base.rank &&
+        atomic_load_explicit(&rank_rec(t, r)->state, memory_order_acquire) == RANK_FAILED) {
+      mlxd_shm_fail_read(t, r, st);
+      return true;
+    }
+  return false;
+}
+
+/* Whether one of the SHM_JOIN_WATCH ranks after this one that counted in
+ * (within SHM_JOIN_SCAN records) has exited: then st says so. */
+static bool join_watch_dead(shm_transport* t, mlxd_status* st) {
+  int size = t->base.size, found = 0;
+  for (int k = 1; k <= SHM_JOIN_SCAN && k < size && found < SHM_JOIN_WATCH; k++) {
+    int r = (t->base.rank + k) % size;
+    pid_t pid = atomic_load(&rank_rec(t, r)->pid);
+    if (pid <= 0) continue; /* not there yet: the join's deadline bounds it */
+    found++;
+    if (!mlxd_shm_pid_dead(pid)) continue;
+    char addr[24];
+    snprintf(addr, sizeof addr, "pid %d", (int)pid);
+    mlxd_match_lost(st, MLXD_LAYER_SHM, shm_name(t, r), addr,
+                    ": its process exited while joining shared memory", NULL, 0);
+    return true;
+  }
+  return false;
+}
+
+/* Wait until *counter reaches want (bounded), asleep on it as a futex: the
+ * rank that completes the count wakes the others, and so does a rank that
+ * fails (it publishes its failure first). Every wake-up looks at the
+ * failure counter (one load; the ranks' states only when it moved); every
+ * t->check_s this rank also watches the few ranks after it
+ * (join_watch_dead): a wait of N ranks costs O(1) per check, and the job's
+ * waiters together look at each rank about SHM_JOIN_WATCH times. */
 static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want, double deadline,
                       const char* what, mlxd_status* st) {
   double last_check = mlxd_now();
-  int cursor = 0;
   uint32_t seen_failed = 0;
   for (;;) {
     uint32_t c = atomic_load_explicit(counter, memory_order_acquire);
     if (c >= want) return 0;
+    if (join_failed(t, &seen_failed, st)) return st->code;
     double now = mlxd_now();
     if (now >= deadline) {
       char missing[160] = "";
@@ -197,27 +233,11 @@ static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want
                           shm_name(t, t->base.rank), mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT),
                           what, t->path, len ? "; missing ranks: " : "", missing);
     }
-    if (now - last_check >= SHM_CHECK_S) {
+    if (now - last_check >= t->check_s) {
       last_check = now;
-      uint32_t nf = atomic_load_explicit(&t->hdr->nfailed, memory_order_acquire);
-      if (nf != seen_failed) {
-        seen_failed = nf;
-        for (int r = 0; r < t->base.size; r++)
-          if (r != t->base.rank &&
-              atomic_load_explicit(&rank_rec(t, r)->state, memory_order_acquire) == RANK_FAILED)
-            return mlxd_shm_fail_read(t, r, st);
-      }
-      for (int k = 0; k < SHM_JOIN_SCAN && k < t->base.size; k++, cursor++) {
-        int r = cursor % t->base.size;
-        pid_t pid = atomic_load(&rank_rec(t, r)->pid);
-        if (r == t->base.rank || pid <= 0 || !mlxd_shm_pid_dead(pid)) continue;
-        char addr[24];
-        snprintf(addr, sizeof addr, "pid %d", (int)pid);
-        return mlxd_match_lost(st, MLXD_LAYER_SHM, shm_name(t, r), addr,
-                               ": its process exited while joining shared memory", NULL, 0);
-      }
+      if (join_watch_dead(t, st)) return st->code;
     }
-    double left = deadline - now, nap = SHM_CHECK_S - (now - last_check);
+    double left = deadline - now, nap = t->check_s - (now - last_check);
     if (nap > left) nap = left;
     if (nap < 1e-4) nap = 1e-4;
     struct timespec ts = {(time_t)nap, (long)((nap - (double)(time_t)nap) * 1e9)};
@@ -233,66 +253,89 @@ static bool count_in(_Atomic uint32_t* counter, uint32_t want) {
   return true;
 }
 
+/* Create the host segment or open it. Whichever rank gets there first
+ * creates it (O_EXCL picks one) and initialises it; the others open it at
+ * once: before, only rank 0 created it and every rank that arrived first
+ * slept and retried shm_open until it did (at 256 ranks on 2 cores ~30
+ * sleeps, each a context switch and a failed open, per rank). An opened
+ * segment must be this user's, mode 0600, and of the group's size (or not
+ * sized yet: its creator is a few system calls from done, so that short
+ * wait sleeps), and carry the magic its creator stores last. */
 static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_status* st) {
   int fd = -1;
-  if (t->base.rank == 0) {
+  bool creator = false;
+  long us = 20;
+  for (;;) {
     fd = shm_open(t->path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) {
+    if (fd >= 0) {
+      creator = true;
+      if (ftruncate(fd, (off_t)total) != 0) {
+        int e = errno;
+        close(fd);
+        shm_unlink(t->path);
+        mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "could not size shared memory %s to %zu bytes",
+                     t->path, total);
+        mlxd_status_set_sys(st, "ftruncate", e);
+        return st->code;
+      }
+      break;
+    }
+    if (errno != EEXIST) {
       int e = errno;
-      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "rank 0 could not create shared memory %s%s",
-                   t->path,
-                   e == EEXIST ? " (the session name must be unique; expected a fresh name)" : "");
+      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "rank %d could not create shared memory %s",
+                   shm_name(t, t->base.rank), t->path);
       mlxd_status_set_sys(st, "shm_open", e);
       return st->code;
     }
-    if (ftruncate(fd, (off_t)total) != 0) {
+    fd = shm_open(t->path, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0 && errno != ENOENT) {
       int e = errno;
-      close(fd);
-      shm_unlink(t->path);
-      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "could not size shared memory %s to %zu bytes",
-                   t->path, total);
-      mlxd_status_set_sys(st, "ftruncate", e);
+      mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "rank %d could not open shared memory %s",
+                   shm_name(t, t->base.rank), t->path);
+      mlxd_status_set_sys(st, "shm_open", e);
       return st->code;
     }
-  } else {
-    long us = 50;
-    for (;;) {
-      fd = shm_open(t->path, O_RDWR | O_CLOEXEC, 0);
-      if (fd >= 0) {
-        struct stat sb;
-        if (fstat(fd, &sb) == 0 && (size_t)sb.st_size == total) break;
-        if (fstat(fd, &sb) == 0 && sb.st_size != 0 && (size_t)sb.st_size != total) {
-          close(fd);
-          return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
-                              "shared memory %s has %lld bytes but rank %d expected %zu "
-                              "(do all ranks agree on the group size %d?)",
-                              t->path, (long long)sb.st_size, shm_name(t, t->base.rank), total,
-                              t->base.size);
-        }
-        close(fd);
-        fd = -1;
-      } else if (errno != ENOENT) {
+    if (fd >= 0) { /* else removed between the two calls (a rank failed): make it anew */
+      struct stat sb;
+      if (fstat(fd, &sb) != 0) {
         int e = errno;
-        mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "rank %d could not open shared memory %s",
+        close(fd);
+        mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "rank %d could not inspect shared memory %s",
                      shm_name(t, t->base.rank), t->path);
-        mlxd_status_set_sys(st, "shm_open", e);
+        mlxd_status_set_sys(st, "fstat", e);
         return st->code;
       }
-      if (mlxd_now() >= deadline)
-        return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
-                            "rank %d could not open shared memory %s created by rank 0 within "
-                            "%g s (MLXDIST_CONNECT_TIMEOUT)",
-                            shm_name(t, t->base.rank), t->path,
-                            mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
-      sleep_us(us);
-      if (us < 5000) us *= 2;
+      if (sb.st_uid != geteuid() || (sb.st_mode & 0777) != 0600) {
+        close(fd);
+        return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
+                            "shared memory %s is not this job's (owner uid %d, mode %03o; "
+                            "expected uid %d, mode 600): refusing it",
+                            t->path, (int)sb.st_uid, (unsigned)(sb.st_mode & 0777), (int)geteuid());
+      }
+      if ((size_t)sb.st_size == total) break;
+      close(fd);
+      fd = -1;
+      if (sb.st_size != 0)
+        return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_SHM,
+                            "shared memory %s has %lld bytes but rank %d expected %zu "
+                            "(do all ranks agree on the group size %d?)",
+                            t->path, (long long)sb.st_size, shm_name(t, t->base.rank), total,
+                            t->base.size);
     }
+    if (mlxd_now() >= deadline)
+      return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
+                          "rank %d could not open shared memory %s within %g s "
+                          "(MLXDIST_CONNECT_TIMEOUT): its creator never sized it",
+                          shm_name(t, t->base.rank), t->path,
+                          mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
+    sleep_us(us);
+    if (us < 2000) us *= 2;
   }
   void* m = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int e = errno;
   close(fd);
   if (m == MAP_FAILED) {
-    if (t->base.rank == 0) shm_unlink(t->path);
+    if (creator) shm_unlink(t->path);
     mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_SHM, "could not map %zu bytes of shared memory %s",
                  total, t->path);
     mlxd_status_set_sys(st, "mmap", e);
@@ -301,7 +344,7 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
   t->map = m;
   t->map_len = total;
   t->hdr = (shm_hdr*)m;
-  if (t->base.rank == 0) {
+  if (creator) {
     t->hdr->version = SHM_VERSION;
     t->hdr->size = (uint32_t)t->base.size;
     t->hdr->slot_bytes = SHM_SLOT_BYTES;
@@ -309,11 +352,11 @@ static int open_segment(shm_transport* t, size_t total, double deadline, mlxd_st
     t->hdr->total = total;
     atomic_store_explicit(&t->hdr->magic, SHM_MAGIC, memory_order_release);
   } else {
-    long us = 20;
+    us = 20;
     while (atomic_load_explicit(&t->hdr->magic, memory_order_acquire) != SHM_MAGIC) {
       if (mlxd_now() >= deadline)
         return mlxd_fail_at(st, MLXD_ETIMEDOUT, MLXD_LAYER_SHM,
-                            "shared memory %s was never initialised by rank 0 within %g s "
+                            "shared memory %s was never initialised by its creator within %g s "
                             "(MLXDIST_CONNECT_TIMEOUT)",
                             t->path, mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT));
       sleep_us(us);
@@ -460,11 +503,12 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
     t->name_limit = name_limit;
   }
   snprintf(t->path, sizeof t->path, "/%s", name);
-  t->slot_stride = slot_stride();
   mlxd_live_cfg_load(&t->live);
   mlxd_spin_rule spin = mlxd_spin_rule_for(machine_ranks > size ? machine_ranks : size);
   t->spin_s = spin.spin_s;
   t->oversubscribed = spin.yield;
+  int here = machine_ranks > size ? machine_ranks : size;
+  t->check_s = here > SHM_CROWDED_FACTOR * spin.cpus ? SHM_CHECK_CROWDED_S : SHM_CHECK_S;
   long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
   t->cma_min = cma_min > 0 ? (size_t)cma_min : 0;
   t->peers = calloc((size_t)size, sizeof *t->peers);
@@ -503,16 +547,8 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   unlinked = true; /* someone did it */
 
   /* Cross-memory attach is probed per pair when it is first mapped
-   * (mlxd_shm_pair_attach), and only by a rank that may use it. */
-  for (int r = 0; r < size; r++) {
-    if (r == rank) continue;
-    shm_peer* p = &t->peers[r];
-    shm_rank_rec* rec = rank_rec(t, r);
-    p->pid = (pid_t)atomic_load(&rec->pid);
-    p->pidns = rec->pidns; /* published before its state, which count_in ordered before ours */
-    snprintf(p->addr, sizeof p->addr, "pid %d", (int)p->pid);
-    p->heard = mlxd_now(); /* its rings come on first contact (mlxd_shm_pair_attach) */
-  }
+   * (mlxd_shm_pair_attach), and only by a rank that may use it. A peer's
+   * record is read when the pair is first used (mlxd_shm_peer_ident). */
   mlxd_shm_live_start(t);
   return &t->base;
 
@@ -524,6 +560,8 @@ fail:
       mlxd_shm_fail_publish(&mine->fail, st);
       atomic_store_explicit(&mine->state, RANK_FAILED, memory_order_release);
       atomic_fetch_add(&t->hdr->nfailed, 1);
+      /* ranks still joining sleep on the count: they relay this at once */
+      syscall(SYS_futex, (uint32_t*)&t->hdr->attached, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
     }
     munmap(t->map, t->map_len);
     t->map = NULL;
@@ -533,6 +571,16 @@ fail:
 }
 
 /* ---- pairs: rings made on first contact ---- */
+
+void mlxd_shm_peer_ident_slow(shm_transport* t, int pi) {
+  shm_peer* p = &t->peers[pi];
+  shm_rank_rec* rec = rank_rec(t, pi);
+  p->pid = (pid_t)atomic_load(&rec->pid);
+  /* published before its count-in, which this rank's join acquired */
+  p->pidns = rec->pidns;
+  snprintf(p->addr, sizeof p->addr, "pid %d", (int)p->pid);
+  p->known = true;
+}
 
 /* The pair's segment name: the session's + "~<lo>-<hi>~<pid lo>-<pid hi>"
  * (session ranks, their processes; '~' is in no session name, so the
@@ -628,6 +676,7 @@ static int pair_sys_fail(shm_transport* t, int pi, const char* call, int e, cons
 int mlxd_shm_pair_attach(shm_transport* t, int pi, bool drop, mlxd_status* st) {
   shm_peer* p = &t->peers[pi];
   if (p->mapped) return 0;
+  mlxd_shm_peer_ident(t, pi);
   char name[SHM_PAIR_NAME_MAX];
   pair_name(t, pi, name, sizeof name);
   const size_t total = pair_bytes();
@@ -723,14 +772,15 @@ int mlxd_shm_pair_attach(shm_transport* t, int pi, bool drop, mlxd_status* st) {
       return st->code;
     }
   }
-  shm_ring_ctl* first = (shm_ring_ctl*)((char*)m + 4096);                 /* lo -> hi */
-  shm_ring_ctl* second = (shm_ring_ctl*)((char*)m + 4096 + ring_bytes()); /* hi -> lo */
   bool low = (uint32_t)t->base.rank == lo;
+  int out = low ? 0 : 1, in = low ? 1 : 0; /* ring 0: lo -> hi, ring 1: hi -> lo */
   p->pair_map = m;
-  p->out = low ? first : second;
-  p->in = low ? second : first;
-  p->out_slots = ring_slots(p->out);
-  p->in_slots = ring_slots(p->in);
+  p->out = pair_ctl(m, out);
+  p->in = pair_ctl(m, in);
+  p->out_hdrs = pair_hdrs(m, out);
+  p->in_hdrs = pair_hdrs(m, in);
+  p->out_slots = pair_data(m, out);
+  p->in_slots = pair_data(m, in);
   p->peer_reads = &h->reads[low ? 1 : 0];
   pair_probe(t, pi, h, low);
   p->mapped = true;
@@ -786,30 +836,44 @@ int mlxd_shm_pair_hellos(shm_transport* t) {
  * peer is gone or closed; a live peer removes the rest itself (it sets its
  * state to closed before it reads its bits, this rank sets the bit before it
  * reads the state: one of them sees the other). */
+static void pair_release(shm_transport* t, int pi) {
+  _Atomic uint64_t* bits = hello_bits(t, t->base.rank);
+  shm_peer* p = &t->peers[pi];
+  bool told = atomic_load(&bits[pi / 64]) & ((uint64_t)1 << (pi % 64));
+  if (p->mapped && !p->unlinked) {
+    int s = atomic_load(&rank_rec(t, pi)->state);
+    told = told || s != RANK_ATTACHED || mlxd_shm_pid_dead(p->pid);
+  }
+  if (p->mapped) {
+    munmap(p->pair_map, pair_bytes());
+    p->pair_map = NULL;
+    p->mapped = false;
+  }
+  if (told && !p->unlinked) {
+    char name[SHM_PAIR_NAME_MAX];
+    mlxd_shm_peer_ident(t, pi); /* a pair made by pi that this rank never mapped */
+    pair_name(t, pi, name, sizeof name);
+    shm_unlink(name);
+    p->unlinked = true;
+  }
+}
+
+/* The pairs this rank mapped (t->active), then those its hello bits name
+ * and it never mapped; no other peer has a pair with it, so the rest of
+ * the peer table and the other ranks' records are never touched. */
 void mlxd_shm_pair_release_all(shm_transport* t) {
   if (!t->peers || !t->map) return;
-  char name[SHM_PAIR_NAME_MAX];
+  for (int k = 0; k < t->nactive; k++) pair_release(t, t->active[k]);
+  t->nactive = 0;
   _Atomic uint64_t* bits = hello_bits(t, t->base.rank);
-  for (int pi = 0; pi < t->base.size; pi++) {
-    if (pi == t->base.rank) continue;
-    shm_peer* p = &t->peers[pi];
-    bool told = atomic_load(&bits[pi / 64]) & ((uint64_t)1 << (pi % 64));
-    if (p->mapped && !p->unlinked) {
-      int s = atomic_load(&rank_rec(t, pi)->state);
-      told = told || s != RANK_ATTACHED || mlxd_shm_pid_dead(p->pid);
-    }
-    if (p->mapped) {
-      munmap(p->pair_map, pair_bytes());
-      p->pair_map = NULL;
-      p->mapped = false;
-    }
-    if (told && !p->unlinked) {
-      pair_name(t, pi, name, sizeof name);
-      shm_unlink(name);
-      p->unlinked = true;
+  for (size_t w = 0; w < hello_words(t->base.size); w++) {
+    uint64_t v = atomic_load(&bits[w]);
+    while (v) {
+      int pi = (int)(w * 64) + __builtin_ctzll(v);
+      v &= v - 1;
+      if (pi < t->base.size && pi != t->base.rank && !t->peers[pi].unlinked) pair_release(t, pi);
     }
   }
-  t->nactive = 0;
 }
 
 /* ---- the transport lock's slow half (shm_impl.h) ---- */
@@ -837,7 +901,7 @@ void mlxd_shm_lock_wake(shm_lock* l) {
 
 /* ---- liveness of a wait ---- */
 
-/* Liveness apart from progress (liveness.h), checked every SHM_CHECK_S of
+/* Liveness apart from progress (liveness.h), checked every t->check_s of
  * a wait without progress: a peer of a pending request whose heartbeat
  * counter did not move for MLXDIST_TIMEOUT (counted from the wait's start
  * at the earliest) is dead; no progress since `last` for

@@ -16,9 +16,12 @@
  * Output, one line per rank on stdout (scripts/scale.sh parses it):
  *   scale rank R n N start_ms S init_ms I sum_ms A gather_ms G ring_ms X
  *         fds F threads T rss_kb K tcp C shm_map_kb M main_ms W
- *         init_cpu_ms P sum_cpu_ms Q ops_cpu_ms O init_flt F flt L ok
+ *         init_cpu_ms P sum_cpu_ms Q ops_cpu_ms O init_flt F flt L init_vcsw V
+ *         init_ivcsw U ops_vcsw Y ops_ivcsw Z ok
  * (*_cpu_ms: this process's CPU time in init, in the all_sum, in all three ops;
- * init_flt: its minor page faults in init, flt: from its start to the line)
+ * init_flt: its minor page faults in init, flt: from its start to the line;
+ * *_vcsw / *_ivcsw: its voluntary / involuntary context switches in init and
+ * in the three ops, getrusage: how often it slept or was preempted)
  * (start_ms: from SCALE_T0_NS, CLOCK_REALTIME ns set by the script, to main;
  * -1 without it; main_ms: main to the line), and from rank 0:
  *   scale job n N shm_used_kb U tcp_inuse S tcp_mem_kb B
@@ -60,6 +63,17 @@ static double cpu_ms(void) {
 static long minflt(void) {
   struct rusage ru;
   return getrusage(RUSAGE_SELF, &ru) != 0 ? -1 : ru.ru_minflt;
+}
+
+/* This process's voluntary and involuntary context switches (every thread). */
+static void csw(long* vol, long* invol) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) {
+    *vol = *invol = -1;
+    return;
+  }
+  *vol = ru.ru_nvcsw;
+  *invol = ru.ru_nivcsw;
 }
 
 static int rank_g = -1;
@@ -180,10 +194,13 @@ int main(void) {
   mlx_distributed_group g = mlx_distributed_group_new();
   mlx_stream s = mlx_stream_new();
   long f0 = minflt();
+  long v0, i0, v1, i1, v3, i3;
+  csw(&v0, &i0);
   double t = now_ms(), c0 = cpu_ms();
   if (mlx_distributed_init(&g, true, "ring") != 0) return 2;
   double init_ms = now_ms() - t, c1 = cpu_ms();
   long f1 = minflt();
+  csw(&v1, &i1);
   int rank = mlx_distributed_group_rank(g), n = mlx_distributed_group_size(g);
   rank_g = rank;
   char why[160];
@@ -239,6 +256,7 @@ int main(void) {
   mlx_array_free(x);
 
   double c3 = cpu_ms();
+  csw(&v3, &i3);
   /* what this rank holds after its ops */
   int fds = 0, tcp = 0;
   count_fds(&fds, &tcp);
@@ -262,9 +280,11 @@ int main(void) {
   printf(
       "scale rank %d n %d start_ms %lld init_ms %.1f sum_ms %.2f gather_ms %.2f ring_ms %.2f "
       "fds %d threads %ld rss_kb %ld tcp %d shm_map_kb %lld main_ms %.1f init_cpu_ms %.2f "
-      "sum_cpu_ms %.3f ops_cpu_ms %.3f init_flt %ld flt %ld ok\n",
+      "sum_cpu_ms %.3f ops_cpu_ms %.3f init_flt %ld flt %ld init_vcsw %ld init_ivcsw %ld "
+      "ops_vcsw %ld ops_ivcsw %ld ok\n",
       rank, n, start_ms, init_ms, sum_ms, gather_ms, ring_ms, fds, threads, rss, tcp, mapped,
-      now_ms() - t_main, c1 - c0, c2 - c1, c3 - c1, f1 - f0, minflt());
+      now_ms() - t_main, c1 - c0, c2 - c1, c3 - c1, f1 - f0, minflt(), v1 - v0, i1 - i0, v3 - v1,
+      i3 - i1);
   if (rank == 0)
     printf("scale job n %d shm_used_kb %lld tcp_inuse %ld tcp_mem_kb %ld\n", n, shm_kb, tcp_inuse,
            tcp_mem_kb);
