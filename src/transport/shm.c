@@ -382,7 +382,17 @@ static int progress_in(shm_transport* t, int pi, bool buffer) {
                             atomic_load_explicit(&p->in->acked, memory_order_relaxed) + 1,
                             memory_order_release);
     } else {
-      size_t c = (size_t)h->chunk_len;
+      size_t c = (size_t)h->chunk_len; /* the peer's word: checked before it is used */
+      if (c > SHM_SLOT_BYTES || c > p->cur_len - p->cur_off) {
+        mlxd_status s;
+        mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_SHM,
+                     "rank %d wrote a malformed chunk: %zu bytes at offset %zu of a %zu-byte "
+                     "message (a slot holds %zu): its shared memory is corrupt",
+                     shm_name(t, pi), c, p->cur_off, p->cur_len, (size_t)SHM_SLOT_BYTES);
+        mlxd_status_set_peer(&s, shm_name(t, pi), p->addr);
+        shm_fail(t, &s);
+        return -1;
+      }
       char* dst = cur_dest(p);
       if (dst && c) memcpy(dst + p->cur_off, slot_data(p->in_hdrs, p->in_slots, p->in_tail, c), c);
       p->cur_off += c;
