@@ -18,7 +18,7 @@
 static int g_state;
 static mlxd_status g_verdict;
 
-/* A decimal number of at most 20 digits at *p (advanced past it) into *out; -1 if none. */
+/* A decimal number of at most 19 digits at *p (advanced past it) into *out; -1 if none. */
 static int parse_num(const char** p, uint64_t* out) {
   const char* s = *p;
   uint64_t v = 0;
@@ -96,9 +96,9 @@ static int gate_decide(mlxd_status* st) {
             v, fd, why);
     return 0;
   }
-  int rc = gate_wait(fd, st);
-  close(fd);
-  return rc;
+  /* the fd stays open: the byte stays in the pipe, so a process this rank starts later
+   * (which inherits the fd and the variable) passes at once */
+  return gate_wait(fd, st);
 }
 
 int mlxd_launch_gate_pass(mlxd_status* st) {

@@ -21,8 +21,9 @@
  * repeat its verdict. Returns 0 (no gate, the gate open, or a gate that is not this
  * process's: MLXDIST_LAUNCH_GATE names an fd that is closed, not a pipe, or another pipe,
  * ignored with one warning on stderr), or fails st (MLXD_EINVAL: a value that is not
- * FD:INODE; MLXD_EUNAVAIL: the pipe closed without the byte, or not open within
- * MLXD_LAUNCH_GATE_TIMEOUTS x MLXDIST_CONNECT_TIMEOUT). Blocks at most that long; the
+ * FD:INODE; MLXD_EREMOTE: the pipe closed without the byte; MLXD_ETIMEDOUT: not open
+ * within MLXD_LAUNCH_GATE_TIMEOUTS x MLXDIST_CONNECT_TIMEOUT; MLXD_ESYS: poll failed). The
+ * gate's fd stays open (a process the rank starts later passes at once). Blocks at most that long; the
  * caller serializes calls (group.c: under g_init_mu). */
 int mlxd_launch_gate_pass(mlxd_status* st);
 

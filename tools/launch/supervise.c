@@ -387,7 +387,9 @@ static int spawn_child(const launch_spawn* sp, spawn_env* se, int rank, int out_
 
 /* Whether posix_spawn's error e is the program's (it cannot run: say so, exit 127/126 as a
  * shell does) rather than the system's (no process could be made). */
-static bool program_error(int e) { return e != EAGAIN && e != ENOMEM; }
+static bool program_error(int e) {
+  return e != EAGAIN && e != ENOMEM && e != EMFILE && e != ENFILE && e != ENOSPC;
+}
 
 /* The launcher's message and exit status for a child whose program cannot run (error e). */
 static int report_cannot_run(const launch_spawn* sp, int rank, int e) {
@@ -944,10 +946,18 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
   spawn_env se = {.gate = -1};
   int gate[2] = {-1, -1};
   int ok = run_init(&rn, n, sfd, true) == 0; /* said why when not */
-  /* the read end without O_CLOEXEC: every local rank inherits it (the ssh ranks close it) */
-  if (ok && n > 1 && (pipe2(gate, 0) != 0 || fcntl(gate[1], F_SETFD, FD_CLOEXEC) != 0)) {
-    launch_msg("cannot prepare the ranks' start: %s.", strerror(errno));
-    ok = 0;
+  /* the read end moved to an fd of 3 or above (0-2 are the ranks' stdio, and the library
+   * takes no gate below 3) without O_CLOEXEC: every local rank inherits it (the ssh ranks
+   * close it); the write end close-on-exec from its creation */
+  if (ok && n > 1) {
+    int rd = -1;
+    if (pipe2(gate, O_CLOEXEC) != 0 || (rd = fcntl(gate[0], F_DUPFD, 3)) < 0) {
+      launch_msg("cannot prepare the ranks' start: %s.", strerror(errno));
+      ok = 0;
+    } else {
+      close(gate[0]);
+      gate[0] = rd;
+    }
   }
   se.gate = gate[0];
   if (ok && spawn_env_make(&se, sp, true) != 0) {
