@@ -822,6 +822,9 @@ int mlxd_shm_pair_hellos(shm_transport* t) {
       /* pi made the pair and wrote its magic before it set this bit: no
        * wait, so mu stays held (progress is mid-pass) */
       if (mlxd_shm_pair_attach(t, pi, false, &s) != 0) {
+        /* this bit and those not yet handled go back, so the failure wakes those peers
+         * and the end removes their pairs' names (pair_release_all reads them) */
+        atomic_fetch_or(&bits[w], v | (uint64_t)1 << b);
         mlxd_shm_fail(t, &s);
         return -1;
       }
