@@ -504,10 +504,10 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   }
   snprintf(t->path, sizeof t->path, "/%s", name);
   mlxd_live_cfg_load(&t->live);
-  mlxd_spin_rule spin = mlxd_spin_rule_for(machine_ranks > size ? machine_ranks : size);
+  const int here = machine_ranks > size ? machine_ranks : size; /* ranks on this host */
+  mlxd_spin_rule spin = mlxd_spin_rule_for(here);
   t->spin_s = spin.spin_s;
   t->oversubscribed = spin.yield;
-  int here = machine_ranks > size ? machine_ranks : size;
   t->check_s = here > SHM_CROWDED_FACTOR * spin.cpus ? SHM_CHECK_CROWDED_S : SHM_CHECK_S;
   long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
   t->cma_min = cma_min > 0 ? (size_t)cma_min : 0;
