@@ -64,19 +64,24 @@ configure_build build-asan -DCMAKE_BUILD_TYPE=Debug -DMLXDIST_SANITIZE=address,u
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 # multihost (sshd in network namespaces, tests/multihost), slurm (a Slurm cluster in network
 # namespaces, tests/slurm), vm (a soft-RoCE VM under qemu, tests/vm) and scale (jobs of 64 and
-# more ranks, tests/scale and tests/ring) run in the gcc build only.
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 run_ctest build-asan -LE 'install|mpi|multihost|slurm|vm|scale'
+# more ranks, tests/scale and tests/ring) run in the gcc build only. Label asan_skip: tests that
+# run no code another test in this run does not (each says why, next to its add_test).
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+  run_ctest build-asan -LE 'install|mpi|multihost|slurm|vm|scale|asan_skip'
 # Open MPI unloads its components (dlclose) in MPI_Finalize, so LeakSanitizer
 # cannot tell whose their leftover allocations are (it reports "unknown
 # module" frames). The MPI tests run with every ASan/UBSan check but leak
 # detection; mlxdist's own leaks are checked by the other tests and valgrind.
-ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 run_ctest build-asan -L mpi
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 run_ctest build-asan -L mpi -LE asan_skip
 
 echo "== tests under ThreadSanitizer =="
 configure_build build-tsan -DCMAKE_BUILD_TYPE=Debug -DMLXDIST_SANITIZE=thread
 # The conformance program checks its largest size (1 Mi elements) for four dtypes instead of
 # all 14 here (MLXDIST_TEST_LIGHT): the references cost ~10x under TSan, and the data races
 # TSan looks for do not depend on the element type; the other builds check every dtype.
+# Label tsan_skip: tests whose threads other tests here run too (TSan sees the threads of one
+# process, not the ranks of a job: a bigger shape of the same program adds no thread), or
+# whose check does not depend on the build; each says why next to its add_test.
 MLXDIST_TEST_LIGHT=1 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-  run_ctest build-tsan -LE 'install|mpi|multihost|slurm|vm|scale'
+  run_ctest build-tsan -LE 'install|mpi|multihost|slurm|vm|scale|tsan_skip'
 echo "== all test runs passed =="
