@@ -220,8 +220,9 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
  * it is the lower one (once its own attempt is over, below: the peer closes
  * it, the same rule seen from there; so a stranger claiming a higher rank at
  * a lower one always gets the full handshake, and its refusal logged); a
- * hello for a slot already filled is closed quietly too. An outgoing connection the peer closed is retried only while the slot
- * is neither filled nor being accepted. A connector sends its confirm (which
+ * hello for a slot already filled is closed quietly too. An outgoing
+ * connection the peer closed is retried only while the slot is neither
+ * filled nor being accepted. A connector sends its confirm (which
  * commits the peer) only while the slot is free on its side too: not once it
  * is filled, nor while it has answered a higher peer's hello for it; when a
  * higher rank's own connection completes, a lower peer's answered hello for
@@ -242,18 +243,17 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
  * and with it perhaps its whole set-up, is sent only after the higher rank
  * has read, and closed, the lower rank's competing connection: the higher
  * rank can never end its set-up holding it silent and refuse it with a line
- * ("it had sent nothing when the set-up ended", which an honest 2-rank job
- * printed about 1 run in 4 when the reply came first and the lower rank's
- * hello was still unsent or unread). This is an order of events, not a
- * timing: it holds however the two processes are scheduled and however the
- * network delays either connection. The higher rank never defers (it
- * answers or closes a lower rank's hello at once, in its next step), so
- * what a deferral waits for never waits on anything itself: no cycle, no
- * deadlock. The one dial
- * still closed before its hello is an attempt whose connect bound ran out
- * unconnected (a SYN dropped by a full backlog); it is seen by the peer only
- * when its handshake completes in the instant between the check and the
- * close.
+ * ("it had sent nothing when the set-up ended": honest 2- and 4-rank jobs
+ * printed it in some runs, when the reply came first and the lower rank's
+ * hello was still unsent or unread; ring_lazy_quiet). This is an order of
+ * events, not a timing: it holds however the two processes are scheduled
+ * and however the network delays either connection. The higher rank never
+ * defers (it answers or closes a lower rank's hello at once, in its next
+ * step), so what a deferral waits for never waits on anything itself: no
+ * cycle, no deadlock. The one dial still closed before its hello is an
+ * attempt whose connect bound ran out unconnected (a SYN dropped by a full
+ * backlog); the peer sees it only if its handshake completes in the instant
+ * between that check and the close.
  *
  * Every socket of the engine is in one epoll set (listeners, pending
  * handshakes, outgoing connections), so a step costs what is active. */
