@@ -217,11 +217,12 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
  * exactly one connection on both ends: an acceptor that reads a hello for a
  * slot it is itself connecting keeps its own connection when it is the higher
  * rank (closes the hello quietly, without a reply) and takes the hello when
- * it is the lower one (its own attempt will be closed by the peer, the same
- * rule seen from there; so a stranger claiming a higher rank at a lower one
- * always gets the full handshake, and its refusal logged); a hello for a slot already filled is closed quietly
- * too. An outgoing connection the peer closed is retried only while the slot
- * is neither filled nor being accepted. A connector sends its confirm (which
+ * it is the lower one (once its own attempt is over, below: the peer closes
+ * it, the same rule seen from there; so a stranger claiming a higher rank at
+ * a lower one always gets the full handshake, and its refusal logged); a
+ * hello for a slot already filled is closed quietly too. An outgoing
+ * connection the peer closed is retried only while the slot is neither
+ * filled nor being accepted. A connector sends its confirm (which
  * commits the peer) only while the slot is free on its side too: not once it
  * is filled, nor while it has answered a higher peer's hello for it; when a
  * higher rank's own connection completes, a lower peer's answered hello for
@@ -231,11 +232,37 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
  * connection carries data before its slot is filled on its side, so no byte
  * is lost.
  *
+ * An abandoned dial is never left for the peer to refuse. A lower rank that
+ * reads a higher peer's hello for a slot while its own connection for that
+ * slot is open (connecting, or its hello sent) does not answer at once: it
+ * answers once its own connection is over (P_DEFER, pend_release). That
+ * happens in one of three ways: the peer read its hello and closed it (the
+ * higher rank keeps its own), the connect failed, or the peer answered it
+ * (then this rank's connection fills the slot and the deferred hello is
+ * closed quietly). So the reply that completes the higher rank's connection,
+ * and with it perhaps its whole set-up, is sent only after the higher rank
+ * has read, and closed, the lower rank's competing connection: the higher
+ * rank can never end its set-up holding it silent and refuse it with a line
+ * ("it had sent nothing when the set-up ended": honest 2- and 4-rank jobs
+ * printed it in some runs, when the reply came first and the lower rank's
+ * hello was still unsent or unread; ring_lazy_quiet). This is an order of
+ * events, not a timing: it holds however the two processes are scheduled
+ * and however the network delays either connection. The higher rank never
+ * defers (it answers or closes a lower rank's hello at once, in its next
+ * step), so what a deferral waits for never waits on anything itself: no
+ * cycle, no deadlock. The one dial still closed before its hello is an
+ * attempt whose connect bound ran out unconnected (a SYN dropped by a full
+ * backlog); the peer sees it only if its handshake completes in the instant
+ * between that check and the close.
+ *
  * Every socket of the engine is in one epoll set (listeners, pending
  * handshakes, outgoing connections), so a step costs what is active. */
 
 enum { O_NONE, O_IDLE, O_CONNECTING, O_WAIT_REPLY, O_DONE };
-enum { P_FREE, P_HELLO, P_CONFIRM };
+/* P_DEFER (lazy): a higher peer's hello passed its checks while this rank's
+ * own connection for the slot is open; answered once that one is over
+ * (pend_release), see "An abandoned dial" above. */
+enum { P_FREE, P_HELLO, P_CONFIRM, P_DEFER };
 enum { EV_LISTEN = 1, EV_PEND = 2, EV_OUT = 3 };
 
 typedef struct outgoing { /* this rank's connection c to rank j */
@@ -411,6 +438,8 @@ static bool transient_errno(int e) {
          e == ECONNABORTED;
 }
 
+static void pend_release(mesh* m, int j, int c);
+
 static void out_close(mesh* m, outgoing* o) {
   if (o->fd >= 0) {
     ep_ctl(m, EPOLL_CTL_DEL, o->fd, 0, 0, 0);
@@ -420,9 +449,10 @@ static void out_close(mesh* m, outgoing* o) {
 }
 
 /* Lazy: this outgoing connection is no longer needed (the slot is filled or
- * being accepted from the peer). */
+ * being accepted from the peer, or nothing is dialed any more). */
 static void out_drop(mesh* m, outgoing* o) {
   out_close(m, o);
+  if (m->lazy) pend_release(m, o->j, o->c);
   if (o->state != O_NONE && o->state != O_DONE) m->nactive--;
   o->state = O_NONE;
   o->got = 0;
@@ -441,6 +471,7 @@ static bool slot_taken(const mesh* m, int j, int c) {
 
 static void out_retry(mesh* m, outgoing* o, int err) {
   out_close(m, o);
+  if (m->lazy) pend_release(m, o->j, o->c); /* answered: the slot is being accepted */
   o->got = 0;
   o->last_errno = err;
   if (err == ECONNREFUSED) o->refused++;
@@ -737,10 +768,13 @@ static int out_finish(mesh* m, outgoing* o, mlxd_status* st) {
   int fd = o->fd;
   o->fd = -1;
   /* Lazy, this rank the higher: a lower peer's hello for the slot that got
-   * its reply loses to this connection; closed before its confirm counts. */
+   * its reply loses to this connection; closed before its confirm counts.
+   * This rank the lower: a deferred hello of the higher peer loses too (the
+   * peer answered this one, so it dropped its own). */
   for (int i = 0; m->lazy && m->npending > 0 && i < m->pend_hi; i++) {
     pending* p = &m->pend[i];
-    if (p->state == P_CONFIRM && (int)p->hello.rank == o->j && (int)p->hello.conn == o->c)
+    if ((p->state == P_CONFIRM || p->state == P_DEFER) && (int)p->hello.rank == o->j &&
+        (int)p->hello.conn == o->c)
       pend_yield(m, p, "this rank's own connection for the slot completed first");
   }
   mlxd_ring_log("rank %d: connection %d to rank %d at %s ready", m->rank, o->c, o->j, at);
@@ -955,7 +989,10 @@ static void pend_refuse(mesh* m, pending* p) {
   pend_close(m, p);
 }
 
-/* The hello is complete: check it, answer, wait for the confirm. */
+static int pend_answer(mesh* m, pending* p, mlxd_hs_err e);
+
+/* The hello is complete: check it, answer (or defer the answer), wait for
+ * the confirm. */
 static int pend_hello(mesh* m, pending* p) {
   mlxd_hs_msg* h = &p->hello;
   mlxd_hs_err e = mlxd_hs_check_hello(p->in, p->got, &m->ex, h);
@@ -998,7 +1035,29 @@ static int pend_hello(mesh* m, pending* p) {
       pend_yield(m, p, "both connected at once; the higher rank's connection is kept");
       return 0;
     }
+    if ((ostate == O_CONNECTING || ostate == O_WAIT_REPLY) && m->rank < (int)h->rank) {
+      /* This rank's own connection is open: the peer answers or closes it
+       * first (the file's head, "An abandoned dial"). The proof is asked
+       * for after the reply, so this hello holds the budget a busy honest
+       * peer's gets (its token was shown). */
+      p->state = P_DEFER;
+      p->deadline = mlxd_now() + (m->budget > HS_TIMEOUT_S ? m->budget : HS_TIMEOUT_S);
+      mlxd_ring_log(
+          "rank %d: rank %u's connection %u from %s waits for this rank's own for the "
+          "slot to be over",
+          m->rank, (unsigned)h->rank, (unsigned)h->conn, p->addr);
+      return 0;
+    }
   }
+  return pend_answer(m, p, e);
+}
+
+/* Answer hello p->hello (checked; e: MLXD_HS_OK, or a secret mismatch that is
+ * answered so that the peer can name it too, then refused): the reply, then
+ * wait for the confirm. Always 0. */
+static int pend_answer(mesh* m, pending* p, mlxd_hs_err e) {
+  const mlxd_hs_msg* h = &p->hello;
+  int slot = (int)h->rank * m->K + (int)h->conn;
   if (e == MLXD_HS_OK && slot_fd(m, slot) >= 0) {
     refuse(m, p, "rank %u's connection %u is already established (a duplicate or an impostor)",
            (unsigned)h->rank, (unsigned)h->conn);
@@ -1044,6 +1103,28 @@ static int pend_hello(mesh* m, pending* p) {
   return 0;
 }
 
+/* Lazy: this rank's own connection for slot (j, c) is over without filling
+ * the slot (the peer closed it, it failed, or it was dropped): the hello j
+ * sent for the slot meanwhile is answered now (or turned down, when this
+ * rank refuses every hello; or closed quietly, the slot filled). */
+static void pend_release(mesh* m, int j, int c) {
+  for (int i = 0; m->npending > 0 && i < m->pend_hi; i++) {
+    pending* p = &m->pend[i];
+    if (p->state != P_DEFER || (int)p->hello.rank != j || (int)p->hello.conn != c) continue;
+    if (m->refusing) {
+      pend_refuse(m, p);
+    } else if (slot_fd(m, j * m->K + c) >= 0) {
+      pend_yield(m, p, "the slot is filled already");
+    } else {
+      mlxd_ring_log(
+          "rank %d: this rank's own connection %d to rank %d is over: answering its "
+          "hello from %s",
+          m->rank, c, j, p->addr);
+      (void)pend_answer(m, p, MLXD_HS_OK);
+    }
+  }
+}
+
 static void pend_confirm(mesh* m, pending* p) {
   mlxd_hs_err e = mlxd_hs_check_confirm(p->in, p->got, p->expect);
   const mlxd_hs_msg* h = &p->hello;
@@ -1074,6 +1155,17 @@ static void pend_confirm(mesh* m, pending* p) {
 }
 
 static void pend_read(mesh* m, pending* p) {
+  if (p->state == P_DEFER) { /* its hello is read; an honest peer waits for the reply */
+    unsigned char extra;
+    ssize_t k = recv(p->fd, &extra, 1, 0);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+    if (k > 0)
+      refuse(m, p, "it sent more than a hello before the reply (it claimed rank %u)",
+             (unsigned)p->hello.rank);
+    else
+      refuse(m, p, "it closed the connection in the middle of the handshake (no reply yet)");
+    return;
+  }
   size_t want = p->state == P_HELLO ? MLXD_HS_HELLO_BYTES : MLXD_HS_CONFIRM_BYTES;
   ssize_t k = recv(p->fd, p->in + p->got, want - p->got, 0);
   if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
