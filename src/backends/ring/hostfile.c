@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
+#include "util/cjson_rt.h"
 #include "util/json_doc.h"
 #include "util/user_file.h"
 
