@@ -2,8 +2,8 @@
  * holds (util/json_doc.h, mlxd_json_parse_doc): a rank whose hostfile is
  * plain (what mlxdist-launch writes: backends/ring/hostfile.c reads it without
  * cJSON) never maps libcjson. Mapping and relocating it cost every process
- * ~0.7 ms of CPU and ~7 page faults at start on the 2-core VM, 1,024 times
- * over in a 1,024-rank job (docs/scale.md, "A rank's start without cJSON").
+ * 0.45-0.75 ms of CPU and 7 page faults at start on the 2-core VM, 1,024 times
+ * over in a 1,024-rank job (docs/scale.md, "Where a rank's CPU goes (branch init256)").
  *
  * The users (json_doc.c, backends/ring/hostfile.c, backends/jaccl/
  * jaccl_config.c) include this header after cJSON's own: each cJSON function
