@@ -1,9 +1,11 @@
 /* One JSON document from a user's file, every fault named (json_doc.h). */
 #include "util/json_doc.h"
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "util/cjson_rt.h"
 #include "util/json_bytes.h"
 
 /* What a lexer sees over text: the values' bound, the brackets still open at
@@ -102,6 +104,9 @@ cJSON* mlxd_json_parse_doc(const char* text, size_t len, const char* what, const
                  name, expected);
     return NULL;
   }
+  char subject[PATH_MAX + 64];
+  snprintf(subject, sizeof subject, "%s '%s'", what, name);
+  if (mlxd_cjson_load(subject, st) != 0) return NULL;
   const char* end = NULL;
   cJSON* root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
   size_t off = end && end >= text && end <= text + len ? (size_t)(end - text) : len;

@@ -5,7 +5,8 @@
  * of connections each, every address an IP with a port or a host name left
  * for later, no address twice, no byte JSON forbids (a control byte outside
  * the four whitespace bytes, or any in a string); what it refuses must say
- * why, naming the file. */
+ * why, naming the file; and the plain-file scanner and the general path (cJSON) must
+ * agree on it. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,10 +15,28 @@
 #include "backends/ring/ring_internal.h"
 #include "util/json_bytes.h"
 
+/* The parser reads a plain file (strings without escapes) with a scanner of its own and any
+ * other with cJSON (mlxd_ring_hostfile_parse_json): the two must give the same answer, the
+ * same addresses or the same error, on every input. */
+static void same_as_general_path(const uint8_t* data, size_t size, int rc, const mlxd_status* st,
+                                 const mlxd_ring_hosts* h) {
+  mlxd_ring_hosts g;
+  mlxd_status gst = {0};
+  int grc = mlxd_ring_hostfile_parse_json((const char*)data, size, "fuzz.json", &g, &gst);
+  if (grc != rc || gst.code != st->code || strcmp(gst.msg, st->msg) != 0) abort();
+  if (rc == 0) {
+    if (g.size != h->size || g.nconn != h->nconn ||
+        memcmp(g.addrs, h->addrs, (size_t)g.size * (size_t)g.nconn * sizeof *g.addrs) != 0)
+      abort();
+    mlxd_ring_hosts_free(&g);
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mlxd_ring_hosts h;
   mlxd_status st = {0};
   int rc = mlxd_ring_hostfile_parse((const char*)data, size, "fuzz.json", &h, &st);
+  same_as_general_path(data, size, rc, &st, &h);
   if (rc != 0) {
     if (h.addrs || h.size || !st.msg[0] || st.code != rc) abort();
     if (!strstr(st.msg, "fuzz.json") && rc != MLXD_ENOMEM) abort();

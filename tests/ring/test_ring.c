@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -474,7 +475,7 @@ static int idle_rank(int rank, int size) {
 }
 
 /* ---- transport selection ---- */
-static int g_tmode;            /* 0: one host, 1: rank 2 in its own IPC namespace */
+static int g_tmode; /* 0: one host, 1: rank 2 in its own IPC namespace, 2: shm cannot start */
 static const char* g_tsetting; /* MLXDIST_TRANSPORT for every rank (NULL: rank-dependent) */
 static bool g_algo_split;      /* MLXDIST_ALGO flat on rank 0, auto elsewhere */
 static bool g_segment_split;   /* MLXDIST_HIER_SEGMENT 1 MiB on rank 1, the default elsewhere */
@@ -508,6 +509,14 @@ static int init_logged(mlx_distributed_group* g, int rank, char* buf, size_t n) 
 
 static int transport_rank(int rank, int size) {
   if (g_tmode == 1 && rank == 2) T_ASSERT(other_host());
+  if (g_tmode == 2) { /* files of at most 4 KiB: the host segment (> 4 KiB at 4 ranks) cannot be
+                         sized (ftruncate: EFBIG, the signal ignored), the logs can be written */
+    struct rlimit rl;
+    T_ASSERT(getrlimit(RLIMIT_FSIZE, &rl) == 0);
+    rl.rlim_cur = 4096;
+    signal(SIGXFSZ, SIG_IGN);
+    T_ASSERT(setrlimit(RLIMIT_FSIZE, &rl) == 0);
+  }
   if (g_tsetting)
     setenv("MLXDIST_TRANSPORT", g_tsetting, 1);
   else /* disagreeing settings */
@@ -527,6 +536,12 @@ static int transport_rank(int rank, int size) {
   } else if (!g_tsetting) {
     T_ASSERT(rc != 0);
     T_EXPECT_ERROR("[ring] ranks disagree on MLXDIST_TRANSPORT", "tcp", "auto");
+  } else if (g_tmode == 2 && strcmp(g_tsetting, "shm") == 0) {
+    T_ASSERT(rc != 0); /* every rank has the reason of the first rank that failed */
+    T_EXPECT_ERROR(
+        "[ring] MLXDIST_TRANSPORT=shm but the shared-memory transport could not start "
+        "on rank 0",
+        "could not size shared memory", "File too large");
   } else if (g_tmode == 1 && strcmp(g_tsetting, "shm") == 0) {
     T_ASSERT(rc != 0);
     T_EXPECT_ERROR("[ring] MLXDIST_TRANSPORT=shm needs every rank on one host", "rank 2 is",
@@ -539,9 +554,13 @@ static int transport_rank(int rank, int size) {
         "[ring] rank 1: transports: shm with ranks 0; tcp with ranks 2\n",
         "[ring] rank 2: transports: tcp with ranks 0,1\n"};
     const char* want = strcmp(g_tsetting, "tcp") == 0 ? "transport tcp (MLXDIST_TRANSPORT=tcp)"
-                       : g_tmode == 1                 ? per_peer[rank]
-                                                      : "transport shm (all ";
+                       : g_tmode == 2 ? "falling back to transport tcp (MLXDIST_TRANSPORT=auto)"
+                       : g_tmode == 1 ? per_peer[rank]
+                                      : "transport shm (all ";
     if (!strstr(log, want)) T_FAIL("rank %d: no '%s' in the log:\n%s", rank, want, log);
+    if (g_tmode == 2 && (!strstr(log, "shared memory could not start on rank 0 (") ||
+                         !strstr(log, "could not size shared memory")))
+      T_FAIL("rank %d: no reason from rank 0 in the log:\n%s", rank, log);
     T_EQ_INT(check_sum(g, size, 100000), 0);
     /* split children choose again: ranks 0 and 1 share the first host in mode 1 */
     mlx_distributed_group h = mlx_distributed_group_new();
@@ -575,6 +594,14 @@ static void transport_modes(void) {
   g_segment_split = true;
   T_EQ_INT(spawn(2, 1, transport_rank, codes, 60), 2);
   g_segment_split = false;
+  /* shared memory that cannot start on any rank: auto falls back to TCP, shm fails; both
+   * with the first failed rank's reason (an all-gather only when a rank failed) */
+  g_tmode = 2;
+  g_tsetting = "auto";
+  T_EQ_INT(spawn(4, 1, transport_rank, codes, 60), 4);
+  g_tsetting = "shm";
+  T_EQ_INT(spawn(4, 1, transport_rank, codes, 60), 4);
+  g_tmode = 0;
   /* an emulated second host (needs an IPC namespace; probe in a child) */
   pid_t p = fork();
   T_ASSERT(p >= 0);

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "util/cjson_rt.h"
 #include "util/json_doc.h"
 #include "util/user_file.h"
 

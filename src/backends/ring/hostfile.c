@@ -1,7 +1,9 @@
 /* The ring hostfile (MLX_HOSTFILE): a JSON list with one entry per rank, each
  * a list of "ip:port" strings; entry r, string c is the address rank r
  * listens on for connection c. Every rank must list the same number of
- * addresses. Parsed with cJSON.
+ * addresses. A plain file (the launcher's: strings without escapes) is read
+ * by a scanner of its own; any other is parsed with cJSON, which names any
+ * fault (parse_plain below).
  *
  * Three steps, so that the parser can be fuzzed: read (a regular file,
  * bounded), parse (pure: one JSON document, every fault named,
@@ -23,6 +25,7 @@
 #include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
+#include "util/cjson_rt.h"
 #include "util/json_doc.h"
 #include "util/user_file.h"
 
@@ -395,8 +398,114 @@ static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_o
 
 #define MAX_VALUES (1 + MLXD_RING_HOSTFILE_MAX_RANKS + MLXD_RING_HOSTFILE_MAX_ADDRS)
 
+/* ---- the plain form, without cJSON ---- */
+
+/* What mlxdist-launch writes, and most files people write, is the plain form:
+ * a list of lists of strings that hold only printable ASCII (no escape, no
+ * quote), with JSON whitespace between the tokens. Such a file is read here
+ * in two passes over its bytes, with no value allocated on its own: the first
+ * checks the syntax and the shape and counts the ranks and connections, the
+ * second converts every address into the one table. Anything else, and any
+ * fault (a limit passed, a bad address, a syntax error), returns 1 without a
+ * word: the general path (cJSON) then reads the file and names the fault. A
+ * plain file within the limits is one the general path accepts with the same
+ * addresses in the same order (the same conversion, addr_from_text), so both
+ * give the same answer and every error comes from one place (fuzz_hostfile
+ * checks it). A rank never maps libcjson for a plain file (util/cjson_rt.h),
+ * and 65,536 ranks take 0.22 s here where cJSON's path took 0.40 s
+ * (docs/scale.md, "Where a rank's CPU goes (branch init256)"). */
+
+static const char* skip_space(const char* p, const char* end) {
+  while (p < end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+  return p;
+}
+
+/* The plain string whose opening quote is at p: its bytes [*s, *s + *n), and
+ * the byte after its closing quote; NULL if it is not plain or not closed. */
+static const char* plain_string(const char* p, const char* end, const char** s, size_t* n) {
+  const char* q = ++p;
+  while (q < end && *q != '"') {
+    unsigned char c = (unsigned char)*q;
+    if (c < 0x20 || c > 0x7e || c == '\\') return NULL;
+    q++;
+  }
+  if (q == end) return NULL;
+  *s = p;
+  *n = (size_t)(q - p);
+  return q + 1;
+}
+
+/* One pass over a plain file. out == NULL: checks it and sets *n_out, *k_out;
+ * otherwise converts its addresses into out->addrs (out->size, out->nconn set
+ * by the first pass). 0, or 1: not a plain file within the limits. */
+static int plain_pass(const char* text, size_t len, mlxd_ring_hosts* out, int* n_out, int* k_out) {
+  const char *p = skip_space(text, text + len), *end = text + len;
+  if (p == end || *p != '[') return 1;
+  int r = 0, k = -1;
+  for (;;) {
+    p = skip_space(p + 1, end);
+    if (p == end || *p != '[' || r >= MLXD_RING_HOSTFILE_MAX_RANKS) return 1;
+    int c = 0;
+    for (;;) {
+      p = skip_space(p + 1, end);
+      const char* s = NULL;
+      size_t sl = 0;
+      if (p == end || *p != '"' || c >= MLXD_RING_HOSTFILE_MAX_CONNECTIONS ||
+          !(p = plain_string(p, end, &s, &sl)))
+        return 1;
+      if (out) {
+        char addr[MLXD_RING_ADDR_MAX_CHARS + 1], why[300];
+        if (c >= out->nconn || sl > MLXD_RING_ADDR_MAX_CHARS) return 1;
+        memcpy(addr, s, sl);
+        addr[sl] = '\0';
+        if (addr_from_text(addr, &out->addrs[(size_t)r * (size_t)out->nconn + (size_t)c], why,
+                           sizeof why) != 0)
+          return 1;
+      }
+      c++;
+      p = skip_space(p, end);
+      if (p == end || (*p != ',' && *p != ']')) return 1;
+      if (*p == ']') break;
+    }
+    if (k < 0) k = c;
+    if (c != k) return 1;
+    r++;
+    p = skip_space(p + 1, end);
+    if (p == end || (*p != ',' && *p != ']')) return 1;
+    if (*p == ']') break;
+  }
+  if (skip_space(p + 1, end) != end || (long)r * k > MLXD_RING_HOSTFILE_MAX_ADDRS) return 1;
+  if (out && (r != out->size || k != out->nconn)) return 1;
+  *n_out = r;
+  *k_out = k;
+  return 0;
+}
+
+/* A plain file into out (0), or 1 with out empty: the general path reads it. */
+static int parse_plain(const char* text, size_t len, mlxd_ring_hosts* out) {
+  int n = 0, k = 0;
+  if (plain_pass(text, len, NULL, &n, &k) != 0) return 1;
+  out->addrs = calloc((size_t)n * (size_t)k, sizeof *out->addrs);
+  if (!out->addrs) return 1; /* the general path says it */
+  out->size = n;
+  out->nconn = k;
+  if (plain_pass(text, len, out, &n, &k) == 0) return 0;
+  mlxd_ring_hosts_free(out);
+  return 1;
+}
+
 int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlxd_ring_hosts* out,
                              mlxd_status* st) {
+  memset(out, 0, sizeof *out);
+  if (len > MLXD_RING_HOSTFILE_MAX_BYTES || parse_plain(text, len, out) != 0)
+    return mlxd_ring_hostfile_parse_json(text, len, name, out, st);
+  int rc = check_duplicates(name, out, st);
+  if (rc) mlxd_ring_hosts_free(out);
+  return rc;
+}
+
+int mlxd_ring_hostfile_parse_json(const char* text, size_t len, const char* name,
+                                  mlxd_ring_hosts* out, mlxd_status* st) {
   memset(out, 0, sizeof *out);
   if (len > MLXD_RING_HOSTFILE_MAX_BYTES)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,

@@ -58,6 +58,12 @@ int mlxd_ring_hostfile_read(const char* path, char** text, size_t* len, mlxd_sta
  * is left unresolved (sa.ss_family == AF_UNSPEC, text kept). */
 int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlxd_ring_hosts* out,
                              mlxd_status* st);
+/* The same answer by the general path alone (cJSON, every fault named), which
+ * mlxd_ring_hostfile_parse takes for any file that is not plain (strings
+ * without escapes: what mlxdist-launch writes). For the differential check of
+ * fuzz_hostfile: both must agree on every input. */
+int mlxd_ring_hostfile_parse_json(const char* text, size_t len, const char* name,
+                                  mlxd_ring_hosts* out, mlxd_status* st);
 /* Resolve the host names parse left, then check again that no two addresses are the same. */
 int mlxd_ring_hostfile_resolve(const char* name, mlxd_ring_hosts* h, mlxd_status* st);
 /* Parse "ip:port" (also "[v6]:port", "host:port"); port 0 allowed only if allow_port0. */

@@ -17,7 +17,8 @@
  *   tcp                      keep TCP;
  *   auto/shm, one host       every rank joins the shared-memory session,
  *                            then a second tiny all_gather over TCP (a status
- *                            byte and the reason) tells every rank whether
+ *                            byte per rank; every rank's reason in a third
+ *                            only when one failed) tells every rank whether
  *                            all joined: if so the group uses shm and the
  *                            TCP transport is destroyed (its sockets are
  *                            freed; every rank has received everything it
@@ -309,7 +310,8 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
   if (mlxd_ring_transport_mode(&mode, st) || host_id_get(&host_id, st)) return st->code;
 
   unsigned char* ids = calloc((size_t)size, REC_BYTES);
-  unsigned char* stat_all = calloc((size_t)size, STATUS_BYTES);
+  unsigned char* ok_all = calloc((size_t)size, 1); /* every rank's status byte */
+  unsigned char* stat_all = NULL; /* every rank's status and reason: only to say why */
   int* other = calloc((size_t)size, sizeof *other);
   int* local = calloc((size_t)size, sizeof *local);     /* peer -> shm index, -1: tcp */
   int* members = calloc((size_t)size, sizeof *members); /* this host's ranks */
@@ -318,7 +320,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
   unsigned char* full = NULL; /* every rank's full record: only to explain different hosts */
   mlxd_transport* shm = NULL;
   int rc = 0;
-  if (!ids || !stat_all || !other || !local || !members || !on_shm) {
+  if (!ids || !ok_all || !other || !local || !members || !on_shm) {
     rc =
         mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory choosing the transport");
     goto done;
@@ -473,10 +475,12 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     mlxd_status_render(&sst, NULL);
     snprintf((char*)my_status + 1, STATUS_BYTES - 1, "%.*s", STATUS_BYTES - 2, sst.msg);
   }
-  if ((rc = boot_exchange(tcp, 2, my_status, stat_all, STATUS_BYTES, st))) goto done;
+  /* Whether every rank joined: one byte a rank (the reasons, 160 bytes a rank,
+   * travel only if one did not: 160 KiB into every rank at 1,024 ranks) */
+  if ((rc = boot_exchange(tcp, 2, my_status, ok_all, 1, st))) goto done;
   int bad = -1;
   for (int p = 0; p < size && bad < 0; p++)
-    if (stat_all[(size_t)p * STATUS_BYTES] != 1) bad = p;
+    if (ok_all[p] != 1) bad = p;
   if (bad < 0) {
     for (int i = 0; i < nloc; i++) on_shm[members[i]] = members[i] != rank;
     if (m == 0) {
@@ -506,6 +510,14 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     mlxd_ring_log_transports(rank, size, on_shm);
     goto done;
   }
+  /* every rank saw the same bytes, so every rank gathers the reasons */
+  stat_all = calloc((size_t)size, STATUS_BYTES);
+  if (!stat_all) {
+    rc =
+        mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory choosing the transport");
+    goto done;
+  }
+  if ((rc = boot_exchange(tcp, 4, my_status, stat_all, STATUS_BYTES, st))) goto done;
   char reason[STATUS_BYTES];
   memcpy(reason, stat_all + (size_t)bad * STATUS_BYTES + 1, STATUS_BYTES - 1);
   reason[STATUS_BYTES - 1] = '\0';
@@ -526,6 +538,7 @@ done:
   if (shm) shm->ops->destroy(shm);
   free(ids);
   free(full);
+  free(ok_all);
   free(stat_all);
   free(other);
   free(local);

@@ -1,0 +1,53 @@
+/* cJSON loaded at run time (cjson_rt.h). */
+#define MLXD_CJSON_NO_MACROS
+#include "util/cjson_rt.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The run-time name of the library cJSON's development files link (Debian: libcjson1). */
+#ifndef MLXDIST_LIBCJSON
+#define MLXDIST_LIBCJSON "libcjson.so.1"
+#endif
+
+mlxd_cjson_table mlxd_cjson;
+
+static pthread_once_t load_once = PTHREAD_ONCE_INIT;
+static bool load_ok;
+static char load_err[300];
+
+static void load(void) {
+  /* Never closed: the documents parsed hold pointers into it for as long as
+   * their callers keep them, and a second load would cost the same again. */
+  void* h = dlopen(MLXDIST_LIBCJSON, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    const char* d = dlerror();
+    snprintf(load_err, sizeof load_err, "%s", d ? d : "dlopen failed");
+    return;
+  }
+  mlxd_cjson_table t;
+  void* p;
+#define MLXD_CJSON_LOAD(f)                                                     \
+  p = dlsym(h, #f);                                                            \
+  if (!p) {                                                                    \
+    snprintf(load_err, sizeof load_err, "%s has no %s", MLXDIST_LIBCJSON, #f); \
+    return;                                                                    \
+  }                                                                            \
+  memcpy(&t.f, &p, sizeof p);
+  MLXD_CJSON_FNS(MLXD_CJSON_LOAD)
+#undef MLXD_CJSON_LOAD
+  mlxd_cjson = t;
+  load_ok = true;
+}
+
+int mlxd_cjson_load(const char* what, mlxd_status* st) {
+  pthread_once(&load_once, load);
+  if (load_ok) return 0;
+  return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
+                      "cannot load cJSON (%s), which reading %s needs: %s (install the "
+                      "distribution's libcjson1)",
+                      MLXDIST_LIBCJSON, what, load_err);
+}
