@@ -86,6 +86,14 @@ vm_build_initrd() {
     cp -L "$lib" "$root$lib"
     elfs+=("$lib")
   fi
+  # cJSON: libmlxdist.so loads it at run time too (src/util/cjson_rt.h) for JSON documents the
+  # plain hostfile reader does not take (jaccl's device matrix, hostfiles with escapes)
+  lib=$(ldconfig -p | awk '/libcjson\.so\.1 / && !f {print $NF; f = 1}')
+  if [ -n "$lib" ]; then
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+    elfs+=("$lib")
+  fi
   # ibverbs-utils and perftest (ib_write_bw...), when installed
   for u in ibv_rc_pingpong ibv_devinfo ib_write_bw ib_send_lat; do
     command -v $u >/dev/null || continue
