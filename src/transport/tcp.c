@@ -32,8 +32,9 @@
  * up to TCP_SPIN_BATCH times per lock round, until an event or another
  * thread's completion).
  *
- * Allocation. Requests of one fragment (every receive, and every send of
- * up to TCP_FRAG_MAX bytes) and the entries of incoming messages come from
+ * Allocation. Requests of one fragment (every receive; a send of up to
+ * TCP_SPLIT_MIN bytes, or TCP_FRAG_MAX over one connection per peer) and
+ * the entries of incoming messages come from
  * the transport's free lists (tcp_impl.h, at most TCP_POOL_MAX each), so a
  * small message allocates nothing once the transport has warmed up.
  *
