@@ -34,9 +34,9 @@
  *
  * Allocation. Requests of one fragment (every receive; a send of up to
  * TCP_SPLIT_MIN bytes, or TCP_FRAG_MAX over one connection per peer) and
- * the entries of incoming messages come from
- * the transport's free lists (tcp_impl.h, at most TCP_POOL_MAX each), so a
- * small message allocates nothing once the transport has warmed up.
+ * the entries of incoming messages come from the transport's free lists
+ * (tcp_impl.h, at most TCP_POOL_MAX each), so a small message allocates
+ * nothing once the transport has warmed up.
  *
  * Failure. A peer that closes or resets its connection, a corrupt header,
  * a peer silent for MLXDIST_TIMEOUT or a wait without progress for
