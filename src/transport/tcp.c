@@ -28,7 +28,15 @@
  * requests whenever something completes. isend writes eagerly from the
  * caller's thread and wakes a blocked progressor through an eventfd when
  * it leaves data queued. All state is protected by one mutex, which the
- * progressor drops only while it sits in poll().
+ * progressor drops only while it sits in poll() (a spinning waitall polls
+ * up to TCP_SPIN_BATCH times per lock round, until an event or another
+ * thread's completion).
+ *
+ * Allocation. Requests of one fragment (every receive; a send of up to
+ * TCP_SPLIT_MIN bytes, or TCP_FRAG_MAX over one connection per peer) and
+ * the entries of incoming messages come from the transport's free lists
+ * (tcp_impl.h, at most TCP_POOL_MAX each), so a small message allocates
+ * nothing once the transport has warmed up.
  *
  * Failure. A peer that closes or resets its connection, a corrupt header,
  * a peer silent for MLXDIST_TIMEOUT or a wait without progress for
@@ -62,6 +70,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,7 +138,7 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
      * the record before the peer reads it (destroy drains instead). */
     if (c->fd >= 0) shutdown(c->fd, SHUT_WR);
   }
-  t->completed = true;
+  mlxd_tcp_completed(t);
 }
 
 /* Fail the transport: the connection to peer is gone (syscall/err: the
@@ -291,6 +300,14 @@ static int conn_write_now(tcp_transport* t, tcp_conn* c) {
   return 0;
 }
 
+/* isend out of memory for its request: st says so; returns its code. */
+static int send_oom(tcp_transport* t, int peer, mlxd_status* st) {
+  int code = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
+                          "out of memory posting a send to rank %d", peer);
+  mlxd_status_set_peer(st, peer, t->peers[peer].addr);
+  return code;
+}
+
 static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig,
                      const void* buf, size_t n, mlxd_req** out, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
@@ -299,12 +316,19 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   size_t nfrag = n / TCP_FRAG_MAX + (n % TCP_FRAG_MAX != 0);
   if (nfrag == 0) nfrag = 1;
   if (n > TCP_SPLIT_MIN && nfrag < (size_t)t->nconn) nfrag = (size_t)t->nconn;
-  struct mlxd_req* r = calloc(1, sizeof *r + nfrag * sizeof(tcp_frag));
+  /* A message of one fragment takes its request from the free list (under
+   * mu); a larger one allocates it here, outside the lock. */
+  struct mlxd_req* r = nfrag > 1 ? calloc(1, sizeof *r + nfrag * sizeof(tcp_frag)) : NULL;
+  if (nfrag > 1 && !r) return send_oom(t, peer, st);
+
+  pthread_mutex_lock(&t->mu);
   if (!r) {
-    int code = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
-                            "out of memory posting a send to rank %d", peer);
-    mlxd_status_set_peer(st, peer, t->peers[peer].addr);
-    return code;
+    r = mlxd_tcp_pool_get(&t->req_pool, TCP_REQ_SMALL);
+    if (!r) {
+      pthread_mutex_unlock(&t->mu);
+      return send_oom(t, peer, st);
+    }
+    r->small = true;
   }
   r->is_send = true;
   r->m.sig = mlxd_sig_or_none(sig);
@@ -326,13 +350,12 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     mlxd_tcp_hdr_encode(f->hdr, &h);
   }
 
-  pthread_mutex_lock(&t->mu);
   tcp_peer* pe = &t->peers[peer];
   if (t->err.code || pe->closed) {
     if (!t->err.code) fail_lost(t, peer, NULL, 0);
     int code = fail_status(t, st);
+    mlxd_tcp_req_free(t, r);
     pthread_mutex_unlock(&t->mu);
-    free(r);
     return code;
   }
   mlxd_status ns;
@@ -341,8 +364,8 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   if (!pc) { /* out of memory: this send fails, the transport stays usable */
     int code = ns.code;
     if (st) *st = ns;
+    mlxd_tcp_req_free(t, r);
     pthread_mutex_unlock(&t->mu);
-    free(r);
     return code;
   }
   mlxd_tcp_want(t, peer);
@@ -422,9 +445,16 @@ void mlxd_tcp_want(tcp_transport* t, int peer) {
   tcp_wake(t); /* a progressor asleep in epoll_wait recomputes the dialer's timers */
 }
 
+/* A zero-timeout round of waitall polls the sockets up to this many times
+ * with mu dropped (the lock round, the clock reads and the request scan
+ * once per batch, not per poll) until an event or a completion by another
+ * thread (tcp_impl.h: gen). */
+#define TCP_SPIN_BATCH 16
+
 /* One round of waiting for the sockets (mu held; dropped while in
- * epoll_wait). Returns whether anything had an event. */
-static bool progress_round(tcp_transport* t, int timeout_ms) {
+ * epoll_wait). batch > 1 (zero timeout, waitall): poll up to batch times
+ * while nothing happens. Returns whether anything had an event. */
+static bool progress_round(tcp_transport* t, int timeout_ms, int batch) {
   if (t->dial && timeout_ms > 0) {
     double next = t->dial->ops->next(t->dial);
     if (next != INFINITY) {
@@ -438,8 +468,19 @@ static bool progress_round(tcp_transport* t, int timeout_ms) {
    * threads can post requests meanwhile. Only a blocking wait needs the
    * eventfd kick when they queue data. */
   t->in_poll = timeout_ms > 0;
+  /* One poll when blocking; over TLS (OpenSSL may hold bytes epoll cannot
+   * see); on a crowded host (wait_run yields the CPU between polls) */
+  if (timeout_ms > 0 || t->tls || t->yield_spin) batch = 1;
+  unsigned gen = atomic_load_explicit(&t->gen, memory_order_relaxed);
   pthread_mutex_unlock(&t->mu);
-  int rc = epoll_wait(t->epfd, t->evs, t->nevs, timeout_ms);
+  /* Unlocked: only the progressor uses evs; gen is a hint (a completion
+   * by another thread ends the batch early); the state is read after mu
+   * is taken again. */
+  int rc;
+  for (int k = 1;; k++) {
+    rc = epoll_wait(t->epfd, t->evs, t->nevs, timeout_ms);
+    if (rc != 0 || k >= batch || atomic_load_explicit(&t->gen, memory_order_relaxed) != gen) break;
+  }
   int perr = errno;
   pthread_mutex_lock(&t->mu);
   t->in_poll = false;
@@ -543,7 +584,9 @@ static bool wait_run(tcp_transport* t, mlxd_req** reqs, int n, double until, tcp
       lw->mark = sum;
       lw->last_change = now;
     }
-    if (mlxd_tcp_live_check(t, reqs, n, lw, now)) return true;
+    /* the checks run every LIVE_CHECK_S (tcp_live.c) or at the wait's deadline */
+    if ((now >= lw->next_check || now >= lw->deadline) && mlxd_tcp_live_check(t, reqs, n, lw, now))
+      return true;
     if (!t->progressing) {
       t->progressing = true;
       int ms = 0;
@@ -553,7 +596,7 @@ static bool wait_run(tcp_transport* t, mlxd_req** reqs, int n, double until, tcp
         if (until - now < (double)ms / 1000.0) ms = (int)((until - now) * 1000.0);
         if (ms < 0) ms = 0;
       }
-      if (progress_round(t, ms))
+      if (progress_round(t, ms, until == INFINITY ? TCP_SPIN_BATCH : 1))
         lw->last_event = mlxd_now();
       else if (ms == 0 && t->yield_spin && until == INFINITY)
         sched_yield(); /* the rank we wait for may need this CPU (not in a slice: mixed.c) */
@@ -578,7 +621,7 @@ static bool wait_run(tcp_transport* t, mlxd_req** reqs, int n, double until, tcp
       }
       pthread_cond_timedwait(&t->cv, &t->mu, &ts);
     }
-    if (mlxd_now() >= until) return false;
+    if (until < INFINITY && mlxd_now() >= until) return false;
   }
 }
 
@@ -600,7 +643,7 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
    * it (transport.h). */
   if (!lw.polled && !t->err.code && !t->progressing && n > 0) {
     t->progressing = true;
-    progress_round(t, 0);
+    progress_round(t, 0, 1);
     t->progressing = false;
   }
   wake_waiters(t);
@@ -611,7 +654,12 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   for (int i = 0; i < n; i++) {
     struct mlxd_req* r = reqs[i];
     if (!r) continue;
-    free(r);
+    /* Once failed, not reused: a fragment partly on the wire stays queued
+     * before the abort record (tcp_live.c, relay) */
+    if (t->err.code)
+      free(r);
+    else
+      mlxd_tcp_req_free(t, r);
     reqs[i] = NULL;
   }
   pthread_mutex_unlock(&t->mu);

@@ -6,10 +6,12 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/types.h>
 
@@ -35,13 +37,47 @@
  * its last bytes to be acknowledged until none went out for MLXDIST_TIMEOUT (and
  * at least this long); neither waits for the peers' FINs (tcp_setup.c close_all) */
 #define TCP_CLOSE_MS 500
+/* Free lists: at most this many single-fragment request blocks and as many
+ * message entries kept per transport for reuse (a window of sends, or of
+ * messages arriving before their receives, fits) */
+#define TCP_POOL_MAX 128
+
+/* ASan: a block in a free list is poisoned but for its link (LeakSanitizer
+ * follows no pointer in poisoned memory: a transport never destroyed before
+ * exit would show its free list as leaked), so a use after its request was
+ * freed (waitall) is still reported as one. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TCP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TCP_ASAN 1
+#endif
+#endif
+#ifdef TCP_ASAN
+#include <sanitizer/asan_interface.h>
+#define TCP_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define TCP_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define TCP_POISON(p, n) ((void)(p), (void)(n))
+#define TCP_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 typedef struct tcp_frag tcp_frag;
 typedef struct tcp_imsg tcp_imsg;
 
+/* A block in a free list (its first bytes while it is there). */
+typedef struct tcp_free {
+  struct tcp_free* next;
+} tcp_free;
+typedef struct tcp_pool {
+  tcp_free* head;
+  int n; /* blocks in the list, at most TCP_POOL_MAX */
+} tcp_pool;
+
 struct mlxd_req {
   mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
   bool is_send;
+  bool small; /* a TCP_REQ_SMALL block: back to the transport's free list when freed */
   char* buf;
   size_t done;          /* bytes moved so far (for progress detection) */
   size_t frags_left;    /* send: fragments not yet fully written */
@@ -138,6 +174,10 @@ typedef struct tcp_transport {
   bool progressing;
   bool in_poll;
   bool completed; /* something completed since the last broadcast */
+  /* Bumped (mu held) with every completed = true: a progressor polling
+   * with mu dropped (tcp.c progress_round) reads it, relaxed, to stop
+   * early; a hint only, it acts on nothing it has not read under mu. */
+  _Atomic unsigned gen;
   int wake_fd;
   mlxd_status err;                    /* the first failure; err.code == 0 while none */
   mlxd_live_cfg live;                 /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
@@ -154,7 +194,61 @@ typedef struct tcp_transport {
   int nevs;
   mlxd_tcp_dialer* dial; /* lazy: makes connections on first use (NULL: all made at creation) */
   int nconnected;        /* connections made */
+  /* Free lists (mu held; mlxd_tcp_pool_get/put): request blocks of
+   * TCP_REQ_SMALL bytes (every receive, and a send of one fragment) and
+   * message entries, so that a small message allocates nothing; at most
+   * TCP_POOL_MAX blocks each, freed by destroy. */
+  tcp_pool req_pool;
+  tcp_pool imsg_pool;
 } tcp_transport;
+
+/* A request of at most one fragment (every receive uses one too). */
+#define TCP_REQ_SMALL (sizeof(struct mlxd_req) + sizeof(tcp_frag))
+
+/* A zeroed block of size bytes from pool (every block of a pool has the
+ * same size), or a new one; NULL when out of memory. mu held. */
+static inline void* mlxd_tcp_pool_get(tcp_pool* pool, size_t size) {
+  tcp_free* b = pool->head;
+  if (!b) return calloc(1, size);
+  TCP_UNPOISON(b + 1, size - sizeof *b);
+  pool->head = b->next;
+  pool->n--;
+  memset(b, 0, size);
+  return b;
+}
+
+/* Give p (a block of size bytes from mlxd_tcp_pool_get) back: kept in pool
+ * while it holds fewer than TCP_POOL_MAX, else freed. mu held. */
+static inline void mlxd_tcp_pool_put(tcp_pool* pool, void* p, size_t size) {
+  if (pool->n >= TCP_POOL_MAX) {
+    free(p);
+    return;
+  }
+  tcp_free* b = p;
+  b->next = pool->head;
+  pool->head = b;
+  pool->n++;
+  TCP_POISON(b + 1, size - sizeof *b);
+}
+
+/* Free every block of pool (destroy). */
+static inline void mlxd_tcp_pool_drain(tcp_pool* pool, size_t size) {
+  while (pool->head) {
+    tcp_free* b = pool->head;
+    TCP_UNPOISON(b + 1, size - sizeof *b);
+    pool->head = b->next;
+    free(b);
+  }
+  pool->n = 0;
+}
+
+/* Free request r (mu held): a small one goes back to the free list. */
+static inline void mlxd_tcp_req_free(tcp_transport* t, struct mlxd_req* r) {
+  if (r->small)
+    mlxd_tcp_pool_put(&t->req_pool, r, TCP_REQ_SMALL);
+  else
+    free(r);
+}
 
 extern const mlxd_transport_ops mlxd_tcp_ops;
 
@@ -259,10 +353,18 @@ int mlxd_tcp_tls_write(tcp_transport* t, tcp_conn* c);
 ssize_t mlxd_tcp_tls_recv(tcp_conn* c, void* buf, size_t n);
 
 /* Requests and incoming messages (mu held). */
+/* Something completed (or the transport failed): waiters are to look. */
+static inline void mlxd_tcp_completed(tcp_transport* t) {
+  t->completed = true;
+  /* every writer holds mu: no lost increment without an atomic add */
+  atomic_store_explicit(&t->gen, atomic_load_explicit(&t->gen, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+}
+
 static inline void mlxd_tcp_req_complete(tcp_transport* t, struct mlxd_req* r) {
   if (!r->m.complete) {
     r->m.complete = true;
-    t->completed = true;
+    mlxd_tcp_completed(t);
   }
 }
 
@@ -281,9 +383,10 @@ static inline void mlxd_tcp_imsg_release(tcp_transport* t, tcp_imsg* m) {
   m->charged = 0;
 }
 
+/* Free m (mu held): its buffer, and the entry back to the free list. */
 static inline void mlxd_tcp_imsg_free(tcp_transport* t, tcp_imsg* m) {
   mlxd_tcp_imsg_release(t, m);
-  free(m);
+  mlxd_tcp_pool_put(&t->imsg_pool, m, sizeof *m);
 }
 
 #endif

@@ -35,13 +35,16 @@ int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* s
   tcp_transport* t = (tcp_transport*)tt;
   assert(peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0) && out);
   *out = NULL;
-  struct mlxd_req* r = calloc(1, sizeof *r);
+  pthread_mutex_lock(&t->mu);
+  struct mlxd_req* r = mlxd_tcp_pool_get(&t->req_pool, TCP_REQ_SMALL);
   if (!r) {
+    pthread_mutex_unlock(&t->mu);
     int code = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
                             "out of memory posting a receive from rank %d", peer);
     mlxd_status_set_peer(st, peer, t->peers[peer].addr);
     return code;
   }
+  r->small = true;
   r->m.sig = mlxd_sig_or_none(sig);
   r->m.peer = peer;
   r->m.addr = t->peers[peer].addr;
@@ -49,7 +52,6 @@ int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* s
   r->buf = buf;
   r->m.n = n;
 
-  pthread_mutex_lock(&t->mu);
   tcp_peer* pe = &t->peers[peer];
   tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->mq.unexpected, tag), tcp_imsg, ux);
   tcp_imsg* same = m;
@@ -57,8 +59,8 @@ int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* s
     same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&pe->mq.unexpected, tag), tcp_imsg, ux);
   if (same && sig_clash(t, peer, &r->m.sig, &same->sig)) {
     int code = mlxd_tcp_fail_status(t, st);
+    mlxd_tcp_req_free(t, r);
     pthread_mutex_unlock(&t->mu);
-    free(r);
     return code;
   }
   if (m) {
@@ -87,8 +89,8 @@ int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* s
   } else if (t->err.code || pe->closed) {
     if (!t->err.code) mlxd_tcp_fail_lost(t, peer, NULL, 0);
     int code = mlxd_tcp_fail_status(t, st);
+    mlxd_tcp_req_free(t, r);
     pthread_mutex_unlock(&t->mu);
-    free(r);
     return code;
   } else {
     mlxd_match_push(&pe->mq.posted, &r->link, tag);
@@ -156,7 +158,7 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
     if (same && sig_clash(t, c->peer, &same->m.sig, &h.sig)) return -1;
   }
   if (!m) {
-    m = calloc(1, sizeof *m);
+    m = mlxd_tcp_pool_get(&t->imsg_pool, sizeof *m);
     if (!m) {
       mlxd_status s;
       mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_TCP,
@@ -183,7 +185,7 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
       m->owned = true;
       m->buf = mlxd_buffer_alloc(m->total);
       if (!m->buf) {
-        free(m);
+        mlxd_tcp_pool_put(&t->imsg_pool, m, sizeof *m);
         mlxd_status s;
         mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_TCP,
                      "out of memory buffering a %" PRIu64 "-byte message from rank %d", h.total,

@@ -200,6 +200,8 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
     }
     while ((l = mlxd_match_pop(&pe->mq.unexpected))) imsg_drop(MLXD_MATCH_ENTRY(l, tcp_imsg, ux));
   }
+  mlxd_tcp_pool_drain(&t->req_pool, TCP_REQ_SMALL);
+  mlxd_tcp_pool_drain(&t->imsg_pool, sizeof(tcp_imsg));
   if (t->wake_fd >= 0) close(t->wake_fd);
   if (t->epfd >= 0) close(t->epfd);
   mlxd_tls_free(t->tls);

@@ -7,6 +7,7 @@
  *
  * usage: test_transport p2p 4 unix|tcp NCONN       send/recv, tags, sizes, mismatch
  *        test_transport threads N unix|tcp NCONN  concurrent collectives from threads
+ *        test_transport window 2 unix|tcp NCONN   windows of mixed messages, then a close
  *        (verbs in place of unix|tcp: the verbs transport, NCONN rails; real RDMA only,
  *        tests/vm/vm_verbs.sh)
  *        test_transport peer_exit | stall | large
@@ -152,6 +153,143 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
   T_REQUIREF(mlxd_algo_all_gather(t, 999, NULL, &x, all, 8, &st) == 0, "final: %s", st.msg);
   free(a);
   free(b);
+  return 0;
+}
+
+/* ------------------------------------------------ windows of messages */
+
+/* Windows of more messages than the TCP transport keeps request blocks and
+ * message entries for (TCP_POOL_MAX, 128), of mixed sizes (0 B to two
+ * fragments over both connections), both directions at once, some arriving
+ * before their receives, received in a scrambled order, every byte checked:
+ * the free lists' reuse. Then rank 1 sends some messages rank 0 never
+ * receives and part of a window, and closes: rank 0's wait fails naming
+ * rank 1, the messages that arrived are intact, and the transport is
+ * destroyed with messages buffered and requests failed (under ASan, LSan
+ * finds any block the free lists lose). */
+#define WIN_N 200
+#define WIN_ROUNDS 3
+
+static size_t win_size(int k, int rd) {
+  static const size_t sz[8] = {0, 1, 8, 100, 4096, 65536, 70000, 300001};
+  return sz[(k * 7 + rd) % 8];
+}
+
+static char win_byte(int from, int rd, int k, size_t i) {
+  return (char)(from * 101 + rd * 31 + k * 7 + (int)(i % 251));
+}
+
+static uint64_t win_tag(int rd, int k) {
+  return mlxd_tag(MLXD_TAG_P2P, 5000 + (uint64_t)rd * WIN_N + (uint64_t)k, 0);
+}
+
+/* The first wrong byte of message k of rd from `from` at m (-1: none). */
+static long win_wrong(const char* m, int from, int rd, int k) {
+  size_t n = win_size(k, rd);
+  for (size_t i = 0; i < n; i++)
+    if (m[i] != win_byte(from, rd, k, i)) return (long)i;
+  return -1;
+}
+
+static int window_rank(mlxd_transport* t, void* arg) {
+  (void)arg;
+  int r = t->rank, peer = 1 - r;
+  mlxd_status st;
+  size_t off[WIN_N + 1];
+  char *sb = NULL, *rb = NULL;
+  static mlxd_req* sq[WIN_N];
+  static mlxd_req* rq[WIN_N];
+  for (int rd = 0; rd < WIN_ROUNDS; rd++) {
+    off[0] = 0;
+    for (int k = 0; k < WIN_N; k++) off[k + 1] = off[k] + win_size(k, rd);
+    free(sb);
+    free(rb);
+    sb = malloc(off[WIN_N] + 1);
+    rb = malloc(off[WIN_N] + 1);
+    T_REQUIREF(sb && rb, "out of memory");
+    memset(rb, 0, off[WIN_N]);
+    for (int k = 0; k < WIN_N; k++)
+      for (size_t i = 0; i < win_size(k, rd); i++) sb[off[k] + i] = win_byte(r, rd, k, i);
+    /* round 0: both send first; 1: rank 0 receives first, rank 1 late
+     * (most of rank 0's messages arrive unexpected); 2: one wait per
+     * receive, so blocks go back to the free lists one by one */
+    bool send_first = rd != 1 || r == 1;
+    if (rd == 1 && r == 1) usleep(50000);
+    for (int pass = 0; pass < 2; pass++) {
+      if ((pass == 0) == send_first) {
+        for (int k = 0; k < WIN_N; k++) {
+          int rc = t->ops->isend(t, peer, win_tag(rd, k), NULL, sb + off[k], win_size(k, rd),
+                                 &sq[k], &st);
+          T_REQUIREF(rc == 0, "round %d: isend %d: %s", rd, k, st.msg);
+        }
+      } else {
+        for (int j = 0; j < WIN_N; j++) {
+          int k = (j * 73) % WIN_N; /* 73 and 200 are coprime: every k once */
+          int rc = t->ops->irecv(t, peer, win_tag(rd, k), NULL, rb + off[k], win_size(k, rd),
+                                 &rq[k], &st);
+          T_REQUIREF(rc == 0, "round %d: irecv %d: %s", rd, k, st.msg);
+        }
+      }
+    }
+    T_REQUIREF(t->ops->waitall(t, sq, WIN_N, &st) == 0, "round %d: sends: %s", rd, st.msg);
+    if (rd == 2) {
+      for (int j = 0; j < WIN_N; j++) {
+        int k = (j * 73) % WIN_N;
+        T_REQUIREF(wait1(t, rq[k], &st) == 0, "round %d: receive %d: %s", rd, k, st.msg);
+        rq[k] = NULL;
+      }
+    } else {
+      T_REQUIREF(t->ops->waitall(t, rq, WIN_N, &st) == 0, "round %d: receives: %s", rd, st.msg);
+    }
+    for (int k = 0; k < WIN_N; k++) {
+      long w = win_wrong(rb + off[k], peer, rd, k);
+      T_CHECKF(w < 0, "round %d: message %d (%zu bytes): byte %ld wrong", rd, k, win_size(k, rd),
+               w);
+    }
+  }
+
+  /* Rank 1: 10 messages nobody receives, then half a window, then close. */
+  const int rd = WIN_ROUNDS, half = WIN_N / 2;
+  off[0] = 0;
+  for (int k = 0; k < WIN_N; k++) off[k + 1] = off[k] + win_size(k, rd);
+  free(sb);
+  free(rb);
+  sb = malloc(off[WIN_N] + 1);
+  rb = malloc(off[WIN_N] + 1);
+  T_REQUIREF(sb && rb, "out of memory");
+  if (r == 1) {
+    for (int k = 0; k < WIN_N; k++)
+      for (size_t i = 0; i < win_size(k, rd); i++) sb[off[k] + i] = win_byte(r, rd, k, i);
+    for (int k = 0; k < 10; k++) {
+      int rc =
+          t->ops->isend(t, 0, win_tag(rd + 1, k), NULL, sb + off[k], win_size(k, rd), &sq[k], &st);
+      T_REQUIREF(rc == 0, "isend: %s", st.msg);
+    }
+    T_REQUIREF(t->ops->waitall(t, sq, 10, &st) == 0, "unreceived sends: %s", st.msg);
+    for (int k = 0; k < half; k++) {
+      int rc = t->ops->isend(t, 0, win_tag(rd, k), NULL, sb + off[k], win_size(k, rd), &sq[k], &st);
+      T_REQUIREF(rc == 0, "isend %d: %s", k, st.msg);
+    }
+    T_REQUIREF(t->ops->waitall(t, sq, half, &st) == 0, "half window: %s", st.msg);
+  } else {
+    memset(rb, 0, off[WIN_N]);
+    for (int k = 0; k < WIN_N; k++) {
+      int rc = t->ops->irecv(t, 1, win_tag(rd, k), NULL, rb + off[k], win_size(k, rd), &rq[k], &st);
+      T_REQUIREF(rc == 0, "irecv %d: %s", k, st.msg);
+    }
+    double t0 = mlxd_now();
+    int rc = t->ops->waitall(t, rq, WIN_N, &st);
+    T_CHECKF(rc == MLXD_EREMOTE && t_status_names_peer(&st, 1),
+             "rank 1 closed with receives pending: rc %d: %s", rc, st.msg);
+    T_CHECKF(mlxd_now() - t0 < 10.0, "took %.1f s to notice", mlxd_now() - t0);
+    for (int k = 0; k < half; k++) {
+      long w = win_wrong(rb + off[k], 1, rd, k);
+      T_CHECKF(w < 0, "before the close: message %d (%zu bytes): byte %ld wrong", k,
+               win_size(k, rd), w);
+    }
+  }
+  free(sb);
+  free(rb);
   return 0;
 }
 
@@ -345,7 +483,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN); /* the library must not need this; set only for the harness */
   if (argc < 2) {
     fprintf(stderr,
-            "usage: %s p2p|threads N unix|tcp NCONN | peer_exit N unix|tcp NCONN | "
+            "usage: %s p2p|threads|window N unix|tcp NCONN | peer_exit N unix|tcp NCONN | "
             "stall | large | bench [MiB] [iters] [nconn] [ranks]\n",
             argv[0]);
     return 2;
@@ -371,6 +509,9 @@ int main(int argc, char** argv) {
     expect_all_ok(n, p2p_rank, NULL, 300);
   } else if (strcmp(mode, "threads") == 0) {
     expect_all_ok(n, threads_rank, NULL, 300);
+  } else if (strcmp(mode, "window") == 0) {
+    T_EQ_INT(n, 2);
+    expect_all_ok(n, window_rank, NULL, 120);
   } else if (strcmp(mode, "peer_exit") == 0) {
     setenv("MLXDIST_TIMEOUT", "30", 1);
     expect_all_ok(n, peer_exit_rank, NULL, 60);
