@@ -45,7 +45,7 @@ set(CPACK_DEBIAN_PACKAGE_SECTION "libs")
 # What the library and tools link (checked by tests/install/check_deb.sh with dpkg-shlibdeps'
 # view of the files); the mpi plugin's Open MPI is only suggested: it is loaded at run time
 # when a program asks for the mpi backend, and the rest works without it.
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "libc6 (>= 2.34), libcjson1 (>= 1.7.10), libssl3 (>= 3.0.0)")
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "libc6 (>= 2.34), libcjson1 (>= 1.7.13), libssl3 (>= 3.0.0)")
 set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "openssh-client")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "openmpi-bin, libopenmpi3")
 set(CPACK_STRIP_FILES OFF)

@@ -30,12 +30,15 @@ static void load(void) {
   }
   mlxd_cjson_table t;
   void* p;
-#define MLXD_CJSON_LOAD(f)                                                     \
-  p = dlsym(h, #f);                                                            \
-  if (!p) {                                                                    \
-    snprintf(load_err, sizeof load_err, "%s has no %s", MLXDIST_LIBCJSON, #f); \
-    return;                                                                    \
-  }                                                                            \
+#define MLXD_CJSON_LOAD(f)                                                         \
+  p = dlsym(h, #f);                                                                \
+  if (!p) {                                                                        \
+    const char* d = dlerror();                                                     \
+    snprintf(load_err, sizeof load_err, "%s has no %s (%s)", MLXDIST_LIBCJSON, #f, \
+             d ? d : "dlsym failed");                                              \
+    dlclose(h);                                                                    \
+    return;                                                                        \
+  }                                                                                \
   memcpy(&t.f, &p, sizeof p);
   MLXD_CJSON_FNS(MLXD_CJSON_LOAD)
 #undef MLXD_CJSON_LOAD

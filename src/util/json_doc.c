@@ -46,6 +46,10 @@ static json_scan scan(const char* t, size_t len) {
 size_t mlxd_json_value_bound(const char* text, size_t len) { return scan(text, len).values; }
 
 const char* mlxd_json_kind(const cJSON* v) {
+  /* v came from some cJSON; the table may not be loaded yet if it was not
+   * this file's parser (the launcher links cJSON itself) */
+  mlxd_status st = {0};
+  if (!v || mlxd_cjson_load("a JSON document", &st) != 0) return "a value";
   if (cJSON_IsArray(v)) return cJSON_GetArraySize(v) ? "a list" : "an empty list";
   if (cJSON_IsObject(v)) return "an object";
   if (cJSON_IsString(v)) return "a string";

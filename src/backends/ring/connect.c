@@ -219,7 +219,9 @@ int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st) {
  * rank (closes the hello quietly, without a reply) and takes the hello when
  * it is the lower one (once its own attempt is over, below: the peer closes
  * it, the same rule seen from there; so a stranger claiming a higher rank at
- * a lower one always gets the full handshake, and its refusal logged); a
+ * a lower one gets the full handshake, and its refusal logged, unless this
+ * rank's own connection to that rank completes first: then it is closed
+ * quietly, as the honest peer's would be); a
  * hello for a slot already filled is closed quietly too. An outgoing
  * connection the peer closed is retried only while the slot is neither
  * filled nor being accepted. A connector sends its confirm (which
