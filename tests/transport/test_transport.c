@@ -183,6 +183,18 @@ static uint64_t win_tag(int rd, int k) {
   return mlxd_tag(MLXD_TAG_P2P, 5000 + (uint64_t)rd * WIN_N + (uint64_t)k, 0);
 }
 
+/* Round rd's message offsets (off[WIN_N + 1]) and fresh send and receive
+ * buffers for its window (the previous ones freed). */
+static void win_buffers(int rd, size_t* off, char** sb, char** rb) {
+  off[0] = 0;
+  for (int k = 0; k < WIN_N; k++) off[k + 1] = off[k] + win_size(k, rd);
+  free(*sb);
+  free(*rb);
+  *sb = malloc(off[WIN_N] + 1);
+  *rb = malloc(off[WIN_N] + 1);
+  T_REQUIREF(*sb && *rb, "out of memory");
+}
+
 /* The first wrong byte of message k of rd from `from` at m (-1: none). */
 static long win_wrong(const char* m, int from, int rd, int k) {
   size_t n = win_size(k, rd);
@@ -200,13 +212,7 @@ static int window_rank(mlxd_transport* t, void* arg) {
   static mlxd_req* sq[WIN_N];
   static mlxd_req* rq[WIN_N];
   for (int rd = 0; rd < WIN_ROUNDS; rd++) {
-    off[0] = 0;
-    for (int k = 0; k < WIN_N; k++) off[k + 1] = off[k] + win_size(k, rd);
-    free(sb);
-    free(rb);
-    sb = malloc(off[WIN_N] + 1);
-    rb = malloc(off[WIN_N] + 1);
-    T_REQUIREF(sb && rb, "out of memory");
+    win_buffers(rd, off, &sb, &rb);
     memset(rb, 0, off[WIN_N]);
     for (int k = 0; k < WIN_N; k++)
       for (size_t i = 0; i < win_size(k, rd); i++) sb[off[k] + i] = win_byte(r, rd, k, i);
@@ -250,13 +256,7 @@ static int window_rank(mlxd_transport* t, void* arg) {
 
   /* Rank 1: 10 messages nobody receives, then half a window, then close. */
   const int rd = WIN_ROUNDS, half = WIN_N / 2;
-  off[0] = 0;
-  for (int k = 0; k < WIN_N; k++) off[k + 1] = off[k] + win_size(k, rd);
-  free(sb);
-  free(rb);
-  sb = malloc(off[WIN_N] + 1);
-  rb = malloc(off[WIN_N] + 1);
-  T_REQUIREF(sb && rb, "out of memory");
+  win_buffers(rd, off, &sb, &rb);
   if (r == 1) {
     for (int k = 0; k < WIN_N; k++)
       for (size_t i = 0; i < win_size(k, rd); i++) sb[off[k] + i] = win_byte(r, rd, k, i);
@@ -266,6 +266,13 @@ static int window_rank(mlxd_transport* t, void* arg) {
       T_REQUIREF(rc == 0, "isend: %s", st.msg);
     }
     T_REQUIREF(t->ops->waitall(t, sq, 10, &st) == 0, "unreceived sends: %s", st.msg);
+    /* rank 0 says when all its receives are posted: a close seen before
+     * then would fail its irecv, not the wait this case is about */
+    char go = 0;
+    mlxd_req* gq = NULL;
+    T_REQUIREF(t->ops->irecv(t, 0, win_tag(rd + 2, 0), NULL, &go, 1, &gq, &st) == 0, "irecv go: %s",
+               st.msg);
+    T_REQUIREF(wait1(t, gq, &st) == 0, "go: %s", st.msg);
     for (int k = 0; k < half; k++) {
       int rc = t->ops->isend(t, 0, win_tag(rd, k), NULL, sb + off[k], win_size(k, rd), &sq[k], &st);
       T_REQUIREF(rc == 0, "isend %d: %s", k, st.msg);
@@ -277,8 +284,15 @@ static int window_rank(mlxd_transport* t, void* arg) {
       int rc = t->ops->irecv(t, 1, win_tag(rd, k), NULL, rb + off[k], win_size(k, rd), &rq[k], &st);
       T_REQUIREF(rc == 0, "irecv %d: %s", k, st.msg);
     }
+    /* go, once every receive is posted; waited with them (its own wait
+     * could already see rank 1's close, which go allows) */
+    char go = 1;
+    static mlxd_req* all[WIN_N + 1];
+    memcpy(all, rq, sizeof rq);
+    T_REQUIREF(t->ops->isend(t, 1, win_tag(rd + 2, 0), NULL, &go, 1, &all[WIN_N], &st) == 0,
+               "isend go: %s", st.msg);
     double t0 = mlxd_now();
-    int rc = t->ops->waitall(t, rq, WIN_N, &st);
+    int rc = t->ops->waitall(t, all, WIN_N + 1, &st);
     T_CHECKF(rc == MLXD_EREMOTE && t_status_names_peer(&st, 1),
              "rank 1 closed with receives pending: rc %d: %s", rc, st.msg);
     T_CHECKF(mlxd_now() - t0 < 10.0, "took %.1f s to notice", mlxd_now() - t0);
