@@ -228,6 +228,27 @@ static int rank_quiet(int rank, int size, const char* session, void* arg) {
   return t_exit_status();
 }
 
+/* The ranks' log directory: made fresh, and removed with what the ranks
+ * of a mode leave there (their stderr, the failed/destroy marks). */
+static void logdir_make(ctx* x) {
+  snprintf(x->logdir, sizeof x->logdir, "/tmp/test_lazy.XXXXXX");
+  T_REQUIRE(mkdtemp(x->logdir) != NULL);
+}
+
+static void logdir_remove(const ctx* x, int nranks) {
+  char path[128];
+  for (int r = 0; r < nranks; r++) {
+    snprintf(path, sizeof path, "%s/rank%d.log", x->logdir, r);
+    unlink(path);
+  }
+  const char* marks[] = {"failed", "destroy"};
+  for (int i = 0; i < 2; i++) {
+    snprintf(path, sizeof path, "%s/%s", x->logdir, marks[i]);
+    unlink(path);
+  }
+  rmdir(x->logdir);
+}
+
 static void close_parent(void* arg);
 
 /* The quiet mode: runs of n ranks, each with fresh listeners; how many runs
@@ -724,8 +745,7 @@ int main(int argc, char** argv) {
     x.n = 2;
     x.nsets = 2;
   } else if (strcmp(mode, "quiet") == 0) {
-    snprintf(x.logdir, sizeof x.logdir, "/tmp/test_lazy.XXXXXX");
-    T_REQUIRE(mkdtemp(x.logdir) != NULL);
+    logdir_make(&x);
     /* MLXDIST_TEST_LIGHT=1 (the ThreadSanitizer run): fewer runs */
     int runs2 = t_env_int("MLXDIST_TEST_LIGHT", 0) == 1 ? 16 : 40, runs4 = runs2 / 4;
     int loud2 = quiet_runs(&x, 2, runs2);
@@ -733,12 +753,7 @@ int main(int argc, char** argv) {
     T_CHECKF(loud2 == 0 && loud4 == 0,
              "honest jobs printed a refused connection: %d of %d runs of 2 ranks, %d of %d of 4",
              loud2, runs2, loud4, runs4);
-    for (int r = 0; r < 4; r++) {
-      char path[128];
-      snprintf(path, sizeof path, "%s/rank%d.log", x.logdir, r);
-      unlink(path);
-    }
-    rmdir(x.logdir);
+    logdir_remove(&x, 4);
     return t_exit_status();
   } else if (strcmp(mode, "ring") != 0) {
     fprintf(stderr,
@@ -747,8 +762,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!x.g) x.g = x.n;
-  snprintf(x.logdir, sizeof x.logdir, "/tmp/test_lazy.XXXXXX");
-  T_REQUIRE(mkdtemp(x.logdir) != NULL);
+  logdir_make(&x);
   listen_all(&x);
   t_ranks_opts o = {.timeout_s = 60, .grace_s = 15, .after_fork = close_parent, .what = mode};
   int bad = t_run_ranks(x.n, fn, &x, &o, NULL);
@@ -774,18 +788,7 @@ int main(int argc, char** argv) {
       strcmp(x.mode, "intruder") != 0 && strcmp(x.mode, "never") != 0)
     for (int r = 0; r < x.n; r++)
       fprintf(stderr, "--- rank %d's stderr:\n%s", r, t_rank_log(x.logdir, r));
-  for (int r = 0; r < x.n; r++) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/rank%d.log", x.logdir, r);
-    unlink(path);
-  }
-  const char* marks[] = {"failed", "destroy"};
-  for (int i = 0; i < 2; i++) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", x.logdir, marks[i]);
-    unlink(path);
-  }
-  rmdir(x.logdir);
+  logdir_remove(&x, x.n);
   for (int s = 0; s < x.nsets; s++) mlxd_ring_hosts_free(&x.hosts_set[s]);
   return t_exit_status();
 }
