@@ -2,13 +2,12 @@
 #define MLXD_OSSL_NO_MACROS /* here the names are the table's members */
 #include "security/ossl.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "security/secret.h"
+#include "util/dl.h"
 
 #ifndef MLXDIST_LIBSSL
 #define MLXDIST_LIBSSL "libssl.so.3" /* CMakeLists.txt passes the found OpenSSL's */
@@ -22,24 +21,17 @@ static char load_err[300];
 
 static void load(void) {
   /* libssl brings libcrypto; a handle's dlsym searches both. Never closed: OpenSSL stays
-   * for the process's life (it marks itself NODELETE too). */
-  void* h = dlopen(MLXDIST_LIBSSL, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* d = dlerror();
-    snprintf(load_err, sizeof load_err, "%s", d ? d : "dlopen failed");
-    return;
-  }
+   * for the process's life (it marks itself NODELETE too). util/dl.c closes it if a
+   * function is missing. */
+  static const char* const names[] = {MLXDIST_LIBSSL};
   mlxd_ossl_table t;
-  void* p;
-#define MLXD_OSSL_LOAD(f)                                                    \
-  p = dlsym(h, #f);                                                          \
-  if (!p) {                                                                  \
-    snprintf(load_err, sizeof load_err, "%s has no %s", MLXDIST_LIBSSL, #f); \
-    return;                                                                  \
-  }                                                                          \
-  memcpy(&t.f, &p, sizeof p);
-  MLXD_OSSL_FNS(MLXD_OSSL_LOAD)
-#undef MLXD_OSSL_LOAD
+  mlxd_dl_sym syms[] = {
+#define MLXD_OSSL_SYM(f) {#f, &t.f},
+      MLXD_OSSL_FNS(MLXD_OSSL_SYM)
+#undef MLXD_OSSL_SYM
+  };
+  if (!mlxd_dl_open(names, 1, syms, sizeof syms / sizeof syms[0], NULL, load_err, sizeof load_err))
+    return;
   mlxd_ossl = t;
   /* Without OpenSSL's at-exit clean-up (secret.h says why). */
   if (mlxd_ossl.OPENSSL_init_ssl(OPENSSL_INIT_NO_ATEXIT, NULL) != 1) {

@@ -2,11 +2,10 @@
 #define MLXD_CJSON_NO_MACROS
 #include "util/cjson_rt.h"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <stdbool.h>
-#include <stdio.h>
-#include <string.h>
+
+#include "util/dl.h"
 
 /* The run-time name of the library cJSON's development files link (Debian: libcjson1). */
 #ifndef MLXDIST_LIBCJSON
@@ -21,27 +20,17 @@ static char load_err[300];
 
 static void load(void) {
   /* Never closed: the documents parsed hold pointers into it for as long as
-   * their callers keep them, and a second load would cost the same again. */
-  void* h = dlopen(MLXDIST_LIBCJSON, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char* d = dlerror();
-    snprintf(load_err, sizeof load_err, "%s", d ? d : "dlopen failed");
-    return;
-  }
+   * their callers keep them, and a second load would cost the same again.
+   * util/dl.c closes it if a function is missing. */
+  static const char* const names[] = {MLXDIST_LIBCJSON};
   mlxd_cjson_table t;
-  void* p;
-#define MLXD_CJSON_LOAD(f)                                                         \
-  p = dlsym(h, #f);                                                                \
-  if (!p) {                                                                        \
-    const char* d = dlerror();                                                     \
-    snprintf(load_err, sizeof load_err, "%s has no %s (%s)", MLXDIST_LIBCJSON, #f, \
-             d ? d : "dlsym failed");                                              \
-    dlclose(h);                                                                    \
-    return;                                                                        \
-  }                                                                                \
-  memcpy(&t.f, &p, sizeof p);
-  MLXD_CJSON_FNS(MLXD_CJSON_LOAD)
-#undef MLXD_CJSON_LOAD
+  mlxd_dl_sym syms[] = {
+#define MLXD_CJSON_SYM(f) {#f, &t.f},
+      MLXD_CJSON_FNS(MLXD_CJSON_SYM)
+#undef MLXD_CJSON_SYM
+  };
+  if (!mlxd_dl_open(names, 1, syms, sizeof syms / sizeof syms[0], NULL, load_err, sizeof load_err))
+    return;
   mlxd_cjson = t;
   load_ok = true;
 }
