@@ -654,8 +654,11 @@ static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* 
   for (int i = 0; i < n; i++) {
     struct mlxd_req* r = reqs[i];
     if (!r) continue;
-    /* Once failed, not reused: a fragment partly on the wire stays queued
-     * before the abort record (tcp_live.c, relay) */
+    /* Nothing refers to r any more: tcp_fail emptied every connection's
+     * queue after the relay's one write (a partly written fragment's rest
+     * and the abort record go only as far as the socket takes them then,
+     * tcp_live.c), and no queue is written once the transport failed. A
+     * failed transport's request goes back to the heap, not the free list. */
     if (t->err.code)
       free(r);
     else
