@@ -11,6 +11,7 @@
  *        (verbs in place of unix|tcp: the verbs transport, NCONN rails; real RDMA only,
  *        tests/vm/vm_verbs.sh)
  *        test_transport peer_exit | stall | large
+ *        test_transport abort_partial 2 unix|tcp NCONN   a failure with a send partly written
  *        test_transport bench [MiB] [iters] [nconn] [ranks]   (TCP loopback) */
 #include <errno.h>
 #include <pthread.h>
@@ -459,6 +460,52 @@ static int large_rank(mlxd_transport* t, void* arg) {
   return 0;
 }
 
+/* A failure found on rank 0 while a large send to rank 1 is partly on the
+ * wire (rank 1 reads nothing yet): the relay (tcp_live.c) writes what the
+ * socket takes of that fragment's rest and the abort record, then tcp_fail
+ * empties the queues; waitall frees the failed request. Rank 0 then lets
+ * heartbeats run and closes; rank 1 reads afterwards and must fail (rank 0's
+ * reason if the record got through, else the close mid-message), never hang
+ * or misread the stream.
+ * Under ASan a queue that still held the freed request's fragment, written
+ * or walked later, is a use after free. */
+static int abort_partial_rank(mlxd_transport* t, void* arg) {
+  (void)arg;
+  size_t n = (size_t)32 << 20;
+  char* buf = malloc(n);
+  T_REQUIREF(buf, "out of memory");
+  memset(buf, 7, n);
+  uint64_t tag = mlxd_tag(MLXD_TAG_P2P, 9, 0);
+  mlxd_status st;
+  mlxd_req* q = NULL;
+  if (t->rank == 0) {
+    T_REQUIREF(t->ops->isend(t, 1, tag, NULL, buf, n, &q, &st) == 0, "%s", st.msg);
+    usleep(300000); /* the socket fills: rank 1 reads nothing */
+    mlxd_status why;
+    mlxd_fail_at(&why, MLXD_EINVAL, MLXD_LAYER_TCP, "abort_partial: rank 0 gives up");
+    t->ops->abort(t, &why);
+    int rc = t->ops->waitall(t, &q, 1, &st);
+    T_CHECKF(rc == MLXD_EINVAL && strstr(st.msg, "rank 0 gives up"), "rc %d: %s", rc, st.msg);
+    T_CHECK(q == NULL);
+    usleep(1500000); /* heartbeats (every <= 1 s) meet the failed transport */
+  } else {
+    usleep(1000000);
+    T_REQUIREF(t->ops->irecv(t, 0, tag, NULL, buf, n, &q, &st) == 0, "%s", st.msg);
+    double t0 = mlxd_now();
+    int rc = t->ops->waitall(t, &q, 1, &st);
+    T_CHECKF(rc != 0, "rank 1 received a message rank 0 gave up on");
+    /* rank 0's reason, or its close in the middle of the message; anything
+     * else (a bad header) means the relay broke the stream */
+    T_CHECKF((rc == MLXD_EINVAL && strstr(st.msg, "rank 0 gives up")) ||
+                 (rc == MLXD_EREMOTE && strstr(st.msg, "lost connection to rank 0")),
+             "rank 1: %d: %s", rc, st.msg);
+    T_CHECKF(mlxd_now() - t0 < 10.0, "rank 1 took %.1f s to fail", mlxd_now() - t0);
+    fprintf(stderr, "rank 1: %d: %s\n", rc, st.msg);
+  }
+  free(buf);
+  return 0;
+}
+
 /* ------------------------------------------------ throughput */
 
 typedef struct bench_arg {
@@ -532,6 +579,8 @@ int main(int argc, char** argv) {
   } else if (strcmp(mode, "stall") == 0) {
     setenv("MLXDIST_OP_TIMEOUT", "2", 1);
     expect_all_ok(2, stall_rank, NULL, 60);
+  } else if (strcmp(mode, "abort_partial") == 0) {
+    expect_all_ok(2, abort_partial_rank, NULL, 60);
   } else if (strcmp(mode, "large") == 0) {
     if (!verbs) g_spec.kind = T_TP_TCP;
     expect_all_ok(2, large_rank, NULL, 600);
