@@ -37,7 +37,7 @@ int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, c
 /* As mlxd_algo_all_gather, for a group's set-up exchanges: the algorithm
  * depends on the group size and nbytes alone, never on the environment
  * (MLXDIST_SMALL_BYTES, MLXDIST_SMALL_ALGO), so ranks that disagree on those
- * still meet here and the exchange can say so: Bruck's log-depth rounds
+ * still meet here and the exchange can say so: recursive doubling (log depth)
  * from MLXD_LOGN_NET_AG_RANKS ranks up to 256 KiB gathered, direct below,
  * the ring above. sig: none (set-up messages are unsigned). */
 int mlxd_algo_all_gather_setup(mlxd_transport* t, uint64_t seq, const void* in, void* out,

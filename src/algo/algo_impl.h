@@ -40,15 +40,16 @@ int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_si
 /* The log-depth forms (logdepth.c: the fold for sizes that are not a power
  * of two and the one reduction order are described there): all_reduce by
  * recursive doubling, reduce_scatter by recursive halving, all_gather by
- * Bruck's rounds; ceil(log2 size) (+ 2 with the fold) steps, one peer each. */
+ * recursive doubling; log2 of the largest power of two <= size (+ 2 with the
+ * fold) steps, one peer each, the same peers in all three. */
 int mlxd_algo_all_reduce_rd(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                             void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                             mlxd_status* st);
 int mlxd_algo_reduce_scatter_rh(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
                                 const void* in, void* out, size_t count, mlx_dtype dtype,
                                 mlxd_reduce_op op, mlxd_status* st);
-int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
-                               void* out, size_t nbytes, mlxd_status* st);
+int mlxd_algo_all_gather_rd(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                            void* out, size_t nbytes, mlxd_status* st);
 /* Within the small limit, the dispatchers take the log-depth form where it
  * beat the one-shot / direct one on this machine (docs/performance.md,
  * "Small collectives in log N steps"), unless MLXDIST_SMALL_ALGO forces one.

@@ -1,5 +1,5 @@
-/* all_gather: direct exchange (small groups) or Bruck's rounds (large ones,
- * logdepth.c) for small payloads, pipelined ring otherwise. */
+/* all_gather: direct exchange (small groups) or recursive doubling (large
+ * ones, logdepth.c) for small payloads, pipelined ring otherwise. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,7 +112,7 @@ int mlxd_algo_all_gather_upto(mlxd_transport* t, size_t small, uint64_t seq, con
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
   if (t->size <= 2 || total <= small) {
     if (total <= small && mlxd_algo_logn(t, MLXD_SMALL_AG, total))
-      return mlxd_algo_all_gather_bruck(t, seq, sig, in, out, nbytes, st);
+      return mlxd_algo_all_gather_rd(t, seq, sig, in, out, nbytes, st);
     return mlxd_algo_all_gather_direct(t, seq, sig, in, out, nbytes, st);
   }
   return mlxd_algo_all_gather_ring(t, seq, sig, in, out, nbytes, -1, st);
@@ -129,6 +129,6 @@ int mlxd_algo_all_gather_setup(mlxd_transport* t, uint64_t seq, const void* in, 
   if (t->size > 2 && total > ((size_t)256 << 10))
     return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, -1, st);
   if (t->size >= MLXD_LOGN_NET_AG_RANKS)
-    return mlxd_algo_all_gather_bruck(t, seq, NULL, in, out, nbytes, st);
+    return mlxd_algo_all_gather_rd(t, seq, NULL, in, out, nbytes, st);
   return mlxd_algo_all_gather_direct(t, seq, NULL, in, out, nbytes, st);
 }

@@ -1,6 +1,6 @@
 /* Log-depth forms of the small collectives, for large groups: recursive
- * doubling all_reduce, recursive halving reduce_scatter and Bruck's
- * all_gather. Each rank talks to about log2(size) peers per op instead of
+ * doubling all_reduce and all_gather, and recursive halving
+ * reduce_scatter. Each rank talks to about log2(size) peers per op instead of
  * size - 1 (the one-shot / direct forms), and sends fewer bytes: the
  * dispatchers (all_reduce.c, reduce_scatter.c, all_gather.c) choose them
  * for small buffers in large groups (mlxd_algo_logn, common.c; the
@@ -10,7 +10,10 @@
  * of two <= size and rem = size - p2, ranks 2v and 2v + 1 (v < rem) pair up:
  * the even one hands its data to the odd one, which takes part as virtual
  * rank v; rank r >= 2 rem is virtual rank r - rem. Virtual ranks keep the
- * real ranks' order.
+ * real ranks' order. The three forms pair the same ranks (the fold's
+ * pairs, then virtual ranks v and v ^ d), so a group that runs all three
+ * connects each rank to at most log2(size) + 1 peers (Bruck's all_gather,
+ * used before, sends to r - d and receives from r + d: twice as many).
  *
  * The reduction order (bit-identical results on every rank, for every
  * dtype and op): a pair of the fold combines (rank 2v) OP (rank 2v + 1);
@@ -30,7 +33,7 @@
 #include "core/buffer.h"
 
 /* Steps of the tags (16 bits): the fold's two hand-overs, then one per
- * doubling/halving step or Bruck round (at most 31 of them). */
+ * doubling or halving step (at most 31 of them). */
 enum { STEP_FOLD_IN = 1, STEP_FOLD_OUT = 2, STEP_FIRST = 3 };
 
 /* Scratch of up to this many bytes lives on the stack. */
@@ -176,33 +179,37 @@ int mlxd_algo_reduce_scatter_rh(mlxd_transport* t, uint64_t seq, const mlxd_sig*
   return st->code;
 }
 
-int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
-                               void* out, size_t nbytes, mlxd_status* st) {
+int mlxd_algo_all_gather_rd(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                            void* out, size_t nbytes, mlxd_status* st) {
   mlxd_status_reset(st);
   assert(t->size >= 2 && (nbytes == 0 || (in && out)));
-  int n = t->size, r = t->rank;
+  int n = t->size, r = t->rank, p2 = pow2_floor(n), rem = n - p2, v = virt_of(r, rem);
   size_t all = mlxd_algo_mul(nbytes, (size_t)n);
   if (nbytes == 0) return 0;
-  /* tmp holds blocks r, r + 1, ... (mod n) in that order */
-  _Alignas(64) char stack_tmp[LOGN_STACK_BYTES];
-  char* tmp = all <= sizeof stack_tmp ? stack_tmp : mlxd_buffer_alloc(all);
-  if (!tmp) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", all);
-  memcpy(tmp, in, nbytes);
+  if (v < 0) return fold_even(t, seq, sig, in, nbytes, out, all, st);
+  /* out is the work area: virtual rank w's blocks are those of the real
+   * ranks [first_real(w), first_real(w + 1)), at their place in out */
+  char* o = out;
+  char* own = o + (size_t)r * nbytes;
+  if (own != (const char*)in) memmove(own, in, nbytes);
+  if (r < 2 * rem) { /* the odd rank of a fold pair also holds rank r - 1's block */
+    uint64_t tin = mlxd_tag(MLXD_TAG_COLL, seq, STEP_FOLD_IN);
+    if (exchange(t, r - 1, tin, sig, NULL, 0, own - nbytes, nbytes, st)) return st->code;
+  }
+  /* before the step with distance d this rank holds the aligned run of d
+   * virtual ranks around v; the partner v ^ d holds the run next to it */
   unsigned step = STEP_FIRST;
-  for (int d = 1; d < n; d *= 2, step++) {
-    size_t cnt = (size_t)(d < n - d ? d : n - d) * nbytes;
+  for (int d = 1; d < p2; d *= 2, step++) {
+    int lo = v & ~(d - 1), plo = (v ^ d) & ~(d - 1);
+    size_t soff = (size_t)first_real(lo, rem) * nbytes;
+    size_t send = (size_t)first_real(lo + d, rem) * nbytes - soff;
+    size_t roff = (size_t)first_real(plo, rem) * nbytes;
+    size_t rn = (size_t)first_real(plo + d, rem) * nbytes - roff;
     uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, step);
-    mlxd_req* reqs[2] = {NULL, NULL};
-    int rc = t->ops->irecv(t, (r + d) % n, tag, sig, tmp + (size_t)d * nbytes, cnt, &reqs[0], st);
-    if (!rc) rc = t->ops->isend(t, (r - d + n) % n, tag, sig, tmp, cnt, &reqs[1], st);
-    if (mlxd_algo_drain(t, reqs, 2, st)) break;
-    if (d > n / 2) break; /* d * 2 would overflow no sooner than here */
+    if (exchange(t, real_of(v ^ d, rem), tag, sig, o + soff, send, o + roff, rn, st))
+      return st->code;
   }
-  if (!st->code) {
-    size_t head = (size_t)(n - r) * nbytes; /* blocks r..n-1 */
-    memcpy((char*)out + (size_t)r * nbytes, tmp, head);
-    memcpy(out, tmp + head, all - head);
-  }
-  if (tmp != stack_tmp) mlxd_buffer_free(tmp, all);
+  if (r < 2 * rem)
+    exchange(t, r - 1, mlxd_tag(MLXD_TAG_COLL, seq, STEP_FOLD_OUT), sig, out, all, NULL, 0, st);
   return st->code;
 }

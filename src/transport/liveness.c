@@ -15,6 +15,8 @@ void mlxd_live_cfg_load(mlxd_live_cfg* c) {
   c->op_s = mlxd_tunable_double(MLXD_T_OP_TIMEOUT);
   double b = c->dead_s / 6;
   c->beat_s = b < 0.05 ? 0.05 : b > 1.0 ? 1.0 : b;
+  double f = (c->warn_s > 0 && c->warn_s < c->dead_s ? c->warn_s : c->dead_s) / 6;
+  c->frame_s = f < c->beat_s ? c->beat_s : f > 10.0 ? 10.0 : f;
 }
 
 void mlxd_live_note_clean(char* out, size_t n, const unsigned char* src, size_t len) {

@@ -12,10 +12,12 @@
  *    stderr (mlxd_live_warn), with what it said it was doing last.
  *  - MLXDIST_OP_TIMEOUT (default 1800 s): a wait that made no progress for
  *    this long fails (MLXD_ETIMEDOUT) even though its peers are alive.
- * Heartbeats: every rank with a transport sends each peer a sign of life at
- * least every mlxd_live_cfg.beat_s seconds from the watchdog thread
- * (core/watchdog.h), so a rank busy in its own computation for an hour is
- * never taken for dead. A heartbeat carries the sender's note (a short
+ * Heartbeats: every rank with a transport gives each peer a sign of life
+ * from the watchdog thread (core/watchdog.h), which ticks every
+ * mlxd_live_cfg.beat_s seconds (a counter in shared memory, an RDMA write;
+ * over TCP a frame every frame_s, at most 10 s: a frame wakes the peer, and
+ * at 1,024 ranks 1 s frames were 8% of a job's CPU), so a rank busy in its
+ * own computation for an hour is never taken for dead. A heartbeat carries the sender's note (a short
  * printable text from core/oprec.h: "in all_sum #17 for 3.2 s"), kept by
  * the receiver for its warnings.
  *
@@ -32,10 +34,12 @@
 #define MLXD_NOTE_MAX 64 /* a peer's note, NUL included */
 
 typedef struct mlxd_live_cfg {
-  double dead_s; /* MLXDIST_TIMEOUT */
-  double warn_s; /* MLXDIST_WARN_AFTER (0: never warn) */
-  double op_s;   /* MLXDIST_OP_TIMEOUT */
-  double beat_s; /* heartbeat period: dead_s / 6, within [0.05 s, 1 s] */
+  double dead_s;  /* MLXDIST_TIMEOUT */
+  double warn_s;  /* MLXDIST_WARN_AFTER (0: never warn) */
+  double op_s;    /* MLXDIST_OP_TIMEOUT */
+  double beat_s;  /* the watchdog tick: dead_s / 6, within [0.05 s, 1 s] */
+  double frame_s; /* TCP: a heartbeat frame to each peer: min(dead_s, warn_s) / 6, within
+                   * [beat_s, 10 s] (a peer's note in a warning is at most this old) */
 } mlxd_live_cfg;
 
 /* Read the three variables (values were validated at init). */

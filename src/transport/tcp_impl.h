@@ -140,7 +140,8 @@ typedef struct tcp_conn {
   unsigned char ctrl_buf[MLXD_TCP_ABORT_MAX];
   tcp_frag beat, abort;
   char beat_note[MLXD_TCP_BEAT_MAX];
-  bool ep_out; /* registered for EPOLLOUT too */
+  double beat_at; /* mlxd_now() when its last heartbeat was queued (0: never) */
+  bool ep_out;    /* registered for EPOLLOUT too */
 } tcp_conn;
 
 typedef struct tcp_peer {

@@ -4,8 +4,9 @@
  * Heartbeats. The watchdog thread (core/watchdog.h) calls beat() every
  * mlxd_live_cfg.beat_s: it runs a lazy transport's dialer once when no
  * thread is progressing (a rank busy outside mlxdist still answers its
- * peers' handshakes); then for every peer it has a connection to, when the first connection's send
- * queue is empty, it queues a heartbeat frame carrying this rank's note
+ * peers' handshakes); then for every peer it has a connection to, when the
+ * first connection's send queue is empty and its last heartbeat is
+ * mlxd_live_cfg.frame_s old, it queues a heartbeat frame carrying this rank's note
  * (core/oprec.h) and writes what the socket takes at once; when the queue
  * is not empty and no thread is progressing, it writes what the socket
  * takes of it (a rank busy in its own computation still finishes a
@@ -60,7 +61,6 @@ static void enqueue(tcp_conn* c, tcp_frag* f) {
 }
 
 static void beat(void* ctx, double now) {
-  (void)now;
   tcp_transport* t = ctx;
   char note[MLXD_NOTE_MAX];
   mlxd_oprec_note(note, sizeof note);
@@ -74,6 +74,9 @@ static void beat(void* ctx, double now) {
     tcp_conn* c = t->conns[p]; /* its first connection; NULL: never used */
     if (p == t->base.rank || !c || c->fd < 0 || c->eof) continue;
     if (!c->qhead) {
+      /* half a tick early: the ticks are not exact */
+      if (c->beat_at > 0 && now - c->beat_at < t->live.frame_s - t->live.beat_s / 2) continue;
+      c->beat_at = now;
       memcpy(c->beat_note, note, len);
       frag_ctrl(&c->beat, MLXD_TCP_CTRL_BEAT, c->beat_note, len);
       enqueue(c, &c->beat);

@@ -18,8 +18,10 @@
  *                         two others and tcp to that rank; shm with such a
  *                         rank fails naming it; bad / disagreeing values (also of
  *                         MLXDIST_ALGO) fail clearly */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/tcp.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sched.h>
@@ -474,6 +476,55 @@ static int idle_rank(int rank, int size) {
   return 0;
 }
 
+/* ---- heartbeat frames: how many arrive while both ranks idle ---- */
+/* Data segments this process's established TCP sockets have received
+ * (the kernel's count, whether or not anyone read them). */
+static long tcp_segs_in(void) {
+  DIR* d = opendir("/proc/self/fd");
+  T_ASSERT(d);
+  long segs = 0;
+  struct dirent* e;
+  while ((e = readdir(d)) != NULL) {
+    int fd = atoi(e->d_name);
+    if (e->d_name[0] < '0' || e->d_name[0] > '9' || fd == dirfd(d)) continue;
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0 &&
+        ti.tcpi_state == 1 /* ESTABLISHED */)
+      segs += (long)ti.tcpi_data_segs_in;
+  }
+  closedir(d);
+  return segs;
+}
+
+/* argv: MLXDIST_TIMEOUT, then the fewest and most frames a rank may receive
+ * in 3 s of idling (heartbeat frames every min(MLXDIST_TIMEOUT,
+ * MLXDIST_WARN_AFTER) / 6 seconds, within [the 1 s watchdog tick, 10 s]). */
+static const char* g_beat_timeout;
+static long g_beat_lo, g_beat_hi;
+static int beats_rank(int rank, int size) {
+  setenv("MLXDIST_TRANSPORT", "tcp", 1);
+  setenv("MLXDIST_TIMEOUT", g_beat_timeout, 1);
+  mlx_distributed_group g = init_ring();
+  T_EQ_INT(check_sum(g, size, 1000), 0);
+  usleep(1200000); /* the first frame on a new connection goes at the first tick */
+  long s0 = tcp_segs_in();
+  double t0 = t_now();
+  sleep(3);
+  long got = tcp_segs_in() - s0;
+  double dt = t_now() - t0;
+  fprintf(stderr, "beats: rank %d got %ld frames in %.2f s (MLXDIST_TIMEOUT %s)\n", rank, got, dt,
+          g_beat_timeout);
+  if (dt < 3.5) { /* a rank descheduled for long on a loaded machine proves nothing */
+    T_ASSERT(got >= g_beat_lo);
+    T_ASSERT(got <= g_beat_hi);
+  }
+  T_EQ_INT(check_sum(g, size, 1000), 0);
+  mlx_distributed_group_free(g);
+  return 0;
+}
+
 /* ---- transport selection ---- */
 static int g_tmode; /* 0: one host, 1: rank 2 in its own IPC namespace, 2: shm cannot start */
 static const char* g_tsetting; /* MLXDIST_TRANSPORT for every rank (NULL: rank-dependent) */
@@ -763,6 +814,14 @@ int main(int argc, char** argv) {
   } else if (strcmp(mode, "idle") == 0) {
     n = 2;
     ok = spawn(n, 1, idle_rank, codes, 30);
+    T_EQ_INT(ok, 2);
+  } else if (strcmp(mode, "beats") == 0) {
+    T_ASSERT(argc == 5);
+    g_beat_timeout = argv[2];
+    g_beat_lo = atol(argv[3]);
+    g_beat_hi = atol(argv[4]);
+    n = 2;
+    ok = spawn(n, 1, beats_rank, codes, 30);
     T_EQ_INT(ok, 2);
   } else if (strcmp(mode, "badhost") == 0) {
     badhost();
