@@ -195,7 +195,7 @@ static void array_destroy(mlxd_array* a) {
 
 mlxd_array* mlxd_array_alloc(const int* shape, int ndim, mlx_dtype dtype, bool pending,
                              mlxd_status* st) {
-  size_t size, nbytes;
+  size_t size = 0, nbytes = 0; /* shape_check sets both; gcc -O3 cannot tell */
   if (shape_check(shape, ndim, (int)dtype, &size, &nbytes, st)) return NULL;
   mlxd_array* a = array_meta(shape, ndim, dtype, size, nbytes, st);
   if (!a) return NULL;
@@ -344,7 +344,7 @@ int mlx_array_free(mlx_array arr) {
 
 static mlxd_array* new_copy(const void* data, const int* shape, int dim, mlx_dtype dtype,
                             mlxd_status* st) {
-  size_t size, nbytes;
+  size_t size = 0, nbytes = 0; /* shape_check sets both; gcc -O3 cannot tell */
   if (shape_check(shape, dim, (int)dtype, &size, &nbytes, st)) return NULL;
   if (!data && size > 0) {
     mlxd_fail(st, MLXD_EINVAL,
@@ -367,7 +367,7 @@ mlx_array mlx_array_new_data(const void* data, const int* shape, int dim, mlx_dt
 static mlx_array new_managed(void* data, const int* shape, int dim, mlx_dtype dtype, void* dtor_arg,
                              void (*dtor)(void*)) {
   mlxd_status st;
-  size_t size, nbytes;
+  size_t size = 0, nbytes = 0; /* shape_check sets both; gcc -O3 cannot tell */
   if (shape_check(shape, dim, (int)dtype, &size, &nbytes, &st)) return report_null(&st);
   if (!data && size > 0) {
     mlxd_fail(&st, MLXD_EINVAL,
