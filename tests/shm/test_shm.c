@@ -884,11 +884,12 @@ static void local_errors(void) {
 
 /* ---- cma_crowded, cma_quiet, cma_off: the single copy by default ----
  * Two ranks; after a word from rank 1 to rank 0, rank 0 sends rank 1 a
- * message of MLXD_SHM_CMA_CROWDED_BYTES, then one of a byte less. Which path each took shows in the pair's
- * segment: the ring path writes and reads its data slots (every slot of
- * the ring, the message being 32 times a ring), the single copy touches
- * only the pair's first page (its slot headers), so the pages of the pair
- * mapped into a rank (Rss in /proc/self/smaps) tell them apart.
+ * message of MLXD_SHM_CMA_CROWDED_BYTES, then one of a byte less. Which
+ * path each took shows in the pair's segment: the ring path writes and
+ * reads its data slots (every slot of the ring, the message being 32 times
+ * a ring), the single copy touches only the pair's first page (its slot
+ * headers), so the pages of the pair mapped into a rank (Rss in
+ * /proc/self/smaps) tell them apart.
  * cma_crowded: both ranks pinned to one CPU, MLXDIST_SHM_CMA_BYTES unset:
  * the first message in one copy, the second on the rings. cma_off: the
  * same with MLXDIST_SHM_CMA_BYTES=0: both on the rings. cma_quiet: two
@@ -897,7 +898,7 @@ static void local_errors(void) {
  * rings whatever its rule, and the test says so and skips (77). */
 
 typedef struct cma_seen {
-  int read_err; /* this rank's own process_vm_readv of its peer: 0 ok, else errno (-1: wrong value) */
+  int read_err;  /* its own process_vm_readv of its peer: 0 ok, an errno, -1 a wrong value */
   size_t rss[2]; /* bytes of the pair's segment mapped after the first / second message */
   int done;      /* the rank got that far */
 } cma_seen;
