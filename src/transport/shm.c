@@ -32,19 +32,26 @@
  * chunks in consecutive slots of its ring (so chunks of different messages
  * never interleave on one ring; a zero-byte message is one empty chunk).
  *
- * Large messages (>= MLXDIST_SHM_CMA_BYTES; default 0 = off) use a single copy when cross-memory
- * attach works (probed when a pair is first mapped, by a rank with the
- * threshold set: it reads a value from its peer with process_vm_readv and
- * says so in the pair's header): the sender puts one "ready to send" slot holding
- * its buffer's address, the receiver reads the bytes straight from the
- * sender's memory into the receive buffer and bumps `acked`; the send
- * completes when its ticket is acked. Where CMA is refused (ptrace policy,
- * seccomp) every message takes the two-copy ring path, which pipelines
- * because producer and consumer work on different slots at the same time.
- * On VMs with paravirtualised page tables process_vm_readv is far slower
- * than memcpy and the two-copy rings win at every size (docs/ring.md has
- * the measurement), so the single-copy path is opt-in (MLXDIST_SHM_CMA_BYTES=65536 is a good value
- * where CMA is cheap).
+ * Large messages (>= cma_min) use a single copy when cross-memory attach
+ * works (probed when a pair is first mapped, by a rank with a threshold: it
+ * reads a value from its peer with process_vm_readv and says so in the
+ * pair's header): the sender puts one "ready to send" slot holding its
+ * buffer's address, the receiver reads the bytes straight from the sender's
+ * memory into the receive buffer and bumps `acked`; the send completes when
+ * its ticket is acked. Where CMA is refused (ptrace policy, seccomp) every
+ * message takes the two-copy ring path, which pipelines because producer
+ * and consumer work on different slots at the same time. A send that makes
+ * the pair finds no probe yet and takes the rings. The threshold (spin.h
+ * mlxd_shm_cma_bytes_for): MLXDIST_SHM_CMA_BYTES when set (0: off); unset,
+ * 32 MiB on a crowded host (more of the group's ranks on it than CPUs this
+ * process may run on), where a ring step waits for the sender and the
+ * receiver to be on a CPU at once and a single copy needs only the
+ * receiver, and off otherwise: on VMs with paravirtualised page tables
+ * process_vm_readv is slower than memcpy and the rings win at every size
+ * measured (docs/ring.md). The ring algorithms' 256 KiB chunks stay below
+ * 32 MiB: the rule reaches whole-buffer messages (send/recv, the direct
+ * all_gather of 2 ranks); docs/performance.md, "Single copy by default on
+ * a crowded host", has the measurements.
  *
  * Matching. The receiver drains every mapped incoming ring whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against

@@ -294,7 +294,7 @@ typedef struct shm_transport {
   int watch;             /* the heartbeat's watchdog registration (0: none) */
   double spin_s;
   double check_s; /* liveness checks / longest sleep of a wait: SHM_CHECK_S or _CROWDED_S */
-  size_t cma_min; /* MLXDIST_SHM_CMA_BYTES; 0: never */
+  size_t cma_min; /* single copy from this size (spin.h mlxd_shm_cma_bytes_for); 0: never */
   bool oversubscribed;
   bool deferred;           /* the last progress pass left a message without a receive in its ring */
   int waiting;             /* threads inside wait_run (under mu; mu is dropped while they sleep) */

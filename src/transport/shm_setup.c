@@ -509,8 +509,7 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   t->spin_s = spin.spin_s;
   t->oversubscribed = spin.yield;
   t->check_s = here > SHM_CROWDED_FACTOR * spin.cpus ? SHM_CHECK_CROWDED_S : SHM_CHECK_S;
-  long cma_min = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
-  t->cma_min = cma_min > 0 ? (size_t)cma_min : 0;
+  t->cma_min = mlxd_shm_cma_bytes_for(spin.crowded);
   t->peers = calloc((size_t)size, sizeof *t->peers);
   t->active = calloc((size_t)size, sizeof *t->active);
   if (!t->peers || !t->active) {

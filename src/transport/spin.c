@@ -1,7 +1,12 @@
 /* The spin rule (spin.h): a rank that shares its CPUs with more ranks of its
  * group than there are CPUs must not hold one spinning while the peer it
  * waits for sits descheduled behind it. docs/performance.md, "Spinning on
- * a crowded machine", has the measurements behind the numbers. */
+ * a crowded machine", has the measurements behind the numbers.
+ *
+ * The single-copy rule (spin.h) has the same cause: a ring copy needs the
+ * sender and the receiver on a CPU at the same time, a process_vm_readv only
+ * the receiver. docs/performance.md, "Single copy by default on a crowded
+ * host", has its measurements. */
 #include "transport/spin.h"
 
 #include <sched.h>
@@ -34,4 +39,13 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks) {
   if (us > 1e6) us = 1e6;
   r.spin_s = us * 1e-6;
   return r;
+}
+
+size_t mlxd_shm_cma_bytes_for(bool crowded) {
+  const char* set = getenv(mlxd_tunable_env_name(MLXD_T_SHM_CMA_BYTES));
+  if (set && *set) {
+    long n = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
+    return n > 0 ? (size_t)n : 0;
+  }
+  return crowded ? MLXD_SHM_CMA_CROWDED_BYTES : 0;
 }

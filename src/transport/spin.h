@@ -1,9 +1,11 @@
-/* Private: how a waiting thread spends the time before it blocks, decided
- * once per transport from how crowded its host is. */
+/* Private: what a transport does differently on a crowded host, decided
+ * once per transport: how a waiting thread spends the time before it blocks,
+ * and from what size shared memory moves a message in one copy. */
 #ifndef MLXD_SPIN_H
 #define MLXD_SPIN_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* The spin budget of a rank on a crowded host (more of the group's ranks on
  * it than CPUs this process may run on), unless MLXDIST_SPIN_US is set. */
@@ -23,5 +25,19 @@ typedef struct mlxd_spin_rule {
  * is the budget in both cases (the yield still follows the crowding).
  * Never blocks (one sched_getaffinity call), takes no lock, cannot fail. */
 mlxd_spin_rule mlxd_spin_rule_for(int local_ranks);
+
+/* The single-copy threshold of the shared-memory transport on a crowded
+ * host, unless MLXDIST_SHM_CMA_BYTES is set: 32 MiB. */
+#define MLXD_SHM_CMA_CROWDED_BYTES ((size_t)32 << 20)
+
+/* The shared-memory transport's single-copy threshold (shm.c: a message of
+ * at least this many bytes is read by its receiver straight from the
+ * sender's memory with process_vm_readv, where the pair's probe found that
+ * allowed; 0: never) for a host that is crowded or not (mlxd_spin_rule's
+ * `crowded`). MLXDIST_SHM_CMA_BYTES set in the environment (to anything
+ * non-empty, 0 included: off) is the answer on every host; unset, it is
+ * MLXD_SHM_CMA_CROWDED_BYTES when crowded and 0 otherwise. Reads the
+ * environment only; takes no lock, cannot fail. */
+size_t mlxd_shm_cma_bytes_for(bool crowded);
 
 #endif

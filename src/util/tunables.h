@@ -125,7 +125,10 @@ typedef struct mlxd_tunable_spec {
     "Shared-memory transport: messages of at least this many bytes are read "                     \
     "in one copy from the sender's memory (process_vm_readv) where the "                          \
     "kernel allows it; 0 disables that (every message goes through the "                          \
-    "shared rings).")                                                                             \
+    "shared rings). Unset, a host with more of the group's ranks than CPUs "                      \
+    "the process may run on (sched_getaffinity) uses 33554432 (32 MiB) and "                      \
+    "any other host 0; set, to any value, 0 included, it applies to every "                       \
+    "host.")                                                                                      \
   X(VERBS_ZCOPY_BYTES, "MLXDIST_VERBS_ZCOPY_BYTES", "262144",                                     \
     MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),                                                 \
     "verbs transport (jaccl): messages of at least this many bytes skip the "                     \

@@ -4,11 +4,14 @@
  * that dies, timeouts and failure propagation, CPU use while waiting, and
  * set-up errors; pairs' rings made on first contact only (lazy), and a
  * first contact whose peer died, stalled or was impersonated, or that an
- * abort ends at once. Usage: test_shm <section> <ranks>. */
+ * abort ends at once; which path a message of the single-copy threshold
+ * takes by default on a crowded host and on one that is not (cma_*).
+ * Usage: test_shm <section> <ranks>. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -17,12 +20,15 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ranks.h"
 #include "testutil.h"
 #include "transport/shm.h"
+#include "transport/shm_impl.h"
+#include "transport/spin.h"
 
 static unsigned char val(int src, int dst, uint64_t tag, size_t i) {
   return (unsigned char)(src * 131 + dst * 31 + (int)(tag * 7) + (int)(i * 13) + (int)(i >> 9));
@@ -876,12 +882,217 @@ static void local_errors(void) {
   t->ops->destroy(t);
 }
 
+/* ---- cma_crowded, cma_quiet, cma_off: the single copy by default ----
+ * Two ranks; after a word from rank 1 to rank 0, rank 0 sends rank 1 a
+ * message of MLXD_SHM_CMA_CROWDED_BYTES, then one of a byte less. Which
+ * path each took shows in the pair's segment: the ring path writes and
+ * reads its data slots (every slot of the ring, the message being 32 times
+ * a ring), the single copy touches only the pair's first page (its slot
+ * headers), so the pages of the pair mapped into a rank (Rss in
+ * /proc/self/smaps) tell them apart.
+ * cma_crowded: both ranks pinned to one CPU, MLXDIST_SHM_CMA_BYTES unset:
+ * the first message in one copy, the second on the rings. cma_off: the
+ * same with MLXDIST_SHM_CMA_BYTES=0: both on the rings. cma_quiet: two
+ * CPUs, unset: both on the rings. Each rank also tries process_vm_readv
+ * on its peer itself: where the kernel refuses it the transport takes the
+ * rings whatever its rule, and the test says so and skips (77). */
+
+typedef struct cma_seen {
+  int read_err;  /* its own process_vm_readv of its peer: 0 ok, an errno, -1 a wrong value */
+  size_t rss[2]; /* bytes of the pair's segment mapped after the first / second message */
+  int done;      /* the rank got that far */
+} cma_seen;
+
+static cma_seen* g_cma; /* one per rank, shared by the forked ranks (main maps it) */
+
+/* Each rank's word, at the same address in every rank (they are forks of
+ * one process): a peer's is read through CMA and compared with what it
+ * must hold. */
+static volatile uint64_t g_cma_word;
+
+static uint64_t cma_word_of(pid_t pid) { return 0x6d6c7864636d6100ull ^ (uint64_t)pid; }
+
+/* Bytes of the mappings of /dev/shm/<prefix>... resident in this process. */
+static size_t shm_rss(const char* prefix) {
+  FILE* f = fopen("/proc/self/smaps", "r");
+  T_REQUIREF(f != NULL, "open /proc/self/smaps: %s", strerror(errno));
+  char line[1024], want[400];
+  snprintf(want, sizeof want, "/dev/shm/%s", prefix);
+  bool in = false;
+  int found = 0;
+  size_t kb_total = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long a, b;
+    if (sscanf(line, "%lx-%lx ", &a, &b) == 2) { /* a mapping's first line */
+      in = strstr(line, want) != NULL;
+      found += in;
+      continue;
+    }
+    size_t kb;
+    if (in && sscanf(line, "Rss: %zu kB", &kb) == 1) kb_total += kb;
+  }
+  fclose(f);
+  T_REQUIREF(found == 1, "%d mappings of /dev/shm/%s* (expected the pair's one)", found, prefix);
+  return kb_total * 1024;
+}
+
+static int rank_cma(int rank, int size, const char* name, void* arg) {
+  (void)arg;
+  T_ASSERT(size == 2);
+  int peer = 1 - rank;
+  g_cma_word = cma_word_of(getpid());
+  mlxd_transport* t = join(rank, size, name); /* every rank's pid is in g_pids from here on */
+  uint64_t v = 0;
+  struct iovec local = {&v, sizeof v};
+  struct iovec remote = {(void*)(uintptr_t)&g_cma_word, sizeof v};
+  ssize_t got = process_vm_readv(g_pids[peer], &local, 1, &remote, 1, 0);
+  g_cma[rank].read_err =
+      got == (ssize_t)sizeof v ? (v == cma_word_of(g_pids[peer]) ? 0 : -1) : (got < 0 ? errno : -1);
+  char pair[300];
+  snprintf(pair, sizeof pair, "%s~0-1~", name);
+  /* First a word from rank 1: the pair is then mapped on both sides, and
+   * rank 1's probe of rank 0 (made when it maps the pair) is in the pair's
+   * header before rank 0 sends (a send that makes the pair finds no probe
+   * yet and takes the rings). A word travels in its slot's header. */
+  mlxd_status st0;
+  mlxd_status_clear(&st0);
+  mlxd_req* q0 = NULL;
+  uint64_t hi = rank == 1 ? 0x1234 : 0;
+  T_REQUIREF((rank == 1 ? t->ops->isend(t, 0, 69, NULL, &hi, sizeof hi, &q0, &st0)
+                        : t->ops->irecv(t, 1, 69, NULL, &hi, sizeof hi, &q0, &st0)) == 0,
+             "%s", st0.msg);
+  T_REQUIREF(wait1(t, q0, &st0) == 0, "the first word: %s", st0.msg);
+  T_REQUIREF(hi == 0x1234, "the first word is %llx", (unsigned long long)hi);
+  const size_t n = MLXD_SHM_CMA_CROWDED_BYTES;
+  unsigned char* buf = malloc(n);
+  T_REQUIREF(buf != NULL, "malloc %zu", n);
+  for (int k = 0; k < 2; k++) {
+    size_t len = n - (size_t)k; /* the threshold, then a byte less */
+    uint64_t tag = 70 + (uint64_t)k;
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    mlxd_req* q = NULL;
+    if (rank == 0) {
+      fill(buf, len, 0, 1, tag);
+      T_REQUIREF(t->ops->isend(t, 1, tag, NULL, buf, len, &q, &st) == 0, "%s", st.msg);
+    } else {
+      memset(buf, 0, len);
+      T_REQUIREF(t->ops->irecv(t, 0, tag, NULL, buf, len, &q, &st) == 0, "%s", st.msg);
+    }
+    T_REQUIREF(wait1(t, q, &st) == 0, "the %zu-byte message: %s", len, st.msg);
+    if (rank == 1) {
+      size_t bad = first_bad(buf, len, 0, 1, tag);
+      T_REQUIREF(bad == (size_t)-1, "the %zu-byte message is wrong at byte %zu", len, bad);
+    }
+    g_cma[rank].rss[k] = shm_rss(pair);
+  }
+  g_cma[rank].done = 1;
+  free(buf);
+  t->ops->destroy(t);
+  return 0;
+}
+
+/* Pin this process (and the ranks it forks) to the first CPU it may run on:
+ * two ranks on one CPU are a crowded host. */
+static void pin_one_cpu(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  T_REQUIREF(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity: %s", strerror(errno));
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &set)) cpu++;
+  T_REQUIRE(cpu < CPU_SETSIZE);
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  T_REQUIREF(sched_setaffinity(0, sizeof set, &set) == 0, "sched_setaffinity to CPU %d: %s", cpu,
+             strerror(errno));
+}
+
+static int usable_cpus(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  T_REQUIREF(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity: %s", strerror(errno));
+  return CPU_COUNT(&set);
+}
+
+/* The path a message took, from the pair's pages a rank had mapped after
+ * it: 1 single copy (no data slot touched), 0 rings (a ring's worth of
+ * slots), -1 neither. */
+static int cma_path(size_t rss) {
+  if (rss < SHM_SLOT_BYTES) return 1;
+  if (rss >= (size_t)SHM_NSLOTS * SHM_SLOT_BYTES) return 0;
+  return -1;
+}
+
+static int run_cma(const char* what, int n) {
+  T_REQUIREF(n == 2, "%s runs with 2 ranks", what);
+  bool crowded = strcmp(what, "cma_quiet") != 0;
+  if (strcmp(what, "cma_off") == 0)
+    setenv("MLXDIST_SHM_CMA_BYTES", "0", 1);
+  else
+    unsetenv("MLXDIST_SHM_CMA_BYTES");
+  if (crowded) {
+    pin_one_cpu();
+  } else if (usable_cpus() < 2) {
+    printf(
+        "%s: this process may run on %d CPU, and 2 ranks on it are a crowded host: cannot "
+        "test the host that is not; skipped\n",
+        what, usable_cpus());
+    return 77;
+  }
+  g_cma = mmap(NULL, 2 * sizeof *g_cma, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  T_REQUIRE(g_cma != MAP_FAILED);
+  t_ranks_opts o = {.timeout_s = 100, .what = what};
+  int bad = t_run_ranks(2, rank_cma, NULL, &o, NULL);
+  if (bad) T_FAIL("%s: %d rank%s failed", what, bad, bad == 1 ? "" : "s");
+  T_REQUIRE(g_cma[0].done && g_cma[1].done);
+  const size_t n1 = MLXD_SHM_CMA_CROWDED_BYTES;
+  for (int r = 0; r < 2; r++)
+    printf(
+        "%s: rank %d (usable CPUs %d) has %zu bytes of the pair mapped after %zu bytes, %zu "
+        "after %zu bytes; process_vm_readv of its peer: %s\n",
+        what, r, usable_cpus(), g_cma[r].rss[0], n1, g_cma[r].rss[1], n1 - 1,
+        g_cma[r].read_err == 0    ? "ok"
+        : g_cma[r].read_err == -1 ? "wrong value"
+                                  : strerror(g_cma[r].read_err));
+  /* the second message always takes the rings: the measure sees them */
+  for (int r = 0; r < 2; r++)
+    T_REQUIREF(cma_path(g_cma[r].rss[1]) == 0,
+               "%s: rank %d has only %zu bytes of the pair mapped after a %zu-byte message on the "
+               "rings (expected at least a ring's %zu)",
+               what, r, g_cma[r].rss[1], n1 - 1, (size_t)SHM_NSLOTS * SHM_SLOT_BYTES);
+  /* rank 1 receives: its own read of rank 0 is the one the single copy needs */
+  if (g_cma[1].read_err != 0) {
+    for (int r = 0; r < 2; r++)
+      T_REQUIREF(cma_path(g_cma[r].rss[0]) == 0, "%s: rank %d: %zu bytes of the pair mapped", what,
+                 r, g_cma[r].rss[0]);
+    printf(
+        "%s: cross-memory attach is refused here (rank 1's process_vm_readv of rank 0: %s): "
+        "every message takes the rings, so which path the rule picks cannot be seen; "
+        "skipped\n",
+        what, g_cma[1].read_err == -1 ? "wrong value" : strerror(g_cma[1].read_err));
+    return 77;
+  }
+  int want = strcmp(what, "cma_crowded") == 0 ? 1 : 0;
+  for (int r = 0; r < 2; r++)
+    T_REQUIREF(cma_path(g_cma[r].rss[0]) == want,
+               "%s: rank %d has %zu bytes of the pair mapped after the %zu-byte message: it took "
+               "the %s (expected the %s)",
+               what, r, g_cma[r].rss[0], n1,
+               cma_path(g_cma[r].rss[0]) == 1   ? "single copy"
+               : cma_path(g_cma[r].rss[0]) == 0 ? "rings"
+                                                : "part of a ring",
+               want ? "single copy" : "rings");
+  printf("%s with 2 ranks: ok (the %zu-byte message took the %s)\n", what, n1,
+         want ? "single copy" : "rings");
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc != 3) {
     fprintf(stderr,
             "usage: %s "
             "raw|raw_nocma|threads|death|timeout|idle|connect|lazy|first_dead|first_stall|first_"
-            "foreign|first_abort|leak <ranks>\n",
+            "foreign|first_abort|leak|cma_crowded|cma_quiet|cma_off <ranks>\n",
             argv[0]);
     return 2;
   }
@@ -896,6 +1107,7 @@ int main(int argc, char** argv) {
     run_leak();
     return 0;
   }
+  if (strncmp(what, "cma_", 4) == 0) return run_cma(what, n);
   t_rank_fn fn = NULL;
   double limit = 60;
   if (strcmp(what, "raw") == 0) { /* single-copy (CMA) path from 64 KiB on */
