@@ -37,7 +37,8 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks);
  * `crowded`). MLXDIST_SHM_CMA_BYTES set in the environment (to anything
  * non-empty, 0 included: off) is the answer on every host; unset, it is
  * MLXD_SHM_CMA_CROWDED_BYTES when crowded and 0 otherwise. Reads the
- * environment only; takes no lock, cannot fail. */
+ * environment only (values were validated at init); takes no lock, cannot
+ * fail. */
 size_t mlxd_shm_cma_bytes_for(bool crowded);
 
 #endif

@@ -6,8 +6,9 @@
  * and the address of its function-pointer slot; mlxd_dl_open fills every slot
  * or says why it could not: which names dlopen could not load and dlerror's
  * text for each, or which function the opened library lacks and dlerror's text.
- * A library opened but lacking a function is closed again (dlclose), so a
- * failed load leaves nothing mapped by this call.
+ * A library opened but lacking a function is closed again (dlclose): a
+ * failed load drops the reference it took (the loader may still keep a
+ * library marked NODELETE mapped, as libssl is).
  *
  * Loaders that do more than this (rdma/lib.c: versioned symbols, a library per
  * MLXDIST_IBVERBS_LIB value under a mutex; backends/common/pmix.c and
@@ -26,7 +27,7 @@ typedef struct mlxd_dl_sym {
  * loads, then resolve syms[0..nsyms) in it. Returns the handle (never closed
  * here: the caller keeps it for the process's life or closes it) with *used
  * (if used) set to the name opened; NULL on failure, with err (err_n bytes,
- * always terminated) saying why, and some slots possibly written (resolve into
+ * terminated when err_n > 0) saying why, and some slots possibly written (resolve into
  * a local table and publish it only on success).
  *
  * May block only on the dynamic loader (its own lock, and the constructors of

@@ -66,7 +66,9 @@ typedef struct mlxd_tunable_spec {
   X(TIMEOUT, "MLXDIST_TIMEOUT", "60", MLXD_TK_NUMBER(0.001, 86400, "seconds"),                    \
     "Seconds a peer may show no sign of life (no data, no heartbeat) while this rank waits on "   \
     "it before it is taken for dead (stopped, frozen, cut off) and the op fails naming it. A "    \
-    "peer that is alive but busy elsewhere is waited for (MLXDIST_OP_TIMEOUT).")                  \
+    "peer that is alive but busy elsewhere is waited for (MLXDIST_OP_TIMEOUT). Set it the same "  \
+    "on every rank: a rank's TCP heartbeats go every min(this, MLXDIST_WARN_AFTER) / 6 s (at "    \
+    "most 10 s), so a smaller value on one rank can take a busy peer for dead.")                  \
   X(WARN_AFTER, "MLXDIST_WARN_AFTER", "60", MLXD_TK_NUMBER(0, 86400, "seconds"),                  \
     "Seconds a wait on a live peer may last before one warning line names that peer and what "    \
     "it was doing last, followed by this rank's operation record (0: never warn).")               \

@@ -8,6 +8,7 @@
  *     finds it: libresolv.so.2, which nothing here maps otherwise);
  *   - a short error buffer still ends in NUL. */
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -51,10 +52,15 @@ static void none_loads(void) {
   T_CHECK(fn == NULL);
 }
 
-static void lacks_a_function(void) {
+/* false: skipped (libresolv.so.2 was mapped already) */
+static bool lacks_a_function(void) {
   static const char* const names[] = {"libresolv.so.2"};
-  T_REQUIREF(dlopen("libresolv.so.2", RTLD_NOW | RTLD_NOLOAD) == NULL,
-             "libresolv.so.2 is already mapped here: the test cannot see it closed");
+  void* pre = dlopen("libresolv.so.2", RTLD_NOW | RTLD_NOLOAD);
+  if (pre) { /* a sanitizer runtime or NSS mapped it: the close cannot be seen */
+    dlclose(pre);
+    printf("lacks_a_function: libresolv.so.2 is already mapped in this process; skipped\n");
+    return false;
+  }
   void (*have)(void) = NULL;
   void (*lack)(void) = NULL;
   const mlxd_dl_sym syms[] = {{"__b64_ntop", &have}, {NO_FN, &lack}};
@@ -67,6 +73,7 @@ static void lacks_a_function(void) {
   void* still = dlopen("libresolv.so.2", RTLD_NOW | RTLD_NOLOAD);
   T_CHECKF(still == NULL, "libresolv.so.2 is still mapped after the failed load (no dlclose)");
   if (still) dlclose(still);
+  return true;
 }
 
 static void short_buffer(void) {
@@ -82,8 +89,9 @@ int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   first_that_loads();
   none_loads();
-  lacks_a_function();
+  bool ran = lacks_a_function();
   short_buffer();
-  if (t_check_failures() == 0) printf("dl: ok\n");
+  if (t_check_failures() == 0) printf("dl: ok%s\n", ran ? "" : " (one case skipped)");
+  if (t_check_failures() == 0 && !ran) return 77;
   return t_exit_status();
 }

@@ -500,12 +500,14 @@ static long tcp_segs_in(void) {
 
 /* argv: MLXDIST_TIMEOUT, then the fewest and most frames a rank may receive
  * in 3 s of idling (heartbeat frames every min(MLXDIST_TIMEOUT,
- * MLXDIST_WARN_AFTER) / 6 seconds, within [the 1 s watchdog tick, 10 s]). */
+ * MLXDIST_WARN_AFTER) / 6 seconds, within [the watchdog's tick, 10 s]; the
+ * tick is MLXDIST_TIMEOUT / 6 within [0.05 s, 1 s]). */
 static const char* g_beat_timeout;
 static long g_beat_lo, g_beat_hi;
 static int beats_rank(int rank, int size) {
   setenv("MLXDIST_TRANSPORT", "tcp", 1);
   setenv("MLXDIST_TIMEOUT", g_beat_timeout, 1);
+  setenv("MLXDIST_WARN_AFTER", "60", 1); /* the period follows the smaller of the two */
   mlx_distributed_group g = init_ring();
   T_EQ_INT(check_sum(g, size, 1000), 0);
   usleep(1200000); /* the first frame on a new connection goes at the first tick */
