@@ -112,7 +112,7 @@ int mlxd_algo_all_gather_upto(mlxd_transport* t, size_t small, uint64_t seq, con
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
   if (t->size <= 2 || total <= small) {
     if (total <= small && mlxd_algo_logn(t, MLXD_SMALL_AG, total))
-      return mlxd_algo_all_gather_rd(t, seq, sig, in, out, nbytes, st);
+      return mlxd_algo_all_gather_logn(t, seq, sig, in, out, nbytes, st);
     return mlxd_algo_all_gather_direct(t, seq, sig, in, out, nbytes, st);
   }
   return mlxd_algo_all_gather_ring(t, seq, sig, in, out, nbytes, -1, st);

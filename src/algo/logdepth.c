@@ -12,8 +12,11 @@
  * rank v; rank r >= 2 rem is virtual rank r - rem. Virtual ranks keep the
  * real ranks' order. The three forms pair the same ranks (the fold's
  * pairs, then virtual ranks v and v ^ d), so a group that runs all three
- * connects each rank to at most log2(size) + 1 peers (Bruck's all_gather,
- * used before, sends to r - d and receives from r + d: twice as many).
+ * connects each rank to at most log2(size) + 1 peers. Bruck's all_gather
+ * (send to r - d, receive from r + d: twice as many peers) is kept for
+ * shared memory below MLXD_LOGN_SHM_WIDE_RANKS ranks, where a peer costs no
+ * connection and its steps, not pairwise exchanges, wait less on a crowded
+ * host (mlxd_algo_all_gather_logn; docs/performance.md).
  *
  * The reduction order (bit-identical results on every rank, for every
  * dtype and op): a pair of the fold combines (rank 2v) OP (rank 2v + 1);
@@ -212,4 +215,42 @@ int mlxd_algo_all_gather_rd(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig
   if (r < 2 * rem)
     exchange(t, r - 1, mlxd_tag(MLXD_TAG_COLL, seq, STEP_FOLD_OUT), sig, out, all, NULL, 0, st);
   return st->code;
+}
+
+int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                               void* out, size_t nbytes, mlxd_status* st) {
+  mlxd_status_reset(st);
+  assert(t->size >= 2 && (nbytes == 0 || (in && out)));
+  int n = t->size, r = t->rank;
+  size_t all = mlxd_algo_mul(nbytes, (size_t)n);
+  if (nbytes == 0) return 0;
+  /* tmp holds blocks r, r + 1, ... (mod n) in that order */
+  _Alignas(64) char stack_tmp[LOGN_STACK_BYTES];
+  char* tmp = all <= sizeof stack_tmp ? stack_tmp : mlxd_buffer_alloc(all);
+  if (!tmp) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %zu bytes", all);
+  memcpy(tmp, in, nbytes);
+  unsigned step = STEP_FIRST;
+  for (int d = 1; d < n; d *= 2, step++) {
+    size_t cnt = (size_t)(d < n - d ? d : n - d) * nbytes;
+    uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, step);
+    mlxd_req* reqs[2] = {NULL, NULL};
+    int rc = t->ops->irecv(t, (r + d) % n, tag, sig, tmp + (size_t)d * nbytes, cnt, &reqs[0], st);
+    if (!rc) rc = t->ops->isend(t, (r - d + n) % n, tag, sig, tmp, cnt, &reqs[1], st);
+    if (mlxd_algo_drain(t, reqs, 2, st)) break;
+    if (d > n / 2) break; /* d * 2 would overflow no sooner than here */
+  }
+  if (!st->code) {
+    size_t head = (size_t)(n - r) * nbytes; /* blocks r..n-1 */
+    memcpy((char*)out + (size_t)r * nbytes, tmp, head);
+    memcpy(out, tmp + head, all - head);
+  }
+  if (tmp != stack_tmp) mlxd_buffer_free(tmp, all);
+  return st->code;
+}
+
+int mlxd_algo_all_gather_logn(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                              void* out, size_t nbytes, mlxd_status* st) {
+  if (strcmp(t->ops->name, "shm") == 0 && t->size < MLXD_LOGN_SHM_WIDE_RANKS)
+    return mlxd_algo_all_gather_bruck(t, seq, sig, in, out, nbytes, st);
+  return mlxd_algo_all_gather_rd(t, seq, sig, in, out, nbytes, st);
 }

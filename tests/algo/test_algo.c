@@ -109,7 +109,7 @@ static int call_all_gather(mlxd_transport* t, int v, const void* in, void* out, 
     case V_AUTO: return mlxd_algo_all_gather(t, seq, NULL, in, out, nbytes, st);
     case V_DIRECT: return mlxd_algo_all_gather_direct(t, seq, NULL, in, out, nbytes, st);
     case V_RING: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 0, st);
-    case V_LOGN: return mlxd_algo_all_gather_rd(t, seq, NULL, in, out, nbytes, st);
+    case V_LOGN: return mlxd_algo_all_gather_logn(t, seq, NULL, in, out, nbytes, st);
     case V_HIER: return mlxd_algo_hier_all_gather(t, g_hier, seq, NULL, in, out, nbytes, st);
     default: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 1, st);
   }
