@@ -113,8 +113,9 @@ typedef struct mlxd_tunable_spec {
     "Reductions up to this many bytes use the low-latency algorithm (0: never).")                 \
   X(SMALL_ALGO, "MLXDIST_SMALL_ALGO", "auto", MLXD_TK_CHOICE("auto|direct|logn"),                 \
     "all_sum/max/min, all_gather and sum_scatter up to MLXDIST_SMALL_BYTES: direct sends every "  \
-    "rank's buffer to every other rank in one step; logn runs recursive doubling (all_sum, "      \
-    "all_gather) and recursive halving (log2 of the group size steps, one peer each); auto: "     \
+    "rank's buffer to every other rank in one step; logn runs recursive doubling (all_sum; "      \
+    "all_gather but over shared memory below 128 ranks: Bruck's) and recursive halving (log2 "    \
+    "of the group size steps); auto: "                                                            \
     "direct in small groups, logn in large ones, as measured (docs/performance.md). Read once "   \
     "per process; must be the same on every rank.")                                               \
   X(PLUGIN_PATH, "MLXDIST_PLUGIN_PATH", "", MLXD_TK_PATHS(),                                      \
