@@ -10,9 +10,11 @@
  * failed load drops the reference it took (the loader may still keep a
  * library marked NODELETE mapped, as libssl is).
  *
- * Loaders that do more than this (rdma/lib.c: versioned symbols, a library per
- * MLXDIST_IBVERBS_LIB value under a mutex; backends/common/pmix.c and
- * core/gpu.c: optional entry points, tunables checked first) keep their own. */
+ * backends/common/pmix.c opens libpmix with it (no functions asked) and
+ * resolves its own, leaving the library loaded when one is missing (an MPI
+ * library may use it). Loaders that do more than this (rdma/lib.c: versioned
+ * symbols, a library per MLXDIST_IBVERBS_LIB value under a mutex; core/gpu.c:
+ * optional entry points, its messages checked word for word) keep their own. */
 #ifndef MLXD_UTIL_DL_H
 #define MLXD_UTIL_DL_H
 

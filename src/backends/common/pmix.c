@@ -23,6 +23,7 @@
 
 #include "backends/common/pmix_abi.h"
 #include "core/fork.h"
+#include "util/dl.h"
 #include "util/tunables.h"
 
 #define MAX_RANKS (1 << 20) /* as MLX_WORLD_SIZE with a caller's all-gather */
@@ -71,18 +72,10 @@ static int load_locked(mlxd_status* st) {
     nn = 1;
   }
   char errs[600] = "";
-  void* h = NULL;
   const char* used = NULL;
-  for (int i = 0; i < nn && !h; i++) {
-    h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (h) {
-      used = names[i];
-    } else {
-      const char* d = dlerror();
-      size_t l = strlen(errs);
-      snprintf(errs + l, sizeof errs - l, "%s%s", l ? "; " : "", d ? d : names[i]);
-    }
-  }
+  /* the library only: its functions are resolved below, where a missing one
+   * leaves it loaded (util/dl.c would close it) */
+  void* h = mlxd_dl_open(names, (size_t)nn, NULL, 0, &used, errs, sizeof errs);
   if (!h)
     return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
                         "a PMIx server started this process (PMIX_NAMESPACE is set), but libpmix "
