@@ -102,6 +102,8 @@
 
 #include <math.h>
 
+#include "util/ztable.h"
+
 /* ---- small helpers ---- */
 
 static long futex(_Atomic uint32_t* addr, int op, uint32_t val, const struct timespec* ts) {
@@ -843,7 +845,7 @@ void mlxd_shm_destroy(mlxd_transport* tt) {
     t->free_reqs = nx;
   }
   if (t->map) munmap(t->map, t->map_len);
-  free(t->peers);
+  mlxd_ztable_free(t->peers, (size_t)t->base.size, sizeof *t->peers);
   free(t->active);
   free(t->names);
   free(t);

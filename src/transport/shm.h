@@ -20,5 +20,15 @@ mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlx
  * gives the CPU away while it spins. */
 mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* name, const int* names,
                                              int name_limit, int machine_ranks, mlxd_status* st);
+/* mlxd_shm_transport_new that also all-gathers a record of
+ * MLXD_SHM_BOOT_BYTES per rank through the session (the ring's first
+ * exchange when mlxdist-launch started every rank on this host): rank r
+ * writes mine into its slot before it counts in, and once every rank has
+ * counted in, all (size * MLXD_SHM_BOOT_BYTES bytes) holds every rank's
+ * record, rank order. The records are unchecked bytes: the caller
+ * validates them. Blocks like mlxd_shm_transport_new, bounded the same. */
+#define MLXD_SHM_BOOT_BYTES 64
+mlxd_transport* mlxd_shm_transport_join(int rank, int size, const char* name, const void* mine,
+                                        void* all, mlxd_status* st);
 
 #endif

@@ -47,12 +47,12 @@
 
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
 #define SHM_VERSION \
-  7u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
+  8u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
       * 4: rings in per-pair segments made on first contact; 5: CMA probed per
       * pair, a failure counter, the ranks' pids in pair names; 6: the ranks' pid
       * namespace in their records and in pair names; 7: a pair's control words
       * and slot headers in its first page, chunks of <= SHM_INLINE_BYTES in
-      * their header */
+      * their header; 8: a boot record per rank after the hello bitmaps */
 #define SHM_PAIR_MAGIC 0x6d6c786470617231ull /* "mlxdpar1" */
 #define SHM_CL 64
 #ifndef SHM_SLOT_BYTES
@@ -316,8 +316,14 @@ static inline size_t hello_words(int size) { return ((size_t)size + 63) / 64; }
 static inline size_t hello_off(int size) {
   return round_up(ranks_off() + (size_t)size * sizeof(shm_rank_rec), SHM_CL);
 }
+/* ... then one boot record of MLXD_SHM_BOOT_BYTES per rank (the ring's
+ * host record when its ranks meet here first: mlxd_shm_transport_join),
+ * packed so that reading every rank's costs a few pages, not one a rank. */
+static inline size_t boot_off(int size) {
+  return round_up(hello_off(size) + (size_t)size * hello_words(size) * 8, SHM_CL);
+}
 static inline size_t total_bytes(int size) {
-  return round_up(hello_off(size) + (size_t)size * hello_words(size) * 8, 4096);
+  return round_up(boot_off(size) + (size_t)size * MLXD_SHM_BOOT_BYTES, 4096);
 }
 /* A pair's segment: page 0 holds its header, the two rings' control words
  * (ring 0: lo -> hi, ring 1: hi -> lo) and their slot headers; then ring
@@ -345,6 +351,9 @@ static inline int shm_name(const shm_transport* t, int i) { return t->names ? t-
 
 static inline shm_rank_rec* rank_rec(shm_transport* t, int r) {
   return (shm_rank_rec*)((char*)t->map + ranks_off() + (size_t)r * sizeof(shm_rank_rec));
+}
+static inline unsigned char* boot_rec(shm_transport* t, int r) {
+  return (unsigned char*)t->map + boot_off(t->base.size) + (size_t)r * MLXD_SHM_BOOT_BYTES;
 }
 static inline _Atomic uint64_t* hello_bits(shm_transport* t, int r) {
   return (_Atomic uint64_t*)((char*)t->map + hello_off(t->base.size) +

@@ -9,6 +9,7 @@
 
 #include "core/oprec.h"
 #include "core/watchdog.h"
+#include "util/ztable.h"
 
 static void sleep_us(long us) {
   struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
@@ -459,12 +460,27 @@ static void sweep_stale_pairs(void) {
 
 static pthread_once_t g_sweep_once = PTHREAD_ONCE_INIT;
 
+static mlxd_transport* join(int rank, int size, const char* name, const int* names,
+                            int name_limit, int machine_ranks, const void* boot_mine,
+                            void* boot_all, mlxd_status* st);
+
 mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlxd_status* st) {
-  return mlxd_shm_transport_new_named(rank, size, name, NULL, size, size, st);
+  return join(rank, size, name, NULL, size, size, NULL, NULL, st);
 }
 
 mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* name, const int* names,
                                              int name_limit, int machine_ranks, mlxd_status* st) {
+  return join(rank, size, name, names, name_limit, machine_ranks, NULL, NULL, st);
+}
+
+mlxd_transport* mlxd_shm_transport_join(int rank, int size, const char* name, const void* mine,
+                                        void* all, mlxd_status* st) {
+  return join(rank, size, name, NULL, size, size, mine, all, st);
+}
+
+static mlxd_transport* join(int rank, int size, const char* name, const int* names,
+                            int name_limit, int machine_ranks, const void* boot_mine,
+                            void* boot_all, mlxd_status* st) {
   mlxd_status local;
   if (!st) st = &local;
   if (size < 1 || size > 4096 || rank < 0 || rank >= size) {
@@ -510,7 +526,8 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   t->oversubscribed = spin.yield;
   t->check_s = here > SHM_CROWDED_FACTOR * spin.cpus ? SHM_CHECK_CROWDED_S : SHM_CHECK_S;
   t->cma_min = mlxd_shm_cma_bytes_for(spin.crowded);
-  t->peers = calloc((size_t)size, sizeof *t->peers);
+  /* a page of entries is touched only when a peer on it is first used */
+  t->peers = mlxd_ztable_new((size_t)size, sizeof *t->peers);
   t->active = calloc((size_t)size, sizeof *t->active);
   if (!t->peers || !t->active) {
     mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_SHM, "out of memory creating the transport");
@@ -537,6 +554,8 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
     goto fail;
   }
   atomic_store(&me->pid, (int32_t)getpid());
+  if (boot_mine) /* published by the state store and the count-in */
+    memcpy(boot_rec(t, rank), boot_mine, MLXD_SHM_BOOT_BYTES);
   atomic_store_explicit(&me->state, RANK_ATTACHED, memory_order_release);
   if (count_in(&t->hdr->attached, (uint32_t)size)) {
     shm_unlink(t->path);
@@ -544,6 +563,8 @@ mlxd_transport* mlxd_shm_transport_new_named(int rank, int size, const char* nam
   }
   if (wait_count(t, &t->hdr->attached, (uint32_t)size, deadline, "map", st) != 0) goto fail;
   unlinked = true; /* someone did it */
+  /* every rank wrote its record before it counted in; the count's acquire load saw it */
+  if (boot_all) memcpy(boot_all, boot_rec(t, 0), (size_t)size * MLXD_SHM_BOOT_BYTES);
 
   /* Cross-memory attach is probed per pair when it is first mapped
    * (mlxd_shm_pair_attach), and only by a rank that may use it. A peer's

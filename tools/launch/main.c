@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "backends/ring/ring_internal.h"
@@ -115,6 +116,27 @@ static int secret_make(job_secret* s) {
   return 0;
 }
 
+/* "MLXDIST_SHM_SESSION=mlxdist-<pid>-<16 hex digits>": where the ranks of a job on this host
+ * meet (the ring's first exchange goes through it, not over TCP: docs/ring.md), unless the
+ * ranks will run with MLXDIST_TRANSPORT=tcp (the last --env wins over this environment).
+ * 1: none wanted; 0; -1 after a message. */
+static int make_session(const launch_opts* o, char* kv, size_t n) {
+  const char* mode = getenv("MLXDIST_TRANSPORT");
+  for (int i = 0; i < o->n_envs; i++)
+    if (strncmp(o->envs[i], "MLXDIST_TRANSPORT=", 18) == 0) mode = o->envs[i] + 18;
+  if (mode && strcasecmp(mode, "tcp") == 0) return 1;
+  unsigned char b[8];
+  char hex[2 * sizeof b + 1];
+  mlxd_status st = {0};
+  if (mlxd_random_bytes(b, sizeof b, &st) != 0) {
+    launch_msg("cannot name the job's shared-memory session: %s", st.msg);
+    return -1;
+  }
+  to_hex(b, sizeof b, hex);
+  snprintf(kv, n, "MLXDIST_SHM_SESSION=mlxdist-%ld-%s", (long)getpid(), hex);
+  return 0;
+}
+
 static int run_mpi(const launch_opts* o, const launch_hosts* hs, int sfd) {
   int status = 1;
   char** av = launch_mpi_argv(o, hs, &status);
@@ -141,15 +163,18 @@ static int run_ring(const launch_opts* o, int sfd) {
   /* Every rank's environment besides MLX_RANK: the ring's variables first,
    * then --env (which may override them). */
   char* hostfile_kv = malloc(strlen(hf.path) + sizeof "MLX_HOSTFILE=");
-  const char** env = calloc((size_t)(5 + o->n_envs), sizeof *env);
+  const char** env = calloc((size_t)(6 + o->n_envs), sizeof *env);
   char world_kv[32];
   char token_kv[64];
+  char session_kv[96];
+  int session = 1;
   job_secret secret = {0};
   int rc = 1;
   if (!hostfile_kv || !env) {
     launch_msg("out of memory");
   } else if (make_token(token_kv, sizeof token_kv) != 0 ||
-             (o->secret && secret_make(&secret) != 0)) {
+             (o->secret && secret_make(&secret) != 0) ||
+             (hf.n > 1 && (session = make_session(o, session_kv, sizeof session_kv)) < 0)) {
     /* said why */
   } else {
     sprintf(hostfile_kv, "MLX_HOSTFILE=%s", hf.path);
@@ -158,6 +183,7 @@ static int run_ring(const launch_opts* o, int sfd) {
     env[e++] = hostfile_kv;
     env[e++] = world_kv;
     env[e++] = token_kv;
+    if (session == 0) env[e++] = session_kv;
     if (o->secret) env[e++] = secret.kv;
     if (o->verbose) env[e++] = "MLX_RING_VERBOSE=1";
     for (int i = 0; i < o->n_envs; i++) env[e++] = o->envs[i];

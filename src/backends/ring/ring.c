@@ -327,9 +327,26 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
   return mlxd_ring_backend_new_t(rank, size, nconn, self, auth, t, out, st);
 }
 
+static int backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
+                       const mlxd_ring_auth* auth, mlxd_transport* t, const char* chosen,
+                       mlxd_backend** out, mlxd_status* st);
+
 int mlxd_ring_backend_new_t(int rank, int size, int nconn, const mlxd_ring_addr* self,
                             const mlxd_ring_auth* auth, mlxd_transport* t, mlxd_backend** out,
                             mlxd_status* st) {
+  return backend_new(rank, size, nconn, self, auth, t, NULL, out, st);
+}
+
+int mlxd_ring_backend_new_local(int rank, int size, int nconn, const mlxd_ring_addr* self,
+                                const mlxd_ring_auth* auth, mlxd_transport* shm,
+                                const char* session, mlxd_backend** out, mlxd_status* st) {
+  return backend_new(rank, size, nconn, self, auth, shm, session, out, st);
+}
+
+/* chosen: t is final (mlxd_ring_select_local: one host, session chosen) */
+static int backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
+                       const mlxd_ring_auth* auth, mlxd_transport* t, const char* chosen,
+                       mlxd_backend** out, mlxd_status* st) {
   *out = NULL;
   mlxd_ring* r = calloc(1, sizeof *r);
   if (!r) {
@@ -349,7 +366,10 @@ int mlxd_ring_backend_new_t(int rank, int size, int nconn, const mlxd_ring_addr*
     r->host_of = calloc((size_t)size, sizeof *r->host_of);
     if (!r->host_of)
       mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory creating the group");
-    if (!r->host_of || mlxd_ring_select_transport(&r->g.t, r->host_of, r->session, st) != 0) {
+    if (r->host_of && chosen) /* every rank on one host: host_of is all 0 */
+      snprintf(r->session, sizeof r->session, "%s", chosen);
+    if (!r->host_of ||
+        (!chosen && mlxd_ring_select_transport(&r->g.t, r->host_of, r->session, st) != 0)) {
       r->g.t->ops->destroy(r->g.t);
       mlxd_ring_auth_clear(&r->auth);
       free(r->host_of);
@@ -470,6 +490,14 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   for (int c = 0; c < k; c++) {
     mlxd_ring_addr a = hosts.addrs[rank * k + c];
     if ((rc = mlxd_ring_listen(&a, &lfds[c], st))) goto done;
+  }
+  { /* started by mlxdist-launch on this host: maybe no TCP at all */
+    char session[MLXD_RING_SESSION_MAX];
+    if ((rc = mlxd_ring_select_local((int)rank, n, &t, session, st))) goto done;
+    if (t) {
+      rc = mlxd_ring_backend_new_local((int)rank, n, k, &self, &auth, t, session, out, st);
+      goto done;
+    }
   }
   if ((rc = mlxd_ring_tcp_open((int)rank, &hosts, lfds, &auth, &t, st))) goto done;
   rc = mlxd_ring_backend_new_t((int)rank, n, k, &self, &auth, t, out, st);

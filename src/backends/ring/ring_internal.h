@@ -174,6 +174,18 @@ const char* mlxd_ring_mode_name(int mode);
  * which split derives its children's. On error *t is left as it was. */
 #define MLXD_RING_SESSION_MAX 128
 int mlxd_ring_select_transport(mlxd_transport** t, int* host_of, char* session, mlxd_status* st);
+/* The same choice for ranks that mlxdist-launch started on this host
+ * (MLXDIST_SHM_SESSION set; a process's first group only): every rank joins
+ * that session and the host records travel through it instead of over TCP.
+ * Then *shm is the group's transport when every rank is on this host and
+ * MLXDIST_TRANSPORT is not tcp (session: its name); else *shm is NULL and
+ * the caller goes on with mlxd_ring_select_transport. Unset, size < 2 or a
+ * later group: 0 at once, *shm NULL. Blocks until every rank has joined
+ * (bounded by MLXDIST_CONNECT_TIMEOUT); settings that disagree fail here as
+ * there; a rank that cannot join fails (the others cannot go on without
+ * it: the launcher stops them). */
+int mlxd_ring_select_local(int rank, int size, mlxd_transport** shm, char* session,
+                           mlxd_status* st);
 /* Print the line of docs/ring.md that says what rank chose (MLX_RING_VERBOSE=1):
  * "[ring] rank 0: transports: shm with ranks 1; tcp with ranks 2,3"; on_shm[p]: peer p is
  * reached over shared memory. */
@@ -202,6 +214,11 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
 int mlxd_ring_backend_new_t(int rank, int size, int nconn, const mlxd_ring_addr* self,
                             const mlxd_ring_auth* auth, mlxd_transport* t, mlxd_backend** out,
                             mlxd_status* st);
+/* The same over the transport mlxd_ring_select_local chose (every rank on
+ * this host, shared-memory session `session`): no exchange. */
+int mlxd_ring_backend_new_local(int rank, int size, int nconn, const mlxd_ring_addr* self,
+                                const mlxd_ring_auth* auth, mlxd_transport* shm,
+                                const char* session, mlxd_backend** out, mlxd_status* st);
 /* Listen on nconn ephemeral ports on host (port ignored); fills recs' addresses. */
 int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd_ring_addr* addrs,
                           mlxd_status* st);

@@ -46,6 +46,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -301,6 +302,74 @@ static int host_id_get(const char** out, mlxd_status* st) {
   return 0;
 }
 
+/* Every rank's compact record (ids) checked: well-formed, and the same
+ * MLXDIST_TRANSPORT (mode) and algorithm settings as this rank's (mine, the
+ * full record). 0, or the first problem in st (naming the rank). */
+static int check_records(const unsigned char* ids, const unsigned char* mine, int rank, int size,
+                         int mode, mlxd_status* st) {
+  for (int p = 0; p < size; p++) {
+    const unsigned char* id = ids + (size_t)p * REC_BYTES;
+    if (get_u(id, 4) != REC_MAGIC || get_u(id + 4, 2) != REC_VERSION ||
+        get_u(id + 8, 4) != (uint64_t)p || get_u(id + 12, 4) != (uint64_t)size ||
+        get_u(id + 6, 2) > MLXD_RING_T_SHM || get_u(id + REC_ALGO, 1) > 2 ||
+        get_u(id + REC_SMALL_ALGO, 1) > 2) {
+      int rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "rank %d sent a malformed host record while choosing the transport "
+                        "(is every rank running the same mlxdist version?)",
+                        p);
+      mlxd_status_set_peer(st, p, NULL);
+      return rc;
+    }
+    int pm = (int)get_u(id + 6, 2);
+    if (pm != mode) {
+      int rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "ranks disagree on MLXDIST_TRANSPORT: rank %d has %s, rank %d has "
+                        "%s; expected the same value on every rank",
+                        rank, mlxd_ring_mode_name(mode), p, mlxd_ring_mode_name(pm));
+      mlxd_status_set_peer(st, p, NULL);
+      return rc;
+    }
+    /* the two-level and log-depth collectives run only if every rank takes
+     * them (values range-checked above) */
+    static const struct {
+      int at, mine_at;
+      const char* name;
+      const char* values[3];
+    } choices[] = {
+        {REC_ALGO, ID_ALGO, "MLXDIST_ALGO", {"auto", "flat", "hier"}},
+        {REC_SMALL_ALGO, ID_SMALL_ALGO, "MLXDIST_SMALL_ALGO", {"auto", "direct", "logn"}}};
+    for (size_t k = 0; k < sizeof choices / sizeof choices[0]; k++) {
+      unsigned pv = (unsigned)get_u(id + choices[k].at, 1);
+      unsigned mv = (unsigned)get_u(mine + choices[k].mine_at, 1);
+      if (pv == mv) continue;
+      int rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "ranks disagree on %s: rank %d has %s, rank %d has %s; expected the same "
+                        "value on every rank",
+                        choices[k].name, rank, choices[k].values[mv], p, choices[k].values[pv]);
+      mlxd_status_set_peer(st, p, NULL);
+      return rc;
+    }
+    /* so must the sizes that pick an algorithm, or ranks would run different ones */
+    static const struct {
+      int at;
+      const char* name;
+      int mine_at;
+    } sizes[] = {{REC_SEGMENT, "MLXDIST_HIER_SEGMENT", ID_SEGMENT},
+                 {REC_SMALL, "MLXDIST_SMALL_BYTES", ID_SMALL}};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+      uint64_t pv = get_u(id + sizes[k].at, 4), mv = get_u(mine + sizes[k].mine_at, 4);
+      if (pv == mv) continue;
+      int rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "ranks disagree on %s: rank %d has %" PRIu64 ", rank %d has %" PRIu64
+                        "; expected the same value on every rank",
+                        sizes[k].name, rank, mv, p, pv);
+      mlxd_status_set_peer(st, p, NULL);
+      return rc;
+    }
+  }
+  return 0;
+}
+
 int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_out,
                                mlxd_status* st) {
   mlxd_transport* tcp = *tp;
@@ -330,67 +399,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
   make_rec(my_rec, mine, rank, session_rand);
   if ((rc = boot_exchange(tcp, 1, my_rec, ids, REC_BYTES, st))) goto done;
 
-  /* validate, and agree on the setting */
-  for (int p = 0; p < size; p++) {
-    const unsigned char* id = ids + (size_t)p * REC_BYTES;
-    if (get_u(id, 4) != REC_MAGIC || get_u(id + 4, 2) != REC_VERSION ||
-        get_u(id + 8, 4) != (uint64_t)p || get_u(id + 12, 4) != (uint64_t)size ||
-        get_u(id + 6, 2) > MLXD_RING_T_SHM || get_u(id + REC_ALGO, 1) > 2 ||
-        get_u(id + REC_SMALL_ALGO, 1) > 2) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "rank %d sent a malformed host record while choosing the transport "
-                        "(is every rank running the same mlxdist version?)",
-                        p);
-      mlxd_status_set_peer(st, p, NULL);
-      goto done;
-    }
-    int pm = (int)get_u(id + 6, 2);
-    if (pm != mode) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "ranks disagree on MLXDIST_TRANSPORT: rank %d has %s, rank %d has "
-                        "%s; expected the same value on every rank",
-                        rank, mlxd_ring_mode_name(mode), p, mlxd_ring_mode_name(pm));
-      mlxd_status_set_peer(st, p, NULL);
-      goto done;
-    }
-    /* the two-level and log-depth collectives run only if every rank takes
-     * them (values range-checked above) */
-    static const struct {
-      int at, mine_at;
-      const char* name;
-      const char* values[3];
-    } choices[] = {
-        {REC_ALGO, ID_ALGO, "MLXDIST_ALGO", {"auto", "flat", "hier"}},
-        {REC_SMALL_ALGO, ID_SMALL_ALGO, "MLXDIST_SMALL_ALGO", {"auto", "direct", "logn"}}};
-    for (size_t k = 0; k < sizeof choices / sizeof choices[0]; k++) {
-      unsigned pv = (unsigned)get_u(id + choices[k].at, 1);
-      unsigned mv = (unsigned)get_u(mine + choices[k].mine_at, 1);
-      if (pv == mv) continue;
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "ranks disagree on %s: rank %d has %s, rank %d has %s; expected the same "
-                        "value on every rank",
-                        choices[k].name, rank, choices[k].values[mv], p, choices[k].values[pv]);
-      mlxd_status_set_peer(st, p, NULL);
-      goto done;
-    }
-    /* so must the sizes that pick an algorithm, or ranks would run different ones */
-    static const struct {
-      int at;
-      const char* name;
-      int mine_at;
-    } sizes[] = {{REC_SEGMENT, "MLXDIST_HIER_SEGMENT", ID_SEGMENT},
-                 {REC_SMALL, "MLXDIST_SMALL_BYTES", ID_SMALL}};
-    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-      uint64_t pv = get_u(id + sizes[k].at, 4), mv = get_u(mine + sizes[k].mine_at, 4);
-      if (pv == mv) continue;
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "ranks disagree on %s: rank %d has %" PRIu64 ", rank %d has %" PRIu64
-                        "; expected the same value on every rank",
-                        sizes[k].name, rank, mv, p, pv);
-      mlxd_status_set_peer(st, p, NULL);
-      goto done;
-    }
-  }
+  if ((rc = check_records(ids, mine, rank, size, mode, st))) goto done;
   for (int p = 0; p < size; p++) {
     host_of[p] = p;
     for (int q = 0; q < p; q++)
@@ -544,5 +553,70 @@ done:
   free(local);
   free(members);
   free(on_shm);
+  return rc;
+}
+
+/* ---- ranks that mlxdist-launch started on one host ---- */
+
+_Static_assert(REC_BYTES == MLXD_SHM_BOOT_BYTES, "a host record is a shared-memory boot record");
+
+/* A process's first ring group only: later ones (after clear_backends, or
+ * a failed init) take the TCP exchange, so no rank ever opens a session
+ * name whose last joiner has yet to remove it. */
+static atomic_bool g_session_used;
+
+int mlxd_ring_select_local(int rank, int size, mlxd_transport** out, char* session_out,
+                           mlxd_status* st) {
+  *out = NULL;
+  const char* session = mlxd_tunable_str(MLXD_T_SHM_SESSION);
+  if (size < 2 || !session || !*session || atomic_exchange(&g_session_used, true)) return 0;
+  int mode = MLXD_RING_T_AUTO;
+  const char* host_id = NULL;
+  if (mlxd_ring_transport_mode(&mode, st) || host_id_get(&host_id, st)) return st->code;
+  unsigned char* ids = malloc((size_t)size * REC_BYTES);
+  if (!ids)
+    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
+                        "out of memory choosing the transport");
+  unsigned char mine[ID_BYTES], my_rec[REC_BYTES];
+  uint64_t session_rand = rank == 0 ? random64() : 0;
+  make_id(mine, rank, size, mode, host_id, session_rand);
+  make_rec(my_rec, mine, rank, session_rand);
+  mlxd_status sst = {0};
+  mlxd_transport* shm = mlxd_shm_transport_join(rank, size, session, my_rec, ids, &sst);
+  if (!shm) {
+    /* every rank waits for this one in the session: it cannot fall back alone */
+    mlxd_status_render(&sst, NULL);
+    mlxd_fail_at(st, sst.code ? sst.code : MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
+                 "rank %d could not join the shared-memory session that mlxdist-launch named "
+                 "(MLXDIST_SHM_SESSION=%s): %s; MLXDIST_TRANSPORT=tcp runs the job without it",
+                 rank, session, sst.msg);
+    free(ids);
+    return st->code;
+  }
+  int rc = check_records(ids, mine, rank, size, mode, st);
+  bool one_host = true;
+  for (int p = 1; p < size && one_host; p++)
+    one_host = memcmp(ids + REC_HOST, ids + (size_t)p * REC_BYTES + REC_HOST, 8) == 0;
+  /* Every rank saw the same records, so every rank decides the same. */
+  if (rc == 0 && one_host && mode != MLXD_RING_T_TCP) {
+    snprintf(session_out, MLXD_RING_SESSION_MAX, "%s", session);
+    mlxd_ring_log(
+        "rank %d of %d: transport shm (all %d ranks on host '%s', session %s from "
+        "mlxdist-launch, MLXDIST_TRANSPORT=%s)",
+        rank, size, size, (const char*)mine + 80, session, mlxd_ring_mode_name(mode));
+    if (mlxd_ring_verbose()) {
+      bool* on = calloc((size_t)size, sizeof *on);
+      for (int p = 0; on && p < size; p++) on[p] = p != rank;
+      if (on) mlxd_ring_log_transports(rank, size, on);
+      free(on);
+    }
+    *out = shm;
+    shm = NULL;
+  } else if (rc == 0) {
+    mlxd_ring_log("rank %d of %d: %s: the TCP exchange decides", rank, size,
+                  mode == MLXD_RING_T_TCP ? "MLXDIST_TRANSPORT=tcp" : "hosts differ");
+  }
+  if (shm) shm->ops->destroy(shm);
+  free(ids);
   return rc;
 }
