@@ -1,0 +1,104 @@
+#!/bin/sh
+# The shared-memory session mlxdist-launch names (MLXDIST_SHM_SESSION): the
+# ranks of a job on this host exchange their host records through it instead
+# of over TCP (select.c mlxd_ring_select_local). Real processes, the real
+# launcher, scale_rank (strict init, all_sum, all_gather, ring exchange, each
+# checked) as the program.
+#   test_launch_session.sh CASE LAUNCHER SCALE_RANK
+# Cases:
+#   shm       3 ranks: every rank says it took the launcher's session, holds no
+#             TCP connection, and its results are right
+#   tcp       --env MLXDIST_TRANSPORT=tcp, and the same in the launcher's own
+#             environment: no session is named (the ranks see none) and the job
+#             runs over TCP
+#   disagree  rank 1 has MLXDIST_TRANSPORT=tcp, then MLXDIST_SMALL_ALGO=direct:
+#             every rank fails naming the setting and both values, at once
+#   hosts     MLXDIST_HOST_ID says 2 hosts: the session only carries the
+#             records; the TCP exchange decides (mixed transport), results right
+#   apart     rank 1 is given another session name: both ranks fail within the
+#             join's bound (MLXDIST_CONNECT_TIMEOUT=2), naming the missing rank
+#   badname   a session name shared memory cannot take: every rank fails naming
+#             MLXDIST_SHM_SESSION and why
+set -u
+case_=$1
+launch=$2
+rankp=$3
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+fail() {
+  echo "FAIL ($case_): $*" >&2
+  echo "---- output" >&2
+  cat "$out" >&2
+  exit 1
+}
+# run the launcher, output in $out, exit status in $rc, seconds in $secs
+go() {
+  t0=$(date +%s)
+  "$launch" "$@" >"$out" 2>&1
+  rc=$?
+  secs=$(($(date +%s) - t0))
+}
+oks() { grep -c "scale rank [0-9]* n $1 .* ok$" "$out"; }
+
+case $case_ in
+shm)
+  go -n 3 --timeout 60 --env MLX_RING_VERBOSE=1 -- "$rankp"
+  [ "$rc" -eq 0 ] || fail "exit $rc"
+  [ "$(oks 3)" -eq 3 ] || fail "expected 3 checked ranks"
+  [ "$(grep -c 'transport shm (all 3 ranks on host .* from mlxdist-launch' "$out")" -eq 3 ] ||
+    fail "not every rank took the launcher's session"
+  [ "$(grep -c 'scale rank [0-9]* n 3 .* tcp 0 ' "$out")" -eq 3 ] ||
+    fail "a rank holds a TCP connection"
+  ;;
+tcp)
+  go -n 2 --timeout 60 --env MLXDIST_TRANSPORT=tcp -- \
+    sh -c '[ -z "${MLXDIST_SHM_SESSION:-}" ] || { echo "session named: $MLXDIST_SHM_SESSION"; exit 3; }; exec "$0"' "$rankp"
+  [ "$rc" -eq 0 ] || fail "exit $rc (--env)"
+  [ "$(oks 2)" -eq 2 ] || fail "expected 2 checked ranks (--env)"
+  grep -q 'scale rank 0 n 2 .* tcp 1 ' "$out" || fail "rank 0 is not over TCP (--env)"
+  MLXDIST_TRANSPORT=tcp go -n 2 --timeout 60 -- \
+    sh -c '[ -z "${MLXDIST_SHM_SESSION:-}" ] || { echo "session named: $MLXDIST_SHM_SESSION"; exit 3; }; exec "$0"' "$rankp"
+  [ "$rc" -eq 0 ] || fail "exit $rc (environment)"
+  [ "$(oks 2)" -eq 2 ] || fail "expected 2 checked ranks (environment)"
+  ;;
+disagree)
+  go -n 2 --timeout 60 -- \
+    sh -c 'if [ "$MLX_RANK" = 1 ]; then export MLXDIST_TRANSPORT=tcp; fi; exec "$0"' "$rankp"
+  [ "$rc" -ne 0 ] || fail "the job passed"
+  [ "$secs" -le 20 ] || fail "took $secs s"
+  grep -q '^\[0\] .*ranks disagree on MLXDIST_TRANSPORT: rank 0 has auto, rank 1 has tcp' "$out" ||
+    fail "rank 0 does not name the disagreement"
+  go -n 2 --timeout 60 -- \
+    sh -c 'if [ "$MLX_RANK" = 1 ]; then export MLXDIST_SMALL_ALGO=direct; fi; exec "$0"' "$rankp"
+  [ "$rc" -ne 0 ] || fail "the job passed (MLXDIST_SMALL_ALGO)"
+  grep -q 'ranks disagree on MLXDIST_SMALL_ALGO' "$out" || fail "no rank names MLXDIST_SMALL_ALGO"
+  ;;
+hosts)
+  go -n 4 --timeout 60 --env MLX_RING_VERBOSE=1 -- \
+    sh -c 'export MLXDIST_HOST_ID=h$((MLX_RANK / 2)); exec "$0"' "$rankp"
+  [ "$rc" -eq 0 ] || fail "exit $rc"
+  [ "$(oks 4)" -eq 4 ] || fail "expected 4 checked ranks"
+  [ "$(grep -c 'hosts differ: the TCP exchange decides' "$out")" -eq 4 ] ||
+    fail "not every rank left the decision to the TCP exchange"
+  [ "$(grep -c 'transport mixed' "$out")" -eq 4 ] || fail "not every rank took the mixed transport"
+  ;;
+apart)
+  go -n 2 --timeout 60 --env MLXDIST_CONNECT_TIMEOUT=2 -- \
+    sh -c 'if [ "$MLX_RANK" = 1 ]; then export MLXDIST_SHM_SESSION=${MLXDIST_SHM_SESSION}-x; fi; exec "$0"' "$rankp"
+  [ "$rc" -ne 0 ] || fail "the job passed"
+  [ "$secs" -le 20 ] || fail "took $secs s (bound: 2 s)"
+  grep -q 'could not join the shared-memory session that mlxdist-launch named (MLXDIST_SHM_SESSION=mlxdist-.*timed out after 2 s .*missing ranks: [01]' "$out" ||
+    fail "no rank names the join's bound and the missing rank"
+  ;;
+badname)
+  go -n 2 --timeout 60 --env MLXDIST_SHM_SESSION=bad:name -- "$rankp"
+  [ "$rc" -ne 0 ] || fail "the job passed"
+  grep -q 'MLXDIST_SHM_SESSION=bad:name.*session name "bad:name" is not valid' "$out" ||
+    fail "no rank names the variable and why"
+  ;;
+*)
+  echo "unknown case $case_" >&2
+  exit 2
+  ;;
+esac
+echo "ok ($case_)"
