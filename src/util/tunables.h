@@ -181,8 +181,8 @@ typedef struct mlxd_tunable_spec {
   X(SHM_SESSION, "MLXDIST_SHM_SESSION", "", MLXD_TK_WORD("a shared-memory session name"),        \
     "Set by mlxdist-launch when it starts every rank on this host: the ring's ranks meet in "     \
     "this shared-memory session for their first group (their host records travel through it, "   \
-    "not over TCP); the same on every rank, or unset. Not set with MLXDIST_TRANSPORT=tcp. See "   \
-    "docs/ring.md.")                                                                              \
+    "not over TCP); 1 to 200 letters, digits, '-' or '.', the same on every rank; empty: none "   \
+    "(the launcher empties it with MLXDIST_TRANSPORT=tcp). See docs/ring.md.")                                                                              \
   X(IFNAME, "MLXDIST_IFNAME", "", MLXD_TK_WORD("a network interface's name"),                     \
     "Bootstrapped ranks (all-gather or rendezvous) listen on this network interface's first "     \
     "IPv4 address, else its IPv6 one, when MLXDIST_RING_ADDR is unset (like "                     \

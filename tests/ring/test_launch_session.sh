@@ -19,6 +19,11 @@
 #             join's bound (MLXDIST_CONNECT_TIMEOUT=2), naming the missing rank
 #   badname   a session name shared memory cannot take: every rank fails naming
 #             MLXDIST_SHM_SESSION and why
+#   inherit   a session in the launcher's own environment (an outer job's) with
+#             MLXDIST_TRANSPORT=tcp: the ranks see it emptied, and run over TCP
+#   job       rank 1 has another job token: every rank that sees it fails naming
+#             the rank and MLXDIST_JOB_TOKEN (no handshake checks tokens here)
+# The failing cases also check that the session left no name in /dev/shm.
 set -u
 case_=$1
 launch=$2
@@ -39,6 +44,13 @@ go() {
   secs=$(($(date +%s) - t0))
 }
 oks() { grep -c "scale rank [0-9]* n $1 .* ok$" "$out"; }
+# no name of the session the ranks printed ("session=NAME") left in /dev/shm
+no_leftovers() {
+  name=$(sed -n 's/^\[0\] session=//p' "$out" | head -1)
+  [ -n "$name" ] || fail "rank 0 printed no session name"
+  left=$(ls /dev/shm 2>/dev/null | grep -c "^$name") || true
+  [ "$left" -eq 0 ] || fail "$left name(s) of session $name left in /dev/shm"
+}
 
 case $case_ in
 shm)
@@ -60,14 +72,16 @@ tcp)
     sh -c '[ -z "${MLXDIST_SHM_SESSION:-}" ] || { echo "session named: $MLXDIST_SHM_SESSION"; exit 3; }; exec "$0"' "$rankp"
   [ "$rc" -eq 0 ] || fail "exit $rc (environment)"
   [ "$(oks 2)" -eq 2 ] || fail "expected 2 checked ranks (environment)"
+  grep -q 'scale rank 0 n 2 .* tcp 1 ' "$out" || fail "rank 0 is not over TCP (environment)"
   ;;
 disagree)
   go -n 2 --timeout 60 -- \
-    sh -c 'if [ "$MLX_RANK" = 1 ]; then export MLXDIST_TRANSPORT=tcp; fi; exec "$0"' "$rankp"
+    sh -c 'echo "session=$MLXDIST_SHM_SESSION"; if [ "$MLX_RANK" = 1 ]; then export MLXDIST_TRANSPORT=tcp; fi; exec "$0"' "$rankp"
   [ "$rc" -ne 0 ] || fail "the job passed"
   [ "$secs" -le 20 ] || fail "took $secs s"
   grep -q '^\[0\] .*ranks disagree on MLXDIST_TRANSPORT: rank 0 has auto, rank 1 has tcp' "$out" ||
     fail "rank 0 does not name the disagreement"
+  no_leftovers
   go -n 2 --timeout 60 -- \
     sh -c 'if [ "$MLX_RANK" = 1 ]; then export MLXDIST_SMALL_ALGO=direct; fi; exec "$0"' "$rankp"
   [ "$rc" -ne 0 ] || fail "the job passed (MLXDIST_SMALL_ALGO)"
@@ -84,17 +98,34 @@ hosts)
   ;;
 apart)
   go -n 2 --timeout 60 --env MLXDIST_CONNECT_TIMEOUT=2 -- \
-    sh -c 'if [ "$MLX_RANK" = 1 ]; then export MLXDIST_SHM_SESSION=${MLXDIST_SHM_SESSION}-x; fi; exec "$0"' "$rankp"
+    sh -c 'echo "session=$MLXDIST_SHM_SESSION"; if [ "$MLX_RANK" = 1 ]; then export MLXDIST_SHM_SESSION=${MLXDIST_SHM_SESSION}-x; fi; exec "$0"' "$rankp"
   [ "$rc" -ne 0 ] || fail "the job passed"
   [ "$secs" -le 20 ] || fail "took $secs s (bound: 2 s)"
   grep -q 'could not join the shared-memory session that mlxdist-launch named (MLXDIST_SHM_SESSION=mlxdist-.*timed out after 2 s .*missing ranks: [01]' "$out" ||
     fail "no rank names the join's bound and the missing rank"
+  no_leftovers
   ;;
 badname)
   go -n 2 --timeout 60 --env MLXDIST_SHM_SESSION=bad:name -- "$rankp"
   [ "$rc" -ne 0 ] || fail "the job passed"
   grep -q 'MLXDIST_SHM_SESSION=bad:name.*session name "bad:name" is not valid' "$out" ||
     fail "no rank names the variable and why"
+  ;;
+inherit)
+  MLXDIST_SHM_SESSION=mlxdist-1-00000000000000aa go -n 2 --timeout 60 --env MLXDIST_TRANSPORT=tcp -- \
+    sh -c '[ -z "${MLXDIST_SHM_SESSION:-}" ] || { echo "session named: $MLXDIST_SHM_SESSION"; exit 3; }; exec "$0"' "$rankp"
+  [ "$rc" -eq 0 ] || fail "exit $rc"
+  [ "$(oks 2)" -eq 2 ] || fail "expected 2 checked ranks"
+  grep -q 'scale rank 0 n 2 .* tcp 1 ' "$out" || fail "rank 0 is not over TCP"
+  ;;
+job)
+  go -n 2 --timeout 60 -- \
+    sh -c 'echo "session=$MLXDIST_SHM_SESSION"; if [ "$MLX_RANK" = 1 ]; then export MLXDIST_JOB_TOKEN=0123456789abcdef0123456789abcdef; fi; exec "$0"' "$rankp"
+  [ "$rc" -ne 0 ] || fail "the job passed"
+  [ "$secs" -le 20 ] || fail "took $secs s"
+  grep -q '^\[0\] .*rank 1 in shared-memory session mlxdist-.* is of another job than rank 0: its job token or secret differs' "$out" ||
+    fail "rank 0 does not name rank 1's job"
+  no_leftovers
   ;;
 *)
   echo "unknown case $case_" >&2

@@ -183,7 +183,8 @@ static int run_ring(const launch_opts* o, int sfd) {
     env[e++] = hostfile_kv;
     env[e++] = world_kv;
     env[e++] = token_kv;
-    if (session == 0) env[e++] = session_kv;
+    /* an empty value, not this environment's: a session of an outer job is never inherited */
+    env[e++] = session == 0 ? session_kv : "MLXDIST_SHM_SESSION=";
     if (o->secret) env[e++] = secret.kv;
     if (o->verbose) env[e++] = "MLX_RING_VERBOSE=1";
     for (int i = 0; i < o->n_envs; i++) env[e++] = o->envs[i];

@@ -493,7 +493,7 @@ static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
   }
   { /* started by mlxdist-launch on this host: maybe no TCP at all */
     char session[MLXD_RING_SESSION_MAX];
-    if ((rc = mlxd_ring_select_local((int)rank, n, &t, session, st))) goto done;
+    if ((rc = mlxd_ring_select_local((int)rank, n, &auth, &t, session, st))) goto done;
     if (t) {
       rc = mlxd_ring_backend_new_local((int)rank, n, k, &self, &auth, t, session, out, st);
       goto done;

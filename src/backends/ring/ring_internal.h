@@ -182,10 +182,11 @@ int mlxd_ring_select_transport(mlxd_transport** t, int* host_of, char* session, 
  * the caller goes on with mlxd_ring_select_transport. Unset, size < 2 or a
  * later group: 0 at once, *shm NULL. Blocks until every rank has joined
  * (bounded by MLXDIST_CONNECT_TIMEOUT); settings that disagree fail here as
- * there; a rank that cannot join fails (the others cannot go on without
- * it: the launcher stops them). */
-int mlxd_ring_select_local(int rank, int size, mlxd_transport** shm, char* session,
-                           mlxd_status* st);
+ * there, and so does a rank whose job token or secret (auth) differs; a rank
+ * that cannot join fails (the others cannot go on without it: the launcher
+ * stops them). */
+int mlxd_ring_select_local(int rank, int size, const mlxd_ring_auth* auth, mlxd_transport** shm,
+                           char* session, mlxd_status* st);
 /* Print the line of docs/ring.md that says what rank chose (MLX_RING_VERBOSE=1):
  * "[ring] rank 0: transports: shm with ranks 1; tcp with ranks 2,3"; on_shm[p]: peer p is
  * reached over shared memory. */

@@ -1,6 +1,11 @@
 /* Transport selection for a ring group (MLXDIST_TRANSPORT).
  *
- * Every group of two or more ranks first gets a TCP transport (connect.c).
+ * The first group of ranks that mlxdist-launch started on one host
+ * (MLXDIST_SHM_SESSION) gathers the records below through that shared-memory
+ * session instead, and keeps it without ever making a TCP transport when
+ * every rank is on one host and the setting is not tcp
+ * (mlxd_ring_select_local, at the end). Every other group of two or more
+ * ranks first gets a TCP transport (connect.c).
  * Over it, the algorithm layer's all_gather (a fixed threshold, so every
  * rank takes the same algorithm; sequence numbers the group's operations do
  * not reach) gathers a 64-byte record per rank: this rank's
@@ -107,8 +112,10 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
  * FNV-1a of the full record's bytes 16..207, i.e. MLXDIST_HOST_ID, or boot id,
  * namespaces and host name), 24 the machine (u64, as ID_MACHINE), 32 MLXDIST_ALGO
  * (u8), 33 MLXDIST_SMALL_ALGO (u8), 36 MLXDIST_HIER_SEGMENT (u32), 40 MLXDIST_SMALL_BYTES (u32), 44 rank 0's
- * session (u32 pid, u64 random: "mlxdist-<pid>-<16 hex>"; zero elsewhere), 56..63
- * zero. The full records travel only to explain different hosts (an error). */
+ * session (u32 pid, u64 random: "mlxdist-<pid>-<16 hex>"; zero elsewhere), 56 the
+ * job (u64: FNV-1a of the job token and the secret's key, only through the launcher's
+ * shared-memory session, where no handshake proves them; zero over TCP). The full
+ * records travel only to explain different hosts (an error). */
 #define REC_BYTES 64
 #define REC_MAGIC 0x4D585243u /* "MXRC" */
 #define REC_VERSION 3u
@@ -120,6 +127,7 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st) {
 #define REC_SMALL_ALGO 33
 #define REC_SESSION_PID 44
 #define REC_SESSION_RAND 48
+#define REC_JOB 56
 
 static void put_u(unsigned char* p, uint64_t v, int bytes) {
   for (int i = bytes - 1; i >= 0; i--) {
@@ -565,8 +573,19 @@ _Static_assert(REC_BYTES == MLXD_SHM_BOOT_BYTES, "a host record is a shared-memo
  * name whose last joiner has yet to remove it. */
 static atomic_bool g_session_used;
 
-int mlxd_ring_select_local(int rank, int size, mlxd_transport** out, char* session_out,
-                           mlxd_status* st) {
+/* Which job a rank is of, as far as its token and secret say (not a proof:
+ * the session is this user's 0600 memory; a mismatch is a mistake to name). */
+static uint64_t job_hash(const mlxd_ring_auth* auth) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < sizeof auth->token; i++) h = (h ^ auth->token[i]) * 1099511628211ull;
+  h = (h ^ (auth->have_key ? 1u : 0u)) * 1099511628211ull;
+  for (size_t i = 0; auth->have_key && i < sizeof auth->key; i++)
+    h = (h ^ auth->key[i]) * 1099511628211ull;
+  return h;
+}
+
+int mlxd_ring_select_local(int rank, int size, const mlxd_ring_auth* auth, mlxd_transport** out,
+                           char* session_out, mlxd_status* st) {
   *out = NULL;
   const char* session = mlxd_tunable_str(MLXD_T_SHM_SESSION);
   if (size < 2 || !session || !*session || atomic_exchange(&g_session_used, true)) return 0;
@@ -581,6 +600,7 @@ int mlxd_ring_select_local(int rank, int size, mlxd_transport** out, char* sessi
   uint64_t session_rand = rank == 0 ? random64() : 0;
   make_id(mine, rank, size, mode, host_id, session_rand);
   make_rec(my_rec, mine, rank, session_rand);
+  put_u(my_rec + REC_JOB, job_hash(auth), 8);
   mlxd_status sst = {0};
   mlxd_transport* shm = mlxd_shm_transport_join(rank, size, session, my_rec, ids, &sst);
   if (!shm) {
@@ -594,6 +614,16 @@ int mlxd_ring_select_local(int rank, int size, mlxd_transport** out, char* sessi
     return st->code;
   }
   int rc = check_records(ids, mine, rank, size, mode, st);
+  for (int p = 0; p < size && rc == 0; p++)
+    if (memcmp(ids + (size_t)p * REC_BYTES + REC_JOB, my_rec + REC_JOB, 8) != 0) {
+      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                        "rank %d in shared-memory session %s (MLXDIST_SHM_SESSION) is of "
+                        "another job than rank %d: its job token or secret differs "
+                        "(MLXDIST_JOB_TOKEN, MLXDIST_SECRET_FILE); expected every rank of one "
+                        "mlxdist-launch job",
+                        p, session, rank);
+      mlxd_status_set_peer(st, p, NULL);
+    }
   bool one_host = true;
   for (int p = 1; p < size && one_host; p++)
     one_host = memcmp(ids + REC_HOST, ids + (size_t)p * REC_BYTES + REC_HOST, 8) == 0;
