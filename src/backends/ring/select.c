@@ -422,11 +422,14 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
            (unsigned long)get_u(ids + REC_SESSION_PID, 4),
            (unsigned long long)get_u(ids + REC_SESSION_RAND, 8));
   snprintf(session_out, MLXD_RING_SESSION_MAX, "%s", session);
-  { /* how the TCP transport waits (spin.h) depends on how crowded this host is */
+  { /* How the TCP transport waits (spin.h) depends on how crowded this machine's CPUs
+     * are: the ranks on this machine (its boot id), not on this host, which may be one of
+     * several namespaces or MLXDIST_HOST_ID ids on one machine (6 ranks as 3 hosts of 2 on 2
+     * CPUs spun as if each had the CPUs to itself: a 6-rank all_sum took 4 ms, not 0.2). */
     int here = 0;
     for (int p = 0; p < size; p++)
-      here += memcmp(ids + (size_t)rank * REC_BYTES + REC_HOST,
-                     ids + (size_t)p * REC_BYTES + REC_HOST, 8) == 0;
+      here += memcmp(ids + (size_t)rank * REC_BYTES + REC_MACHINE,
+                     ids + (size_t)p * REC_BYTES + REC_MACHINE, 8) == 0;
     mlxd_tcp_set_local_ranks(tcp, here);
   }
   if (mode == MLXD_RING_T_TCP) {
