@@ -23,6 +23,9 @@
 #             MLXDIST_TRANSPORT=tcp: the ranks see it emptied, and run over TCP
 #   job       rank 1 has another job token: every rank that sees it fails naming
 #             the rank and MLXDIST_JOB_TOKEN (no handshake checks tokens here)
+#   machine   2 ranks as 2 emulated hosts (MLXDIST_HOST_ID) on 1 CPU (taskset),
+#             over TCP: each counts both ranks on its machine and its TCP waits
+#             yield (they once counted the ranks of their host, 1, and spun)
 # The failing cases also check that the session left no name in /dev/shm.
 set -u
 case_=$1
@@ -126,6 +129,15 @@ job)
   grep -q '^\[0\] .*rank 1 in shared-memory session mlxdist-.* is of another job than rank 0: its job token or secret differs' "$out" ||
     fail "rank 0 does not name rank 1's job"
   no_leftovers
+  ;;
+machine)
+  command -v taskset >/dev/null || { echo "SKIP: no taskset"; exit 0; }
+  go -n 2 --timeout 60 --env MLXDIST_TRANSPORT=tcp --env MLX_RING_VERBOSE=1 -- \
+    taskset -c 0 sh -c 'export MLXDIST_HOST_ID=h$MLX_RANK; exec "$0"' "$rankp"
+  [ "$rc" -eq 0 ] || fail "exit $rc"
+  [ "$(oks 2)" -eq 2 ] || fail "expected 2 checked ranks"
+  [ "$(grep -c 'rank [01]: 2 ranks on this machine, 1 CPU: TCP waits yield between polls (crowded)' "$out")" -eq 2 ] ||
+    fail "a rank did not count both ranks on its machine"
   ;;
 *)
   echo "unknown case $case_" >&2

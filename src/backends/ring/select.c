@@ -65,6 +65,7 @@
 #include "backends/ring/ring_internal.h"
 #include "transport/mixed.h"
 #include "transport/shm.h"
+#include "transport/spin.h"
 #include "transport/tcp.h"
 #include "util/tunables.h"
 
@@ -431,6 +432,10 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
       here += memcmp(ids + (size_t)rank * REC_BYTES + REC_MACHINE,
                      ids + (size_t)p * REC_BYTES + REC_MACHINE, 8) == 0;
     mlxd_tcp_set_local_ranks(tcp, here);
+    mlxd_spin_rule rule = mlxd_spin_rule_for(here);
+    mlxd_ring_log("rank %d: %d rank%s on this machine, %d CPU%s: TCP waits %s", rank, here,
+                  here == 1 ? "" : "s", rule.cpus, rule.cpus == 1 ? "" : "s",
+                  rule.yield ? "yield between polls (crowded)" : "poll without yielding");
   }
   if (mode == MLXD_RING_T_TCP) {
     mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=tcp)", rank, size);
