@@ -272,6 +272,13 @@ mlxd_transport* mlxd_mixed_combine(mlxd_transport* rest, mlxd_transport* part, c
   return &t->base;
 }
 
+void mlxd_mixed_set_local_ranks(mlxd_transport* tt, int machine_ranks) {
+  mixed_transport* t = (mixed_transport*)tt;
+  mlxd_spin_rule spin = mlxd_spin_rule_for(machine_ranks);
+  t->spin_s = spin.spin_s;
+  t->yield = spin.yield;
+}
+
 mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* shm, const int* local,
                                          mlxd_status* st) {
   return mlxd_mixed_combine(tcp, shm, local, true, MIXED_IDLE_SLICE_S, 0, st);

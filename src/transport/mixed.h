@@ -32,5 +32,9 @@ mlxd_transport* mlxd_mixed_combine(mlxd_transport* rest, mlxd_transport* part, c
  * at most 100 us at a time. */
 mlxd_transport* mlxd_mixed_transport_new(mlxd_transport* tcp, mlxd_transport* shm, const int* local,
                                          mlxd_status* st);
+/* How a wait on both parts spins (spin.h): machine_ranks, the group's ranks on this machine's
+ * CPUs (more than this host's where hosts are emulated on one machine). Set once, after
+ * create and before any op (no lock). */
+void mlxd_mixed_set_local_ranks(mlxd_transport* mixed, int machine_ranks);
 
 #endif

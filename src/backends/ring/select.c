@@ -522,6 +522,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
         rc = st->code;
         goto done;
       }
+      mlxd_mixed_set_local_ranks(mixed, machine);
       mlxd_ring_log(
           "rank %d of %d: transport mixed (%d ranks on host '%s', session %s; tcp to the "
           "other %d)",
