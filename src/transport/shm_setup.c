@@ -460,9 +460,9 @@ static void sweep_stale_pairs(void) {
 
 static pthread_once_t g_sweep_once = PTHREAD_ONCE_INIT;
 
-static mlxd_transport* join(int rank, int size, const char* name, const int* names,
-                            int name_limit, int machine_ranks, const void* boot_mine,
-                            void* boot_all, mlxd_status* st);
+static mlxd_transport* join(int rank, int size, const char* name, const int* names, int name_limit,
+                            int machine_ranks, const void* boot_mine, void* boot_all,
+                            mlxd_status* st);
 
 mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlxd_status* st) {
   return join(rank, size, name, NULL, size, size, NULL, NULL, st);
@@ -478,9 +478,9 @@ mlxd_transport* mlxd_shm_transport_join(int rank, int size, const char* name, co
   return join(rank, size, name, NULL, size, size, mine, all, st);
 }
 
-static mlxd_transport* join(int rank, int size, const char* name, const int* names,
-                            int name_limit, int machine_ranks, const void* boot_mine,
-                            void* boot_all, mlxd_status* st) {
+static mlxd_transport* join(int rank, int size, const char* name, const int* names, int name_limit,
+                            int machine_ranks, const void* boot_mine, void* boot_all,
+                            mlxd_status* st) {
   mlxd_status local;
   if (!st) st = &local;
   if (size < 1 || size > 4096 || rank < 0 || rank >= size) {

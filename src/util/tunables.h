@@ -178,11 +178,11 @@ typedef struct mlxd_tunable_spec {
     "ip:port (or [ipv6]:port) of mlxdist-launch's rendezvous: with MLX_HOSTFILE unset, the ring " \
     "backend posts its addresses there (the launcher is the job's all-gather), authenticated "    \
     "with MLXDIST_JOB_TOKEN (required). Set by mlxdist-launch across hosts. See docs/ring.md.")   \
-  X(SHM_SESSION, "MLXDIST_SHM_SESSION", "", MLXD_TK_WORD("a shared-memory session name"),        \
+  X(SHM_SESSION, "MLXDIST_SHM_SESSION", "", MLXD_TK_WORD("a shared-memory session name"),         \
     "Set by mlxdist-launch when it starts every rank on this host: the ring's ranks meet in "     \
-    "this shared-memory session for their first group (their host records travel through it, "   \
+    "this shared-memory session for their first group (their host records travel through it, "    \
     "not over TCP); 1 to 200 letters, digits, '-' or '.', the same on every rank; empty: none "   \
-    "(the launcher empties it with MLXDIST_TRANSPORT=tcp). See docs/ring.md.")                                                                              \
+    "(the launcher empties it with MLXDIST_TRANSPORT=tcp). See docs/ring.md.")                    \
   X(IFNAME, "MLXDIST_IFNAME", "", MLXD_TK_WORD("a network interface's name"),                     \
     "Bootstrapped ranks (all-gather or rendezvous) listen on this network interface's first "     \
     "IPv4 address, else its IPv6 one, when MLXDIST_RING_ADDR is unset (like "                     \

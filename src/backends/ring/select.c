@@ -323,18 +323,18 @@ static int check_records(const unsigned char* ids, const unsigned char* mine, in
         get_u(id + 6, 2) > MLXD_RING_T_SHM || get_u(id + REC_ALGO, 1) > 2 ||
         get_u(id + REC_SMALL_ALGO, 1) > 2) {
       int rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "rank %d sent a malformed host record while choosing the transport "
-                        "(is every rank running the same mlxdist version?)",
-                        p);
+                            "rank %d sent a malformed host record while choosing the transport "
+                            "(is every rank running the same mlxdist version?)",
+                            p);
       mlxd_status_set_peer(st, p, NULL);
       return rc;
     }
     int pm = (int)get_u(id + 6, 2);
     if (pm != mode) {
       int rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "ranks disagree on MLXDIST_TRANSPORT: rank %d has %s, rank %d has "
-                        "%s; expected the same value on every rank",
-                        rank, mlxd_ring_mode_name(mode), p, mlxd_ring_mode_name(pm));
+                            "ranks disagree on MLXDIST_TRANSPORT: rank %d has %s, rank %d has "
+                            "%s; expected the same value on every rank",
+                            rank, mlxd_ring_mode_name(mode), p, mlxd_ring_mode_name(pm));
       mlxd_status_set_peer(st, p, NULL);
       return rc;
     }
@@ -351,10 +351,11 @@ static int check_records(const unsigned char* ids, const unsigned char* mine, in
       unsigned pv = (unsigned)get_u(id + choices[k].at, 1);
       unsigned mv = (unsigned)get_u(mine + choices[k].mine_at, 1);
       if (pv == mv) continue;
-      int rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "ranks disagree on %s: rank %d has %s, rank %d has %s; expected the same "
-                        "value on every rank",
-                        choices[k].name, rank, choices[k].values[mv], p, choices[k].values[pv]);
+      int rc =
+          mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
+                       "ranks disagree on %s: rank %d has %s, rank %d has %s; expected the same "
+                       "value on every rank",
+                       choices[k].name, rank, choices[k].values[mv], p, choices[k].values[pv]);
       mlxd_status_set_peer(st, p, NULL);
       return rc;
     }
@@ -369,9 +370,9 @@ static int check_records(const unsigned char* ids, const unsigned char* mine, in
       uint64_t pv = get_u(id + sizes[k].at, 4), mv = get_u(mine + sizes[k].mine_at, 4);
       if (pv == mv) continue;
       int rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "ranks disagree on %s: rank %d has %" PRIu64 ", rank %d has %" PRIu64
-                        "; expected the same value on every rank",
-                        sizes[k].name, rank, mv, p, pv);
+                            "ranks disagree on %s: rank %d has %" PRIu64 ", rank %d has %" PRIu64
+                            "; expected the same value on every rank",
+                            sizes[k].name, rank, mv, p, pv);
       mlxd_status_set_peer(st, p, NULL);
       return rc;
     }
