@@ -47,6 +47,24 @@ go() {
   secs=$(($(date +%s) - t0))
 }
 oks() { grep -c "scale rank [0-9]* n $1 .* ok$" "$out"; }
+# the rank program, failing when its environment names a session
+nosession='[ -z "${MLXDIST_SHM_SESSION:-}" ] || { echo "session named: $MLXDIST_SHM_SESSION"; exit 3; }; exec "$0"'
+# the last 2-rank job passed, over TCP ($1: which run)
+passed_over_tcp() {
+  [ "$rc" -eq 0 ] || fail "exit $rc ($1)"
+  [ "$(oks 2)" -eq 2 ] || fail "expected 2 checked ranks ($1)"
+  grep -q 'scale rank 0 n 2 .* tcp 1 ' "$out" || fail "rank 0 is not over TCP ($1)"
+}
+# 2 ranks, rank 1 with shell statement $1 first: the job must fail within 20 s, with a line
+# matching $2 (grep) in its output, and leave no name of its session in /dev/shm
+rank1_fails() {
+  go -n 2 --timeout 60 --env MLXDIST_CONNECT_TIMEOUT=2 -- \
+    sh -c "echo \"session=\$MLXDIST_SHM_SESSION\"; if [ \"\$MLX_RANK\" = 1 ]; then $1; fi; exec \"\$0\"" "$rankp"
+  [ "$rc" -ne 0 ] || fail "the job passed ($1)"
+  [ "$secs" -le 20 ] || fail "took $secs s ($1)"
+  grep -q "$2" "$out" || fail "no line matches: $2"
+  no_leftovers
+}
 # no name of the session the ranks printed ("session=NAME") left in /dev/shm
 no_leftovers() {
   name=$(sed -n 's/^\[0\] session=//p' "$out" | head -1)
@@ -66,29 +84,15 @@ shm)
     fail "a rank holds a TCP connection"
   ;;
 tcp)
-  go -n 2 --timeout 60 --env MLXDIST_TRANSPORT=tcp -- \
-    sh -c '[ -z "${MLXDIST_SHM_SESSION:-}" ] || { echo "session named: $MLXDIST_SHM_SESSION"; exit 3; }; exec "$0"' "$rankp"
-  [ "$rc" -eq 0 ] || fail "exit $rc (--env)"
-  [ "$(oks 2)" -eq 2 ] || fail "expected 2 checked ranks (--env)"
-  grep -q 'scale rank 0 n 2 .* tcp 1 ' "$out" || fail "rank 0 is not over TCP (--env)"
-  MLXDIST_TRANSPORT=tcp go -n 2 --timeout 60 -- \
-    sh -c '[ -z "${MLXDIST_SHM_SESSION:-}" ] || { echo "session named: $MLXDIST_SHM_SESSION"; exit 3; }; exec "$0"' "$rankp"
-  [ "$rc" -eq 0 ] || fail "exit $rc (environment)"
-  [ "$(oks 2)" -eq 2 ] || fail "expected 2 checked ranks (environment)"
-  grep -q 'scale rank 0 n 2 .* tcp 1 ' "$out" || fail "rank 0 is not over TCP (environment)"
+  go -n 2 --timeout 60 --env MLXDIST_TRANSPORT=tcp -- sh -c "$nosession" "$rankp"
+  passed_over_tcp --env
+  MLXDIST_TRANSPORT=tcp go -n 2 --timeout 60 -- sh -c "$nosession" "$rankp"
+  passed_over_tcp environment
   ;;
 disagree)
-  go -n 2 --timeout 60 -- \
-    sh -c 'echo "session=$MLXDIST_SHM_SESSION"; if [ "$MLX_RANK" = 1 ]; then export MLXDIST_TRANSPORT=tcp; fi; exec "$0"' "$rankp"
-  [ "$rc" -ne 0 ] || fail "the job passed"
-  [ "$secs" -le 20 ] || fail "took $secs s"
-  grep -q '^\[0\] .*ranks disagree on MLXDIST_TRANSPORT: rank 0 has auto, rank 1 has tcp' "$out" ||
-    fail "rank 0 does not name the disagreement"
-  no_leftovers
-  go -n 2 --timeout 60 -- \
-    sh -c 'if [ "$MLX_RANK" = 1 ]; then export MLXDIST_SMALL_ALGO=direct; fi; exec "$0"' "$rankp"
-  [ "$rc" -ne 0 ] || fail "the job passed (MLXDIST_SMALL_ALGO)"
-  grep -q 'ranks disagree on MLXDIST_SMALL_ALGO' "$out" || fail "no rank names MLXDIST_SMALL_ALGO"
+  rank1_fails 'export MLXDIST_TRANSPORT=tcp' \
+    '^\[0\] .*ranks disagree on MLXDIST_TRANSPORT: rank 0 has auto, rank 1 has tcp'
+  rank1_fails 'export MLXDIST_SMALL_ALGO=direct' 'ranks disagree on MLXDIST_SMALL_ALGO'
   ;;
 hosts)
   go -n 4 --timeout 60 --env MLX_RING_VERBOSE=1 -- \
@@ -100,13 +104,8 @@ hosts)
   [ "$(grep -c 'transport mixed' "$out")" -eq 4 ] || fail "not every rank took the mixed transport"
   ;;
 apart)
-  go -n 2 --timeout 60 --env MLXDIST_CONNECT_TIMEOUT=2 -- \
-    sh -c 'echo "session=$MLXDIST_SHM_SESSION"; if [ "$MLX_RANK" = 1 ]; then export MLXDIST_SHM_SESSION=${MLXDIST_SHM_SESSION}-x; fi; exec "$0"' "$rankp"
-  [ "$rc" -ne 0 ] || fail "the job passed"
-  [ "$secs" -le 20 ] || fail "took $secs s (bound: 2 s)"
-  grep -q 'could not join the shared-memory session that mlxdist-launch named (MLXDIST_SHM_SESSION=mlxdist-.*timed out after 2 s .*missing ranks: [01]' "$out" ||
-    fail "no rank names the join's bound and the missing rank"
-  no_leftovers
+  rank1_fails 'export MLXDIST_SHM_SESSION=${MLXDIST_SHM_SESSION}-x' \
+    'could not join the shared-memory session that mlxdist-launch named (MLXDIST_SHM_SESSION=mlxdist-.*timed out after 2 s .*missing ranks: [01]'
   ;;
 badname)
   go -n 2 --timeout 60 --env MLXDIST_SHM_SESSION=bad:name -- "$rankp"
@@ -115,20 +114,13 @@ badname)
     fail "no rank names the variable and why"
   ;;
 inherit)
-  MLXDIST_SHM_SESSION=mlxdist-1-00000000000000aa go -n 2 --timeout 60 --env MLXDIST_TRANSPORT=tcp -- \
-    sh -c '[ -z "${MLXDIST_SHM_SESSION:-}" ] || { echo "session named: $MLXDIST_SHM_SESSION"; exit 3; }; exec "$0"' "$rankp"
-  [ "$rc" -eq 0 ] || fail "exit $rc"
-  [ "$(oks 2)" -eq 2 ] || fail "expected 2 checked ranks"
-  grep -q 'scale rank 0 n 2 .* tcp 1 ' "$out" || fail "rank 0 is not over TCP"
+  MLXDIST_SHM_SESSION=mlxdist-1-00000000000000aa go -n 2 --timeout 60 --env MLXDIST_TRANSPORT=tcp \
+    -- sh -c "$nosession" "$rankp"
+  passed_over_tcp "an outer job's session"
   ;;
 job)
-  go -n 2 --timeout 60 -- \
-    sh -c 'echo "session=$MLXDIST_SHM_SESSION"; if [ "$MLX_RANK" = 1 ]; then export MLXDIST_JOB_TOKEN=0123456789abcdef0123456789abcdef; fi; exec "$0"' "$rankp"
-  [ "$rc" -ne 0 ] || fail "the job passed"
-  [ "$secs" -le 20 ] || fail "took $secs s"
-  grep -q '^\[0\] .*rank 1 in shared-memory session mlxdist-.* is of another job than rank 0: its job token or secret differs' "$out" ||
-    fail "rank 0 does not name rank 1's job"
-  no_leftovers
+  rank1_fails 'export MLXDIST_JOB_TOKEN=0123456789abcdef0123456789abcdef' \
+    '^\[0\] .*rank 1 in shared-memory session mlxdist-.* is of another job than rank 0: its job token or secret differs'
   ;;
 machine)
   command -v taskset >/dev/null || { echo "SKIP: no taskset"; exit 0; }
