@@ -6,6 +6,7 @@
 #ifndef MLXD_TCP_H
 #define MLXD_TCP_H
 
+#include "transport/spin.h"
 #include "transport/transport.h"
 
 /* Build a transport from connected stream sockets. fds[p * nconn + c] is
@@ -16,10 +17,10 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
                                        mlxd_status* st);
 
 /* Set how a wait spends the time before it blocks (spin.h) from the number
- * of the group's ranks on this host; creation assumes all of them (the
- * transport does not know the hosts). Takes the transport's mutex; never
- * blocks otherwise, cannot fail. */
-void mlxd_tcp_set_local_ranks(mlxd_transport* t, int local_ranks);
+ * of the group's ranks on this machine's CPUs; creation assumes all of them
+ * (the transport does not know the hosts). Returns the rule it set. Takes
+ * the transport's mutex; never blocks otherwise, cannot fail. */
+mlxd_spin_rule mlxd_tcp_set_local_ranks(mlxd_transport* t, int local_ranks);
 
 /* What makes a lazy transport's connections (the ring's: connect.c). Every
  * op is called with the transport's mutex held, from the thread that drives

@@ -328,13 +328,14 @@ static void conn_ready(void* ctx, int peer, int conn, int fd) {
 }
 
 /* The transport without connections. NULL with st set. */
-void mlxd_tcp_set_local_ranks(mlxd_transport* tt, int local_ranks) {
+mlxd_spin_rule mlxd_tcp_set_local_ranks(mlxd_transport* tt, int local_ranks) {
   tcp_transport* t = (tcp_transport*)tt;
   mlxd_spin_rule spin = mlxd_spin_rule_for(local_ranks);
   pthread_mutex_lock(&t->mu);
   t->spin_s = spin.spin_s;
   t->yield_spin = spin.yield;
   pthread_mutex_unlock(&t->mu);
+  return spin;
 }
 
 static tcp_transport* tcp_alloc(int rank, int size, int nconn, mlxd_status* st) {

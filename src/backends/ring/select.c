@@ -156,6 +156,13 @@ static int boot_exchange(mlxd_transport* t, unsigned step, const unsigned char* 
   return mlxd_algo_all_gather_setup(t, SELECT_SEQ + step, in, out, n, st);
 }
 
+/* FNV-1a of n bytes, continuing from h (start: FNV_OFFSET). */
+#define FNV_OFFSET 1469598103934665603ull
+static uint64_t fnv1a(uint64_t h, const unsigned char* p, size_t n) {
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
 static uint64_t ns_inode(const char* path) {
   struct stat sb;
   return stat(path, &sb) == 0 ? (uint64_t)sb.st_ino : 0;
@@ -196,10 +203,9 @@ static void make_id(unsigned char* id, int rank, int size, int mode, const char*
   put_u(id + 12, (uint64_t)size, 4);
   char boot[48];
   read_boot_id(boot, sizeof boot);
-  uint64_t h = 1469598103934665603ull; /* FNV-1a: which ranks share this machine's CPUs */
-  for (size_t i = 0; i < sizeof boot && boot[i]; i++)
-    h = (h ^ (unsigned char)boot[i]) * 1099511628211ull;
-  put_u(id + ID_MACHINE, h, 8);
+  /* which ranks share this machine's CPUs */
+  put_u(id + ID_MACHINE, fnv1a(FNV_OFFSET, (const unsigned char*)boot, strnlen(boot, sizeof boot)),
+        8);
   put_u(id + ID_ALGO, (uint64_t)mlxd_tunable_long(MLXD_T_ALGO), 1);
   put_u(id + ID_SEGMENT, (uint64_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT), 4);
   put_u(id + ID_SMALL, (uint64_t)mlxd_tunable_long(MLXD_T_SMALL_BYTES), 4);
@@ -228,9 +234,7 @@ static void make_rec(unsigned char* rec, const unsigned char* id, int rank, uint
   put_u(rec, REC_MAGIC, 4);
   put_u(rec + 4, REC_VERSION, 2);
   memcpy(rec + 6, id + 6, 10); /* mode, rank, size */
-  uint64_t h = 1469598103934665603ull;
-  for (int i = ID_HOST_FIRST; i < ID_HOST_END; i++) h = (h ^ id[i]) * 1099511628211ull;
-  put_u(rec + REC_HOST, h, 8);
+  put_u(rec + REC_HOST, fnv1a(FNV_OFFSET, id + ID_HOST_FIRST, ID_HOST_END - ID_HOST_FIRST), 8);
   memcpy(rec + REC_MACHINE, id + ID_MACHINE, 8);
   memcpy(rec + REC_ALGO, id + ID_ALGO, 1);
   memcpy(rec + REC_SMALL_ALGO, id + ID_SMALL_ALGO, 1);
@@ -424,18 +428,16 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
            (unsigned long)get_u(ids + REC_SESSION_PID, 4),
            (unsigned long long)get_u(ids + REC_SESSION_RAND, 8));
   snprintf(session_out, MLXD_RING_SESSION_MAX, "%s", session);
+  int machine = 0; /* the group's ranks on this machine, whatever MLXDIST_HOST_ID says */
+  for (int p = 0; p < size; p++)
+    machine += get_u(ids + (size_t)p * REC_BYTES + REC_MACHINE, 8) == get_u(mine + ID_MACHINE, 8);
   { /* How the TCP transport waits (spin.h) depends on how crowded this machine's CPUs
      * are: the ranks on this machine (its boot id), not on this host, which may be one of
      * several namespaces or MLXDIST_HOST_ID ids on one machine (6 ranks as 3 hosts of 2 on 2
      * CPUs spun as if each had the CPUs to itself: a 6-rank all_sum took 4 ms, not 0.2). */
-    int here = 0;
-    for (int p = 0; p < size; p++)
-      here += memcmp(ids + (size_t)rank * REC_BYTES + REC_MACHINE,
-                     ids + (size_t)p * REC_BYTES + REC_MACHINE, 8) == 0;
-    mlxd_tcp_set_local_ranks(tcp, here);
-    mlxd_spin_rule rule = mlxd_spin_rule_for(here);
-    mlxd_ring_log("rank %d: %d rank%s on this machine, %d CPU%s: TCP waits %s", rank, here,
-                  here == 1 ? "" : "s", rule.cpus, rule.cpus == 1 ? "" : "s",
+    mlxd_spin_rule rule = mlxd_tcp_set_local_ranks(tcp, machine);
+    mlxd_ring_log("rank %d: %d rank%s on this machine, %d CPU%s: TCP waits %s", rank, machine,
+                  machine == 1 ? "" : "s", rule.cpus, rule.cpus == 1 ? "" : "s",
                   rule.yield ? "yield between polls (crowded)" : "poll without yielding");
   }
   if (mode == MLXD_RING_T_TCP) {
@@ -485,9 +487,6 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     size_t l = strlen(session);
     snprintf(session + l, sizeof session - l, "-h%d", members[0]);
   }
-  int machine = 0; /* the group's ranks on this machine, whatever MLXDIST_HOST_ID says */
-  for (int p = 0; p < size; p++)
-    machine += get_u(ids + (size_t)p * REC_BYTES + REC_MACHINE, 8) == get_u(mine + ID_MACHINE, 8);
   mlxd_status sst = {0};
   if (nloc >= 2)
     shm = m == 0 ? mlxd_shm_transport_new(rank, size, session, &sst)
@@ -586,12 +585,9 @@ static atomic_bool g_session_used;
 /* Which job a rank is of, as far as its token and secret say (not a proof:
  * the session is this user's 0600 memory; a mismatch is a mistake to name). */
 static uint64_t job_hash(const mlxd_ring_auth* auth) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < sizeof auth->token; i++) h = (h ^ auth->token[i]) * 1099511628211ull;
-  h = (h ^ (auth->have_key ? 1u : 0u)) * 1099511628211ull;
-  for (size_t i = 0; auth->have_key && i < sizeof auth->key; i++)
-    h = (h ^ auth->key[i]) * 1099511628211ull;
-  return h;
+  const unsigned char keyed = auth->have_key ? 1 : 0;
+  uint64_t h = fnv1a(fnv1a(FNV_OFFSET, auth->token, sizeof auth->token), &keyed, 1);
+  return auth->have_key ? fnv1a(h, auth->key, sizeof auth->key) : h;
 }
 
 int mlxd_ring_select_local(int rank, int size, const mlxd_ring_auth* auth, mlxd_transport** out,
