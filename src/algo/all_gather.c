@@ -1,5 +1,7 @@
 /* all_gather: direct exchange (small groups) or recursive doubling (large
- * ones, logdepth.c) for small payloads, pipelined ring otherwise. */
+ * ones, logdepth.c) for small payloads, pipelined ring otherwise, and the
+ * direct exchange again for blocks the transport moves best whole
+ * (mlxd_transport.whole_min: shared memory on a crowded host). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -110,6 +112,13 @@ int mlxd_algo_all_gather_blocks(mlxd_transport* t, uint64_t seq, const mlxd_sig*
 int mlxd_algo_all_gather_upto(mlxd_transport* t, size_t small, uint64_t seq, const mlxd_sig* sig,
                               const void* in, void* out, size_t nbytes, mlxd_status* st) {
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
+  /* Each block whole, from its owner to every peer: on a crowded host each
+   * rank then reads its peers' inputs in one copy apiece, with no peer on a
+   * CPU, where every ring chunk is copied twice by two ranks that must run
+   * at the same time (docs/performance.md, "The large all_gather on a
+   * crowded host"). */
+  if (t->whole_min && nbytes >= t->whole_min)
+    return mlxd_algo_all_gather_direct(t, seq, sig, in, out, nbytes, st);
   if (t->size <= 2 || total <= small) {
     if (total <= small && mlxd_algo_logn(t, MLXD_SMALL_AG, total))
       return mlxd_algo_all_gather_logn(t, seq, sig, in, out, nbytes, st);

@@ -50,8 +50,9 @@
  * process_vm_readv is slower than memcpy and the rings win at every size
  * measured (docs/ring.md). The ring algorithms' 256 KiB chunks stay below
  * 32 MiB: the rule reaches whole-buffer messages (send/recv, the direct
- * all_gather of 2 ranks); docs/performance.md, "Single copy by default on
- * a crowded host", has the measurements.
+ * all_gather of 2 ranks, and of more where every rank is crowded:
+ * mlxd_transport.whole_min); docs/performance.md, "Single copy by default
+ * on a crowded host", has the measurements.
  *
  * Matching. The receiver drains every mapped incoming ring whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against

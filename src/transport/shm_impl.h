@@ -47,12 +47,13 @@
 
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
 #define SHM_VERSION \
-  8u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
+  9u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
       * 4: rings in per-pair segments made on first contact; 5: CMA probed per
       * pair, a failure counter, the ranks' pids in pair names; 6: the ranks' pid
       * namespace in their records and in pair names; 7: a pair's control words
       * and slot headers in its first page, chunks of <= SHM_INLINE_BYTES in
-      * their header; 8: a boot record per rank after the hello bitmaps */
+      * their header; 8: a boot record per rank after the hello bitmaps; 9: the
+      * header's roomy word */
 #define SHM_PAIR_MAGIC 0x6d6c786470617231ull /* "mlxdpar1" */
 #define SHM_CL 64
 #ifndef SHM_SLOT_BYTES
@@ -134,6 +135,10 @@ typedef struct shm_hdr {
   uint32_t size;
   uint64_t slot_bytes, nslots, total;
   alignas(SHM_CL) _Atomic uint32_t attached; /* a futex: the last to count in wakes the rest */
+  /* Set by every rank that is not on a crowded host (mlxd_spin_rule) before
+   * it counts in: once all have, every rank reads the same answer and so
+   * the same mlxd_transport.whole_min. */
+  _Atomic uint32_t roomy;
   /* Bumped by a rank after it publishes state = RANK_FAILED: a wait's end
    * looks at the ranks' states only when it moved (one load, not one per
    * rank). */

@@ -554,6 +554,8 @@ static mlxd_transport* join(int rank, int size, const char* name, const int* nam
     goto fail;
   }
   atomic_store(&me->pid, (int32_t)getpid());
+  /* Published by the count-in below, like the record; read after it. */
+  if (!spin.crowded) atomic_store(&t->hdr->roomy, 1);
   if (boot_mine) /* published by the state store and the count-in */
     memcpy(boot_rec(t, rank), boot_mine, MLXD_SHM_BOOT_BYTES);
   atomic_store_explicit(&me->state, RANK_ATTACHED, memory_order_release);
@@ -565,6 +567,8 @@ static mlxd_transport* join(int rank, int size, const char* name, const int* nam
   unlinked = true; /* someone did it */
   /* every rank wrote its record before it counted in; the count's acquire load saw it */
   if (boot_all) memcpy(boot_all, boot_rec(t, 0), (size_t)size * MLXD_SHM_BOOT_BYTES);
+  /* Whole blocks only if every rank is crowded: one answer for all. */
+  t->base.whole_min = atomic_load(&t->hdr->roomy) ? 0 : MLXD_SHM_WHOLE_CROWDED_BYTES;
 
   /* Cross-memory attach is probed per pair when it is first mapped
    * (mlxd_shm_pair_attach), and only by a rank that may use it. A peer's

@@ -41,4 +41,14 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks);
  * fail. */
 size_t mlxd_shm_cma_bytes_for(bool crowded);
 
+/* The shared-memory transport's whole-block threshold
+ * (mlxd_transport.whole_min) when every rank of the group is on a crowded
+ * host: the single copy's default threshold, so that the blocks sent whole
+ * are the ones that go in one copy where MLXDIST_SHM_CMA_BYTES is unset.
+ * Not moved by MLXDIST_SHM_CMA_BYTES (the ranks would have to agree on it);
+ * where that turns the single copy off, whole blocks take the rings, all
+ * peers at once, which measured no slower than the ring algorithm on a
+ * crowded host (docs/performance.md). */
+#define MLXD_SHM_WHOLE_CROWDED_BYTES MLXD_SHM_CMA_CROWDED_BYTES
+
 #endif

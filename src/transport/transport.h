@@ -204,6 +204,15 @@ struct mlxd_transport {
    * same kind of transport with the same value (the ranks' chunks must
    * match). */
   size_t ring_chunk;
+  /* Blocks of at least this many bytes go to each peer whole, one message
+   * apiece, instead of in ring chunks, where an algorithm has that choice
+   * (all_gather: src/algo/all_gather.c); 0: never. Shared memory sets it on
+   * a crowded host (shm_setup.c, spin.h): there the transport moves a whole
+   * message in one copy that only its receiver has to be on a CPU for,
+   * while a ring step needs the sender and the receiver running at once.
+   * The same on every rank of a group (the algorithm choice follows it; the
+   * shared-memory ranks agree on it when they join). */
+  size_t whole_min;
 };
 
 /* Tags, from the top bit down:

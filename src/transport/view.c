@@ -71,6 +71,7 @@ void mlxd_view_init(mlxd_view* v, mlxd_transport* parent, const int* ranks, int 
   v->base.rank = me;
   v->base.size = k;
   v->base.ring_chunk = parent->ring_chunk;
+  v->base.whole_min = parent->whole_min;
   v->parent = parent;
   v->ranks = ranks;
   v->phase = phase;
@@ -226,6 +227,7 @@ mlxd_transport* mlxd_view_child_new(mlxd_tshare* s, const int* root_ranks, int k
   v->base.rank = me;
   v->base.size = k;
   v->base.ring_chunk = root->ring_chunk;
+  v->base.whole_min = root->whole_min;
   v->share = s;
   v->root = root;
   v->id = id;

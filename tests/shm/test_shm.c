@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "algo/algo.h"
 #include "ranks.h"
 #include "testutil.h"
 #include "transport/shm.h"
@@ -1149,12 +1150,165 @@ static int run_cma(const char* what, int n) {
   return 0;
 }
 
+/* ---- whole_crowded, whole_split: whole blocks where every rank is crowded ----
+ * mlxd_transport.whole_min is one answer for the group: MLXD_SHM_WHOLE_
+ * CROWDED_BYTES when every rank is crowded, 0 when any is not.
+ * whole_split (2 ranks): rank 0 pinned to one CPU (crowded), rank 1 on two
+ * (not): both read 0. whole_crowded (3 or more ranks, all pinned to one
+ * CPU): both read the threshold; an all_gather of blocks of that size gives
+ * the right result and moves every block in one copy (no pair's data slot
+ * touched: the cma_* sections' measure), one of a byte less per block takes
+ * the ring (a pair with a ring's worth of slots mapped). 77: cross-memory
+ * attach refused, shared memory mapped in large pages, or (whole_split)
+ * fewer than 2 CPUs. */
+
+typedef struct whole_seen {
+  size_t whole_min;  /* the rank's transport's */
+  int read_err;      /* its process_vm_readv of every peer: 0 ok, else an errno or -1 */
+  size_t rss_max[2]; /* the most bytes of one of its pairs mapped after each all_gather */
+  int done;
+} whole_seen;
+
+static whole_seen* g_whole; /* one per rank, shared by the forked ranks */
+
+static void whole_fill(unsigned char* b, size_t n, int owner, uint64_t salt) {
+  for (size_t i = 0; i < n; i++) b[i] = (unsigned char)((i * 131u) ^ (size_t)(owner * 37) ^ salt);
+}
+
+static int rank_whole(int rank, int size, const char* name, void* arg) {
+  bool split = arg != NULL;
+  if (split && rank == 0) pin_one_cpu();
+  g_cma_word = cma_word_of(getpid());
+  mlxd_transport* t = join(rank, size, name);
+  g_whole[rank].whole_min = t->whole_min;
+  if (split) {
+    g_whole[rank].done = 1;
+    t->ops->destroy(t);
+    return 0;
+  }
+  /* Every pair made (and probed) with a word each way before the blocks:
+   * a send that makes its pair finds no probe yet and takes the rings. */
+  for (int p = 0; p < size; p++) {
+    if (p == rank) continue;
+    uint64_t v = 0;
+    struct iovec local = {&v, sizeof v};
+    struct iovec remote = {(void*)(uintptr_t)&g_cma_word, sizeof v};
+    ssize_t got = process_vm_readv(g_pids[p], &local, 1, &remote, 1, 0);
+    if (got != (ssize_t)sizeof v || v != cma_word_of(g_pids[p]))
+      g_whole[rank].read_err = got < 0 ? errno : -1;
+    uint64_t out = (uint64_t)rank, in = 0;
+    mlxd_req* q[2] = {NULL, NULL};
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    T_REQUIREF(t->ops->isend(t, p, 60, NULL, &out, sizeof out, &q[0], &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->irecv(t, p, 60, NULL, &in, sizeof in, &q[1], &st) == 0, "%s", st.msg);
+    T_REQUIREF(t->ops->waitall(t, q, 2, &st) == 0, "the word with rank %d: %s", p, st.msg);
+    T_REQUIREF(in == (uint64_t)p, "the word from rank %d is %llu", p, (unsigned long long)in);
+  }
+  const size_t n = MLXD_SHM_WHOLE_CROWDED_BYTES;
+  unsigned char* in = malloc(n);
+  unsigned char* out = malloc(n * (size_t)size);
+  unsigned char* want = malloc(n);
+  T_REQUIREF(in && out && want, "malloc %zu x %d", n, size);
+  for (int k = 0; k < 2; k++) {
+    size_t len = n - (size_t)k; /* the threshold, then a byte less */
+    whole_fill(in, len, rank, (uint64_t)k);
+    memset(out, 0, len * (size_t)size);
+    mlxd_status st;
+    mlxd_status_clear(&st);
+    T_REQUIREF(mlxd_algo_all_gather(t, 1 + (uint64_t)k, NULL, in, out, len, &st) == 0,
+               "all_gather of %zu-byte blocks: %s", len, st.msg);
+    for (int o = 0; o < size; o++) {
+      whole_fill(want, len, o, (uint64_t)k);
+      T_REQUIREF(memcmp(out + (size_t)o * len, want, len) == 0,
+                 "all_gather of %zu-byte blocks: rank %d's block is wrong", len, o);
+    }
+    for (int p = 0; p < size; p++) {
+      if (p == rank) continue;
+      char pair[300];
+      snprintf(pair, sizeof pair, "%s~%d-%d~", name, rank < p ? rank : p, rank < p ? p : rank);
+      size_t rss = shm_rss(pair);
+      if (rss > g_whole[rank].rss_max[k]) g_whole[rank].rss_max[k] = rss;
+    }
+  }
+  free(in);
+  free(out);
+  free(want);
+  g_whole[rank].done = 1;
+  t->ops->destroy(t);
+  return 0;
+}
+
+static int run_whole(const char* what, int n) {
+  bool split = strcmp(what, "whole_split") == 0;
+  T_REQUIREF(split ? n == 2 : n >= 3, "%s runs with %s ranks", what, split ? "2" : "3 or more");
+  char why[512];
+  unsetenv("MLXDIST_SHM_CMA_BYTES");
+  if (split) {
+    if (usable_cpus() < 2) {
+      printf("%s: this process may run on %d CPU: every rank is crowded; skipped\n", what,
+             usable_cpus());
+      return 77;
+    }
+  } else {
+    if (shmem_large_pages(why, sizeof why)) {
+      printf("%s: %s: the pairs' mapped bytes cannot show which path a block took; skipped\n", what,
+             why);
+      return 77;
+    }
+    pin_one_cpu();
+  }
+  g_whole = mmap(NULL, (size_t)n * sizeof *g_whole, PROT_READ | PROT_WRITE,
+                 MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  T_REQUIRE(g_whole != MAP_FAILED);
+  t_ranks_opts o = {.timeout_s = 100, .what = what};
+  int bad = t_run_ranks(n, rank_whole, split ? (void*)what : NULL, &o, NULL);
+  if (bad) T_FAIL("%s: %d rank%s failed", what, bad, bad == 1 ? "" : "s");
+  size_t expect = split ? 0 : MLXD_SHM_WHOLE_CROWDED_BYTES;
+  for (int r = 0; r < n; r++) {
+    T_REQUIRE(g_whole[r].done);
+    T_REQUIREF(g_whole[r].whole_min == expect,
+               "%s: rank %d's whole-block threshold is %zu (expected %zu: %s)", what, r,
+               g_whole[r].whole_min, expect,
+               split ? "rank 1 is not crowded" : "every rank is crowded");
+  }
+  if (split) {
+    printf("%s with 2 ranks: ok (rank 0 crowded, rank 1 not: neither sends whole blocks)\n", what);
+    return 0;
+  }
+  for (int r = 0; r < n; r++) {
+    printf("%s: rank %d: most bytes of a pair mapped %zu after %zu-byte blocks, %zu after %zu\n",
+           what, r, g_whole[r].rss_max[0], expect, g_whole[r].rss_max[1], expect - 1);
+    if (g_whole[r].read_err != 0) {
+      printf("%s: cross-memory attach refused here (rank %d: %s): skipped\n", what, r,
+             g_whole[r].read_err == -1 ? "wrong value" : strerror(g_whole[r].read_err));
+      return 77;
+    }
+  }
+  bool ring_seen = false;
+  for (int r = 0; r < n; r++) {
+    T_REQUIREF(cma_path(g_whole[r].rss_max[0]) == 1,
+               "%s: rank %d has %zu bytes of a pair mapped after blocks of %zu bytes (expected "
+               "no data slot: every block in one copy)",
+               what, r, g_whole[r].rss_max[0], expect);
+    ring_seen |= cma_path(g_whole[r].rss_max[1]) == 0;
+  }
+  T_REQUIREF(ring_seen,
+             "%s: no pair has a ring's worth mapped after blocks of %zu bytes "
+             "(expected the ring algorithm's chunks)",
+             what, expect - 1);
+  printf("%s with %d ranks: ok (blocks of %zu bytes whole in one copy, %zu on the ring)\n", what, n,
+         expect, expect - 1);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   if (argc != 3) {
     fprintf(stderr,
             "usage: %s "
             "raw|raw_nocma|threads|death|timeout|idle|connect|lazy|first_dead|first_stall|first_"
-            "foreign|first_abort|leak|cma_crowded|cma_quiet|cma_off <ranks>\n",
+            "foreign|first_abort|leak|cma_crowded|cma_quiet|cma_off|whole_crowded|whole_split "
+            "<ranks>\n",
             argv[0]);
     return 2;
   }
@@ -1170,6 +1324,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (strncmp(what, "cma_", 4) == 0) return run_cma(what, n);
+  if (strncmp(what, "whole_", 6) == 0) return run_whole(what, n);
   t_rank_fn fn = NULL;
   double limit = 60;
   if (strcmp(what, "raw") == 0) { /* single-copy (CMA) path from 64 KiB on */
