@@ -11,7 +11,10 @@
 /* Target bytes of one pipelined ring chunk, unless the transport asks for
  * another size (mlxd_transport.ring_chunk: shared memory, shm_impl.h). */
 #define MLXD_RING_CHUNK ((size_t)1 << 20)
-/* Receives posted ahead per ring direction. */
+/* Receives posted ahead per ring direction where a received chunk waits in
+ * a scratch slot to be reduced (all_reduce, reduce_scatter); all_gather
+ * receives straight into the output and posts every receive at once
+ * (src/algo/ring.c). */
 #define MLXD_RING_WINDOW 8
 /* Use both ring directions from this many ranks and bytes on. */
 #define MLXD_RING_BIDIR_MIN_RANKS 3

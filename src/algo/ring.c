@@ -7,8 +7,8 @@
  * chunks, and work is done unit by unit, unit u = step * C + chunk, so that
  * the chunk received at step s is reduced and forwarded at step s + 1 while
  * the next chunks are still arriving (receives are posted MLXD_RING_WINDOW
- * units ahead; the kernel's socket buffers keep moving data while this
- * thread reduces).
+ * units ahead where they reduce, all at once for all_gather; the kernel's
+ * socket buffers keep moving data while this thread reduces).
  *
  * Schedules (blocks taken mod size):
  *   AR (all_reduce)      steps 0..n-2 reduce-scatter: send block r - d*s,
@@ -178,7 +178,11 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
   if (x.C > maxblk) x.C = maxblk;
   if (x.C == 0) x.C = 1;
   x.U = (size_t)x.S * x.C;
-  x.W = x.U < MLXD_RING_WINDOW ? x.U : MLXD_RING_WINDOW;
+  /* all_gather posts every receive up front: each lands in its own part of
+   * out, and a chunk with no receive posted yet would be staged by the
+   * transport and copied again (the sends run a whole block ahead: 4 ranks
+   * x 64 MiB over TCP, three quarters of the data). */
+  x.W = x.U < MLXD_RING_WINDOW || p->mode == MLXD_RING_AG ? x.U : MLXD_RING_WINDOW;
   x.chunk_max = maxblk / x.C + (maxblk % x.C != 0);
 
   bool reduces = p->mode != MLXD_RING_AG;
