@@ -207,8 +207,15 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
     d->send = d->recv + x.U;
   }
 
+  /* Sends run `lead` units ahead of this rank's progress: a block (each
+   * step forwards what the last one received) or, where that is more than
+   * the receives posted ahead (reductions with more than MLXD_RING_WINDOW
+   * chunks a block), as far as those: a chunk sent before its receive is
+   * posted is staged by the transport and copied twice. Unit u + lead's
+   * data is ready once unit u is done (lead <= C). */
+  const size_t lead = x.W < x.C ? x.W : x.C;
   int rc = 0;
-  for (size_t c = 0; c < x.C && !rc; c++)
+  for (size_t c = 0; c < lead && !rc; c++)
     for (int di = 0; di < p->ndir && !rc; di++) rc = post_send(&x, di, c, st);
   for (size_t u = 0; u < x.W && !rc; u++)
     for (int di = 0; di < p->ndir && !rc; di++) rc = post_recv(&x, di, u, st);
@@ -227,7 +234,7 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
     for (int di = 0; di < p->ndir && !rc; di++) {
       process(&x, di, u);
       if (u + x.W < x.U) rc = post_recv(&x, di, u + x.W, st);
-      if (!rc && u + x.C < x.U) rc = post_send(&x, di, u + x.C, st);
+      if (!rc && u + lead < x.U) rc = post_send(&x, di, u + lead, st);
     }
   }
   /* Sends complete here on success; on failure everything still posted is
