@@ -21,7 +21,9 @@
  *   RS (reduce_scatter)  steps 0..n-2: send block r - d*(s+1), receive block
  *                        r - d*(s+2) and reduce it; rank r ends with block r.
  * Each step sends what the previous step received, so the send of unit
- * u + C is posted as soon as unit u is done.
+ * u + C could be posted as soon as unit u is done; it is posted then, or
+ * (where the receives are posted fewer than C units ahead) that of u + lead
+ * (below).
  *
  * Determinism: every element of a reduced block is combined by exactly one
  * chain of ranks in a fixed order and the final value is computed on one
@@ -211,7 +213,8 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
    * step forwards what the last one received) or, where that is more than
    * the receives posted ahead (reductions with more than MLXD_RING_WINDOW
    * chunks a block), as far as those: a chunk sent before its receive is
-   * posted is staged by the transport and copied twice. Unit u + lead's
+   * posted is staged by the transport and copied twice (a rank behind its
+   * predecessor still gets a few such; no longer a block's worth). Unit u + lead's
    * data is ready once unit u is done (lead <= C). */
   const size_t lead = x.W < x.C ? x.W : x.C;
   int rc = 0;

@@ -55,6 +55,13 @@ static bool skip(int v) { return v == V_HIER && !g_hier; }
  * 1 MiB chunks per block and posts more units than its receive window. */
 #define BIG_BYTES (((size_t)5 << 20) + 12)
 #define MID_BYTES (((size_t)2 << 20) + 24)
+/* A ring chunk set on every rank's transport alike for the BIG_BYTES cases
+ * once more, so that a block has more chunks than the receives posted ahead
+ * (MLXD_RING_WINDOW) whatever the transport: the reductions' sends held to
+ * the window and all_gather's receives all posted at once (src/algo/ring.c),
+ * one way and both, with blocks of unequal length. */
+#define SMALL_CHUNK ((size_t)64 << 10)
+static const unsigned k_rings = 1u << V_RING | 1u << V_BIDIR;
 
 static uint64_t g_seq = 1;
 static size_t g_small; /* MLXDIST_SMALL_BYTES: the algorithm switch */
@@ -334,6 +341,10 @@ static void test_all_reduce(mlxd_transport* t, bufs* b) {
    * more chunks than its receive window); one dtype per other element size
    * over 2 MiB (several chunks per block) */
   all_reduce_case(t, b, 10, 0, BIG_BYTES / 4, all, true);
+  size_t chunk = t->ring_chunk;
+  t->ring_chunk = SMALL_CHUNK;
+  all_reduce_case(t, b, 10, 0, BIG_BYTES / 4, k_rings, false);
+  t->ring_chunk = chunk;
   if (!T_SANITIZED) {
     all_reduce_case(t, b, 5 /* int8 */, 0, MID_BYTES, 1u << V_AUTO | 1u << V_RING, false);
     all_reduce_case(t, b, 12 /* bfloat16 */, 1, MID_BYTES / 2, auto_bidir, false);
@@ -397,6 +408,10 @@ static void test_reduce_scatter(mlxd_transport* t, bufs* b) {
   }
   /* a few MiB of input in all */
   reduce_scatter_case(t, b, 10, 0, BIG_BYTES / 4 / (size_t)n, all);
+  size_t chunk = t->ring_chunk;
+  t->ring_chunk = SMALL_CHUNK;
+  reduce_scatter_case(t, b, 10, 0, BIG_BYTES / 4 / (size_t)n, k_rings);
+  t->ring_chunk = chunk;
   if (!T_SANITIZED)
     reduce_scatter_case(t, b, 12, 1, MID_BYTES / 2 / (size_t)n + 1, 1u << V_AUTO | 1u << V_HIER);
 }
@@ -445,6 +460,10 @@ static void test_all_gather(mlxd_transport* t, bufs* b) {
     for (size_t s = cat - 1; s <= cat + 1; s++) all_gather_case(t, b, s, 1u << V_HIER);
   }
   all_gather_case(t, b, BIG_BYTES / (size_t)n, all);
+  size_t chunk = t->ring_chunk;
+  t->ring_chunk = SMALL_CHUNK;
+  all_gather_case(t, b, BIG_BYTES / (size_t)n, k_rings);
+  t->ring_chunk = chunk;
 }
 
 /* -------------------------------------------------- log-depth forms */

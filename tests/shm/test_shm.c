@@ -1172,7 +1172,9 @@ typedef struct whole_seen {
 static whole_seen* g_whole; /* one per rank, shared by the forked ranks */
 
 static void whole_fill(unsigned char* b, size_t n, int owner, uint64_t salt) {
-  for (size_t i = 0; i < n; i++) b[i] = (unsigned char)((i * 131u) ^ (size_t)(owner * 37) ^ salt);
+  for (size_t i = 0; i < n; i++)
+    b[i] = (unsigned char)((i * 131u) ^ ((i >> 8) * 7u) ^ ((i >> 16) * 13u) ^ (size_t)(owner * 37) ^
+                           salt);
 }
 
 static int rank_whole(int rank, int size, const char* name, void* arg) {
