@@ -913,6 +913,22 @@ static volatile uint64_t g_cma_word;
 
 static uint64_t cma_word_of(pid_t pid) { return 0x6d6c7864636d6100ull ^ (uint64_t)pid; }
 
+/* This process's own process_vm_readv of rank peer's word: 0 ok, the errno
+ * of a refusal, or -1 (a short read or a wrong value). */
+static int cma_read_peer(int peer) {
+  uint64_t v = 0;
+  struct iovec local = {&v, sizeof v};
+  struct iovec remote = {(void*)(uintptr_t)&g_cma_word, sizeof v};
+  ssize_t got = process_vm_readv(g_pids[peer], &local, 1, &remote, 1, 0);
+  if (got == (ssize_t)sizeof v) return v == cma_word_of(g_pids[peer]) ? 0 : -1;
+  return got < 0 ? errno : -1;
+}
+
+/* What cma_read_peer's answer err says, for a message. */
+static const char* cma_read_text(int err) {
+  return err == 0 ? "ok" : err == -1 ? "wrong value" : strerror(err);
+}
+
 /* Bytes of the mappings of /dev/shm/<prefix>... resident in this process. */
 static size_t shm_rss(const char* prefix) {
   FILE* f = fopen("/proc/self/smaps", "r");
@@ -943,12 +959,7 @@ static int rank_cma(int rank, int size, const char* name, void* arg) {
   int peer = 1 - rank;
   g_cma_word = cma_word_of(getpid());
   mlxd_transport* t = join(rank, size, name); /* every rank's pid is in g_pids from here on */
-  uint64_t v = 0;
-  struct iovec local = {&v, sizeof v};
-  struct iovec remote = {(void*)(uintptr_t)&g_cma_word, sizeof v};
-  ssize_t got = process_vm_readv(g_pids[peer], &local, 1, &remote, 1, 0);
-  g_cma[rank].read_err =
-      got == (ssize_t)sizeof v ? (v == cma_word_of(g_pids[peer]) ? 0 : -1) : (got < 0 ? errno : -1);
+  g_cma[rank].read_err = cma_read_peer(peer);
   char pair[300];
   snprintf(pair, sizeof pair, "%s~0-1~", name);
   /* First a word from rank 1: the pair is then mapped on both sides, and
@@ -1114,9 +1125,7 @@ static int run_cma(const char* what, int n) {
         "%s: rank %d (usable CPUs %d) has %zu bytes of the pair mapped after %zu bytes, %zu "
         "after %zu bytes; process_vm_readv of its peer: %s\n",
         what, r, usable_cpus(), g_cma[r].rss[0], n1, g_cma[r].rss[1], n1 - 1,
-        g_cma[r].read_err == 0    ? "ok"
-        : g_cma[r].read_err == -1 ? "wrong value"
-                                  : strerror(g_cma[r].read_err));
+        cma_read_text(g_cma[r].read_err));
   /* the second message always takes the rings: the measure sees them */
   for (int r = 0; r < 2; r++)
     T_REQUIREF(cma_path(g_cma[r].rss[1]) == 0,
@@ -1132,7 +1141,7 @@ static int run_cma(const char* what, int n) {
         "%s: cross-memory attach is refused here (rank 1's process_vm_readv of rank 0: %s): "
         "every message takes the rings, so which path the rule picks cannot be seen; "
         "skipped\n",
-        what, g_cma[1].read_err == -1 ? "wrong value" : strerror(g_cma[1].read_err));
+        what, cma_read_text(g_cma[1].read_err));
     return 77;
   }
   int want = strcmp(what, "cma_crowded") == 0 ? 1 : 0;
@@ -1192,12 +1201,8 @@ static int rank_whole(int rank, int size, const char* name, void* arg) {
    * a send that makes its pair finds no probe yet and takes the rings. */
   for (int p = 0; p < size; p++) {
     if (p == rank) continue;
-    uint64_t v = 0;
-    struct iovec local = {&v, sizeof v};
-    struct iovec remote = {(void*)(uintptr_t)&g_cma_word, sizeof v};
-    ssize_t got = process_vm_readv(g_pids[p], &local, 1, &remote, 1, 0);
-    if (got != (ssize_t)sizeof v || v != cma_word_of(g_pids[p]))
-      g_whole[rank].read_err = got < 0 ? errno : -1;
+    int err = cma_read_peer(p);
+    if (err) g_whole[rank].read_err = err;
     uint64_t out = (uint64_t)rank, in = 0;
     mlxd_req* q[2] = {NULL, NULL};
     mlxd_status st;
@@ -1283,7 +1288,7 @@ static int run_whole(const char* what, int n) {
            what, r, g_whole[r].rss_max[0], expect, g_whole[r].rss_max[1], expect - 1);
     if (g_whole[r].read_err != 0) {
       printf("%s: cross-memory attach refused here (rank %d: %s): skipped\n", what, r,
-             g_whole[r].read_err == -1 ? "wrong value" : strerror(g_whole[r].read_err));
+             cma_read_text(g_whole[r].read_err));
       return 77;
     }
   }
