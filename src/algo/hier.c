@@ -18,6 +18,7 @@
 #include "algo/hier.h"
 #include "core/buffer.h"
 #include "transport/view.h"
+#include "util/env.h"
 
 enum { PH_GATHER = 1, PH_LEADERS = 2, PH_BCAST = 3 };
 enum { PH_RS = 1, PH_COL = 2, PH_AG = 3 };
@@ -377,7 +378,7 @@ static bool column_start(slices* s, pthread_t* th) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  rc = pthread_create(th, NULL, column_main, s);
+  rc = mlxd_thread_start(th, "column", column_main, s);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc) {
     pthread_mutex_destroy(&s->mu);

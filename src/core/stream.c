@@ -46,6 +46,7 @@
 #include "core/pool.h"
 #include "core/stream_impl.h"
 #include "util/clock.h"
+#include "util/env.h"
 #include "util/tunables.h"
 
 #define INLINE_ARRAYS 6
@@ -279,7 +280,10 @@ static int stream_init(mlxd_stream* s, mlx_device_type type, int index, bool is_
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   atomic_store_explicit(&s->pid, mlxd_self_pid(), memory_order_release);
-  int rc = pthread_create(&s->thread, NULL, worker_main, s);
+  /* The worker reads its settings from the snapshot (util/env.h): fill it on
+   * this, the caller's, thread. */
+  mlxd_env_refresh();
+  int rc = mlxd_thread_start(&s->thread, "worker", worker_main, s);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc) {
     pthread_mutex_destroy(&s->mu);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "util/clock.h"
+#include "util/env.h"
 
 typedef struct watch {
   int handle;
@@ -103,7 +104,7 @@ int mlxd_watchdog_add(mlxd_watch_fn fn, void* ctx, double period_s) {
   }
   if (!g_started) {
     g_stop = false;
-    int err = pthread_create(&g_thread, NULL, run, NULL);
+    int err = mlxd_thread_start(&g_thread, "watchdog", run, NULL);
     if (err) {
       if (!g_warned)
         fprintf(stderr,

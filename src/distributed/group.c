@@ -25,6 +25,7 @@
 #include "distributed/group_impl.h"
 #include "distributed/launch_gate.h"
 #include "distributed/plugin.h"
+#include "util/env.h"
 #include "util/env_names.h"
 #include "util/text.h"
 #include "util/tunables.h"
@@ -413,6 +414,7 @@ static mlxd_group* do_init(bool strict, int idx, mlxd_user_gather* u, char* msg,
   /* a bad MLXDIST_* value fails init, strict or not; an unknown name is warned about once
    * (an error under MLXDIST_STRICT_ENV=1) */
   mlxd_status cst = {0};
+  mlxd_env_refresh(); /* what the library's threads will read (util/env.h) */
   if (mlxd_tunables_check(&cst) != 0 || mlxd_env_names_check(&cst) != 0) {
     mlxd_text_add(&t, "[distributed] init: %s", cst.msg);
     *code = cst.code;

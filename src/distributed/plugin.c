@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 
 #include "distributed/plugin.h"
+#include "util/env.h"
 #include "util/text.h"
 #include "util/tunables.h"
 
@@ -89,7 +90,7 @@ static const mlxd_backend_kind* load(const char* name, char* why, size_t why_len
   why[0] = '\0';
 
   if (strcmp(name, "mpi") == 0) {
-    const char* lib = getenv("MLX_MPI_LIBNAME");
+    const char* lib = mlxd_env_get("MLX_MPI_LIBNAME");
     if (lib && *lib) {
       dlerror();
       if (!dlopen(lib, RTLD_NOW | RTLD_GLOBAL)) {

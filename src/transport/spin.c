@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "util/env.h"
 #include "util/tunables.h"
 
 static int usable_cpus(void) {
@@ -31,7 +32,7 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks) {
   r.cpus = usable_cpus();
   r.crowded = local_ranks > r.cpus;
   r.yield = r.crowded;
-  const char* set = getenv(mlxd_tunable_env_name(MLXD_T_SPIN_US));
+  const char* set = mlxd_env_tunable(MLXD_T_SPIN_US);
   double us = set && *set ? mlxd_tunable_double(MLXD_T_SPIN_US)
               : r.crowded ? MLXD_SPIN_CROWDED_US
                           : mlxd_tunable_double(MLXD_T_SPIN_US);
@@ -42,7 +43,7 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks) {
 }
 
 size_t mlxd_shm_cma_bytes_for(bool crowded) {
-  const char* set = getenv(mlxd_tunable_env_name(MLXD_T_SHM_CMA_BYTES));
+  const char* set = mlxd_env_tunable(MLXD_T_SHM_CMA_BYTES);
   if (set && *set) {
     long n = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
     return n > 0 ? (size_t)n : 0;

@@ -11,6 +11,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "util/env.h"
 #include "util/tunables.h"
 
 extern char** environ;
@@ -114,7 +115,7 @@ static void add_name(mlxd_text* t, const char* name, size_t len) {
 
 int mlxd_env_names_unknown(const char* const* env, int n, bool skip_reported, mlxd_text* lines,
                            const char* sep, mlxd_text* names) {
-  const char* reported = skip_reported ? getenv("MLXDIST_ENV_REPORTED") : NULL;
+  const char* reported = skip_reported ? mlxd_env_get("MLXDIST_ENV_REPORTED") : NULL;
   int count = 0;
   for (int i = 0; n < 0 ? env[i] != NULL : i < n; i++) {
     const char* e = env[i];

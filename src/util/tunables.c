@@ -1,6 +1,7 @@
 /* MLXDIST_* tunables: raw values, validation, parsed numbers, documentation.
- * Values are read from the environment on every call (so a program may set
- * them before it initialises a backend). What a value must be is declared
+ * Values are read on every call through util/env.h (so a program may set
+ * them before it initialises a backend; the library's own threads read the
+ * snapshot that a caller's thread last read). What a value must be is declared
  * with the variable (tunables.h); mlxd_tunable_parse is the one place that
  * decides whether a value is valid. */
 #include "util/tunables.h"
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "util/env.h"
 #include "util/text.h"
 
 typedef struct tunable_info {
@@ -49,7 +51,7 @@ int mlxd_tunable_find(const char* name, size_t len) {
 
 const char* mlxd_tunable_str(mlxd_tunable t) {
   if (!valid(t)) return "";
-  const char* v = getenv(k_tunables[t].env);
+  const char* v = mlxd_env_tunable(t);
   return v && *v ? v : k_tunables[t].def;
 }
 
@@ -307,7 +309,7 @@ int mlxd_tunables_check(mlxd_status* st) {
   msg[0] = '\0';
   int bad = 0;
   for (int i = 0; i < MLXD_T_COUNT; i++) {
-    const char* v = getenv(k_tunables[i].env);
+    const char* v = mlxd_env_tunable(i);
     if (!v || !*v) continue; /* unset or empty: the default */
     char why[400];
     if (mlxd_tunable_parse((mlxd_tunable)i, v, NULL, why, sizeof why) != 0) {

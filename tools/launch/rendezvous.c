@@ -42,6 +42,7 @@
 #include "backends/ring/ring_internal.h"
 #include "launch.h"
 #include "security/secret.h"
+#include "util/env.h"
 
 #define SLOTS_SPARE 32 /* connections beyond n that may be in their hello at once */
 #define HELLO_S 10.0   /* a connection's bound to deliver its hello and records */
@@ -650,7 +651,11 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
     goto fail;
   }
   r->listening = true;
-  if (pthread_create(&r->thread, NULL, serve, r) != 0) {
+  /* The serving thread is the library's kind (util/env.h): it reads the
+   * environment (the tunables of the handshake it runs) from the snapshot,
+   * filled here, on the launcher's thread, which may unsetenv afterwards. */
+  mlxd_env_refresh();
+  if (mlxd_thread_start(&r->thread, "launch-rdv", serve, r) != 0) {
     rdv_msg("rendezvous: cannot start its thread");
     goto fail;
   }

@@ -24,6 +24,7 @@
 #include "backends/common/pmix_abi.h"
 #include "core/fork.h"
 #include "util/dl.h"
+#include "util/env.h"
 #include "util/tunables.h"
 
 #define MAX_RANKS (1 << 20) /* as MLX_WORLD_SIZE with a caller's all-gather */
@@ -50,8 +51,8 @@ static mlxd_pmix_proc g_self;
 static atomic_uint g_round; /* all-gather rounds of this process: the keys */
 
 bool mlxd_pmix_present(void) {
-  const char* ns = getenv("PMIX_NAMESPACE");
-  const char* rk = getenv("PMIX_RANK");
+  const char* ns = mlxd_env_get("PMIX_NAMESPACE");
+  const char* rk = mlxd_env_get("PMIX_RANK");
   return ns && *ns && rk && *rk;
 }
 
@@ -414,7 +415,7 @@ static void pmix_at_exit(void) {
   pthread_cond_init(&w->cv, &ca);
   pthread_condattr_destroy(&ca);
   pthread_t th;
-  if (pthread_create(&th, NULL, finalize_main, w) != 0) {
+  if (mlxd_thread_start(&th, "pmix-fin", finalize_main, w) != 0) {
     free(w);
     return;
   }
@@ -450,7 +451,8 @@ static int init_locked(mlxd_status* st) {
     return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
                         "PMIx_Init failed: %s (%d) (PMIX_NAMESPACE=%.64s: the server that started "
                         "this process is gone, or refused it)",
-                        perr(s), s, getenv("PMIX_NAMESPACE") ? getenv("PMIX_NAMESPACE") : "");
+                        perr(s), s,
+                        mlxd_env_get("PMIX_NAMESPACE") ? mlxd_env_get("PMIX_NAMESPACE") : "");
   g_self = me;
   g_inited = true;
   g_init_pid = self;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "util/cjson_rt.h"
+#include "util/env.h"
 #include "util/json_doc.h"
 #include "util/user_file.h"
 
@@ -287,11 +288,11 @@ int mlxd_jaccl_topology(const mlxd_jaccl_matrix* m, bool prefer_ring, const char
 
 /* The JACCL_ name, else the MLX_ one (MLX's order); *var names the one read. NULL: neither. */
 static const char* env2(const char* jaccl, const char* mlx, const char** var) {
-  const char* v = getenv(jaccl);
+  const char* v = mlxd_env_get(jaccl);
   *var = jaccl;
   if (v) return v;
   *var = mlx;
-  return getenv(mlx);
+  return mlxd_env_get(mlx);
 }
 
 bool mlxd_jaccl_env_present(bool with_bootstrap) {

@@ -464,6 +464,8 @@ static bool sends_poll_locked(void) {
 
 static void* progress_main(void* arg) {
   (void)arg;
+  /* Named as the core's threads are (util/env.h): it reads no environment. */
+  pthread_setname_np(pthread_self(), "mlxd-mpi-prog");
   backoff bo;
   backoff_reset(&bo);
   pthread_mutex_lock(&g_send_mu);

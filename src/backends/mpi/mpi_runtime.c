@@ -542,6 +542,9 @@ static int create_impl(mpip_bootstrap* bs, mpip_backend** out, mlxd_status* st) 
  * this process's rank in MPI_COMM_WORLD where MPI is running. */
 int mlxd_mpi_create(mpip_bootstrap* bs, mpip_backend** out, mpip_status* st) {
   mlxd_status s = {0};
+  /* Read on the caller's thread and kept: the ops that use it run on the
+   * core's stream workers, which never read the environment (util/env.h). */
+  (void)mlxd_mpi_chunk_bytes();
   int rc = create_impl(bs, out, &s);
   if (rc == 0) return 0;
   int rank = -1;

@@ -19,6 +19,7 @@
 #include "backends/ring/handshake.h"
 #include "security/secret.h"
 #include "util/clock.h"
+#include "util/env.h"
 
 /* MLX_NCCL_TIMEOUT is in milliseconds, as MLX's (its default: 300000). */
 #define NCCL_TIMEOUT_DEFAULT_S 300.0
@@ -52,7 +53,7 @@ static uint64_t get_u64(const unsigned char* p) {
 }
 
 static int env_long(const char* name, long lo, long hi, bool required, long* out, mlxd_status* st) {
-  const char* v = getenv(name);
+  const char* v = mlxd_env_get(name);
   if (!v || !*v) {
     if (!required) return 1;
     return mlxd_fail(st, MLXD_EUNAVAIL,
@@ -114,14 +115,14 @@ int mlxd_nccl_xchg_from_env(mlxd_nccl_xchg* x, mlxd_status* st) {
   if (rank >= size)
     return mlxd_fail(st, MLXD_EINVAL, "[nccl] MLX_RANK=%ld is outside [0, MLX_WORLD_SIZE=%ld)",
                      rank, size);
-  const char* host = getenv("NCCL_HOST_IP");
+  const char* host = mlxd_env_get("NCCL_HOST_IP");
   if (!host || !*host)
     return mlxd_fail(st, MLXD_EUNAVAIL,
                      "[nccl] NCCL_HOST_IP is not set (rank 0's address: the nccl backend needs "
                      "MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP and NCCL_PORT)");
   if (env_long("NCCL_PORT", 1, 65535, true, &port, st)) return st->code;
   double timeout = NCCL_TIMEOUT_DEFAULT_S;
-  const char* t = getenv("MLX_NCCL_TIMEOUT");
+  const char* t = mlxd_env_get("MLX_NCCL_TIMEOUT");
   if (t && *t) {
     char* end = NULL;
     errno = 0;

@@ -12,11 +12,12 @@
 #include "core/gpu.h"
 #include "distributed/group_impl.h"
 #include "distributed/plugin.h"
+#include "util/env.h"
 
 bool mlxd_gpu_usable(void) { return mlxd_gpu_count() > 0; }
 
 static bool env_set(const char* name) {
-  const char* v = getenv(name);
+  const char* v = mlxd_env_get(name);
   return v != NULL && *v != '\0';
 }
 

@@ -33,6 +33,7 @@
 #include "backends/ring/ring_internal.h"
 #include "security/secret.h"
 #include "util/bytes.h"
+#include "util/env.h"
 #include "util/tunables.h"
 
 #define REC_MAGIC 0x4D585242u /* "MXRB" */
@@ -175,7 +176,7 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
 }
 
 static int env_int(const char* name, long lo, long hi, long* v, mlxd_status* st) {
-  const char* s = getenv(name);
+  const char* s = mlxd_env_get(name);
   if (!s || !*s)
     return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
                         "%s is not set (needed with a caller's all-gather: MLX_RANK and "

@@ -44,6 +44,7 @@
 #include "transport/tcp_wire.h"
 #include "util/bytes.h"
 #include "util/clock.h"
+#include "util/env.h"
 #include "util/tunables.h"
 #include "util/ztable.h"
 
@@ -66,7 +67,7 @@
 #define ACCEPT_REST_MAX_S 1.0
 
 bool mlxd_ring_verbose(void) {
-  const char* v = getenv("MLX_RING_VERBOSE");
+  const char* v = mlxd_env_get("MLX_RING_VERBOSE");
   return v && *v && strcmp(v, "0") != 0;
 }
 

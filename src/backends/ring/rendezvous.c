@@ -28,6 +28,7 @@
 #include "backends/ring/rendezvous_wire.h"
 #include "backends/ring/ring_internal.h"
 #include "security/secret.h"
+#include "util/env.h"
 #include "util/tunables.h"
 
 typedef struct rdv_boot {
@@ -256,8 +257,8 @@ out:
 }
 
 bool mlxd_ring_rendezvous_configured(void) {
-  const char* h = getenv("MLX_HOSTFILE");
-  const char* v = getenv("MLXDIST_RENDEZVOUS");
+  const char* h = mlxd_env_get("MLX_HOSTFILE");
+  const char* v = mlxd_env_get("MLXDIST_RENDEZVOUS");
   return (!h || !*h) && v && *v;
 }
 

@@ -28,6 +28,7 @@
 #include "transport/tcp.h"
 #include "transport/view.h"
 #include "util/bytes.h"
+#include "util/env.h"
 #include "util/tunables.h"
 
 /* The ring's boundary: create and split return with their message rendered
@@ -412,7 +413,7 @@ static bool ring_available(char* why, size_t n) {
 }
 
 static bool env_set(const char* name) {
-  const char* v = getenv(name);
+  const char* v = mlxd_env_get(name);
   return v && *v;
 }
 
@@ -426,8 +427,8 @@ static bool ring_configured(bool with_bootstrap) {
 }
 
 static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
-  const char* rs = getenv("MLX_RANK");
-  const char* path = getenv("MLX_HOSTFILE");
+  const char* rs = mlxd_env_get("MLX_RANK");
+  const char* path = mlxd_env_get("MLX_HOSTFILE");
   if (!rs || !*rs || !path || !*path)
     return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
                         "not configured: MLX_RANK and MLX_HOSTFILE must be set (MLX_RANK=%s, "

@@ -13,10 +13,11 @@
 
 #include "backends/common/pmix.h"
 #include "backends/ring/ring_internal.h"
+#include "util/env.h"
 #include "util/tunables.h"
 
 static bool env_set(const char* name) {
-  const char* v = getenv(name);
+  const char* v = mlxd_env_get(name);
   return v && *v;
 }
 
@@ -39,8 +40,8 @@ int mlxd_ring_config_choice(void) {
 }
 
 int mlxd_ring_slurm_without_pmix(mlxd_status* st) {
-  const char* job = getenv("SLURM_JOB_ID");
-  const char* proc = getenv("SLURM_PROCID");
+  const char* job = mlxd_env_get("SLURM_JOB_ID");
+  const char* proc = mlxd_env_get("SLURM_PROCID");
   if (!(job && *job) && !(proc && *proc)) return 0;
   if (env_set("MLX_RANK") || env_set("MLX_HOSTFILE")) return 0; /* their own errors */
   if (mlxd_pmix_present() && pmix_off())
