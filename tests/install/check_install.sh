@@ -17,6 +17,31 @@ export LD_LIBRARY_PATH=$libdir
 # The consumer must not find the launcher's variables.
 unset MLX_RANK MLX_HOSTFILE MLX_WORLD_SIZE
 
+fail() {
+  echo "install check: $*" >&2
+  exit 1
+}
+# pkg-config as a user sees it: the public headers and the library need nothing of cJSON or
+# OpenSSL at build or link time (both are loaded at run time), so mlxdist.pc requires no other
+# package: it resolves with only its own directory searched (no libcjson.pc, as on a host with
+# the runtime packages only), and neither --cflags nor --static --libs names cjson or ssl.
+for args in "--cflags" "--libs" "--cflags --libs" "--static --cflags --libs"; do
+  # shellcheck disable=SC2086
+  out=$(PKG_CONFIG_LIBDIR=$libdir/pkgconfig pkg-config $args mlxdist) ||
+    fail "pkg-config $args mlxdist fails without other packages' .pc files"
+  case $out in
+    *cjson* | *ssl* | *crypto*) fail "pkg-config $args mlxdist names a run-time dependency: $out" ;;
+  esac
+done
+# shellcheck disable=SC2046
+ccflags=$(PKG_CONFIG_LIBDIR=$libdir/pkgconfig pkg-config --cflags mlxdist)
+# the installed headers include nothing of cJSON or OpenSSL
+# shellcheck disable=SC2086
+hdrs=$(gcc -std=c99 -E -H $ccflags "$src/tests/install/consumer.c" 2>&1 >/dev/null | sed -n 's/^\.* //p')
+echo "$hdrs" | grep -q 'mlx/c/mlx.h' || fail "the consumer did not include the installed mlx/c/mlx.h"
+! echo "$hdrs" | grep -Ei 'cjson|openssl' || fail "the installed headers include cJSON or OpenSSL"
+! grep -rqi cjson "$libdir/cmake/mlxdist" || fail "the installed CMake package names cJSON"
+
 for cc in gcc clang; do
   command -v $cc >/dev/null || continue
   # shellcheck disable=SC2046
@@ -29,12 +54,15 @@ if command -v valgrind >/dev/null && [ "${MLXDIST_SKIP_VALGRIND:-0}" != 1 ]; the
     --errors-for-leak-kinds=definite,indirect,possible "$work/consumer-gcc"
 fi
 
-# Static linking through pkg-config --static.
+# Static linking through pkg-config --static, with no other package's .pc file in reach: the
+# program needs no libcjson (nor libssl, libcrypto) to link or to start.
 # shellcheck disable=SC2046
 gcc -std=c99 -pedantic -Wall -Wextra -Werror "$src/tests/install/consumer.c" \
   -o "$work/consumer-static" -Wl,-Bstatic -lmlxdist -Wl,-Bdynamic \
-  $(pkg-config --cflags --libs --static mlxdist | sed 's/-lmlxdist//')
+  $(PKG_CONFIG_LIBDIR=$libdir/pkgconfig pkg-config --cflags --libs --static mlxdist | sed 's/-lmlxdist//')
 "$work/consumer-static"
+! readelf -d "$work/consumer-static" | grep NEEDED | grep -Ei 'cjson|ssl|crypto|mlxdist' ||
+  fail "the static consumer needs a shared library it should not"
 
 mkdir -p "$work/cmake-consumer"
 cat > "$work/cmake-consumer/CMakeLists.txt" <<'CM'
@@ -43,9 +71,12 @@ project(consumer C)
 find_package(mlxdist REQUIRED)
 add_executable(consumer consumer.c)
 target_link_libraries(consumer PRIVATE mlxdist::mlxdist)
+add_executable(consumer-static consumer.c)
+target_link_libraries(consumer-static PRIVATE mlxdist::mlxdist_static)
 CM
 cp "$src/tests/install/consumer.c" "$work/cmake-consumer/"
 cmake -S "$work/cmake-consumer" -B "$work/cmake-consumer/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$work/cmake-consumer/build" >/dev/null
 "$work/cmake-consumer/build/consumer"
-echo "install check: pkg-config (gcc, clang, static), valgrind and find_package consumers passed"
+"$work/cmake-consumer/build/consumer-static"
+echo "install check: pkg-config (no cJSON; gcc, clang, static), valgrind and find_package (shared, static) consumers passed"

@@ -241,8 +241,9 @@ static void logdir_remove(const ctx* x, int nranks) {
     snprintf(path, sizeof path, "%s/rank%d.log", x->logdir, r);
     unlink(path);
   }
-  const char* marks[] = {"failed", "destroy"};
-  for (int i = 0; i < 2; i++) {
+  const char* marks[] = {"failed",   "destroy",    "exchanged", "tried", "never-done", "contacted",
+                         "flooding", "flood-done", "closed",    "needs", "late-done",  "idle"};
+  for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
     snprintf(path, sizeof path, "%s/%s", x->logdir, marks[i]);
     unlink(path);
   }
@@ -276,6 +277,25 @@ static int quiet_runs(ctx* x, int n, int runs) {
   return loud;
 }
 
+/* A rank tells the others it reached a point: a file in the log directory. */
+static void mark(const ctx* x, const char* name) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  T_REQUIRE(fd >= 0);
+  close(fd);
+}
+
+static void wait_mark(const ctx* x, const char* name, double limit_s) {
+  char path[128];
+  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
+  double until = t_now() + limit_s;
+  while (access(path, F_OK) != 0) {
+    T_REQUIREF(t_now() < until, "%s not reached within %g s", name, limit_s);
+    usleep(10000);
+  }
+}
+
 /* A stranger: connects to addr and sends a well-formed hello with another token. */
 static int stranger(const mlxd_ring_addr* a, int claim) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -306,7 +326,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
     mlxd_ring_auth other = x->auth;
     memset(other.token, 0x66, sizeof other.token);
     mlxd_transport* t = open_lazy(x, rank, &other);
-    usleep(300000); /* after the honest exchange */
+    wait_mark(x, "exchanged", 30); /* after the honest exchange */
     double t0 = t_now();
     unsigned char b[4] = {0};
     mlxd_req* r = NULL;
@@ -319,6 +339,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
     T_CHECKF(t_status_names_peer(&st, 1), "the failure does not name rank 1: %s", st.msg);
     T_CHECKF(strstr(st.msg, "MLXDIST_CONNECT_TIMEOUT") != NULL, "no bound named: %s", st.msg);
     T_CHECKF(took < 6, "the failure took %.1f s (MLXDIST_CONNECT_TIMEOUT=2)", took);
+    mark(x, "tried");
     t->ops->destroy(t);
     return t_exit_status();
   }
@@ -331,17 +352,16 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
   }
   exchange(t, 1 - rank, 1 - rank, 3);
   if (rank == 1) { /* stay until rank 2 has tried (its op runs through this rank's dialer) */
+    mark(x, "exchanged");
     unsigned char b[4];
     mlxd_req* r = NULL;
     mlxd_status st;
     mlxd_status_clear(&st);
-    double until = t_now() + 3.5;
-    /* drive the transport: a receive from rank 0 that arrives at the end */
+    /* drive the transport: a receive from rank 0 that arrives once rank 2 has tried */
     T_REQUIRE(t->ops->irecv(t, 0, mlxd_tag(MLXD_TAG_P2P, 11, 0), NULL, b, 4, &r, &st) == 0);
     T_REQUIRE(t->ops->waitall(t, &r, 1, &st) == 0);
-    (void)until;
   } else {
-    usleep(3500000);
+    wait_mark(x, "tried", 30);
     unsigned char b[4] = {1, 2, 3, 4};
     mlxd_req* r = NULL;
     mlxd_status st;
@@ -362,12 +382,12 @@ static int rank_never(int rank, int size, const char* session, void* arg) {
   if (rank == 1) { /* listens, never answers */
     close(x->lfds[0]);
     close(x->lfds[2]);
-    sleep(7);
+    wait_mark(x, "never-done", 30); /* until rank 0 has given up on both */
     return 0;
   }
   if (rank == 2) { /* does not listen */
     for (int i = 0; i < 3; i++) close(x->lfds[i]);
-    sleep(7);
+    wait_mark(x, "never-done", 30);
     return 0;
   }
   close(x->lfds[2]); /* rank 2's listener is gone in this process too */
@@ -398,26 +418,8 @@ static int rank_never(int rank, int size, const char* session, void* arg) {
       T_REQUIRE(mlxd_ring_listen(&x->hosts.addrs[0], &x->lfds[0], &s2) == 0);
     }
   }
+  mark(x, "never-done");
   return t_exit_status();
-}
-
-/* A rank tells the others it reached a point: a file in the log directory. */
-static void mark(const ctx* x, const char* name) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  T_REQUIRE(fd >= 0);
-  close(fd);
-}
-
-static void wait_mark(const ctx* x, const char* name, double limit_s) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
-  double until = t_now() + limit_s;
-  while (access(path, F_OK) != 0) {
-    T_REQUIREF(t_now() < until, "%s not reached within %g s", name, limit_s);
-    usleep(10000);
-  }
 }
 
 /* Post a receive or a send of n bytes (tag step), wait, return the code. */
@@ -458,7 +460,7 @@ static int rank_refuse(int rank, int size, const char* session, void* arg) {
     T_CHECKF(rc != 0 && strstr(st.msg, "lost connection to rank 2"),
              "rank 1's receive from rank 2 that left: %d %s", rc, st.msg);
     mark(x, "failed");
-    usleep(5000000); /* failed, alive: its heartbeat tick answers hellos */
+    wait_mark(x, "contacted", 30); /* failed, alive: its heartbeat tick answers hellos */
     t->ops->destroy(t);
     return t_exit_status();
   }
@@ -466,6 +468,7 @@ static int rank_refuse(int rank, int size, const char* session, void* arg) {
   double t0 = t_now();
   int rc = one_op(t, true, 1, 3, b, 4, &st);
   double took = t_now() - t0;
+  mark(x, "contacted");
   fprintf(stderr, "[test] rank 0's first contact with the failed rank 1: %s (%.2f s)\n", st.msg,
           took);
   T_CHECKF(rc != 0, "a send to the failed rank 1 succeeded");
@@ -491,11 +494,14 @@ static int rank_closing(int rank, int size, const char* session, void* arg) {
   mlxd_transport* t = open_lazy(x, rank, &x->auth);
   if (rank == 2) {
     exchange(t, 1, 1, 1);
-    usleep(6000000); /* reads nothing */
+    mark(x, "idle");               /* out of its last wait: reads nothing from here on */
+    wait_mark(x, "contacted", 30); /* until rank 0 has made its contact */
     _exit(t_exit_status());
   }
   if (rank == 1) {
     exchange(t, 2, 2, 1);
+    /* rank 2, still in its exchange, would read the 64 MiB (an unexpected message) */
+    wait_mark(x, "idle", 30);
     size_t n = (size_t)64 << 20;
     char* big = calloc(1, n);
     T_REQUIRE(big != NULL);
@@ -525,6 +531,7 @@ static int rank_closing(int rank, int size, const char* session, void* arg) {
   double t0 = t_now();
   int rc = one_op(t, true, 1, 3, b, 4, &st);
   double took = t_now() - t0;
+  mark(x, "contacted");
   fprintf(stderr, "[test] rank 0's first contact with rank 1 in its destroy: %s (%.2f s)\n", st.msg,
           took);
   T_CHECKF(rc != 0, "a send to rank 1 in its destroy succeeded");
@@ -557,13 +564,20 @@ static int rank_flood(int rank, int size, const char* session, void* arg) {
     for (int i = 0; i < x->g * x->k; i++) close(x->lfds[i]);
     int held[1200];
     int nh = 0;
-    double until = t_now() + 7;
-    while (t_now() < until) {
+    /* until rank 0's rounds are over (bounded: 30 s), 20 connections every 50 ms */
+    char done[128];
+    snprintf(done, sizeof done, "%s/flood-done", x->logdir);
+    bool on = false;
+    for (double until = t_now() + 30; access(done, F_OK) != 0 && t_now() < until;) {
       for (int i = 0; i < 20 && nh < 1200; i++) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
         if (fd < 0) break;
         (void)connect(fd, (const struct sockaddr*)&x->hosts.addrs[0].sa, x->hosts.addrs[0].len);
         held[nh++] = fd;
+      }
+      if (!on && nh >= 100) { /* several times what rank 0 may hold: the flood is on */
+        mark(x, "flooding");
+        on = true;
       }
       usleep(50000);
     }
@@ -581,11 +595,12 @@ static int rank_flood(int rank, int size, const char* session, void* arg) {
     T_REQUIRE(setrlimit(RLIMIT_NOFILE, &rl) == 0);
     fprintf(stderr, "[test] rank 0: %d descriptors open, RLIMIT_NOFILE %d\n", used, used + 16);
   }
-  usleep(700000); /* the flood is on */
+  wait_mark(x, "flooding", 30);
   for (unsigned b = 1; b < 8; b++) {
     if (exchange(t, rank ^ (int)b, rank ^ (int)b, b) != 0) break;
     usleep(150000);
   }
+  if (rank == 0) mark(x, "flood-done");
   int n = mlxd_tcp_connections(t, NULL);
   T_CHECKF(n == 7, "rank %d holds %d connections, expected 7", rank, n);
   t->ops->destroy(t);
@@ -619,12 +634,14 @@ static int rank_exit(int rank, int size, const char* session, void* arg) {
     double t0 = t_now();
     for (int s = 0; s < NSET; s++) t[s]->ops->destroy(t[s]);
     double took = t_now() - t0;
+    mark(x, "closed");
     fprintf(stderr, "[test] rank 0 destroyed 3 groups in %.2f s\n", took);
     T_CHECKF(took < 2, "rank 0's three destroys took %.1f s (peers that keep their groups open)",
              took);
     return t_exit_status();
   }
-  usleep(3000000); /* rank 0 closed meanwhile */
+  wait_mark(x, "closed", 30);
+  usleep(2500000); /* on purpose: heartbeat ticks (1 s) meet rank 0's closed sockets */
   for (int s = 0; s < NSET; s++) {
     if (rank == 1) {
       memset(msg, 0, N);
@@ -659,18 +676,20 @@ static int rank_late(int rank, int size, const char* session, void* arg) {
     x->lfds_set[1][1] = -1;
     close(x->lfds[1]); /* not started yet: nothing listens at its address */
     x->lfds[1] = -1;
-    usleep(3500000);
+    wait_mark(x, "needs", 30);
+    usleep(1000000); /* on purpose: rank 0's dials are refused for a while */
     mlxd_status st;
     mlxd_status_clear(&st);
     T_REQUIRE(mlxd_ring_listen(&x->hosts.addrs[1], &x->lfds[1], &st) == 0);
     mlxd_transport* t = open_lazy(x, rank, &x->auth);
     exchange(t, 0, 0, 1);
-    usleep(6000000); /* rank 0's second group waits for nothing here */
+    wait_mark(x, "late-done", 30); /* rank 0's second group waits for nothing here */
     t->ops->destroy(t);
     return t_exit_status();
   }
   mlxd_transport* t = open_lazy(x, rank, &x->auth);
-  usleep(2500000);
+  usleep(2500000); /* on purpose: a bound counted from init would run out before rank 1 listens */
+  mark(x, "needs");
   double t0 = t_now();
   int rc = exchange(t, 1, 1, 1);
   fprintf(stderr, "[test] rank 0 reached rank 1 %.2f s after first needing it (%.2f s in)\n",
@@ -690,6 +709,7 @@ static int rank_late(int rank, int size, const char* session, void* arg) {
   T_CHECKF(strstr(st.msg, "of first needing it (MLXDIST_CONNECT_TIMEOUT)") &&
                strstr(st.msg, "refused (nothing listened at"),
            "the failure does not count the refusals: %s", st.msg);
+  mark(x, "late-done");
   t1->ops->destroy(t1);
   t->ops->destroy(t);
   return t_exit_status();
