@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -200,4 +201,22 @@ void t_write_loopback_hostfile(const char* path, int n) {
   snprintf(buf + o, sizeof buf - o, "]");
   FILE* f = fopen(path, "w");
   T_ASSERT(f && fputs(buf, f) >= 0 && fclose(f) == 0);
+}
+
+void t_mark(const char* dir, const char* name) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  T_REQUIREF(fd >= 0, "cannot create the mark %s", path);
+  close(fd);
+}
+
+void t_wait_mark(const char* dir, const char* name, double limit_s) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  double until = t_now() + limit_s;
+  while (access(path, F_OK) != 0) {
+    T_REQUIREF(t_now() < until, "%s not reached within %g s", name, limit_s);
+    usleep(10000); /* the poll's step */
+  }
 }

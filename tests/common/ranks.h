@@ -64,6 +64,13 @@ void t_write_loopback_hostfile(const char* path, int n);
  * unset. */
 void t_rank_env(int rank, int size, const char* hostfile);
 
+/* Marks: a rank tells the others it reached a point (an order of events the
+ * tests wait for instead of sleeping): t_mark creates the empty file
+ * DIR/NAME; t_wait_mark polls for it every 10 ms and fails the rank (fatal)
+ * when it has not come within limit_s. */
+void t_mark(const char* dir, const char* name);
+void t_wait_mark(const char* dir, const char* name, double limit_s);
+
 /* A name nobody else uses (for shared-memory sessions): mlxdist-test-<what>-... */
 void t_session_name(char* buf, size_t n, const char* what);
 

@@ -278,22 +278,9 @@ static int quiet_runs(ctx* x, int n, int runs) {
 }
 
 /* A rank tells the others it reached a point: a file in the log directory. */
-static void mark(const ctx* x, const char* name) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
-  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  T_REQUIRE(fd >= 0);
-  close(fd);
-}
-
+static void mark(const ctx* x, const char* name) { t_mark(x->logdir, name); }
 static void wait_mark(const ctx* x, const char* name, double limit_s) {
-  char path[128];
-  snprintf(path, sizeof path, "%s/%s", x->logdir, name);
-  double until = t_now() + limit_s;
-  while (access(path, F_OK) != 0) {
-    T_REQUIREF(t_now() < until, "%s not reached within %g s", name, limit_s);
-    usleep(10000);
-  }
+  t_wait_mark(x->logdir, name, limit_s);
 }
 
 /* A stranger: connects to addr and sends a well-formed hello with another token. */

@@ -218,7 +218,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
   if (rank == 2) { /* holds the job's token but another secret: wants rank 1 */
     mlxd_ring_auth other = load_auth(x, x->secret_b);
     mlxd_transport* t = open_lazy(x, rank, &other, x->secret_b, "1");
-    usleep(500000); /* after the intruders and the honest exchange */
+    t_wait_mark(x->dir, "exchanged", 30); /* after the intruders and the honest exchange */
     double t0 = t_now();
     unsigned char b[4] = {0};
     mlxd_req* r = NULL;
@@ -232,6 +232,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
     T_CHECKF(strstr(st.msg, "secret") != NULL, "the failure does not say secret: %s", st.msg);
     T_CHECKF(took < 5, "the failure took %.1f s (a wrong proof fails at once)", took);
     fprintf(stderr, "[test] rank 2 failed as expected in %.2f s: %s\n", took, st.msg);
+    t_mark(x->dir, "tried");
     t->ops->destroy(t);
     return t_exit_status();
   }
@@ -262,6 +263,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
   mlxd_req* r = NULL;
   mlxd_status_clear(&st);
   if (rank == 1) { /* rank 2 tries meanwhile: this rank's progress answers it */
+    t_mark(x->dir, "exchanged");
     T_REQUIRE(t->ops->irecv(t, 0, mlxd_tag(MLXD_TAG_P2P, 11, 0), NULL, b, 4, &r, &st) == 0);
     rc = t->ops->waitall(t, &r, 1, &st);
     T_CHECKF(rc == 0, "rank 1 after rank 2's attempt: %s", st.msg);
@@ -269,7 +271,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
     int n = mlxd_tcp_connections(t, on);
     T_CHECKF(n == 1 && on[0], "rank 1 holds %d connections, expected 1 (rank 0)", n);
   } else {
-    usleep(3500000);
+    t_wait_mark(x->dir, "tried", 30); /* rank 1 stays in its receive until rank 2 has tried */
     T_REQUIRE(t->ops->isend(t, 1, mlxd_tag(MLXD_TAG_P2P, 11, 0), NULL, b, 4, &r, &st) == 0);
     rc = t->ops->waitall(t, &r, 1, &st);
     T_CHECKF(rc == 0, "rank 0's last send: %s", st.msg);
@@ -334,7 +336,7 @@ static int rank_mismatch(int rank, int size, const char* session, void* arg) {
     int mine[2];
     own_listeners(x, rank, mine);
     if (mine[0] >= 0) close(mine[0]);
-    usleep(200000); /* rank 0 listens already (its listener is open since before the fork) */
+    /* rank 0 listens already: its listener is open since before the fork */
     return fake_rank1(x, &a);
   }
   const char* tls = rank == 1 && strcmp(x->sub, "half") == 0 ? "0" : "1";
