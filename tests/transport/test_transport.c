@@ -16,11 +16,13 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -380,6 +382,23 @@ static int threads_rank(mlxd_transport* t, void* arg) {
 
 /* ------------------------------------------------ failures */
 
+/* Counters every rank shares (mapped before the fork): a rank waits for
+ * another's event instead of sleeping, so the order holds at any speed. */
+typedef struct shared {
+  atomic_int inside;  /* peer_exit: survivors entering the all_reduce */
+  atomic_int failed;  /* stall: rank 0 has its failure */
+  atomic_int aborted; /* abort_partial: rank 0 has aborted its transport */
+} shared;
+static shared* g_sh;
+
+static void wait_count(atomic_int* c, int n, const char* what) {
+  double end = mlxd_now() + 30.0;
+  while (atomic_load(c) < n) {
+    T_REQUIREF(mlxd_now() < end, "%s: not within 30 s", what);
+    usleep(1000); /* the poll's step */
+  }
+}
+
 /* The last rank leaves in the middle of a large all_reduce; the others must
  * fail promptly with "lost connection". MLXDIST_TIMEOUT is 30 s here, so a
  * failure that is only noticed by the timeout fails the elapsed-time check. */
@@ -395,9 +414,10 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
      * while the others are inside the all_reduce */
     mlxd_req* q = NULL;
     t->ops->isend(t, 0, mlxd_tag(MLXD_TAG_P2P, 77, 0), NULL, buf, 1 << 20, &q, &st);
-    usleep(300000);
+    wait_count(&g_sh->inside, n - 1, "the others entering the all_reduce");
     _exit(0);
   }
+  atomic_fetch_add(&g_sh->inside, 1);
   double t0 = mlxd_now();
   int rc = mlxd_algo_all_reduce(t, 1, NULL, buf, buf, count, MLX_FLOAT32, MLXD_SUM, &st);
   double dt = mlxd_now() - t0;
@@ -424,8 +444,8 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
  * with MLXDIST_OP_TIMEOUT=2 rank 0 times out within a few seconds. */
 static int stall_rank(mlxd_transport* t, void* arg) {
   (void)arg;
-  if (t->rank == 1) {
-    sleep(5);
+  if (t->rank == 1) { /* alive, not taking part, until rank 0 has timed out */
+    wait_count(&g_sh->failed, 1, "rank 0's time-out");
     return 0;
   }
   float buf[1000];
@@ -434,6 +454,7 @@ static int stall_rank(mlxd_transport* t, void* arg) {
   double t0 = mlxd_now();
   int rc = mlxd_algo_all_reduce(t, 1, NULL, buf, buf, 1000, MLX_FLOAT32, MLXD_SUM, &st);
   double dt = mlxd_now() - t0;
+  atomic_store(&g_sh->failed, 1);
   T_CHECKF(rc == MLXD_ETIMEDOUT, "rc %d: %s", rc, st.msg);
   T_CHECKF(t_status_names_peer(&st, 1), "does not name rank 1: %s", st.msg);
   T_CHECKF(dt >= 1.5 && dt < 6.0, "timed out after %.2f s", dt);
@@ -484,12 +505,13 @@ static int abort_partial_rank(mlxd_transport* t, void* arg) {
     mlxd_status why;
     mlxd_fail_at(&why, MLXD_EINVAL, MLXD_LAYER_TCP, "abort_partial: rank 0 gives up");
     t->ops->abort(t, &why);
+    atomic_store(&g_sh->aborted, 1);
     int rc = t->ops->waitall(t, &q, 1, &st);
     T_CHECKF(rc == MLXD_EINVAL && strstr(st.msg, "rank 0 gives up"), "rc %d: %s", rc, st.msg);
     T_CHECK(q == NULL);
     usleep(1500000); /* heartbeats (every <= 1 s) meet the failed transport */
   } else {
-    usleep(1000000);
+    wait_count(&g_sh->aborted, 1, "rank 0's abort"); /* reads nothing before it */
     T_REQUIREF(t->ops->irecv(t, 0, tag, NULL, buf, n, &q, &st) == 0, "%s", st.msg);
     double t0 = mlxd_now();
     int rc = t->ops->waitall(t, &q, 1, &st);
@@ -550,6 +572,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* mode = argv[1];
+  g_sh = mmap(NULL, sizeof *g_sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  T_ASSERT(g_sh != MAP_FAILED);
+  atomic_init(&g_sh->inside, 0);
+  atomic_init(&g_sh->failed, 0);
+  atomic_init(&g_sh->aborted, 0);
   if (strcmp(mode, "bench") == 0) {
     bench_arg b = {(size_t)(argc > 2 ? atoi(argv[2]) : 64) << 20, argc > 3 ? atoi(argv[3]) : 10};
     int nc = argc > 4 ? atoi(argv[4]) : 1;
