@@ -26,10 +26,12 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -381,13 +383,73 @@ static int kill2_rank(int rank, int size) {
   return 0;
 }
 
+/* Shared by every rank (mapped before the fork): a rank waits for another's
+ * event instead of sleeping, so the order holds at any speed. */
+typedef struct shared {
+  atomic_int eval_tid; /* exit3: rank 2's thread that waits for its sum (0: not yet) */
+  atomic_int pid;      /* exit3: rank 2's pid (0: not yet) */
+  atomic_int failed;   /* stall: rank 0 has its failure */
+} shared;
+static shared* g_sh;
+
+/* Poll cond(arg) every millisecond until it holds; fatal after 20 s. */
+static void wait_until(bool (*cond)(int), int arg, const char* what) {
+  double end = t_now() + 20.0;
+  while (!cond(arg)) {
+    if (t_now() > end) T_FAIL("%s: not within 20 s", what);
+    usleep(1000); /* the poll's step */
+  }
+}
+
+/* The state letter of /proc/<path>/stat ('?' when it cannot be read). */
+static char proc_state(const char* path) {
+  char buf[512];
+  FILE* f = fopen(path, "r");
+  if (!f) return '?';
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* p = strrchr(buf, ')');
+  return p && p[1] == ' ' ? p[2] : '?';
+}
+
+/* This process's thread tid is blocked (asleep). */
+static bool thread_asleep(int tid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+  return proc_state(path) == 'S';
+}
+
+/* Rank 2 has exited: its pid is known and the process is a zombie or gone. */
+static bool rank2_gone(int unused) {
+  (void)unused;
+  int pid = atomic_load(&g_sh->pid);
+  if (pid == 0) return false;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  char st = proc_state(path);
+  return st == 'Z' || st == 'X' || st == '?';
+}
+
+static bool tid_known(int unused) {
+  (void)unused;
+  return atomic_load(&g_sh->eval_tid) != 0;
+}
+
+static bool rank0_failed(int unused) {
+  (void)unused;
+  return atomic_load(&g_sh->failed) != 0;
+}
+
 static void* eval_in_thread(void* p) {
+  atomic_store(&g_sh->eval_tid, (int)syscall(SYS_gettid));
   mlx_array_eval(*(mlx_array*)p);
   return NULL;
 }
 
-/* rank 2 of 3 runs a 16 MiB all_sum and _exits while it is inside it: the
- * others join 100 ms later, so rank 2 cannot have finished when it exits. */
+/* rank 2 of 3 runs a 16 MiB all_sum and _exits while it is inside it (a
+ * thread of its own blocked in the wait for it): the others join once rank 2
+ * has exited, so rank 2 cannot have finished when it exits. */
 static int exit3_rank(int rank, int size) {
   setenv("MLXDIST_TIMEOUT", "4", 1);
   mlx_distributed_group g = init_ring();
@@ -397,12 +459,14 @@ static int exit3_rank(int rank, int size) {
   int shape[1] = {(int)n};
   mlx_array x = mlx_array_new_data(v, shape, 1, MLX_FLOAT32), y = mlx_array_new();
   free(v);
-  if (rank != 2) usleep(100000);
+  if (rank != 2) wait_until(rank2_gone, 0, "rank 2's exit");
   T_EQ_INT(mlx_distributed_all_sum(&y, x, g, mlx_stream_new()), 0);
   if (rank == 2) {
     pthread_t th;
     T_EQ_INT(pthread_create(&th, NULL, eval_in_thread, &y), 0);
-    usleep(30000);
+    wait_until(tid_known, 0, "the waiting thread's start");
+    wait_until(thread_asleep, atomic_load(&g_sh->eval_tid), "the thread blocked in the wait");
+    atomic_store(&g_sh->pid, (int)getpid());
     /* The raw system call: exit at once, also under ThreadSanitizer, whose
      * _exit would first report the running thread (while that thread kept
      * going and could finish the collective). */
@@ -428,14 +492,16 @@ static int stall_rank(int rank, int size) {
   setenv("MLXDIST_OP_TIMEOUT", "2", 1);
   mlx_distributed_group g = init_ring();
   T_EQ_INT(check_sum(g, size, 1000), 0);
-  if (rank == 1) {
-    sleep(6); /* alive, connected, but not taking part */
+  if (rank == 1) { /* alive, connected, but not taking part, until rank 0 has timed out */
+    wait_until(rank0_failed, 0, "rank 0's time-out");
     return 0;
   }
   double t0 = t_now();
   t_clear_errors();
-  T_ASSERT(check_sum(g, size, 1000) != 0);
+  int rc = check_sum(g, size, 1000);
   double dt = t_now() - t0;
+  atomic_store(&g_sh->failed, 1);
+  T_ASSERT(rc != 0);
   rendered_once();
   T_EXPECT_ERROR("[ring] all_sum #1: rank 1 is alive but did not get to this operation within 2 s",
                  "MLXDIST_OP_TIMEOUT");
@@ -778,6 +844,11 @@ int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "basic";
   snprintf(g_dir, sizeof g_dir, "/tmp/mlxd_ring_test.XXXXXX");
   T_ASSERT(mkdtemp(g_dir));
+  g_sh = mmap(NULL, sizeof *g_sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  T_ASSERT(g_sh != MAP_FAILED);
+  atomic_init(&g_sh->eval_tid, 0);
+  atomic_init(&g_sh->pid, 0);
+  atomic_init(&g_sh->failed, 0);
   int codes[16];
   int ok = 0, n = 0;
   if (strcmp(mode, "basic") == 0) {
