@@ -338,8 +338,10 @@ static void test_victim(int sig, double limit_s, const char* want) {
 static int late_rank(int rank, int size) {
   mlx_distributed_group g = init_ring();
   T_EQ_INT(one_sum(g, size, 100), 0);
-  if (rank == 1) sleep_s(4.0);
+  /* rank 1 gets to the op once rank 0 has given up on it (MLXDIST_OP_TIMEOUT, 2 s) */
+  if (rank == 1) t_wait_mark(g_dir, "late-failed", 30);
   int rc = one_sum(g, size, 100);
+  if (rank == 0) t_mark(g_dir, "late-failed");
   fprintf(stderr, "rank %d: %s\n", rank, rc ? t_last_error() : "succeeded");
   if (rc == 0) T_FAIL("rank %d: the all_sum its peer gave up on succeeded here", rank);
   const char* e = t_last_error();
