@@ -18,6 +18,7 @@
  *                                        MLXD_ETIMEDOUT naming it */
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,10 +36,21 @@ typedef struct shared {
   volatile double event; /* when the last rank was killed / stopped itself */
   volatile int pid;      /* the last rank's pid */
   volatile double took[16];
+  atomic_int inside; /* survivors entering the second all_reduce */
+  atomic_int failed; /* survivors done with their failure (stall: rank 0 timed out) */
 } shared;
 
 static shared* g_sh;
 static const char* g_mode;
+
+/* Poll until *c reaches n (an event of another rank); fatal after 30 s. */
+static void wait_count(atomic_int* c, int n, const char* what) {
+  double end = mlxd_now() + 30.0;
+  while (atomic_load(c) < n) {
+    T_REQUIREF(mlxd_now() < end, "%s: not within 30 s", what);
+    usleep(1000); /* the poll's step */
+  }
+}
 
 static void sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -64,13 +76,14 @@ static int live_rank(mlxd_transport* t, void* arg) {
     if (strcmp(g_mode, "busy") == 0) {
       sleep_s(4.0);
     } else {
-      sleep_s(0.5); /* the others are inside the next all_reduce by now */
+      wait_count(&g_sh->inside, n - 1, "the others entering the next all_reduce");
       g_sh->event = mlxd_now();
       raise(strcmp(g_mode, "kill") == 0 ? SIGKILL : SIGSTOP);
       sleep_s(60); /* SIGSTOP: continued only to be killed */
       _exit(3);
     }
   }
+  atomic_fetch_add(&g_sh->inside, 1);
   rc = mlxd_algo_all_reduce(t, 2, NULL, buf, buf, count, MLX_FLOAT32, MLXD_SUM, &st);
   double done = mlxd_now();
   if (strcmp(g_mode, "busy") == 0) {
@@ -93,8 +106,9 @@ static int live_rank(mlxd_transport* t, void* arg) {
   T_CHECKF(rc == first.code && strcmp(st.msg, first.msg) == 0, "later op: %d '%s' vs '%s'", rc,
            st.msg, first.msg);
   T_CHECKF(mlxd_now() - t0 < 1.0, "later op was not fast");
+  atomic_fetch_add(&g_sh->failed, 1);
   if (r == 0 && strcmp(g_mode, "stop") == 0) {
-    sleep_s(0.3);
+    wait_count(&g_sh->failed, n - 1, "the other survivors' failures");
     kill((pid_t)g_sh->pid, SIGKILL); /* the stopped rank ends here */
   }
   free(buf);
@@ -103,8 +117,8 @@ static int live_rank(mlxd_transport* t, void* arg) {
 
 static int stall_rank(mlxd_transport* t, void* arg) {
   (void)arg;
-  if (t->rank == 1) {
-    sleep_s(5);
+  if (t->rank == 1) { /* alive, not taking part, until rank 0 has timed out */
+    wait_count(&g_sh->failed, 1, "rank 0's time-out");
     return 0;
   }
   float buf[1000];
@@ -117,6 +131,7 @@ static int stall_rank(mlxd_transport* t, void* arg) {
   T_CHECKF(t_status_names_peer(&st, 1), "does not name rank 1: %s", st.msg);
   T_CHECKF(dt >= 1.5 && dt < 6.0, "timed out after %.2f s", dt);
   fprintf(stderr, "rank 0: %.2f s: %s\n", dt, st.msg);
+  atomic_store(&g_sh->failed, 1);
   return 0;
 }
 
