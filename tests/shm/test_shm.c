@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -48,6 +50,51 @@ static size_t first_bad(const unsigned char* b, size_t n, int src, int dst, uint
 /* Every rank's pid, shared by the forked ranks (main maps it before they
  * start; join writes it before the set-up, which waits for every rank). */
 static volatile pid_t* g_pids;
+
+/* Events one rank waits for in another (mapped with g_pids): waited for,
+ * never slept for, so the order holds at any speed. */
+typedef struct events {
+  atomic_int timeout_relayed; /* timeout: rank 1 has rank 0's failure */
+} events;
+static events* g_ev;
+
+/* The state letter in /proc/.../stat ('?' when it cannot be read). */
+static char proc_state(const char* path) {
+  char buf[512];
+  FILE* f = fopen(path, "r");
+  if (!f) return '?';
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* p = strrchr(buf, ')');
+  return p && p[1] == ' ' ? p[2] : '?';
+}
+
+/* Poll cond(arg) every millisecond until it holds; fatal after 20 s. */
+static void wait_until(bool (*cond)(long), long arg, const char* what) {
+  double end = t_now() + 20.0;
+  while (!cond(arg)) {
+    T_REQUIREF(t_now() < end, "%s: not within 20 s", what);
+    usleep(1000); /* the poll's step */
+  }
+}
+
+/* Process pid has exited (a zombie, or reaped). */
+static bool pid_gone(long pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+  char st = proc_state(path);
+  return st == 'Z' || st == 'X' || st == '?';
+}
+
+/* This process's thread tid is blocked (asleep). */
+static bool thread_asleep(long tid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%ld/stat", tid);
+  return proc_state(path) == 'S';
+}
+
+static bool flag_set(long addr) { return atomic_load((atomic_int*)(intptr_t)addr) != 0; }
 
 /* The name of pair (lo, hi)'s segment (shm_setup.c pair_name), once both
  * ranks joined. */
@@ -348,8 +395,7 @@ static int rank_death(int rank, int size, const char* name, void* arg) {
     _exit(0);
   }
   if (rank == 0) {
-    struct timespec ts = {0, 50 * 1000 * 1000};
-    nanosleep(&ts, NULL);
+    wait_until(pid_gone, (long)g_pids[victim], "the victim's exit");
     T_REQUIREF(t->ops->irecv(t, victim, 7, NULL, b, sizeof b, &q, &st) == 0, "%s", st.msg);
     T_REQUIREF(wait1(t, q, &st) == 0, "a message sent before death: %s", st.msg);
   }
@@ -405,10 +451,10 @@ static int rank_timeout(int rank, int size, const char* name, void* arg) {
                    strstr(st.msg, "MLXDIST_OP_TIMEOUT"),
                "%s", st.msg);
     T_REQUIREF(dt > 0.9 && dt < 3.0, "timed out after %.2f s", dt);
-    /* stay alive a moment so that rank 1 learns it from the failure flag */
-    struct timespec ts = {1, 0};
-    nanosleep(&ts, NULL);
+    /* stay alive until rank 1 has learnt it from the failure flag */
+    wait_until(flag_set, (long)(intptr_t)&g_ev->timeout_relayed, "rank 1's failure");
   } else {
+    atomic_store(&g_ev->timeout_relayed, 1);
     T_REQUIREF(rc == MLXD_ETIMEDOUT, "rc %d: %s", rc, st.msg);
     /* rank 0's own status, relayed: its peer (this rank) and "reported by rank 0" */
     T_REQUIREF(st.layer == MLXD_LAYER_SHM && st.has_reporter && st.reporter == 0 && st.has_peer &&
@@ -481,9 +527,9 @@ static int rank_connect(int rank, int size, const char* name, void* arg) {
   T_REQUIREF(dt < 4.0, "took %.2f s", dt);
   char path[256];
   snprintf(path, sizeof path, "/dev/shm/%s", name);
-  struct timespec ts = {0, 300 * 1000 * 1000};
-  nanosleep(&ts, NULL);
   struct stat sb;
+  /* removed by whichever rank gives up last: polled for, within 10 s */
+  for (double until = t_now() + 10; stat(path, &sb) == 0 && t_now() < until;) usleep(10000);
   T_REQUIREF(stat(path, &sb) != 0, "%s left behind after a failed set-up", path);
   return 0;
 }
@@ -698,10 +744,12 @@ typedef struct {
   int rc;
   double returned;
   mlxd_status st;
+  atomic_int tid;
 } first_op;
 
 static void* first_op_main(void* p) {
   first_op* o = p;
+  atomic_store(&o->tid, (int)syscall(SYS_gettid));
   mlxd_req* q = NULL;
   char b[8] = {0};
   mlxd_status_clear(&o->st);
@@ -725,12 +773,13 @@ static int rank_first_abort(int rank, int size, const char* name, void* arg) {
     return 0;
   }
   await_pair(pair, 0600);
-  struct timespec ts = {0, 200 * 1000 * 1000};
   first_op ops[2] = {{.t = t, .send = 1}, {.t = t, .send = 0}};
   pthread_t th[2];
   for (int i = 0; i < 2; i++) {
     T_REQUIRE(pthread_create(&th[i], NULL, first_op_main, &ops[i]) == 0);
-    nanosleep(&ts, NULL); /* the first is waiting for rank 1 before the second starts */
+    /* the first is waiting for rank 1 (blocked) before the second starts */
+    wait_until(flag_set, (long)(intptr_t)&ops[i].tid, "the thread's start");
+    wait_until(thread_asleep, atomic_load(&ops[i].tid), "the thread's wait for rank 1");
   }
   mlxd_status ab;
   mlxd_status_clear(&ab);
@@ -1325,6 +1374,9 @@ int main(int argc, char** argv) {
   g_pids =
       mmap(NULL, 16 * sizeof *g_pids, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   T_REQUIRE(g_pids != MAP_FAILED);
+  g_ev = mmap(NULL, sizeof *g_ev, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  T_REQUIRE(g_ev != MAP_FAILED);
+  atomic_init(&g_ev->timeout_relayed, 0);
   if (strcmp(what, "leak") == 0) {
     T_ASSERT(n == 2);
     run_leak();
