@@ -18,7 +18,9 @@
 #          then SIGCONT
 #   drop   nftables drops every packet on one host's eth0 for 1..CHAOS_MAX_DROP s (default 6),
 #          then a quiet time as long as the drop plus 2 s: TCP's retransmission back-off can
-#          keep a link silent for about twice the drop (a 6 s drop: up to ~12.6 s)
+#          keep a link silent for about twice the drop (a 6 s drop: up to ~12.6 s) where the
+#          kernel lacks TCP_RTO_MAX_MS (Linux 6.15); with it the transport caps the back-off at
+#          MLXDIST_TIMEOUT / 6, and a link is heard again that long after the drop at most
 #   shape  tc tbf on one host's eth0 egress at 5, 20, 100 or 1000 mbit, or off again
 # with 1..3 s between events. Then every link is unshaped, 8 s of quiet (at least; every rank
 # must make progress in it), and one random rank is killed with SIGKILL at about MINUTES after

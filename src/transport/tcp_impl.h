@@ -33,6 +33,9 @@
 #define TCP_BLOCK_MS 1000                        /* longest single blocking poll */
 #define TCP_CV_MS 20                             /* longest single condition-variable sleep */
 #define TCP_TLS_WBUF ((size_t)16 << 10)          /* TLS: headers and small payloads coalesced */
+#ifndef TCP_RTO_MAX_MS
+#define TCP_RTO_MAX_MS 44 /* Linux 6.15 <linux/tcp.h>; libc headers may not have it yet */
+#endif
 /* destroy: a failed transport drains this long at most; a healthy one waits for
  * its last bytes to be acknowledged until none went out for MLXDIST_TIMEOUT (and
  * at least this long); neither waits for the peers' FINs (tcp_setup.c close_all) */

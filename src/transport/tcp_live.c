@@ -11,7 +11,11 @@
  * is not empty and no thread is progressing, it writes what the socket
  * takes of it (a rank busy in its own computation still finishes a
  * heartbeat that was only partly written). It never blocks: a peer that
- * reads nothing (it is stopped) fills the socket and gets no more.
+ * reads nothing (it is stopped) fills the socket and gets no more. A
+ * heartbeat written goes in the byte stream behind every byte queued in the
+ * kernel before it: after a link outage the peer hears it only with the
+ * kernel's next retransmission, whose back-off every connection caps at
+ * MLXDIST_TIMEOUT / 6 (tcp_setup.c conn_attach).
  *
  * Hearing. Any byte read from a peer counts as a sign of life (tcp.c
  * stamps tcp_peer.heard in each progress round with input from it); only

@@ -262,6 +262,23 @@ static int conn_attach(tcp_transport* t, tcp_conn* c, int fd, mlxd_status* st) {
    * connecting side should set them before connect/listen). */
   int one = 1;
   (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  /* The kernel's retransmission back-off at most MLXDIST_TIMEOUT / 6 (1 s to
+   * 120 s; Linux 6.15, older kernels refuse it and keep 120 s). Heartbeats
+   * share the byte stream with the data, so after a link comes back the
+   * peer hears nothing until the kernel's next retransmission, which the
+   * default back-off (200 ms doubled at each loss) puts up to twice the
+   * outage later: a 7 s drop kept a link silent 12.6 s, past
+   * MLXDIST_TIMEOUT=10 (tests/chaos/link_drop.sh). The kernel then gives up
+   * on bytes unacknowledged for about twice MLXDIST_TIMEOUT or more
+   * (tcp_retries2 counts capped retransmissions: 14 s at the 1 s cap, 113 s
+   * at the default's 10 s; it was 15 minutes), a peer that the liveness
+   * checks take for dead after one MLXDIST_TIMEOUT. No
+   * TCP_USER_TIMEOUT: it would also end a connection whose peer keeps its
+   * window closed (busy, reading nothing), which answered zero-window
+   * probes keep open for ever. */
+  double cap_s = t->live.dead_s / 6;
+  int rto_max = cap_s <= 1.0 ? 1000 : cap_s >= 120.0 ? 120000 : (int)(cap_s * 1000);
+  (void)setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &rto_max, sizeof rto_max);
   int cur = 0;
   socklen_t cl = sizeof cur;
   if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &cur, &cl) == 0 && cur < TCP_SOCKBUF) {
