@@ -8,10 +8,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -219,4 +221,34 @@ void t_wait_mark(const char* dir, const char* name, double limit_s) {
     T_REQUIREF(t_now() < until, "%s not reached within %g s", name, limit_s);
     usleep(10000); /* the poll's step */
   }
+}
+
+void t_job_marks_dir(char* out, size_t n) {
+  const char* ns = getenv("PMIX_NAMESPACE");
+  if (!ns || !*ns) ns = getenv("OMPI_MCA_ess_base_jobid");
+  char job[128];
+  if (ns && *ns) {
+    snprintf(job, sizeof job, "%s", ns);
+  } else if (getenv("SLURM_JOB_ID")) {
+    const char* step = getenv("SLURM_STEPID");
+    snprintf(job, sizeof job, "%s.%s", getenv("SLURM_JOB_ID"), step ? step : "0");
+  } else {
+    snprintf(job, sizeof job, "ppid%ld", (long)getppid());
+  }
+  for (char* c = job; *c; c++)
+    if (*c == '/') *c = '_';
+  snprintf(out, n, "/tmp/mlxdist-marks-%ld-%s", (long)getuid(), job);
+  T_REQUIREF(mkdir(out, 0700) == 0 || errno == EEXIST, "cannot make %s", out);
+}
+
+void t_job_marks_remove(const char* dir, ...) {
+  va_list ap;
+  va_start(ap, dir);
+  char path[512];
+  for (const char* m = va_arg(ap, const char*); m; m = va_arg(ap, const char*)) {
+    snprintf(path, sizeof path, "%s/%s", dir, m);
+    unlink(path);
+  }
+  va_end(ap);
+  rmdir(dir);
 }

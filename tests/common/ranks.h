@@ -71,6 +71,15 @@ void t_rank_env(int rank, int size, const char* hostfile);
 void t_mark(const char* dir, const char* name);
 void t_wait_mark(const char* dir, const char* name, double limit_s);
 
+/* The processes of one job started by a launcher (mpiexec, srun), which are
+ * not forked by this harness, share marks in a directory of their own:
+ * /tmp/mlxdist-marks-<uid>-<job>, job from PMIX_NAMESPACE, else
+ * OMPI_MCA_ess_base_jobid, else SLURM_JOB_ID.SLURM_STEPID, else the parent's pid
+ * (the launcher's daemon on one host). Created when missing; the caller that
+ * needs it last removes it with t_job_marks_remove (its marks NULL-terminated). */
+void t_job_marks_dir(char* out, size_t n);
+void t_job_marks_remove(const char* dir, ...);
+
 /* A name nobody else uses (for shared-memory sessions): mlxdist-test-<what>-... */
 void t_session_name(char* buf, size_t n, const char* what);
 

@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "mlx/c/mlx.h"
+#include "ranks.h"
 #include "testutil.h"
 
 #define N (256 * 1024) /* float32 elements: 1 MiB, well above MPI's eager size */
@@ -128,6 +129,8 @@ int main(int argc, char** argv) {
     T_EQ_INT(mlx_distributed_group_size(grp[k]), 2);
   }
   if (strcmp(mode, "never") == 0) return run_never(rank, grp[0]);
+  char marks[300];
+  t_job_marks_dir(marks, sizeof marks);
 
   if (rank == 0) {
     mlx_array reuse[NOPS][NREUSE];
@@ -169,6 +172,7 @@ int main(int argc, char** argv) {
     }
     T_CHECKF(atomic_load(&g_freed[SEND]) == 0, "send: the input was freed before the data left");
     printf("rank 0: %d ops timed out, a send pending, inputs still held\n", NOPS);
+    t_mark(marks, "hold-timed-out");
     /* Rank 1 joins now; MPI completes the requests (polled by the plugin's
      * progress thread), which releases the holds. */
     double until = now_s() + 60;
@@ -195,7 +199,9 @@ int main(int argc, char** argv) {
     }
     free(pattern);
   } else {
-    sleep(6); /* rank 0's three ops time out after 1 s each (~3 s) */
+    /* rank 1 joins once rank 0's ops have timed out (1 s each) */
+    t_wait_mark(marks, "hold-timed-out", 60);
+    t_job_marks_remove(marks, "hold-timed-out", (const char*)NULL);
     for (int k = 0; k < NOPS; k++) {
       size_t n = in_count(k);
       float* data = malloc(sizeof(float) * n);

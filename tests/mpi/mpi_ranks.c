@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "mlx/c/mlx.h"
+#include "ranks.h"
 #include "testutil.h"
 
 #define NDT 14
@@ -416,7 +417,13 @@ static int run_timeout(void) {
   mlx_distributed_group g = init_mpi();
   float v = 1;
   mlx_array x = mlx_array_new_data(&v, (int[]){1}, 1, MLX_FLOAT32), r = mlx_array_new();
-  if (g_rank == 1) sleep(3); /* rank 0 gives up after MLXDIST_TIMEOUT=2 s */
+  /* rank 1 comes once rank 0 has given up on both ops (MLXDIST_TIMEOUT=2 s each) */
+  char marks[300];
+  t_job_marks_dir(marks, sizeof marks);
+  if (g_rank == 1) {
+    t_wait_mark(marks, "timeout-given-up", 60);
+    t_job_marks_remove(marks, "timeout-given-up", (const char*)NULL);
+  }
   T_EQ_INT(mlx_distributed_all_sum(&r, x, g, mlx_stream_new()), 0);
   int rc = mlx_array_eval(r);
   if (g_rank == 0) {
@@ -432,6 +439,7 @@ static int run_timeout(void) {
                  strstr(t_last_error(), "(the group failed in all_sum #0)") != NULL,
              "next op: got \"%s\"", t_last_error());
     mlx_array_free(r2);
+    t_mark(marks, "timeout-given-up");
   } else {
     T_EQ_INT(rc, 0); /* rank 0's request was still posted: this one completes */
   }
