@@ -18,7 +18,11 @@
  *                           its path in the environment, removed at exit; a job runs
  *   test_trust twojobs LAUNCHER   two mlxdist-launch jobs with one hostfile, in
  *                           several start orders: never a mixed result
- *   test_trust job ID D0 D1 (a rank of twojobs, under the launcher)
+ *   test_trust twojobs_by_hand   two jobs started by hand with one hostfile, in the
+ *                           four start orders of docs/security.md: with the derived token
+ *                           the orders that pair A's and B's ranks mix data (the hazard the
+ *                           docs describe); with a token or a secret per job, never
+ *   test_trust job ID D0 D1 (a rank of twojobs, under the launcher or by hand)
  *
  * In every intruder case the job forms within its normal time, its results are
  * right, each intruder is named in one "[ring] rank R: refused a connection
@@ -662,6 +666,121 @@ static int case_twojobs(const char* launcher, const char* self) {
   return t_exit_status();
 }
 
+/* ---- two jobs started by hand with one hostfile (docs/security.md) ---- */
+
+enum { BY_HAND_DERIVED, BY_HAND_TOKENS, BY_HAND_SECRETS };
+
+/* Rank `rank` of job `id` (1: A, 2: B) started by hand (MLX_RANK, MLX_HOSTFILE) with the
+ * identity `kind` gives it: the token derived from the hostfile (the same for both jobs), a
+ * MLXDIST_JOB_TOKEN of the job's own, or a MLXDIST_SECRET_FILE of the job's own. */
+static pid_t start_by_hand(const char* self, int kind, int id, int rank, const char* out) {
+  fflush(NULL);
+  pid_t p = fork();
+  T_ASSERT(p >= 0);
+  if (p) return p;
+  int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(99);
+  char rs[16], ids[16], secret[300];
+  snprintf(rs, sizeof rs, "%d", rank);
+  snprintf(ids, sizeof ids, "%d", id);
+  snprintf(secret, sizeof secret, "%s/secret%d", g_dir, id);
+  const char* tokens[2] = {TOKEN_HEX, "ffeeddccbbaa99887766554433221100"};
+  if (setenv("MLX_RANK", rs, 1) || setenv("MLX_HOSTFILE", g_hostfile, 1) ||
+      setenv("MLXDIST_CONNECT_TIMEOUT", "4", 1) || unsetenv("MLXDIST_RENDEZVOUS") ||
+      unsetenv("MLXDIST_SHM_SESSION") || unsetenv("MLXDIST_JOB_TOKEN") ||
+      unsetenv("MLXDIST_SECRET_FILE") ||
+      (kind == BY_HAND_TOKENS && setenv("MLXDIST_JOB_TOKEN", tokens[id - 1], 1)) ||
+      (kind == BY_HAND_SECRETS && setenv("MLXDIST_SECRET_FILE", secret, 1)))
+    _exit(98);
+  execl(self, self, "job", ids, "0", "0", (char*)NULL);
+  _exit(127);
+}
+
+/* How a rank of job id ended: 'r' its job's right sum, 'm' a sum mixing both jobs' data (A0
+ * or A1 with B's other rank: 100 + 201), 'f' init failed with the library's error, '?' else. */
+static char by_hand_outcome(int code, const char* text, int id) {
+  const char* at = strstr(text, "job ");
+  int got_id, rank, sum;
+  if (code == 4 && strstr(text, "init failed: [distributed]")) return 'f';
+  if (!at || sscanf(at, "job %d rank %d: sum %d", &got_id, &rank, &sum) != 3) return '?';
+  if (code == 0 && sum == 2 * id * 100 + 1) return 'r';
+  if (code == 3 && sum == 301) return 'm';
+  return '?';
+}
+
+/* The four start orders of docs/security.md, each as two waves (the second starts once
+ * every rank of the first has exited, so the first has formed or failed whatever the
+ * machine's speed; a real second wave comes milliseconds after the first has connected, and
+ * then goes the same way). With the derived token, the waves that pair A's and B's ranks
+ * form groups that mix both jobs' data (pinned here: the documented hazard); with a token or
+ * a secret of each job's own, no rank ever mixes data and every failure is named. */
+static int case_twojobs_by_hand(const char* self) {
+  /* ranks: 0 A0, 1 A1, 2 B0, 3 B1 */
+  struct {
+    int wave1[4], n1, wave2[4], n2;
+    const char* what;
+    const char* want; /* per kind, per rank: outcomes allowed ("rmf" any) */
+  } orders[] = {
+      {{0, 1, 2, 3}, 4, {0}, 0, "all four at once", NULL},
+      {{0, 3}, 2, {1, 2}, 2, "A0 and B1, then A1 and B0", "mmmm"},
+      {{1, 2}, 2, {0, 3}, 2, "A1 and B0, then A0 and B1", "mmmm"},
+      {{0, 1}, 2, {2, 3}, 2, "A, then B", "rrrr"},
+  };
+  const char* kinds[] = {"the token derived from the hostfile",
+                         "a MLXDIST_JOB_TOKEN of each job's own",
+                         "a MLXDIST_SECRET_FILE of each job's own"};
+  for (int id = 1; id <= 2; id++) {
+    char path[300];
+    snprintf(path, sizeof path, "%s/secret%d", g_dir, id);
+    write_file(path,
+               id == 1 ? "job A's secret, 32 bytes long...\n" : "job B's secret, another one...\n",
+               0600);
+  }
+  for (int kind = BY_HAND_DERIVED; kind <= BY_HAND_SECRETS; kind++)
+    for (size_t i = 0; i < sizeof orders / sizeof orders[0]; i++) {
+      new_hostfile();
+      char out[4][300];
+      int code[4];
+      for (int w = 0; w < 2; w++) {
+        const int* wave = w ? orders[i].wave2 : orders[i].wave1;
+        int n = w ? orders[i].n2 : orders[i].n1;
+        pid_t pid[4];
+        for (int k = 0; k < n; k++) {
+          int r = wave[k];
+          snprintf(out[r], sizeof out[r], "%s/rank%d.out", g_dir, r);
+          pid[k] = start_by_hand(self, kind, 1 + r / 2, r % 2, out[r]);
+        }
+        for (int k = 0; k < n; k++) code[wave[k]] = wait_child(pid[k], 30);
+      }
+      char got[5] = {0};
+      printf("=== %s, %s:\n", kinds[kind], orders[i].what);
+      for (int r = 0; r < 4; r++) {
+        char* text = read_text(out[r]);
+        got[r] = by_hand_outcome(code[r], text, 1 + r / 2);
+        printf("--- %c%d exit %d (%c):\n%s", 'A' + r / 2, r % 2, code[r], got[r], text);
+        free(text);
+      }
+      for (int r = 0; r < 4; r++) {
+        T_CHECKF(got[r] != '?', "%s, %s: %c%d ended neither right, mixed nor with a named error",
+                 kinds[kind], orders[i].what, 'A' + r / 2, r % 2);
+        if (kind != BY_HAND_DERIVED)
+          T_CHECKF(got[r] != 'm', "%s, %s: %c%d mixed both jobs' data", kinds[kind], orders[i].what,
+                   'A' + r / 2, r % 2);
+      }
+      /* a job's ranks end alike (both right, or both failed), the other job's aside */
+      if (kind != BY_HAND_DERIVED)
+        for (int j = 0; j < 2; j++)
+          T_CHECKF(got[2 * j] == got[2 * j + 1], "%s, %s: job %c's ranks ended %c and %c",
+                   kinds[kind], orders[i].what, 'A' + j, got[2 * j], got[2 * j + 1]);
+      const char* want = orders[i].want;
+      if (want && kind != BY_HAND_DERIVED) want = i == 3 ? "rrrr" : "ffff";
+      if (want)
+        T_CHECKF(!strcmp(got, want), "%s, %s: ended %s (A0 A1 B0 B1), expected %s", kinds[kind],
+                 orders[i].what, got, want);
+    }
+  return t_exit_status();
+}
+
 int main(int argc, char** argv) {
   if (argc == 2 && !strcmp(argv[1], "checkenv")) return case_checkenv();
   if (argc >= 5 && !strcmp(argv[1], "job"))
@@ -681,8 +800,12 @@ int main(int argc, char** argv) {
     rc = case_launchsecret(argv[2], argv[0]);
   else if (argc == 3 && !strcmp(argv[1], "twojobs"))
     rc = case_twojobs(argv[2], argv[0]);
+  else if (argc == 2 && !strcmp(argv[1], "twojobs_by_hand"))
+    rc = case_twojobs_by_hand(argv[0]);
   else
-    fprintf(stderr, "usage: test_trust init KIND | split | secret wrong|none | twojobs LAUNCHER\n");
+    fprintf(stderr,
+            "usage: test_trust init KIND | split | secret wrong|none | twojobs LAUNCHER | "
+            "twojobs_by_hand\n");
   char cmd[400];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
   if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", g_dir);
