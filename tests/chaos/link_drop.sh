@@ -24,29 +24,9 @@ for c in ip nft; do
 done
 [ -e /proc/sys/net/ipv4/tcp_rto_max_ms ] ||
   { say "SKIPPED: this kernel ($(uname -r)) has no TCP_RTO_MAX_MS (Linux 6.15)"; exit 77; }
-prefix=mlxdlinkdrop
-# namespaces of earlier runs that were killed before their trap ran
-for f in /run/netns/"$prefix"-*; do
-  [ -e "$f" ] || continue
-  owner=${f##*/"$prefix"-}
-  case $owner in '' | *[!0-9]*) continue ;; esac
-  kill -0 "$owner" 2>/dev/null && continue
-  for p in $(ip netns pids "${f##*/}" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  ip netns del "${f##*/}" 2>/dev/null
-done
-ns=$prefix-$$
-dir=$(mktemp -d) || exit 1
-cleanup() {
-  local p
-  for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  ip netns del "$ns" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-if ! err=$(ip netns add "$ns" 2>&1); then
-  say "SKIPPED: cannot create a network namespace: $err"
-  exit 77
-fi
+# shellcheck source=tests/chaos/private_ns.sh
+. "$(dirname "$0")/private_ns.sh"
+private_ns mlxdlinkdrop
 ip -n "$ns" link set lo up || exit 1
 if ! err=$(ip netns exec "$ns" nft add table inet probe 2>&1); then
   say "SKIPPED: nftables does not work in a network namespace here: $err"
@@ -55,12 +35,7 @@ fi
 ip netns exec "$ns" nft delete table inet probe
 tmo=${LINK_TIMEOUT:-10} drop_s=${LINK_DROP_S:-7} run_s=${LINK_RUN_S:-30}
 echo '[["127.0.0.1:45320"], ["127.0.0.1:45321"]]' >"$dir/hf.json"
-pids=()
-for r in 0 1; do
-  ip netns exec "$ns" env MLX_RANK=$r MLX_HOSTFILE="$dir/hf.json" MLXDIST_TRANSPORT=tcp \
-    MLXDIST_TIMEOUT="$tmo" timeout 120 "$prog" "$run_s" >"$dir/rank$r.log" 2>&1 &
-  pids+=($!)
-done
+start_ranks "$prog" "$run_s" "$tmo"
 # both ranks past their first sum (bounded)
 for ((i = 0; i < 300; i++)); do
   grep -qs "LINK READY" "$dir/rank0.log" && grep -qs "LINK READY" "$dir/rank1.log" && break
@@ -78,12 +53,7 @@ sleep "$drop_s"
 ip netns exec "$ns" nft delete table inet mlxd_link_drop || exit 1
 say "link restored"
 rc=0
-for r in 0 1; do
-  wait "${pids[r]}"
-  st=$?
-  say "rank $r exit status $st: $(tail -n 3 "$dir/rank$r.log" | tr '\n' ' ')"
-  [ "$st" = 0 ] || rc=1
-done
+wait_ranks || rc=1
 if [ "$rc" = 0 ]; then
   say "PASSED: a $drop_s s drop failed no rank with MLXDIST_TIMEOUT=$tmo"
 else

@@ -12,18 +12,12 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "mlx/c/mlx.h"
+#include "ranks.h"
 #include "testutil.h"
 
 #define N 16384 /* int32 values: 64 KiB */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char** argv) {
   t_capture_errors();
@@ -43,12 +37,12 @@ int main(int argc, char** argv) {
   double end = 0, longest = 0;
   long it = 0;
   for (;; it++) {
-    double t0 = now_s();
+    double t0 = t_now();
     v[0] = rank == 0 ? (it == 0 || t0 < end) : 0;
     for (int j = 1; j < N; j++) v[j] = (int32_t)((it * 31 + j) % 1000 + rank * 1000);
     mlx_array x = mlx_array_new_data(v, shape, 1, MLX_INT32), y = mlx_array_new();
     if (mlx_distributed_all_sum(&y, x, g, mlx_stream_new()) != 0 || mlx_array_eval(y) != 0) {
-      printf("LINK FAIL rank %d sum %ld after %.1f s: %s\n", rank, it, now_s() - t0,
+      printf("LINK FAIL rank %d sum %ld after %.1f s: %s\n", rank, it, t_now() - t0,
              t_last_error());
       return 3;
     }
@@ -60,10 +54,10 @@ int main(int argc, char** argv) {
     int go = d[0];
     mlx_array_free(x);
     mlx_array_free(y);
-    double dt = now_s() - t0;
+    double dt = t_now() - t0;
     if (dt > longest) longest = dt;
     if (it == 0) {
-      end = now_s() + secs;
+      end = t_now() + secs;
       printf("LINK READY rank %d\n", rank);
     }
     if (!go) break;

@@ -13,29 +13,9 @@ say() { echo "slow_close: $*"; }
 for c in ip tc; do
   command -v "$c" >/dev/null 2>&1 || { say "SKIPPED: the '$c' command is not installed (iproute2)"; exit 77; }
 done
-prefix=mlxdslow
-# namespaces of earlier runs that were killed before their trap ran
-for f in /run/netns/"$prefix"-*; do
-  [ -e "$f" ] || continue
-  owner=${f##*/"$prefix"-}
-  case $owner in '' | *[!0-9]*) continue ;; esac
-  kill -0 "$owner" 2>/dev/null && continue
-  for p in $(ip netns pids "${f##*/}" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  ip netns del "${f##*/}" 2>/dev/null
-done
-ns=$prefix-$$
-dir=$(mktemp -d) || exit 1
-cleanup() {
-  local p
-  for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  ip netns del "$ns" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-if ! err=$(ip netns add "$ns" 2>&1); then
-  say "SKIPPED: cannot create a network namespace: $err"
-  exit 77
-fi
+# shellcheck source=tests/chaos/private_ns.sh
+. "$(dirname "$0")/private_ns.sh"
+private_ns mlxdslow
 ip -n "$ns" link set lo up mtu 1500 || exit 1 # tbf drops packets larger than its burst
 if ! err=$(ip netns exec "$ns" tc qdisc add dev lo root tbf rate 5mbit burst 32kb latency 200ms 2>&1); then
   say "SKIPPED: tc tbf does not work in a network namespace here: $err"
@@ -43,19 +23,9 @@ if ! err=$(ip netns exec "$ns" tc qdisc add dev lo root tbf rate 5mbit burst 32k
 fi
 echo '[["127.0.0.1:45300"], ["127.0.0.1:45301"]]' >"$dir/hf.json"
 n=$((1 << 20)) # 4 MiB of int32: about 7 s at 5 Mbit/s
-pids=()
-for r in 0 1; do
-  ip netns exec "$ns" env MLX_RANK=$r MLX_HOSTFILE="$dir/hf.json" MLXDIST_TRANSPORT=tcp \
-    MLXDIST_TIMEOUT=6 timeout 120 "$prog" "$n" >"$dir/rank$r.log" 2>&1 &
-  pids+=($!)
-done
+start_ranks "$prog" "$n" 6
 rc=0
-for r in 0 1; do
-  wait "${pids[r]}"
-  st=$?
-  say "rank $r exit status $st: $(tail -n 3 "$dir/rank$r.log" | tr '\n' ' ')"
-  [ "$st" = 0 ] || rc=1
-done
+wait_ranks || rc=1
 [ "$rc" = 0 ] && say "PASSED: every byte arrived although rank 0 freed its group right after the send" ||
   say "FAILED"
 exit "$rc"

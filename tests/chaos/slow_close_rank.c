@@ -13,16 +13,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "mlx/c/mlx.h"
+#include "ranks.h"
 #include "testutil.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char** argv) {
   t_capture_errors();
@@ -47,11 +41,11 @@ int main(int argc, char** argv) {
     if (mlx_array_eval(s) != 0) T_FAIL("send: %s", t_last_error());
     mlx_array_free(x);
     mlx_array_free(s);
-    double t0 = now_s();
+    double t0 = t_now();
     mlx_distributed_group_free(g);
     mlx_distributed_clear_backends();
     printf("slow_close_rank: rank 0 sent %d values; freeing the group took %.2f s\n", n,
-           now_s() - t0);
+           t_now() - t0);
     return 0;
   }
   mlx_array r = mlx_array_new();

@@ -252,3 +252,36 @@ void t_job_marks_remove(const char* dir, ...) {
   va_end(ap);
   rmdir(dir);
 }
+
+void t_wait_until(bool (*cond)(long), long arg, const char* what, double limit_s) {
+  double end = t_now() + limit_s;
+  while (!cond(arg)) {
+    T_REQUIREF(t_now() < end, "%s: not within %g s", what, limit_s);
+    usleep(1000); /* the poll's step */
+  }
+}
+
+/* The state letter of a /proc/.../stat file ('?' when it cannot be read). */
+static char proc_state(const char* path) {
+  char buf[512];
+  FILE* f = fopen(path, "r");
+  if (!f) return '?';
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char* p = strrchr(buf, ')');
+  return p && p[1] == ' ' ? p[2] : '?';
+}
+
+bool t_pid_gone(long pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+  char st = proc_state(path);
+  return st == 'Z' || st == 'X' || st == '?';
+}
+
+bool t_thread_asleep(long tid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/task/%ld/stat", tid);
+  return proc_state(path) == 'S';
+}

@@ -11,6 +11,7 @@
 #ifndef MLXDIST_TEST_RANKS_H
 #define MLXDIST_TEST_RANKS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define T_MAX_RANKS 32
@@ -79,6 +80,15 @@ void t_wait_mark(const char* dir, const char* name, double limit_s);
  * needs it last removes it with t_job_marks_remove (its marks NULL-terminated). */
 void t_job_marks_dir(char* out, size_t n);
 void t_job_marks_remove(const char* dir, ...);
+
+/* Waits for an event in another rank or thread, never a sleep in its place:
+ * t_wait_until polls cond(arg) every millisecond until it holds and fails the
+ * caller (fatal, naming what) when it has not within limit_s. */
+void t_wait_until(bool (*cond)(long), long arg, const char* what, double limit_s);
+/* Process pid has exited (a zombie, or reaped), by its /proc state. */
+bool t_pid_gone(long pid);
+/* This process's thread tid is blocked (asleep, state S in /proc). */
+bool t_thread_asleep(long tid);
 
 /* A name nobody else uses (for shared-memory sessions): mlxdist-test-<what>-... */
 void t_session_name(char* buf, size_t n, const char* what);

@@ -392,51 +392,19 @@ typedef struct shared {
 } shared;
 static shared* g_sh;
 
-/* Poll cond(arg) every millisecond until it holds; fatal after 20 s. */
-static void wait_until(bool (*cond)(int), int arg, const char* what) {
-  double end = t_now() + 20.0;
-  while (!cond(arg)) {
-    if (t_now() > end) T_FAIL("%s: not within 20 s", what);
-    usleep(1000); /* the poll's step */
-  }
-}
-
-/* The state letter of /proc/<path>/stat ('?' when it cannot be read). */
-static char proc_state(const char* path) {
-  char buf[512];
-  FILE* f = fopen(path, "r");
-  if (!f) return '?';
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char* p = strrchr(buf, ')');
-  return p && p[1] == ' ' ? p[2] : '?';
-}
-
-/* This process's thread tid is blocked (asleep). */
-static bool thread_asleep(int tid) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
-  return proc_state(path) == 'S';
-}
-
 /* Rank 2 has exited: its pid is known and the process is a zombie or gone. */
-static bool rank2_gone(int unused) {
+static bool rank2_gone(long unused) {
   (void)unused;
   int pid = atomic_load(&g_sh->pid);
-  if (pid == 0) return false;
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  char st = proc_state(path);
-  return st == 'Z' || st == 'X' || st == '?';
+  return pid != 0 && t_pid_gone(pid);
 }
 
-static bool tid_known(int unused) {
+static bool tid_known(long unused) {
   (void)unused;
   return atomic_load(&g_sh->eval_tid) != 0;
 }
 
-static bool rank0_failed(int unused) {
+static bool rank0_failed(long unused) {
   (void)unused;
   return atomic_load(&g_sh->failed) != 0;
 }
@@ -459,13 +427,14 @@ static int exit3_rank(int rank, int size) {
   int shape[1] = {(int)n};
   mlx_array x = mlx_array_new_data(v, shape, 1, MLX_FLOAT32), y = mlx_array_new();
   free(v);
-  if (rank != 2) wait_until(rank2_gone, 0, "rank 2's exit");
+  if (rank != 2) t_wait_until(rank2_gone, 0, "rank 2's exit", 20.0);
   T_EQ_INT(mlx_distributed_all_sum(&y, x, g, mlx_stream_new()), 0);
   if (rank == 2) {
     pthread_t th;
     T_EQ_INT(pthread_create(&th, NULL, eval_in_thread, &y), 0);
-    wait_until(tid_known, 0, "the waiting thread's start");
-    wait_until(thread_asleep, atomic_load(&g_sh->eval_tid), "the thread blocked in the wait");
+    t_wait_until(tid_known, 0, "the waiting thread's start", 20.0);
+    t_wait_until(t_thread_asleep, atomic_load(&g_sh->eval_tid), "the thread blocked in the wait",
+                 20.0);
     atomic_store(&g_sh->pid, (int)getpid());
     /* The raw system call: exit at once, also under ThreadSanitizer, whose
      * _exit would first report the running thread (while that thread kept
@@ -493,7 +462,7 @@ static int stall_rank(int rank, int size) {
   mlx_distributed_group g = init_ring();
   T_EQ_INT(check_sum(g, size, 1000), 0);
   if (rank == 1) { /* alive, connected, but not taking part, until rank 0 has timed out */
-    wait_until(rank0_failed, 0, "rank 0's time-out");
+    t_wait_until(rank0_failed, 0, "rank 0's time-out", 20.0);
     return 0;
   }
   double t0 = t_now();

@@ -597,14 +597,22 @@ static int case_job(int id, double d0, double d1) {
   return got == want ? 0 : 3;
 }
 
-static pid_t start_launcher(const char* launcher, const char* self, int id, double d0, double d1,
-                            const char* out) {
+/* Fork a child whose stdout and stderr go to the file out: the child's pid in
+ * the parent, 0 in the child (which _exits 99 if out cannot be its output). */
+static pid_t fork_to(const char* out) {
   fflush(NULL);
   pid_t p = fork();
   T_ASSERT(p >= 0);
   if (p) return p;
   int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(99);
+  return 0;
+}
+
+static pid_t start_launcher(const char* launcher, const char* self, int id, double d0, double d1,
+                            const char* out) {
+  pid_t p = fork_to(out);
+  if (p) return p;
   char ids[8], a0[16], a1[16];
   snprintf(ids, sizeof ids, "%d", id);
   snprintf(a0, sizeof a0, "%g", d0);
@@ -674,12 +682,8 @@ enum { BY_HAND_DERIVED, BY_HAND_TOKENS, BY_HAND_SECRETS };
  * identity `kind` gives it: the token derived from the hostfile (the same for both jobs), a
  * MLXDIST_JOB_TOKEN of the job's own, or a MLXDIST_SECRET_FILE of the job's own. */
 static pid_t start_by_hand(const char* self, int kind, int id, int rank, const char* out) {
-  fflush(NULL);
-  pid_t p = fork();
-  T_ASSERT(p >= 0);
+  pid_t p = fork_to(out);
   if (p) return p;
-  int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0) _exit(99);
   char rs[16], ids[16], secret[300];
   snprintf(rs, sizeof rs, "%d", rank);
   snprintf(ids, sizeof ids, "%d", id);

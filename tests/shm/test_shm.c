@@ -58,42 +58,6 @@ typedef struct events {
 } events;
 static events* g_ev;
 
-/* The state letter in /proc/.../stat ('?' when it cannot be read). */
-static char proc_state(const char* path) {
-  char buf[512];
-  FILE* f = fopen(path, "r");
-  if (!f) return '?';
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char* p = strrchr(buf, ')');
-  return p && p[1] == ' ' ? p[2] : '?';
-}
-
-/* Poll cond(arg) every millisecond until it holds; fatal after 20 s. */
-static void wait_until(bool (*cond)(long), long arg, const char* what) {
-  double end = t_now() + 20.0;
-  while (!cond(arg)) {
-    T_REQUIREF(t_now() < end, "%s: not within 20 s", what);
-    usleep(1000); /* the poll's step */
-  }
-}
-
-/* Process pid has exited (a zombie, or reaped). */
-static bool pid_gone(long pid) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-  char st = proc_state(path);
-  return st == 'Z' || st == 'X' || st == '?';
-}
-
-/* This process's thread tid is blocked (asleep). */
-static bool thread_asleep(long tid) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/self/task/%ld/stat", tid);
-  return proc_state(path) == 'S';
-}
-
 static bool flag_set(long addr) { return atomic_load((atomic_int*)(intptr_t)addr) != 0; }
 
 /* The name of pair (lo, hi)'s segment (shm_setup.c pair_name), once both
@@ -395,7 +359,7 @@ static int rank_death(int rank, int size, const char* name, void* arg) {
     _exit(0);
   }
   if (rank == 0) {
-    wait_until(pid_gone, (long)g_pids[victim], "the victim's exit");
+    t_wait_until(t_pid_gone, (long)g_pids[victim], "the victim's exit", 20.0);
     T_REQUIREF(t->ops->irecv(t, victim, 7, NULL, b, sizeof b, &q, &st) == 0, "%s", st.msg);
     T_REQUIREF(wait1(t, q, &st) == 0, "a message sent before death: %s", st.msg);
   }
@@ -452,7 +416,7 @@ static int rank_timeout(int rank, int size, const char* name, void* arg) {
                "%s", st.msg);
     T_REQUIREF(dt > 0.9 && dt < 3.0, "timed out after %.2f s", dt);
     /* stay alive until rank 1 has learnt it from the failure flag */
-    wait_until(flag_set, (long)(intptr_t)&g_ev->timeout_relayed, "rank 1's failure");
+    t_wait_until(flag_set, (long)(intptr_t)&g_ev->timeout_relayed, "rank 1's failure", 20.0);
   } else {
     atomic_store(&g_ev->timeout_relayed, 1);
     T_REQUIREF(rc == MLXD_ETIMEDOUT, "rc %d: %s", rc, st.msg);
@@ -778,8 +742,8 @@ static int rank_first_abort(int rank, int size, const char* name, void* arg) {
   for (int i = 0; i < 2; i++) {
     T_REQUIRE(pthread_create(&th[i], NULL, first_op_main, &ops[i]) == 0);
     /* the first is waiting for rank 1 (blocked) before the second starts */
-    wait_until(flag_set, (long)(intptr_t)&ops[i].tid, "the thread's start");
-    wait_until(thread_asleep, atomic_load(&ops[i].tid), "the thread's wait for rank 1");
+    t_wait_until(flag_set, (long)(intptr_t)&ops[i].tid, "the thread's start", 20.0);
+    t_wait_until(t_thread_asleep, atomic_load(&ops[i].tid), "the thread's wait for rank 1", 20.0);
   }
   mlxd_status ab;
   mlxd_status_clear(&ab);
