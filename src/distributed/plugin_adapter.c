@@ -172,8 +172,10 @@ static size_t host_dtype_size(int32_t dtype) {
   if (dtype < 0 || dtype >= MLXDIST_V3_DTYPE_COUNT) return 0;
   return mlx_dtype_size((mlx_dtype)dtype);
 }
-static double host_timeout_s(void) { return mlxd_tunable_double(MLXD_T_TIMEOUT); }
-static double host_spin_us(void) { return mlxd_tunable_double(MLXD_T_SPIN_US); }
+/* A plugin may call these from threads of its own, which mlxdist cannot mark
+ * as its (util/env.h): they read the values kept at init, never getenv. */
+static double host_timeout_s(void) { return mlxd_tunable_kept_double(MLXD_T_TIMEOUT); }
+static double host_spin_us(void) { return mlxd_tunable_kept_double(MLXD_T_SPIN_US); }
 
 static const mlxdist_v3_host k_host_v3 = {
     .struct_size = sizeof(mlxdist_v3_host),

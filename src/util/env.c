@@ -163,6 +163,12 @@ const char* mlxd_env_tunable(int t) {
   return get(t >= 0 && t < MLXD_T_COUNT ? &g_entries[t] : find(name), name);
 }
 
+const char* mlxd_env_tunable_kept(int t) {
+  pthread_once(&g_once, seed);
+  if (t < 0 || t >= MLXD_T_COUNT) return NULL;
+  return atomic_load_explicit(&g_entries[t].value, memory_order_acquire);
+}
+
 void mlxd_env_refresh(void) {
   if (tl_own) return;
   pthread_once(&g_once, seed);

@@ -45,6 +45,11 @@ const char* mlxd_env_get(const char* name);
 /* mlxd_env_get for tunable t (util/tunables.h's enum), found by its index. */
 const char* mlxd_env_tunable(int t);
 
+/* The snapshot's value of tunable t on any thread, never calling getenv (NULL
+ * when unset or never read): for code that runs on threads mlxdist did not
+ * start and cannot mark, the plugins' own threads calling the host table. */
+const char* mlxd_env_tunable_kept(int t);
+
 /* Read every known name again into the snapshot. A caller's thread; does
  * nothing on a thread of the library's own. */
 void mlxd_env_refresh(void);

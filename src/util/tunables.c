@@ -329,9 +329,8 @@ static void warn_once(mlxd_tunable t, const char* why) {
     fprintf(stderr, "mlxdist: warning: %s; using the default %s\n", why, k_tunables[t].def);
 }
 
-double mlxd_tunable_double(mlxd_tunable t) {
-  if (!valid(t)) return 0.0;
-  const char* s = mlxd_tunable_str(t);
+/* s (t's raw value, or the default) as a number: t's default when s is not valid. */
+static double parsed(mlxd_tunable t, const char* s) {
   double v = 0.0;
   char why[400];
   if (mlxd_tunable_parse(t, s, &v, why, sizeof why) == 0) return v;
@@ -339,6 +338,16 @@ double mlxd_tunable_double(mlxd_tunable t) {
   v = 0.0;
   mlxd_tunable_parse(t, k_tunables[t].def, &v, NULL, 0);
   return v;
+}
+
+double mlxd_tunable_double(mlxd_tunable t) {
+  return valid(t) ? parsed(t, mlxd_tunable_str(t)) : 0.0;
+}
+
+double mlxd_tunable_kept_double(mlxd_tunable t) {
+  if (!valid(t)) return 0.0;
+  const char* v = mlxd_env_tunable_kept(t);
+  return parsed(t, v && *v ? v : k_tunables[t].def);
 }
 
 long mlxd_tunable_long(mlxd_tunable t) {

@@ -244,6 +244,10 @@ const char* mlxd_tunable_str(mlxd_tunable t);
  * CHOICE: the index of the word; HOST, PATHS: 0. */
 double mlxd_tunable_double(mlxd_tunable t);
 long mlxd_tunable_long(mlxd_tunable t);
+/* mlxd_tunable_double from the value a caller's thread last read (util/env.h),
+ * never the environment itself, on any thread: for the host table, which
+ * plugins call from threads of their own. */
+double mlxd_tunable_kept_double(mlxd_tunable t);
 const char* mlxd_tunable_env_name(mlxd_tunable t);
 const char* mlxd_tunable_default(mlxd_tunable t);
 const char* mlxd_tunable_doc(mlxd_tunable t);

@@ -15,7 +15,8 @@
  *    loop, growing and shrinking the environment so that glibc moves its array
  *    (what crashed a library thread inside getenv before). Every result is
  *    checked; no read on a library thread may miss the snapshot. Once more
- *    over TCP with TLS (OpenSSL reads variables of its own).
+ *    over TCP with TLS (OpenSSL reads variables of its own), and (argument
+ *    "mpi", under mpirun) over the mpi plugin and Open MPI.
  * It runs under ASan+UBSan and TSan like every test (scripts/test.sh). */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -179,6 +180,8 @@ typedef struct loop_arg {
   char secret[256]; /* non-empty: TLS over TCP, keyed by this secret file */
 } loop_arg;
 
+static int run_loop(const char* backend);
+
 static int loop_rank(int rank, int size, const char* session, void* arg) {
   (void)session;
   const loop_arg* a = arg;
@@ -189,9 +192,16 @@ static int loop_rank(int rank, int size, const char* session, void* arg) {
     setenv("MLXDIST_TLS", "1", 1);
   }
   t_capture_errors();
+  return run_loop("ring");
+}
+
+/* Init backend, then ROUNDS rounds of ops on new streams with setenv between
+ * them, every result checked. */
+static int run_loop(const char* backend) {
   unsigned long misses = mlxd_env_misses(); /* the snapshot test's, before the fork */
   mlx_distributed_group g = mlx_distributed_group_new();
-  if (mlx_distributed_init(&g, true, "ring") != 0) T_FAIL("init: %s", t_last_error());
+  if (mlx_distributed_init(&g, true, backend) != 0) T_FAIL("init: %s", t_last_error());
+  int rank = mlx_distributed_group_rank(g), size = mlx_distributed_group_size(g);
   double deadline = t_now() + DEADLINE_S;
   for (int round = 0; round < ROUNDS && t_now() < deadline; round++) {
     mlx_stream s[STREAMS];
@@ -272,5 +282,10 @@ int main(int argc, char** argv) {
   if (!strcmp(only, "all") || !strcmp(only, "tcp")) test_setenv_loop("tcp", 2, false);
   if (!strcmp(only, "all") || !strcmp(only, "shm")) test_setenv_loop("shm", 3, false);
   if (!strcmp(only, "all") || !strcmp(only, "tls")) test_setenv_loop("tcp", 2, true);
+  if (!strcmp(only, "mpi")) { /* a rank of mpirun (tests/core/CMakeLists.txt) */
+    t_capture_errors();
+    run_loop("mpi");
+    printf("setenv_loop mpi: ok\n");
+  }
   return 0;
 }
