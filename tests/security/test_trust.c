@@ -5,7 +5,8 @@
  *                           port gets KIND: garbage, silence (20 at once), other
  *                           (a valid hello of another job), claim (the right
  *                           token claiming rank 1, without the secret), replay
- *                           (an earlier connection's bytes, secret set), flood
+ *                           (an earlier connection's bytes in their order: the
+ *                           confirm after rank 0's reply; secret set), flood
  *                           (300 connections while the job forms)
  *   test_trust split        split opens no listener and no socket (its child is a
  *                           view of the parent's connections: nothing to attack),
@@ -253,13 +254,9 @@ static void attack_other(int port) {
   keep(fd);
 }
 
-static void attack_claim(int port) {
-  /* the right token (sniffed, say), claiming rank 1, without the secret */
-  unsigned char tok[MLXD_HS_TOKEN_BYTES], h[MLXD_HS_HELLO_BYTES], c[MLXD_HS_CONFIRM_BYTES];
-  T_ASSERT(mlxd_hs_token_parse(TOKEN_HEX, tok) == 0);
-  hello_bytes(h, tok, 1, MLXD_HS_FLAG_SECRET);
-  int fd = dial(port);
-  send_all(fd, h, sizeof h);
+/* Rank 0's reply to the hello sent on fd, read whole (what an honest peer
+ * waits for before its confirm). */
+static void read_reply(int fd, const char* who) {
   unsigned char reply[MLXD_HS_REPLY_BYTES];
   size_t got = 0;
   while (got < sizeof reply) {
@@ -267,7 +264,17 @@ static void attack_claim(int port) {
     if (k <= 0) break;
     got += (size_t)k;
   }
-  T_CHECKF(got == sizeof reply, "the claim got no reply (%zu bytes)", got);
+  T_CHECKF(got == sizeof reply, "%s got no reply (%zu bytes)", who, got);
+}
+
+static void attack_claim(int port) {
+  /* the right token (sniffed, say), claiming rank 1, without the secret */
+  unsigned char tok[MLXD_HS_TOKEN_BYTES], h[MLXD_HS_HELLO_BYTES], c[MLXD_HS_CONFIRM_BYTES];
+  T_ASSERT(mlxd_hs_token_parse(TOKEN_HEX, tok) == 0);
+  hello_bytes(h, tok, 1, MLXD_HS_FLAG_SECRET);
+  int fd = dial(port);
+  send_all(fd, h, sizeof h);
+  read_reply(fd, "the claim");
   unsigned char guess[MLXD_HS_MAC_BYTES];
   memset(guess, 0xab, sizeof guess);
   mlxd_hs_encode_confirm(c, guess);
@@ -278,9 +285,18 @@ static void attack_claim(int port) {
 /* a rank-1 handshake recorded earlier: replayed as is */
 static unsigned char g_rec[MLXD_HS_HELLO_BYTES + MLXD_HS_CONFIRM_BYTES];
 
+/* The recorded bytes in the order rank 1 sent them: the hello, then, once
+ * rank 0 has replied, the confirm. The hello carries no proof, so a replay
+ * shows only in the confirm, checked against rank 0's fresh nonce after its
+ * reply. Sent at once, the confirm could come before the reply, which rank 0
+ * refuses as that, not as a replay, when it holds the hello unanswered (its
+ * own dial to rank 1 open, P_DEFER in connect.c): which refusal depended on
+ * timing. */
 static void attack_replay(int port) {
   int fd = dial(port);
-  send_all(fd, g_rec, sizeof g_rec); /* hello and confirm at once, as a recording would */
+  send_all(fd, g_rec, MLXD_HS_HELLO_BYTES);
+  read_reply(fd, "the replay");
+  send_all(fd, g_rec + MLXD_HS_HELLO_BYTES, MLXD_HS_CONFIRM_BYTES);
   keep(fd);
 }
 
@@ -354,6 +370,25 @@ static void make_secrets(void) {
   write_file(g_secret2, "fedcba9876543210fedcba9876543210\n", 0600);
 }
 
+/* Something listens on 127.0.0.1:port (/proc/self/net/tcp: this network
+ * namespace's sockets, so a child's too), found without connecting to it. */
+static bool port_listens(long port) {
+  char want[32];
+  snprintf(want, sizeof want, "0100007F:%04lX", (unsigned long)port);
+  FILE* f = fopen("/proc/self/net/tcp", "r");
+  if (!f) return false;
+  char line[512];
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f)) {
+    char local[64], st[8];
+    if (sscanf(line, " %*d: %63s %*s %7s", local, st) == 2 && !strcmp(local, want) &&
+        !strcmp(st, "0A"))
+      found = true;
+  }
+  fclose(f);
+  return found;
+}
+
 /* Rank 0 first; attack; then rank 1; both must succeed in time and rank 0
  * must name the intruder with want. */
 static void run_intruded(job* j, void (*attack)(int port), bool flood, const char* want) {
@@ -361,7 +396,7 @@ static void run_intruded(job* j, void (*attack)(int port), bool flood, const cha
   if (attack == attack_replay) record_handshake(j);
   double t0 = now_s();
   pid_t r0 = start_rank(j, 0);
-  sleep_s(0.2); /* rank 0 listens */
+  t_wait_until(port_listens, g_port[0], "rank 0 listening", 20);
   pthread_t th;
   pid_t r1;
   if (flood) { /* 100 silent ones first (more than the 64 pending allowed), then more */
