@@ -261,6 +261,14 @@ void t_wait_until(bool (*cond)(long), long arg, const char* what, double limit_s
   }
 }
 
+void t_wait_count(atomic_int* c, int n, const char* what, double limit_s) {
+  double end = t_now() + limit_s;
+  while (atomic_load(c) < n) {
+    T_REQUIREF(t_now() < end, "%s: %d of %d after %g s", what, atomic_load(c), n, limit_s);
+    usleep(1000); /* the poll's step */
+  }
+}
+
 /* The state letter of a /proc/.../stat file ('?' when it cannot be read). */
 static char proc_state(const char* path) {
   char buf[512];

@@ -11,6 +11,7 @@
 #ifndef MLXDIST_TEST_RANKS_H
 #define MLXDIST_TEST_RANKS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -85,6 +86,9 @@ void t_job_marks_remove(const char* dir, ...);
  * t_wait_until polls cond(arg) every millisecond until it holds and fails the
  * caller (fatal, naming what) when it has not within limit_s. */
 void t_wait_until(bool (*cond)(long), long arg, const char* what, double limit_s);
+/* The same for a counter other ranks or threads add to (in shared memory):
+ * polls until *c >= n. */
+void t_wait_count(atomic_int* c, int n, const char* what, double limit_s);
 /* Process pid has exited (a zombie, or reaped), by its /proc state. */
 bool t_pid_gone(long pid);
 /* This process's thread tid is blocked (asleep, state S in /proc). */

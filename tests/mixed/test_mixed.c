@@ -47,11 +47,7 @@ static shared* g_sh;
 /* Add this rank to *c and wait until n ranks have (bounded: 30 s). */
 static void arrive_and_wait(atomic_int* c, int n, const char* what) {
   atomic_fetch_add(c, 1);
-  double end = t_now() + 30.0;
-  while (atomic_load(c) < n) {
-    if (t_now() > end) T_FAIL("%s: %d of %d ranks after 30 s", what, atomic_load(c), n);
-    usleep(1000); /* the poll's step */
-  }
+  t_wait_count(c, n, what, 30.0);
 }
 
 typedef int (*rank_fn)(int rank, int size);

@@ -399,16 +399,6 @@ static bool rank2_gone(long unused) {
   return pid != 0 && t_pid_gone(pid);
 }
 
-static bool tid_known(long unused) {
-  (void)unused;
-  return atomic_load(&g_sh->eval_tid) != 0;
-}
-
-static bool rank0_failed(long unused) {
-  (void)unused;
-  return atomic_load(&g_sh->failed) != 0;
-}
-
 static void* eval_in_thread(void* p) {
   atomic_store(&g_sh->eval_tid, (int)syscall(SYS_gettid));
   mlx_array_eval(*(mlx_array*)p);
@@ -432,7 +422,7 @@ static int exit3_rank(int rank, int size) {
   if (rank == 2) {
     pthread_t th;
     T_EQ_INT(pthread_create(&th, NULL, eval_in_thread, &y), 0);
-    t_wait_until(tid_known, 0, "the waiting thread's start", 20.0);
+    t_wait_count(&g_sh->eval_tid, 1, "the waiting thread's start", 20.0);
     t_wait_until(t_thread_asleep, atomic_load(&g_sh->eval_tid), "the thread blocked in the wait",
                  20.0);
     atomic_store(&g_sh->pid, (int)getpid());
@@ -462,7 +452,7 @@ static int stall_rank(int rank, int size) {
   mlx_distributed_group g = init_ring();
   T_EQ_INT(check_sum(g, size, 1000), 0);
   if (rank == 1) { /* alive, connected, but not taking part, until rank 0 has timed out */
-    t_wait_until(rank0_failed, 0, "rank 0's time-out", 20.0);
+    t_wait_count(&g_sh->failed, 1, "rank 0's time-out", 20.0);
     return 0;
   }
   double t0 = t_now();

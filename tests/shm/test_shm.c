@@ -58,8 +58,6 @@ typedef struct events {
 } events;
 static events* g_ev;
 
-static bool flag_set(long addr) { return atomic_load((atomic_int*)(intptr_t)addr) != 0; }
-
 /* The name of pair (lo, hi)'s segment (shm_setup.c pair_name), once both
  * ranks joined. */
 static unsigned long long pidns(void) {
@@ -416,7 +414,7 @@ static int rank_timeout(int rank, int size, const char* name, void* arg) {
                "%s", st.msg);
     T_REQUIREF(dt > 0.9 && dt < 3.0, "timed out after %.2f s", dt);
     /* stay alive until rank 1 has learnt it from the failure flag */
-    t_wait_until(flag_set, (long)(intptr_t)&g_ev->timeout_relayed, "rank 1's failure", 20.0);
+    t_wait_count(&g_ev->timeout_relayed, 1, "rank 1's failure", 20.0);
   } else {
     atomic_store(&g_ev->timeout_relayed, 1);
     T_REQUIREF(rc == MLXD_ETIMEDOUT, "rc %d: %s", rc, st.msg);
@@ -742,7 +740,7 @@ static int rank_first_abort(int rank, int size, const char* name, void* arg) {
   for (int i = 0; i < 2; i++) {
     T_REQUIRE(pthread_create(&th[i], NULL, first_op_main, &ops[i]) == 0);
     /* the first is waiting for rank 1 (blocked) before the second starts */
-    t_wait_until(flag_set, (long)(intptr_t)&ops[i].tid, "the thread's start", 20.0);
+    t_wait_count(&ops[i].tid, 1, "the thread's start", 20.0);
     t_wait_until(t_thread_asleep, atomic_load(&ops[i].tid), "the thread's wait for rank 1", 20.0);
   }
   mlxd_status ab;

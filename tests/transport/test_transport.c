@@ -391,14 +391,6 @@ typedef struct shared {
 } shared;
 static shared* g_sh;
 
-static void wait_count(atomic_int* c, int n, const char* what) {
-  double end = mlxd_now() + 30.0;
-  while (atomic_load(c) < n) {
-    T_REQUIREF(mlxd_now() < end, "%s: not within 30 s", what);
-    usleep(1000); /* the poll's step */
-  }
-}
-
 /* The last rank leaves in the middle of a large all_reduce; the others must
  * fail promptly with "lost connection". MLXDIST_TIMEOUT is 30 s here, so a
  * failure that is only noticed by the timeout fails the elapsed-time check. */
@@ -414,7 +406,7 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
      * while the others are inside the all_reduce */
     mlxd_req* q = NULL;
     t->ops->isend(t, 0, mlxd_tag(MLXD_TAG_P2P, 77, 0), NULL, buf, 1 << 20, &q, &st);
-    wait_count(&g_sh->inside, n - 1, "the others entering the all_reduce");
+    t_wait_count(&g_sh->inside, n - 1, "the others entering the all_reduce", 30.0);
     _exit(0);
   }
   atomic_fetch_add(&g_sh->inside, 1);
@@ -445,7 +437,7 @@ static int peer_exit_rank(mlxd_transport* t, void* arg) {
 static int stall_rank(mlxd_transport* t, void* arg) {
   (void)arg;
   if (t->rank == 1) { /* alive, not taking part, until rank 0 has timed out */
-    wait_count(&g_sh->failed, 1, "rank 0's time-out");
+    t_wait_count(&g_sh->failed, 1, "rank 0's time-out", 30.0);
     return 0;
   }
   float buf[1000];
@@ -511,7 +503,7 @@ static int abort_partial_rank(mlxd_transport* t, void* arg) {
     T_CHECK(q == NULL);
     usleep(1500000); /* heartbeats (every <= 1 s) meet the failed transport */
   } else {
-    wait_count(&g_sh->aborted, 1, "rank 0's abort"); /* reads nothing before it */
+    t_wait_count(&g_sh->aborted, 1, "rank 0's abort", 30.0); /* reads nothing before it */
     T_REQUIREF(t->ops->irecv(t, 0, tag, NULL, buf, n, &q, &st) == 0, "%s", st.msg);
     double t0 = mlxd_now();
     int rc = t->ops->waitall(t, &q, 1, &st);

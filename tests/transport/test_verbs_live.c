@@ -43,15 +43,6 @@ typedef struct shared {
 static shared* g_sh;
 static const char* g_mode;
 
-/* Poll until *c reaches n (an event of another rank); fatal after 30 s. */
-static void wait_count(atomic_int* c, int n, const char* what) {
-  double end = mlxd_now() + 30.0;
-  while (atomic_load(c) < n) {
-    T_REQUIREF(mlxd_now() < end, "%s: not within 30 s", what);
-    usleep(1000); /* the poll's step */
-  }
-}
-
 static void sleep_s(double s) {
   struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -76,7 +67,7 @@ static int live_rank(mlxd_transport* t, void* arg) {
     if (strcmp(g_mode, "busy") == 0) {
       sleep_s(4.0);
     } else {
-      wait_count(&g_sh->inside, n - 1, "the others entering the next all_reduce");
+      t_wait_count(&g_sh->inside, n - 1, "the others entering the next all_reduce", 30.0);
       g_sh->event = mlxd_now();
       raise(strcmp(g_mode, "kill") == 0 ? SIGKILL : SIGSTOP);
       sleep_s(60); /* SIGSTOP: continued only to be killed */
@@ -108,7 +99,7 @@ static int live_rank(mlxd_transport* t, void* arg) {
   T_CHECKF(mlxd_now() - t0 < 1.0, "later op was not fast");
   atomic_fetch_add(&g_sh->failed, 1);
   if (r == 0 && strcmp(g_mode, "stop") == 0) {
-    wait_count(&g_sh->failed, n - 1, "the other survivors' failures");
+    t_wait_count(&g_sh->failed, n - 1, "the other survivors' failures", 30.0);
     kill((pid_t)g_sh->pid, SIGKILL); /* the stopped rank ends here */
   }
   free(buf);
@@ -118,7 +109,7 @@ static int live_rank(mlxd_transport* t, void* arg) {
 static int stall_rank(mlxd_transport* t, void* arg) {
   (void)arg;
   if (t->rank == 1) { /* alive, not taking part, until rank 0 has timed out */
-    wait_count(&g_sh->failed, 1, "rank 0's time-out");
+    t_wait_count(&g_sh->failed, 1, "rank 0's time-out", 30.0);
     return 0;
   }
   float buf[1000];
