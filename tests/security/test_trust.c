@@ -69,7 +69,9 @@ static void write_file(const char* path, const char* text, mode_t mode) {
 
 static void new_hostfile(void) {
   g_port[0] = t_free_port();
-  g_port[1] = t_free_port();
+  do /* a port the kernel handed out once may come again */
+    g_port[1] = t_free_port();
+  while (g_port[1] == g_port[0]);
   char buf[200];
   snprintf(buf, sizeof buf, "[[\"127.0.0.1:%d\"], [\"127.0.0.1:%d\"]]\n", g_port[0], g_port[1]);
   snprintf(g_hostfile, sizeof g_hostfile, "%s/hostfile.json", g_dir);
