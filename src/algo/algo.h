@@ -46,6 +46,10 @@ int mlxd_algo_all_gather_setup(mlxd_transport* t, uint64_t seq, const void* in, 
 int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                              void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
                              mlxd_status* st);
+/* in and out: size parts of part_bytes each (distinct, not overlapping);
+ * part j of in goes to rank j, part i of out comes from rank i. */
+int mlxd_algo_all_to_all(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
+                         void* out, size_t part_bytes, mlxd_status* st);
 /* MLXDIST_SMALL_BYTES (0 when not positive), read once per process: it is
  * asked on every op, and reading the environment costs ~900 instructions. */
 size_t mlxd_algo_small_bytes(void);

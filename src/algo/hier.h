@@ -113,5 +113,12 @@ int mlxd_algo_hier_all_gather(mlxd_transport* t, const mlxd_hier* h, uint64_t se
 int mlxd_algo_hier_reduce_scatter(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
                                   const mlxd_sig* sig, const void* in, void* out, size_t count,
                                   mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+/* all_to_all (hier_all_to_all.c): large parts go straight to their reader
+ * (the flat form: each byte crosses between hosts once either way); small
+ * ones are gathered per host so the links between hosts carry one message
+ * per pair of hosts instead of one per pair of ranks. */
+int mlxd_algo_hier_all_to_all(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
+                              const mlxd_sig* sig, const void* in, void* out, size_t part_bytes,
+                              mlxd_status* st);
 
 #endif

@@ -26,7 +26,8 @@
  *    MLXD_SUM, MLXD_MAX, MLXD_MIN.
  *  - byte counts fit in size_t: count * dtype size, nbytes * size (the
  *    all_gather output) and size * count * dtype size (the reduce_scatter
- *    input) do not overflow; buffers are at least that large (non-NULL
+ *    input) do not overflow; all_to_all's input is size parts of equal
+ *    bytes; buffers are at least that large (non-NULL
  *    when non-empty).
  *  - split: color >= 0 and key >= 0.
  * Plugins get the same guarantees (mlx/c/plugin/plugin_v<N>.h). */
@@ -68,6 +69,12 @@ typedef struct mlxd_backend_ops {
   /* in has size*count elements; out (count) = block `rank` of the all_reduce. */
   int (*reduce_scatter)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                         mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
+  /* in and out hold size parts of part_bytes each (distinct buffers, never
+   * overlapping): part j of in goes to rank j, part i of out comes from
+   * rank i (this rank's own part is copied). A backend that cannot run it
+   * (a plugin of ABI v1-v3) fails with MLXD_EUNAVAIL naming itself. */
+  int (*all_to_all)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t part_bytes,
+                    mlx_dtype dtype, mlxd_status* st);
   int (*send)(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
               int dst, mlxd_status* st);
   int (*recv)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype, int src,
@@ -104,6 +111,9 @@ typedef struct mlxd_backend_ops {
   int (*reduce_scatter_ref)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                             mlx_dtype dtype, mlxd_reduce_op op, const mlxd_op_arrays* arr,
                             mlxd_status* st);
+  int (*all_to_all_ref)(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                        size_t part_bytes, mlx_dtype dtype, const mlxd_op_arrays* arr,
+                        mlxd_status* st);
   int (*send_ref)(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
                   int dst, const mlxd_op_arrays* arr, mlxd_status* st);
   int (*recv_ref)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype, int src,

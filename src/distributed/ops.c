@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,7 +26,7 @@
 
 #define MAX_NDIM 1024
 
-typedef enum { OP_REDUCE, OP_GATHER, OP_SCATTER, OP_SEND, OP_RECV } op_kind;
+typedef enum { OP_REDUCE, OP_GATHER, OP_SCATTER, OP_ALL_TO_ALL, OP_SEND, OP_RECV } op_kind;
 
 typedef struct op_task {
   mlxd_group* g;
@@ -79,6 +80,13 @@ static void op_run(void* arg, mlxd_status* st) {
                                        t->in->dtype, MLXD_SUM, &arr, st)
                : o->reduce_scatter(b, t->seq, t->in->data, t->out->data, t->out->size, t->in->dtype,
                                    MLXD_SUM, st);
+      break;
+    case OP_ALL_TO_ALL: /* parts of equal bytes: checked in collective() */
+      rc = o->all_to_all_ref
+               ? o->all_to_all_ref(b, t->seq, t->in->data, t->out->data,
+                                   t->in->nbytes / (size_t)b->size, t->in->dtype, &arr, st)
+               : o->all_to_all(b, t->seq, t->in->data, t->out->data,
+                               t->in->nbytes / (size_t)b->size, t->in->dtype, st);
       break;
     case OP_SEND:
       rc = o->send_ref
@@ -272,6 +280,18 @@ static mlxd_array* alloc_pending(const char* op, const int* shape, int ndim, mlx
   return a;
 }
 
+/* "(6, 3)" for messages; cut with "..." where it does not fit. */
+static void shape_str(const mlxd_array* a, char* buf, size_t len) {
+  size_t n = (size_t)snprintf(buf, len, "(");
+  for (int i = 0; i < a->ndim && n < len; i++)
+    n += (size_t)snprintf(buf + n, len - n, "%s%d", i ? ", " : "", a->shape[i]);
+  if (n + 2 < len) {
+    snprintf(buf + n, len - n, ")");
+  } else if (len >= 5) {
+    memcpy(buf + len - 5, "...)", 5);
+  }
+}
+
 /* ------------------------------------------------------------------ */
 
 static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_array* res,
@@ -279,11 +299,9 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
   int rc = check_res_x(op, res, &x);
   if (rc) return rc;
   mlxd_array* in = mlxd_array_of(x);
-  if (kind == OP_SCATTER && in->ndim < 1) {
-    mlxd_error(
-        "[distributed] %s: x is 0-dimensional (expected at least one axis to scatter "
-        "along)",
-        op);
+  if ((kind == OP_SCATTER || kind == OP_ALL_TO_ALL) && in->ndim < 1) {
+    mlxd_error("[distributed] %s: x is 0-dimensional (expected at least one axis to %s)", op,
+               kind == OP_SCATTER ? "scatter along" : "cut into one part per rank");
     return MLXD_EINVAL;
   }
   mlxd_group* g;
@@ -303,11 +321,13 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
   }
   if (ndim > 0) memcpy(oshape, in->shape, sizeof(int) * (size_t)ndim);
 
-  if (kind == OP_SCATTER && in->shape[0] % size != 0) {
+  if ((kind == OP_SCATTER || kind == OP_ALL_TO_ALL) && in->shape[0] % size != 0) {
+    char sh[96];
+    shape_str(in, sh, sizeof sh);
     mlxd_error(
-        "[distributed] %s: x's axis 0 has %d entries, which does not divide by the group "
-        "size %d (expected a multiple of %d)",
-        op, in->shape[0], size, size);
+        "[distributed] %s: x has shape %s; its axis 0 has %d entries, which does not divide by "
+        "the group size %d (expected a multiple of %d)",
+        op, sh, in->shape[0], size, size);
     rc = MLXD_EINVAL;
     goto out;
   }
@@ -369,6 +389,13 @@ int mlx_distributed_all_gather(mlx_array* res, const mlx_array x, const mlx_dist
 int mlx_distributed_sum_scatter(mlx_array* res, const mlx_array x,
                                 const mlx_distributed_group group, const mlx_stream s) {
   return collective("sum_scatter", OP_SCATTER, MLXD_SUM, res, x, group, s);
+}
+
+/* The result has x's shape: part j of this rank's x goes to rank j, part i
+ * of the result came from rank i (a group of one: x, copied). */
+int mlx_distributed_all_to_all(mlx_array* res, const mlx_array x,
+                               const mlx_distributed_group group, const mlx_stream s) {
+  return collective("all_to_all", OP_ALL_TO_ALL, MLXD_SUM, res, x, group, s);
 }
 
 /* ------------------------------------------------------------------ */

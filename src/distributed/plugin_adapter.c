@@ -314,6 +314,18 @@ static int a_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void*
   return take_status(a->slot, rc, &ps, st);
 }
 
+/* ABI v1-v3 have no all_to_all: refused by name, nothing sent, the group
+ * stays usable (every rank refuses it alike, before any byte moves). */
+static int a_all_to_all_none(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                             size_t part_bytes, mlx_dtype dtype, mlxd_status* st) {
+  (void)seq, (void)in, (void)out, (void)part_bytes, (void)dtype;
+  const adapted* a = (const adapted*)b;
+  return mlxd_fail(st, MLXD_EUNAVAIL,
+                   "[%s] all_to_all is not supported by this plugin (%s speaks plugin ABI v%u; "
+                   "all_to_all needs v4)",
+                   a->slot->name, a->slot->path, a->slot->version);
+}
+
 static int a_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
                   int dst, mlxd_status* st) {
   (void)dtype;
@@ -630,6 +642,7 @@ const mlxd_backend_kind* mlxd_plugin_adapt(void* handle, const char* path, const
       .all_reduce = a_all_reduce,
       .all_gather = a_all_gather,
       .reduce_scatter = a_reduce_scatter,
+      .all_to_all = a_all_to_all_none,
       .send = a_send,
       .recv = a_recv,
       .split = a_split,

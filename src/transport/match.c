@@ -130,7 +130,8 @@ static const char* sig_op_name(unsigned op) {
                                               [MLXD_SIG_MIN_SCATTER] = "min_scatter",
                                               [MLXD_SIG_SEND] = "send",
                                               [MLXD_SIG_RECV] = "recv",
-                                              [MLXD_SIG_SPLIT] = "split"};
+                                              [MLXD_SIG_SPLIT] = "split",
+                                              [MLXD_SIG_ALL_TO_ALL] = "all_to_all"};
   return op < MLXD_SIG_COUNT ? names[op] : NULL;
 }
 

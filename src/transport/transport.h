@@ -74,6 +74,7 @@ typedef enum mlxd_sig_op {
   MLXD_SIG_SEND, /* a send and its matching recv carry MLXD_SIG_SEND / MLXD_SIG_RECV */
   MLXD_SIG_RECV,
   MLXD_SIG_SPLIT,
+  MLXD_SIG_ALL_TO_ALL, /* count: the elements of the caller's whole input */
   MLXD_SIG_COUNT
 } mlxd_sig_op;
 

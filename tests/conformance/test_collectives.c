@@ -9,7 +9,7 @@
  * instead of the backend's own side channel.
  *
  * Run it under a launcher (mlxdist-launch, mpirun). It checks every op
- * (all_sum/max/min, all_gather, sum_scatter, send/recv/recv_like) for all 14
+ * (all_sum/max/min, all_gather, sum_scatter, all_to_all, send/recv/recv_like) for all 14
  * dtypes and sizes {0, 1, 7, 10, 1024, 1024*1024} against references computed
  * here from deterministic rank-dependent inputs, reduced in rank order with
  * scalar code (above 64 Ki elements on a dense sample: see checked()).
@@ -468,6 +468,55 @@ static bool big_size_for(mlx_dtype d) {
   return !g_light || d == MLX_UINT8 || d == MLX_INT16 || d == MLX_FLOAT32 || d == MLX_INT64;
 }
 
+/* all_to_all: x (per * gsize elements) is cut into gsize parts; part j goes
+ * to group rank j, and part i of the result is part grank of rank i's x. */
+static void check_all_to_all(mlx_distributed_group g, const int* members, int gsize, int grank,
+                             mlx_dtype d, size_t n) {
+  size_t per = (n + (size_t)gsize - 1) / (size_t)gsize;
+  size_t total = per * (size_t)gsize;
+  mlx_array x = make_input(d, members[grank], total, false);
+  mlx_array res = mlx_array_new();
+  T_EQ_INT(mlx_distributed_all_to_all(&res, x, g, next_stream()), 0);
+  char what[96];
+  snprintf(what, sizeof what, "all_to_all %s n=%zu", dt_name[d], total);
+  expect_eval_ok(res, what);
+  T_EQ_INT(mlx_array_ndim(res), 1);
+  T_EQ_INT(mlx_array_shape(res)[0], (long long)total);
+  T_EQ_INT(mlx_array_dtype(res), d);
+  size_t isz = mlx_dtype_size(d);
+  const unsigned char* got = total ? raw(res) : NULL;
+  unsigned char* want = malloc(isz + 1);
+  for (int r = 0; r < gsize; r++)
+    for (size_t i = 0; i < per; i++) {
+      if (!checked(i, per)) continue;
+      store(d, want, 0, gen(d, members[r], (size_t)grank * per + i, false));
+      if (memcmp(got + ((size_t)r * per + i) * isz, want, isz) != 0)
+        T_FAIL("%s: part from rank %d, element %zu differs", what, r, i);
+    }
+  free(want);
+  mlx_array_free(res);
+  mlx_array_free(x);
+}
+
+/* all_to_all on a 2-d array: parts are rows of axis 0 (2 rows of 3 per rank). */
+static void check_all_to_all_2d(mlx_distributed_group g, int gsize, int grank) {
+  int shape[2] = {2 * gsize, 3};
+  int32_t buf[64 * 6];
+  for (int i = 0; i < 2 * gsize * 3; i++) buf[i] = grank * 1000 + i;
+  mlx_array x = mlx_array_new_data(buf, shape, 2, MLX_INT32);
+  mlx_array res = mlx_array_new();
+  T_EQ_INT(mlx_distributed_all_to_all(&res, x, g, next_stream()), 0);
+  expect_eval_ok(res, "all_to_all 2-d");
+  T_EQ_INT(mlx_array_ndim(res), 2);
+  T_EQ_INT(mlx_array_shape(res)[0], 2 * gsize);
+  T_EQ_INT(mlx_array_shape(res)[1], 3);
+  const int32_t* got = mlx_array_data_int32(res);
+  for (int r = 0; r < gsize; r++)
+    for (int k = 0; k < 6; k++) T_EQ_INT(got[r * 6 + k], r * 1000 + grank * 6 + k);
+  mlx_array_free(res);
+  mlx_array_free(x);
+}
+
 static void run_all_dtypes(mlx_distributed_group g, const int* members, int gsize, int grank,
                            const size_t* sizes, int nsizes) {
   for (int d = 0; d < NDT; d++) {
@@ -478,6 +527,7 @@ static void run_all_dtypes(mlx_distributed_group g, const int* members, int gsiz
         check_reduce(g, members, gsize, grank, (mlx_dtype)d, op, n, false);
       check_gather(g, members, gsize, grank, (mlx_dtype)d, n);
       check_scatter(g, members, gsize, grank, (mlx_dtype)d, n);
+      check_all_to_all(g, members, gsize, grank, (mlx_dtype)d, n);
     }
     if (d >= MLX_FLOAT16) check_reduce(g, members, gsize, grank, (mlx_dtype)d, OP_SUM, 1024, true);
     phase(dt_name[d]);
@@ -526,6 +576,7 @@ static void check_split(mlx_distributed_group g, int rank, int size) {
       check_reduce(sub, members, m, sr, (mlx_dtype)d, OP_MAX, sizes[k], false);
       check_gather(sub, members, m, sr, (mlx_dtype)d, sizes[k]);
       check_scatter(sub, members, m, sr, (mlx_dtype)d, sizes[k]);
+      check_all_to_all(sub, members, m, sr, (mlx_dtype)d, sizes[k]);
     }
   }
   if (m > 1) {
@@ -537,6 +588,11 @@ static void check_split(mlx_distributed_group g, int rank, int size) {
   T_EQ_INT(mlx_distributed_group_split(&solo, sub, sr, -1), 0);
   T_EQ_INT(mlx_distributed_group_size(solo), 1);
   T_EQ_INT(mlx_distributed_group_rank(solo), 0);
+  {
+    int one[1] = {rank}; /* a group of one: x unchanged */
+    check_all_to_all(solo, one, 1, 0, MLX_INT16, 7);
+    check_all_to_all_2d(solo, 1, 0);
+  }
   mlx_distributed_group_free(solo);
   mlx_distributed_group_free(sub);
 
@@ -555,6 +611,8 @@ static void check_split(mlx_distributed_group g, int rank, int size) {
   for (int i = 0; i < size; i++) T_EQ_INT(ar[i], size - 1 - i);
   check_reduce(rev, rmembers, size, size - 1 - rank, MLX_FLOAT32, OP_SUM, 1000, false);
   check_scatter(rev, rmembers, size, size - 1 - rank, MLX_INT64, 64);
+  check_all_to_all(rev, rmembers, size, size - 1 - rank, MLX_FLOAT16, 4096);
+  check_all_to_all_2d(rev, size, size - 1 - rank);
   mlx_array_free(all);
   mlx_array_free(me);
   mlx_distributed_group_free(rev);
@@ -576,6 +634,10 @@ static void check_errors(mlx_distributed_group g, int rank, int size) {
     mlx_array y = mlx_array_new_data(buf, shape, 1, MLX_FLOAT32);
     T_ASSERT(mlx_distributed_sum_scatter(&r, y, g, g_streams[0]) != 0);
     T_EQ_INT(t_error_count(), 1);
+    t_clear_errors();
+    T_ASSERT(mlx_distributed_all_to_all(&r, y, g, g_streams[0]) != 0);
+    T_EQ_INT(t_error_count(), 1);
+    T_ASSERT(strstr(t_last_error(), "all_to_all") && strstr(t_last_error(), "group size"));
     t_clear_errors();
     mlx_array_free(y);
   }
@@ -651,6 +713,8 @@ int main(int argc, char** argv) {
     mlx_distributed_group null_group = mlx_distributed_group_new();
     check_reduce(null_group, members, size, rank, MLX_INT32, OP_SUM, 1000, false);
     check_gather(null_group, members, size, rank, MLX_FLOAT32, 33);
+    check_all_to_all(null_group, members, size, rank, MLX_INT32, 33);
+    check_all_to_all_2d(null_group, size, rank);
   }
 
   if (size > 1) {

@@ -74,6 +74,20 @@ MLXDIST_API int mlx_distributed_recv_like(
     const mlx_distributed_group group,
     const mlx_stream s);
 
+/* An mlxdist extension until mlx-c binds MLX's all_to_all (MLX's branch
+ * "all-to-all": all_to_all(x, group, stream)); test for it with
+ * #ifdef MLXDIST_HAS_ALL_TO_ALL. */
+#define MLXDIST_HAS_ALL_TO_ALL 1
+/** Exchange parts: x's axis 0 is cut into `size` equal parts, part j goes
+ *  to rank j, and the result (x's shape and dtype) holds, as its part i, the
+ *  part rank i sent to this rank. shape[0] must divide by the group size;
+ *  a 0-d x is an error; a group of one gives x unchanged. */
+MLXDIST_API int mlx_distributed_all_to_all(
+    mlx_array* res,
+    const mlx_array x,
+    const mlx_distributed_group group,
+    const mlx_stream s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -80,6 +80,19 @@ int mlxd_xg_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* 
   return mlxd_xg_done(g->tag, rc, st, name, seq);
 }
 
+int mlxd_xg_all_to_all(mlxd_backend* b, uint64_t seq, const void* in, void* out,
+                       size_t part_bytes, mlx_dtype dtype, mlxd_status* st) {
+  mlxd_xgroup* g = (mlxd_xgroup*)b;
+  assert(g->t);
+  size_t nbytes = part_bytes * (size_t)b->size;
+  mlxd_sig sig = mlxd_xg_sig(b, MLXD_SIG_ALL_TO_ALL, dtype, nbytes / mlx_dtype_size(dtype));
+  if (g->verbose) log_algo(g, "all_to_all", nbytes, nbytes);
+  const mlxd_hier* h = g->hier;
+  int rc = h ? mlxd_algo_hier_all_to_all(g->t, h, seq, &sig, in, out, part_bytes, st)
+             : mlxd_algo_all_to_all(g->t, seq, &sig, in, out, part_bytes, st);
+  return mlxd_xg_done(g->tag, rc, st, "all_to_all", seq);
+}
+
 int mlxd_xg_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
                  int dst, mlxd_status* st) {
   mlxd_xgroup* g = (mlxd_xgroup*)b;

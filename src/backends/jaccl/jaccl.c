@@ -496,6 +496,7 @@ static const mlxd_backend_ops jaccl_ops = {
     .all_reduce = mlxd_xg_all_reduce,
     .all_gather = mlxd_xg_all_gather,
     .reduce_scatter = mlxd_xg_reduce_scatter,
+    .all_to_all = mlxd_xg_all_to_all,
     .send = mlxd_xg_send,
     .recv = mlxd_xg_recv,
     .split = jaccl_split,
