@@ -75,6 +75,14 @@ static void test_shapes(void) {
   T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_SENDRECV, 8) - 1.0) < 1e-12);
   T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_SENDRECV_BW, 8) - 1.0) < 1e-12);
   T_ASSERT(strcmp(mlxd_bench_op_name(MLXD_OP_SENDRECV_BW), "sendrecv_bw") == 0);
+  /* all_to_all: the row is a rank's whole input (= its output), rounded down to n parts */
+  T_ASSERT(mlxd_bench_shape_for(MLXD_OP_ALL_TO_ALL, 40, 4, 3, &s));
+  T_EQ_INT(s.in_count, 9);
+  T_EQ_INT(s.out_count, 9);
+  T_EQ_INT(s.row_bytes, 36);
+  T_ASSERT(!mlxd_bench_shape_for(MLXD_OP_ALL_TO_ALL, 12, 4, 4, &s));
+  T_ASSERT(fabs(mlxd_bench_busbw_factor(MLXD_OP_ALL_TO_ALL, 4) - 0.75) < 1e-12);
+  T_ASSERT(strcmp(mlxd_bench_op_name(MLXD_OP_ALL_TO_ALL), "all_to_all") == 0);
   /* the bandwidth window: 64 messages, fewer where they would pass 64 MiB, at least one */
   T_EQ_INT(mlxd_bench_bw_window(1), 64);
   T_EQ_INT(mlxd_bench_bw_window(1u << 20), 64);
@@ -120,6 +128,15 @@ static void test_patterns(void) {
     size_t blk = count / n;
     T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_SUM_SCATTER, sum + 2 * blk * dt->size, blk, 2, n, 0), 0);
     T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_SENDRECV, in[0], count, 1, n, 0), 0);
+    /* all_to_all, built here by hand: rank 1's part i is rank i's part 1 */
+    unsigned char a2a[40 * 8];
+    for (int i = 0; i < n; i++)
+      memcpy(a2a + (size_t)i * blk * dt->size, in[i] + blk * dt->size, blk * dt->size);
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_ALL_TO_ALL, a2a, count, 1, n, 0), 0);
+    /* a wrong element in part 1 (from rank 1 itself) is caught */
+    double w = mlxd_bench_load(dt, a2a, blk + 3);
+    mlxd_bench_store(dt, a2a, blk + 3, w == 0 ? 1 : 0);
+    T_EQ_INT(mlxd_bench_verify(dt, MLXD_OP_ALL_TO_ALL, a2a, count, 1, n, 0), 1);
     /* a wrong element is caught */
     double v = mlxd_bench_load(dt, sum, 3);
     mlxd_bench_store(dt, sum, 3, v == 0 ? 1 : 0);

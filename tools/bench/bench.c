@@ -60,6 +60,7 @@ static int mlxd_bench_one(const mlxd_bench_ctx* c, mlxd_bench_op op, mlx_array x
     case MLXD_OP_ALL_MAX: rc = mlx_distributed_all_max(res, x, c->g, c->s); break;
     case MLXD_OP_ALL_GATHER: rc = mlx_distributed_all_gather(res, x, c->g, c->s); break;
     case MLXD_OP_SUM_SCATTER: rc = mlx_distributed_sum_scatter(res, x, c->g, c->s); break;
+    case MLXD_OP_ALL_TO_ALL: rc = mlx_distributed_all_to_all(res, x, c->g, c->s); break;
     case MLXD_OP_SENDRECV:
       /* ping-pong between ranks 0 and 1; rank 1 echoes what it received */
       if (c->rank == 0) {

@@ -8,7 +8,8 @@
 #include <string.h>
 
 static const char* const mlxd_op_names[MLXD_OP_COUNT] = {"all_sum",     "all_max",  "all_gather",
-                                                         "sum_scatter", "sendrecv", "sendrecv_bw"};
+                                                         "sum_scatter", "sendrecv", "sendrecv_bw",
+                                                         "all_to_all"};
 
 static const mlxd_bench_dtype mlxd_dtypes[] = {
     {"bool", 1, MLXD_K_BOOL},     {"uint8", 1, MLXD_K_UINT},    {"uint16", 2, MLXD_K_UINT},
@@ -60,7 +61,7 @@ static void mlxd_bench_usage(FILE* f, const char* prog) {
           "Usage: %s [options]   (run one process per rank, e.g. under mlxdist-launch)\n"
           "\n"
           "  --op OP            all_sum (default), all_max, all_gather, sum_scatter, sendrecv,\n"
-          "                     sendrecv_bw, all, or a comma-separated list\n"
+          "                     sendrecv_bw, all_to_all, all, or a comma-separated list\n"
           "  -b, --min-bytes N  smallest size (default 4); K/M/G suffixes (powers of 1024)\n"
           "  -e, --max-bytes N  largest size (default 64M)\n"
           "  -f, --factor F     size multiplication factor (default 2)\n"
@@ -85,14 +86,15 @@ static void mlxd_bench_usage(FILE* f, const char* prog) {
           "  --check            fill inputs with rank-dependent values and verify the results\n"
           "  -h, --help         print this help\n"
           "\n"
-          "Columns: size in bytes (all_gather: the gathered output; sum_scatter: the input),\n"
+          "Columns: size in bytes (all_gather: the gathered output; sum_scatter: the input;\n"
+          "all_to_all: a rank's whole input, n parts, as nccl-tests' alltoall),\n"
           "count in elements of that buffer, time in microseconds per op: the median over the\n"
           "batches of (batch wall time / iterations), each batch the slowest rank's (sendrecv:\n"
           "half the round trip of a ping-pong between ranks 0 and 1, as osu_latency;\n"
           "sendrecv_bw: a window of 64 sends from rank 0 to 1 then a one-element ack, as\n"
           "osu_bw, per message; fewer than 64 where the window would pass 64 MiB),\n"
           "algbw = size/time, busbw = algbw times 2(n-1)/n (all_sum, all_max),\n"
-          "(n-1)/n (all_gather, sum_scatter) or 1 (sendrecv, sendrecv_bw),\n"
+          "(n-1)/n (all_gather, sum_scatter, all_to_all) or 1 (sendrecv, sendrecv_bw),\n"
           "cpu = process CPU microseconds per op on rank 0, check (ok, FAIL, or - without\n"
           "--check), iters per batch, batches, and the fastest and slowest batch (us per op).\n"
           "Only rank 0 prints.\n"
@@ -199,7 +201,7 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
         if (!found) {
           fprintf(stderr,
                   "[bench] --op '%s' is not an op; expected all_sum, all_max, all_gather, "
-                  "sum_scatter, sendrecv, sendrecv_bw or all.\n",
+                  "sum_scatter, sendrecv, sendrecv_bw, all_to_all or all.\n",
                   tok);
           return 2;
         }
@@ -289,7 +291,8 @@ double mlxd_bench_busbw_factor(mlxd_bench_op op, int n) {
     case MLXD_OP_ALL_SUM:
     case MLXD_OP_ALL_MAX: return 2.0 * (n - 1) / n;
     case MLXD_OP_ALL_GATHER:
-    case MLXD_OP_SUM_SCATTER: return (double)(n - 1) / n;
+    case MLXD_OP_SUM_SCATTER:
+    case MLXD_OP_ALL_TO_ALL: return (double)(n - 1) / n;
     default: return 1.0;
   }
 }
@@ -307,6 +310,9 @@ bool mlxd_bench_shape_for(mlxd_bench_op op, size_t bytes, size_t elt, int n, mlx
       s->out_count = count / (size_t)n;
       s->in_count = s->out_count * (size_t)n;
       s->row_count = s->in_count;
+      break;
+    case MLXD_OP_ALL_TO_ALL:
+      s->in_count = s->out_count = s->row_count = count / (size_t)n * (size_t)n;
       break;
     default: s->in_count = s->out_count = s->row_count = count; break;
   }
@@ -526,7 +532,8 @@ void mlxd_bench_fill(const mlxd_bench_dtype* dt, void* buf, size_t count, int ra
 size_t mlxd_bench_verify(const mlxd_bench_dtype* dt, mlxd_bench_op op, const void* buf,
                          size_t count, int rank, int n, int peer) {
   size_t bad = 0;
-  size_t block = (op == MLXD_OP_ALL_GATHER) ? count / (size_t)n : count;
+  size_t block =
+      (op == MLXD_OP_ALL_GATHER || op == MLXD_OP_ALL_TO_ALL) ? count / (size_t)n : count;
   for (size_t j = 0; j < count; j++) {
     double want;
     switch (op) {
@@ -535,6 +542,9 @@ size_t mlxd_bench_verify(const mlxd_bench_dtype* dt, mlxd_bench_op op, const voi
       case MLXD_OP_ALL_GATHER: want = mlxd_bench_value(dt, (int)(j / block), j % block); break;
       case MLXD_OP_SUM_SCATTER:
         want = mlxd_bench_expected_sum(dt, n, (size_t)rank * count + j);
+        break;
+      case MLXD_OP_ALL_TO_ALL:
+        want = mlxd_bench_value(dt, (int)(j / block), (size_t)rank * block + j % block);
         break;
       default: want = mlxd_bench_value(dt, peer, j); break;
     }

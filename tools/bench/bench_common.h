@@ -14,6 +14,7 @@ typedef enum mlxd_bench_op {
   MLXD_OP_SUM_SCATTER,
   MLXD_OP_SENDRECV,    /* latency: ping-pong between ranks 0 and 1, half the round trip */
   MLXD_OP_SENDRECV_BW, /* bandwidth: a window of sends from rank 0 to 1, then one ack */
+  MLXD_OP_ALL_TO_ALL,  /* a row's size is a rank's whole input (= its output), n parts */
   MLXD_OP_COUNT
 } mlxd_bench_op;
 
@@ -75,7 +76,9 @@ const mlxd_bench_dtype* mlxd_bench_find_dtype(const char* name);
 double mlxd_bench_busbw_factor(mlxd_bench_op op, int n);
 
 /* Element counts for a row of `bytes`: per-rank input and output counts and
- * the count/size printed (the size of the full buffer, as nccl-tests does).
+ * the count/size printed (the size of the full buffer, as nccl-tests does;
+ * all_to_all: a rank's whole input, n parts of count/n elements, the count
+ * rounded down to a multiple of n, as nccl-tests' alltoall).
  * false when the row is too small for this op on n ranks. */
 typedef struct mlxd_bench_shape {
   size_t in_count, out_count, row_count, row_bytes;
@@ -92,7 +95,8 @@ double mlxd_bench_load(const mlxd_bench_dtype* dt, const void* buf, size_t i);
 void mlxd_bench_fill(const mlxd_bench_dtype* dt, void* buf, size_t count, int rank);
 /* Number of elements of buf[0..count) that differ from the expectation of
  * op for this rank (outputs: all_sum/all_max full, all_gather concatenation,
- * sum_scatter this rank's block, sendrecv the peer's pattern of `peer`). */
+ * sum_scatter this rank's block, sendrecv the peer's pattern of `peer`,
+ * all_to_all part i from rank i: rank i's input part `rank`). */
 size_t mlxd_bench_verify(const mlxd_bench_dtype* dt, mlxd_bench_op op, const void* buf,
                          size_t count, int rank, int n, int peer);
 

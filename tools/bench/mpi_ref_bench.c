@@ -32,6 +32,13 @@ static int mlxd_ref_one(mlxd_bench_op op, const void* in, void* out, const mlxd_
     case MLXD_OP_ALL_GATHER: return MPI_Allgather(in, cnt, t, out, cnt, t, MPI_COMM_WORLD);
     case MLXD_OP_SUM_SCATTER:
       return MPI_Reduce_scatter_block(in, out, (int)sh->out_count, t, MPI_SUM, MPI_COMM_WORLD);
+    case MLXD_OP_ALL_TO_ALL: {
+      /* the row's size is a rank's whole input, as in mlxdist-bench: n parts */
+      int n = 1;
+      MPI_Comm_size(MPI_COMM_WORLD, &n);
+      int part = cnt / n;
+      return MPI_Alltoall(in, part, t, out, part, t, MPI_COMM_WORLD);
+    }
     case MLXD_OP_SENDRECV:
       if (rank == 0) {
         int rc = MPI_Send(in, cnt, t, 1, 7, MPI_COMM_WORLD);
