@@ -116,9 +116,25 @@ int mlxd_algo_hier_reduce_scatter(mlxd_transport* t, const mlxd_hier* h, uint64_
 /* all_to_all (hier_all_to_all.c): large parts go straight to their reader
  * (the flat form: each byte crosses between hosts once either way); small
  * ones are gathered per host so the links between hosts carry one message
- * per pair of hosts instead of one per pair of ranks. */
+ * per pair of hosts instead of one per pair of ranks
+ * (mlxd_hier_a2a_gathered picks). */
 int mlxd_algo_hier_all_to_all(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
                               const mlxd_sig* sig, const void* in, void* out, size_t part_bytes,
                               mlxd_status* st);
+/* The gathered form at any part size (tests call it directly): each host's
+ * ranks hand their inputs to its leader, the leaders exchange one message
+ * per pair of hosts, each leader hands its ranks their outputs. */
+int mlxd_algo_hier_all_to_all_gathered(mlxd_transport* t, const mlxd_hier* h, uint64_t seq,
+                                       const mlxd_sig* sig, const void* in, void* out,
+                                       size_t part_bytes, mlxd_status* st);
+/* Whether an all_to_all of part_bytes per part takes the gathered form
+ * (hier_topo.c has the count; docs/ring.md, "Two-level collectives"):
+ * while the bytes the busiest host's leader copies beyond the flat form's
+ * are at most MLXD_A2A_MSG_BYTES per message its uplink is spared. The same
+ * on every rank (it reads only the host map). */
+#define MLXD_A2A_MSG_BYTES ((size_t)8 << 10)
+bool mlxd_hier_a2a_gathered(const mlxd_hier* h, size_t part_bytes);
+/* ", parts gathered per host" or ", parts direct" (the verbose line). */
+const char* mlxd_hier_a2a_note(const mlxd_hier* h, size_t part_bytes);
 
 #endif

@@ -107,3 +107,35 @@ const char* mlxd_hier_form_note(mlxd_hier_form f) {
          : f == MLXD_HIER_LEADERS ? ", via host leaders"
                                   : "";
 }
+
+/* all_to_all's choice, counted on the host with the most ranks (c of n,
+ * hosts H), whose leader does the most work and whose uplink carries the
+ * most messages. Each part crosses between hosts once in both forms, so the
+ * wire's bytes do not enter; what the gathered form changes is:
+ *   spared:  its uplink carries H - 1 messages each way instead of the
+ *            flat form's c x (n - c);
+ *   added:   copies by its leader of parts of P bytes: packing c x (n - c)
+ *            parts for the other hosts, assembling c outputs of n parts,
+ *            and the host's other c - 1 ranks' inputs and outputs through
+ *            shared memory, (c - 1) x n parts each way (a shm message is
+ *            one copy at least); the flat form's own shm messages, (c - 1)
+ *            parts each way, are not added.
+ * It pays while added x P <= spared x MLXD_A2A_MSG_BYTES: one TCP message
+ * costs both its ends a system call and a wake-up, some microseconds, in
+ * which one core copies about 8 KiB of warm memory. The two extra hops
+ * inside the host are shm messages, counted by their copies. That is parts
+ * up to 1,365 B on 2 hosts x 2 (and 2 x 4), 606 B on 3 + 1, 1,638 B on
+ * 3 x 2, 1,283 B on 2 x 8, 1,755 B on 4 x 8. */
+bool mlxd_hier_a2a_gathered(const mlxd_hier* h, size_t part_bytes) {
+  if (part_bytes == 0) return false;
+  size_t n = (size_t)h->size, c = (size_t)h->max_local, H = (size_t)h->nhosts;
+  size_t flat_msgs = c * (n - c);
+  if (flat_msgs <= H - 1) return false;
+  size_t spared = flat_msgs - (H - 1);
+  size_t added = c * (n - c) + c * n + 2 * (c - 1) * n - 2 * (c - 1);
+  return part_bytes <= spared * MLXD_A2A_MSG_BYTES / added;
+}
+
+const char* mlxd_hier_a2a_note(const mlxd_hier* h, size_t part_bytes) {
+  return mlxd_hier_a2a_gathered(h, part_bytes) ? ", parts gathered per host" : ", parts direct";
+}

@@ -6,7 +6,8 @@
  * (shm-cma: the shared-memory transport with its single-copy path on from
  * 64 KiB.) Every algorithm variant (the dispatcher, the direct / one-shot
  * exchange, the ring in one and in both directions, the log-depth forms) of all_reduce,
- * reduce_scatter and all_gather, and send/recv, on sizes 0, 1, fewer
+ * reduce_scatter and all_gather, send/recv, and all_to_all (flat; over
+ * mixed:HOSTS also two-level as chosen and gathered per host at every size), on sizes 0, 1, fewer
  * elements than ranks, odd, around the small/large switch
  * (MLXDIST_SMALL_BYTES) and a few MiB; all_reduce with every dtype and op,
  * reduce_scatter with every dtype (all ops for one dtype per element size);
@@ -466,6 +467,68 @@ static void test_all_gather(mlxd_transport* t, bufs* b) {
   t->ring_chunk = chunk;
 }
 
+/* ---------------------------------------------------------- all_to_all */
+
+/* Byte k of part j of rank i's input (part j goes to rank j). */
+static unsigned char aval(int i, int j, size_t k) {
+  return (unsigned char)(i * 31 + j * 7 + (int)(k * 13) + (int)(k >> 9) + 1);
+}
+
+enum { A2A_FLAT, A2A_HIER, A2A_GATHERED, A2A_COUNT };
+static const char* a2a_name(int v) {
+  static const char* nm[] = {"flat", "hier", "hier-gathered"};
+  return nm[v];
+}
+
+/* One all_to_all of part bytes per part with every form (the two-level ones
+ * over mixed:HOSTS only): rank r's output part i must be part r of rank i's
+ * input, nothing written past the output, the input left as it was. */
+static void all_to_all_case(mlxd_transport* t, bufs* b, size_t part) {
+  int n = t->size, r = t->rank;
+  size_t total = part * (size_t)n;
+  T_REQUIRE(total + 1 <= b->cap);
+  for (int i = 0; i < n; i++)
+    for (size_t k = 0; k < part; k++) b->ref[(size_t)i * part + k] = (char)aval(i, r, k);
+  char what[160];
+  mlxd_status st;
+  for (int v = 0; v < A2A_COUNT; v++) {
+    if (v != A2A_FLAT && !g_hier) continue;
+    snprintf(what, sizeof what, "all_to_all %s %zu bytes a part", a2a_name(v), part);
+    for (int j = 0; j < n; j++)
+      for (size_t k = 0; k < part; k++) b->in[(size_t)j * part + k] = (char)aval(r, j, k);
+    memset(b->out, 0x5A, total);
+    set_canary(b->out + total);
+    uint64_t seq = g_seq++;
+    int rc =
+        v == A2A_FLAT ? mlxd_algo_all_to_all(t, seq, NULL, b->in, b->out, part, &st)
+        : v == A2A_HIER
+            ? mlxd_algo_hier_all_to_all(t, g_hier, seq, NULL, b->in, b->out, part, &st)
+            : mlxd_algo_hier_all_to_all_gathered(t, g_hier, seq, NULL, b->in, b->out, part, &st);
+    require_ok(rc, &st, what);
+    check_equal(what, 1 /* bytes */, b->out, b->ref, total);
+    check_canary(what, b->out + total);
+    size_t bad = 0;
+    for (int j = 0; j < n; j++)
+      for (size_t k = 0; k < part; k++) bad += b->in[(size_t)j * part + k] != (char)aval(r, j, k);
+    T_CHECKF(bad == 0, "%s: the input changed (%zu bytes)", what, bad);
+  }
+}
+
+static void test_all_to_all(mlxd_transport* t, bufs* b) {
+  const size_t sizes[] = {0, 1, 3, 8, 1001, 4096, ((size_t)64 << 10) + 5};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) all_to_all_case(t, b, sizes[k]);
+  if (g_hier) {
+    /* the switch between the gathered and the flat form (hier_topo.c) */
+    size_t at = 0;
+    while (mlxd_hier_a2a_gathered(g_hier, at + 1)) at++;
+    T_CHECKF(at > 0 || g_hier->max_local * (g_hier->size - g_hier->max_local) <= g_hier->nhosts - 1,
+             "the gathered form is never chosen on this host map");
+    if (t->rank == 0) printf("all_to_all: parts gathered per host up to %zu bytes\n", at);
+    for (size_t s = at > 0 ? at - 1 : 1; s <= at + 1; s++) all_to_all_case(t, b, s);
+  }
+  all_to_all_case(t, b, BIG_BYTES / (size_t)t->size);
+}
+
 /* -------------------------------------------------- log-depth forms */
 
 /* The log-depth forms' one reduction order (logdepth.c): recursive halving
@@ -648,6 +711,8 @@ static int rank_main(mlxd_transport* t, void* arg) {
   double t3 = t_now();
   test_send_recv(t, &b);
   double t4 = t_now();
+  test_all_to_all(t, &b);
+  double t5 = t_now();
   /* end together: nobody closes its transport while another still sends */
   uint64_t x = 1, all[T_MAX_RANKS];
   mlxd_status st;
@@ -656,8 +721,8 @@ static int rank_main(mlxd_transport* t, void* arg) {
   if (t->rank == 0)
     printf(
         "%s, %d ranks: all_reduce %.2f s, reduce_scatter %.2f s, all_gather %.2f s, "
-        "send/recv %.2f s\n",
-        t->ops->name, t->size, t1 - t0, t2 - t1, t3 - t2, t4 - t3);
+        "send/recv %.2f s, all_to_all %.2f s\n",
+        t->ops->name, t->size, t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4);
   free(b.in);
   free(b.out);
   free(b.ref);

@@ -29,13 +29,17 @@ mlxd_sig mlxd_xg_sig(const mlxd_backend* b, mlxd_sig_op op, mlx_dtype dtype, siz
 
 /* With verbose: which algorithm a collective of nbytes (this rank's input)
  * runs: "[ring] rank 0: all_sum 1048576 B: hier (2 hosts x 2)". */
-static void log_algo(const mlxd_xgroup* g, const char* op, size_t nbytes, size_t whole) {
+static void log_algo_note(const mlxd_xgroup* g, const char* op, size_t nbytes, const char* note) {
   const mlxd_hier* h = g->hier;
   char where[96] = "";
   if (h) mlxd_hier_describe(h, where, sizeof where);
   fprintf(stderr, "[%s] rank %d: %s %zu B: %s%s%s%s\n", g->tag, g->base.rank, op, nbytes,
-          h ? "hier (" : "flat", where, h ? mlxd_hier_form_note(mlxd_hier_pick(h, whole)) : "",
-          h ? ")" : "");
+          h ? "hier (" : "flat", where, h ? note : "", h ? ")" : "");
+}
+
+static void log_algo(const mlxd_xgroup* g, const char* op, size_t nbytes, size_t whole) {
+  const mlxd_hier* h = g->hier;
+  log_algo_note(g, op, nbytes, h ? mlxd_hier_form_note(mlxd_hier_pick(h, whole)) : "");
 }
 
 /* Every op runs on a group of two or more ranks (the front-end answers size
@@ -86,8 +90,9 @@ int mlxd_xg_all_to_all(mlxd_backend* b, uint64_t seq, const void* in, void* out,
   assert(g->t);
   size_t nbytes = part_bytes * (size_t)b->size;
   mlxd_sig sig = mlxd_xg_sig(b, MLXD_SIG_ALL_TO_ALL, dtype, nbytes / mlx_dtype_size(dtype));
-  if (g->verbose) log_algo(g, "all_to_all", nbytes, nbytes);
   const mlxd_hier* h = g->hier;
+  if (g->verbose)
+    log_algo_note(g, "all_to_all", nbytes, h ? mlxd_hier_a2a_note(h, part_bytes) : "");
   int rc = h ? mlxd_algo_hier_all_to_all(g->t, h, seq, &sig, in, out, part_bytes, st)
              : mlxd_algo_all_to_all(g->t, seq, &sig, in, out, part_bytes, st);
   return mlxd_xg_done(g->tag, rc, st, "all_to_all", seq);
