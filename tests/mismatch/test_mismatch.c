@@ -18,9 +18,12 @@
  *   test_mismatch op_kind      all_sum vs all_gather
  *   test_mismatch sendrecv     send 10 float32, recv 11: the receiver fails at the recv, the
  *                              sender at the recv or (its send had completed) at its next op
+ *   test_mismatch a2a_gather   all_to_all of 20 int32 vs all_gather of 10: the same 40-byte
+ *                              message each way
+ *   test_mismatch a2a_parts    all_to_all of 10 vs 12 float32 (parts of 5 and 6)
  *   test_mismatch match N      matching calls of every op still work (no false positive):
- *                              all_sum/max/min, all_gather, sum_scatter, send/recv both ways,
- *                              split, sizes from 0 to 1M+1, either rank late
+ *                              all_sum/max/min, all_gather, sum_scatter, all_to_all, send/recv
+ *                              both ways, split, sizes from 0 to 1M+1, either rank late
  *
  * Expected texts are written out here, not built with the library's code. */
 #include <errno.h>
@@ -90,7 +93,7 @@ static mlx_distributed_group join(int rank) {
 
 /* ---- one call ---- */
 
-typedef enum { K_SUM, K_MAX, K_MIN, K_GATHER, K_SCATTER, K_SEND, K_RECV } kind;
+typedef enum { K_SUM, K_MAX, K_MIN, K_GATHER, K_SCATTER, K_A2A, K_SEND, K_RECV } kind;
 
 typedef struct call {
   kind k;
@@ -131,6 +134,7 @@ static int queue_call(mlx_array* res, const call* c, mlx_distributed_group g, in
     case K_MIN: rc = mlx_distributed_all_min(res, x, g, s); break;
     case K_GATHER: rc = mlx_distributed_all_gather(res, x, g, s); break;
     case K_SCATTER: rc = mlx_distributed_sum_scatter(res, x, g, s); break;
+    case K_A2A: rc = mlx_distributed_all_to_all(res, x, g, s); break;
     default: rc = mlx_distributed_send(res, x, peer, g, s); break;
   }
   mlx_array_free(x);
@@ -167,6 +171,14 @@ static const mm_case g_cases[] = {
      {{K_SEND, MLX_FLOAT32, 10, "send"}, {K_RECV, MLX_FLOAT32, 11, "recv"}},
      "mismatched calls: rank 0 called send(float32 x 10, 40 bytes), rank 1 called "
      "recv(float32 x 11, 44 bytes)"},
+    {"a2a_gather",
+     {{K_A2A, MLX_INT32, 20, "all_to_all"}, {K_GATHER, MLX_INT32, 10, "all_gather"}},
+     "mismatched calls: rank 0 called all_to_all(int32 x 20), rank 1 called "
+     "all_gather(int32 x 10)"},
+    {"a2a_parts",
+     {{K_A2A, MLX_FLOAT32, 10, "all_to_all"}, {K_A2A, MLX_FLOAT32, 12, "all_to_all"}},
+     "mismatched calls: rank 0 called all_to_all(float32 x 10), rank 1 called "
+     "all_to_all(float32 x 12)"},
 };
 
 /* Eval res; it must fail within LIMIT_S of t0 with a message that starts
@@ -328,6 +340,27 @@ static int match_rank(int rank, int size, const char* session, void* arg) {
             break;
           }
         }
+      }
+      mlx_array_free(res);
+    }
+    /* all_to_all of n * size elements: part j of rank r's input (make_array, base r) goes
+     * to rank j, so part r' of this rank's output is rank r''s elements [rank * n, +n) */
+    if (n <= 300001) {
+      res = mlx_array_new();
+      int m = n * size;
+      T_EQ_INT(queue_call(&res, &(call){K_A2A, MLX_INT32, m, ""}, g, -1, rank), 0);
+      if (mlx_array_eval(res) != 0) {
+        T_CHECKF(false, "all_to_all of %d: %s", m, t_last_error());
+      } else {
+        T_CHECK_EQ(mlx_array_size(res), (size_t)m);
+        const int32_t* d = mlx_array_data_int32(res);
+        for (int r = 0; r < size && d; r++)
+          for (int i = 0; i < n; i++)
+            if (d[(size_t)r * (size_t)n + (size_t)i] != r + (rank * n + i) % 1000) {
+              T_CHECKF(false, "all_to_all of %d: element %d of rank %d's part", m, i, r);
+              r = size;
+              break;
+            }
       }
       mlx_array_free(res);
     }
