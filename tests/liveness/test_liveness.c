@@ -16,6 +16,10 @@
  *                           others fail within MLXDIST_TIMEOUT + 2 s naming it
  *                           (MLXDIST_TIMEOUT 2; 3 under jaccl)
  *   test_liveness kill TR   the same with SIGKILL: within 2 s
+ *   test_liveness kill_a2a TR  the same with all_to_all in the loop (parts of 64 int32: over
+ *                           mixed, the two-level form gathered per host, rank 1 a member of
+ *                           host A, whose leader is rank 0): within 2 s, the error
+ *                           "[ring] all_to_all #..." naming rank 1
  *   test_liveness late TR   rank 1 reaches an all_sum after rank 0 gave up on it
  *                           (MLXDIST_OP_TIMEOUT): it fails too, with rank 0's reason */
 #include <errno.h>
@@ -212,6 +216,33 @@ static int one_sum(mlx_distributed_group g, int size, int n) {
   return rc;
 }
 
+/* One all_to_all of parts of `part` int32 (part j of rank r's input:
+ * r * 1000 + j * part + i); 0 if it succeeded with the right values, 1 if it
+ * failed (t_last_error says why). */
+static int one_a2a(mlx_distributed_group g, int size, int part) {
+  int rank = mlx_distributed_group_rank(g), n = part * size;
+  int* v = malloc(sizeof(int) * (size_t)n);
+  for (int i = 0; i < n; i++) v[i] = rank * 1000 + i;
+  int shape[1] = {n};
+  mlx_array x = mlx_array_new_data(v, shape, 1, MLX_INT32), y = mlx_array_new();
+  free(v);
+  int rc = 1;
+  t_clear_errors();
+  if (mlx_distributed_all_to_all(&y, x, g, mlx_stream_new()) == 0 && mlx_array_eval(y) == 0) {
+    const int32_t* d = mlx_array_data_int32(y);
+    rc = 0;
+    for (int r = 0; r < size; r++)
+      for (int i = 0; i < part; i++) {
+        int want = r * 1000 + rank * part + i;
+        if (d[r * part + i] != want)
+          T_FAIL("part %d element %d is %d, expected %d", r, i, d[r * part + i], want);
+      }
+  }
+  mlx_array_free(x);
+  mlx_array_free(y);
+  return rc;
+}
+
 /* ---- slow: alive but late ---- */
 
 static int slow_rank(int rank, int size) {
@@ -254,8 +285,9 @@ static int loop_rank(int rank, int size) {
   mlx_distributed_group g = init_ring();
   double end = now_s() + 60;
   int iters = 0;
+  bool a2a = getenv("LIVE_A2A") != NULL; /* all_to_all in the loop instead of all_sum */
   while (now_s() < end) {
-    if (one_sum(g, size, 1000) != 0) break;
+    if ((a2a ? one_a2a(g, size, 64) : one_sum(g, size, 1000)) != 0) break;
     if (iters++ == 0) { /* tell the parent this rank is in its loop */
       char p[300];
       snprintf(p, sizeof p, "%s/ready.%d", g_dir, rank);
@@ -263,7 +295,8 @@ static int loop_rank(int rank, int size) {
       if (f) fclose(f);
     }
   }
-  if (now_s() >= end) T_FAIL("rank %d: 60 s of all_sum without a failure", rank);
+  if (now_s() >= end)
+    T_FAIL("rank %d: 60 s of %s without a failure", rank, a2a ? "all_to_all" : "all_sum");
   { /* when the library reported the failure (CLOCK_MONOTONIC is the host's, so the parent
        compares it with its signal's time; the exit that follows is the scheduler's) */
     char p[300];
@@ -274,10 +307,15 @@ static int loop_rank(int rank, int size) {
       fclose(f);
     }
   }
-  fprintf(stderr, "rank %d failed after %d all_sums: %s\n", rank, iters, t_last_error());
+  fprintf(stderr, "rank %d failed after %d %s: %s\n", rank, iters, a2a ? "all_to_alls" : "all_sums",
+          t_last_error());
   const char* want = getenv("LIVE_WANT");
   if (!strstr(t_last_error(), want) || !strstr(t_last_error(), "rank 1"))
     T_FAIL("rank %d: error '%s' does not say '%s' about rank 1", rank, t_last_error(), want);
+  char op[64];
+  snprintf(op, sizeof op, "[%s] %s #", g_jaccl ? "jaccl" : "ring", a2a ? "all_to_all" : "all_sum");
+  if (strstr(t_last_error(), op) != t_last_error())
+    T_FAIL("rank %d: error '%s' does not start with '%s'", rank, t_last_error(), op);
   return 0;
 }
 
@@ -366,7 +404,7 @@ static void test_late(void) {
 int main(int argc, char** argv) {
   if (argc != 3 || (strcmp(argv[2], "tcp") != 0 && strcmp(argv[2], "shm") != 0 &&
                     strcmp(argv[2], "mixed") != 0 && strcmp(argv[2], "jaccl") != 0)) {
-    fprintf(stderr, "usage: %s slow|stop|kill|late tcp|shm|mixed|jaccl\n", argv[0]);
+    fprintf(stderr, "usage: %s slow|stop|kill|kill_a2a|late tcp|shm|mixed|jaccl\n", argv[0]);
     return 2;
   }
   g_mixed = strcmp(argv[2], "mixed") == 0;
@@ -384,6 +422,9 @@ int main(int argc, char** argv) {
     setenv("MLXDIST_TIMEOUT", ts, 1);
     test_victim(SIGSTOP, timeout_s + 2, "rank 1 has shown no sign of life");
   } else if (strcmp(m, "kill") == 0) {
+    test_victim(SIGKILL, 2, "lost connection to rank 1");
+  } else if (strcmp(m, "kill_a2a") == 0) {
+    setenv("LIVE_A2A", "1", 1);
     test_victim(SIGKILL, 2, "lost connection to rank 1");
   } else if (strcmp(m, "late") == 0) {
     test_late();
