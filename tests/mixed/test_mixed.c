@@ -5,19 +5,26 @@
  *
  *   test_mixed choice HOSTS    every rank prints exactly the line of docs/ring.md
  *                              ("[ring] rank 0: transports: shm with ranks 1; tcp with
- *                              ranks 2,3"); all_sum / all_gather / sum_scatter and
- *                              send/recv around the ring give the reference results;
+ *                              ranks 2,3"); all_sum / all_gather / sum_scatter /
+ *                              all_to_all and send/recv around the ring give the
+ *                              reference results;
  *                              split by host gives shm-only children (no TCP line, no
  *                              TCP connection made),
  *                              split off the last rank a child that mixes again;
  *                              MLX_RING_VERBOSE names the algorithm of an all_sum
  *                              (two-level where hosts have several ranks, flat in a
- *                              child made with MLXDIST_ALGO=flat)
+ *                              child made with MLXDIST_ALGO=flat) and which form an
+ *                              all_to_all takes (parts gathered per host when small,
+ *                              direct when large)
  *   test_mixed kill HOSTS      the last rank is killed inside a 4 MiB all_sum (two-level:
  *                              pipelined in 4 segments): every other rank fails within
  *                              a bound naming a lost rank
+ *   test_mixed kill_a2a HOSTS  the same inside an all_to_all of small parts (gathered per
+ *                              host: on 3p1 the victim is its host's leader)
  *   test_mixed mismatch HOSTS  rank 0 sums 10 floats, the others 11: every rank fails
- *                              with the mismatch named, none hangs */
+ *                              with the mismatch named, none hangs
+ *   test_mixed mismatch_a2a HOSTS  all_to_all with parts of 4 floats on rank 0 (gathered
+ *                              per host), 1000 on the others (direct): the same */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -197,6 +204,19 @@ static void check_collectives(mlx_distributed_group g, int n) {
   }
   mlx_array_free(y);
   mlx_array_free(x);
+  /* all_to_all: size parts of n; part j of rank r's input is floats(size * n, r, 0.75)'s
+   * elements [j * n, (j + 1) * n), so part r of this rank's output is that of rank r */
+  x = floats(size * n, rank, 0.75f);
+  y = mlx_array_new();
+  T_EQ_INT(mlx_distributed_all_to_all(&y, x, g, s), 0);
+  eval_ok(y, "y");
+  d = mlx_array_data_float32(y);
+  for (int r = 0; r < size; r++)
+    for (int i = 0; i < n; i++)
+      if (d[(size_t)r * (size_t)n + (size_t)i] != (float)(r * 7 + ((rank * n + i) % 1000)) + 0.75f)
+        T_FAIL("all_to_all: element %d of rank %d's part is wrong", i, r);
+  mlx_array_free(y);
+  mlx_array_free(x);
   /* send to the right, receive from the left (even ranks send first) */
   int right = (rank + 1) % size, left = (rank + size - 1) % size;
   x = floats(n, rank, 0);
@@ -279,6 +299,40 @@ static void check_algo(mlx_distributed_group g, const int* in, int m, int n, boo
   if (!strstr(log, want)) T_FAIL("rank %d: no line '%s' in the log:\n%s", rank, want, log);
 }
 
+static int do_all_to_all(void* p) {
+  sum_ctx* c = p;
+  int size = mlx_distributed_group_size(c->g);
+  mlx_stream s = mlx_stream_new();
+  mlx_array x = floats(c->n * size, 0, 0), y = mlx_array_new();
+  int rc = mlx_distributed_all_to_all(&y, x, c->g, s);
+  if (rc == 0) rc = mlx_array_eval(y);
+  mlx_array_free(y);
+  mlx_array_free(x);
+  mlx_stream_free(s);
+  return rc;
+}
+
+/* The algorithm line of an all_to_all of parts of n floats on g, a group of every rank of
+ * HOSTS with several ranks on some host: "all_to_all 64 B: hier (2 hosts x 2, parts
+ * gathered per host)" (hier_topo.c: parts of 16 B are gathered on every host map here,
+ * parts of 4000 B on none). */
+static void check_a2a_algo(mlx_distributed_group g, int size, int n, bool gathered, int rank) {
+  static char log[16384];
+  sum_ctx c = {g, n};
+  if (logged(rank, "a2a", do_all_to_all, &c, log, sizeof log) != 0)
+    T_FAIL("all_to_all: %s\nlog:\n%s", t_last_error(), log);
+  int all[T_MAX_RANKS];
+  for (int i = 0; i < size; i++) all[i] = i;
+  char want[160], form[200];
+  expected_algo(all, size, 0, false, want, sizeof want); /* "all_sum 0 B: hier (...)" */
+  char* hier = strstr(want, "hier (");
+  T_ASSERT(hier && want[strlen(want) - 1] == ')');
+  want[strlen(want) - 1] = 0;
+  snprintf(form, sizeof form, "all_to_all %zu B: %s, parts %s)", (size_t)n * 4 * (size_t)size, hier,
+           gathered ? "gathered per host" : "direct");
+  if (!strstr(log, form)) T_FAIL("rank %d: no line '%s' in the log:\n%s", rank, form, log);
+}
+
 static int choice_rank(int rank, int size) {
   setenv("MLXDIST_TIMEOUT", "30", 1);
   static char log[16384];
@@ -296,6 +350,8 @@ static int choice_rank(int rank, int size) {
    * (64 KiB) and 1 MiB too (where it once ran the flat ones) */
   check_algo(g, all, size, 300000, false, rank);
   check_algo(g, all, size, 70000, false, rank);
+  check_a2a_algo(g, size, 4, true, rank);
+  check_a2a_algo(g, size, 1000, false, rank);
 
   /* split by host: every child is on one host, so it is shm only */
   mlx_distributed_group h = mlx_distributed_group_new();
@@ -351,6 +407,13 @@ static int choice_rank(int rank, int size) {
   return 0;
 }
 
+static bool g_a2a; /* kill_a2a, mismatch_a2a: the op is all_to_all */
+
+/* The op of kill / mismatch on g: all_sum of x, or all_to_all of x. */
+static int the_op(mlx_array* y, mlx_array x, mlx_distributed_group g, mlx_stream s) {
+  return g_a2a ? mlx_distributed_all_to_all(y, x, g, s) : mlx_distributed_all_sum(y, x, g, s);
+}
+
 static int kill_rank(int rank, int size) {
   setenv("MLXDIST_TIMEOUT", "20", 1);
   /* the two-level sum in 4 segments: the failure reaches a pipeline (hier.c), its column
@@ -360,13 +423,14 @@ static int kill_rank(int rank, int size) {
   if (mlx_distributed_init(&g, true, "ring") != 0) T_FAIL("init: %s", t_last_error());
   check_collectives(g, 100);
   mlx_stream s = mlx_stream_new();
-  mlx_array x = floats(1 << 20, rank, 0), y = mlx_array_new();
+  /* all_to_all: parts of 16 floats, gathered per host on every host map here */
+  mlx_array x = floats(g_a2a ? 16 * size : 1 << 20, rank, 0), y = mlx_array_new();
   if (rank == size - 1) {
     /* Die inside the sum: every other rank is out of the warm-up and has queued its sum,
      * which none can finish without this rank's part. This rank queues its own and dies
      * at once, before most of its 4 MiB can leave. */
-    arrive_and_wait(&g_sh->posted, size, "the survivors' sums queued");
-    T_EQ_INT(mlx_distributed_all_sum(&y, x, g, s), 0);
+    arrive_and_wait(&g_sh->posted, size, "the survivors' ops queued");
+    T_EQ_INT(the_op(&y, x, g, s), 0);
     raise(SIGKILL);
   }
   /* Should the dying rank's part all leave before the kill lands (a fast machine, a
@@ -376,18 +440,19 @@ static int kill_rank(int rank, int size) {
   for (int i = 0;; i++) {
     t_clear_errors();
     double t0 = t_now();
-    int rc = mlx_distributed_all_sum(&y, x, g, s);
+    int rc = the_op(&y, x, g, s);
     if (i == 0) atomic_fetch_add(&g_sh->posted, 1);
     if (rc == 0) rc = mlx_array_eval(y);
     dt = t_now() - t0;
     if (rc != 0) break;
-    if (i == 1) T_FAIL("rank %d: two sums succeeded, rank %d killed", rank, size - 1);
-    fprintf(stderr, "rank %d: the sum rank %d died in succeeded here; the next fails\n", rank,
+    if (i == 1) T_FAIL("rank %d: two ops succeeded, rank %d killed", rank, size - 1);
+    fprintf(stderr, "rank %d: the op rank %d died in succeeded here; the next fails\n", rank,
             size - 1);
   }
   const char* m = t_last_error();
-  if (!strstr(m, "[ring] all_sum #") || !strstr(m, "lost connection to rank ") ||
-      strstr(strstr(m, "[ring]") + 1, "[ring]"))
+  fprintf(stderr, "rank %d: %s\n", rank, m);
+  if (!strstr(m, g_a2a ? "[ring] all_to_all #" : "[ring] all_sum #") ||
+      !strstr(m, "lost connection to rank ") || strstr(strstr(m, "[ring]") + 1, "[ring]"))
     T_FAIL("rank %d: unexpected error '%s'", rank, m);
   if (dt > 10.0) T_FAIL("rank %d: the failure took %.1f s", rank, dt);
   mlx_array_free(x);
@@ -404,13 +469,18 @@ static int mismatch_rank(int rank, int size) {
   check_collectives(g, 100);
   /* every rank is out of the warm-up before the failure comes */
   arrive_and_wait(&g_sh->warm, size, "the warm-up");
-  mlx_array x = floats(rank == 0 ? 10 : 11, rank, 0), y = mlx_array_new();
+  /* all_to_all: parts of 4 floats on rank 0 (gathered per host), 1000 elsewhere (direct) */
+  int n = g_a2a ? (rank == 0 ? 4 : 1000) * size : rank == 0 ? 10 : 11;
+  mlx_array x = floats(n, rank, 0), y = mlx_array_new();
   double t0 = t_now();
   t_clear_errors();
-  T_ASSERT(mlx_distributed_all_sum(&y, x, g, mlx_stream_new()) != 0 || mlx_array_eval(y) != 0);
+  T_ASSERT(the_op(&y, x, g, mlx_stream_new()) != 0 || mlx_array_eval(y) != 0);
   const char* m = t_last_error();
-  if (!strstr(m, "[ring] all_sum #") ||
-      !strstr(m, "mismatched calls: rank 0 called all_sum(float32 x 10), rank "))
+  char want[96];
+  snprintf(want, sizeof want, "mismatched calls: rank 0 called %s(float32 x %d), rank ",
+           g_a2a ? "all_to_all" : "all_sum", g_a2a ? 4 * size : 10);
+  fprintf(stderr, "rank %d: %s\n", rank, m);
+  if (!strstr(m, g_a2a ? "[ring] all_to_all #" : "[ring] all_sum #") || !strstr(m, want))
     T_FAIL("rank %d: unexpected error '%s'", rank, m);
   if (t_now() - t0 > 10.0) T_FAIL("rank %d: the failure took %.1f s", rank, t_now() - t0);
   /* Keep the group open until every rank has its failure: a rank that closes its
@@ -426,11 +496,12 @@ static int mismatch_rank(int rank, int size) {
 int main(int argc, char** argv) {
   if (argc != 3 || strlen(argv[2]) < 2 || strlen(argv[2]) > T_MAX_RANKS ||
       strspn(argv[2], "0123456789") != strlen(argv[2])) {
-    fprintf(stderr, "usage: %s choice|kill|mismatch HOSTS (one host digit per rank)\n", argv[0]);
+    fprintf(stderr, "usage: %s choice|kill|kill_a2a|mismatch|mismatch_a2a HOSTS\n", argv[0]);
     return 2;
   }
   const char* mode = argv[1];
   g_hosts = argv[2];
+  g_a2a = strcmp(mode, "kill_a2a") == 0 || strcmp(mode, "mismatch_a2a") == 0;
   int n = (int)strlen(g_hosts), codes[T_MAX_RANKS];
   snprintf(g_dir, sizeof g_dir, "/tmp/mlxd_mixed_test.XXXXXX");
   T_ASSERT(mkdtemp(g_dir));
@@ -443,12 +514,12 @@ int main(int argc, char** argv) {
     spawn(n, choice_rank, codes, 200);
     for (int r = 0; r < n; r++)
       if (codes[r] != 0) T_FAIL("rank %d exited with %d", r, codes[r]);
-  } else if (strcmp(mode, "kill") == 0) {
+  } else if (strcmp(mode, "kill") == 0 || strcmp(mode, "kill_a2a") == 0) {
     spawn(n, kill_rank, codes, 60);
     for (int r = 0; r < n - 1; r++)
       if (codes[r] != 0) T_FAIL("rank %d exited with %d", r, codes[r]);
     T_EQ_INT(codes[n - 1], 128 + SIGKILL);
-  } else if (strcmp(mode, "mismatch") == 0) {
+  } else if (strcmp(mode, "mismatch") == 0 || strcmp(mode, "mismatch_a2a") == 0) {
     spawn(n, mismatch_rank, codes, 60);
     for (int r = 0; r < n; r++)
       if (codes[r] != 0) T_FAIL("rank %d exited with %d", r, codes[r]);
