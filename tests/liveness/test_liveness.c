@@ -19,7 +19,8 @@
  *   test_liveness kill_a2a TR  the same with all_to_all in the loop (parts of 64 int32: over
  *                           mixed, the two-level form gathered per host, rank 1 a member of
  *                           host A, whose leader is rank 0): within 2 s, the error
- *                           "[ring] all_to_all #..." naming rank 1
+ *                           "[ring] all_to_all #..." naming rank 1, and the operation
+ *                           record each survivor prints shows the failed all_to_all
  *   test_liveness late TR   rank 1 reaches an all_sum after rank 0 gave up on it
  *                           (MLXDIST_OP_TIMEOUT): it fails too, with rank 0's reason */
 #include <errno.h>
@@ -367,6 +368,13 @@ static void test_victim(int sig, double limit_s, const char* want) {
     }
     fprintf(stderr, "rank %d failed %.2f s and was out %.2f s after the signal\n", r,
             failed_at - t0, R.exited[r] - t0);
+    /* the operation record printed at the failure (docs/troubleshooting.md) names the op:
+     * "(failure): failed all_to_all #N" and its line "all_to_all #N int32 768 B: failed" */
+    if (getenv("LIVE_A2A")) {
+      const char* e = rank_err(r);
+      T_CHECKF(strstr(e, "(failure): failed all_to_all #") && strstr(e, " int32 768 B: failed"),
+               "rank %d: the record does not show the failed all_to_all", r);
+    }
   }
   kill_all(&R);
 }
