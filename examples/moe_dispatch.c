@@ -22,6 +22,7 @@
  * Run:   mlxdist-launch -n 4 -- ./moe_dispatch [tokens [hidden [experts_per_rank [capacity]]]]
  * The defaults (64 tokens of 32 floats, 2 experts per rank, capacity 1.25 x the
  * fair share) drop a few tokens, as real layers do. Exit 0 when every token is right. */
+#include <limits.h>
 #include <mlx/c/mlx.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -51,18 +52,18 @@ static float token_value(long global_token, int h) {
 
 /* The stand-in expert: expert e computes x * (e + 1) + e on each element. A
  * real one is a small MLP (two matrix products and an activation). */
-static float expert_fn(int e, float x) {
-  return x * (float)(e + 1) + (float)e;
-}
+static float expert_fn(int e, float x) { return x * (float)(e + 1) + (float)e; }
 
 static int arg(int argc, char** argv, int i, int dflt) {
   if (argc <= i) return dflt;
-  int v = atoi(argv[i]);
-  if (v <= 0) {
-    fprintf(stderr, "moe_dispatch: argument %d (%s) must be a positive integer\n", i, argv[i]);
+  char* end;
+  long v = strtol(argv[i], &end, 10);
+  if (*end || v <= 0 || v > 1000000) {
+    fprintf(stderr, "moe_dispatch: argument %d (%s) must be an integer from 1 to 1000000\n", i,
+            argv[i]);
     exit(2);
   }
-  return v;
+  return (int)v;
 }
 
 int main(int argc, char** argv) {
@@ -72,24 +73,29 @@ int main(int argc, char** argv) {
   const int size = mlx_distributed_group_size(world);
   mlx_stream comm = mlx_stream_new(); /* the null stream: the group's communication stream */
 
-  const int T = arg(argc, argv, 1, 64);      /* tokens on this rank */
-  const int H = arg(argc, argv, 2, 32);      /* hidden size: floats per token */
-  const int EL = arg(argc, argv, 3, 2);      /* experts held by each rank */
-  const int E = EL * size;                   /* experts in all; expert e lives on rank e / EL */
+  const int T = arg(argc, argv, 1, 64); /* tokens on this rank */
+  const int H = arg(argc, argv, 2, 32); /* hidden size: floats per token */
+  const int EL = arg(argc, argv, 3, 2); /* experts held by each rank */
+  const int E = EL * size;              /* experts in all; expert e lives on rank e / EL */
   /* capacity: slots per expert per sending rank. Each expert expects T / E of
    * this rank's tokens; real layers allow capacity_factor (1.0-2.0) times that
    * and drop the overflow. Here 1.25 (5/4), rounded up; a fourth argument sets
    * the slots directly. */
   const int C = arg(argc, argv, 4, (5 * T + 4 * E - 1) / (4 * E));
-  const int part_rows = EL * C;              /* rows sent to one rank: its EL experts x C slots */
-  const int rows = size * part_rows;         /* rows of the send buffer: one part per rank */
+  if ((double)size * EL * C * H > INT_MAX) {
+    fprintf(stderr, "moe_dispatch: %d ranks x %d experts x %d slots x %d floats is too large\n",
+            size, EL, C, H);
+    return 2;
+  }
+  const int part_rows = EL * C;      /* rows sent to one rank: its EL experts x C slots */
+  const int rows = size * part_rows; /* rows of the send buffer: one part per rank */
 
   /* 1. route. x is this rank's [T, H] activations; expert[t] is token t's
    * expert, slot[t] the row it takes in the send buffer (-1: dropped). */
   float* x = malloc((size_t)T * H * sizeof(float));
   int* expert = malloc((size_t)T * sizeof(int));
   int* slot = malloc((size_t)T * sizeof(int));
-  int* fill = calloc((size_t)E, sizeof(int)); /* slots taken per expert */
+  int* fill = calloc((size_t)E, sizeof(int));            /* slots taken per expert */
   float* send = calloc((size_t)rows * H, sizeof(float)); /* padding stays 0 */
   int32_t* counts = calloc((size_t)size * EL, sizeof(int32_t));
   if (!x || !expert || !slot || !fill || !send || !counts) {
@@ -178,8 +184,8 @@ int main(int argc, char** argv) {
       float want = slot[t] < 0 ? xv : expert_fn(expert[t], xv);
       if (y[(size_t)t * H + h] != want) {
         if (bad++ < 5)
-          fprintf(stderr, "moe_dispatch: rank %d token %d element %d: got %g, want %g\n", rank,
-                  t, h, (double)y[(size_t)t * H + h], (double)want);
+          fprintf(stderr, "moe_dispatch: rank %d token %d element %d: got %g, want %g\n", rank, t,
+                  h, (double)y[(size_t)t * H + h], (double)want);
         break;
       }
     }
@@ -191,13 +197,14 @@ int main(int argc, char** argv) {
   mlx_array tl = mlx_array_new_data(tally, tshape, 1, MLX_INT32), total = mlx_array_new();
   mlx_distributed_all_sum(&total, tl, world, comm);
   const int32_t* tot = mlx_array_data_int32(total);
-  printf("rank %d/%d: %d tokens, %d dropped; %d experts here ran on %ld tokens; %s\n",
-         rank, size, T, dropped, EL, processed, bad ? "MISMATCH" : "ok");
+  printf("rank %d/%d: %d tokens, %d dropped; %d experts here ran on %ld tokens; %s\n", rank, size,
+         T, dropped, EL, processed, bad ? "MISMATCH" : "ok");
   if (rank == 0 && tot)
-    printf("moe_dispatch: %d ranks, %d experts, capacity %d: %d of %ld tokens dropped, %d "
-           "expert results, %d mismatched: %s\n",
-           size, E, C, tot[0], (long)T * size, tot[2], tot[1],
-           tot[1] == 0 && tot[0] + tot[2] == T * size ? "all tokens correct" : "FAILED");
+    printf(
+        "moe_dispatch: %d ranks, %d experts, capacity %d: %d of %ld tokens dropped, %d "
+        "expert results, %d mismatched: %s\n",
+        size, E, C, tot[0], (long)T * size, tot[2], tot[1],
+        tot[1] == 0 && tot[0] + tot[2] == T * size ? "all tokens correct" : "FAILED");
   int failed = bad != 0 || !tot || tot[1] != 0 || tot[0] + tot[2] != T * size;
 
   mlx_array_free(xs), mlx_array_free(cs), mlx_array_free(recv), mlx_array_free(recv_counts);

@@ -3,7 +3,7 @@
 # the soft-RoCE VM (tests/vm/rxe_vm.sh: qemu TCG, rdma_rxe on eth0, 1 vCPU).
 #   usage: sudo scripts/bench-jaccl-vm.sh [BUILD_DIR]   (default: build)
 # Needs BUILD_DIR/tools/mlxdist-bench and mlxdist-launch. In the VM, 2 ranks
-# on the one host run, for each op (all_sum, all_gather, sendrecv) and each
+# on the one host run, for each op (all_sum, all_gather, all_to_all, sendrecv) and each
 # round, first under jaccl (a mesh of 2: MLX_IBV_DEVICES naming rxe0, RC
 # queue pairs) and then under the ring backend with MLXDIST_TRANSPORT=tcp
 # (loopback TCP), the same sizes and bench options: the two backends are
@@ -16,7 +16,8 @@
 # the kernel's rxe; the figures say nothing about RDMA hardware and swing
 # widely between runs: compare within one run only.
 # Tunables (environment): BENCH_ROUNDS (default 2), BENCH_OPS (default
-# "all_sum all_gather sendrecv"), BENCH_ARGS (default "-b 16 -e 16M -f 16
+# "all_sum all_gather all_to_all sendrecv"; all_to_all's size is a rank's whole input,
+# 2 parts), BENCH_ARGS (default "-b 16 -e 16M -f 16
 # -t 100 --batches 5": 16 B, 256 B, 4 KiB, 64 KiB, 1 MiB, 16 MiB),
 # BENCH_OUT (a directory: the raw CSV and the table are copied there),
 # MLXDIST_VM_TIMEOUT (the VM's bound, default 600 s).
@@ -29,7 +30,7 @@ for p in mlxdist-bench mlxdist-launch; do
   [ -x "$build/tools/$p" ] || { echo "bench-jaccl-vm: $build/tools/$p is missing (build it first)" >&2; exit 2; }
 done
 rounds=${BENCH_ROUNDS:-2}
-ops=${BENCH_OPS:-all_sum all_gather sendrecv}
+ops=${BENCH_OPS:-all_sum all_gather all_to_all sendrecv}
 args=${BENCH_ARGS:--b 16 -e 16M -f 16 -t 100 --batches 5}
 case $rounds in '' | *[!0-9]* | 0) echo "bench-jaccl-vm: BENCH_ROUNDS must be a positive integer" >&2; exit 2 ;; esac
 
