@@ -46,8 +46,9 @@ static int member(mlxd_transport* t, const mlxd_hier* h, uint64_t seq, const mlx
   mlxd_view_init(&sv, t, mine, h->nlocal, h->local_rank, PH_A2A_SPREAD);
   uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
   mlxd_req* reqs[2] = {NULL, NULL};
-  if (sv.base.ops->irecv(&sv.base, 0, tag, sig, out, whole, &reqs[0], st) == 0)
-    gv.base.ops->isend(&gv.base, 0, tag, sig, in, whole, &reqs[1], st);
+  int rc = sv.base.ops->irecv(&sv.base, 0, tag, sig, out, whole, &reqs[0], st);
+  if (!rc) rc = gv.base.ops->isend(&gv.base, 0, tag, sig, in, whole, &reqs[1], st);
+  if (rc) a2a_failed(t, st); /* what was posted completes at once, failed */
   mlxd_algo_drain(t, reqs, 2, st);
   return a2a_failed(t, st);
 }
@@ -152,6 +153,7 @@ static int leader(mlxd_transport* t, const mlxd_hier* h, uint64_t seq, const mlx
   for (int j = 1; j < c && !rc; j++)
     rc = hv.base.ops->isend(&hv.base, j, tag, sig, b.outs + (size_t)(j - 1) * whole, whole,
                             &out_r[j - 1], st);
+  if (rc) a2a_failed(t, st); /* no posted receive waits for a message that will not come */
   mlxd_algo_drain(t, reqs, nreq, st);
   free(reqs);
   free(b.off);
