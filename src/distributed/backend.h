@@ -54,6 +54,9 @@ struct mlxd_array;
 typedef struct mlxd_op_arrays {
   struct mlxd_array* in;
   struct mlxd_array* out;
+  /* The stream the op runs on (core/stream_impl.h: its device and native
+   * handle, which plugin ABI v4 passes on to a GPU plugin). */
+  struct mlxd_stream* stream;
 } mlxd_op_arrays;
 
 typedef struct mlxd_backend_ops {
@@ -72,7 +75,8 @@ typedef struct mlxd_backend_ops {
   /* in and out hold size parts of part_bytes each (distinct buffers, never
    * overlapping): part j of in goes to rank j, part i of out comes from
    * rank i (this rank's own part is copied). A backend that cannot run it
-   * (a plugin of ABI v1-v3) fails with MLXD_EUNAVAIL naming itself. */
+   * (a plugin of ABI v1-v3) says so through op_supported, so it is never
+   * queued; if called anyway it fails with MLXD_EUNAVAIL naming itself. */
   int (*all_to_all)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t part_bytes,
                     mlx_dtype dtype, mlxd_status* st);
   int (*send)(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
@@ -102,7 +106,7 @@ typedef struct mlxd_backend_ops {
    * before returning and releases them once the transport is done (the
    * release may free the memory and run a managed array's destructor: no
    * backend lock held then). Contract otherwise as the plain op. Today only
-   * plugins of ABI v3 (plugin_adapter.c) set them. */
+   * plugins of ABI v3 and v4 (plugin_adapter.c) set them. */
   int (*all_reduce_ref)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                         mlx_dtype dtype, mlxd_reduce_op op, const mlxd_op_arrays* arr,
                         mlxd_status* st);
@@ -118,6 +122,14 @@ typedef struct mlxd_backend_ops {
                   int dst, const mlxd_op_arrays* arr, mlxd_status* st);
   int (*recv_ref)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype, int src,
                   const mlxd_op_arrays* arr, mlxd_status* st);
+  /* Optional (NULL: every op is supported). 0 when this instance runs the
+   * op named (today distributed/ops.c asks only for "all_to_all"), else
+   * MLXD_EUNAVAIL with st saying why, naming the backend. Asked on the
+   * caller's thread before a sequence number is taken, so a refused call
+   * costs no number: a number the backend never sees would stall a backend
+   * that issues collectives in number order (the mpi plugin's turnstile).
+   * Never blocks; the answer never changes for an instance. */
+  int (*op_supported)(const mlxd_backend* b, const char* op, mlxd_status* st);
   /* Optional (NULL: nothing to close). In a child made by fork(), from its
    * pthread_atfork handler (one thread; async-signal-safe calls only, no
    * lock taken): close the child's copies of this instance's descriptors

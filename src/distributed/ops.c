@@ -30,6 +30,7 @@ typedef enum { OP_REDUCE, OP_GATHER, OP_SCATTER, OP_ALL_TO_ALL, OP_SEND, OP_RECV
 
 typedef struct op_task {
   mlxd_group* g;
+  mlxd_stream* s; /* the stream it is queued on (alive while it runs there) */
   op_kind kind;
   mlxd_reduce_op rop;
   uint64_t seq;
@@ -60,7 +61,7 @@ static void op_run(void* arg, mlxd_status* st) {
   /* A backend with the *_ref ops (backend.h) is also told the arrays, so it
    * may keep their memory alive past its return (the task holds both now). */
   const mlxd_backend_ops* o = b->ops;
-  const mlxd_op_arrays arr = {.in = t->in, .out = t->out};
+  const mlxd_op_arrays arr = {.in = t->in, .out = t->out, .stream = t->s};
   switch (t->kind) {
     case OP_REDUCE:
       rc = o->all_reduce_ref ? o->all_reduce_ref(b, t->seq, t->in->data, t->out->data, t->in->size,
@@ -249,6 +250,7 @@ static int submit(const char* op, mlxd_group* g, mlxd_stream* s, op_kind kind, m
   mlxd_status st;
   mlxd_status_reset(&st);
   op_task t = {.g = g,
+               .s = s,
                .kind = kind,
                .rop = rop,
                .peer = peer,
@@ -333,6 +335,17 @@ static int collective(const char* op, op_kind kind, mlxd_reduce_op rop, mlx_arra
   }
   rc = check_dtype(op, "x's", in->dtype);
   if (rc) goto out;
+  /* An op the backend cannot run at all (all_to_all on a plugin of ABI
+   * v1-v3) is refused here, before it takes a sequence number (backend.h). */
+  if (kind == OP_ALL_TO_ALL && g->backend->ops->op_supported) {
+    mlxd_status ust;
+    mlxd_status_reset(&ust);
+    if (g->backend->ops->op_supported(g->backend, op, &ust) != 0) {
+      if (!ust.msg[0]) mlxd_fail(&ust, MLXD_EUNAVAIL, "[%s] %s is not supported", g->kind, op);
+      rc = mlxd_error_status(&ust);
+      goto out;
+    }
+  }
   if (kind == OP_GATHER && size > 1) { /* a group of one gives the input unchanged */
     if (in->nbytes > SIZE_MAX / (size_t)size) {
       mlxd_error("[distributed] %s: the result (%zu bytes x %d ranks) does not fit in memory", op,

@@ -1,18 +1,20 @@
 /* The mpi plugin as loaded through a given ABI version, under mpirun:
  *
- *   test_plugin_mpi <abi version 1|2|3> <directory the plugin must come from>
+ *   test_plugin_mpi <abi version 1|2|3|4> <directory the plugin must come from>
  *
- * MLXDIST_PLUGIN_PATH points at the directory. Versions 1 and 2 are the mpi
- * plugin source built again against the frozen plugin_v1.h / plugin_v2.h
- * (tests/distributed/plugin_v1): they must still load and work after v3
- * exists (through the plain ops, on staging copies), and v1's describe op
- * (new in v2) must be reported absent. Version 3 is the real plugin:
- * describe present and naming the MPI library, collectives and recv on the
- * caller's arrays (the *_ref ops).
+ * MLXDIST_PLUGIN_PATH points at the directory. Versions 1, 2 and 3 are the
+ * mpi plugin source built again against the frozen plugin_v1.h, plugin_v2.h
+ * and plugin_v3.h (tests/distributed/plugin_v1): they must still load and
+ * work after v4 exists (v1 and v2 through the plain ops, on staging copies;
+ * v3 through the *_ref ops), v1's describe op (new in v2) must be reported
+ * absent, and all_to_all (new in v4) must be refused by name, with nothing
+ * sent and the group still usable. Version 4 is the real plugin: describe
+ * present and naming the MPI library, every op through run on the caller's
+ * arrays, all_to_all exact.
  * Checks: strict init("mpi") gives the launcher's rank and size; all_sum,
- * all_max, all_min, all_gather, sum_scatter, send/recv around the ring, and
- * split (parity, and into groups of one, which the front-end serves with
- * the size-one backend) give exact results. */
+ * all_max, all_min, all_gather, all_to_all, sum_scatter, send/recv around
+ * the ring, and split (parity, and into groups of one, which the front-end
+ * serves with the size-one backend) give exact results. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,7 +25,7 @@
 #include "mlx/c/mlx.h"
 #include "testutil.h"
 
-static int g_rank, g_size;
+static int g_rank, g_size, g_abi;
 
 static void eval_ok(mlx_array a, const char* what) {
   if (mlx_array_eval(a) != 0) T_FAIL("%s: eval failed: %s", what, t_last_error());
@@ -78,6 +80,30 @@ static void check_collectives(mlx_distributed_group g, int rank, int size) {
     for (size_t i = 0; i < N; i++) want[(size_t)r * N + i] = val(r, i);
   expect_i32(res, want, N * (size_t)size, "all_gather");
 
+  /* all_to_all of size parts of 7: part j goes to rank j. Plugins of ABI
+   * v1-v3 refuse it by name (every rank alike, nothing sent); the ops
+   * below then show the group still works, in step. */
+  int ashape[1] = {7 * size};
+  for (size_t i = 0; i < (size_t)ashape[0]; i++) buf[i] = val(rank, i) + (int32_t)i * 100;
+  mlx_array xa = mlx_array_new_data(buf, ashape, 1, MLX_INT32);
+  if (g_abi >= 4 || size == 1) {
+    T_EQ_INT(mlx_distributed_all_to_all(&res, xa, g, s), 0);
+    for (int r = 0; r < size; r++)
+      for (size_t i = 0; i < 7; i++) {
+        size_t at = (size_t)rank * 7 + i; /* rank r's element sent to us */
+        want[(size_t)r * 7 + i] = val(r, at) + (int32_t)at * 100;
+      }
+    expect_i32(res, want, 7 * (size_t)size, "all_to_all");
+  } else {
+    /* Refused at the call, before it takes a sequence number: the plugin's
+     * turnstile never waits for a number it was not given. */
+    T_EQ_INT(mlx_distributed_all_to_all(&res, xa, g, s), MLXD_EUNAVAIL);
+    char abi_text[64];
+    snprintf(abi_text, sizeof abi_text, "speaks plugin ABI v%d; all_to_all needs v4", g_abi);
+    T_EXPECT_ERROR("[mpi] all_to_all is not supported by this plugin", abi_text);
+  }
+  mlx_array_free(xa);
+
   /* sum_scatter of size * 10 elements: block `rank` of the sum */
   int sshape[1] = {10 * size};
   for (size_t i = 0; i < (size_t)sshape[0]; i++) buf[i] = val(rank, i);
@@ -116,8 +142,9 @@ static void check_collectives(mlx_distributed_group g, int rank, int size) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 3) T_FAIL("usage: test_plugin_mpi <abi version 1|2|3> <plugin directory>");
+  if (argc != 3) T_FAIL("usage: test_plugin_mpi <abi version 1|2|3|4> <plugin directory>");
   int abi = atoi(argv[1]);
+  g_abi = abi;
   const char* dir = argv[2];
   t_capture_errors();
   mlx_distributed_group g = mlx_distributed_group_new();

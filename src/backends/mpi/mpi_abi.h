@@ -1,18 +1,20 @@
 /* Private to the mpi plugin: which plugin ABI this build speaks.
  *
  * The plugin is written once against the neutral names below (mpip_*,
- * MPIP_*). A normal build speaks ABI v3 (mlx/c/plugin/plugin_v3.h) and
- * exports mlxdist_plugin_v3; MLXDIST_MPI_PLUGIN_ABI=1 or 2 selects a frozen
- * older header instead (tests/distributed/plugin_v1 builds both to prove
- * such plugins still load): v1 has no describe op (MPIP_HAS_DESCRIBE 0),
- * v1 and v2 have no *_ref ops (MPIP_HAS_REF 0: every collective then works
- * on staging copies, mpi_ops.c). Only the chosen header is included: an
- * older build cannot use a newer name. */
+ * MPIP_*). A normal build speaks ABI v4 (mlx/c/plugin/plugin_v4.h) and
+ * exports mlxdist_plugin_v4; MLXDIST_MPI_PLUGIN_ABI=1, 2 or 3 selects a
+ * frozen older header instead (tests/distributed/plugin_v1 builds each to
+ * prove such plugins still load): v1 has no describe op (MPIP_HAS_DESCRIBE
+ * 0), v1 and v2 have no *_ref ops (MPIP_HAS_REF 0: every collective then
+ * works on staging copies, mpi_ops.c), v1-v3 have no run op and no abort
+ * (MPIP_HAS_RUN 0: no all_to_all, which the core then refuses by name).
+ * Only the chosen header is included: an older build cannot use a newer
+ * name. */
 #ifndef MLXD_MPI_ABI_H
 #define MLXD_MPI_ABI_H
 
 #ifndef MLXDIST_MPI_PLUGIN_ABI
-#define MLXDIST_MPI_PLUGIN_ABI 3
+#define MLXDIST_MPI_PLUGIN_ABI 4
 #endif
 
 #if MLXDIST_MPI_PLUGIN_ABI == 1
@@ -23,6 +25,7 @@
 #define MPIP_ENTRY mlxdist_plugin_v1
 #define MPIP_HAS_DESCRIBE 0
 #define MPIP_HAS_REF 0
+#define MPIP_HAS_RUN 0
 #elif MLXDIST_MPI_PLUGIN_ABI == 2
 #include <mlx/c/plugin/plugin_v2.h>
 #define MPIP_(x) mlxdist_v2_##x
@@ -31,6 +34,7 @@
 #define MPIP_ENTRY mlxdist_plugin_v2
 #define MPIP_HAS_DESCRIBE 1
 #define MPIP_HAS_REF 0
+#define MPIP_HAS_RUN 0
 #elif MLXDIST_MPI_PLUGIN_ABI == 3
 #include <mlx/c/plugin/plugin_v3.h>
 #define MPIP_(x) mlxdist_v3_##x
@@ -39,8 +43,18 @@
 #define MPIP_ENTRY mlxdist_plugin_v3
 #define MPIP_HAS_DESCRIBE 1
 #define MPIP_HAS_REF 1
+#define MPIP_HAS_RUN 0
+#elif MLXDIST_MPI_PLUGIN_ABI == 4
+#include <mlx/c/plugin/plugin_v4.h>
+#define MPIP_(x) mlxdist_v4_##x
+#define MPIP_C(x) MLXDIST_V4_##x
+#define MPIP_VERSION MLXDIST_PLUGIN_V4_VERSION
+#define MPIP_ENTRY mlxdist_plugin_v4
+#define MPIP_HAS_DESCRIBE 1
+#define MPIP_HAS_REF 1
+#define MPIP_HAS_RUN 1
 #else
-#error "MLXDIST_MPI_PLUGIN_ABI must be 1, 2 or 3"
+#error "MLXDIST_MPI_PLUGIN_ABI must be 1, 2, 3 or 4"
 #endif
 
 typedef MPIP_(status) mpip_status;
@@ -51,6 +65,9 @@ typedef MPIP_(ops) mpip_ops;
 typedef MPIP_(plugin) mpip_plugin;
 typedef MPIP_(dtype) mpip_dtype;
 typedef MPIP_(op) mpip_op;
+#if MPIP_HAS_RUN
+typedef MPIP_(call) mpip_call;
+#endif
 #if MPIP_HAS_REF
 typedef MPIP_(bufref) mpip_bufref;
 typedef MPIP_(hold) mpip_hold;

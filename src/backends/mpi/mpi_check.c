@@ -2,10 +2,10 @@
  * calling, exchanged before the data moves, so ranks that make different
  * calls fail with both calls named instead of hanging or mixing data.
  *
- * - Every collective (all_sum/max/min, all_gather, sum_scatter, split) first
- *   all-gathers a 24-byte signature over the group's communicator (op,
- *   dtype, element count or bytes, group size, sequence number), in its
- *   turn. If any rank's differs from rank 0's, every rank fails the op with
+ * - Every collective (all_sum/max/min, all_gather, sum_scatter, all_to_all,
+ *   split) first all-gathers a 24-byte signature over the group's
+ *   communicator (op, dtype, element count or bytes, group size, sequence
+ *   number), in its turn. If any rank's differs from rank 0's, every rank fails the op with
  *   the same message: rank 0 against the lowest rank that differs. No data
  *   collective is issued, so MPI stays in step.
  * - A send first sends its signature (its own tag); the receiver answers
@@ -83,7 +83,8 @@ static const char* sig_op_name(unsigned op) {
                                                   [MPIP_SIG_MIN_SCATTER] = "min_scatter",
                                                   [MPIP_SIG_SEND] = "send",
                                                   [MPIP_SIG_RECV] = "recv",
-                                                  [MPIP_SIG_SPLIT] = "split"};
+                                                  [MPIP_SIG_SPLIT] = "split",
+                                                  [MPIP_SIG_ALL_TO_ALL] = "all_to_all"};
   return op < MPIP_SIG_OPS ? names[op] : NULL;
 }
 
@@ -107,6 +108,8 @@ void mlxd_mpi_sig_str(const mpip_sig* s, char* out, size_t n) {
   }
   if (s->op == MPIP_SIG_SPLIT) {
     snprintf(out, n, "%s", name);
+  } else if (s->op == MPIP_SIG_ALL_TO_ALL) {
+    snprintf(out, n, "%s(%llu bytes a part)", name, (unsigned long long)s->count);
   } else if (s->dtype == MPIP_SIG_NO_DTYPE) {
     snprintf(out, n, "%s(%llu bytes)", name, (unsigned long long)s->count);
   } else {

@@ -10,9 +10,10 @@
  * - mpi_dtype.c: mlx dtypes to MPI datatypes, reductions as MPI ops.
  * - mpi_ops.c: groups, staging buffers, the collectives, split and destroy.
  * - mpi_p2p.c: send and recv.
+ * - mpi_a2a.c: all_to_all (ABI v4's run), run's memory checks, abort.
  * - mpi_check.c: MLXDIST_CHECK=1, the signatures exchanged before each op.
  * - mpi_plugin.c: the entry point and the plugin table.
- * - mpi_abi.h: which plugin ABI header this build speaks (v2; v1 for a test).
+ * - mpi_abi.h: which plugin ABI header this build speaks (v4; v1-v3 for tests).
  *
  * Rules kept by the plugin (docs/mpi.md explains them for users):
  * - MPI is started only when the process was launched by an MPI launcher
@@ -47,8 +48,8 @@
  *   only once the receiver's answer agrees. Without it nothing changes.
  *
  * The plugin does not link libmlxdist: the reduction kernels, the dtype sizes
- * and the tunables come through the host table given to mlxdist_plugin_v3
- * (the frozen ABI, mlx/c/plugin/plugin_v3.h; docs/plugin-abi.md). The
+ * and the tunables come through the host table given to mlxdist_plugin_v4
+ * (the frozen ABI, mlx/c/plugin/plugin_v4.h; docs/plugin-abi.md). The
  * front-end's guarantees (size >= 2, valid peer, dtype, op, byte counts)
  * are written in that header. */
 #ifndef MLXDIST_BACKENDS_MPI_MPI_INTERNAL_H
@@ -79,6 +80,7 @@ enum {
   MPIP_SIG_SEND,
   MPIP_SIG_RECV,
   MPIP_SIG_SPLIT,
+  MPIP_SIG_ALL_TO_ALL,
   MPIP_SIG_OPS
 };
 #define MPIP_SIG_BYTES 24
@@ -111,6 +113,7 @@ typedef struct mpi_group {
   bool failed;
   int failed_flag; /* failed, read without mu (__atomic) by check-mode waits */
   bool check;      /* MLXDIST_CHECK=1 agreed at create (constant) */
+  int abort_flag;  /* set (__atomic) by abort (ABI v4): waits end at once once failed */
   mlxd_status fail_st;
   stage pool[MPI_STAGE_POOL]; /* idle staging buffers (under mu) */
 } mpi_group;
@@ -298,6 +301,22 @@ int mlxd_mpi_recv(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int s
 /* recv into the caller's array directly (ABI v3). */
 int mlxd_mpi_recv_ref(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, int src,
                       const mpip_bufref* ref, mpip_status* st);
+#endif
+
+/* ---- mpi_a2a.c -------------------------------------------------------- */
+
+#if MPIP_HAS_RUN
+/* all_to_all on the caller's arrays: MPI_Ialltoall of bytes, parts above the
+ * chunk bound (MLXDIST_MPI_CHUNK_BYTES, at most 1 GiB) in pieces of a strided
+ * type; rendered at the boundary as the ops are. */
+int mlxd_mpi_all_to_all(mpip_backend* b, uint64_t seq, const void* in, void* out,
+                        size_t part_bytes, const mpip_bufref* ref, mpip_status* st);
+/* 0, or the call's buffer in a memory kind MPI cannot address here (device
+ * memory, an unknown kind): rendered, and the group failed for a collective
+ * (the other ranks may have issued it). */
+int mlxd_mpi_run_check(mpip_backend* b, const mpip_call* call, const char* name, mpip_status* st);
+/* ABI v4's abort: fail the group with reason; its waits end at once. */
+void mlxd_mpi_abort(mpip_backend* b, const char* reason);
 #endif
 
 #endif

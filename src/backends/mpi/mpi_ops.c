@@ -1,6 +1,7 @@
 /* The mpi plugin's group ops: groups and their staging buffers, the
- * collectives (all_reduce, all_gather, reduce_scatter), split and destroy,
- * and the ops table (send and recv are in mpi_p2p.c). Large arrays are
+ * collectives (all_reduce, all_gather, reduce_scatter), ABI v4's run, split
+ * and destroy, and the ops table (send and recv are in mpi_p2p.c,
+ * all_to_all and abort in mpi_a2a.c). Large arrays are
  * issued in pieces whose counts fit MPI's int. */
 #include <assert.h>
 #include <limits.h>
@@ -445,6 +446,45 @@ static int mpi_reduce_scatter_ref(mpip_backend* b, uint64_t seq, const void* in,
 }
 #endif
 
+#if MPIP_HAS_RUN
+/* ABI v4's run: every kind, told by the descriptor, on the caller's arrays
+ * (the same code as the *_ref ops); all_to_all exists only here. */
+static int mpi_run(mpip_backend* b, const mpip_call* c, mpip_status* st) {
+  const char* name = c->kind == MPIP_C(KIND_ALL_REDUCE)       ? mlxd_mpi_reduce_name(c->reduce)
+                     : c->kind == MPIP_C(KIND_REDUCE_SCATTER) ? mlxd_mpi_scatter_name(c->reduce)
+                     : c->kind == MPIP_C(KIND_ALL_GATHER)     ? "all_gather"
+                     : c->kind == MPIP_C(KIND_ALL_TO_ALL)     ? "all_to_all"
+                     : c->kind == MPIP_C(KIND_SEND)           ? "send"
+                                                              : "recv";
+  int rc = mlxd_mpi_run_check(b, c, name, st);
+  if (rc) return rc;
+  size_t bytes = c->count * mlxd_mpi_host.dtype_size(c->dtype);
+  switch (c->kind) {
+    case MPIP_C(KIND_ALL_REDUCE):
+      return mpi_all_reduce_ref(b, c->seq, c->in.data, c->out.data, c->count, c->dtype, c->reduce,
+                                c->ref, st);
+    case MPIP_C(KIND_ALL_GATHER):
+      return mpi_all_gather_ref(b, c->seq, c->in.data, c->out.data, bytes, c->ref, st);
+    case MPIP_C(KIND_REDUCE_SCATTER):
+      return mpi_reduce_scatter_ref(b, c->seq, c->in.data, c->out.data, c->count, c->dtype,
+                                    c->reduce, c->ref, st);
+    case MPIP_C(KIND_ALL_TO_ALL):
+      return mlxd_mpi_all_to_all(b, c->seq, c->in.data, c->out.data, bytes, c->ref, st);
+    case MPIP_C(KIND_SEND):
+      return mlxd_mpi_send_ref(b, c->seq, c->in.data, bytes, c->peer, c->ref, st);
+    case MPIP_C(KIND_RECV):
+      return mlxd_mpi_recv_ref(b, c->seq, c->out.data, bytes, c->peer, c->ref, st);
+    default: { /* never: the core passes only the kinds of run_kinds */
+      mlxd_status s;
+      mlxd_status_reset(&s);
+      rc = mlxd_mpi_fail(&s, MPIP_EUNAVAIL, "op kind %d is not supported by this plugin",
+                         (int)c->kind);
+      return mlxd_mpi_done(rc, &s, "run", c->seq, b->rank, st);
+    }
+  }
+}
+#endif
+
 /* Split: exchange (color, key) with a bounded all-gather, then MPI_Comm_split
  * (every rank has arrived by then, so it returns promptly). Colors are
  * renumbered densely so any int works. */
@@ -587,5 +627,15 @@ static const mpip_ops k_mpi_ops = {
     .reduce_scatter_ref = mpi_reduce_scatter_ref,
     .send_ref = mlxd_mpi_send_ref,
     .recv_ref = mlxd_mpi_recv_ref,
+#endif
+#if MPIP_HAS_RUN
+    /* New in ABI v4: every kind through run (all_to_all only there), and abort. */
+    .run_kinds = MPIP_C(KIND_BIT)(MPIP_C(KIND_ALL_REDUCE)) |
+                 MPIP_C(KIND_BIT)(MPIP_C(KIND_ALL_GATHER)) |
+                 MPIP_C(KIND_BIT)(MPIP_C(KIND_REDUCE_SCATTER)) |
+                 MPIP_C(KIND_BIT)(MPIP_C(KIND_SEND)) | MPIP_C(KIND_BIT)(MPIP_C(KIND_RECV)) |
+                 MPIP_C(KIND_BIT)(MPIP_C(KIND_ALL_TO_ALL)),
+    .run = mpi_run,
+    .abort = mlxd_mpi_abort,
 #endif
 };

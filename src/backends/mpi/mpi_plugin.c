@@ -1,6 +1,6 @@
-/* The mpi plugin's entry point: the exported mlxdist_plugin_v3 (or _v1,
- * _v2 in the test builds against the frozen older headers, mpi_abi.h) and
- * the plugin table it returns (mlx/c/plugin/plugin_v3.h). */
+/* The mpi plugin's entry point: the exported mlxdist_plugin_v4 (or _v1 to
+ * _v3 in the test builds against the frozen older headers, mpi_abi.h) and
+ * the plugin table it returns (mlx/c/plugin/plugin_v4.h). */
 #include <stddef.h>
 
 #include "backends/mpi/mpi_internal.h"

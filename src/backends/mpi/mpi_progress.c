@@ -222,8 +222,9 @@ int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* 
     }
     /* With the check, a group that failed meanwhile (a mismatch found by
      * another op, e.g. a send's answer) ends the wait: its peers may never
-     * get here. */
-    if (g->check && __atomic_load_n(&g->failed_flag, __ATOMIC_ACQUIRE)) {
+     * get here. So does an abort (ABI v4): the core gives up on the group. */
+    if ((g->check || __atomic_load_n(&g->abort_flag, __ATOMIC_ACQUIRE)) &&
+        __atomic_load_n(&g->failed_flag, __ATOMIC_ACQUIRE)) {
       rc = mlxd_mpi_group_check(g, st);
       break;
     }
