@@ -28,9 +28,10 @@
 # Before the runs it prints an estimate of their duration on an idle machine.
 #
 # Environment: MHB_HOSTS (default 3), MHB_NP (ranks per host, default 2), MHB_VARIANTS,
-# MHB_OP (all_sum, all_max, all_gather, sum_scatter, sendrecv or sendrecv_bw: the op measured,
-# default all_sum; sizes are mlxdist-bench's: the whole result of all_gather, the whole input
-# of sum_scatter; sendrecv and sendrecv_bw run between ranks 0 and 1, so across two hosts with
+# MHB_OP (all_sum, all_max, all_gather, sum_scatter, sendrecv, sendrecv_bw or all_to_all: the op
+# measured, default all_sum; sizes are mlxdist-bench's: the whole result of all_gather, the whole
+# input of sum_scatter, a rank's whole input of all_to_all (MPI_Alltoall on the Open MPI side,
+# e.g. MHB_HOSTS=2 MHB_NP=2 MHB_OP=all_to_all MHB_MIN_BYTES=64); sendrecv and sendrecv_bw run between ranks 0 and 1, so across two hosts with
 # MHB_HOSTS=2 MHB_NP=1, e.g. MHB_HOSTS=2 MHB_NP=1 MHB_OP=sendrecv MHB_VARIANTS="tcp ompi"),
 # MHB_MIN_BYTES (smallest size, default 4), MHB_MAX_BYTES (default 64M), MHB_FACTOR
 # (default 8), MHB_MIN_TIME (ms of timed work per size, default 200), MHB_BATCHES (timed batches per size, default 5), MHB_RATE (e.g.
@@ -69,10 +70,10 @@ if [ ! -x "$launch" ] || [ ! -x "$bench" ]; then
   echo "bench-multihost: no mlxdist-launch/mlxdist-bench in $build/tools" >&2
   exit 2
 fi
-case $op in all_sum | all_max | all_gather | sum_scatter | sendrecv | sendrecv_bw) ;;
+case $op in all_sum | all_max | all_gather | sum_scatter | sendrecv | sendrecv_bw | all_to_all) ;;
   *)
     echo "bench-multihost: MHB_OP: '$op' is not all_sum, all_max, all_gather, sum_scatter," \
-      "sendrecv or sendrecv_bw" >&2
+      "sendrecv, sendrecv_bw or all_to_all" >&2
     exit 2
     ;;
 esac

@@ -16,6 +16,10 @@
 # osu_bw, time per message; both between ranks 0 and 1):
 #   BENCH_OPS=sendrecv,sendrecv_bw BENCH_RANKS=2 BENCH_DTYPE=uint8 BENCH_MIN_BYTES=1 \
 #     BENCH_MAX_BYTES=64M BENCH_FACTOR=8 sh scripts/bench-vs-openmpi.sh build bench-results-p2p
+# and all_to_all against MPI_Alltoall, 64 B to 64 MiB a rank (a row's size is a rank's
+# whole input, n parts of size/n, as nccl-tests' alltoall; busbw = algbw x (n-1)/n):
+#   BENCH_OPS=all_to_all BENCH_MIN_BYTES=64 BENCH_MAX_BYTES=64M BENCH_FACTOR=16 \
+#     BENCH_MIN_TIME_MS=200 BENCH_REPEATS=3 sh scripts/bench-vs-openmpi.sh build bench-results-a2a
 #
 # Builds nothing: BUILD_DIR must hold tools/mlxdist-launch, tools/mlxdist-bench and
 # tools/mpi_ref_bench. Each configuration (rank count x implementation) runs
@@ -226,7 +230,7 @@ sizes=$(awk -v b="${BENCH_MIN_BYTES:-4}" -v e="${BENCH_MAX_BYTES:-4M}" -v f="${B
   BEGIN { n = 0; big = 0
     for (x = bytes(b); x <= bytes(e); x = (x * f > x + 1) ? x * f : x + 1) { n++; if (x >= 33554432) big++ }
     print n, big }')
-nops=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++) n += ($i == "all") ? 6 : 1; print n }')
+nops=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++) n += ($i == "all") ? 7 : 1; print n }')
 nred=$(echo "${BENCH_OPS:-all}" | awk -F, '{ n = 0; for (i = 1; i <= NF; i++)
   n += ($i == "all") ? 3 : ($i ~ /^(all_sum|all_max|sum_scatter)$/); print n }')
 rows=$((${sizes% *} * nops))
