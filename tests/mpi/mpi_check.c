@@ -4,7 +4,8 @@
  *   mpi_check mismatch   every kind of mismatched call, each on a fresh group:
  *                        dtype, element count (1M vs 1M+1), reduce op, op
  *                        kind (all_sum vs all_gather, vs sum_scatter, vs
- *                        split), send/recv byte count. Every rank involved
+ *                        split; all_to_all vs all_gather of the same bytes),
+ *                        all_to_all part size, send/recv byte count. Every rank involved
  *                        must fail with "mismatched calls: rank A called X,
  *                        rank B called Y", well before MLXDIST_TIMEOUT, and
  *                        the group's next op must fail fast with the same
@@ -65,7 +66,7 @@ static mlx_array filled(mlx_dtype d, size_t n, double v) {
   return a;
 }
 
-typedef enum { OP_SUM, OP_MAX, OP_GATHER, OP_SCATTER, OP_SPLIT } coll;
+typedef enum { OP_SUM, OP_MAX, OP_GATHER, OP_SCATTER, OP_A2A, OP_SPLIT } coll;
 
 /* Queue and evaluate one collective; returns eval's result (errors recorded). */
 static int run_coll(mlx_distributed_group g, coll op, mlx_dtype d, size_t n) {
@@ -77,6 +78,7 @@ static int run_coll(mlx_distributed_group g, coll op, mlx_dtype d, size_t n) {
     case OP_MAX: rc = mlx_distributed_all_max(&r, x, g, s); break;
     case OP_GATHER: rc = mlx_distributed_all_gather(&r, x, g, s); break;
     case OP_SCATTER: rc = mlx_distributed_sum_scatter(&r, x, g, s); break;
+    case OP_A2A: rc = mlx_distributed_all_to_all(&r, x, g, s); break;
     case OP_SPLIT: {
       mlx_distributed_group sub = mlx_distributed_group_new();
       rc = mlx_distributed_group_split(&sub, g, 0, g_rank);
@@ -178,6 +180,13 @@ static int run_mismatch(void) {
             "all_sum(float32 x 3)");
   coll_case("split vs all_sum", 2, OP_SUM, MLX_FLOAT32, 10, OP_SPLIT, MLX_FLOAT32, 0,
             "mismatched calls: rank 0 called all_sum(float32 x 10), rank 2 called split");
+  /* all_to_all (parts of 8 bytes) on ranks 0 and 2, all_gather of 8 bytes on rank 1. */
+  coll_case("all_to_all vs all_gather", 1, OP_A2A, MLX_FLOAT32, 6, OP_GATHER, MLX_FLOAT32, 2,
+            "mismatched calls: rank 0 called all_to_all(8 bytes a part), rank 1 called "
+            "all_gather(8 bytes)");
+  coll_case("all_to_all part size", 2, OP_A2A, MLX_FLOAT32, 6, OP_A2A, MLX_FLOAT32, 9,
+            "mismatched calls: rank 0 called all_to_all(8 bytes a part), rank 2 called "
+            "all_to_all(12 bytes a part)");
   p2p_case();
   printf("rank %d: mpi_check mismatch %s\n", g_rank, t_check_failures() ? "FAILED" : "OK");
   return t_exit_status();
@@ -186,7 +195,7 @@ static int run_mismatch(void) {
 static int run_match(void) {
   mlx_distributed_group g = fresh_group();
   mlx_stream s = mlx_stream_new();
-  /* all_sum, all_max, all_gather, sum_scatter, split, with the check on. */
+  /* all_sum, all_max, all_gather, sum_scatter, all_to_all, split, with the check on. */
   mlx_array x = filled(MLX_FLOAT32, 6, 1), r = mlx_array_new();
   T_EQ_INT(mlx_distributed_all_sum(&r, x, g, s), 0);
   T_EQ_INT(mlx_array_eval(r), 0);
@@ -200,6 +209,13 @@ static int run_match(void) {
   T_EQ_INT(mlx_distributed_sum_scatter(&r, x, g, s), 0);
   T_EQ_INT(mlx_array_eval(r), 0);
   T_CHECK(mlx_array_size(r) == 2 && mlx_array_data_float32(r)[1] == 3.0f);
+  /* all_to_all: part i of the result is rank i's part for this rank. */
+  mlx_array y = filled(MLX_FLOAT32, 6, g_rank + 1);
+  T_EQ_INT(mlx_distributed_all_to_all(&r, y, g, s), 0);
+  T_EQ_INT(mlx_array_eval(r), 0);
+  T_CHECK(mlx_array_size(r) == 6);
+  for (int i = 0; i < 3; i++) T_CHECK(mlx_array_data_float32(r)[2 * i + 1] == (float)(i + 1));
+  mlx_array_free(y);
   mlx_distributed_group sub = mlx_distributed_group_new();
   T_EQ_INT(mlx_distributed_group_split(&sub, g, g_rank % 2, g_rank), 0);
   T_CHECK(mlx_distributed_group_size(sub) == (g_rank % 2 ? 1 : 2));

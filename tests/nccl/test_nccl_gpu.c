@@ -22,7 +22,7 @@
 
 #include "core/gpu.h"
 #include "mlx/c/mlx.h"
-#include "mlx/c/plugin/plugin_v3.h"
+#include "mlx/c/plugin/plugin_v4.h"
 #include "testutil.h"
 #include "util/clock.h"
 
@@ -95,21 +95,21 @@ static int run_provider(void) {
 
 /* ---- the plugin's table, one rank ---- */
 
-static size_t k_size[MLXDIST_V3_DTYPE_COUNT] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 2, 8};
+static size_t k_size[MLXDIST_V4_DTYPE_COUNT] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 2, 8};
 static double g_timeout = 5;
-static size_t h_dtype_size(mlxdist_v3_dtype d) {
-  return d >= 0 && d < MLXDIST_V3_DTYPE_COUNT ? k_size[d] : 0;
+static size_t h_dtype_size(mlxdist_v4_dtype d) {
+  return d >= 0 && d < MLXDIST_V4_DTYPE_COUNT ? k_size[d] : 0;
 }
 static double h_timeout(void) { return g_timeout; }
 static double h_spin(void) { return 0; }
-static const mlxdist_v3_host k_host = {.struct_size = sizeof(mlxdist_v3_host),
-                                       .version = 3,
+static const mlxdist_v4_host k_host = {.struct_size = sizeof(mlxdist_v4_host),
+                                       .version = 4,
                                        .dtype_size = h_dtype_size,
                                        .timeout_s = h_timeout,
                                        .spin_us = h_spin};
 
-static int32_t local_gather(mlxdist_v3_bootstrap* bs, void* dst, const void* src, size_t n,
-                            mlxdist_v3_status* st) {
+static int32_t local_gather(mlxdist_v4_bootstrap* bs, void* dst, const void* src, size_t n,
+                            mlxdist_v4_status* st) {
   (void)st;
   T_ASSERT(bs->size == 1 && bs->rank == 0);
   memcpy(dst, src, n);
@@ -117,8 +117,8 @@ static int32_t local_gather(mlxdist_v3_bootstrap* bs, void* dst, const void* src
 }
 
 /* Rank 0 of 2 where rank 1 never comes: its part is a copy of rank 0's. */
-static int32_t lonely_gather(mlxdist_v3_bootstrap* bs, void* dst, const void* src, size_t n,
-                             mlxdist_v3_status* st) {
+static int32_t lonely_gather(mlxdist_v4_bootstrap* bs, void* dst, const void* src, size_t n,
+                             mlxdist_v4_status* st) {
   (void)st;
   T_ASSERT(bs->size == 2 && bs->rank == 0);
   memcpy(dst, src, n);
@@ -126,7 +126,7 @@ static int32_t lonely_gather(mlxdist_v3_bootstrap* bs, void* dst, const void* sr
   return 0;
 }
 
-static const mlxdist_v3_plugin* load_plugin(void) {
+static const mlxdist_v4_plugin* load_plugin(void) {
   const char* path = MLXDIST_TEST_NCCL_PLUGIN;
   if (!*path) {
     printf("SKIP: the nccl plugin was not built (no CUDA/NCCL headers at configure time)\n");
@@ -134,42 +134,42 @@ static const mlxdist_v3_plugin* load_plugin(void) {
   }
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   T_REQUIREF(h != NULL, "dlopen %s: %s", path, dlerror());
-  mlxdist_v3_entry entry = NULL;
-  void* f = dlsym(h, MLXDIST_PLUGIN_V3_SYMBOL);
+  mlxdist_v4_entry entry = NULL;
+  void* f = dlsym(h, MLXDIST_PLUGIN_V4_SYMBOL);
   memcpy(&entry, &f, sizeof f);
   T_ASSERT(entry != NULL);
-  const mlxdist_v3_plugin* p = entry(&k_host);
+  const mlxdist_v4_plugin* p = entry(&k_host);
   T_ASSERT(p != NULL);
   char why[512] = "";
   T_REQUIREF(p->is_available(why, sizeof why), "nccl unavailable: %s", why);
   return p;
 }
 
-static void fill(unsigned char* b, size_t n, mlxdist_v3_dtype d) {
+static void fill(unsigned char* b, size_t n, mlxdist_v4_dtype d) {
   for (size_t i = 0; i < n; i++) b[i] = (unsigned char)(i * 13 + 5);
-  if (d == MLXDIST_V3_DTYPE_FLOAT16 || d == MLXDIST_V3_DTYPE_BFLOAT16 ||
-      d == MLXDIST_V3_DTYPE_FLOAT32 || d == MLXDIST_V3_DTYPE_FLOAT64 ||
-      d == MLXDIST_V3_DTYPE_COMPLEX64) {
+  if (d == MLXDIST_V4_DTYPE_FLOAT16 || d == MLXDIST_V4_DTYPE_BFLOAT16 ||
+      d == MLXDIST_V4_DTYPE_FLOAT32 || d == MLXDIST_V4_DTYPE_FLOAT64 ||
+      d == MLXDIST_V4_DTYPE_COMPLEX64) {
     /* finite values only (a NaN never compares equal to itself) */
     for (size_t i = 0; i < n; i += k_size[d])
       b[i + k_size[d] - 1] = (unsigned char)(b[i + k_size[d] - 1] & 0x3f);
-    if (d == MLXDIST_V3_DTYPE_COMPLEX64)
+    if (d == MLXDIST_V4_DTYPE_COMPLEX64)
       for (size_t i = 3; i < n; i += 4) b[i] &= 0x3f;
   }
 }
 
 static int run_plugin(void) {
-  const mlxdist_v3_plugin* p = load_plugin();
+  const mlxdist_v4_plugin* p = load_plugin();
   setenv("MLX_RANK", "0", 1);
   setenv("MLX_WORLD_SIZE", "1", 1);
-  mlxdist_v3_bootstrap bs = {.struct_size = sizeof bs, .all_gather = local_gather};
-  mlxdist_v3_status st;
+  mlxdist_v4_bootstrap bs = {.struct_size = sizeof bs, .all_gather = local_gather};
+  mlxdist_v4_status st;
   memset(&st, 0, sizeof st);
-  mlxdist_v3_backend* b = NULL;
+  mlxdist_v4_backend* b = NULL;
   T_REQUIREF(p->create(&bs, &b, &st) == 0, "%s", st.msg);
   T_EQ_INT(b->rank, 0);
   T_EQ_INT(b->size, 1);
-  T_EQ_INT(b->device, MLXDIST_V3_DEVICE_GPU);
+  T_EQ_INT(b->device, MLXDIST_V4_DEVICE_GPU);
   char line[256];
   b->ops->describe(b, line, sizeof line);
   printf("instance: %s\n", line);
@@ -177,20 +177,20 @@ static int run_plugin(void) {
   unsigned char in[8 * 1000], out[8 * 1000];
   uint64_t seq = 0;
   static const char* ops[] = {"sum", "max", "min"};
-  for (int d = 0; d < MLXDIST_V3_DTYPE_COUNT; d++) {
+  for (int d = 0; d < MLXDIST_V4_DTYPE_COUNT; d++) {
     size_t bytes = count * k_size[d];
     fill(in, bytes, d);
-    for (int op = 0; op < MLXDIST_V3_OP_COUNT; op++) {
-      bool lacks = d == MLXDIST_V3_DTYPE_BOOL || d == MLXDIST_V3_DTYPE_INT16 ||
-                   d == MLXDIST_V3_DTYPE_UINT16 ||
-                   (d == MLXDIST_V3_DTYPE_COMPLEX64 && op != MLXDIST_V3_OP_SUM);
+    for (int op = 0; op < MLXDIST_V4_OP_COUNT; op++) {
+      bool lacks = d == MLXDIST_V4_DTYPE_BOOL || d == MLXDIST_V4_DTYPE_INT16 ||
+                   d == MLXDIST_V4_DTYPE_UINT16 ||
+                   (d == MLXDIST_V4_DTYPE_COMPLEX64 && op != MLXDIST_V4_OP_SUM);
       for (int rs = 0; rs < 2; rs++) {
         memset(out, 0xAB, bytes);
         memset(&st, 0, sizeof st);
         int32_t rc = rs ? b->ops->reduce_scatter(b, seq++, in, out, count, d, op, &st)
                         : b->ops->all_reduce(b, seq++, in, out, count, d, op, &st);
         if (lacks) {
-          T_CHECKF(rc == MLXDIST_V3_EINVAL && strstr(st.msg, "NCCL cannot reduce"),
+          T_CHECKF(rc == MLXDIST_V4_EINVAL && strstr(st.msg, "NCCL cannot reduce"),
                    "dtype %d op %s: rc %d %s", d, ops[op], rc, st.msg);
         } else {
           /* one rank: the CPU's result is the input itself */
@@ -203,16 +203,49 @@ static int run_plugin(void) {
     memset(out, 0, bytes);
     T_CHECKF(b->ops->all_gather(b, seq++, in, out, bytes, &st) == 0, "%s", st.msg);
     T_CHECK(memcmp(in, out, bytes) == 0);
+    /* ABI v4: all_to_all through run, host buffers (staged), the plugin's own stream */
+    memset(out, 0, bytes);
+    mlxdist_v4_call call = {.struct_size = sizeof call,
+                            .kind = MLXDIST_V4_KIND_ALL_TO_ALL,
+                            .seq = seq++,
+                            .dtype = d,
+                            .count = count,
+                            .peer = -1,
+                            .stream_device = -1,
+                            .in = {in, bytes, MLXDIST_V4_MEM_HOST, -1},
+                            .out = {out, bytes, MLXDIST_V4_MEM_HOST, -1}};
+    T_REQUIRE(b->ops->run_kinds & MLXDIST_V4_KIND_BIT(MLXDIST_V4_KIND_ALL_TO_ALL));
+    T_CHECKF(b->ops->run(b, &call, &st) == 0, "all_to_all dtype %d: %s", d, st.msg);
+    T_CHECK(memcmp(in, out, bytes) == 0);
+  }
+  /* another GPU's device memory is refused by name, before anything is queued */
+  {
+    mlxdist_v4_call call = {.struct_size = sizeof call,
+                            .kind = MLXDIST_V4_KIND_ALL_TO_ALL,
+                            .seq = seq,
+                            .dtype = MLXDIST_V4_DTYPE_UINT8,
+                            .count = 8,
+                            .peer = -1,
+                            .stream_device = -1,
+                            .in = {in, 8, MLXDIST_V4_MEM_DEVICE, 99},
+                            .out = {out, 8, MLXDIST_V4_MEM_HOST, -1}};
+    T_CHECKF(b->ops->run(b, &call, &st) == MLXDIST_V4_EINVAL && strstr(st.msg, "cannot use"),
+             "%s", st.msg);
   }
   /* split into a one-rank child; it works too */
-  mlxdist_v3_backend* c = NULL;
+  mlxdist_v4_backend* c = NULL;
   T_CHECKF(b->ops->split(b, seq++, 0, 0, &c, &st) == 0, "%s", st.msg);
   if (c) {
     T_EQ_INT(c->size, 1);
-    fill(in, 64, MLXDIST_V3_DTYPE_FLOAT32);
-    T_CHECKF(c->ops->all_reduce(c, 0, in, out, 16, MLXDIST_V3_DTYPE_FLOAT32, 0, &st) == 0, "%s",
+    fill(in, 64, MLXDIST_V4_DTYPE_FLOAT32);
+    T_CHECKF(c->ops->all_reduce(c, 0, in, out, 16, MLXDIST_V4_DTYPE_FLOAT32, 0, &st) == 0, "%s",
              st.msg);
     T_CHECK(memcmp(in, out, 64) == 0);
+    /* ABI v4's abort: the next op fails at once, naming the reason */
+    c->ops->abort(c, "the test aborts it");
+    T_CHECK(c->ops->all_reduce(c, 1, in, out, 16, MLXDIST_V4_DTYPE_FLOAT32, 0, &st) ==
+            MLXDIST_V4_EABORTED);
+    T_CHECKF(strstr(st.msg, "aborted: the test aborts it") != NULL, "%s", st.msg);
     c->ops->destroy(c);
   }
   b->ops->destroy(b);
@@ -220,11 +253,11 @@ static int run_plugin(void) {
   /* an init that cannot complete (rank 1 of 2 never comes): bounded, aborted, named */
   setenv("MLX_WORLD_SIZE", "2", 1);
   g_timeout = 3;
-  mlxdist_v3_bootstrap bs2 = {.struct_size = sizeof bs2, .all_gather = lonely_gather};
+  mlxdist_v4_bootstrap bs2 = {.struct_size = sizeof bs2, .all_gather = lonely_gather};
   b = NULL;
   double t0 = mlxd_now();
   int32_t rc = p->create(&bs2, &b, &st);
-  T_CHECKF(rc == MLXDIST_V3_ETIMEDOUT, "rc %d: %s", rc, st.msg);
+  T_CHECKF(rc == MLXDIST_V4_ETIMEDOUT, "rc %d: %s", rc, st.msg);
   T_CHECKF(strstr(st.msg, "[nccl] init #0 on rank 0: not complete after 3 s") != NULL, "%s",
            st.msg);
   T_CHECK(mlxd_now() - t0 < 30);
