@@ -5,11 +5,14 @@
  *   2  mlxdist_plugin_v2 returns a table whose struct_size is too small
  *   3  a valid v2 table whose instances have an ops table too small to hold
  *      the v1 ops (found when create runs)
+ *   4  a valid v4 table whose instances name kinds in run_kinds but set no
+ *      run op (found when create runs)
  * It includes only the frozen ABI headers, as a third-party plugin would. */
 #include <string.h>
 
 #include <mlx/c/plugin/plugin_v1.h>
 #include <mlx/c/plugin/plugin_v2.h>
+#include <mlx/c/plugin/plugin_v4.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -42,6 +45,47 @@ const mlxdist_v1_plugin* mlxdist_plugin_v1(const mlxdist_v1_host* host) {
   return &k_plugin;
 }
 
+#elif BAD_MODE == 4
+static bool v4_available(char* why, size_t n) {
+  if (why && n) why[0] = '\0';
+  return true;
+}
+static bool v4_configured(bool with_bootstrap) { return !with_bootstrap; }
+static int32_t v4_split(mlxdist_v4_backend* b, uint64_t seq, int32_t color, int32_t key,
+                        mlxdist_v4_backend** out, mlxdist_v4_status* st) {
+  (void)b, (void)seq, (void)color, (void)key, (void)st;
+  *out = NULL;
+  return MLXDIST_V4_EUNAVAIL;
+}
+static void v4_destroy(mlxdist_v4_backend* b) { (void)b; }
+/* Every kind said to go through run, and no run. */
+static const mlxdist_v4_ops k_norun_ops = {
+    .struct_size = sizeof(mlxdist_v4_ops),
+    .split = v4_split,
+    .destroy = v4_destroy,
+    .run_kinds = ~(uint64_t)0,
+};
+static mlxdist_v4_backend k_instance = {.ops = &k_norun_ops, .rank = 0, .size = 2};
+static int32_t v4_create(mlxdist_v4_bootstrap* bs, mlxdist_v4_backend** out,
+                         mlxdist_v4_status* st) {
+  (void)bs, (void)st;
+  *out = &k_instance;
+  return MLXDIST_V4_OK;
+}
+static const mlxdist_v4_plugin k_plugin = {
+    .struct_size = sizeof(mlxdist_v4_plugin),
+    .version = MLXDIST_PLUGIN_V4_VERSION,
+    .name = "mpi",
+    .is_available = v4_available,
+    .is_configured = v4_configured,
+    .supports_bootstrap = false,
+    .create = v4_create,
+};
+EXPORT const mlxdist_v4_plugin* mlxdist_plugin_v4(const mlxdist_v4_host* host);
+const mlxdist_v4_plugin* mlxdist_plugin_v4(const mlxdist_v4_host* host) {
+  (void)host;
+  return &k_plugin;
+}
 #else /* BAD_MODE 2 and 3: ABI v2 */
 
 static bool v2_available(char* why, size_t n) {

@@ -5,7 +5,9 @@
  *   smalltable ... one whose plugin table's struct_size is too small
  *   smallops   ... a valid one whose instances' ops table is too small: it
  *              loads, and init fails when it wraps the instance
- * (bad_plugin.c builds those three.) When a real mpi plugin sits next to
+ *   norun      ... a valid v4 one whose instances set run_kinds without run:
+ *              it loads, and init fails when it wraps the instance
+ * (bad_plugin.c builds those four.) When a real mpi plugin sits next to
  * libmlxdist or in the install directory, the loader goes on to it after a
  * refused file, so emptypath, badabi and smalltable then expect "available". */
 #include <stdbool.h>
@@ -103,8 +105,19 @@ int main(int argc, char** argv) {
     T_EXPECT_NO_ERROR();
     T_EQ_INT(mlx_distributed_group_size(g), 1);
     mlx_distributed_group_free(g);
+  } else if (strcmp(mode, "norun") == 0) {
+    /* ABI v4: an instance whose run_kinds names kinds but that has no run */
+    setenv("MLXDIST_PLUGIN_PATH", MLXDIST_TEST_BAD_PLUGIN_DIR "4", 1);
+    T_ASSERT(mlx_distributed_is_available("mpi"));
+    mlx_distributed_group g = mlx_distributed_group_new();
+    T_ASSERT(mlx_distributed_init(&g, true, "mpi") != 0);
+    T_EXPECT_ERROR("[mpi] the plugin " MLXDIST_TEST_BAD_PLUGIN_DIR
+                   "4/libmlxdist-mpi.so gave an instance whose ops table sets run_kinds but no "
+                   "run op");
+    T_ASSERT(g.ctx == NULL);
   } else {
-    T_FAIL("unknown mode '%s' (expected libname, emptypath, badabi, smalltable or smallops)", mode);
+    T_FAIL("unknown mode '%s' (expected libname, emptypath, badabi, smalltable, smallops or norun)",
+           mode);
   }
   T_EXPECT_NO_ERROR();
   printf("test_dist_plugin %s: ok (plugin elsewhere: %s)\n", mode, elsewhere ? "yes" : "no");
