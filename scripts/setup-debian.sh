@@ -5,6 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config clang clang-format libcjson-dev libssl-dev openmpi-bin libopenmpi-dev
       valgrind gnuplot-nox iproute2 nftables procps tcpdump openssh-server openssh-client
       libibverbs1   # jaccl loads it at run time (dlopen); the runtime only: no RDMA headers needed
+      mpich libmpich-dev # the mpi plugin is also tested against MPICH (scripts/test.sh; Open MPI stays the default mpicc/mpirun)
       libpmix2 libpmix-dev # the ring under PMIx loads libpmix at run time; <pmix.h> for config_pmix_abi
       # tests/vm (soft-RoCE in a VM, docs/jaccl.md): qemu, Debian's kernel (its rdma_rxe module),
       # the initramfs' tools (busybox, kmod; iproute2 has `rdma`), the rxe provider, ibv_rc_pingpong,

@@ -2,8 +2,9 @@
 # The whole test suite: check the formatting (clang-format), then build and run
 # every test three times — a normal build (warnings are errors, gcc),
 # AddressSanitizer + UndefinedBehaviorSanitizer, and ThreadSanitizer — plus a
-# warnings-as-errors build with clang and a short run of every fuzz target
-# (MLXDIST_FUZZ_SECONDS each, default 15).
+# warnings-as-errors build with clang, the mpi plugin's tests against MPICH
+# (Open MPI is the default everywhere else) and a short run of every fuzz
+# target (MLXDIST_FUZZ_SECONDS each, default 15).
 #   usage: scripts/test.sh [--setup]
 # --setup (or MLXDIST_SETUP=1) first installs the Debian packages the tests need
 # (scripts/setup-debian.sh, as root or through sudo); without it the script
@@ -54,6 +55,15 @@ run_ctest build-test
 
 echo "== clang build (-Werror) =="
 CC=clang configure_build build-clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMLXDIST_BUILD_TESTS=ON
+
+echo "== the mpi plugin against MPICH (mpicc.mpich, mpiexec.mpich) =="
+if command -v mpicc.mpich >/dev/null && command -v mpiexec.mpich >/dev/null; then
+  configure_build build-mpich -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMPI_C_COMPILER="$(command -v mpicc.mpich)" -DMPIEXEC_EXECUTABLE="$(command -v mpiexec.mpich)"
+  run_ctest build-mpich -L mpi -R '^(mpi_|distributed_plugin_mpi)' -E '^mpi_a2a_big'
+else
+  echo "MPICH stage skipped: mpicc.mpich / mpiexec.mpich not installed (scripts/setup-debian.sh)"
+fi
 
 echo "== fuzz targets (libFuzzer + ASan/UBSan, ${MLXDIST_FUZZ_SECONDS:-15} s each) =="
 # A short run in CI; scripts/fuzz.sh 600 is the long run (docs/security.md).

@@ -54,11 +54,13 @@ static int mlxd_ref_one(mlxd_bench_op op, const void* in, void* out, const mlxd_
        * then a one-element ack from rank 1 (mlxdist-bench: the same window) */
       int nwin = mlxd_bench_bw_window(sh->row_bytes), rc = MPI_SUCCESS;
       MPI_Request req[MLXD_BENCH_BW_WINDOW];
+      MPI_Status sts[MLXD_BENCH_BW_WINDOW]; /* not MPI_STATUSES_IGNORE: gcc 12 takes MPICH's
+                                             * (MPI_Status*)1 for an empty array (stringop-overflow) */
       if (rank > 1) return MPI_SUCCESS;
       for (int i = 0; i < nwin && rc == MPI_SUCCESS; i++)
         rc = rank == 0 ? MPI_Isend(in, cnt, t, 1, 9, MPI_COMM_WORLD, &req[i])
                        : MPI_Irecv(out, cnt, t, 0, 9, MPI_COMM_WORLD, &req[i]);
-      if (rc == MPI_SUCCESS) rc = MPI_Waitall(nwin, req, MPI_STATUSES_IGNORE);
+      if (rc == MPI_SUCCESS) rc = MPI_Waitall(nwin, req, sts);
       if (rc != MPI_SUCCESS) return rc;
       if (rank == 0) return MPI_Recv(out, 1, t, 1, 10, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
       return MPI_Send(in, 1, t, 0, 10, MPI_COMM_WORLD);
