@@ -161,7 +161,9 @@ static void abandon_left(const MPI_Request* reqs, int n, const mpi_keep* keep) {
 }
 
 /* A request completed with MPI error err: its MPI_Error_string; a receive
- * too small for its message (MPI_ERR_TRUNCATE) is said in words. */
+ * too small for its message (MPI_ERR_TRUNCATE) is said in words, with the
+ * class's name whatever the library's text (Open MPI's names it, MPICH's
+ * says "Message truncated" with no name). */
 static int request_failed(mlxd_status* st, int err, const char* what, int peer) {
   /* (peer: a receive's source; collectives pass -1) */
   int cls = MPI_ERR_OTHER;
@@ -172,10 +174,12 @@ static int request_failed(mlxd_status* st, int err, const char* what, int peer) 
   int len = 0;
   if (MPI_Error_string(err, text, &len) != MPI_SUCCESS || len <= 0) len = 0;
   text[len > MPI_MAX_ERROR_STRING ? MPI_MAX_ERROR_STRING : len] = '\0';
+  bool named = len && strstr(text, "MPI_ERR_TRUNCATE");
   return mlxd_mpi_fail(st, MPIP_EINVAL,
-                       "%s: the message that arrived is larger (%s; shape and dtype of send and "
-                       "recv must match)",
-                       what, len ? text : "MPI_ERR_TRUNCATE");
+                       "%s: the message that arrived is larger (%s%s%s; shape and dtype of send "
+                       "and recv must match)",
+                       what, named ? "" : "MPI_ERR_TRUNCATE", !named && len ? ": " : "",
+                       len ? text : "");
 }
 
 int mlxd_mpi_wait_reqs_keep(mpi_group* g, MPI_Request* reqs, int n, MPI_Status* statuses,
