@@ -11,17 +11,22 @@
 #     message, a buffer freed and reallocated at the same address between two large sends
 #     (1 and 2 rails), bytes per path printed; the algorithm suite at 2 ranks, 2 rails, with the
 #     threshold lowered to 4 KiB (MLXDIST_VERBS_ZCOPY_BYTES), so most messages are rendezvous.
+#   - all_to_all's parts (test_vm_a2a_zcopy, 3 ranks, and 4 with 2 rails): parts from 1000 B
+#     to 5 MiB, each size twice; the bytes by path must be exactly the staged small parts and
+#     the RDMA-read (or bounced) large ones, with some zero copy.
 #   usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE TEST_VERBS_ZCOPY
+#          TEST_VM_A2A_ZCOPY
 # VM_VERBS_CASES (space-separated names below; default all) runs a subset. Exit 77 (skip)
 # where the harness cannot run (not root, no qemu or kernel).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-usage="usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE TEST_VERBS_ZCOPY"
+usage="usage: vm_verbs.sh TEST_ALGO TEST_TRANSPORT TEST_SIG_TRANSPORT TEST_VERBS_LIVE TEST_VERBS_ZCOPY TEST_VM_A2A_ZCOPY"
 algo=${1:?$usage}
 transport=${2:?$usage}
 sigt=${3:?$usage}
 live=${4:?$usage}
 zcopy=${5:?$usage}
+a2azc=${6:?$usage}
 share=$(mktemp -d /tmp/mlxdist-vmshare.XXXXXX)
 trap 'rm -rf "$share"' EXIT
 cp "$algo" "$share/test_algo"
@@ -29,7 +34,8 @@ cp "$transport" "$share/test_transport"
 cp "$sigt" "$share/test_sig_transport"
 cp "$live" "$share/test_verbs_live"
 cp "$zcopy" "$share/test_verbs_zcopy"
-cases=${VM_VERBS_CASES:-"algo2 algo3 algo4 algo2r threads sig kill kill4 stop busy stall zc zc2r algozc"}
+cp "$a2azc" "$share/test_vm_a2a_zcopy"
+cases=${VM_VERBS_CASES:-"algo2 algo3 algo4 algo2r threads sig kill kill4 stop busy stall zc zc2r algozc a2azc3 a2azc4r"}
 {
   echo "# runs inside the VM, in /share (busybox sh)"
   echo "VM_VERBS_TAIL=${VM_VERBS_TAIL:-15}"
@@ -65,8 +71,10 @@ run stall ./test_verbs_live stall verbs
 run zc ./test_verbs_zcopy verbs
 run zc2r ./test_verbs_zcopy verbs:2
 run algozc env MLXDIST_VERBS_ZCOPY_BYTES=4096 ./test_algo verbs:2 2
+run a2azc3 ./test_vm_a2a_zcopy verbs 3
+run a2azc4r ./test_vm_a2a_zcopy verbs:2 4
 grep -h "survivors failed after\|waited for: ok\|stall over" kill.log kill4.log stop.log busy.log stall.log 2>/dev/null
-grep -h "zero-copy" zc.log zc2r.log 2>/dev/null
+grep -h "zero-copy" zc.log zc2r.log a2azc3.log a2azc4r.log 2>/dev/null
 exit $fail
 RUN
 } >"$share/run.sh"
