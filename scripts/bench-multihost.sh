@@ -200,10 +200,11 @@ est=$(awk -v lo="$min_bytes" -v e="$max_bytes" -v f="$factor" -v t="$min_time" -
   esac
   echo "mlxdist run:  ${mlx_cmd[*]} --env MLXDIST_TRANSPORT=auto --env MLXDIST_ALGO=<v> -- $bench ${bopts[*]}"
   if [ $algo_known = 1 ]; then
-    # which algorithm each mlxdist variant runs, small and large (MLX_RING_VERBOSE, rank 0)
+    # which algorithm each mlxdist variant runs for all_sum, small and large
+    # (MLX_RING_VERBOSE, rank 0; it names all_sum's choice whatever MHB_OP is)
     for v in $variants; do
       case $v in ompi | tcp | whole) continue ;; esac
-      echo "mlxdist $v:$(mh_client "${mlx_cmd[@]}" --env MLXDIST_TRANSPORT=auto --env "MLXDIST_ALGO=$v" \
+      echo "mlxdist $v (all_sum's choice):$(mh_client "${mlx_cmd[@]}" --env MLXDIST_TRANSPORT=auto --env "MLXDIST_ALGO=$v" \
         --env MLX_RING_VERBOSE=1 -- "$bench" --op all_sum -b 4 -e 1M -f 262144 -t 0 -n 1 -w 0 \
         --batches 1 2>&1 | sed -n 's/.*\[ring\] rank 0: all_sum \([0-9]* B: .*\)/\1/p' | sort -u |
         tr '\n' ';' | sed 's/;$//; s/;/; /g; s/^/ /')"
