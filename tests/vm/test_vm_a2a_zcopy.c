@@ -4,12 +4,14 @@
  * (mlxd_algo_all_to_all) on buffers of mlxdist's own (mlxd_buffer_alloc, as
  * the arrays of the API are) at part sizes on both sides of
  * MLXDIST_VERBS_ZCOPY_BYTES (256 KiB), each twice (the second finds its
- * registrations cached), every byte checked. Then each rank's bytes by path
+ * registrations cached, and is preceded by an all_to_all of 1-byte parts,
+ * so that every rank enters it at about the same time), every byte checked. Then each rank's bytes by path
  * (mlxd_verbs_copy_counts) must be exactly what the parts make: every part
  * below the threshold staged once by its sender, every part from it read by
  * RDMA into the receiver's output (zero copy) or, when the peer's offer came
  * before this rank had posted its receive, into a bounce buffer; nothing
- * else staged, and some zero copy.
+ * else staged, and some zero copy. The share of large bytes that bounced is
+ * printed for the first (unsynchronised) and the second round.
  *
  *   test_vm_a2a_zcopy [verbs[:K]] [ranks] */
 #include <stdint.h>
@@ -36,6 +38,7 @@ static int a2a_rank(mlxd_transport* t, void* arg) {
                                  ZC,   ((size_t)1 << 20) + 3,  (size_t)5 << 20};
   int n = t->size, r = t->rank;
   uint64_t staged = 0, large_in = 0, seq = 1;
+  uint64_t bounced[2] = {0, 0}, large[2] = {0, 0}; /* per round: bytes bounced, large bytes in */
   for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
     size_t P = parts[k], total = P * (size_t)n;
     unsigned char* in = mlxd_buffer_alloc(total);
@@ -46,16 +49,29 @@ static int a2a_rank(mlxd_transport* t, void* arg) {
         for (size_t b = 0; b < P; b++) in[(size_t)j * P + b] = val(r, j, b + (size_t)rep);
       memset(out, 0xEE, total);
       mlxd_status st;
-      int rc = mlxd_algo_all_to_all(t, seq, NULL, in, out, P, &st);
+      int rc;
+      if (rep == 1) { /* 1-byte parts: every rank is in this op before any leaves it */
+        unsigned char one[8] = {0}, got[8];
+        rc = mlxd_algo_all_to_all(t, seq++, NULL, one, got, 1, &st);
+        T_REQUIREF(rc == 0, "rank %d: all_to_all of 1-byte parts: %s", r, st.msg);
+        staged += (uint64_t)(n - 1);
+      }
+      uint64_t c0[3], c1[3];
+      mlxd_verbs_copy_counts(c0);
+      rc = mlxd_algo_all_to_all(t, seq, NULL, in, out, P, &st);
+      mlxd_verbs_copy_counts(c1);
       T_REQUIREF(rc == 0, "rank %d: all_to_all of %zu-byte parts: %s", r, P, st.msg);
       for (int i = 0; i < n; i++)
         for (size_t b = 0; b < P; b++)
           if (out[(size_t)i * P + b] != val(i, r, b + (size_t)rep))
             T_FAIL("rank %d: %zu-byte parts, part %d byte %zu wrong", r, P, i, b);
-      if (P < ZC)
+      if (P < ZC) {
         staged += (uint64_t)P * (uint64_t)(n - 1);
-      else
+      } else {
         large_in += (uint64_t)P * (uint64_t)(n - 1);
+        large[rep] += (uint64_t)P * (uint64_t)(n - 1);
+        bounced[rep] += c1[2] - c0[2];
+      }
     }
     mlxd_buffer_free(in, total);
     mlxd_buffer_free(out, total);
@@ -63,10 +79,11 @@ static int a2a_rank(mlxd_transport* t, void* arg) {
   uint64_t c[3];
   mlxd_verbs_copy_counts(c);
   printf(
-      "rank %d of %d: staged %llu, zero-copy %llu, bounced %llu bytes (parts from 256 KiB: "
-      "%.1f %% zero copy)\n",
+      "rank %d of %d: staged %llu, zero-copy %llu, bounced %llu bytes; of the parts from "
+      "256 KiB bounced: %.1f %% unsynchronised, %.1f %% after a 1-byte all_to_all\n",
       r, n, (unsigned long long)c[0], (unsigned long long)c[1], (unsigned long long)c[2],
-      large_in ? 100.0 * (double)c[1] / (double)large_in : 0.0);
+      large[0] ? 100.0 * (double)bounced[0] / (double)large[0] : 0.0,
+      large[1] ? 100.0 * (double)bounced[1] / (double)large[1] : 0.0);
   T_CHECKF(c[0] == staged, "rank %d: %llu bytes staged, %llu expected (the parts below 256 KiB)", r,
            (unsigned long long)c[0], (unsigned long long)staged);
   T_CHECKF(c[1] + c[2] == large_in, "rank %d: %llu + %llu large bytes in, %llu expected", r,
