@@ -6,6 +6,7 @@
 # one boot; another run.sh may source this file and call any of them.
 #   jf_kill TEST_LIVENESS      3 ranks loop over all_sum, rank 1 SIGKILLed: every
 #                              survivor fails within 2 s naming it
+#   jf_kill_a2a TEST_LIVENESS  the same in a loop of all_to_all (issue 40)
 #   jf_stop TEST_LIVENESS      the same with SIGSTOP, MLXDIST_TIMEOUT=3: within 5 s
 #   jf_busy TEST_LIVENESS      rank 1 sleeps 5 s between two all_sums with
 #                              MLXDIST_TIMEOUT=3: waited for, both succeed, one
@@ -13,8 +14,9 @@
 #   jf_late TEST_LIVENESS      rank 1 reaches an all_sum rank 0 gave up on
 #                              (MLXDIST_OP_TIMEOUT=2): both fail with rank 0's reason
 #   jf_mismatch TEST_MISMATCH  2 ranks make different calls (count, count_large,
-#                              dtype, reduce_op, op_kind, sendrecv): both fail fast
-#                              naming both calls, "[jaccl] op #seq: ..."
+#                              dtype, reduce_op, op_kind, sendrecv, a2a_gather,
+#                              a2a_parts): both fail fast naming both calls,
+#                              "[jaccl] op #seq: ..."
 #   jf_matrix TEST_COLLECTIVES bad matrices at a strict init: not a list, a row of
 #                              the wrong length, an empty device name, a device
 #                              this machine does not have: each refused at once
@@ -45,12 +47,13 @@ jf_liveness() {
   jf_report "jaccl_${3:-$1}" "$t0" $rc "$det"
 }
 jf_kill() { jf_liveness kill "$1"; }
+jf_kill_a2a() { jf_liveness kill_a2a "$1"; }
 jf_stop() { jf_liveness stop "$1"; }
 jf_busy() { jf_liveness slow "$1" busy; }
 jf_late() { jf_liveness late "$1"; }
 
 jf_mismatch() {
-  for c in count count_large dtype reduce_op op_kind sendrecv; do
+  for c in count count_large dtype reduce_op op_kind sendrecv a2a_gather a2a_parts; do
     t0=$(now_ms)
     MISMATCH_BACKEND=jaccl timeout 150 "$1" $c >/tmp/jf_mm_$c.out 2>&1
     rc=$?
