@@ -22,10 +22,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
 #include "mlx/c/array.h"
 #include "reduce/reduce.h"
 #include "transport/transport.h"
+#include "util/status.h"
 
 /* out[i] = OP over ranks of in[i] (count elements; in == out allowed). */
 int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,

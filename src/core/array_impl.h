@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "core/status.h"
 #include "mlx/c/array.h"
+#include "util/status.h"
 
 #define MLXD_ALIGN 64
 /* Small arrays live in one block with their header (core/pool.h): up to

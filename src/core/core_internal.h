@@ -5,9 +5,9 @@
 #include <stddef.h>
 
 #include "core/array_impl.h"
-#include "core/status.h"
 #include "mlx/c/device.h"
 #include "mlx/c/string.h"
+#include "util/status.h"
 
 /* Strings (string.c). */
 /* A new string holding n bytes of str; empty handle (not reported) on failure. */

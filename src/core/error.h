@@ -2,7 +2,7 @@
 #ifndef MLXD_ERROR_H
 #define MLXD_ERROR_H
 
-#include "core/status.h"
+#include "util/status.h"
 
 /* Report one message through the current handler (mlx_set_error_handler). */
 void mlxd_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -23,7 +23,7 @@
 #include <stdatomic.h>
 #include <sys/types.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 extern _Atomic int mlxd_fork_pid_; /* use mlxd_self_pid() */
 

@@ -16,7 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 /* What the probe found (constant after the first call). */
 typedef struct mlxd_gpu_info {

@@ -15,8 +15,8 @@
 
 #include <time.h>
 #include "core/array_impl.h"
-#include "core/status.h"
 #include "core/watchdog.h"
+#include "util/status.h"
 #include "util/tunables.h"
 
 /* What a reader copies out of a slot. */

@@ -10,9 +10,9 @@
 #include <stddef.h>
 
 #include "core/array_impl.h"
-#include "core/status.h"
 #include "mlx/c/device.h"
 #include "mlx/c/stream.h"
+#include "util/status.h"
 
 typedef struct mlxd_stream mlxd_stream;
 

@@ -38,10 +38,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
 #include "mlx/c/array.h"
 #include "mlx/c/device.h"
 #include "reduce/reduce.h"
+#include "util/status.h"
 
 typedef struct mlxd_backend mlxd_backend;
 struct mlxd_array;
@@ -115,9 +115,8 @@ typedef struct mlxd_backend_ops {
   int (*reduce_scatter_ref)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                             mlx_dtype dtype, mlxd_reduce_op op, const mlxd_op_arrays* arr,
                             mlxd_status* st);
-  int (*all_to_all_ref)(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                        size_t part_bytes, mlx_dtype dtype, const mlxd_op_arrays* arr,
-                        mlxd_status* st);
+  int (*all_to_all_ref)(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t part_bytes,
+                        mlx_dtype dtype, const mlxd_op_arrays* arr, mlxd_status* st);
   int (*send_ref)(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
                   int dst, const mlxd_op_arrays* arr, mlxd_status* st);
   int (*recv_ref)(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype, int src,

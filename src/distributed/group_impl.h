@@ -29,10 +29,10 @@
 #include <stdint.h>
 
 #include "core/fork.h"
-#include "core/status.h"
 #include "core/stream_impl.h"
 #include "distributed/backend.h"
 #include "mlx/c/distributed_group.h"
+#include "util/status.h"
 
 /* The caller's all-gather of init_with_all_gather, as an mlxd_bootstrap. */
 typedef struct mlxd_user_gather mlxd_user_gather;

@@ -12,7 +12,7 @@
 #ifndef MLXD_LAUNCH_GATE_H
 #define MLXD_LAUNCH_GATE_H
 
-#include "core/status.h"
+#include "util/status.h"
 
 /* How many MLXDIST_CONNECT_TIMEOUTs the wait for the gate may last. */
 #define MLXD_LAUNCH_GATE_TIMEOUTS 4

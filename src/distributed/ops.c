@@ -406,8 +406,8 @@ int mlx_distributed_sum_scatter(mlx_array* res, const mlx_array x,
 
 /* The result has x's shape: part j of this rank's x goes to rank j, part i
  * of the result came from rank i (a group of one: x, copied). */
-int mlx_distributed_all_to_all(mlx_array* res, const mlx_array x,
-                               const mlx_distributed_group group, const mlx_stream s) {
+int mlx_distributed_all_to_all(mlx_array* res, const mlx_array x, const mlx_distributed_group group,
+                               const mlx_stream s) {
   return collective("all_to_all", OP_ALL_TO_ALL, MLXD_SUM, res, x, group, s);
 }
 

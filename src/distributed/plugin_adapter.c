@@ -50,11 +50,12 @@ static size_t host_dtype_size(int32_t dtype) {
 static double host_timeout_s(void) { return mlxd_tunable_kept_double(MLXD_T_TIMEOUT); }
 static double host_spin_us(void) { return mlxd_tunable_kept_double(MLXD_T_SPIN_US); }
 
-#define HOST_TABLE(T)                                                         \
-  {                                                                           \
-    .struct_size = sizeof(T), .version = MLXDIST_PLUGIN_V4_VERSION, /* the highest this core speaks */ \
-    .reduce = host_reduce, .dtype_size = host_dtype_size, .timeout_s = host_timeout_s, \
-    .spin_us = host_spin_us,                                                  \
+#define HOST_TABLE(T)                                                                      \
+  {                                                                                        \
+    .struct_size = sizeof(T),                                                              \
+    .version = MLXDIST_PLUGIN_V4_VERSION, /* the highest this core speaks */               \
+        .reduce = host_reduce, .dtype_size = host_dtype_size, .timeout_s = host_timeout_s, \
+    .spin_us = host_spin_us,                                                               \
   }
 static const mlxdist_v4_host k_host_v4 = HOST_TABLE(mlxdist_v4_host);
 static const mlxdist_v3_host k_host_v3 = HOST_TABLE(mlxdist_v3_host);
@@ -449,8 +450,8 @@ static int wrap(const plugin_slot* s, mlxdist_v4_backend* inner, bs_wrap* bs, ml
 #define REACH(m, k) (ops->m || (run_kinds & MLXDIST_V4_KIND_BIT(k)))
   if (!REACH(all_reduce, MLXDIST_V4_KIND_ALL_REDUCE) ||
       !REACH(all_gather, MLXDIST_V4_KIND_ALL_GATHER) ||
-      !REACH(reduce_scatter, MLXDIST_V4_KIND_REDUCE_SCATTER) || !REACH(send, MLXDIST_V4_KIND_SEND) ||
-      !REACH(recv, MLXDIST_V4_KIND_RECV) || !ops->split) {
+      !REACH(reduce_scatter, MLXDIST_V4_KIND_REDUCE_SCATTER) ||
+      !REACH(send, MLXDIST_V4_KIND_SEND) || !REACH(recv, MLXDIST_V4_KIND_RECV) || !ops->split) {
 #undef REACH
     rc = mlxd_fail(st, MLXD_EINVAL,
                    "[%s] the plugin %s gave an instance whose ops table lacks a required op "

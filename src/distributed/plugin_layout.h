@@ -12,10 +12,10 @@
 #include <mlx/c/plugin/plugin_v2.h>
 #include <mlx/c/plugin/plugin_v3.h>
 #include <mlx/c/plugin/plugin_v4.h>
-#include "core/status.h"
 #include "mlx/c/array.h"
 #include "mlx/c/device.h"
 #include "reduce/reduce.h"
+#include "util/status.h"
 
 /* ---- the ABI's values are the core's ---- */
 
@@ -154,11 +154,14 @@ SAME_MEMBER(mlxdist_v2_plugin, mlxdist_v4_plugin, supports_bootstrap);
 SAME_MEMBER(mlxdist_v2_plugin, mlxdist_v4_plugin, create);
 SAME_MEMBER(mlxdist_v2_ops, mlxdist_v4_ops, describe);
 _Static_assert(sizeof(mlxdist_v2_status) == sizeof(mlxdist_v4_status), "status size");
-_Static_assert(sizeof(mlxdist_v2_plugin) == sizeof(mlxdist_v4_plugin), "v3 and v4 added no plugin member");
-_Static_assert(sizeof(mlxdist_v2_host) == sizeof(mlxdist_v4_host), "v3 and v4 added no host member");
+_Static_assert(sizeof(mlxdist_v2_plugin) == sizeof(mlxdist_v4_plugin),
+               "v3 and v4 added no plugin member");
+_Static_assert(sizeof(mlxdist_v2_host) == sizeof(mlxdist_v4_host),
+               "v3 and v4 added no host member");
 _Static_assert(sizeof(mlxdist_v2_bootstrap) == sizeof(mlxdist_v4_bootstrap),
                "v3 and v4 changed no bootstrap");
-_Static_assert(sizeof(mlxdist_v2_backend) == sizeof(mlxdist_v4_backend), "v3 and v4 changed no backend");
+_Static_assert(sizeof(mlxdist_v2_backend) == sizeof(mlxdist_v4_backend),
+               "v3 and v4 changed no backend");
 
 SAME_MEMBER(mlxdist_v3_status, mlxdist_v4_status, code);
 SAME_MEMBER(mlxdist_v3_status, mlxdist_v4_status, has_peer);

@@ -7,7 +7,7 @@
  * is installed). Nothing here keeps a lock or a thread: the caller (the
  * transport) serialises use of one object; different devices may be used
  * from different threads. Nothing here blocks: posting and polling return
- * at once. Errors are structured (core/status.h, MLXD_LAYER_VERBS) and
+ * at once. Errors are structured (util/status.h, MLXD_LAYER_VERBS) and
  * name the device, the call and errno. */
 #ifndef MLXD_RDMA_IBV_H
 #define MLXD_RDMA_IBV_H
@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 /* One device opened for data: its context, a protection domain, one
  * completion queue (send and receive completions of every queue pair made

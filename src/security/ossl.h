@@ -25,7 +25,7 @@
 #include <openssl/sha.h>
 #include <openssl/ssl.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 #define MLXD_OSSL_FNS(X)                   \
   X(BIO_clear_flags)                       \

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 #define MLXD_KEY_BYTES 32
 /* Secret files hold at least this many bytes (e.g. `openssl rand -hex 32`) and at most the max. */

@@ -29,7 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 #define MLXD_NOTE_MAX 64 /* a peer's note, NUL included */
 

@@ -9,7 +9,7 @@
  *    the struct back with MLXD_MATCH_ENTRY, so matching costs no allocation
  *    and no lock of its own (the caller holds the transport's lock);
  *  - the failures every transport words the same way (size mismatch, lost
- *    peer, timeout), as structured statuses (core/status.h): a detail without
+ *    peer, timeout), as structured statuses (util/status.h): a detail without
  *    any "[tag]" prefix, the layer, the peer and its address, the syscall
  *    and errno;
  *  - the first failure of a transport, which fails every pending and later
@@ -24,8 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
 #include "transport/transport.h"
+#include "util/status.h"
 
 struct mlxd_req; /* a transport's request (transport.h) */
 

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/status.h"
 #include "transport/liveness.h"
 #include "transport/transport.h"
+#include "util/status.h"
 
 _Static_assert(MLXD_TCP_BEAT_MAX == MLXD_NOTE_MAX - 1, "a heartbeat carries a note");
 _Static_assert(MLXD_TCP_DETAIL_MAX == MLXD_MSG_MAX - 1, "an abort carries a status detail");

@@ -32,7 +32,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 typedef struct mlxd_tls mlxd_tls;
 typedef struct ssl_st mlxd_tls_conn; /* OpenSSL's SSL */

@@ -30,7 +30,7 @@
  * What arrives from the network or from another process (headers, sizes,
  * a peer's published failure) is hostile input and fails with a status.
  *
- * Failures are structured statuses (core/status.h): layer MLXD_LAYER_TCP or
+ * Failures are structured statuses (util/status.h): layer MLXD_LAYER_TCP or
  * MLXD_LAYER_SHM, a detail without any "[tag]" prefix ("lost connection to
  * rank 2: it closed the connection"), the peer and its address where known
  * ("10.0.0.2:41000" over TCP, "pid 1234" over shm), the system call and
@@ -48,7 +48,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 typedef struct mlxd_transport mlxd_transport;
 typedef struct mlxd_req mlxd_req;

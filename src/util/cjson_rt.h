@@ -21,7 +21,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 #define MLXD_CJSON_FNS(X)      \
   X(cJSON_ParseWithLengthOpts) \

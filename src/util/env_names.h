@@ -15,7 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/status.h"
+#include "util/status.h"
 #include "util/text.h"
 
 /* Whether the len bytes at name are a variable mlxdist knows. */

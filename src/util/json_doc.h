@@ -10,7 +10,7 @@
 #include <cjson/cJSON.h>
 #include <stddef.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 /* An upper bound of the JSON values in text[0, len): one, plus one per '[',
  * '{' and ',' outside strings (a container holds at most one more value than

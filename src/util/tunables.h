@@ -19,7 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 typedef enum mlxd_tunable_kind {
   MLXD_TK_NUMBER,  /* a decimal number in [lo, hi] (no inf, nan, hex) */

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 /* Reads the regular file at path into *text (NUL-terminated, the caller
  * frees it) and *len. Opens with O_NONBLOCK, so a FIFO without a writer is

@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include "core/oprec.h"
-#include "core/status.h"
 #include "mlx/c/array.h"
 #include "testutil.h"
+#include "util/status.h"
 
 /* The dump of the record on a pipe, as a string (caller frees). */
 static char* dump_text(const char* why) {

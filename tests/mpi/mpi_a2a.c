@@ -58,23 +58,25 @@ static void check(mlx_distributed_group g, int gr, int gs, mlx_dtype d, size_t p
   mlx_stream s = mlx_stream_new();
   double t0 = now_s();
   T_EQ_INT(mlx_distributed_all_to_all(&r, x, g, s), 0);
-  if (mlx_array_eval(r) != 0) T_FAIL("all_to_all of %zu-byte parts: %s", part_bytes, t_last_error());
+  if (mlx_array_eval(r) != 0)
+    T_FAIL("all_to_all of %zu-byte parts: %s", part_bytes, t_last_error());
   double dt = now_s() - t0;
   T_EQ_INT((int)mlx_array_ndim(r), ndim);
   T_ASSERT(mlx_array_nbytes(r) == total);
   const void* data = d == MLX_INT16       ? (const void*)mlx_array_data_int16(r)
-                     : d == MLX_FLOAT32     ? (const void*)mlx_array_data_float32(r)
-                     : d == MLX_COMPLEX64   ? (const void*)mlx_array_data_complex64(r)
-                                            : (const void*)mlx_array_data_uint8(r);
+                     : d == MLX_FLOAT32   ? (const void*)mlx_array_data_float32(r)
+                     : d == MLX_COMPLEX64 ? (const void*)mlx_array_data_complex64(r)
+                                          : (const void*)mlx_array_data_uint8(r);
   T_ASSERT(data != NULL || total == 0);
   const unsigned char* got = data;
   for (int src = 0; src < gs; src++)
     for (size_t i = 0; i < part_bytes; i++) {
       unsigned char want = byte_of(src, gr, i);
       if (got[(size_t)src * part_bytes + i] != want)
-        T_FAIL("rank %d of %d: all_to_all of %zu-byte parts (dtype %d): byte %zu of part %d is %u, "
-               "expected %u",
-               gr, gs, part_bytes, (int)d, i, src, got[(size_t)src * part_bytes + i], want);
+        T_FAIL(
+            "rank %d of %d: all_to_all of %zu-byte parts (dtype %d): byte %zu of part %d is %u, "
+            "expected %u",
+            gr, gs, part_bytes, (int)d, i, src, got[(size_t)src * part_bytes + i], want);
     }
   if (g_rank == 0)
     printf("all_to_all: %d ranks, parts of %zu bytes, dtype %d%s: ok (%.3f s)\n", gs, part_bytes,
@@ -95,11 +97,11 @@ static void in_step(mlx_distributed_group g, int gs) {
 }
 
 static int run_pieces(mlx_distributed_group g) {
-  check(g, g_rank, g_size, MLX_UINT8, 1000000, 0);   /* one piece, exactly the bound */
-  check(g, g_rank, g_size, MLX_UINT8, 1000001, 0);   /* two, the last of one byte */
-  check(g, g_rank, g_size, MLX_UINT8, 2500000, 0);   /* three, the last short */
-  check(g, g_rank, g_size, MLX_INT16, 2000002, 0);   /* three */
-  check(g, g_rank, g_size, MLX_FLOAT32, 2500000, 0); /* three */
+  check(g, g_rank, g_size, MLX_UINT8, 1000000, 0);         /* one piece, exactly the bound */
+  check(g, g_rank, g_size, MLX_UINT8, 1000001, 0);         /* two, the last of one byte */
+  check(g, g_rank, g_size, MLX_UINT8, 2500000, 0);         /* three, the last short */
+  check(g, g_rank, g_size, MLX_INT16, 2000002, 0);         /* three */
+  check(g, g_rank, g_size, MLX_FLOAT32, 2500000, 0);       /* three */
   check(g, g_rank, g_size, MLX_COMPLEX64, 1600000, 20000); /* two, rows of 20000 */
   check(g, g_rank, g_size, MLX_UINT8, 0, 0);               /* empty parts */
   in_step(g, g_size);

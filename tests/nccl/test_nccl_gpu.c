@@ -229,8 +229,8 @@ static int run_plugin(void) {
                             .stream_device = -1,
                             .in = {in, 8, MLXDIST_V4_MEM_DEVICE, 99},
                             .out = {out, 8, MLXDIST_V4_MEM_HOST, -1}};
-    T_CHECKF(b->ops->run(b, &call, &st) == MLXDIST_V4_EINVAL && strstr(st.msg, "cannot use"),
-             "%s", st.msg);
+    T_CHECKF(b->ops->run(b, &call, &st) == MLXDIST_V4_EINVAL && strstr(st.msg, "cannot use"), "%s",
+             st.msg);
   }
   /* split into a one-rank child; it works too */
   mlxdist_v4_backend* c = NULL;

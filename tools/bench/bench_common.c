@@ -532,8 +532,7 @@ void mlxd_bench_fill(const mlxd_bench_dtype* dt, void* buf, size_t count, int ra
 size_t mlxd_bench_verify(const mlxd_bench_dtype* dt, mlxd_bench_op op, const void* buf,
                          size_t count, int rank, int n, int peer) {
   size_t bad = 0;
-  size_t block =
-      (op == MLXD_OP_ALL_GATHER || op == MLXD_OP_ALL_TO_ALL) ? count / (size_t)n : count;
+  size_t block = (op == MLXD_OP_ALL_GATHER || op == MLXD_OP_ALL_TO_ALL) ? count / (size_t)n : count;
   for (size_t j = 0; j < count; j++) {
     double want;
     switch (op) {

@@ -13,8 +13,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "core/status.h"
 #include "distributed/backend.h"
+#include "util/status.h"
 
 /* A PMIx server started this process: PMIX_NAMESPACE and PMIX_RANK are set
  * (every PMIx server puts them in its clients' environment). Reads the

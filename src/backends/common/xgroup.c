@@ -84,8 +84,8 @@ int mlxd_xg_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* 
   return mlxd_xg_done(g->tag, rc, st, name, seq);
 }
 
-int mlxd_xg_all_to_all(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                       size_t part_bytes, mlx_dtype dtype, mlxd_status* st) {
+int mlxd_xg_all_to_all(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t part_bytes,
+                       mlx_dtype dtype, mlxd_status* st) {
   mlxd_xgroup* g = (mlxd_xgroup*)b;
   assert(g->t);
   size_t nbytes = part_bytes * (size_t)b->size;

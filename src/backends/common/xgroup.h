@@ -45,8 +45,8 @@ int mlxd_xg_all_gather(mlxd_backend* b, uint64_t seq, const void* in, void* out,
                        mlx_dtype dtype, mlxd_status* st);
 int mlxd_xg_reduce_scatter(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t count,
                            mlx_dtype dtype, mlxd_reduce_op op, mlxd_status* st);
-int mlxd_xg_all_to_all(mlxd_backend* b, uint64_t seq, const void* in, void* out,
-                       size_t part_bytes, mlx_dtype dtype, mlxd_status* st);
+int mlxd_xg_all_to_all(mlxd_backend* b, uint64_t seq, const void* in, void* out, size_t part_bytes,
+                       mlx_dtype dtype, mlxd_status* st);
 int mlxd_xg_send(mlxd_backend* b, uint64_t seq, const void* buf, size_t nbytes, mlx_dtype dtype,
                  int dst, mlxd_status* st);
 int mlxd_xg_recv(mlxd_backend* b, uint64_t seq, void* buf, size_t nbytes, mlx_dtype dtype, int src,

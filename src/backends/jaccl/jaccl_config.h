@@ -15,7 +15,7 @@
  * string, or a list of strings (several wires: multi-rail); the diagonal is
  * null or empty; N is the group size.
  *
- * Errors are structured (core/status.h, MLXD_LAYER_BOOTSTRAP) and name the
+ * Errors are structured (util/status.h, MLXD_LAYER_BOOTSTRAP) and name the
  * variable, the file, the problem and where (row, column); nothing here
  * writes "[jaccl]" into a message: the backend renders once. */
 #ifndef MLXD_JACCL_CONFIG_H
@@ -25,7 +25,7 @@
 #include <stddef.h>
 
 #include "backends/ring/ring_internal.h" /* mlxd_ring_addr, mlxd_ring_parse_addr */
-#include "core/status.h"
+#include "util/status.h"
 
 #define MLXD_JACCL_MATRIX_MAX_BYTES (16 << 20) /* the file */
 #define MLXD_JACCL_MAX_RANKS 1024              /* rows; the matrix holds ranks^2 cells */

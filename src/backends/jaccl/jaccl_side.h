@@ -32,7 +32,7 @@
 
 #include "backends/jaccl/jaccl_config.h"
 #include "backends/ring/ring_internal.h"
-#include "core/status.h"
+#include "util/status.h"
 
 #define MLXD_JACCL_SIDE_HDR 24
 #define MLXD_JACCL_SIDE_MAX_BYTES ((size_t)1 << 30) /* size * n of one round */

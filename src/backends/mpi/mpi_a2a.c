@@ -29,8 +29,7 @@ static bool overlap(const void* a, size_t na, const void* b, size_t nb) {
 static int issue(mpi_group* g, const char* in, char* out, size_t part, size_t ch, MPI_Request* reqs,
                  int* issued, const char* what, mlxd_status* st) {
   if (part <= ch) {
-    int mrc =
-        MPI_Ialltoall(in, (int)part, MPI_BYTE, out, (int)part, MPI_BYTE, g->comm, &reqs[0]);
+    int mrc = MPI_Ialltoall(in, (int)part, MPI_BYTE, out, (int)part, MPI_BYTE, g->comm, &reqs[0]);
     if (mrc != MPI_SUCCESS) return mlxd_mpi_fail_call(st, MPIP_EREMOTE, mrc, "MPI_Ialltoall", what);
     *issued = 1;
     return 0;
@@ -109,8 +108,8 @@ out_free:
   return rc;
 }
 
-int mlxd_mpi_all_to_all(mpip_backend* b, uint64_t seq, const void* in, void* out,
-                        size_t part_bytes, const mpip_bufref* ref, mpip_status* st) {
+int mlxd_mpi_all_to_all(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t part_bytes,
+                        const mpip_bufref* ref, mpip_status* st) {
   mlxd_status s;
   mlxd_status_reset(&s);
   int rc = all_to_all_impl((mpi_group*)b, seq, in, out, part_bytes, ref, &s);

@@ -39,7 +39,7 @@
  *   start until the data has left. Through the plain ops (ABI v1/v2 hosts)
  *   MPI works on staging copies, freed the same way.
  * - If this plugin initialised MPI, it finalises it once, at process exit.
- * - Failures are structured (core/status.h, compiled in) and rendered once,
+ * - Failures are structured (util/status.h, compiled in) and rendered once,
  *   when the op returns through the ABI: "[mpi] <op> #<seq> on rank R:
  *   <detail>", the peer set where there is one; a group failed earlier
  *   makes later ops fail with its first failure, naming the op that failed it.
@@ -63,7 +63,7 @@
 #include <time.h>
 
 #include "backends/mpi/mpi_abi.h"
-#include "core/status.h"
+#include "util/status.h"
 
 /* Idle staging buffers kept per group. */
 #define MPI_STAGE_POOL 2
@@ -150,7 +150,7 @@ typedef struct pending_send {
 /* The host table given to the entry point (copied once, then read-only). */
 extern mpip_host mlxd_mpi_host;
 
-/* Failures inside the plugin are structured (core/status.h, whose one
+/* Failures inside the plugin are structured (util/status.h, whose one
  * self-contained file is compiled into the plugin: it links no libmlxdist):
  * a detail without "[mpi]", op or rank, and the peer where MPI names it. The
  * op at the ABI boundary renders it once (mlxd_mpi_done):
@@ -309,8 +309,8 @@ int mlxd_mpi_recv_ref(mpip_backend* b, uint64_t seq, void* buf, size_t nbytes, i
 /* all_to_all on the caller's arrays: MPI_Ialltoall of bytes, parts above the
  * chunk bound (MLXDIST_MPI_CHUNK_BYTES, at most 1 GiB) in pieces of a strided
  * type; rendered at the boundary as the ops are. */
-int mlxd_mpi_all_to_all(mpip_backend* b, uint64_t seq, const void* in, void* out,
-                        size_t part_bytes, const mpip_bufref* ref, mpip_status* st);
+int mlxd_mpi_all_to_all(mpip_backend* b, uint64_t seq, const void* in, void* out, size_t part_bytes,
+                        const mpip_bufref* ref, mpip_status* st);
 /* 0, or the call's buffer in a memory kind MPI cannot address here (device
  * memory, an unknown kind): rendered, and the group failed for a collective
  * (the other ranks may have issued it). */

@@ -630,11 +630,10 @@ static const mpip_ops k_mpi_ops = {
 #endif
 #if MPIP_HAS_RUN
     /* New in ABI v4: every kind through run (all_to_all only there), and abort. */
-    .run_kinds = MPIP_C(KIND_BIT)(MPIP_C(KIND_ALL_REDUCE)) |
-                 MPIP_C(KIND_BIT)(MPIP_C(KIND_ALL_GATHER)) |
-                 MPIP_C(KIND_BIT)(MPIP_C(KIND_REDUCE_SCATTER)) |
-                 MPIP_C(KIND_BIT)(MPIP_C(KIND_SEND)) | MPIP_C(KIND_BIT)(MPIP_C(KIND_RECV)) |
-                 MPIP_C(KIND_BIT)(MPIP_C(KIND_ALL_TO_ALL)),
+    .run_kinds =
+        MPIP_C(KIND_BIT)(MPIP_C(KIND_ALL_REDUCE)) | MPIP_C(KIND_BIT)(MPIP_C(KIND_ALL_GATHER)) |
+        MPIP_C(KIND_BIT)(MPIP_C(KIND_REDUCE_SCATTER)) | MPIP_C(KIND_BIT)(MPIP_C(KIND_SEND)) |
+        MPIP_C(KIND_BIT)(MPIP_C(KIND_RECV)) | MPIP_C(KIND_BIT)(MPIP_C(KIND_ALL_TO_ALL)),
     .run = mpi_run,
     .abort = mlxd_mpi_abort,
 #endif

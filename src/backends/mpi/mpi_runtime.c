@@ -15,7 +15,7 @@
 #include "util/clock.h"
 
 /* ---------------------------------------------------------------------- */
-/* Status messages: structured inside the plugin (core/status.h, compiled
+/* Status messages: structured inside the plugin (util/status.h, compiled
  * into it), rendered once at the plugin ABI's boundary (mlxd_mpi_done). */
 
 __attribute__((format(printf, 3, 4))) int mlxd_mpi_fail(mlxd_status* st, int code, const char* fmt,

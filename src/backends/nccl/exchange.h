@@ -23,8 +23,8 @@
 #include <stddef.h>
 
 #include "backends/ring/ring_internal.h"
-#include "core/status.h"
 #include "distributed/backend.h"
+#include "util/status.h"
 
 typedef struct mlxd_nccl_xchg {
   mlxd_bootstrap bs;   /* first: the all-gather (as a backend's bootstrap) */

@@ -1,7 +1,7 @@
 /* Private to the ring backend: hostfile parsing, connection set-up and the
  * bootstrap address records. See docs/ring.md and docs/bootstrap.md.
  *
- * Errors below ring.c are structured (core/status.h): set-up failures use
+ * Errors below ring.c are structured (util/status.h): set-up failures use
  * MLXD_LAYER_BOOTSTRAP with the peer, its address and the failing system
  * call where known; nothing here writes "[ring]" into a message. ring.c
  * renders every status once, when it returns to the front-end. */
@@ -15,9 +15,9 @@
 #include <sys/socket.h>
 
 #include "backends/common/xgroup.h" /* g.t: tcp, shm or mixed (select.c), NULL when size == 1; g.hier; g.verbose: MLX_RING_VERBOSE */
-#include "core/status.h"
 #include "distributed/backend.h"
 #include "transport/transport.h"
+#include "util/status.h"
 
 /* One peer address: what a rank listens on for one of its connections. */
 typedef struct mlxd_ring_addr {

@@ -649,8 +649,9 @@ static int32_t p_all_to_all(inst* b, const mlxdist_v4_call* c, mlxdist_v4_status
                      c->seq, st);
     size_t me = (size_t)b->base.rank;
     if (!rc)
-      rc = cuda_step(b, L.memcpy_async(dst + me * part, src + me * part, part, cudaMemcpyDefault, s),
-                     what, c->seq, st);
+      rc =
+          cuda_step(b, L.memcpy_async(dst + me * part, src + me * part, part, cudaMemcpyDefault, s),
+                    what, c->seq, st);
     if (!rc) rc = nccl_step(b, L.group_start(), what, c->seq, st);
     for (size_t r = 0; r < n && !rc; r++) {
       if (r == me) continue;

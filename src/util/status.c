@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/status.h"
+#include "util/status.h"
 
 int mlxd_vfail(mlxd_status* st, int code, const char* fmt, va_list ap) {
   if (code == 0) code = MLXD_EINVAL; /* a failure always carries a non-zero code */
