@@ -186,7 +186,7 @@ static int a_all_to_all_none(mlxd_backend* b, uint64_t seq, const void* in, void
   if (a->slot->version >= 4)
     return mlxd_fail(st, MLXD_EUNAVAIL,
                      "[%s] all_to_all is not supported by this plugin (%s speaks plugin ABI v%u, "
-                     "but its run op does not take MLXDIST_V4_KIND_ALL_TO_ALL)",
+                     "but its run_kinds leaves out the all_to_all kind)",
                      a->slot->name, a->slot->path, a->slot->version);
   return mlxd_fail(st, MLXD_EUNAVAIL,
                    "[%s] all_to_all is not supported by this plugin (%s speaks plugin ABI v%u; "
