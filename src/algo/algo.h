@@ -13,7 +13,7 @@
  * that ranks making different calls fail with both named; NULL: unchecked.
  *
  * Errors: a transport's status is passed on untouched; the algorithms'
- * own failures (out of memory, a group too large for the ring schedule)
+ * own failures (out of memory, a group too large for the pipeline schedule)
  * are structured (MLXD_LAYER_ALGO) with a detail that names no op. The
  * caller (a backend) sets the op and renders the message. */
 #ifndef MLXD_ALGO_H
@@ -39,7 +39,7 @@ int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, c
  * (MLXDIST_SMALL_BYTES, MLXDIST_SMALL_ALGO), so ranks that disagree on those
  * still meet here and the exchange can say so: recursive doubling (log depth)
  * from MLXD_LOGN_NET_AG_RANKS ranks up to 256 KiB gathered, direct below,
- * the ring above. sig: none (set-up messages are unsigned). */
+ * the pipeline above. sig: none (set-up messages are unsigned). */
 int mlxd_algo_all_gather_setup(mlxd_transport* t, uint64_t seq, const void* in, void* out,
                                size_t nbytes, mlxd_status* st);
 /* in: size * count elements; out: count elements = block `rank` of the all_reduce. */

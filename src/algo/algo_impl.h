@@ -8,38 +8,39 @@
 
 #include "algo/algo.h"
 
-/* Target bytes of one pipelined ring chunk, unless the transport asks for
- * another size (mlxd_transport.ring_chunk: shared memory, shm_impl.h). */
-#define MLXD_RING_CHUNK ((size_t)1 << 20)
-/* Receives posted ahead per ring direction where a received chunk waits in
+/* Target bytes of one pipeline chunk, unless the transport asks for
+ * another size (mlxd_transport.pipeline_chunk: shared memory, shm_impl.h). */
+#define MLXD_PIPELINE_CHUNK ((size_t)1 << 20)
+/* Receives posted ahead per pipeline direction where a received chunk waits in
  * a scratch slot to be reduced (all_reduce, reduce_scatter); all_gather
  * receives straight into the output and posts every receive at once
- * (src/algo/ring.c). */
-#define MLXD_RING_WINDOW 8
-/* Use both ring directions from this many ranks and bytes on. */
-#define MLXD_RING_BIDIR_MIN_RANKS 3
-#define MLXD_RING_BIDIR_MIN_BYTES ((size_t)1 << 20)
+ * (src/algo/pipeline.c). */
+#define MLXD_PIPELINE_WINDOW 8
+/* Use both pipeline directions from this many ranks and bytes on. */
+#define MLXD_PIPELINE_BIDIR_MIN_RANKS 3
+#define MLXD_PIPELINE_BIDIR_MIN_BYTES ((size_t)1 << 20)
 
 /* all_reduce: every rank sends its buffer to every other and reduces all
  * contributions in rank order (low latency; bit-identical results). */
 int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
                                  const void* in, void* out, size_t count, mlx_dtype dtype,
                                  mlxd_reduce_op op, mlxd_status* st);
-/* all_reduce: pipelined ring reduce-scatter + all-gather; bidir < 0: choose,
+/* all_reduce: the pipeline's reduce-scatter + all-gather; bidir < 0: choose,
  * 0: one direction, 1: both directions (each carries half the buffer). */
-int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
-                              void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                              int bidir, mlxd_status* st);
+int mlxd_algo_all_reduce_pipeline(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                  const void* in, void* out, size_t count, mlx_dtype dtype,
+                                  mlxd_reduce_op op, int bidir, mlxd_status* st);
 int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
                                 const void* in, void* out, size_t nbytes, mlxd_status* st);
-int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
-                              void* out, size_t nbytes, int bidir, mlxd_status* st);
+int mlxd_algo_all_gather_pipeline(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                  const void* in, void* out, size_t nbytes, int bidir,
+                                  mlxd_status* st);
 int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
                                     const void* in, void* out, size_t count, mlx_dtype dtype,
                                     mlxd_reduce_op op, mlxd_status* st);
-int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
-                                  const void* in, void* out, size_t count, mlx_dtype dtype,
-                                  mlxd_reduce_op op, int bidir, mlxd_status* st);
+int mlxd_algo_reduce_scatter_pipeline(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                      const void* in, void* out, size_t count, mlx_dtype dtype,
+                                      mlxd_reduce_op op, int bidir, mlxd_status* st);
 /* The log-depth forms (logdepth.c: the fold for sizes that are not a power
  * of two and the one reduction order are described there): all_reduce by
  * recursive doubling, reduce_scatter by recursive halving, all_gather by
@@ -100,7 +101,7 @@ typedef enum { MLXD_SMALL_AR, MLXD_SMALL_AG, MLXD_SMALL_RS } mlxd_small_op;
 bool mlxd_algo_logn(const mlxd_transport* t, mlxd_small_op op, size_t bytes);
 /* As mlxd_algo_all_reduce / _all_gather / _reduce_scatter (algo.h), with
  * `small` in place of MLXDIST_SMALL_BYTES: the largest whole buffer they
- * send by the one-shot (direct) form instead of the ring (the two-level
+ * send by the one-shot (direct) form instead of the pipeline (the two-level
  * collectives' phases across hosts use a smaller one, hier.c). */
 int mlxd_algo_all_reduce_upto(mlxd_transport* t, size_t small, uint64_t seq, const mlxd_sig* sig,
                               const void* in, void* out, size_t count, mlx_dtype dtype,
@@ -114,7 +115,7 @@ int mlxd_algo_reduce_scatter_upto(mlxd_transport* t, size_t small, uint64_t seq,
 /* Blocks of any sizes (the two-level collectives' phases, hier.c): block b
  * is elements [off[b], off[b] + len[b]); the blocks follow each other
  * without gaps from element 0 (off[0] == 0, off[b+1] == off[b] + len[b]);
- * empty blocks are allowed. Pipelined ring schedules, both directions as
+ * empty blocks are allowed. Pipeline schedules, both directions as
  * mlxd_algo_bidir decides. */
 /* reduce_scatter: in holds every block; out receives block `rank` reduced
  * (len[rank] elements). */
@@ -142,7 +143,7 @@ static inline size_t mlxd_algo_mul(size_t a, size_t b) {
 /* Wait for (and free) every non-NULL request in reqs; keeps the first error in st
  * unless st already holds one. Returns st's code. */
 int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);
-/* Whether to use both ring directions. */
+/* Whether to use both pipeline directions. */
 bool mlxd_algo_bidir(int size, size_t nbytes, int bidir);
 /* Split blocks (off, len; n of them) over ndir directions: direction 0
  * takes the first half of every block, direction 1 the rest (tab: 4 * n
@@ -153,10 +154,10 @@ void mlxd_algo_split_blocks(const size_t* off, const size_t* len, int n, int ndi
  * caller frees it); NULL with st set when out of memory. */
 size_t* mlxd_algo_equal_blocks(int n, size_t len, mlxd_status* st);
 
-/* A ring schedule (ring.c). */
-typedef enum { MLXD_RING_AR, MLXD_RING_AG, MLXD_RING_RS } mlxd_ring_mode;
-typedef struct mlxd_ring_plan {
-  mlxd_ring_mode mode;
+/* A pipeline schedule (pipeline.c). */
+typedef enum { MLXD_PIPELINE_AR, MLXD_PIPELINE_AG, MLXD_PIPELINE_RS } mlxd_pipeline_mode;
+typedef struct mlxd_pipeline_plan {
+  mlxd_pipeline_mode mode;
   const mlxd_sig* sig; /* every message's signature (transport.h) */
   size_t esz;
   mlx_dtype dtype;
@@ -171,8 +172,9 @@ typedef struct mlxd_ring_plan {
    * in the buffer coordinates (size entries each). */
   size_t* boff[2];
   size_t* blen[2];
-} mlxd_ring_plan;
+} mlxd_pipeline_plan;
 
-int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd_status* st);
+int mlxd_pipeline_run(mlxd_transport* t, uint64_t seq, const mlxd_pipeline_plan* p,
+                      mlxd_status* st);
 
 #endif

@@ -1,5 +1,5 @@
 /* all_gather: direct exchange (small groups) or recursive doubling (large
- * ones, logdepth.c) for small payloads, pipelined ring otherwise, and the
+ * ones, logdepth.c) for small payloads, the pipeline otherwise, and the
  * direct exchange again for blocks the transport moves best whole
  * (mlxd_transport.whole_min: shared memory on a crowded host). */
 #include <stdlib.h>
@@ -57,17 +57,17 @@ int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig*
   return st->code;
 }
 
-/* The pipelined ring over buf's blocks (off/len, in bytes; algo_impl.h) in
+/* The pipeline over buf's blocks (off/len, in bytes; algo_impl.h) in
  * ndir directions: the one schedule of both entry points below. */
 static int all_gather_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
                           void* buf, const size_t* off, const size_t* len, int ndir,
                           mlxd_status* st) {
   int n = t->size;
   size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
-  if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
-  mlxd_ring_plan p;
+  if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a pipeline schedule");
+  mlxd_pipeline_plan p;
   memset(&p, 0, sizeof p);
-  p.mode = MLXD_RING_AG;
+  p.mode = MLXD_PIPELINE_AG;
   p.esz = 1;
   p.out = buf;
   p.in = in; /* NULL: block `rank` is in buf already */
@@ -75,20 +75,21 @@ static int all_gather_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, 
   p.ndir = ndir;
   mlxd_algo_split_blocks(off, len, n, ndir, tab, p.boff, p.blen);
   p.sig = sig;
-  mlxd_ring_run(t, seq, &p, st);
+  mlxd_pipeline_run(t, seq, &p, st);
   free(tab);
   return st->code;
 }
 
-int mlxd_algo_all_gather_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
-                              void* out, size_t nbytes, int bidir, mlxd_status* st) {
+int mlxd_algo_all_gather_pipeline(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                  const void* in, void* out, size_t nbytes, int bidir,
+                                  mlxd_status* st) {
   gather_prologue(t, in, out, nbytes, st);
   int n = t->size;
   if (nbytes == 0) return 0;
   size_t* ol = mlxd_algo_equal_blocks(n, nbytes, st);
   if (!ol) return st->code;
   int ndir = mlxd_algo_bidir(n, nbytes * (size_t)n, bidir) && nbytes >= 2 ? 2 : 1;
-  /* the ring engine copies the own block after posting when given in */
+  /* the pipeline copies the own block after posting when given in */
   bool late = nbytes <= OWN_LATE_MAX;
   if (!late) gather_own(t, in, out, nbytes);
   bool in_place = (char*)out + (size_t)t->rank * nbytes == (const char*)in;
@@ -114,7 +115,7 @@ int mlxd_algo_all_gather_upto(mlxd_transport* t, size_t small, uint64_t seq, con
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
   /* Each block whole, from its owner to every peer: on a crowded host each
    * rank then reads its peers' inputs in one copy apiece, with no peer on a
-   * CPU, where every ring chunk is copied twice by two ranks that must run
+   * CPU, where every pipeline chunk is copied twice by two ranks that must run
    * at the same time (docs/performance.md, "The large all_gather on a
    * crowded host"). */
   if (t->whole_min && nbytes >= t->whole_min)
@@ -124,7 +125,7 @@ int mlxd_algo_all_gather_upto(mlxd_transport* t, size_t small, uint64_t seq, con
       return mlxd_algo_all_gather_logn(t, seq, sig, in, out, nbytes, st);
     return mlxd_algo_all_gather_direct(t, seq, sig, in, out, nbytes, st);
   }
-  return mlxd_algo_all_gather_ring(t, seq, sig, in, out, nbytes, -1, st);
+  return mlxd_algo_all_gather_pipeline(t, seq, sig, in, out, nbytes, -1, st);
 }
 
 int mlxd_algo_all_gather(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
@@ -136,7 +137,7 @@ int mlxd_algo_all_gather_setup(mlxd_transport* t, uint64_t seq, const void* in, 
                                size_t nbytes, mlxd_status* st) {
   size_t total = mlxd_algo_mul(nbytes, (size_t)t->size);
   if (t->size > 2 && total > ((size_t)256 << 10))
-    return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, -1, st);
+    return mlxd_algo_all_gather_pipeline(t, seq, NULL, in, out, nbytes, -1, st);
   if (t->size >= MLXD_LOGN_NET_AG_RANKS)
     return mlxd_algo_all_gather_rd(t, seq, NULL, in, out, nbytes, st);
   return mlxd_algo_all_gather_direct(t, seq, NULL, in, out, nbytes, st);

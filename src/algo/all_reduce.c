@@ -1,5 +1,5 @@
 /* all_reduce: one-shot (small groups) or recursive doubling (large ones,
- * logdepth.c) for small payloads, pipelined ring otherwise. */
+ * logdepth.c) for small payloads, the pipeline otherwise. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,19 +71,19 @@ static void partition(size_t base, size_t total, int n, size_t* off, size_t* len
   }
 }
 
-int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
-                              void* out, size_t count, mlx_dtype dtype, mlxd_reduce_op op,
-                              int bidir, mlxd_status* st) {
+int mlxd_algo_all_reduce_pipeline(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                  const void* in, void* out, size_t count, mlx_dtype dtype,
+                                  mlxd_reduce_op op, int bidir, mlxd_status* st) {
   mlxd_status_clear(st);
   assert(t->size >= 2 && (count == 0 || (in && out)));
   size_t esz = mlxd_algo_esize(dtype, op), nbytes = mlxd_algo_mul(count, esz);
   int n = t->size;
   if (count == 0) return 0;
   size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
-  if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
-  mlxd_ring_plan p;
+  if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a pipeline schedule");
+  mlxd_pipeline_plan p;
   memset(&p, 0, sizeof p);
-  p.mode = MLXD_RING_AR;
+  p.mode = MLXD_PIPELINE_AR;
   p.esz = esz;
   p.dtype = dtype;
   p.op = op;
@@ -98,7 +98,7 @@ int mlxd_algo_all_reduce_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* s
   partition(0, half, n, p.boff[0], p.blen[0]);
   if (p.ndir == 2) partition(half, count - half, n, p.boff[1], p.blen[1]);
   p.sig = sig;
-  mlxd_ring_run(t, seq, &p, st);
+  mlxd_pipeline_run(t, seq, &p, st);
   free(tab);
   return st->code;
 }
@@ -112,7 +112,7 @@ int mlxd_algo_all_reduce_upto(mlxd_transport* t, size_t small, uint64_t seq, con
       return mlxd_algo_all_reduce_rd(t, seq, sig, in, out, count, dtype, op, st);
     return mlxd_algo_all_reduce_oneshot(t, seq, sig, in, out, count, dtype, op, st);
   }
-  return mlxd_algo_all_reduce_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
+  return mlxd_algo_all_reduce_pipeline(t, seq, sig, in, out, count, dtype, op, -1, st);
 }
 
 int mlxd_algo_all_reduce(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,

@@ -72,13 +72,13 @@ int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st) 
 
 bool mlxd_algo_bidir(int size, size_t nbytes, int bidir) {
   if (bidir >= 0) return bidir > 0 && size >= 2;
-  return size >= MLXD_RING_BIDIR_MIN_RANKS && nbytes >= MLXD_RING_BIDIR_MIN_BYTES;
+  return size >= MLXD_PIPELINE_BIDIR_MIN_RANKS && nbytes >= MLXD_PIPELINE_BIDIR_MIN_BYTES;
 }
 
 size_t* mlxd_algo_equal_blocks(int n, size_t len, mlxd_status* st) {
   size_t* ol = malloc(2 * (size_t)n * sizeof *ol);
   if (!ol) {
-    mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
+    mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a pipeline schedule");
     return NULL;
   }
   for (int b = 0; b < n; b++) {

@@ -37,9 +37,9 @@ static void host_view(mlxd_view* v, mlxd_transport* t, const mlxd_hier* h, unsig
 
 /* The one-shot limit of a phase across hosts (v: the leaders or a column,
  * one rank per host): MLXDIST_SMALL_BYTES between two hosts, where the
- * one-shot and the ring send the same bytes; from three hosts at most
+ * one-shot and the pipeline send the same bytes; from three hosts at most
  * MLXD_HIER_CROSS_SMALL (hier.h), as the one-shot sends more through every
- * uplink than the ring. */
+ * uplink than the pipeline. */
 static size_t cross_small(const mlxd_transport* v) {
   size_t s = mlxd_algo_small_bytes();
   return v->size <= 2 || s < MLXD_HIER_CROSS_SMALL ? s : MLXD_HIER_CROSS_SMALL;

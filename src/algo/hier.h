@@ -92,10 +92,10 @@ typedef enum {
 } mlxd_hier_form;
 #define MLXD_HIER_TINY_BYTES 256
 /* The largest buffer a phase across three or more hosts (the leaders, a
- * column) sends by the one-shot (direct) form; above it, the ring. The
- * one-shot sends (hosts - 1) x the buffer through every uplink, the ring
+ * column) sends by the one-shot (direct) form; above it, the pipeline. The
+ * one-shot sends (hosts - 1) x the buffer through every uplink, the pipeline
  * 2 (hosts - 1) / hosts x; at 3 hosts x 2 ranks, 1 Gbit/s, the one-shot lost
- * from 32 KiB (a 64 KiB column: 4.8 ms against 1.5 ms by ring) and won up to
+ * from 32 KiB (a 64 KiB column: 4.8 ms against 1.5 ms by the pipeline) and won up to
  * 16 KiB (fewer steps). docs/ring.md, "The cross-host limit". */
 #define MLXD_HIER_CROSS_SMALL ((size_t)16 << 10)
 mlxd_hier_form mlxd_hier_pick(const mlxd_hier* h, size_t nbytes);

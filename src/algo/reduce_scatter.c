@@ -1,5 +1,5 @@
 /* reduce_scatter: direct exchange (small groups) or recursive halving
- * (large ones, logdepth.c) for small payloads, pipelined ring otherwise.
+ * (large ones, logdepth.c) for small payloads, the pipeline otherwise.
  * Rank r ends with block r (count elements) of the reduction of every
  * rank's input (size * count elements). */
 #include <stdlib.h>
@@ -59,7 +59,7 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const mlxd_
   return st->code;
 }
 
-/* The pipelined ring over in's blocks (off/len, in elements of esz bytes;
+/* The pipeline over in's blocks (off/len, in elements of esz bytes;
  * algo_impl.h) in ndir directions, block `rank` reduced into out: the one
  * schedule of both entry points below. */
 static int reduce_scatter_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,
@@ -74,11 +74,11 @@ static int reduce_scatter_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* s
   if (!tab || (n > 2 && !work)) {
     free(tab);
     mlxd_buffer_free(work, bytes);
-    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule");
+    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a pipeline schedule");
   }
-  mlxd_ring_plan p;
+  mlxd_pipeline_plan p;
   memset(&p, 0, sizeof p);
-  p.mode = MLXD_RING_RS;
+  p.mode = MLXD_PIPELINE_RS;
   p.esz = esz;
   p.dtype = dtype;
   p.op = op;
@@ -89,15 +89,15 @@ static int reduce_scatter_run(mlxd_transport* t, uint64_t seq, const mlxd_sig* s
   p.ndir = ndir;
   mlxd_algo_split_blocks(off, len, n, ndir, tab, p.boff, p.blen);
   p.sig = sig;
-  mlxd_ring_run(t, seq, &p, st);
+  mlxd_pipeline_run(t, seq, &p, st);
   free(tab);
   mlxd_buffer_free(work, bytes);
   return st->code;
 }
 
-int mlxd_algo_reduce_scatter_ring(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
-                                  const void* in, void* out, size_t count, mlx_dtype dtype,
-                                  mlxd_reduce_op op, int bidir, mlxd_status* st) {
+int mlxd_algo_reduce_scatter_pipeline(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig,
+                                      const void* in, void* out, size_t count, mlx_dtype dtype,
+                                      mlxd_reduce_op op, int bidir, mlxd_status* st) {
   size_t blk;
   size_t esz = rs_prologue(t, in, out, count, dtype, op, &blk, st);
   int n = t->size;
@@ -134,7 +134,7 @@ int mlxd_algo_reduce_scatter_upto(mlxd_transport* t, size_t small, uint64_t seq,
       return mlxd_algo_reduce_scatter_rh(t, seq, sig, in, out, count, dtype, op, st);
     return mlxd_algo_reduce_scatter_direct(t, seq, sig, in, out, count, dtype, op, st);
   }
-  return mlxd_algo_reduce_scatter_ring(t, seq, sig, in, out, count, dtype, op, -1, st);
+  return mlxd_algo_reduce_scatter_pipeline(t, seq, sig, in, out, count, dtype, op, -1, st);
 }
 
 int mlxd_algo_reduce_scatter(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, const void* in,

@@ -256,7 +256,7 @@ mlxd_transport* mlxd_mixed_combine(mlxd_transport* rest, mlxd_transport* part, c
   t->base.ops = &mixed_ops;
   t->base.rank = rest->rank;
   t->base.size = rest->size;
-  t->base.ring_chunk = ring_chunk;
+  t->base.pipeline_chunk = ring_chunk;
   t->rest = rest;
   t->part = part;
   t->local = map;

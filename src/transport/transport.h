@@ -200,17 +200,17 @@ struct mlxd_transport {
   const mlxd_transport_ops* ops;
   int rank;
   int size;
-  /* Bytes per chunk of the pipelined ring algorithms on this transport
-   * (src/algo/ring.c); 0: MLXD_RING_CHUNK. Every rank of a group has the
-   * same kind of transport with the same value (the ranks' chunks must
+  /* Bytes per chunk of the pipeline algorithms on this transport
+   * (src/algo/pipeline.c); 0: MLXD_PIPELINE_CHUNK. Every rank of a group has
+   * the same kind of transport with the same value (the ranks' chunks must
    * match). */
-  size_t ring_chunk;
+  size_t pipeline_chunk;
   /* Blocks of at least this many bytes go to each peer whole, one message
-   * apiece, instead of in ring chunks, where an algorithm has that choice
+   * apiece, instead of in pipeline chunks, where an algorithm has that choice
    * (all_gather: src/algo/all_gather.c); 0: never. Shared memory sets it on
    * a crowded host (shm_setup.c, spin.h): there the transport moves a whole
    * message in one copy that only its receiver has to be on a CPU for,
-   * while a ring step needs the sender and the receiver running at once.
+   * while a pipeline step needs the sender and the receiver running at once.
    * The same on every rank of a group (the algorithm choice follows it; the
    * shared-memory ranks agree on it when they join). */
   size_t whole_min;
@@ -224,7 +224,7 @@ struct mlxd_transport {
  *   48..33  group           16 bits (MLXD_TAG_GROUP_SHIFT; 0..65535)
  *   32..16  sequence number 17 bits (MLXD_TAG_SEQ_BITS; the op's number, modulo 2^17)
  *   15..0   step            16 bits (the algorithm's: 0 for one-shot; direction and unit
- *                                    for the ring, src/algo/ring.c)
+ *                                    for the pipeline, src/algo/pipeline.c)
  *
  * The phase and the segment are 0 for every message an algorithm posts on
  * a group's own transport; a view (view.h) sets them, so that the phases of

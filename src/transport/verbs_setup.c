@@ -316,7 +316,7 @@ mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_pe
   t->base.ops = &mlxd_verbs_ops;
   t->base.rank = rank;
   t->base.size = size;
-  t->base.ring_chunk = VB_RING_CHUNK;
+  t->base.pipeline_chunk = VB_RING_CHUNK;
   mlxd_live_cfg_load(&t->live);
   t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
   long zc = mlxd_tunable_long(MLXD_T_VERBS_ZCOPY_BYTES);

@@ -70,7 +70,7 @@ void mlxd_view_init(mlxd_view* v, mlxd_transport* parent, const int* ranks, int 
   v->base.ops = &view_ops;
   v->base.rank = me;
   v->base.size = k;
-  v->base.ring_chunk = parent->ring_chunk;
+  v->base.pipeline_chunk = parent->pipeline_chunk;
   v->base.whole_min = parent->whole_min;
   v->parent = parent;
   v->ranks = ranks;
@@ -226,7 +226,7 @@ mlxd_transport* mlxd_view_child_new(mlxd_tshare* s, const int* root_ranks, int k
                                            : &child_ops_other;
   v->base.rank = me;
   v->base.size = k;
-  v->base.ring_chunk = root->ring_chunk;
+  v->base.pipeline_chunk = root->pipeline_chunk;
   v->base.whole_min = root->whole_min;
   v->share = s;
   v->root = root;

@@ -5,7 +5,7 @@
  *
  * (shm-cma: the shared-memory transport with its single-copy path on from
  * 64 KiB.) Every algorithm variant (the dispatcher, the direct / one-shot
- * exchange, the ring in one and in both directions, the log-depth forms) of all_reduce,
+ * exchange, the pipeline in one and in both directions, the log-depth forms) of all_reduce,
  * reduce_scatter and all_gather, send/recv, and all_to_all (flat; over
  * mixed:HOSTS also two-level as chosen and gathered per host at every size), on sizes 0, 1, fewer
  * elements than ranks, odd, around the small/large switch
@@ -13,7 +13,7 @@
  * reduce_scatter with every dtype (all ops for one dtype per element size);
  * over mixed:HOSTS also the two-level forms (algo/hier.h) on HOSTS' host map,
  * against the same references as the flat ones, and the two-level all_reduce
- * pipelined in many segments against the flat ring and its one-piece form;
+ * pipelined in many segments against the flat pipeline and its one-piece form;
  * results checked bit for bit against references computed here
  * (reference.c), plus a canary past the end of every output. With a third
  * argument "logn": only the log-depth forms (logdepth.c) on small buffers,
@@ -42,9 +42,9 @@
 
 /* Sanitizer builds (T_SANITIZED) run every case but the few-MiB ones for one dtype only. */
 
-enum { V_AUTO, V_DIRECT, V_RING, V_BIDIR, V_LOGN, V_HIER, V_COUNT };
+enum { V_AUTO, V_DIRECT, V_PIPELINE, V_BIDIR, V_LOGN, V_HIER, V_COUNT };
 static const char* v_name(int v) {
-  static const char* nm[] = {"auto", "direct", "ring", "ring-bidir", "logn", "hier"};
+  static const char* nm[] = {"auto", "direct", "pipeline", "pipeline-bidir", "logn", "hier"};
   return nm[v];
 }
 /* Over mixed:HOSTS, the two-level collectives (algo/hier.h) on the host map
@@ -52,17 +52,17 @@ static const char* v_name(int v) {
 static mlxd_hier* g_hier;
 static bool skip(int v) { return v == V_HIER && !g_hier; }
 
-/* The largest payloads: a few MiB (odd), so the ring pipelines several
+/* The largest payloads: a few MiB (odd), so the pipeline cuts several
  * 1 MiB chunks per block and posts more units than its receive window. */
 #define BIG_BYTES (((size_t)5 << 20) + 12)
 #define MID_BYTES (((size_t)2 << 20) + 24)
-/* A ring chunk set on every rank's transport alike for the BIG_BYTES cases
+/* A pipeline chunk set on every rank's transport alike for the BIG_BYTES cases
  * once more, so that a block has more chunks than the receives posted ahead
- * (MLXD_RING_WINDOW) whatever the transport: the reductions' sends held to
- * the window and all_gather's receives all posted at once (src/algo/ring.c),
+ * (MLXD_PIPELINE_WINDOW) whatever the transport: the reductions' sends held to
+ * the window and all_gather's receives all posted at once (src/algo/pipeline.c),
  * one way and both, with blocks of unequal length. */
 #define SMALL_CHUNK ((size_t)64 << 10)
-static const unsigned k_rings = 1u << V_RING | 1u << V_BIDIR;
+static const unsigned k_pipelines = 1u << V_PIPELINE | 1u << V_BIDIR;
 
 static uint64_t g_seq = 1;
 static size_t g_small; /* MLXDIST_SMALL_BYTES: the algorithm switch */
@@ -87,10 +87,11 @@ static int call_all_reduce(mlxd_transport* t, int v, const void* in, void* out, 
   switch (v) {
     case V_AUTO: return mlxd_algo_all_reduce(t, seq, NULL, in, out, count, d, o, st);
     case V_DIRECT: return mlxd_algo_all_reduce_oneshot(t, seq, NULL, in, out, count, d, o, st);
-    case V_RING: return mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, d, o, 0, st);
+    case V_PIPELINE:
+      return mlxd_algo_all_reduce_pipeline(t, seq, NULL, in, out, count, d, o, 0, st);
     case V_LOGN: return mlxd_algo_all_reduce_rd(t, seq, NULL, in, out, count, d, o, st);
     case V_HIER: return mlxd_algo_hier_all_reduce(t, g_hier, seq, NULL, in, out, count, d, o, st);
-    default: return mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, d, o, 1, st);
+    default: return mlxd_algo_all_reduce_pipeline(t, seq, NULL, in, out, count, d, o, 1, st);
   }
 }
 
@@ -102,11 +103,12 @@ static int call_reduce_scatter(mlxd_transport* t, int v, const void* in, void* o
   switch (v) {
     case V_AUTO: return mlxd_algo_reduce_scatter(t, seq, NULL, in, out, count, d, o, st);
     case V_DIRECT: return mlxd_algo_reduce_scatter_direct(t, seq, NULL, in, out, count, d, o, st);
-    case V_RING: return mlxd_algo_reduce_scatter_ring(t, seq, NULL, in, out, count, d, o, 0, st);
+    case V_PIPELINE:
+      return mlxd_algo_reduce_scatter_pipeline(t, seq, NULL, in, out, count, d, o, 0, st);
     case V_LOGN: return mlxd_algo_reduce_scatter_rh(t, seq, NULL, in, out, count, d, o, st);
     case V_HIER:
       return mlxd_algo_hier_reduce_scatter(t, g_hier, seq, NULL, in, out, count, d, o, st);
-    default: return mlxd_algo_reduce_scatter_ring(t, seq, NULL, in, out, count, d, o, 1, st);
+    default: return mlxd_algo_reduce_scatter_pipeline(t, seq, NULL, in, out, count, d, o, 1, st);
   }
 }
 
@@ -116,10 +118,10 @@ static int call_all_gather(mlxd_transport* t, int v, const void* in, void* out, 
   switch (v) {
     case V_AUTO: return mlxd_algo_all_gather(t, seq, NULL, in, out, nbytes, st);
     case V_DIRECT: return mlxd_algo_all_gather_direct(t, seq, NULL, in, out, nbytes, st);
-    case V_RING: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 0, st);
+    case V_PIPELINE: return mlxd_algo_all_gather_pipeline(t, seq, NULL, in, out, nbytes, 0, st);
     case V_LOGN: return mlxd_algo_all_gather_logn(t, seq, NULL, in, out, nbytes, st);
     case V_HIER: return mlxd_algo_hier_all_gather(t, g_hier, seq, NULL, in, out, nbytes, st);
-    default: return mlxd_algo_all_gather_ring(t, seq, NULL, in, out, nbytes, 1, st);
+    default: return mlxd_algo_all_gather_pipeline(t, seq, NULL, in, out, nbytes, 1, st);
   }
 }
 
@@ -232,11 +234,11 @@ static void hier_seg_call(mlxd_transport* t, size_t seg, const void* in, void* o
 /* The slices form cut into segments (hier.c): odd counts, segment
  * boundaries inside the one-piece form's slices and parts of one element or
  * none, up to the cap of MLXD_TAG_SEGMENTS segments. Exact inputs: the flat
- * ring, the two-level form in one piece and pipelined (out of place and in
+ * pipeline, the two-level form in one piece and pipelined (out of place and in
  * place) all give the reference's bits. Arbitrary floats: the pipelined
  * result has the same bits on every rank and in a second run, close to the
  * reference. */
-static void test_pipeline(mlxd_transport* t, bufs* b) {
+static void test_segments(mlxd_transport* t, bufs* b) {
   if (!g_hier) return;
   static const struct {
     int dt, op;
@@ -258,7 +260,7 @@ static void test_pipeline(mlxd_transport* t, bufs* b) {
     uint64_t salt = (uint64_t)count * 7 + 3;
     r_reduce(op, dt, t->size, 0, count, true, salt, b->ref);
     for (int form = 0; form < 4; form++) {
-      static const char* nm[] = {"flat ring", "two-level in one piece", "two-level pipelined",
+      static const char* nm[] = {"flat pipeline", "two-level in one piece", "two-level pipelined",
                                  "two-level pipelined in place"};
       snprintf(what, sizeof what, "all_reduce %s %s %s count %zu, segments of %zu bytes", nm[form],
                r_dt_name(dt), r_op_name(op), count, seg);
@@ -268,7 +270,7 @@ static void test_pipeline(mlxd_transport* t, bufs* b) {
       set_canary(out + count * es);
       if (form == 0) {
         mlxd_status st;
-        require_ok(call_all_reduce(t, V_RING, b->in, out, count, dt, op, &st), &st, what);
+        require_ok(call_all_reduce(t, V_PIPELINE, b->in, out, count, dt, op, &st), &st, what);
       } else {
         hier_seg_call(t, form == 1 ? 0 : seg, b->in, out, count, dt, op, what);
       }
@@ -306,7 +308,7 @@ static void test_pipeline(mlxd_transport* t, bufs* b) {
 /* The kernels are chosen by (dtype, op) and are the same for every variant
  * and size; the partitioning is chosen by (variant, element size, count).
  * So: every (dtype, op) pair at one odd count through the dispatcher and
- * the ring (whose reduction runs on chunks: mlxd_reduce3), and every
+ * the pipeline (whose reduction runs on chunks: mlxd_reduce3), and every
  * variant x count for one dtype per element size. */
 static void test_all_reduce(mlxd_transport* t, bufs* b) {
   int n = t->size;
@@ -315,7 +317,7 @@ static void test_all_reduce(mlxd_transport* t, bufs* b) {
   for (int dt = 0; dt < R_NDTYPES; dt++)
     for (int op = 0; op < R_NOPS; op++)
       all_reduce_case(t, b, dt, op, 129, auto_bidir, op == dt % 3);
-  /* nothing, one element, fewer elements than ranks (empty ring blocks),
+  /* nothing, one element, fewer elements than ranks (empty pipeline blocks),
    * one more than ranks */
   const int per_size[] = {1 /* uint8 */, 12 /* bfloat16 */, 10 /* float32 */, 13 /* complex64 */};
   const size_t counts[] = {0, 1, (size_t)n - 1, (size_t)n + 1};
@@ -338,24 +340,24 @@ static void test_all_reduce(mlxd_transport* t, bufs* b) {
     for (size_t c = at - 1; c <= at + 1; c++)
       all_reduce_case(t, b, per_size[k], (k + 1) % 3, c, 1u << V_AUTO | 1u << V_HIER, false);
   }
-  /* a few MiB: every variant in float32 (with 4 ranks the ring then posts
+  /* a few MiB: every variant in float32 (with 4 ranks the pipeline then posts
    * more chunks than its receive window); one dtype per other element size
    * over 2 MiB (several chunks per block) */
   all_reduce_case(t, b, 10, 0, BIG_BYTES / 4, all, true);
-  size_t chunk = t->ring_chunk;
-  t->ring_chunk = SMALL_CHUNK;
-  all_reduce_case(t, b, 10, 0, BIG_BYTES / 4, k_rings, false);
-  t->ring_chunk = chunk;
+  size_t chunk = t->pipeline_chunk;
+  t->pipeline_chunk = SMALL_CHUNK;
+  all_reduce_case(t, b, 10, 0, BIG_BYTES / 4, k_pipelines, false);
+  t->pipeline_chunk = chunk;
   if (!T_SANITIZED) {
-    all_reduce_case(t, b, 5 /* int8 */, 0, MID_BYTES, 1u << V_AUTO | 1u << V_RING, false);
+    all_reduce_case(t, b, 5 /* int8 */, 0, MID_BYTES, 1u << V_AUTO | 1u << V_PIPELINE, false);
     all_reduce_case(t, b, 12 /* bfloat16 */, 1, MID_BYTES / 2, auto_bidir, false);
-    all_reduce_case(t, b, 13 /* complex64 */, 2, MID_BYTES / 8, 1u << V_RING | 1u << V_DIRECT,
+    all_reduce_case(t, b, 13 /* complex64 */, 2, MID_BYTES / 8, 1u << V_PIPELINE | 1u << V_DIRECT,
                     false);
   }
   for (int dt = 9; dt < R_NDTYPES; dt++) inexact_case(t, b, dt, 1001, all);
   inexact_case(t, b, 10, 100003, all);
-  inexact_case(t, b, 12, 100003, 1u << V_RING | 1u << V_BIDIR | 1u << V_HIER);
-  test_pipeline(t, b);
+  inexact_case(t, b, 12, 100003, 1u << V_PIPELINE | 1u << V_BIDIR | 1u << V_HIER);
+  test_segments(t, b);
 }
 
 /* ------------------------------------------------------ reduce_scatter */
@@ -386,10 +388,10 @@ static void test_reduce_scatter(mlxd_transport* t, bufs* b) {
   int n = t->size;
   const unsigned all = (1u << V_COUNT) - 1;
   /* every dtype through both reduction paths (direct: mlxd_reduce after
-   * the exchange; ring: mlxd_reduce3 on chunks) */
+   * the exchange; pipeline: mlxd_reduce3 on chunks) */
   for (int dt = 0; dt < R_NDTYPES; dt++)
     reduce_scatter_case(t, b, dt, dt % 3, 7,
-                        1u << V_DIRECT | 1u << V_RING | 1u << V_LOGN | 1u << V_HIER);
+                        1u << V_DIRECT | 1u << V_PIPELINE | 1u << V_LOGN | 1u << V_HIER);
   /* every op for one dtype per element size, every variant */
   const int per_size[] = {0 /* bool */, 9 /* float16 */, 7 /* int32 */, 13 /* complex64 */};
   for (int k = 0; k < 4; k++)
@@ -409,10 +411,10 @@ static void test_reduce_scatter(mlxd_transport* t, bufs* b) {
   }
   /* a few MiB of input in all */
   reduce_scatter_case(t, b, 10, 0, BIG_BYTES / 4 / (size_t)n, all);
-  size_t chunk = t->ring_chunk;
-  t->ring_chunk = SMALL_CHUNK;
-  reduce_scatter_case(t, b, 10, 0, BIG_BYTES / 4 / (size_t)n, k_rings);
-  t->ring_chunk = chunk;
+  size_t chunk = t->pipeline_chunk;
+  t->pipeline_chunk = SMALL_CHUNK;
+  reduce_scatter_case(t, b, 10, 0, BIG_BYTES / 4 / (size_t)n, k_pipelines);
+  t->pipeline_chunk = chunk;
   if (!T_SANITIZED)
     reduce_scatter_case(t, b, 12, 1, MID_BYTES / 2 / (size_t)n + 1, 1u << V_AUTO | 1u << V_HIER);
 }
@@ -461,10 +463,10 @@ static void test_all_gather(mlxd_transport* t, bufs* b) {
     for (size_t s = cat - 1; s <= cat + 1; s++) all_gather_case(t, b, s, 1u << V_HIER);
   }
   all_gather_case(t, b, BIG_BYTES / (size_t)n, all);
-  size_t chunk = t->ring_chunk;
-  t->ring_chunk = SMALL_CHUNK;
-  all_gather_case(t, b, BIG_BYTES / (size_t)n, k_rings);
-  t->ring_chunk = chunk;
+  size_t chunk = t->pipeline_chunk;
+  t->pipeline_chunk = SMALL_CHUNK;
+  all_gather_case(t, b, BIG_BYTES / (size_t)n, k_pipelines);
+  t->pipeline_chunk = chunk;
 }
 
 /* ---------------------------------------------------------- all_to_all */
@@ -569,7 +571,7 @@ static void test_logn(mlxd_transport* t, bufs* b) {
       all_reduce_case(t, b, per_size[k], k % 3, counts[c], lg, c != 2);
       if (counts[c] <= (size_t)n + 1) reduce_scatter_case(t, b, per_size[k], k % 3, counts[c], lg);
     }
-  /* the switch to the ring */
+  /* the switch to the pipeline */
   size_t at = g_small / 4;
   for (size_t c = at - 1; c <= at + 1; c++) all_reduce_case(t, b, 10, 0, c, lg, c == at);
   at = g_small / (size_t)n / 4;

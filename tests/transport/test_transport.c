@@ -338,10 +338,10 @@ static void* thr_main(void* p) {
         ref[i] += (float)((int)((i * 7 + (size_t)(p * 13 + it * 5 + x->k)) % 11) - 5);
     }
     mlxd_status st;
-    int rc =
-        x->k == 2
-            ? mlxd_algo_all_reduce_ring(t, seq, NULL, in, out, count, MLX_FLOAT32, MLXD_SUM, 1, &st)
-            : mlxd_algo_all_reduce(t, seq, NULL, in, out, count, MLX_FLOAT32, MLXD_SUM, &st);
+    int rc = x->k == 2
+                 ? mlxd_algo_all_reduce_pipeline(t, seq, NULL, in, out, count, MLX_FLOAT32,
+                                                 MLXD_SUM, 1, &st)
+                 : mlxd_algo_all_reduce(t, seq, NULL, in, out, count, MLX_FLOAT32, MLXD_SUM, &st);
     if (rc) {
       fprintf(stderr, "thread %d: %s\n", x->k, st.msg);
       return NULL;

@@ -282,7 +282,7 @@ static int build(jaccl* j, mlxd_verbs_allgather_fn ag, void* ctx, mlxd_status* s
     goto done;
   }
   /* jaccl sleeps on TCP in a wait on both parts: poll() wakes for its sockets */
-  j->g.t = mlxd_mixed_combine(tcp, v, local, false, MIXED_IDLE_MAX_S, v->ring_chunk, st);
+  j->g.t = mlxd_mixed_combine(tcp, v, local, false, MIXED_IDLE_MAX_S, v->pipeline_chunk, st);
   if (!j->g.t) {
     tcp->ops->destroy(tcp);
     v->ops->destroy(v);

@@ -1,12 +1,13 @@
-/* The pipelined ring engine shared by all_reduce, all_gather and
- * reduce_scatter.
+/* The pipeline algorithm: the engine shared by the large all_reduce,
+ * all_gather and reduce_scatter. (Called "the ring algorithm" before
+ * issue 38: "ring" names the ring backend alone.)
  *
  * The buffer is cut into `size` blocks per direction. In direction d
  * (+1 or -1) rank r sends to r + d and receives from r - d. A schedule of
  * S steps moves one block per step; every block is further cut into C
  * chunks, and work is done unit by unit, unit u = step * C + chunk, so that
  * the chunk received at step s is reduced and forwarded at step s + 1 while
- * the next chunks are still arriving (receives are posted MLXD_RING_WINDOW
+ * the next chunks are still arriving (receives are posted MLXD_PIPELINE_WINDOW
  * units ahead where they reduce, all at once for all_gather; the kernel's
  * socket buffers keep moving data while this thread reduces).
  *
@@ -38,94 +39,93 @@
 #include "algo/algo_impl.h"
 #include "core/buffer.h"
 
-#define RING_MAX_UNITS 32767 /* units per direction fit in 15 tag bits */
+#define PIPELINE_MAX_UNITS 32767 /* units per direction fit in 15 tag bits */
 
-typedef struct ring_dir {
+typedef struct pipeline_dir {
   int d, to, from;
   const size_t* boff;
   const size_t* blen;
-  char* tmp;       /* MLXD_RING_WINDOW chunk slots (reductions only) */
+  char* tmp;       /* MLXD_PIPELINE_WINDOW chunk slots (reductions only) */
   mlxd_req** recv; /* U entries */
   mlxd_req** send; /* U entries */
-} ring_dir;
+} pipeline_dir;
 
-typedef struct ring_ctx {
+typedef struct pipeline_ctx {
   mlxd_transport* t;
-  const mlxd_ring_plan* p;
+  const mlxd_pipeline_plan* p;
   uint64_t seq;
   int n, r, S;
   size_t C, U, W, chunk_max;
-  ring_dir dir[2];
-} ring_ctx;
+  pipeline_dir dir[2];
+} pipeline_ctx;
 
-static int ring_mod(long x, int n) {
+static int mod_n(long x, int n) {
   long m = x % n;
   return (int)(m < 0 ? m + n : m);
 }
 
-static int send_block(const ring_ctx* x, const ring_dir* d, int s) {
+static int send_block(const pipeline_ctx* x, const pipeline_dir* d, int s) {
   switch (x->p->mode) {
-    case MLXD_RING_AR:
-      return ring_mod(s < x->n - 1 ? x->r - (long)d->d * s : x->r - (long)d->d * (s - x->n), x->n);
-    case MLXD_RING_AG: return ring_mod(x->r - (long)d->d * s, x->n);
-    default: return ring_mod(x->r - (long)d->d * (s + 1), x->n);
+    case MLXD_PIPELINE_AR:
+      return mod_n(s < x->n - 1 ? x->r - (long)d->d * s : x->r - (long)d->d * (s - x->n), x->n);
+    case MLXD_PIPELINE_AG: return mod_n(x->r - (long)d->d * s, x->n);
+    default: return mod_n(x->r - (long)d->d * (s + 1), x->n);
   }
 }
 
-static int recv_block(const ring_ctx* x, const ring_dir* d, int s) {
+static int recv_block(const pipeline_ctx* x, const pipeline_dir* d, int s) {
   switch (x->p->mode) {
-    case MLXD_RING_AR:
-      return ring_mod(s < x->n - 1 ? x->r - (long)d->d * (s + 1)
-                                   : x->r - (long)d->d * (s - x->n + 1),
-                      x->n);
-    case MLXD_RING_AG: return ring_mod(x->r - (long)d->d * (s + 1), x->n);
-    default: return ring_mod(x->r - (long)d->d * (s + 2), x->n);
+    case MLXD_PIPELINE_AR:
+      return mod_n(s < x->n - 1 ? x->r - (long)d->d * (s + 1) : x->r - (long)d->d * (s - x->n + 1),
+                   x->n);
+    case MLXD_PIPELINE_AG: return mod_n(x->r - (long)d->d * (s + 1), x->n);
+    default: return mod_n(x->r - (long)d->d * (s + 2), x->n);
   }
 }
 
-static bool step_reduces(const ring_ctx* x, int s) {
+static bool step_reduces(const pipeline_ctx* x, int s) {
   switch (x->p->mode) {
-    case MLXD_RING_AR: return s < x->n - 1;
-    case MLXD_RING_AG: return false;
+    case MLXD_PIPELINE_AR: return s < x->n - 1;
+    case MLXD_PIPELINE_AG: return false;
     default: return true;
   }
 }
 
 /* Element range of chunk c of block b in direction d. */
-static void chunk_range(const ring_ctx* x, const ring_dir* d, int b, size_t c, size_t* off,
+static void chunk_range(const pipeline_ctx* x, const pipeline_dir* d, int b, size_t c, size_t* off,
                         size_t* len) {
   size_t m = d->blen[b], q = m / x->C, rem = m % x->C;
   *off = d->boff[b] + q * c + (c < rem ? c : rem);
   *len = q + (c < rem ? 1 : 0);
 }
 
-static uint64_t unit_tag(const ring_ctx* x, int di, size_t u) {
+static uint64_t unit_tag(const pipeline_ctx* x, int di, size_t u) {
   return mlxd_tag(MLXD_TAG_COLL, x->seq, (unsigned)(((unsigned)di << 15) | (unsigned)u));
 }
 
-static int post_send(ring_ctx* x, int di, size_t u, mlxd_status* st) {
-  ring_dir* d = &x->dir[di];
-  const mlxd_ring_plan* p = x->p;
+static int post_send(pipeline_ctx* x, int di, size_t u, mlxd_status* st) {
+  pipeline_dir* d = &x->dir[di];
+  const mlxd_pipeline_plan* p = x->p;
   int s = (int)(u / x->C);
   size_t off, len;
   chunk_range(x, d, send_block(x, d, s), u % x->C, &off, &len);
   const char* src;
-  if (p->mode == MLXD_RING_AG && s == 0 && p->in)
+  if (p->mode == MLXD_PIPELINE_AG && s == 0 && p->in)
     return x->t->ops->isend(x->t, d->to, unit_tag(x, di, u), p->sig, p->in + (off - p->out_base),
                             len, &d->send[u], st);
-  if (p->mode == MLXD_RING_AG)
+  if (p->mode == MLXD_PIPELINE_AG)
     src = p->out;
   else if (s == 0)
     src = p->in;
   else
-    src = p->mode == MLXD_RING_AR ? p->out : p->work;
+    src = p->mode == MLXD_PIPELINE_AR ? p->out : p->work;
   return x->t->ops->isend(x->t, d->to, unit_tag(x, di, u), p->sig, src + off * p->esz, len * p->esz,
                           &d->send[u], st);
 }
 
-static int post_recv(ring_ctx* x, int di, size_t u, mlxd_status* st) {
-  ring_dir* d = &x->dir[di];
-  const mlxd_ring_plan* p = x->p;
+static int post_recv(pipeline_ctx* x, int di, size_t u, mlxd_status* st) {
+  pipeline_dir* d = &x->dir[di];
+  const mlxd_pipeline_plan* p = x->p;
   int s = (int)(u / x->C);
   size_t off, len;
   chunk_range(x, d, recv_block(x, d, s), u % x->C, &off, &len);
@@ -135,9 +135,9 @@ static int post_recv(ring_ctx* x, int di, size_t u, mlxd_status* st) {
                           st);
 }
 
-static void process(ring_ctx* x, int di, size_t u) {
-  ring_dir* d = &x->dir[di];
-  const mlxd_ring_plan* p = x->p;
+static void process(pipeline_ctx* x, int di, size_t u) {
+  pipeline_dir* d = &x->dir[di];
+  const mlxd_pipeline_plan* p = x->p;
   int s = (int)(u / x->C);
   if (!step_reduces(x, s)) return;
   size_t off, len;
@@ -145,7 +145,7 @@ static void process(ring_ctx* x, int di, size_t u) {
   if (len == 0) return;
   const char* tmp = d->tmp + (u % x->W) * x->chunk_max * p->esz;
   char* dst;
-  if (p->mode == MLXD_RING_AR)
+  if (p->mode == MLXD_PIPELINE_AR)
     dst = p->out + off * p->esz;
   else if (s == x->n - 2)
     dst = p->out + (off - p->out_base) * p->esz;
@@ -155,28 +155,29 @@ static void process(ring_ctx* x, int di, size_t u) {
   mlxd_reduce3(p->op, p->dtype, dst, tmp, p->in + off * p->esz, len);
 }
 
-int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd_status* st) {
-  ring_ctx x;
+int mlxd_pipeline_run(mlxd_transport* t, uint64_t seq, const mlxd_pipeline_plan* p,
+                      mlxd_status* st) {
+  pipeline_ctx x;
   memset(&x, 0, sizeof x);
   x.t = t;
   x.p = p;
   x.seq = seq;
   x.n = t->size;
   x.r = t->rank;
-  x.S = p->mode == MLXD_RING_AR ? 2 * (x.n - 1) : x.n - 1;
+  x.S = p->mode == MLXD_PIPELINE_AR ? 2 * (x.n - 1) : x.n - 1;
   if (x.S <= 0) return 0;
-  if (x.S > RING_MAX_UNITS)
+  if (x.S > PIPELINE_MAX_UNITS)
     return mlxd_algo_fail(st, MLXD_EINVAL,
-                          "the ring algorithms support at most %d ranks, this group has %d",
-                          RING_MAX_UNITS / 2, x.n);
+                          "the pipeline algorithms support at most %d ranks, this group has %d",
+                          PIPELINE_MAX_UNITS / 2, x.n);
   size_t maxblk = 0;
   for (int di = 0; di < p->ndir; di++)
     for (int b = 0; b < x.n; b++)
       if (p->blen[di][b] > maxblk) maxblk = p->blen[di][b];
   size_t maxbytes = maxblk * p->esz;
-  size_t chunk = t->ring_chunk ? t->ring_chunk : MLXD_RING_CHUNK;
+  size_t chunk = t->pipeline_chunk ? t->pipeline_chunk : MLXD_PIPELINE_CHUNK;
   x.C = maxbytes / chunk + (maxbytes % chunk != 0);
-  if (x.C > (size_t)(RING_MAX_UNITS / x.S)) x.C = (size_t)(RING_MAX_UNITS / x.S);
+  if (x.C > (size_t)(PIPELINE_MAX_UNITS / x.S)) x.C = (size_t)(PIPELINE_MAX_UNITS / x.S);
   if (x.C > maxblk) x.C = maxblk;
   if (x.C == 0) x.C = 1;
   x.U = (size_t)x.S * x.C;
@@ -184,10 +185,10 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
    * out, and a chunk with no receive posted yet would be staged by the
    * transport and copied again (the sends run a whole block ahead: 4 ranks
    * x 64 MiB over TCP, three quarters of the data). */
-  x.W = x.U < MLXD_RING_WINDOW || p->mode == MLXD_RING_AG ? x.U : MLXD_RING_WINDOW;
+  x.W = x.U < MLXD_PIPELINE_WINDOW || p->mode == MLXD_PIPELINE_AG ? x.U : MLXD_PIPELINE_WINDOW;
   x.chunk_max = maxblk / x.C + (maxblk % x.C != 0);
 
-  bool reduces = p->mode != MLXD_RING_AG;
+  bool reduces = p->mode != MLXD_PIPELINE_AG;
   mlxd_req** reqs = calloc((size_t)p->ndir * 2 * x.U, sizeof *reqs);
   char* tmp = NULL;
   if (reduces && x.chunk_max > 0)
@@ -195,13 +196,14 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
   if (!reqs || (reduces && x.chunk_max > 0 && !tmp)) {
     free(reqs);
     mlxd_buffer_free(tmp, (size_t)p->ndir * x.W * x.chunk_max * p->esz);
-    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a ring schedule of %zu chunks", x.U);
+    return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a pipeline schedule of %zu chunks",
+                          x.U);
   }
   for (int di = 0; di < p->ndir; di++) {
-    ring_dir* d = &x.dir[di];
+    pipeline_dir* d = &x.dir[di];
     d->d = di == 0 ? 1 : -1;
-    d->to = ring_mod(x.r + d->d, x.n);
-    d->from = ring_mod(x.r - d->d, x.n);
+    d->to = mod_n(x.r + d->d, x.n);
+    d->from = mod_n(x.r - d->d, x.n);
     d->boff = p->boff[di];
     d->blen = p->blen[di];
     d->tmp = tmp ? tmp + (size_t)di * x.W * x.chunk_max * p->esz : NULL;
@@ -211,7 +213,7 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
 
   /* Sends run `lead` units ahead of this rank's progress: a block (each
    * step forwards what the last one received) or, where that is more than
-   * the receives posted ahead (reductions with more than MLXD_RING_WINDOW
+   * the receives posted ahead (reductions with more than MLXD_PIPELINE_WINDOW
    * chunks a block), as far as those: a chunk sent before its receive is
    * posted is staged by the transport and copied twice (a rank behind its
    * predecessor still gets a few such; no longer a block's worth). Unit u + lead's
@@ -224,7 +226,7 @@ int mlxd_ring_run(mlxd_transport* t, uint64_t seq, const mlxd_ring_plan* p, mlxd
     for (int di = 0; di < p->ndir && !rc; di++) rc = post_recv(&x, di, u, st);
   /* AG with a separate input: this rank's block (read from in by the sends
    * just posted) into out while the first chunks travel. */
-  if (!rc && p->mode == MLXD_RING_AG && p->in)
+  if (!rc && p->mode == MLXD_PIPELINE_AG && p->in)
     for (int di = 0; di < p->ndir; di++)
       if (x.dir[di].blen[x.r])
         memcpy(p->out + x.dir[di].boff[x.r], p->in + (x.dir[di].boff[x.r] - p->out_base),
