@@ -1,6 +1,6 @@
 /* Private: the launcher's gate, waited for by init (group.c) before any backend starts.
  *
- * mlxdist-launch (tools/launch/supervise.c) starts its ranks with posix_spawn, one after
+ * mlxdist-launch (tools/launch/supervise.c, spawn.c) starts its ranks with posix_spawn, one after
  * the other, and each rank inherits the read end of one pipe, the gate, named by
  * MLXDIST_LAUNCH_GATE=FD:INODE. The launcher writes one byte into it once every rank is
  * started, then closes its end. Init waits for that byte before any connect bound starts,

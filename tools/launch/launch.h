@@ -5,7 +5,10 @@
  *   hostfile_check.c  the launcher's checks of a user's hostfile (pure, fuzzed)
  *   mpi.c       the mpirun command line for --backend mpi
  *   relay.c     a child's output, line by line, with the "[rank] " prefix
- *   supervise.c starting the children, stopping them all on the first failure,
+ *   spawn.c     making a child's process: the open-file limit, the signals the
+ *               launcher blocks, the environment (MLX_RANK, the gate), posix_spawn
+ *   supervise.c starting the children with their pipes relayed, stopping them all on
+ *               the first failure,
  *               --timeout, forwarded signals and the exit status
  *   watch.c     what the supervisor knows of each rank: its records (the table),
  *               its first error line (the failure summary), /proc (stopped?)
@@ -25,6 +28,7 @@
 #define MLXD_LAUNCH_H
 
 #include <limits.h>
+#include <spawn.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -315,7 +319,7 @@ void launch_jaccl_release(launch_jaccl* j);
 /* Release, remove the written matrix and its directory, free. */
 void launch_jaccl_free(launch_jaccl* j);
 
-/* ---- supervise.c ---- */
+/* ---- spawn.c ---- */
 
 /* The open-file limit (RLIMIT_NOFILE) for a job of ranks ranks with conns
  * reserved ports each (0: none reserved): the launcher holds about 3 fds per
@@ -350,6 +354,42 @@ typedef struct launch_spawn {
    * stops the job (the rendezvous failed and said why). Its ctx: started_ctx. */
   bool (*failed)(void* ctx);
 } launch_spawn;
+
+/* What every child of one job is spawned with, made once in the launcher (not per child
+ * with setenv): the environment with sp's variables applied, a slot for MLX_RANK that the
+ * launcher fills in before each rank's spawn, the attributes, and the gate. */
+typedef struct launch_spawn_env {
+  char** envp;      /* environ, then MLX_RANK's slot, MLXDIST_DUMP_SIGNAL, sp->set_env (last wins),
+                    MLXDIST_LAUNCH_GATE */
+  int rank_slot;    /* envp's MLX_RANK (-1: none, or sp->set_env sets it) */
+  int gate;         /* the gate's read end, not close-on-exec (-1: none): every local rank has it */
+  char gate_kv[64]; /* "MLXDIST_LAUNCH_GATE=FD:INODE" */
+  char rank_kv[32]; /* "MLX_RANK=r", envp[rank_slot] while rank r is spawned */
+  posix_spawnattr_t attr; /* its own process group, default signals, the launcher's old mask */
+  bool attr_ok;
+} launch_spawn_env;
+
+/* The environment and attributes of sp's local children (ranks: the ranks', with MLX_RANK's
+ * slot and the gate se->gate when >= 0): -1 with errno. The strings are borrowed (environ,
+ * sp->set_env, literals, se's own), only the array is the caller's (launch_spawn_env_free). A
+ * MLXDIST_LAUNCH_GATE in the launcher's own environment (a launcher run by a rank) is not
+ * passed on: only this launcher's gate is. */
+int launch_spawn_env_make(launch_spawn_env* se, const launch_spawn* sp, bool ranks);
+/* Free what launch_spawn_env_make made (after a failure too; a zeroed one holds nothing). */
+void launch_spawn_env_free(launch_spawn_env* se);
+/* The child's pipes as its stdout, stderr (and stdin), and for a rank over ssh the gate
+ * closed (it is for local ranks); then posix_spawnp of the program: the rank's ssh command,
+ * or sp->argv with the prepared environment and MLX_RANK (rank >= 0) in its slot. Returns 0
+ * with *pid, or the error (the program's: it cannot run, or the system's: no process). */
+int launch_spawn_child(const launch_spawn* sp, launch_spawn_env* se, int rank, int out_fd,
+                       int err_fd, int in_fd, pid_t* pid);
+/* Whether posix_spawn's error e is the program's (it cannot run: say so, exit 127/126 as a
+ * shell does) rather than the system's (no process could be made). */
+bool launch_spawn_program_error(int e);
+/* The launcher's message and exit status for a child whose program cannot run (error e). */
+int launch_spawn_cannot_run(const launch_spawn* sp, int rank, int e);
+
+/* ---- supervise.c ---- */
 
 /* Start n ranks of sp, rank r with MLX_RANK=r and its output prefixed "[r] ",
  * and supervise them: the first rank to fail stops the others; timeout (0:

@@ -1,4 +1,5 @@
-/* mlxdist-launch: the children and their supervision.
+/* mlxdist-launch: the children and their supervision (their processes are
+ * made by spawn.c).
  *
  * Each child leads its own process group (so a stop reaches what it started)
  * and writes into two pipes relayed line by line (relay.c). One epoll loop
@@ -32,14 +33,11 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/resource.h>
 #include <sys/signalfd.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -143,52 +141,7 @@ static int watch_child(run* rn, child* c) {
   return 0;
 }
 
-/* ---- the open-file limit ---- */
-
-#define LAUNCH_NOFILE_SLACK 64L       /* the launcher's own: std streams, signalfd, files */
-#define LAUNCH_NOFILE_RANK_SLACK 256L /* a rank's own besides one per peer connection */
-
-int launch_nofile(int ranks, int conns) {
-  struct rlimit rl;
-  if (ranks <= 0 || getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
-  long mine = (3L + (conns > 0 ? conns : 0)) * ranks + LAUNCH_NOFILE_SLACK;
-  long theirs = (1L + (conns > 0 ? conns : 1)) * ranks + LAUNCH_NOFILE_RANK_SLACK;
-  rlim_t want = (rlim_t)(mine > theirs ? mine : theirs);
-  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < (rlim_t)mine) {
-    launch_msg(
-        "%d ranks need about %ld open files in the launcher (pipes and ports), but the hard "
-        "limit RLIMIT_NOFILE is %llu (ulimit -Hn); raise it (limits.conf nofile, systemd's "
-        "LimitNOFILE=, or ulimit -Hn as root) or start fewer ranks.",
-        ranks, mine, (unsigned long long)rl.rlim_max);
-    return -1;
-  }
-  if (rl.rlim_max != RLIM_INFINITY && want > rl.rlim_max) want = rl.rlim_max;
-  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < want) {
-    rl.rlim_cur = want;
-    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-      launch_msg("cannot raise the open-file limit (RLIMIT_NOFILE) to %llu for %d ranks: %s.",
-                 (unsigned long long)want, ranks, strerror(errno));
-      return -1;
-    }
-  }
-  return 0;
-}
-
-/* ---- signals ---- */
-
-static sigset_t old_mask; /* restored in the children */
-
-int launch_block_signals(void) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGCHLD);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  if (sigprocmask(SIG_BLOCK, &set, &old_mask) != 0) return -1;
-  signal(SIGPIPE, SIG_IGN);
-  return signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-}
+/* ---- signals to the ranks ---- */
 
 enum { ALL, LOCAL, REMOTE }; /* which ranks a signal is for */
 
@@ -238,173 +191,6 @@ static void begin_stop(run* rn) {
   signal_all_of(rn, SIGCONT, LOCAL); /* a stopped rank acts on SIGTERM only once continued */
 }
 
-/* ---- starting a child ---- */
-
-extern char** environ;
-
-/* What every child of one job is spawned with, made once in the launcher (not per child
- * with setenv): the environment with sp's variables applied, a slot for MLX_RANK that the
- * launcher fills in before each rank's spawn, the attributes, and the gate. */
-typedef struct spawn_env {
-  char** envp;      /* environ, then MLX_RANK's slot, MLXDIST_DUMP_SIGNAL, sp->set_env (last wins),
-                    MLXDIST_LAUNCH_GATE */
-  int rank_slot;    /* envp's MLX_RANK (-1: none, or sp->set_env sets it) */
-  int gate;         /* the gate's read end, not close-on-exec (-1: none): every local rank has it */
-  char gate_kv[64]; /* "MLXDIST_LAUNCH_GATE=FD:INODE" */
-  char rank_kv[32]; /* "MLX_RANK=r", envp[rank_slot] while rank r is spawned */
-  posix_spawnattr_t attr; /* its own process group, default signals, the launcher's old mask */
-  bool attr_ok;
-} spawn_env;
-
-/* name=... of kv in envp[0..n): its index, -1 if absent. */
-static int env_find(char* const* envp, int n, const char* kv) {
-  size_t nl = strcspn(kv, "=");
-  for (int i = 0; i < n; i++)
-    if (strncmp(envp[i], kv, nl) == 0 && envp[i][nl] == '=') return i;
-  return -1;
-}
-
-/* envp[n] = kv, or in place of the variable of the same name; returns its index. */
-static int env_put(char** envp, int* n, const char* kv) {
-  int i = env_find(envp, *n, kv);
-  if (i < 0) i = (*n)++;
-  envp[i] = (char*)kv;
-  envp[*n] = NULL;
-  return i;
-}
-
-#define GATE_ENV "MLXDIST_LAUNCH_GATE="
-
-/* The environment and attributes of sp's local children (ranks: the ranks', with MLX_RANK's
- * slot and the gate se->gate when >= 0): -1 with errno. The strings are borrowed (environ,
- * sp->set_env, literals, se's own), only the array is the caller's (spawn_env_free). A
- * MLXDIST_LAUNCH_GATE in the launcher's own environment (a launcher run by a rank) is not
- * passed on: only this launcher's gate is. */
-static int spawn_env_make(spawn_env* se, const launch_spawn* sp, bool ranks) {
-  int n = 0, ne = 0;
-  while (environ && environ[ne]) ne++;
-  se->rank_slot = -1;
-  se->envp = malloc((size_t)(ne + sp->n_env + 4) * sizeof *se->envp);
-  if (!se->envp) return -1;
-  for (int i = 0; i < ne; i++)
-    if (strchr(environ[i], '=') && strncmp(environ[i], GATE_ENV, strlen(GATE_ENV)) != 0)
-      se->envp[n++] = environ[i];
-  se->envp[n] = NULL;
-  if (ranks) {
-    se->rank_slot = env_put(se->envp, &n, "MLX_RANK=");
-    /* the record on SIGUSR1; the user's value wins */
-    if (env_find(se->envp, n, "MLXDIST_DUMP_SIGNAL=") < 0)
-      env_put(se->envp, &n, "MLXDIST_DUMP_SIGNAL=1");
-  }
-  for (int i = 0; i < sp->n_env; i++) {
-    if (!strchr(sp->set_env[i], '=') || strncmp(sp->set_env[i], GATE_ENV, strlen(GATE_ENV)) == 0)
-      continue;
-    int at = env_put(se->envp, &n, sp->set_env[i]);
-    if (at == se->rank_slot) se->rank_slot = -1;
-  }
-  if (ranks && se->gate >= 0) {
-    struct stat sb;
-    if (fstat(se->gate, &sb) != 0) return -1;
-    snprintf(se->gate_kv, sizeof se->gate_kv, GATE_ENV "%d:%llu", se->gate,
-             (unsigned long long)sb.st_ino);
-    env_put(se->envp, &n, se->gate_kv);
-  }
-  /* like a shell's child: its own group, the signals the launcher ignores or blocks as they
-   * were before it */
-  sigset_t def;
-  sigemptyset(&def);
-  sigaddset(&def, SIGPIPE);
-  sigaddset(&def, SIGINT);
-  sigaddset(&def, SIGTERM);
-  int e = posix_spawnattr_init(&se->attr);
-  if (e == 0) {
-    se->attr_ok = true;
-    e = posix_spawnattr_setflags(&se->attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF |
-                                                POSIX_SPAWN_SETSIGMASK);
-  }
-  if (e == 0) e = posix_spawnattr_setpgroup(&se->attr, 0);
-  if (e == 0) e = posix_spawnattr_setsigdefault(&se->attr, &def);
-  if (e == 0) e = posix_spawnattr_setsigmask(&se->attr, &old_mask);
-  if (e != 0) {
-    errno = e;
-    return -1;
-  }
-  return 0;
-}
-
-static void spawn_env_free(spawn_env* se) {
-  free(se->envp);
-  se->envp = NULL;
-  if (se->attr_ok) posix_spawnattr_destroy(&se->attr);
-  se->attr_ok = false;
-}
-
-/* argv[0], a file without "#!" that the kernel cannot run, run by /bin/sh (what execvp did). */
-static int spawn_sh(pid_t* pid, const posix_spawn_file_actions_t* fa, spawn_env* se,
-                    char* const* argv) {
-  int n = 0;
-  while (argv[n]) n++;
-  char** sh = malloc((size_t)(n + 2) * sizeof *sh);
-  if (!sh) return ENOMEM;
-  sh[0] = (char*)"/bin/sh";
-  for (int i = 0; i <= n; i++) sh[i + 1] = argv[i];
-  int e = posix_spawn(pid, "/bin/sh", fa, &se->attr, sh, se->envp);
-  free(sh);
-  return e;
-}
-
-/* The child's pipes as its stdout, stderr (and stdin), and for a rank over ssh the gate
- * closed (it is for local ranks); then posix_spawnp of the program: the rank's ssh command,
- * or sp->argv with the prepared environment and MLX_RANK (rank >= 0) in its slot. Returns 0
- * with *pid, or the error (the program's: it cannot run, or the system's: no process). */
-static int spawn_child(const launch_spawn* sp, spawn_env* se, int rank, int out_fd, int err_fd,
-                       int in_fd, pid_t* pid) {
-  posix_spawn_file_actions_t fa;
-  int e = posix_spawn_file_actions_init(&fa);
-  if (e != 0) return e;
-  e = posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-  if (e == 0) e = posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-  if (e == 0 && in_fd >= 0) e = posix_spawn_file_actions_adddup2(&fa, in_fd, 0);
-  char** argv = rank >= 0 && sp->rank_argv && sp->rank_argv[rank] ? sp->rank_argv[rank] : sp->argv;
-  if (e == 0 && argv != sp->argv && se->gate >= 0)
-    e = posix_spawn_file_actions_addclose(&fa, se->gate);
-  if (e == 0) {
-    if (argv != sp->argv) { /* ssh: the rank's variables travel in its script, not here */
-      e = posix_spawnp(pid, argv[0], &fa, &se->attr, argv, environ);
-    } else {
-      if (rank >= 0 && se->rank_slot >= 0) {
-        snprintf(se->rank_kv, sizeof se->rank_kv, "MLX_RANK=%d", rank);
-        se->envp[se->rank_slot] = se->rank_kv; /* read by the child before posix_spawn returns */
-      }
-      e = posix_spawnp(pid, sp->argv[0], &fa, &se->attr, sp->argv, se->envp);
-      if (e == ENOEXEC && strchr(sp->argv[0], '/')) /* a script without #!: sh, as execvp did */
-        e = spawn_sh(pid, &fa, se, sp->argv);
-    }
-  }
-  posix_spawn_file_actions_destroy(&fa);
-  return e;
-}
-
-/* Whether posix_spawn's error e is the program's (it cannot run: say so, exit 127/126 as a
- * shell does) rather than the system's (no process could be made). */
-static bool program_error(int e) {
-  return e != EAGAIN && e != ENOMEM && e != EMFILE && e != ENFILE && e != ENOSPC;
-}
-
-/* The launcher's message and exit status for a child whose program cannot run (error e). */
-static int report_cannot_run(const launch_spawn* sp, int rank, int e) {
-  if (rank >= 0 && sp->rank_argv && sp->rank_argv[rank]) {
-    launch_msg("rank %d: cannot run the ssh command '%s': %s.", rank, sp->rank_argv[rank][0],
-               strerror(e));
-    return 255;
-  }
-  if (rank >= 0)
-    launch_msg("rank %d: cannot run '%s': %s.", rank, sp->argv[0], strerror(e));
-  else
-    launch_msg("cannot run '%s': %s.", sp->argv[0], strerror(e));
-  return e == ENOENT ? 127 : 126;
-}
-
 static void close_pair(int p[2]) {
   close(p[0]);
   close(p[1]);
@@ -441,8 +227,8 @@ static void on_err_line(void* ctx, const char* line, size_t len) {
 }
 
 /* Spawn one child with its output relayed; -1 with errno on failure, *cannot_run set when
- * the error is the program's (program_error: it cannot run) rather than the system's. */
-static int start_child(const launch_spawn* sp, spawn_env* se, child* c, int rank,
+ * the error is the program's (launch_spawn_program_error: it cannot run) rather than the system's. */
+static int start_child(const launch_spawn* sp, launch_spawn_env* se, child* c, int rank,
                        bool* cannot_run) {
   int po[2], pe[2], pi[2] = {-1, -1};
   const char* in = rank >= 0 && sp->rank_stdin ? sp->rank_stdin[rank] : NULL;
@@ -463,12 +249,12 @@ static int start_child(const launch_spawn* sp, spawn_env* se, child* c, int rank
   }
   *cannot_run = false;
   pid_t pid = -1;
-  int e = spawn_child(sp, se, rank, po[1], pe[1], pi[0], &pid);
+  int e = launch_spawn_child(sp, se, rank, po[1], pe[1], pi[0], &pid);
   if (e != 0) {
     close_pair(po);
     close_pair(pe);
     if (in) close_pair(pi);
-    *cannot_run = program_error(e);
+    *cannot_run = launch_spawn_program_error(e);
     errno = e;
     return -1;
   }
@@ -943,7 +729,7 @@ static void run_free(run* rn) {
 int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
   if (launch_nofile(n, 0) != 0) return 1;
   run rn;
-  spawn_env se = {.gate = -1};
+  launch_spawn_env se = {.gate = -1};
   int gate[2] = {-1, -1};
   int ok = run_init(&rn, n, sfd, true) == 0; /* said why when not */
   /* the read end moved to an fd of 3 or above (0-2 are the ranks' stdio, and the library
@@ -960,13 +746,13 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
     }
   }
   se.gate = gate[0];
-  if (ok && spawn_env_make(&se, sp, true) != 0) {
+  if (ok && launch_spawn_env_make(&se, sp, true) != 0) {
     launch_msg("cannot prepare the ranks' start: %s.", strerror(errno));
     ok = 0;
   }
   if (!ok) {
     if (gate[0] >= 0) close_pair(gate);
-    spawn_env_free(&se);
+    launch_spawn_env_free(&se);
     run_free(&rn);
     return 1;
   }
@@ -990,7 +776,7 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
     int e = errno;
     signal_all(&rn, SIGKILL); /* before the gate opens: none of them gets past init */
     if (cannot_run) {
-      rc = report_cannot_run(sp, r, e);
+      rc = launch_spawn_cannot_run(sp, r, e);
       if (r > 0) launch_msg("stopping the %d rank%s started.", r, r == 1 ? "" : "s");
     } else {
       launch_msg("cannot start rank %d: %s; stopping the others.", r, strerror(e));
@@ -1019,21 +805,21 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout) {
   } else {
     supervise(&rn, 0);
   }
-  spawn_env_free(&se);
+  launch_spawn_env_free(&se);
   run_free(&rn);
   return rc;
 }
 
 int launch_one(const launch_spawn* sp, int sfd, double timeout) {
   run rn;
-  spawn_env se = {.gate = -1};
+  launch_spawn_env se = {.gate = -1};
   int ok = run_init(&rn, 1, sfd, false) == 0; /* said why when not */
-  if (ok && spawn_env_make(&se, sp, false) != 0) {
+  if (ok && launch_spawn_env_make(&se, sp, false) != 0) {
     launch_msg("cannot prepare the start of %s: %s.", sp->argv[0], strerror(errno));
     ok = 0;
   }
   if (!ok) {
-    spawn_env_free(&se);
+    launch_spawn_env_free(&se);
     run_free(&rn);
     return 1;
   }
@@ -1042,7 +828,7 @@ int launch_one(const launch_spawn* sp, int sfd, double timeout) {
   bool cannot_run = false;
   if (start_child(sp, &se, &rn.kids[0], -1, &cannot_run) != 0) {
     if (cannot_run)
-      rc = report_cannot_run(sp, -1, errno);
+      rc = launch_spawn_cannot_run(sp, -1, errno);
     else
       launch_msg("cannot start %s: %s.", sp->argv[0], strerror(errno));
   } else {
@@ -1055,7 +841,7 @@ int launch_one(const launch_spawn* sp, int sfd, double timeout) {
       rc = supervise(&rn, timeout);
     }
   }
-  spawn_env_free(&se);
+  launch_spawn_env_free(&se);
   run_free(&rn);
   return rc;
 }
