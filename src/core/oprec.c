@@ -1,4 +1,4 @@
-/* The operation record (oprec.h): a ring of the last MLXD_OPREC_N ops of
+/* The operation record (oprec.h): the history, the last MLXD_OPREC_N ops of
  * this process, written with a few relaxed atomic stores per call (no
  * lock), read seqlock-style, formatted and written by the reader. */
 #include "core/oprec.h"
@@ -89,7 +89,9 @@ static double stamp_time(uint64_t s, double ref) {
 #define TAG(h, ph) (((h) << 3) | (uint64_t)(ph))
 #define RLX memory_order_relaxed
 
-static slot g_tab[MLXD_OPREC_N];
+/* The history: op h (its handle) in slot h % MLXD_OPREC_N, which the op
+ * MLXD_OPREC_N handles later takes over. */
+static slot g_history[MLXD_OPREC_N];
 static _Atomic uint64_t g_next = 1;
 /* The identity in the heading: the largest group seen (the first of that
  * size); changed under g_id_mu (only while groups are being made). */
@@ -103,7 +105,7 @@ uint64_t mlxd_oprec_begin(unsigned group, int rank, int size, uint64_t seq, cons
                           int dtype, size_t bytes, int peer) {
   double now = rec_now();
   uint64_t h = atomic_fetch_add_explicit(&g_next, 1, RLX);
-  slot* e = &g_tab[h % MLXD_OPREC_N];
+  slot* e = &g_history[h % MLXD_OPREC_N];
   atomic_store_explicit(&e->tag, TAG(h, PH_WRITING), RLX);
   atomic_thread_fence(memory_order_release);
   atomic_store_explicit(&e->group, group, RLX);
@@ -136,7 +138,7 @@ uint64_t mlxd_oprec_begin(unsigned group, int rank, int size, uint64_t seq, cons
 
 /* Whether slot h still holds op h (else a newer op took it: nothing to do). */
 static slot* own_slot(uint64_t h) {
-  slot* e = &g_tab[h % MLXD_OPREC_N];
+  slot* e = &g_history[h % MLXD_OPREC_N];
   return atomic_load_explicit(&e->tag, RLX) >> 3 == h ? e : NULL;
 }
 
@@ -155,7 +157,7 @@ void mlxd_oprec_end(uint64_t h, int code) {
 /* Copy slot h's entry into *out; false when it holds another op or kept
  * changing. now: the reader's rec_now(), to place the stamps in time. */
 static bool read_slot(uint64_t h, ent* out, double now) {
-  const slot* e = &g_tab[h % MLXD_OPREC_N];
+  const slot* e = &g_history[h % MLXD_OPREC_N];
   for (int tries = 0; tries < 8; tries++) {
     uint64_t t1 = atomic_load_explicit(&e->tag, memory_order_acquire);
     if (t1 >> 3 != h) return false;

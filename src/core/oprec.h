@@ -1,5 +1,5 @@
 /* Private: the operation record ("flight recorder"). Every rank keeps its
- * last MLXD_OPREC_N operations, of every group, in one table per process:
+ * last MLXD_OPREC_N operations, of every group, in one history per process:
  * group, sequence number, op, dtype, bytes, peer (send/recv), state
  * (queued, running, done, failed) and the time it spent running. The record
  * is printed as one compact block (docs/troubleshooting.md):
@@ -38,7 +38,7 @@ typedef enum mlxd_oprec_state {
 uint64_t mlxd_oprec_begin(unsigned group, int rank, int size, uint64_t seq, const char* op,
                           int dtype, size_t bytes, int peer);
 /* The op's task started to run / finished with code (0: success). A handle
- * that fell out of the table is ignored. */
+ * that fell out of the history is ignored. */
 void mlxd_oprec_running(uint64_t h);
 void mlxd_oprec_end(uint64_t h, int code);
 

@@ -1,5 +1,5 @@
 /* The operation record (core/oprec.h): the note in each state, the dump's
- * heading and lines, the table keeping only the last MLXD_OPREC_N ops,
+ * heading and lines, the history keeping only the last MLXD_OPREC_N ops,
  * a handle that fell out being ignored, the failure dump once per cascade,
  * and writers on several threads while a reader dumps. */
 #include <pthread.h>
@@ -91,7 +91,7 @@ static void test_wraps(void) {
     mlxd_oprec_running(h);
     mlxd_oprec_end(h, 0);
   }
-  /* first fell out of the table: its calls are ignored */
+  /* first fell out of the history: its calls are ignored */
   mlxd_oprec_running(first);
   mlxd_oprec_end(first, MLXD_ETIMEDOUT);
   char* d = dump_text("signal");
