@@ -11,7 +11,7 @@
 # Variants (MHB_VARIANTS, default "auto flat ompi"; the first is the reference of the ratios):
 #   auto  mlxdist-launch over ssh, MLXDIST_TRANSPORT=auto (shared memory within a host, TCP
 #         across), MLXDIST_ALGO=auto (the library picks flat or two-level)
-#   flat  the same with MLXDIST_ALGO=flat (the flat ring/one-shot over the same transports)
+#   flat  the same with MLXDIST_ALGO=flat (the flat pipeline/one-shot over the same transports)
 #   hier  the same with MLXDIST_ALGO=hier
 #   whole auto with MLXDIST_HIER_SEGMENT=0: the two-level all_sum in one piece, its phases not
 #         pipelined (as before the pipeline)
@@ -165,7 +165,7 @@ cmd+=" MHB_FACTOR=$factor MHB_MIN_TIME=$min_time MHB_BATCHES=$batches"
 cmd+=" scripts/bench-multihost.sh BUILD OUTDIR $reps"
 # per run: ~1.5 x min-time per size plus ~4 s of start-up over ssh; at a shaped rate, every
 # size whose op takes longer than min-time/batches costs (1 + warm-up + batches) ops
-# instead, an op moving ~2 x the size through the busiest uplink (flat ring, >= 2 hosts)
+# instead, an op moving ~2 x the size through the busiest uplink (flat pipeline, >= 2 hosts)
 est=$(awk -v lo="$min_bytes" -v e="$max_bytes" -v f="$factor" -v t="$min_time" -v b="$batches" -v rate="${MHB_RATE:-}" \
   -v runs="$((reps * $(echo "$variants" | wc -w)))" '
   function bytes(s, m) { m = 1; if (s ~ /[kK]/) m = 1024; if (s ~ /[mM]/) m = 1048576
