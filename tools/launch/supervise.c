@@ -8,7 +8,8 @@
  * LAUNCH_GRACE_S) and gives the exit status; --timeout does the same and
  * exits 124; SIGINT/SIGTERM/SIGHUP are forwarded, a second one kills.
  *
- * Where everyone is (docs/troubleshooting.md): the ring ranks get
+ * Where everyone is (docs/troubleshooting.md): the ranks it starts itself
+ * (launch_ranks: ring and jaccl, not mpirun's) get
  * MLXDIST_DUMP_SIGNAL=1 (unless the user set it), so an mlxdist rank with a
  * group prints its operation record on SIGUSR1. When --timeout expires the
  * launcher sends SIGUSR1 to every rank that catches it, relays the records
@@ -80,7 +81,7 @@ typedef struct run {
   double start_deadline;                 /* sp->started must hold by then (0: no bound) */
   double remote_term_at, remote_kill_at; /* ssh clients still there then get these (0: none) */
   double rdv_check_at;                   /* the next sp->failed() (0: none) */
-  bool name_ranks;                       /* ring: messages name the rank that failed */
+  bool name_ranks;                       /* launch_ranks: messages name the rank that failed */
   int first_fail_rank;                   /* -1: none yet */
   int first_fail_code;
   bool stopping; /* SIGTERM (or the user's signal) sent */
