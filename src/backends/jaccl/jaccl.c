@@ -12,13 +12,15 @@
  * coordinator read or opened). The side channel is closed once the group is
  * built.
  *
- * Topologies. Mesh: every pair has a link, the group is the verbs transport
- * alone. Ring (MLX_JACCL_RING, or a matrix with only the neighbour cells):
+ * Routes (build): the router (transport/router.h) gives the ranks of one host
+ * shared memory, the pairs the matrix links verbs, the others TCP; every
+ * rank on one host: shm alone, no queue pair. Topologies (across hosts).
+ * Mesh: every pair has a link, the group is the verbs transport alone. Ring (MLX_JACCL_RING, or a matrix with only the neighbour cells):
  * only neighbours have devices, yet every op works between any two ranks
  * (send/recv to any peer, the small-message algorithms that talk to every
  * rank): a group in which some pair has no link also gets a TCP mesh,
  * built through the same all-gather (address records, the ring's
- * handshake), and the mixed transport (transport/mixed.h) routes the linked
+ * handshake), and the router's composite routes the linked
  * peers over verbs and the others over TCP. The TCP mesh joins every pair
  * (the TCP transport wants every peer connected; the linked pairs' sockets
  * then carry only heartbeats): one socket per pair is cheap beside a queue
