@@ -4,12 +4,12 @@
 #   usage: sudo scripts/bench-jaccl-vm.sh [BUILD_DIR]   (default: build)
 # Needs BUILD_DIR/tools/mlxdist-bench and mlxdist-launch. In the VM, 2 ranks
 # on the one host run, for each op (all_sum, all_gather, all_to_all, sendrecv) and each
-# round, first under jaccl (a mesh of 2: MLX_IBV_DEVICES naming rxe0, RC
-# queue pairs) and then under the ring backend with MLXDIST_TRANSPORT=tcp
-# (loopback TCP), the same sizes and bench options: the two backends are
-# interleaved, so a slow phase of the emulator hits both. Both paths stay in
-# the VM's kernel: rxe sends to its own address through its loopback, TCP
-# through lo. Then the host prints one table: per op and size the median of
+# round, first under jaccl (a mesh of 2: MLX_IBV_DEVICES naming rxe0; the two
+# ranks share the VM's host, so jaccl's router gives the pair shared memory,
+# docs/jaccl.md; before the router, RC queue pairs over rxe's loopback) and
+# then under the ring backend with MLXDIST_TRANSPORT=tcp (loopback TCP), the
+# same sizes and bench options: the two backends are interleaved, so a slow
+# phase of the emulator hits both. Then the host prints one table: per op and size the median of
 # the rounds' medians (us per op), the fastest and slowest batch over all
 # rounds (min-max), and jaccl's time / TCP's time.
 # This is SOFTWARE EMULATION: the CPU is emulated (TCG) and the RDMA device is
@@ -127,7 +127,7 @@ table() {
     }' "$1"
 }
 echo
-echo "jaccl (rxe0, RC) vs ring over TCP (MLXDIST_TRANSPORT=tcp), 2 ranks, one VM (qemu TCG, soft-RoCE: emulation)"
+echo "jaccl (one host: shm through the router) vs ring over TCP (MLXDIST_TRANSPORT=tcp), 2 ranks, one VM (qemu TCG, soft-RoCE: emulation)"
 echo "bench: $args; $rounds round(s), interleaved; us/op = median of the rounds' medians, min-max = fastest and slowest batch"
 table "$share/bench.csv" | tee "$share/table.md"
 if [ -n "${BENCH_OUT:-}" ]; then

@@ -1,6 +1,6 @@
 /* Private: the point-to-point transport interface the collective algorithms
- * (src/algo) are written against. Implementations: tcp.c, shm.c, and
- * mixed.c (shm to the ranks on this host, tcp to the others); the tag
+ * (src/algo) are written against. Implementations: tcp.c, shm.c, verbs.c, and
+ * router.c (each peer over the first of them that can reach it); the tag
  * matching and failure plumbing they share is in match.h.
  *
  * Messages are matched by (peer, tag): a receive posted for (p, t) gets
@@ -105,7 +105,7 @@ typedef struct mlxd_wait_state {
 } mlxd_wait_state;
 
 typedef struct mlxd_transport_ops {
-  const char* name; /* "tcp", "shm", "mixed" */
+  const char* name; /* "tcp", "shm", "verbs", "mixed" (the router's composite) */
   /* Start sending n bytes of buf to peer with tag. Never blocks beyond the
    * transport's mutex: it writes what the wire takes at once (non-blocking)
    * and leaves the rest to waitall. buf must stay valid and unchanged until
@@ -151,7 +151,7 @@ typedef struct mlxd_transport_ops {
    * not see it succeed here). */
   int (*waitall)(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);
   /* One slice of a wait, for a caller that waits on requests of several
-   * transports at once (mixed.c): drive the transport towards completing
+   * transports at once (router.c): drive the transport towards completing
    * reqs as waitall does, for at most max_s seconds (0: one non-blocking
    * pass over the wire; a blocking sleep is cut to what is left of max_s),
    * WITHOUT freeing them. ws carries the wait's liveness clocks from slice

@@ -173,9 +173,10 @@ typedef struct mlxd_tunable_spec {
     "sets a random one per job). Unset: derived from the hostfile (cross-job protection, not "    \
     "authentication). See docs/security.md.")                                                     \
   X(HOST_ID, "MLXDIST_HOST_ID", "", MLXD_TK_HOST(),                                               \
-    "Ring transport: the host this rank counts as (at most 127 characters). Ranks with the "      \
-    "same id use shared memory among themselves and TCP to the others; unset: the machine, its "  \
-    "network and IPC namespaces. Lets one machine emulate several hosts (tests).")                \
+    "Ring and jaccl transports: the host this rank counts as (at most 127 characters). Ranks "    \
+    "with the same id use shared memory among themselves and TCP (jaccl: verbs where the device " \
+    "matrix links the pair, else TCP) to the others; unset: the machine, its network and IPC "    \
+    "namespaces. Lets one machine emulate several hosts (tests).")                                \
   X(RENDEZVOUS, "MLXDIST_RENDEZVOUS", "", MLXD_TK_WORD("ip:port or [ipv6]:port"),                 \
     "ip:port (or [ipv6]:port) of mlxdist-launch's rendezvous: with MLX_HOSTFILE unset, the ring " \
     "backend posts its addresses there (the launcher is the job's all-gather), authenticated "    \

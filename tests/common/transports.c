@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "transport/mixed.h"
+#include "transport/router.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
 #include "transport/verbs.h"
@@ -113,23 +113,24 @@ static void close_all(void* p) {
   x->fds = NULL;
 }
 
-/* mixed: the shm session of rank's emulated host (named by group ranks)
- * over the TCP transport tcp; NULL (st set) on failure. */
+/* mixed: the router (transport/router.h) over the shm session of rank's
+ * emulated host (named by group ranks) and the TCP transport tcp; NULL (st
+ * set) on failure. */
 static mlxd_transport* make_mixed(const t_tp_spec* spec, int rank, int size, const char* session,
                                   mlxd_transport* tcp, mlxd_status* st) {
-  int members[T_MAX_RANKS], local[T_MAX_RANKS], n = 0, me = -1;
-  for (int p = 0; p < size; p++) {
-    local[p] = -1;
-    if (spec->hosts[p] != spec->hosts[rank]) continue;
-    if (p == rank) me = n;
-    local[p] = n;
-    members[n++] = p;
-  }
+  uint64_t hosts[T_MAX_RANKS];
+  int members[T_MAX_RANKS], me = -1;
+  for (int p = 0; p < size; p++) hosts[p] = (uint64_t)(unsigned char)spec->hosts[p];
+  mlxd_route_facts f = {.rank = rank, .size = size, .host = hosts};
+  f.allow[MLXD_ROUTE_SHM] = f.allow[MLXD_ROUTE_TCP] = true;
+  int n = mlxd_route_shm_members(&f, members, &me);
   if (n < 2) return tcp; /* alone on its host: plain TCP, as the ring backend does */
   char name[256];
   snprintf(name, sizeof name, "%s-h%d", session, members[0]);
   mlxd_transport* shm = mlxd_shm_transport_new_named(me, n, name, members, size, size, st);
-  mlxd_transport* t = shm ? mlxd_mixed_transport_new(tcp, shm, local, st) : NULL;
+  mlxd_transport* parts[MLXD_ROUTE_KINDS] = {[MLXD_ROUTE_SHM] = shm, [MLXD_ROUTE_TCP] = tcp};
+  mlxd_router_opts o = {.machine_ranks = n, .bare_alone = true};
+  mlxd_transport* t = shm ? mlxd_router_new(&f, parts, &o, st) : NULL;
   if (!t) {
     if (shm) shm->ops->destroy(shm);
     tcp->ops->destroy(tcp);

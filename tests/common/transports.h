@@ -4,7 +4,7 @@
  *   tcp[:K]   the TCP transport over loopback TCP connections, K per pair
  *   unix[:K]  the TCP transport over socketpair(AF_UNIX) connections
  *   shm       the shared-memory transport
- *   mixed:H   the mixed transport (transport/mixed.h): one digit per rank
+ *   mixed:H   the router (transport/router.h) over shm and tcp: one digit per rank
  *             names its emulated host ("mixed:0011": ranks 0,1 on host 0,
  *             2,3 on host 1); shm inside a host, loopback TCP across
  *   verbs[:K] the verbs transport (transport/verbs.h), K rails (queue pairs)

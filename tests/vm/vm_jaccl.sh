@@ -59,9 +59,13 @@ matrix() {
   echo "$text]" >"$f"
 }
 port=40000
-# conf N mesh|ring coord|gather: N ranks of the conformance program
+# conf N mesh|ring coord|gather [HOSTS]: N ranks of the conformance program. HOSTS: one
+# letter per rank, its MLXDIST_HOST_ID ("aabb": ranks 0,1 on emulated host a, 2,3 on b), or
+# "same" for none (every rank on the VM's one host, so jaccl's router gives every pair shared
+# memory); both with MLX_RING_VERBOSE=1 (the routes and the bytes sent per transport logged).
+# Default: a host per rank, so every pair takes verbs (TCP where a ring has no link).
 conf() {
-  n=$1 topo=$2 path=$3 name="conf_$1_$2_$3"
+  n=$1 topo=$2 path=$3 hosts=${4:-} name="conf_$1_$2_$3${4:+_$4}"
   port=$((port + 1))
   m=/tmp/$name.json
   matrix "$m" "$n" "$topo"
@@ -71,11 +75,14 @@ conf() {
   t0=$(now)
   r=0 pids=
   while [ $r -lt $n ]; do
+    hid=vmhost$r verbose=
+    [ -n "$hosts" ] && hid= verbose=1
+    [ -n "$hosts" ] && [ "$hosts" != same ] && hid=vmhost$(echo "$hosts" | cut -c$((r + 1)))
     if [ "$path" = coord ]; then
-      env MLX_RANK=$r MLX_IBV_DEVICES=$m MLX_JACCL_COORDINATOR=10.0.2.15:$port ${ring:+MLX_JACCL_RING=1} \
+      env ${hid:+MLXDIST_HOST_ID=$hid} ${verbose:+MLX_RING_VERBOSE=1} MLX_RANK=$r MLX_IBV_DEVICES=$m MLX_JACCL_COORDINATOR=10.0.2.15:$port ${ring:+MLX_JACCL_RING=1} \
         ./test_collectives jaccl >"/tmp/$name.$r" 2>&1 &
     else
-      env MLX_RANK=$r MLX_IBV_DEVICES=$m ${ring:+MLX_JACCL_RING=1} \
+      env ${hid:+MLXDIST_HOST_ID=$hid} ${verbose:+MLX_RING_VERBOSE=1} MLX_RANK=$r MLX_IBV_DEVICES=$m ${ring:+MLX_JACCL_RING=1} \
         ./test_collectives jaccl --all-gather "/tmp/$name.d" >"/tmp/$name.$r" 2>&1 &
     fi
     pids="$pids $!"
@@ -96,6 +103,48 @@ conf() {
     fail=1
     for f in /tmp/$name.[0-9]*; do echo "--- $f"; tail -n 15 "$f"; done
   fi
+}
+# route NAME RANK LINE: rank RANK's log of case NAME has LINE (a fixed string)
+route() {
+  grep -qF "$3" "/tmp/$1.$2" && return 0
+  echo "FAIL $1: rank $2 logged no line '$3':"
+  grep '^\[jaccl\]' "/tmp/$1.$2" | head -n 12
+  fail=1
+}
+# sent NAME RANK KIND...: some 'bytes sent' line of rank RANK has more than 0 bytes of each KIND
+sent() {
+  f=/tmp/$1.$2
+  shift 2
+  for k in "$@"; do
+    if ! grep 'bytes sent:' "$f" | grep -q "$k [1-9]"; then
+      echo "FAIL: no bytes sent over $k in $f:"
+      grep 'bytes sent:' "$f"
+      fail=1
+    fi
+  done
+  grep -h 'bytes sent:' "$f" | tail -n 1
+}
+# jaccl between ranks of one host: shared memory (the router), no verbs transport at all
+same_2_mesh() {
+  conf 2 mesh coord same
+  for r in 0 1; do
+    route conf_2_mesh_coord_same $r "[jaccl] rank $r: transports: shm with ranks $((1 - r))"
+    route conf_2_mesh_coord_same $r "[jaccl] rank $r of 2 ready (mesh, shm transport)"
+  done
+}
+# two emulated hosts of two ranks: shm within a host, verbs across (a mesh)
+route_4_mesh() {
+  conf 4 mesh coord aabb
+  route conf_4_mesh_coord_aabb 0 "[jaccl] rank 0: transports: shm with ranks 1; verbs with ranks 2,3"
+  route conf_4_mesh_coord_aabb 3 "[jaccl] rank 3: transports: shm with ranks 2; verbs with ranks 0,1"
+  sent conf_4_mesh_coord_aabb 0 shm verbs
+}
+# ... and a ring: shm within a host, verbs to the linked neighbour, TCP to the unlinked rank
+route_4_ring() {
+  conf 4 ring gather aabb
+  route conf_4_ring_gather_aabb 0 "[jaccl] rank 0: transports: shm with ranks 1; verbs with ranks 3; tcp with ranks 2"
+  route conf_4_ring_gather_aabb 1 "[jaccl] rank 1: transports: shm with ranks 0; verbs with ranks 2; tcp with ranks 3"
+  sent conf_4_ring_gather_aabb 0 shm verbs tcp
 }
 conf_2_mesh_coord() { conf 2 mesh coord; }
 conf_3_mesh_coord() { conf 3 mesh coord; }
@@ -147,10 +196,10 @@ bench_jaccl() {
   fi
 }
 default="conf_3_mesh_coord conf_3_mesh_gather conf_4_mesh_gather conf_4_ring_gather launch_jaccl
-bench_jaccl"
+bench_jaccl same_2_mesh route_4_mesh route_4_ring"
 all="conf_2_mesh_coord conf_3_mesh_coord conf_4_mesh_coord conf_2_ring_coord conf_3_ring_coord
 conf_4_ring_coord conf_2_mesh_gather conf_3_mesh_gather conf_4_mesh_gather conf_2_ring_gather
-conf_3_ring_gather conf_4_ring_gather launch_jaccl bench_jaccl"
+conf_3_ring_gather conf_4_ring_gather launch_jaccl bench_jaccl same_2_mesh route_4_mesh route_4_ring"
 cases=$(cat cases)
 [ -n "$cases" ] || cases=$default
 [ "$cases" = all ] && cases=$all

@@ -135,6 +135,8 @@ export PATH=/bin:/sbin LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-lin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev  # /dev/infiniband/uverbs0 appears here: no udev needed
+# /dev/shm, as on any host: shared memory between the ranks of this host (shm_open)
+mkdir -p /dev/shm && mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 # /tmp stays the initramfs's own (already in memory and writable): a tmpfs mounted there hid the
 # build tree's libraries when the build is under /tmp (CI's clone), copied in at their host paths
 t() { cut -d' ' -f1 /proc/uptime; }

@@ -1,6 +1,7 @@
 /* Private: the part of a backend that runs the ops over one transport with
  * the collective algorithms of src/algo, shared by the backends built that
- * way (ring: tcp, shm or mixed; jaccl: verbs, or verbs and tcp mixed).
+ * way (ring and jaccl: the transport the router chose, transport/router.h:
+ * tcp, shm, verbs, or the composite of several, "mixed").
  *
  * A backend embeds mlxd_xgroup as the first member of its instance and puts
  * the mlxd_xg_* ops below into its ops table; the ops cast the instance to

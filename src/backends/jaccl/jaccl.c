@@ -12,13 +12,15 @@
  * coordinator read or opened). The side channel is closed once the group is
  * built.
  *
- * Topologies. Mesh: every pair has a link, the group is the verbs transport
- * alone. Ring (MLX_JACCL_RING, or a matrix with only the neighbour cells):
+ * Routes (build): the router (transport/router.h) gives the ranks of one host
+ * shared memory, the pairs the matrix links verbs, the others TCP; every
+ * rank on one host: shm alone, no queue pair. Topologies (across hosts).
+ * Mesh: every pair has a link, the group is the verbs transport alone. Ring (MLX_JACCL_RING, or a matrix with only the neighbour cells):
  * only neighbours have devices, yet every op works between any two ranks
  * (send/recv to any peer, the small-message algorithms that talk to every
  * rank): a group in which some pair has no link also gets a TCP mesh,
  * built through the same all-gather (address records, the ring's
- * handshake), and the mixed transport (transport/mixed.h) routes the linked
+ * handshake), and the router's composite routes the linked
  * peers over verbs and the others over TCP. The TCP mesh joins every pair
  * (the TCP transport wants every peer connected; the linked pairs' sockets
  * then carry only heartbeats): one socket per pair is cheap beside a queue
@@ -47,7 +49,8 @@
 #include "distributed/group_impl.h"
 #include "rdma/probe.h"
 #include "security/secret.h"
-#include "transport/mixed.h"
+#include "transport/router.h"
+#include "transport/shm.h"
 #include "transport/tcp.h"
 #include "transport/verbs.h"
 #include "transport/view.h"
@@ -55,8 +58,8 @@
 #include "util/tunables.h"
 
 #define TAG "jaccl"
-/* A wait on both verbs and TCP (mixed.h) sleeps in TCP's poll() 100 us at a time, doubling
- * while idle up to this: verbs messages wait at most that long then. */
+/* A wait on several transports (router.h) sleeps in shm's doorbell or TCP's poll() 100 us at
+ * a time, doubling while idle up to this: verbs messages wait at most that long then. */
 #define MIXED_IDLE_MAX_S 2e-3
 
 static bool jaccl_available(char* why, size_t len) {
@@ -246,51 +249,115 @@ done:
   return rc;
 }
 
-/* Build j's transport (collective): verbs to the peers this rank has rails
- * to; where some pair of the group has none, a TCP mesh too and the mixed
- * transport over both. */
+/* What a rank all-gathers before the router chooses: 0 its host key (router.h; MLXDIST_HOST_ID
+ * when set), 8 its machine (the boot id's hash), 16 its pid (u32) and 20 a random u64 (its
+ * host's shared-memory session is named after its host's first rank's), 28 zero. */
+#define HOST_REC_BYTES 32
+
+/* Build j's transport (collective) through the router (transport/router.h): shm to the
+ * ranks on this rank's host, verbs to the peers the matrix links it to, TCP to the others;
+ * the verbs transport and the TCP mesh are built only when some pair of the group takes
+ * them (every rank computes the same routes from the same facts). */
 static int build(jaccl* j, mlxd_verbs_allgather_fn ag, void* ctx, mlxd_status* st) {
   const int rank = j->g.base.rank, size = j->g.base.size;
   mlxd_verbs_peer* peers = calloc((size_t)size, sizeof *peers);
-  int* local = calloc((size_t)size, sizeof *local);
+  uint64_t* hosts = calloc((size_t)size, sizeof *hosts);
+  unsigned char* recs = calloc((size_t)size, HOST_REC_BYTES);
+  unsigned char* oks = calloc((size_t)size, 8);
+  int* members = calloc((size_t)size, sizeof *members);
+  mlxd_route_kind* kind_of = calloc((size_t)size, sizeof *kind_of);
+  mlxd_transport* parts[MLXD_ROUTE_KINDS] = {NULL};
   int rc = 0;
-  bool gaps = false;
-  if (!peers || !local) {
+  if (!peers || !hosts || !recs || !oks || !members || !kind_of) {
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
     goto done;
   }
+  /* 1. every rank's host */
+  const char* host_id = NULL;
+  unsigned char hrec[MLXD_ROUTE_HOST_BYTES], mine[HOST_REC_BYTES] = {0};
+  uint64_t rnd = 0;
+  if ((rc = mlxd_route_host_id(&host_id, st))) goto done;
+  if ((rc = mlxd_random_bytes(&rnd, sizeof rnd, st))) goto done;
+  mlxd_route_host_record(hrec, host_id);
+  mlxd_put64(mine, mlxd_route_hash(MLXD_ROUTE_HASH_START, hrec, sizeof hrec));
+  mlxd_put64(mine + 8, mlxd_route_machine_key());
+  mlxd_put32(mine + 16, (uint32_t)getpid());
+  mlxd_put64(mine + 20, rnd);
+  if ((rc = ag(ctx, mine, recs, HOST_REC_BYTES, st))) goto done;
+  int machine = 0; /* the group's ranks on this machine's CPUs (spin.h) */
   for (int p = 0; p < size; p++) {
-    int n = p == rank ? 0 : j->rails[rank * size + p];
+    hosts[p] = mlxd_get64(recs + (size_t)p * HOST_REC_BYTES);
+    machine += mlxd_get64(recs + (size_t)p * HOST_REC_BYTES + 8) == mlxd_get64(mine + 8);
+  }
+  mlxd_route_facts f = {.rank = rank, .size = size, .host = hosts, .rails = j->rails};
+  for (int k = 0; k < MLXD_ROUTE_KINDS; k++) f.allow[k] = true;
+  /* 2. the shared-memory session of this host's ranks; every rank says whether it joined */
+  int me = -1;
+  int nloc = mlxd_route_shm_members(&f, members, &me);
+  mlxd_status sst = {0};
+  if (nloc >= 2) {
+    const unsigned char* first = recs + (size_t)members[0] * HOST_REC_BYTES;
+    char name[96];
+    snprintf(name, sizeof name, "mlxdist-j%lu-%016llx-h%d", (unsigned long)mlxd_get32(first + 16),
+             (unsigned long long)mlxd_get64(first + 20), members[0]);
+    parts[MLXD_ROUTE_SHM] =
+        nloc == size ? mlxd_shm_transport_new(rank, size, name, &sst)
+                     : mlxd_shm_transport_new_named(me, nloc, name, members, size, machine, &sst);
+  }
+  unsigned char ok[8] = {parts[MLXD_ROUTE_SHM] || nloc < 2 ? 1 : 0};
+  if ((rc = ag(ctx, ok, oks, sizeof ok, st))) goto done;
+  int bad = -1;
+  for (int p = 0; p < size && bad < 0; p++)
+    if (oks[(size_t)p * 8] != 1) bad = p;
+  if (bad >= 0) { /* no shm anywhere: its pairs take verbs or TCP */
+    f.allow[MLXD_ROUTE_SHM] = false;
+    if (parts[MLXD_ROUTE_SHM]) parts[MLXD_ROUTE_SHM]->ops->destroy(parts[MLXD_ROUTE_SHM]);
+    parts[MLXD_ROUTE_SHM] = NULL;
+    if (mlxd_ring_verbose()) {
+      if (bad == rank) mlxd_status_render(&sst, NULL);
+      fprintf(stderr,
+              "[jaccl] rank %d: shared memory could not start on rank %d%s%s; verbs or TCP "
+              "carry the pairs of its host\n",
+              rank, bad, bad == rank ? ": " : "", bad == rank ? sst.msg : "");
+    }
+  }
+  /* 3. the routes, and the transports the group's routes take */
+  unsigned group = mlxd_route_group_kinds(&f);
+  for (int p = 0; p < size; p++) {
+    kind_of[p] = p == rank ? MLXD_ROUTE_KINDS : mlxd_route_pick(&f, rank, p);
+    int n = kind_of[p] == MLXD_ROUTE_VERBS ? j->rails[rank * size + p] : 0;
     peers[p].nrails = n;
     for (int k = 0; k < n; k++) peers[p].dev[k] = j->row[p * MLXD_VERBS_MAX_RAILS + k];
-    local[p] = n > 0 ? p : -1;
-    for (int q = 0; q < size; q++)
-      if (q != p && j->rails[p * size + q] == 0) gaps = true;
   }
-  mlxd_transport* v = mlxd_verbs_transport_new(rank, size, peers, ag, ctx, st);
-  if (!v) {
-    rc = st->code ? st->code : MLXD_ESYS;
+  if (group & (1u << MLXD_ROUTE_VERBS)) {
+    parts[MLXD_ROUTE_VERBS] = mlxd_verbs_transport_new(rank, size, peers, ag, ctx, st);
+    if (!parts[MLXD_ROUTE_VERBS]) {
+      rc = st->code ? st->code : MLXD_ESYS;
+      goto done;
+    }
+  }
+  if ((group & (1u << MLXD_ROUTE_TCP)) &&
+      (rc = tcp_mesh(rank, size, &j->host, &j->auth, ag, ctx, &parts[MLXD_ROUTE_TCP], st)))
     goto done;
-  }
-  if (!gaps) {
-    j->g.t = v;
-    goto done;
-  }
-  mlxd_transport* tcp = NULL;
-  if ((rc = tcp_mesh(rank, size, &j->host, &j->auth, ag, ctx, &tcp, st))) {
-    v->ops->destroy(v);
-    goto done;
-  }
-  /* jaccl sleeps on TCP in a wait on both parts: poll() wakes for its sockets */
-  j->g.t = mlxd_mixed_combine(tcp, v, local, false, MIXED_IDLE_MAX_S, v->pipeline_chunk, st);
-  if (!j->g.t) {
-    tcp->ops->destroy(tcp);
-    v->ops->destroy(v);
-    rc = st->code ? st->code : MLXD_ENOMEM;
-  }
+  if (mlxd_ring_verbose()) mlxd_route_log(TAG, rank, size, kind_of);
+  /* a wait on several parts sleeps on shm or TCP (their wake-ups), never on verbs */
+  mlxd_router_opts o = {.max_idle_s = MIXED_IDLE_MAX_S,
+                        .pipeline_chunk =
+                            parts[MLXD_ROUTE_VERBS] ? parts[MLXD_ROUTE_VERBS]->pipeline_chunk : 0,
+                        .machine_ranks = machine,
+                        .stats_tag = mlxd_ring_verbose() ? TAG : NULL};
+  j->g.t = mlxd_router_new(&f, parts, &o, st);
+  if (!j->g.t) rc = st->code ? st->code : MLXD_ENOMEM;
 done:
+  if (!j->g.t)
+    for (int k = 0; k < MLXD_ROUTE_KINDS; k++)
+      if (parts[k]) parts[k]->ops->destroy(parts[k]);
   free(peers);
-  free(local);
+  free(hosts);
+  free(recs);
+  free(oks);
+  free(members);
+  free(kind_of);
   return rc;
 }
 

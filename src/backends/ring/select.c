@@ -34,10 +34,10 @@
  *   auto, several hosts      per peer: the ranks of each host join a
  *                            shared-memory session of that host's ranks
  *                            only (rank 0's name + "-h<first rank>"), and
- *                            after the same status exchange a rank with
- *                            company on its host gets the mixed transport
- *                            (transport/mixed.c: shm to its host's ranks,
- *                            this TCP mesh to the others); a rank alone on
+ *                            after the same status exchange the router
+ *                            (transport/router.h) gives a rank with company
+ *                            on its host shm to its host's ranks and this
+ *                            TCP mesh to the others; a rank alone on
  *                            its host keeps plain TCP; if any session could
  *                            not start, every rank keeps TCP (logged);
  *                            shm fails naming the ranks elsewhere.
@@ -63,7 +63,7 @@
 
 #include "algo/algo.h"
 #include "backends/ring/ring_internal.h"
-#include "transport/mixed.h"
+#include "transport/router.h"
 #include "transport/shm.h"
 #include "transport/spin.h"
 #include "transport/tcp.h"
@@ -156,30 +156,10 @@ static int boot_exchange(mlxd_transport* t, unsigned step, const unsigned char* 
   return mlxd_algo_all_gather_setup(t, SELECT_SEQ + step, in, out, n, st);
 }
 
-/* FNV-1a of n bytes, continuing from h (start: FNV_OFFSET). */
-#define FNV_OFFSET 1469598103934665603ull
+/* FNV-1a of n bytes, continuing from h (start: FNV_OFFSET): the router's. */
+#define FNV_OFFSET MLXD_ROUTE_HASH_START
 static uint64_t fnv1a(uint64_t h, const unsigned char* p, size_t n) {
-  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-static uint64_t ns_inode(const char* path) {
-  struct stat sb;
-  return stat(path, &sb) == 0 ? (uint64_t)sb.st_ino : 0;
-}
-
-static void read_boot_id(char* buf, size_t n) {
-  memset(buf, 0, n);
-  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  ssize_t k = read(fd, buf, n - 1);
-  close(fd);
-  if (k <= 0) {
-    memset(buf, 0, n);
-    return;
-  }
-  for (ssize_t i = 0; i < k; i++)
-    if (buf[i] == '\n') buf[i] = '\0';
+  return mlxd_route_hash(h, p, n);
 }
 
 static uint64_t random64(void) {
@@ -191,7 +171,9 @@ static uint64_t random64(void) {
          (uint64_t)(uintptr_t)&ts;
 }
 
-#define HOST_ID_MARK "MLXDIST_HOST_ID"
+#define HOST_ID_MARK MLXD_ROUTE_HOST_ID_MARK
+_Static_assert(ID_HOST_END - ID_HOST_FIRST == MLXD_ROUTE_HOST_BYTES,
+               "a record's host bytes are the router's host record");
 
 static void make_id(unsigned char* id, int rank, int size, int mode, const char* host_id,
                     uint64_t session_rand) {
@@ -201,28 +183,13 @@ static void make_id(unsigned char* id, int rank, int size, int mode, const char*
   put_u(id + 6, (uint64_t)mode, 2);
   put_u(id + 8, (uint64_t)rank, 4);
   put_u(id + 12, (uint64_t)size, 4);
-  char boot[48];
-  read_boot_id(boot, sizeof boot);
   /* which ranks share this machine's CPUs */
-  put_u(id + ID_MACHINE, fnv1a(FNV_OFFSET, (const unsigned char*)boot, strnlen(boot, sizeof boot)),
-        8);
+  put_u(id + ID_MACHINE, mlxd_route_machine_key(), 8);
   put_u(id + ID_ALGO, (uint64_t)mlxd_tunable_long(MLXD_T_ALGO), 1);
   put_u(id + ID_SEGMENT, (uint64_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT), 4);
   put_u(id + ID_SMALL, (uint64_t)mlxd_tunable_long(MLXD_T_SMALL_BYTES), 4);
   put_u(id + ID_SMALL_ALGO, (uint64_t)mlxd_tunable_long(MLXD_T_SMALL_ALGO), 1);
-  if (host_id && *host_id) {
-    /* MLXDIST_HOST_ID: the id alone says which host this rank is on. */
-    snprintf((char*)id + 32, 48, "%s", HOST_ID_MARK);
-    snprintf((char*)id + 80, 128, "%s", host_id);
-  } else {
-    put_u(id + 16, ns_inode("/proc/self/ns/net"), 8);
-    put_u(id + 24, ns_inode("/proc/self/ns/ipc"), 8);
-    read_boot_id((char*)id + 32, 48);
-    char host[256] = "";
-    if (gethostname(host, sizeof host) != 0) host[0] = '\0';
-    host[sizeof host - 1] = '\0';
-    snprintf((char*)id + 80, 128, "%.127s", host); /* a longer host name is cut */
-  }
+  mlxd_route_host_record(id + ID_HOST_FIRST, host_id); /* 16..207: the host */
   if (rank == 0)
     snprintf((char*)id + ID_SESSION, ID_SESSION_MAX, "mlxdist-%ld-%016llx", (long)getpid(),
              (unsigned long long)session_rand);
@@ -279,40 +246,15 @@ static void rank_list(const int* ranks, int m, char* out, size_t n) {
 }
 
 /* The line of docs/ring.md that says what this rank chose:
- * "rank R: transports: shm with ranks 1,3; tcp with ranks 2,4,5". on[p]
- * is true for the peers reached over shm. */
+ * "rank R: transports: shm with ranks 1,3; tcp with ranks 2,4,5" (the
+ * router's, mlxd_route_log). on[p] is true for the peers reached over shm. */
 void mlxd_ring_log_transports(int rank, int size, const bool* on) {
   if (!mlxd_ring_verbose()) return;
-  char* line = malloc((size_t)size * 24 + 64);
-  if (!line) return;
-  size_t o = (size_t)sprintf(line, "rank %d: transports:", rank);
-  bool printed = false;
-  for (int part = 0; part < 2; part++) {
-    bool want = part == 0, any = false;
-    for (int p = 0; p < size; p++) {
-      if (p == rank || on[p] != want) continue;
-      if (!any)
-        o += (size_t)sprintf(line + o, "%s %s with ranks ", printed ? ";" : "",
-                             want ? "shm" : "tcp");
-      printed = true;
-      o += (size_t)sprintf(line + o, "%s%d", any ? "," : "", p);
-      any = true;
-    }
-  }
-  fprintf(stderr, "[ring] %s\n", line);
-  free(line);
-}
-
-/* MLXDIST_HOST_ID, checked: NULL when unset. */
-static int host_id_get(const char** out, mlxd_status* st) {
-  const char* v = mlxd_tunable_str(MLXD_T_HOST_ID);
-  *out = NULL;
-  if (!v || !*v) return 0;
-  if (strlen(v) > 127)
-    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "MLXDIST_HOST_ID is %zu characters long; expected at most 127", strlen(v));
-  *out = v;
-  return 0;
+  mlxd_route_kind* kind_of = malloc((size_t)size * sizeof *kind_of);
+  if (!kind_of) return;
+  for (int p = 0; p < size; p++) kind_of[p] = on[p] ? MLXD_ROUTE_SHM : MLXD_ROUTE_TCP;
+  mlxd_route_log("ring", rank, size, kind_of);
+  free(kind_of);
 }
 
 /* Every rank's compact record (ids) checked: well-formed, and the same
@@ -390,20 +332,20 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
   const int rank = tcp->rank, size = tcp->size;
   int mode = MLXD_RING_T_AUTO;
   const char* host_id = NULL;
-  if (mlxd_ring_transport_mode(&mode, st) || host_id_get(&host_id, st)) return st->code;
+  if (mlxd_ring_transport_mode(&mode, st) || mlxd_route_host_id(&host_id, st)) return st->code;
 
   unsigned char* ids = calloc((size_t)size, REC_BYTES);
   unsigned char* ok_all = calloc((size_t)size, 1); /* every rank's status byte */
   unsigned char* stat_all = NULL; /* every rank's status and reason: only to say why */
   int* other = calloc((size_t)size, sizeof *other);
-  int* local = calloc((size_t)size, sizeof *local);     /* peer -> shm index, -1: tcp */
-  int* members = calloc((size_t)size, sizeof *members); /* this host's ranks */
+  uint64_t* hosts = calloc((size_t)size, sizeof *hosts); /* each rank's host key */
+  int* members = calloc((size_t)size, sizeof *members);  /* this host's ranks */
   bool* on_shm = calloc((size_t)size, sizeof *on_shm);
   unsigned char mine[ID_BYTES], my_rec[REC_BYTES], my_status[STATUS_BYTES];
   unsigned char* full = NULL; /* every rank's full record: only to explain different hosts */
   mlxd_transport* shm = NULL;
   int rc = 0;
-  if (!ids || !ok_all || !other || !local || !members || !on_shm) {
+  if (!ids || !ok_all || !other || !hosts || !members || !on_shm) {
     rc =
         mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory choosing the transport");
     goto done;
@@ -445,20 +387,16 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     mlxd_ring_log_transports(rank, size, on_shm);
     goto done;
   }
-  /* Who shares a host with rank 0 (for MLXDIST_TRANSPORT=shm's message),
-   * and with this rank. */
-  int m = 0, nloc = 0, me = -1;
-  const unsigned char* my_host = ids + (size_t)rank * REC_BYTES + REC_HOST;
-  for (int p = 0; p < size; p++) {
-    const unsigned char* h = ids + (size_t)p * REC_BYTES + REC_HOST;
-    if (p > 0 && memcmp(ids + REC_HOST, h, 8) != 0) other[m++] = p;
-    local[p] = -1;
-    if (memcmp(my_host, h, 8) == 0) {
-      if (p == rank) me = nloc;
-      local[p] = nloc;
-      members[nloc++] = p;
-    }
-  }
+  /* The router's facts: every rank's host (shm's can-connect test), tcp
+   * for the rest. Who shares a host with rank 0 (for MLXDIST_TRANSPORT=shm's
+   * message), and with this rank (its shared-memory session). */
+  for (int p = 0; p < size; p++) hosts[p] = get_u(ids + (size_t)p * REC_BYTES + REC_HOST, 8);
+  mlxd_route_facts facts = {.rank = rank, .size = size, .host = hosts};
+  facts.allow[MLXD_ROUTE_SHM] = facts.allow[MLXD_ROUTE_TCP] = true;
+  int m = 0, me = -1;
+  for (int p = 1; p < size; p++)
+    if (hosts[p] != hosts[0]) other[m++] = p;
+  int nloc = mlxd_route_shm_members(&facts, members, &me);
   if (m > 0 && mode == MLXD_RING_T_SHM) {
     char list[160], why[200];
     rank_list(other, m, list, sizeof list);
@@ -507,32 +445,31 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
   for (int p = 0; p < size && bad < 0; p++)
     if (ok_all[p] != 1) bad = p;
   if (bad < 0) {
+    /* every rank joined: the router gives each peer shm on this host, tcp
+     * elsewhere (the TCP transport is closed when no peer takes it) */
     for (int i = 0; i < nloc; i++) on_shm[members[i]] = members[i] != rank;
-    if (m == 0) {
+    mlxd_transport* parts[MLXD_ROUTE_KINDS] = {[MLXD_ROUTE_SHM] = shm, [MLXD_ROUTE_TCP] = tcp};
+    mlxd_router_opts ro = {.machine_ranks = machine, .bare_alone = true};
+    mlxd_transport* t = mlxd_router_new(&facts, parts, &ro, st);
+    if (!t) {
+      rc = st->code;
+      goto done;
+    }
+    shm = NULL;
+    *tp = t;
+    if (m == 0)
       mlxd_ring_log(
           "rank %d of %d: transport shm (all %d ranks on host '%s', session %s, "
           "MLXDIST_TRANSPORT=%s)",
           rank, size, size, (const char*)mine + 80, session, mlxd_ring_mode_name(mode));
-      tcp->ops->destroy(tcp);
-      *tp = shm;
-      shm = NULL;
-    } else if (shm) {
-      mlxd_transport* mixed = mlxd_mixed_transport_new(tcp, shm, local, st);
-      if (!mixed) {
-        rc = st->code;
-        goto done;
-      }
-      mlxd_mixed_set_local_ranks(mixed, machine);
+    else if (nloc >= 2)
       mlxd_ring_log(
           "rank %d of %d: transport mixed (%d ranks on host '%s', session %s; tcp to the "
           "other %d)",
           rank, size, nloc, (const char*)mine + 80, session, size - nloc);
-      *tp = mixed;
-      shm = NULL;
-    } else {
+    else
       mlxd_ring_log("rank %d of %d: transport tcp (no other rank on host '%s')", rank, size,
                     (const char*)mine + 80);
-    }
     mlxd_ring_log_transports(rank, size, on_shm);
     goto done;
   }
@@ -567,7 +504,7 @@ done:
   free(ok_all);
   free(stat_all);
   free(other);
-  free(local);
+  free(hosts);
   free(members);
   free(on_shm);
   return rc;
@@ -597,7 +534,7 @@ int mlxd_ring_select_local(int rank, int size, const mlxd_ring_auth* auth, mlxd_
   if (size < 2 || !session || !*session || atomic_exchange(&g_session_used, true)) return 0;
   int mode = MLXD_RING_T_AUTO;
   const char* host_id = NULL;
-  if (mlxd_ring_transport_mode(&mode, st) || host_id_get(&host_id, st)) return st->code;
+  if (mlxd_ring_transport_mode(&mode, st) || mlxd_route_host_id(&host_id, st)) return st->code;
   unsigned char* ids = malloc((size_t)size * REC_BYTES);
   if (!ids)
     return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP,
