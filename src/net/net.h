@@ -9,6 +9,7 @@
  *   bootstrap.c, rendezvous.c, pmix_boot.c, pmix.c
  *                           bootstrap by a caller's all-gather, the launcher's
  *                           rendezvous, PMIx
+ *   split.c                 the split exchange of ring and jaccl groups
  * The wire formats (handshake.h, rendezvous_wire.h) come with it, for the
  * backends and tools that speak them (nccl's exchange, the launcher).
  * See docs/ring.md, docs/bootstrap.md and docs/security.md.
@@ -227,6 +228,30 @@ int mlxd_net_slurm_without_pmix(mlxd_status* st);
 bool mlxd_net_rendezvous_configured(void);
 /* Bootstrap as mlxd_net_bootstrap, the all-gather done by the launcher. */
 int mlxd_net_bootstrap_rendezvous(const mlxd_net_maker* maker, mlxd_backend** out, mlxd_status* st);
+
+/* split.c: the split exchange of a group's split() (ring, jaccl). */
+typedef struct mlxd_net_member {
+  int key, prank;             /* its key; its rank in the parent */
+  const unsigned char* extra; /* its extra bytes (in the exchange's all) */
+} mlxd_net_member;
+typedef struct mlxd_net_split {
+  int m, me;                /* the new group's size; this rank's place in it (-1: none) */
+  mlxd_net_member* members; /* m of them, ordered by key, then parent rank */
+  unsigned char* all;       /* every parent rank's record */
+} mlxd_net_split;
+/* Called for every parent rank p of this rank's color, in parent-rank order,
+ * with this rank's extra bytes and p's: nonzero (st set) fails the exchange. */
+typedef int (*mlxd_net_split_check)(void* ctx, const unsigned char* mine,
+                                    const unsigned char* theirs, int p, mlxd_status* st);
+/* All-gather color, key and extra (extra_len bytes, the backend's own) over t
+ * (the parent: size ranks, this one rank) under seq, as one MLXD_SIG_SPLIT
+ * message; out receives the members of color (check, when not NULL, may
+ * refuse one). This rank missing from them is an error. Free out with
+ * mlxd_net_split_free, also after a failure. */
+int mlxd_net_split_exchange(mlxd_transport* t, uint64_t seq, int rank, int size, int color, int key,
+                            const void* extra, size_t extra_len, mlxd_net_split_check check,
+                            void* ctx, mlxd_net_split* out, mlxd_status* st);
+void mlxd_net_split_free(mlxd_net_split* s);
 
 /* The wire formats of the handshake and of the launcher's rendezvous. */
 #include "net/handshake.h"       /* IWYU pragma: export */

@@ -25,7 +25,7 @@
  * pair. Rings of 2 and 3 ranks link every pair, so they need no TCP.
  *
  * The ops are the shared ones over one transport (backends/common/xgroup.h);
- * split all-gathers (color, key) over the parent and builds the child's own
+ * split all-gathers (color, key) over the parent (net/split.c) and builds the child's own
  * transport (its own queue pairs) with an all-gather over the PARENT's
  * transport restricted to the child's ranks (a view, transport/view.h).
  * See docs/jaccl.md. */
@@ -381,17 +381,6 @@ static int start(mlxd_bootstrap* bs, const mlxd_jaccl_config* c, mlxd_backend** 
 /* ---- split: all-gather (color, key) over the parent, the child's transport
  * set up through the parent's transport ---- */
 
-typedef struct split_ent {
-  int key, prank;
-} split_ent;
-
-static int split_cmp(const void* a, const void* b) {
-  const split_ent* x = a;
-  const split_ent* y = b;
-  if (x->key != y->key) return x->key < y->key ? -1 : 1;
-  return (x->prank > y->prank) - (x->prank < y->prank);
-}
-
 /* The child's set-up all-gathers: over a view of the parent's transport on
  * the child's ranks, under the split's sequence number, phase 1, one
  * segment per round (never matching the split's own exchange, phase 0, or
@@ -418,40 +407,19 @@ static int view_allgather(void* ctx, const void* src, void* dst, size_t n, mlxd_
 static int split_run(jaccl* j, uint64_t seq, int color, int key, mlxd_backend** out,
                      mlxd_status* st) {
   const int n = j->g.base.size, rank = j->g.base.rank;
-  unsigned char src[8];
-  unsigned char* all = calloc((size_t)n, sizeof src);
-  split_ent* ents = calloc((size_t)n, sizeof *ents);
   int* ranks = calloc((size_t)n, sizeof *ranks);
+  mlxd_net_split sp = {0, -1, NULL, NULL};
   jaccl* c = NULL;
   int rc = 0;
-  if (!all || !ents || !ranks) {
+  if (!ranks) {
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
     goto done;
   }
-  mlxd_put32(src, (uint32_t)color);
-  mlxd_put32(src + 4, (uint32_t)key);
-  mlxd_sig sig = mlxd_xg_sig(&j->g.base, MLXD_SIG_SPLIT, MLX_UINT8, sizeof src);
-  sig.dtype = MLXD_SIG_NO_DTYPE;
-  if ((rc = mlxd_algo_all_gather(j->g.t, seq, &sig, src, all, sizeof src, st))) goto done;
-  int m = 0;
-  for (int p = 0; p < n; p++) {
-    const unsigned char* e = all + (size_t)p * sizeof src;
-    if ((int)mlxd_get32(e) != color) continue;
-    ents[m].key = (int)mlxd_get32(e + 4);
-    ents[m].prank = p;
-    m++;
-  }
-  qsort(ents, (size_t)m, sizeof *ents, split_cmp);
-  int me = -1;
-  for (int i = 0; i < m; i++) {
-    ranks[i] = ents[i].prank;
-    if (ents[i].prank == rank) me = i;
-  }
-  if (me < 0) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
-                      "this rank is missing from its own group in the exchanged records");
+  if ((rc =
+           mlxd_net_split_exchange(j->g.t, seq, rank, n, color, key, NULL, 0, NULL, NULL, &sp, st)))
     goto done;
-  }
+  const int m = sp.m, me = sp.me;
+  for (int i = 0; i < m; i++) ranks[i] = sp.members[i].prank;
   if ((rc = mlxd_crypto_init(st))) goto done; /* the child's token is a digest */
   if (!(c = jaccl_alloc(me, m, st))) {
     rc = st->code;
@@ -478,8 +446,7 @@ done:
     c = NULL;
   }
   if (c) *out = &c->g.base;
-  free(all);
-  free(ents);
+  mlxd_net_split_free(&sp);
   free(ranks);
   return rc;
 }

@@ -12,7 +12,8 @@
  * the collective algorithms in src/algo.
  * split() makes no connection: the child is a view of its parent's
  * transport over the child's ranks with a tag space of its own
- * (transport/view.h), sharing the connections of the group made at init.
+ * (transport/view.h), sharing the connections of the group made at init;
+ * its exchange is the networking layer's (net/split.c).
  * See docs/ring.md. */
 #include <assert.h>
 #include <errno.h>
@@ -78,18 +79,6 @@ static void ring_destroy(mlxd_backend* b) {
 }
 
 /* ---- split: a view of the parent's connections ---- */
-
-typedef struct {
-  int key, prank;
-  unsigned id; /* the rank's proposed group id */
-} split_ent;
-
-static int split_cmp(const void* a, const void* b) {
-  const split_ent* x = a;
-  const split_ent* y = b;
-  if (x->key != y->key) return x->key < y->key ? -1 : 1;
-  return (x->prank > y->prank) - (x->prank < y->prank);
-}
 
 /* Serialises the first split of a group made at init, which shares its
  * transport from then on (mlxd_tshare). */
@@ -168,6 +157,34 @@ static int split_child(const mlxd_ring* r, mlxd_tshare* sh, const int* ranks, co
   return 0;
 }
 
+/* The split exchange's check (mlxd_net_split_exchange): the ranks of the new
+ * group agree on the settings its two-level choice reads now. extra: the
+ * proposed group id, MLXDIST_ALGO, MLXDIST_HIER_SEGMENT (u32 each). */
+static int split_check(void* ctx, const unsigned char* mine, const unsigned char* theirs, int p,
+                       mlxd_status* st) {
+  const mlxd_backend* b = ctx;
+  static const char* const algos[] = {"auto", "flat", "hier"};
+  uint32_t pa = mlxd_get32(theirs + 4), ma = mlxd_get32(mine + 4);
+  if (pa != ma) {
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                 "ranks of the new group disagree on MLXDIST_ALGO: rank %d has %s, rank %d "
+                 "has %s (ranks of the parent); expected the same value on every rank",
+                 b->rank, algos[ma % 3], p, pa < 3 ? algos[pa] : "?");
+    mlxd_status_set_peer(st, p, NULL);
+    return st->code;
+  }
+  if (mlxd_get32(theirs + 8) != mlxd_get32(mine + 8)) {
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                 "ranks of the new group disagree on MLXDIST_HIER_SEGMENT: rank %d has %u, "
+                 "rank %d has %u (ranks of the parent); expected the same value on every "
+                 "rank",
+                 b->rank, (unsigned)mlxd_get32(mine + 8), p, (unsigned)mlxd_get32(theirs + 8));
+    mlxd_status_set_peer(st, p, NULL);
+    return st->code;
+  }
+  return 0;
+}
+
 static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_backend** out,
                      mlxd_status* st) {
   mlxd_ring* r = (mlxd_ring*)b;
@@ -180,70 +197,30 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   mlxd_tshare* sh = ring_share(r, st);
   if (!sh) return st->code;
   const bool child = mlxd_view_is_child(r->g.t);
-  /* color, key, proposed id, MLXDIST_ALGO, MLXDIST_HIER_SEGMENT: the child's
-   * two-level choice is read now, so its members must agree on it now */
-  enum { PER = 20 };
-  unsigned char src[PER];
-  unsigned char* all = calloc((size_t)n, PER);
-  split_ent* ents = calloc((size_t)n, sizeof *ents);
   int* ranks = calloc((size_t)n, sizeof *ranks);
   int* prank = calloc((size_t)n, sizeof *prank);
   unsigned propose = mlxd_tshare_split_begin(sh), id = 0;
+  mlxd_net_split sp = {0, -1, NULL, NULL};
   int rc = 0;
-  if (!all || !ents || !ranks || !prank) {
+  if (!ranks || !prank) {
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
     goto done;
   }
-  mlxd_put32(src, (uint32_t)color);
-  mlxd_put32(src + 4, (uint32_t)key);
-  mlxd_put32(src + 8, propose);
-  mlxd_put32(src + 12, (uint32_t)mlxd_hier_mode());
-  mlxd_put32(src + 16, (uint32_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT));
-  mlxd_sig sig = mlxd_xg_sig(b, MLXD_SIG_SPLIT, MLX_UINT8, PER);
-  sig.dtype = MLXD_SIG_NO_DTYPE;
-  if ((rc = mlxd_algo_all_gather(r->g.t, seq, &sig, src, all, PER, st))) goto done;
-
-  int m = 0;
-  for (int p = 0; p < n; p++) {
-    const unsigned char* e = all + (size_t)p * PER;
-    if ((int)mlxd_get32(e) != color) continue;
-    static const char* const algos[] = {"auto", "flat", "hier"};
-    uint32_t pa = mlxd_get32(e + 12), ma = mlxd_get32(src + 12);
-    if (pa != ma) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
-                        "ranks of the new group disagree on MLXDIST_ALGO: rank %d has %s, rank %d "
-                        "has %s (ranks of the parent); expected the same value on every rank",
-                        b->rank, algos[ma % 3], p, pa < 3 ? algos[pa] : "?");
-      mlxd_status_set_peer(st, p, NULL);
-      goto done;
-    }
-    if (mlxd_get32(e + 16) != mlxd_get32(src + 16)) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
-                        "ranks of the new group disagree on MLXDIST_HIER_SEGMENT: rank %d has %u, "
-                        "rank %d has %u (ranks of the parent); expected the same value on every "
-                        "rank",
-                        b->rank, (unsigned)mlxd_get32(src + 16), p, (unsigned)mlxd_get32(e + 16));
-      mlxd_status_set_peer(st, p, NULL);
-      goto done;
-    }
-    ents[m].key = (int)mlxd_get32(e + 4);
-    ents[m].id = mlxd_get32(e + 8);
-    ents[m].prank = p;
-    m++;
-  }
-  qsort(ents, (size_t)m, sizeof *ents, split_cmp);
-  int me = -1;
-  for (int i = 0; i < m; i++) {
-    if (ents[i].prank == b->rank) me = i;
-    if (ents[i].id > id) id = ents[i].id;
-    prank[i] = ents[i].prank;
-    ranks[i] = child ? mlxd_view_child_root_rank(r->g.t, ents[i].prank) : ents[i].prank;
-  }
-  if (me < 0) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
-                      "this rank is missing from its own group in the exchanged records");
-    id = 0;
+  /* The proposed id, MLXDIST_ALGO, MLXDIST_HIER_SEGMENT: the child's
+   * two-level choice is read now, so its members must agree on it now */
+  unsigned char extra[12];
+  mlxd_put32(extra, propose);
+  mlxd_put32(extra + 4, (uint32_t)mlxd_hier_mode());
+  mlxd_put32(extra + 8, (uint32_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT));
+  if ((rc = mlxd_net_split_exchange(r->g.t, seq, b->rank, n, color, key, extra, sizeof extra,
+                                    split_check, b, &sp, st)))
     goto done;
+  const int m = sp.m, me = sp.me;
+  for (int i = 0; i < m; i++) {
+    unsigned pid = mlxd_get32(sp.members[i].extra);
+    if (pid > id) id = pid;
+    prank[i] = sp.members[i].prank;
+    ranks[i] = child ? mlxd_view_child_root_rank(r->g.t, prank[i]) : prank[i];
   }
   mlxd_net_log("split: parent rank %d, color %d, key %d -> rank %d of %d", b->rank, color, key, me,
                m);
@@ -263,8 +240,7 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   rc = split_child(r, sh, ranks, prank, m, me, id, out, st);
 done:
   mlxd_tshare_split_end(sh, id < MLXD_TAG_GROUPS ? id : 0);
-  free(all);
-  free(ents);
+  mlxd_net_split_free(&sp);
   free(ranks);
   free(prank);
   return rc;
