@@ -1,6 +1,7 @@
 /* The networking layer's connection handshake's wire format and the
  * job token, as PURE functions (no I/O, no globals; fuzzed by fuzz_handshake).
- * The mesh (mesh_connect.c, mesh_accept.c) drives them over the sockets. docs/ring.md and docs/security.md.
+ * The mesh (mesh_connect.c, mesh_accept.c) drives them over the sockets.
+ * docs/ring.md and docs/security.md.
  *
  * Three messages per connection (integers big-endian):
  *

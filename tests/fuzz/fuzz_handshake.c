@@ -1,4 +1,5 @@
-/* Fuzz target: the connection handshake's messages (a refusal when bit 3 of byte 0 is set) (net/handshake.c),
+/* Fuzz target: the connection handshake's messages (a refusal when bit 3 of
+ * byte 0 is set) (net/handshake.c),
  * as an acceptor or a connector receives them from the network. Input: byte 0
  * picks the message kind and whether a secret is in use, bytes 1..3 this
  * rank, the group size and the connection count; the rest is what arrived (any
