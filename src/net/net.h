@@ -6,9 +6,9 @@
  *   listen.c, log.c         listening sockets; MLX_RING_VERBOSE's lines
  *   mesh*.c, dialer.c       the full mesh and the lazy dialer
  *   fdlimit.c               RLIMIT_NOFILE for a group's connections
- *   bootstrap.c, rendezvous.c, pmix_boot.c, pmix.c
- *                           bootstrap by a caller's all-gather, the launcher's
- *                           rendezvous, PMIx
+ *   hostfile_boot.c, bootstrap.c, rendezvous.c, pmix_boot.c, pmix.c
+ *                           bootstrap by a hostfile, a caller's all-gather, the
+ *                           launcher's rendezvous, PMIx
  *   split.c                 the split exchange of ring and jaccl groups
  * The wire formats (handshake.h, rendezvous_wire.h) come with it, for the
  * backends and tools that speak them (nccl's exchange, the launcher).
@@ -180,12 +180,20 @@ typedef struct mlxd_net_maker {
   int (*check)(mlxd_status* st);
   int (*make)(int rank, int size, int nconn, const mlxd_net_addr* self, const mlxd_net_auth* auth,
               mlxd_transport* t, mlxd_backend** out, mlxd_status* st);
+  /* The hostfile bootstrap only (NULL: none): once this rank listens, before
+   * it connects, the backend may make the group without TCP (*made true,
+   * *out or st set); *made false: the bootstrap connects. */
+  int (*local)(int rank, int size, int nconn, const mlxd_net_addr* self, const mlxd_net_auth* auth,
+               bool* made, mlxd_backend** out, mlxd_status* st);
 } mlxd_net_maker;
 /* Bootstrap with a caller's all-gather (rank and size from MLX_RANK,
  * MLX_WORLD_SIZE): every rank listens, all-gathers its records, connects
  * (mlxd_net_tcp_open) and hands the group to maker. */
 int mlxd_net_bootstrap(mlxd_bootstrap* bs, const mlxd_net_maker* maker, mlxd_backend** out,
                        mlxd_status* st);
+/* hostfile_boot.c: bootstrap from MLX_RANK and MLX_HOSTFILE (the job token:
+ * MLXDIST_JOB_TOKEN, else derived from the file). */
+int mlxd_net_bootstrap_hostfile(const mlxd_net_maker* maker, mlxd_backend** out, mlxd_status* st);
 /* The same with bs->rank and bs->size already set (0 <= rank < size <= 2^20) by
  * whoever provides the all-gather; via names it in MLX_RING_VERBOSE's lines;
  * listen_on: the address to listen on (port ignored), NULL: mlxd_net_default_addr. */

@@ -1,7 +1,7 @@
 /* The ring backend: MLX's "ring" distributed backend.
  *
  * Configuration (as MLX's launcher writes it): MLX_RANK and MLX_HOSTFILE
- * (net/hostfile.c), or MLX_RANK and MLX_WORLD_SIZE with a caller's all-gather
+ * (net/hostfile_boot.c), or MLX_RANK and MLX_WORLD_SIZE with a caller's all-gather
  * (net/bootstrap.c), or mlxdist-launch's rendezvous, or PMIx: the networking
  * layer (net/net.h) finds and connects the ranks and hands the group to
  * mlxd_ring_backend_new_t (ring_maker). The TCP transport starts with the
@@ -381,97 +381,26 @@ static bool ring_configured(bool with_bootstrap) {
   return mlxd_net_pmix_for_any() && mlxd_net_config_choice() == MLXD_NET_CFG_PMIX;
 }
 
-static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
-  const char* rs = mlxd_env_get("MLX_RANK");
-  const char* path = mlxd_env_get("MLX_HOSTFILE");
-  if (!rs || !*rs || !path || !*path)
-    return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
-                        "not configured: MLX_RANK and MLX_HOSTFILE must be set (MLX_RANK=%s, "
-                        "MLX_HOSTFILE=%s)",
-                        rs && *rs ? rs : "(unset)", path && *path ? path : "(unset)");
-  char* end = NULL;
-  errno = 0;
-  long rank = strtol(rs, &end, 10);
-  if (*end != '\0' || errno || rank < 0 || rank > (1 << 20))
-    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "MLX_RANK='%s' is not a non-negative integer", rs);
-  int mode;
-  if (mlxd_ring_transport_mode(&mode, st)) return st->code; /* before anyone waits on us */
-  mlxd_net_hosts hosts;
-  if (mlxd_net_hostfile_load(path, &hosts, st)) return st->code;
-  const int n = hosts.size, k = hosts.nconn;
-  int rc = 0;
-  /* The job's identity: mlxdist-launch's random token, else one derived from the
-   * hostfile (every rank of the job has the same file); and the secret, if any. */
-  mlxd_net_auth auth;
-  bool have_token = false;
-  if ((rc = mlxd_net_auth_load(&auth, st)) ||
-      (rc = mlxd_net_auth_env_token(&auth, &have_token, st))) {
-    mlxd_net_hosts_free(&hosts);
-    mlxd_net_auth_clear(&auth);
-    return rc;
-  }
-  if (!have_token) { /* a digest: OpenSSL must load (never a token of zeros) */
-    if ((rc = mlxd_crypto_init(st))) {
-      mlxd_net_hosts_free(&hosts);
-      mlxd_net_auth_clear(&auth);
-      return rc;
-    }
-    mlxd_hs_token_hosts(&hosts, auth.token);
-  }
-  int* lfds = NULL;
-  mlxd_transport* t = NULL;
-  if (rank >= n) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "MLX_RANK=%ld is outside the hostfile '%s', which lists %d rank(s) "
-                      "(expected a rank in [0, %d))",
-                      rank, path, n, n);
-    goto done;
-  }
-  mlxd_net_log("rank %ld of %d from hostfile '%s', %d connection(s) per peer", rank, n, path, k);
-  mlxd_net_addr self = hosts.addrs[rank * k];
-  if (n == 1) {
-    int none = -1;
-    rc = mlxd_ring_backend_new(0, 1, k, &self, &auth, &none, out, st);
-    goto done;
-  }
-  lfds = malloc(sizeof(int) * (size_t)k);
-  if (lfds)
-    for (int c = 0; c < k; c++) lfds[c] = -1;
-  if (!lfds) {
-    rc =
-        mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory connecting %d ranks", n);
-    goto done;
-  }
-  for (int c = 0; c < k; c++) {
-    mlxd_net_addr a = hosts.addrs[rank * k + c];
-    if ((rc = mlxd_net_listen(&a, &lfds[c], st))) goto done;
-  }
-  { /* started by mlxdist-launch on this host: maybe no TCP at all */
-    char session[MLXD_RING_SESSION_MAX];
-    if ((rc = mlxd_ring_select_local((int)rank, n, &auth, &t, session, st))) goto done;
-    if (t) {
-      rc = mlxd_ring_backend_new_local((int)rank, n, k, &self, &auth, t, session, out, st);
-      goto done;
-    }
-  }
-  if ((rc = mlxd_net_tcp_open((int)rank, &hosts, lfds, &auth, &t, st))) goto done;
-  rc = mlxd_ring_backend_new_t((int)rank, n, k, &self, &auth, t, out, st);
-done:
-  mlxd_net_auth_clear(&auth);
-  if (lfds) mlxd_net_close_all(lfds, k);
-  free(lfds);
-  mlxd_net_hosts_free(&hosts);
-  return rc;
-}
-
 static int ring_check(mlxd_status* st) {
   int mode;
   return mlxd_ring_transport_mode(&mode, st);
 }
 
+/* A hostfile job's ranks that mlxdist-launch started on this host may need no
+ * TCP at all: the group over the launcher's shared-memory session (select.c). */
+static int ring_local(int rank, int size, int nconn, const mlxd_net_addr* self,
+                      const mlxd_net_auth* auth, bool* made, mlxd_backend** out, mlxd_status* st) {
+  char session[MLXD_RING_SESSION_MAX];
+  mlxd_transport* t = NULL;
+  *made = false;
+  int rc = mlxd_ring_select_local(rank, size, auth, &t, session, st);
+  if (rc || !t) return rc;
+  *made = true;
+  return mlxd_ring_backend_new_local(rank, size, nconn, self, auth, t, session, out, st);
+}
+
 /* The ring's part in the networking layer's bootstraps (net/net.h). */
-static const mlxd_net_maker ring_maker = {ring_check, mlxd_ring_backend_new_t};
+static const mlxd_net_maker ring_maker = {ring_check, mlxd_ring_backend_new_t, ring_local};
 
 static int ring_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
   *out = NULL;
@@ -486,7 +415,7 @@ static int ring_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) 
                               "process, which the ring uses for init(\"ring\"), or for "
                               "init(\"any\") with MLXDIST_PMIX=on")
            : mlxd_net_slurm_without_pmix(st) ? st->code
-                                             : ring_create_hostfile(out, st);
+                                             : mlxd_net_bootstrap_hostfile(&ring_maker, out, st);
   return ring_done(rc, st, NULL, 0);
 }
 
