@@ -99,7 +99,7 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
   if (!mlxd_match_fail_first(&t->err, st)) return;
   int code = t->err.code;
   /* A peer's first contact from now on is answered with this failure
-   * (connect.c: a refusal), not left to its MLXDIST_CONNECT_TIMEOUT. */
+   * (net/mesh_connect.c: a refusal), not left to its MLXDIST_CONNECT_TIMEOUT. */
   if (t->dial) t->dial->ops->refuse(t->dial, &t->err);
   /* A failure found here (not relayed to us) is told to every peer. */
   bool relay = !t->err.has_reporter;

@@ -22,7 +22,7 @@ mlxd_transport* mlxd_tcp_transport_new(int rank, int size, const int* fds, int n
  * the transport's mutex; never blocks otherwise, cannot fail. */
 mlxd_spin_rule mlxd_tcp_set_local_ranks(mlxd_transport* t, int local_ranks);
 
-/* What makes a lazy transport's connections (the ring's: connect.c). Every
+/* What makes a lazy transport's connections (the networking layer's: net/dialer.c). Every
  * op is called with the transport's mutex held, from the thread that drives
  * the transport (or the watchdog's heartbeat), never concurrently, and never
  * blocks. A connection that completes its handshake is handed over with

@@ -180,7 +180,8 @@ bool mlxd_tcp_live_check(tcp_transport* t, struct mlxd_req* const* reqs, int n, 
     if (!r || r->m.complete) continue;
     if (!first) first = r;
     tcp_peer* pe = &t->peers[r->m.peer];
-    if (pe->nup == 0) continue; /* lazy: connecting, within MLXDIST_CONNECT_TIMEOUT (connect.c) */
+    if (pe->nup == 0)
+      continue; /* lazy: connecting, within MLXDIST_CONNECT_TIMEOUT (net/dialer.c) */
     double heard = pe->heard > w->start ? pe->heard : w->start;
     if (now - heard >= cfg->dead_s) {
       mlxd_status s;

@@ -59,7 +59,7 @@ static void imsg_drop(tcp_imsg* m) {
  * queued-bytes case: a split child freed right after an all_sum through a
  * shaped link closed with 2 MB queued, and a peer's heartbeat reset it.
  * Meanwhile a lazy transport's dialer answers hellos with a refusal
- * (connect.c: shutting down, or the failure). */
+ * (net/dialer.c: shutting down, or the failure). */
 static bool drain_eof(int fd) {
   char b[4096];
   for (;;) {

@@ -7,7 +7,7 @@
  *
  * Set-up, lazy (mlxd_tcp_transport_lazy): the dialer hands a connection
  * over once the ring's own handshake (job token, the secret's proofs, the
- * simultaneous-connect rule: connect.c) has filled its slot on this side;
+ * simultaneous-connect rule: net/mesh.h) has filled its slot on this side;
  * that is where its TLS handshake starts (mlxd_tcp_tls_begin: the client
  * sends its hello at once), and it runs inside the transport's progress as
  * one more non-blocking state of the connection (tls_hs): an event on its

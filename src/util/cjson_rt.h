@@ -1,11 +1,11 @@
 /* Private: cJSON loaded at run time, on the first JSON document a user's file
  * holds (util/json_doc.h, mlxd_json_parse_doc): a rank whose hostfile is
- * plain (what mlxdist-launch writes: backends/ring/hostfile.c reads it without
+ * plain (what mlxdist-launch writes: net/hostfile.c reads it without
  * cJSON) never maps libcjson. Mapping and relocating it cost every process
  * 0.45-0.75 ms of CPU and 7 page faults at start on the 2-core VM, 1,024 times
  * over in a 1,024-rank job (docs/scale.md, "Where a rank's CPU goes (branch init256)").
  *
- * The users (json_doc.c, backends/ring/hostfile.c, backends/jaccl/
+ * The users (json_doc.c, net/hostfile.c, backends/jaccl/
  * jaccl_config.c) include this header after cJSON's own: each cJSON function
  * they call is a macro naming its pointer in mlxd_cjson, whose type is the
  * function's own (__typeof__ of cJSON's declaration), so every call is checked

@@ -10,7 +10,7 @@
  * failed load drops the reference it took (the loader may still keep a
  * library marked NODELETE mapped, as libssl is).
  *
- * backends/common/pmix.c opens libpmix with it (no functions asked) and
+ * net/pmix.c opens libpmix with it (no functions asked) and
  * resolves its own, leaving the library loaded when one is missing (an MPI
  * library may use it). Loaders that do more than this (rdma/lib.c: versioned
  * symbols, a library per MLXDIST_IBVERBS_LIB value under a mutex; core/gpu.c:

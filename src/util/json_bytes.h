@@ -1,7 +1,7 @@
 /* Private: the bytes a JSON text (RFC 8259) may not hold, checked before the
  * text goes to cJSON, whose whitespace skipping takes every byte <= 0x20 and
  * whose strings take raw control bytes. Every JSON file mlxdist reads (the
- * ring's hostfile, backends/ring/hostfile.c; mlxdist-launch's hostfile of
+ * ring's hostfile, net/hostfile.c; mlxdist-launch's hostfile of
  * hosts, tools/launch/hosts.c) goes through it. */
 #ifndef MLXD_JSON_BYTES_H
 #define MLXD_JSON_BYTES_H

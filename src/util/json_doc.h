@@ -1,5 +1,5 @@
 /* Private: one JSON document from a file the user wrote (the ring's hostfile,
- * backends/ring/hostfile.c; jaccl's device matrix, backends/jaccl/jaccl_config.c),
+ * net/hostfile.c; jaccl's device matrix, backends/jaccl/jaccl_config.c),
  * read so that every fault is named with its place, before and after cJSON:
  * the bytes JSON forbids (util/json_bytes.h), an escaped NUL, an empty file, a
  * syntax error, and anything after the value. What the document must hold is

@@ -1,5 +1,5 @@
 /* Private: a file whose path a user gave (the ring's hostfile, jaccl's device
- * matrix), read whole and bounded: backends/ring/hostfile.c and
+ * matrix), read whole and bounded: net/hostfile.c and
  * backends/jaccl/jaccl_config.c. */
 #ifndef MLXD_USER_FILE_H
 #define MLXD_USER_FILE_H

@@ -23,9 +23,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/ring/ring_internal.h"
 #include "bounded.h"
 #include "mlx/c/distributed_group.h"
+#include "net/net.h"
 #include "testutil.h"
 
 static char g_dir[256];
@@ -48,13 +48,13 @@ static void expect_in(const char* what, const char* msg, va_list ap) {
 /* ---- parse ---- */
 
 static void expect_parse_fail_v(const char* text, size_t len, va_list ap) {
-  mlxd_ring_hosts h;
+  mlxd_net_hosts h;
   mlxd_status st = {0};
   /* the parser gets exactly len bytes, no NUL after them */
   char* copy = malloc(len ? len : 1);
   T_ASSERT(copy != NULL);
   memcpy(copy, text, len);
-  int rc = mlxd_ring_hostfile_parse(copy, len, "hf.json", &h, &st);
+  int rc = mlxd_net_hostfile_parse(copy, len, "hf.json", &h, &st);
   free(copy);
   if (rc == 0) T_FAIL("accepted a bad hostfile: %s", text);
   T_EQ_INT(rc, MLXD_EINVAL);
@@ -80,13 +80,13 @@ static void expect_parse_fail_n(const char* text, size_t len, ...) {
 }
 
 static void expect_parse_ok(const char* text, int n, int k) {
-  mlxd_ring_hosts h;
+  mlxd_net_hosts h;
   mlxd_status st = {0};
-  int rc = mlxd_ring_hostfile_parse(text, strlen(text), "hf.json", &h, &st);
+  int rc = mlxd_net_hostfile_parse(text, strlen(text), "hf.json", &h, &st);
   if (rc != 0) T_FAIL("refused a good hostfile %s: %s", text, st.msg);
   T_EQ_INT(h.size, n);
   T_EQ_INT(h.nconn, k);
-  mlxd_ring_hosts_free(&h);
+  mlxd_net_hosts_free(&h);
 }
 
 /* Bytes JSON forbids (RFC 8259): outside a string only space, tab, LF and CR
@@ -247,23 +247,23 @@ static void parse_tests(void) {
   snprintf(many + o, sizeof many - o, "]]");
   expect_parse_fail(many, "rank 0 lists more than 64 addresses", NULL);
   /* the byte limit is checked before anything is parsed */
-  mlxd_ring_hosts h;
+  mlxd_net_hosts h;
   mlxd_status st = {0};
   static const char big_marker[] = "[";
-  T_EQ_INT(mlxd_ring_hostfile_parse(big_marker, (size_t)MLXD_RING_HOSTFILE_MAX_BYTES + 1, "hf.json",
-                                    &h, &st),
+  T_EQ_INT(mlxd_net_hostfile_parse(big_marker, (size_t)MLXD_NET_HOSTFILE_MAX_BYTES + 1, "hf.json",
+                                   &h, &st),
            MLXD_EINVAL); /* len is checked first: the bytes after the marker are never read */
   T_ASSERT(strstr(st.msg, "is 16777217 bytes (expected at most 16777216)"));
 
   /* the values are counted before cJSON builds them: 16 MiB of "[0,0,..." is refused at once */
-  size_t zlen = (size_t)MLXD_RING_HOSTFILE_MAX_BYTES;
+  size_t zlen = (size_t)MLXD_NET_HOSTFILE_MAX_BYTES;
   char* zeros = malloc(zlen);
   T_ASSERT(zeros != NULL);
   for (size_t i = 0; i < zlen; i += 2) zeros[i] = '0', zeros[i + 1] = ',';
   zeros[0] = '[';
   zeros[zlen - 1] = ']';
   st = (mlxd_status){0};
-  T_EQ_INT(mlxd_ring_hostfile_parse(zeros, zlen, "hf.json", &h, &st), MLXD_EINVAL);
+  T_EQ_INT(mlxd_net_hostfile_parse(zeros, zlen, "hf.json", &h, &st), MLXD_EINVAL);
   T_ASSERT(strstr(st.msg,
                   "hostfile 'hf.json' holds up to 8388609 JSON values (expected at most "
                   "65536 ranks and 262144 addresses in all)"));
@@ -272,13 +272,13 @@ static void parse_tests(void) {
   /* names are resolved after parsing, then checked for duplicates again */
   const char* t = "[[\"127.1:5000\"], [\"127.0.0.1:5000\"]]";
   st = (mlxd_status){0};
-  T_EQ_INT(mlxd_ring_hostfile_parse(t, strlen(t), "hf.json", &h, &st), 0);
+  T_EQ_INT(mlxd_net_hostfile_parse(t, strlen(t), "hf.json", &h, &st), 0);
   T_EQ_INT(h.addrs[0].sa.ss_family, AF_UNSPEC); /* parse looks nothing up */
-  T_EQ_INT(mlxd_ring_hostfile_resolve("hf.json", &h, &st), MLXD_EINVAL);
+  T_EQ_INT(mlxd_net_hostfile_resolve("hf.json", &h, &st), MLXD_EINVAL);
   T_ASSERT(strstr(st.msg,
                   "rank 0 connection 0 ('127.1:5000') and rank 1 connection 0 "
                   "('127.0.0.1:5000') are the same address 127.0.0.1:5000"));
-  mlxd_ring_hosts_free(&h);
+  mlxd_net_hosts_free(&h);
   printf("parse: OK\n");
 }
 
@@ -289,7 +289,7 @@ static void expect_read_fail(const char* path, const char* want) {
   size_t len = 0;
   mlxd_status st = {0};
   double t0 = now_s();
-  T_ASSERT(mlxd_ring_hostfile_read(path, &text, &len, &st) != 0);
+  T_ASSERT(mlxd_net_hostfile_read(path, &text, &len, &st) != 0);
   T_ASSERT(now_s() - t0 < BOUND_S);
   T_ASSERT(text == NULL);
   mlxd_status_render(&st, "ring");
@@ -328,7 +328,7 @@ static void read_tests(void) {
   char* text = NULL;
   size_t len = 0;
   mlxd_status st = {0};
-  T_EQ_INT(mlxd_ring_hostfile_read(ok, &text, &len, &st), 0);
+  T_EQ_INT(mlxd_net_hostfile_read(ok, &text, &len, &st), 0);
   T_EQ_INT((int)len, 21);
   T_ASSERT(strcmp(text, "[[\"127.0.0.1:5000\"]]\n") == 0);
   free(text);
@@ -457,30 +457,30 @@ static void init_tests(void) {
 /* ---- scale ---- */
 
 static void scale_tests(void) {
-  int n = MLXD_RING_HOSTFILE_MAX_RANKS;
+  int n = MLXD_NET_HOSTFILE_MAX_RANKS;
   size_t len;
   char* text = ranks_text(n, false, &len);
-  mlxd_ring_hosts h;
+  mlxd_net_hosts h;
   mlxd_status st = {0};
   double t0 = now_s();
-  T_EQ_INT(mlxd_ring_hostfile_parse(text, len, "big.json", &h, &st), 0);
+  T_EQ_INT(mlxd_net_hostfile_parse(text, len, "big.json", &h, &st), 0);
   double t1 = now_s() - t0;
   T_EQ_INT(h.size, n);
   /* the file is plain (what mlxdist-launch writes): the scanner read it; cJSON must agree */
-  mlxd_ring_hosts g;
+  mlxd_net_hosts g;
   t0 = now_s();
-  T_EQ_INT(mlxd_ring_hostfile_parse_json(text, len, "big.json", &g, &st), 0);
+  T_EQ_INT(mlxd_net_hostfile_parse_json(text, len, "big.json", &g, &st), 0);
   double tj = now_s() - t0;
   T_EQ_INT(g.size, h.size);
   T_EQ_INT(g.nconn, h.nconn);
   T_ASSERT(memcmp(g.addrs, h.addrs, (size_t)n * (size_t)h.nconn * sizeof *h.addrs) == 0);
-  mlxd_ring_hosts_free(&g);
-  mlxd_ring_hosts_free(&h);
+  mlxd_net_hosts_free(&g);
+  mlxd_net_hosts_free(&h);
   free(text);
   text = ranks_text(n, true, &len);
   st = (mlxd_status){0};
   t0 = now_s();
-  T_EQ_INT(mlxd_ring_hostfile_parse(text, len, "big.json", &h, &st), MLXD_EINVAL);
+  T_EQ_INT(mlxd_net_hostfile_parse(text, len, "big.json", &h, &st), MLXD_EINVAL);
   double t2 = now_s() - t0;
   if (!strstr(st.msg, "rank 0 connection 0 and rank 65535 connection 0 both list '10.0.0.1:5000'"))
     T_FAIL("%s", st.msg);

@@ -1,4 +1,4 @@
-/* The PMIx ABI that backends/common/pmix_abi.h declares by hand, checked
+/* The PMIx ABI that net/pmix_abi.h declares by hand, checked
  * against the real <pmix.h> (built only where CMake finds it: Debian's
  * libpmix-dev; the library never includes it): every struct of the same size
  * and alignment, every member used at the same offset and of the same size,
@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backends/common/pmix_abi.h"
+#include "net/pmix_abi.h"
 
 #define SAME(ours, theirs, field)                                                    \
   _Static_assert(offsetof(ours, field) == offsetof(theirs, field), #field " moved"); \

@@ -1,4 +1,5 @@
-/* Fuzz target: the ring handshake's messages (a refusal when bit 3 of byte 0 is set) (backends/ring/handshake.c),
+/* Fuzz target: the connection handshake's messages (a refusal when bit 3 of
+ * byte 0 is set) (net/handshake.c),
  * as an acceptor or a connector receives them from the network. Input: byte 0
  * picks the message kind and whether a secret is in use, bytes 1..3 this
  * rank, the group size and the connection count; the rest is what arrived (any
@@ -8,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/ring/handshake.h"
+#include "net/net.h"
 
 static const unsigned char TOKEN[MLXD_HS_TOKEN_BYTES] = {1, 2,  3,  4,  5,  6,  7,  8,
                                                          9, 10, 11, 12, 13, 14, 15, 16};

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/ring/ring_internal.h"
 #include "launch/launch.h"
+#include "net/net.h"
 
 static void check_hosts(const char* text, size_t len, int n) {
   launch_hosts hs;
@@ -50,7 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   int n = data[0] & 3, k = (data[0] >> 2) & 3;
   check_hosts((const char*)data + 1, size - 1, n);
-  mlxd_ring_hosts h;
+  mlxd_net_hosts h;
   char why[1024];
   why[0] = '\0';
   int rc = launch_hostfile_check((const char*)data + 1, size - 1, "fuzz.json", n, k, &h, why,
@@ -60,6 +60,6 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (h.size < 1 || h.size > LAUNCH_MAX_RANKS || (n && h.size != n) || (k && h.nconn != k)) abort();
-  mlxd_ring_hosts_free(&h);
+  mlxd_net_hosts_free(&h);
   return 0;
 }

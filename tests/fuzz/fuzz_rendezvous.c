@@ -1,5 +1,5 @@
 /* Fuzz target: what arrives at either end of the rendezvous
- * (backends/ring/rendezvous_wire.c): the launcher's challenge and reply as a
+ * (net/rendezvous_wire.c): the launcher's challenge and reply as a
  * rank reads them, a rank's hello and records as the launcher reads them, and
  * MLXDIST_PORT_RANGE / --port-range. Byte 0 picks the parser, byte 1 the job
  * size; the rest is the input. What is accepted must satisfy the checks the
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/ring/rendezvous_wire.h"
+#include "net/net.h"
 
 static const unsigned char KEY[MLXD_RDV_KEY_BYTES] = {1, 2,  3,  4,  5,  6,  7,  8,
                                                       9, 10, 11, 12, 13, 14, 15, 16};

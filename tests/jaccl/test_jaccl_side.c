@@ -58,12 +58,12 @@ static int fail(const mlxd_status* st) {
 }
 
 static int open_side(mlxd_jaccl_config* cfg, mlxd_jaccl_side* sc, mlxd_status* st) {
-  mlxd_ring_auth auth;
+  mlxd_net_auth auth;
   if (mlxd_jaccl_config_load(false, cfg, st)) return st->code;
   if (mlxd_jaccl_side_auth(cfg, &auth, st)) return st->code;
   g_start = mlxd_now();
   int rc = mlxd_jaccl_side_open(cfg, &auth, sc, st);
-  mlxd_ring_auth_clear(&auth);
+  mlxd_net_auth_clear(&auth);
   return rc;
 }
 

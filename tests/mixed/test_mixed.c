@@ -369,7 +369,7 @@ static int choice_rank(int rank, int size) {
     expected_line(gr, m, me, want, sizeof want);
     check_line(log, want, rank);
     if (strstr(log, "tcp with")) T_FAIL("rank %d: a one-host child uses tcp:\n%s", rank, log);
-    /* and builds no TCP mesh at all (connect.c logs every connection) */
+    /* and builds no TCP mesh at all (net/mesh.c logs every connection) */
     if (strstr(log, ": connection ") || !strstr(log, "no TCP mesh"))
       T_FAIL("rank %d: a one-host child connected over TCP:\n%s", rank, log);
     check_collectives(h, 1000);

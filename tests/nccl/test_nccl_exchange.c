@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "backends/nccl/exchange.h"
-#include "backends/ring/handshake.h"
+#include "net/net.h"
 #include "testutil.h"
 #include "util/clock.h"
 

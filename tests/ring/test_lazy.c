@@ -1,4 +1,4 @@
-/* Lazy TCP connections (issue 25; connect.c's dialer, tcp.h's lazy
+/* Lazy TCP connections (issue 25; net/dialer.c, tcp.h's lazy
  * transport): ranks are real processes with real listening sockets on
  * 127.0.0.1 and the ring's address book; a connection exists only once an op
  * named its peer.
@@ -43,8 +43,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "backends/ring/handshake.h"
-#include "backends/ring/ring_internal.h"
+#include "net/net.h"
 #include "ranks.h"
 #include "testutil.h"
 #include "transport/tcp.h"
@@ -58,8 +57,8 @@ typedef struct {
   int g; /* the group's size (n, or n - 1 when the last process floods) */
   int nsets;
   int lfds_set[NSET][MAXN * 2];
-  mlxd_ring_hosts hosts_set[NSET];
-  mlxd_ring_auth auth;
+  mlxd_net_hosts hosts_set[NSET];
+  mlxd_net_auth auth;
   const char* mode;
   char logdir[64];
 } ctx;
@@ -69,18 +68,18 @@ typedef struct {
 
 static void listen_all(ctx* x) {
   for (int s = 0; s < x->nsets; s++) {
-    mlxd_ring_hosts* h = &x->hosts_set[s];
+    mlxd_net_hosts* h = &x->hosts_set[s];
     h->size = x->g;
     h->nconn = x->k;
     h->addrs = calloc((size_t)(x->g * x->k), sizeof *h->addrs);
     T_REQUIRE(h->addrs != NULL);
     for (int i = 0; i < x->g * x->k; i++) {
       char why[100];
-      mlxd_ring_addr* a = &h->addrs[i];
-      T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:0", true, a, why, sizeof why) == 0);
+      mlxd_net_addr* a = &h->addrs[i];
+      T_REQUIRE(mlxd_net_parse_addr("127.0.0.1:0", true, a, why, sizeof why) == 0);
       mlxd_status st;
       mlxd_status_clear(&st);
-      T_REQUIREF(mlxd_ring_listen(a, &x->lfds_set[s][i], &st) == 0, "listen: %s", st.msg);
+      T_REQUIREF(mlxd_net_listen(a, &x->lfds_set[s][i], &st) == 0, "listen: %s", st.msg);
     }
   }
   memset(&x->auth, 0, sizeof x->auth);
@@ -89,7 +88,7 @@ static void listen_all(ctx* x) {
 
 /* This rank's lazy transport of group set; the other ranks' listeners of
  * that set are closed here. */
-static mlxd_transport* open_lazy_set(ctx* x, int set, int rank, const mlxd_ring_auth* auth) {
+static mlxd_transport* open_lazy_set(ctx* x, int set, int rank, const mlxd_net_auth* auth) {
   int mine[2] = {-1, -1};
   int* lf = x->lfds_set[set];
   for (int i = 0; i < x->g * x->k; i++) {
@@ -101,7 +100,7 @@ static mlxd_transport* open_lazy_set(ctx* x, int set, int rank, const mlxd_ring_
   }
   mlxd_status st;
   mlxd_status_clear(&st);
-  struct mlxd_tcp_dialer* d = mlxd_ring_dialer_new(rank, &x->hosts_set[set], mine, auth, &st);
+  struct mlxd_tcp_dialer* d = mlxd_net_dialer_new(rank, &x->hosts_set[set], mine, auth, &st);
   T_REQUIREF(d != NULL, "dialer: %s", st.msg);
   mlxd_transport* t = mlxd_tcp_transport_lazy(rank, x->g, x->k, d, &st);
   T_REQUIREF(t != NULL, "lazy transport: %s", st.msg);
@@ -109,7 +108,7 @@ static mlxd_transport* open_lazy_set(ctx* x, int set, int rank, const mlxd_ring_
   return t;
 }
 
-static mlxd_transport* open_lazy(ctx* x, int rank, const mlxd_ring_auth* auth) {
+static mlxd_transport* open_lazy(ctx* x, int rank, const mlxd_net_auth* auth) {
   return open_lazy_set(x, 0, rank, auth);
 }
 
@@ -270,7 +269,7 @@ static int quiet_runs(ctx* x, int n, int runs) {
       fprintf(stderr, "--- run %d of %d ranks, rank %d's stderr:\n%s", run, n, r,
               t_rank_log(x->logdir, r));
     loud += said;
-    mlxd_ring_hosts_free(&x->hosts);
+    mlxd_net_hosts_free(&x->hosts);
     if (bad) break;
   }
   fprintf(stderr, "%d rank(s): %d run(s) of %d printed a refused connection\n", n, loud, runs);
@@ -284,7 +283,7 @@ static void wait_mark(const ctx* x, const char* name, double limit_s) {
 }
 
 /* A stranger: connects to addr and sends a well-formed hello with another token. */
-static int stranger(const mlxd_ring_addr* a, int claim) {
+static int stranger(const mlxd_net_addr* a, int claim) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0 || connect(fd, (const struct sockaddr*)&a->sa, a->len) != 0) return -1;
   mlxd_hs_msg h;
@@ -310,7 +309,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
   t_rank_log_to(x->logdir, rank);
   setenv("MLXDIST_CONNECT_TIMEOUT", "2", 1);
   if (rank == 2) { /* another job's rank 2 (its token differs): wants rank 1 */
-    mlxd_ring_auth other = x->auth;
+    mlxd_net_auth other = x->auth;
     memset(other.token, 0x66, sizeof other.token);
     mlxd_transport* t = open_lazy(x, rank, &other);
     wait_mark(x, "exchanged", 30); /* after the honest exchange */
@@ -400,9 +399,8 @@ static int rank_never(int rank, int size, const char* session, void* arg) {
       mlxd_status s2;
       mlxd_status_clear(&s2);
       char why[100];
-      T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:0", true, &x->hosts.addrs[0], why, sizeof why) ==
-                0);
-      T_REQUIRE(mlxd_ring_listen(&x->hosts.addrs[0], &x->lfds[0], &s2) == 0);
+      T_REQUIRE(mlxd_net_parse_addr("127.0.0.1:0", true, &x->hosts.addrs[0], why, sizeof why) == 0);
+      T_REQUIRE(mlxd_net_listen(&x->hosts.addrs[0], &x->lfds[0], &s2) == 0);
     }
   }
   mark(x, "never-done");
@@ -431,7 +429,7 @@ static int rank_refuse(int rank, int size, const char* session, void* arg) {
   ctx* x = arg;
   t_rank_log_to(x->logdir, rank);
   setenv("MLXDIST_CONNECT_TIMEOUT", "10", 1);
-  mlxd_ring_auth keyed = x->auth; /* with a secret: the refusal is proven by its MAC */
+  mlxd_net_auth keyed = x->auth; /* with a secret: the refusal is proven by its MAC */
   keyed.have_key = true;
   memset(keyed.key, 0x2b, sizeof keyed.key);
   mlxd_transport* t = open_lazy(x, rank, &keyed);
@@ -667,7 +665,7 @@ static int rank_late(int rank, int size, const char* session, void* arg) {
     usleep(1000000); /* on purpose: rank 0's dials are refused for a while */
     mlxd_status st;
     mlxd_status_clear(&st);
-    T_REQUIRE(mlxd_ring_listen(&x->hosts.addrs[1], &x->lfds[1], &st) == 0);
+    T_REQUIRE(mlxd_net_listen(&x->hosts.addrs[1], &x->lfds[1], &st) == 0);
     mlxd_transport* t = open_lazy(x, rank, &x->auth);
     exchange(t, 0, 0, 1);
     wait_mark(x, "late-done", 30); /* rank 0's second group waits for nothing here */
@@ -796,6 +794,6 @@ int main(int argc, char** argv) {
     for (int r = 0; r < x.n; r++)
       fprintf(stderr, "--- rank %d's stderr:\n%s", r, t_rank_log(x.logdir, r));
   logdir_remove(&x, x.n);
-  for (int s = 0; s < x.nsets; s++) mlxd_ring_hosts_free(&x.hosts_set[s]);
+  for (int s = 0; s < x.nsets; s++) mlxd_net_hosts_free(&x.hosts_set[s]);
   return t_exit_status();
 }

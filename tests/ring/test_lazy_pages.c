@@ -1,5 +1,5 @@
 /* What a lazy TCP group of many ranks costs a rank at creation (issue 25;
- * connect.c's dialer, tcp_setup.c; util/ztable.h): its tables are sized by
+ * net/dialer.c, tcp_setup.c; util/ztable.h): its tables are sized by
  * the group but written only for the peers it uses, so creating a rank's
  * transport in a group of 4,096 touches a few pages, not one per peer.
  *
@@ -20,7 +20,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "backends/ring/ring_internal.h"
+#include "net/net.h"
 #include "ranks.h"
 #include "testutil.h"
 #include "transport/tcp.h"
@@ -31,8 +31,8 @@
 
 typedef struct {
   int lfd[2]; /* ranks 0 and G - 1 listen */
-  mlxd_ring_addr at[2];
-  mlxd_ring_auth auth;
+  mlxd_net_addr at[2];
+  mlxd_net_auth auth;
 } ctx;
 
 static long minflt(void) {
@@ -43,25 +43,25 @@ static long minflt(void) {
 
 /* A group of size ranks: rank `me` listens on *lfd at *mine (taken over),
  * `other` is at *theirs, everyone else at an address never dialed. */
-static mlxd_transport* open_group(ctx* x, int size, int me, int* lfd, const mlxd_ring_addr* mine,
-                                  int other, const mlxd_ring_addr* theirs, long* faults) {
-  mlxd_ring_hosts h = {size, 1, calloc((size_t)size, sizeof(mlxd_ring_addr))};
+static mlxd_transport* open_group(ctx* x, int size, int me, int* lfd, const mlxd_net_addr* mine,
+                                  int other, const mlxd_net_addr* theirs, long* faults) {
+  mlxd_net_hosts h = {size, 1, calloc((size_t)size, sizeof(mlxd_net_addr))};
   T_REQUIRE(h.addrs != NULL);
   char why[100];
   for (int r = 0; r < size; r++)
-    T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:9", true, &h.addrs[r], why, sizeof why) == 0);
+    T_REQUIRE(mlxd_net_parse_addr("127.0.0.1:9", true, &h.addrs[r], why, sizeof why) == 0);
   h.addrs[me] = *mine;
   h.addrs[other] = *theirs;
   mlxd_status st;
   mlxd_status_clear(&st);
   long f0 = minflt();
-  struct mlxd_tcp_dialer* d = mlxd_ring_dialer_take(me, &h, lfd, &x->auth, &st);
+  struct mlxd_tcp_dialer* d = mlxd_net_dialer_take(me, &h, lfd, &x->auth, &st);
   T_REQUIREF(d != NULL, "dialer: %s", st.msg);
   mlxd_transport* t = mlxd_tcp_transport_lazy(me, size, 1, d, &st);
   T_REQUIREF(t != NULL, "lazy transport: %s", st.msg);
   *faults = minflt() - f0;
   T_CHECKF(h.addrs == NULL, "the address book was copied, not taken over");
-  mlxd_ring_hosts_free(&h);
+  mlxd_net_hosts_free(&h);
   return t;
 }
 
@@ -73,13 +73,13 @@ static int rank_fn(int rank, int size, const char* session, void* arg) {
   close(x->lfd[1 - rank]);
   /* the warm-up: a two-rank group, never used */
   char why[100];
-  mlxd_ring_addr a0, a1;
+  mlxd_net_addr a0, a1;
   int w = -1;
   mlxd_status st;
   mlxd_status_clear(&st);
-  T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:0", true, &a0, why, sizeof why) == 0);
-  T_REQUIREF(mlxd_ring_listen(&a0, &w, &st) == 0, "listen: %s", st.msg);
-  T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:9", true, &a1, why, sizeof why) == 0);
+  T_REQUIRE(mlxd_net_parse_addr("127.0.0.1:0", true, &a0, why, sizeof why) == 0);
+  T_REQUIREF(mlxd_net_listen(&a0, &w, &st) == 0, "listen: %s", st.msg);
+  T_REQUIRE(mlxd_net_parse_addr("127.0.0.1:9", true, &a1, why, sizeof why) == 0);
   long warm = 0, faults = 0;
   mlxd_transport* t = open_group(x, 2, 0, &w, &a0, 1, &a1, &warm);
   t->ops->destroy(t);
@@ -130,8 +130,8 @@ int main(void) {
     mlxd_status st;
     mlxd_status_clear(&st);
     x.lfd[i] = -1;
-    T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:0", true, &x.at[i], why, sizeof why) == 0);
-    T_REQUIREF(mlxd_ring_listen(&x.at[i], &x.lfd[i], &st) == 0, "listen: %s", st.msg);
+    T_REQUIRE(mlxd_net_parse_addr("127.0.0.1:0", true, &x.at[i], why, sizeof why) == 0);
+    T_REQUIREF(mlxd_net_listen(&x.at[i], &x.lfd[i], &st) == 0, "listen: %s", st.msg);
   }
   t_ranks_opts o = {.timeout_s = 60, .grace_s = 15, .after_fork = close_parent, .what = "pages"};
   int bad = t_run_ranks(2, rank_fn, &x, &o, NULL);

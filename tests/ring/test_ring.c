@@ -302,6 +302,27 @@ static int split_rank(int rank, int size) {
   return 0;
 }
 
+/* 3 ranks; rank 2 changes MLXDIST_ALGO after init: a split that puts it with
+ * the others fails on every rank naming the setting (the split exchange's
+ * check, net/split.c), one that gives it a color of its own succeeds (only
+ * the ranks of one color are compared), and the parent still works. */
+static int split_disagree_rank(int rank, int size) {
+  mlx_distributed_group g = init_ring();
+  if (rank == 2) setenv("MLXDIST_ALGO", "flat", 1);
+  mlx_distributed_group c = mlx_distributed_group_new();
+  T_ASSERT(mlx_distributed_group_split(&c, g, 0, rank) != 0);
+  T_EXPECT_ERROR("[ring] split #", "ranks of the new group disagree on MLXDIST_ALGO",
+                 rank == 2 ? "has flat" : "has auto");
+  T_EQ_INT(mlx_distributed_group_split(&c, g, rank == 2, rank), 0);
+  T_EQ_INT(mlx_distributed_group_size(c), rank == 2 ? 1 : 2);
+  T_EQ_INT(check_sum(g, size, 10), 0);
+  mlx_distributed_group_free(c);
+  mlx_distributed_group_free(g);
+  mlx_distributed_clear_backends();
+  T_EXPECT_NO_ERROR();
+  return 0;
+}
+
 /* 3 ranks, a child of all (keys reversed: child rank 2 - r), the parent freed;
  * rank 2 dies inside the child's sum: the survivors' child fails naming the
  * lost rank, and so does the parent's transport it shares (a later child op fails fast). */
@@ -829,6 +850,10 @@ int main(int argc, char** argv) {
     n = 4;
     ok = spawn(n, 1, split_rank, codes, 60);
     T_EQ_INT(ok, 4);
+  } else if (strcmp(mode, "split_disagree") == 0) {
+    n = 3;
+    ok = spawn(n, 1, split_disagree_rank, codes, 30);
+    T_EQ_INT(ok, 3);
   } else if (strcmp(mode, "split_kill") == 0) {
     n = 3;
     ok = spawn(n, 1, split_kill_rank, codes, 30);

@@ -1,11 +1,11 @@
-/* The ring handshake's pure functions (backends/ring/handshake.h): every
+/* The connection handshake's pure functions (net/handshake.h): every
  * message round-trips, every refusal has its reason, a MAC depends on every
  * field of the transcript, and the job tokens are shared where they must be
  * and differ where they must. */
 #include <arpa/inet.h>
 #include <string.h>
 
-#include "backends/ring/handshake.h"
+#include "net/net.h"
 #include "testutil.h"
 
 static const unsigned char TOK[MLXD_HS_TOKEN_BYTES] = {9, 8, 7, 6, 5, 4, 3, 2,
@@ -194,7 +194,7 @@ static void macs(void) {
   T_CHECK(memcmp(v, zero, 32) == 0);
 }
 
-static void set_addr(mlxd_ring_addr* a, const char* ip, int port) {
+static void set_addr(mlxd_net_addr* a, const char* ip, int port) {
   memset(a, 0, sizeof *a);
   struct sockaddr_in* in = (struct sockaddr_in*)(void*)&a->sa;
   in->sin_family = AF_INET;
@@ -214,12 +214,12 @@ static void tokens(void) {
   T_CHECK(mlxd_hs_token_parse("0011223344556677889 aabbccddeeff", t) != 0);
   T_CHECK(mlxd_hs_token_parse("", t) != 0);
 
-  mlxd_ring_addr a[2], b[2];
+  mlxd_net_addr a[2], b[2];
   set_addr(&a[0], "127.0.0.1", 5000);
   set_addr(&a[1], "127.0.0.1", 5001);
   memcpy(b, a, sizeof a);
   snprintf(b[0].text, sizeof b[0].text, "localhost:5000"); /* spelling does not count */
-  mlxd_ring_hosts ha = {2, 1, a}, hb = {2, 1, b};
+  mlxd_net_hosts ha = {2, 1, a}, hb = {2, 1, b};
   unsigned char ta[MLXD_HS_TOKEN_BYTES], tb[MLXD_HS_TOKEN_BYTES];
   mlxd_hs_token_hosts(&ha, ta);
   mlxd_hs_token_hosts(&hb, tb);
@@ -227,7 +227,7 @@ static void tokens(void) {
   set_addr(&b[1], "127.0.0.1", 5002);
   mlxd_hs_token_hosts(&hb, tb);
   T_CHECK(memcmp(ta, tb, sizeof ta) != 0);
-  mlxd_ring_hosts h1 = {1, 2, a}; /* the same addresses as one rank with two connections */
+  mlxd_net_hosts h1 = {1, 2, a}; /* the same addresses as one rank with two connections */
   mlxd_hs_token_hosts(&h1, tb);
   T_CHECK(memcmp(ta, tb, sizeof ta) != 0);
 

@@ -1,7 +1,7 @@
 /* TLS on lazy connections (MLXDIST_TLS=1 with MLXDIST_CONNECT=lazy; issue
  * 25, docs/security.md "Encryption"): ranks are real processes with real
  * listeners on 127.0.0.1, the ring's address book, the ring's dialer
- * (connect.c) and the lazy TCP transport, keyed from a private secret file.
+ * (net/mesh.c) and the lazy TCP transport, keyed from a private secret file.
  * A connection exists only once an op named its peer; its TLS handshake
  * follows the ring's own (tcp_tls.c).
  *   ring      8 ranks, each sends to its right neighbour and receives from
@@ -36,8 +36,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "backends/ring/handshake.h"
-#include "backends/ring/ring_internal.h"
+#include "net/net.h"
 #include "ranks.h"
 #include "testutil.h"
 #include "transport/tcp.h"
@@ -48,8 +47,8 @@
 typedef struct {
   int n, k;
   int lfds[MAXN * 2];
-  mlxd_ring_hosts hosts;
-  unsigned char token[MLXD_RING_TOKEN_BYTES];
+  mlxd_net_hosts hosts;
+  unsigned char token[MLXD_NET_TOKEN_BYTES];
   char dir[64];
   char secret_a[128], secret_b[128];
   const char* sub; /* mismatch: keys, half, silent */
@@ -70,21 +69,21 @@ static void listen_all(ctx* x) {
   T_REQUIRE(x->hosts.addrs != NULL);
   for (int i = 0; i < x->n * x->k; i++) {
     char why[100];
-    mlxd_ring_addr* a = &x->hosts.addrs[i];
-    T_REQUIRE(mlxd_ring_parse_addr("127.0.0.1:0", true, a, why, sizeof why) == 0);
+    mlxd_net_addr* a = &x->hosts.addrs[i];
+    T_REQUIRE(mlxd_net_parse_addr("127.0.0.1:0", true, a, why, sizeof why) == 0);
     mlxd_status st;
     mlxd_status_clear(&st);
-    T_REQUIREF(mlxd_ring_listen(a, &x->lfds[i], &st) == 0, "listen: %s", st.msg);
+    T_REQUIREF(mlxd_net_listen(a, &x->lfds[i], &st) == 0, "listen: %s", st.msg);
   }
 }
 
 /* The job's auth as a rank loads it: the token, the key of MLXDIST_SECRET_FILE=secret. */
-static mlxd_ring_auth load_auth(const ctx* x, const char* secret) {
-  mlxd_ring_auth a;
+static mlxd_net_auth load_auth(const ctx* x, const char* secret) {
+  mlxd_net_auth a;
   mlxd_status st;
   mlxd_status_clear(&st);
   setenv("MLXDIST_SECRET_FILE", secret, 1);
-  T_REQUIREF(mlxd_ring_auth_load(&a, &st) == 0, "secret: %s", st.msg);
+  T_REQUIREF(mlxd_net_auth_load(&a, &st) == 0, "secret: %s", st.msg);
   memcpy(a.token, x->token, sizeof a.token);
   return a;
 }
@@ -103,7 +102,7 @@ static void own_listeners(ctx* x, int rank, int* mine) {
 
 /* This rank's lazy transport with TLS (MLXDIST_TLS=1, MLXDIST_SECRET_FILE=tls_secret),
  * its handshake keyed by auth. */
-static mlxd_transport* open_lazy(ctx* x, int rank, const mlxd_ring_auth* auth,
+static mlxd_transport* open_lazy(ctx* x, int rank, const mlxd_net_auth* auth,
                                  const char* tls_secret, const char* tls) {
   int mine[2];
   own_listeners(x, rank, mine);
@@ -111,7 +110,7 @@ static mlxd_transport* open_lazy(ctx* x, int rank, const mlxd_ring_auth* auth,
   setenv("MLXDIST_SECRET_FILE", tls_secret, 1);
   mlxd_status st;
   mlxd_status_clear(&st);
-  struct mlxd_tcp_dialer* d = mlxd_ring_dialer_new(rank, &x->hosts, mine, auth, &st);
+  struct mlxd_tcp_dialer* d = mlxd_net_dialer_new(rank, &x->hosts, mine, auth, &st);
   T_REQUIREF(d != NULL, "dialer: %s", st.msg);
   mlxd_transport* t = mlxd_tcp_transport_lazy(rank, x->n, x->k, d, &st);
   T_REQUIREF(t != NULL, "lazy transport: %s", st.msg);
@@ -142,7 +141,7 @@ static int exchange(mlxd_transport* t, int to, int from, unsigned step, mlxd_sta
 static int rank_ring(int rank, int size, const char* session, void* arg) {
   (void)session;
   ctx* x = arg;
-  mlxd_ring_auth a = load_auth(x, x->secret_a);
+  mlxd_net_auth a = load_auth(x, x->secret_a);
   mlxd_transport* t = open_lazy(x, rank, &a, x->secret_a, "1");
   mlxd_status st;
   for (unsigned step = 1; step <= 2; step++) {
@@ -161,7 +160,7 @@ static int rank_pairs(int rank, int size, const char* session, void* arg) {
   (void)session;
   (void)size;
   ctx* x = arg;
-  mlxd_ring_auth a = load_auth(x, x->secret_a);
+  mlxd_net_auth a = load_auth(x, x->secret_a);
   mlxd_transport* t = open_lazy(x, rank, &a, x->secret_a, "1");
   mlxd_status st;
   for (unsigned b = 1; b < 8; b <<= 1) {
@@ -174,7 +173,7 @@ static int rank_pairs(int rank, int size, const char* session, void* arg) {
   return t_exit_status();
 }
 
-static int connect_to(const mlxd_ring_addr* a) {
+static int connect_to(const mlxd_net_addr* a) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
   if (connect(fd, (const struct sockaddr*)&a->sa, a->len) != 0) {
@@ -185,7 +184,7 @@ static int connect_to(const mlxd_ring_addr* a) {
 }
 
 /* Connect to a and send len bytes; the socket, or -1. */
-static int send_raw(const mlxd_ring_addr* a, const void* buf, size_t len) {
+static int send_raw(const mlxd_net_addr* a, const void* buf, size_t len) {
   int fd = connect_to(a);
   if (fd >= 0 && write(fd, buf, len) != (ssize_t)len) {
     close(fd);
@@ -216,7 +215,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
   t_rank_log_to(x->dir, rank);
   setenv("MLXDIST_CONNECT_TIMEOUT", "10", 1); /* the refusal is immediate; room for a loaded host */
   if (rank == 2) { /* holds the job's token but another secret: wants rank 1 */
-    mlxd_ring_auth other = load_auth(x, x->secret_b);
+    mlxd_net_auth other = load_auth(x, x->secret_b);
     mlxd_transport* t = open_lazy(x, rank, &other, x->secret_b, "1");
     t_wait_mark(x->dir, "exchanged", 30); /* after the intruders and the honest exchange */
     double t0 = t_now();
@@ -236,9 +235,9 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
     t->ops->destroy(t);
     return t_exit_status();
   }
-  mlxd_ring_auth a = load_auth(x, x->secret_a);
-  const mlxd_ring_addr* at1 = &x->hosts.addrs[1 * x->k];
-  mlxd_ring_addr target = *at1; /* rank 0 keeps rank 1's address for the intruders */
+  mlxd_net_auth a = load_auth(x, x->secret_a);
+  const mlxd_net_addr* at1 = &x->hosts.addrs[1 * x->k];
+  mlxd_net_addr target = *at1; /* rank 0 keeps rank 1's address for the intruders */
   mlxd_transport* t = open_lazy(x, rank, &a, x->secret_a, "1");
   int fds[3] = {-1, -1, -1};
   if (rank == 0) {
@@ -246,7 +245,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
     unsigned char hello_tls[80] = {0x16, 0x03, 0x01, 0x00, 0x4b, 0x01,
                                    0x00, 0x00, 0x47, 0x03, 0x03};
     unsigned char other[MLXD_HS_HELLO_BYTES], claim[MLXD_HS_HELLO_BYTES];
-    unsigned char wrong[MLXD_RING_TOKEN_BYTES];
+    unsigned char wrong[MLXD_NET_TOKEN_BYTES];
     memset(wrong, 0x77, sizeof wrong);
     hello_of(x, other, 0, wrong, MLXD_HS_FLAG_SECRET);
     hello_of(x, claim, 0, x->token, 0);
@@ -287,7 +286,7 @@ static int rank_intruder(int rank, int size, const char* session, void* arg) {
 /* A hand-made rank 1: completes the ring's handshake with rank 0 (connector,
  * with the secret's proof), then never says a word of TLS; holds the
  * connection until rank 0 closes it. */
-static int fake_rank1(ctx* x, const mlxd_ring_auth* a) {
+static int fake_rank1(ctx* x, const mlxd_net_auth* a) {
   int fd = connect_to(&x->hosts.addrs[0]);
   T_REQUIRE(fd >= 0);
   mlxd_hs_msg h;
@@ -331,7 +330,7 @@ static int rank_mismatch(int rank, int size, const char* session, void* arg) {
    * (and room for the ring's handshake on a loaded host, under a sanitizer) */
   setenv("MLXDIST_CONNECT_TIMEOUT", silent ? "4" : "10", 1);
   setenv("MLXDIST_TIMEOUT", "20", 1);
-  mlxd_ring_auth a = load_auth(x, x->secret_a);
+  mlxd_net_auth a = load_auth(x, x->secret_a);
   if (rank == 1 && silent) {
     int mine[2];
     own_listeners(x, rank, mine);

@@ -46,9 +46,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/ring/handshake.h"
 #include "intruder.h"
 #include "mlx/c/mlx.h"
+#include "net/net.h"
 #include "ranks.h"
 #include "security/secret.h"
 #include "testutil.h"
@@ -292,7 +292,7 @@ static unsigned char g_rec[MLXD_HS_HELLO_BYTES + MLXD_HS_CONFIRM_BYTES];
  * shows only in the confirm, checked against rank 0's fresh nonce after its
  * reply. Sent at once, the confirm could come before the reply, which rank 0
  * refuses as that, not as a replay, when it holds the hello unanswered (its
- * own dial to rank 1 open, P_DEFER in connect.c): which refusal depended on
+ * own dial to rank 1 open, P_DEFER in net/mesh.h): which refusal depended on
  * timing. */
 static void attack_replay(int port) {
   int fd = dial(port);

@@ -19,7 +19,7 @@
  *            first 20 refusals of a rank are logged, the rest counted. A rank
  *            still in the all-gather does not accept, so its backlog is full
  *            when its peers connect: their first SYN may be dropped; the
- *            connector gives that attempt up after 0.25 s (connect.c), so the
+ *            connector gives that attempt up after 0.25 s (net/mesh_connect.c), so the
  *            set-up takes milliseconds or about 0.27 s (the kernel alone: 1 s)
  *   replay   (N = 2, a secret set on both ranks) the gathered records are
  *            rewritten so that rank 1 reaches rank 0 through a relay in this
@@ -50,9 +50,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/ring/handshake.h"
 #include "intruder.h"
 #include "mlx/c/mlx.h"
+#include "net/net.h"
 #include "testutil.h"
 
 #define MAXN 4

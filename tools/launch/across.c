@@ -1,7 +1,7 @@
 /* mlxdist-launch: a job across hosts.
  *
  * Every rank learns its peers from the launcher's rendezvous (rendezvous.c,
- * contract C1 in the issue's plan; src/backends/ring/ docs/ring.md): the
+ * contract C1 in the issue's plan; src/net/rendezvous.c, docs/ring.md): the
  * launcher listens on its own address that routes to the hosts (never
  * 0.0.0.0), hands MLXDIST_RENDEZVOUS to every rank, and the ranks bind their
  * listening ports themselves (port 0, or --port-range), on their host's

@@ -1,7 +1,7 @@
 /* mlxdist-launch: the ring hostfile MLX_HOSTFILE names.
  *
  * A user's file (--hostfile) is read with the ranks' own reader and parser
- * (src/backends/ring/hostfile.c; the launcher's own checks are in
+ * (src/net/hostfile.c; the launcher's own checks are in
  * hostfile_check.c), so a file the ranks would refuse is refused here, before
  * anything starts, with the same reason. Without one, N*K ports
  * of 127.0.0.1 are reserved (bound and listening, so nothing else takes them
@@ -24,8 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/ring/ring_internal.h"
 #include "launch.h"
+#include "net/net.h"
 
 #define PORTS_LOW 10000 /* the lowest port reserved below the ephemeral range */
 
@@ -39,7 +39,7 @@ static void cleanup_tmp(void) {
 }
 
 /* MLX's hostfile format: one list of "ip:port" strings per rank. */
-static char* hosts_json(const mlxd_ring_hosts* h) {
+static char* hosts_json(const mlxd_net_hosts* h) {
   cJSON* root = cJSON_CreateArray();
   if (!root) return NULL;
   for (int r = 0; r < h->size; r++) {
@@ -74,19 +74,19 @@ static int write_text(const char* path, const char* text) {
 
 /* Read and parse the user's file as the ranks will; exits 2 when they would
  * refuse it or it disagrees with the command line. */
-static void use_given(const launch_opts* o, launch_hostfile* hf, mlxd_ring_hosts* h) {
+static void use_given(const launch_opts* o, launch_hostfile* hf, mlxd_net_hosts* h) {
   mlxd_status st = {0};
   char* text = NULL;
   size_t len = 0;
   char why[MLXD_MSG_MAX + 128];
-  if (mlxd_ring_hostfile_read(o->hostfile, &text, &len, &st) != 0) {
+  if (mlxd_net_hostfile_read(o->hostfile, &text, &len, &st) != 0) {
     mlxd_status_render(&st, NULL); /* the "[launch]" tag is added by launch_bad_usage */
     launch_bad_usage("%s.", st.msg);
   }
   int rc = launch_hostfile_check(text, len, o->hostfile, o->n, o->connections, h, why, sizeof why);
   free(text);
   if (rc != 0) launch_bad_usage("%s.", why);
-  if (mlxd_ring_hostfile_resolve(o->hostfile, h, &st) != 0) {
+  if (mlxd_net_hostfile_resolve(o->hostfile, h, &st) != 0) {
     mlxd_status_render(&st, NULL);
     launch_bad_usage("%s.", st.msg);
   }
@@ -125,7 +125,7 @@ static int bind_reserved(int fd, unsigned* next, unsigned lo, unsigned top, unsi
 }
 
 /* Bind every address of h to a free port of 127.0.0.1 and keep it listening. */
-static int reserve_ports(mlxd_ring_hosts* h, int* fds) {
+static int reserve_ports(mlxd_net_hosts* h, int* fds) {
   int n = h->size * h->nconn;
   unsigned top = ephemeral_low(), lo = PORTS_LOW, tried = 0;
   if (top < lo + 2u * (unsigned)n) top = lo; /* no room below the range: any port */
@@ -139,10 +139,10 @@ static int reserve_ports(mlxd_ring_hosts* h, int* fds) {
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind_reserved(fd, &next, lo, top, &tried) != 0) return -1;
-    mlxd_ring_addr* a = &h->addrs[i];
+    mlxd_net_addr* a = &h->addrs[i];
     a->len = sizeof a->sa;
     if (getsockname(fd, (struct sockaddr*)&a->sa, &a->len) != 0) return -1;
-    mlxd_ring_format_addr((const struct sockaddr*)&a->sa, a->text, sizeof a->text);
+    mlxd_net_format_addr((const struct sockaddr*)&a->sa, a->text, sizeof a->text);
   }
   return 0;
 }
@@ -163,7 +163,7 @@ static int make_tmpdir(launch_hostfile* hf) {
   return 0;
 }
 
-static int generate(const launch_opts* o, launch_hostfile* hf, mlxd_ring_hosts* h) {
+static int generate(const launch_opts* o, launch_hostfile* hf, mlxd_net_hosts* h) {
   h->size = o->n;
   h->nconn = o->connections ? o->connections : 1;
   int n = h->size * h->nconn;
@@ -185,7 +185,7 @@ static int generate(const launch_opts* o, launch_hostfile* hf, mlxd_ring_hosts* 
 
 int launch_hostfile_prepare(const launch_opts* o, launch_hostfile* hf) {
   memset(hf, 0, sizeof *hf);
-  mlxd_ring_hosts h = {0};
+  mlxd_net_hosts h = {0};
   int rc = 0;
   if (o->hostfile)
     use_given(o, hf, &h);
@@ -203,7 +203,7 @@ int launch_hostfile_prepare(const launch_opts* o, launch_hostfile* hf) {
     launch_msg("cannot write the hostfile '%s': %s.", hf->path, strerror(errno));
     rc = -1;
   }
-  mlxd_ring_hosts_free(&h);
+  mlxd_net_hosts_free(&h);
   if (rc != 0) launch_hostfile_free(hf);
   return rc == 0 ? 0 : 1;
 }

@@ -1,16 +1,16 @@
 /* mlxdist-launch: what the launcher requires of a user's hostfile, on top of
- * the ranks' own rules (src/backends/ring/hostfile.c). Pure (no files, no
+ * the ranks' own rules (src/net/hostfile.c). Pure (no files, no
  * name lookups, no exit), so that it can be fuzzed (tests/fuzz). */
 #include <stdio.h>
 #include <string.h>
 
-#include "backends/ring/ring_internal.h"
 #include "launch.h"
+#include "net/net.h"
 
 int launch_hostfile_check(const char* text, size_t len, const char* name, int n, int connections,
-                          mlxd_ring_hosts* out, char* why, size_t why_len) {
+                          mlxd_net_hosts* out, char* why, size_t why_len) {
   mlxd_status st = {0};
-  if (mlxd_ring_hostfile_parse(text, len, name, out, &st) != 0) {
+  if (mlxd_net_hostfile_parse(text, len, name, out, &st) != 0) {
     mlxd_status_render(&st, NULL); /* the "[launch]" tag is added by the caller */
     snprintf(why, why_len, "%s", st.msg);
     return -1;
@@ -26,6 +26,6 @@ int launch_hostfile_check(const char* text, size_t len, const char* name, int n,
              out->size, out->size == 1 ? "" : "s");
   else
     return 0;
-  mlxd_ring_hosts_free(out);
+  mlxd_net_hosts_free(out);
   return -1;
 }

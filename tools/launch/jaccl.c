@@ -36,8 +36,8 @@
 #include <unistd.h>
 
 #include "backends/jaccl/jaccl_config.h"
-#include "backends/ring/rendezvous_wire.h"
 #include "launch.h"
+#include "net/net.h"
 #include "util/clock.h"
 #include "util/json_doc.h"
 
@@ -164,8 +164,8 @@ static int write_matrix(launch_jaccl* j) {
 static int bind_coordinator(launch_jaccl* j, const char* ip, const launch_opts* o) {
   char spec[128], why[256];
   snprintf(spec, sizeof spec, strchr(ip, ':') ? "[%s]:0" : "%s:0", ip);
-  mlxd_ring_addr a;
-  if (mlxd_ring_parse_addr(spec, true, &a, why, sizeof why) != 0 || a.sa.ss_family == AF_UNSPEC) {
+  mlxd_net_addr a;
+  if (mlxd_net_parse_addr(spec, true, &a, why, sizeof why) != 0 || a.sa.ss_family == AF_UNSPEC) {
     launch_msg("jaccl: the coordinator's address '%s' is not an IP address.", ip);
     return 1;
   }
@@ -198,7 +198,7 @@ static int bind_coordinator(launch_jaccl* j, const char* ip, const launch_opts* 
     if (fd >= 0) close(fd);
     return 1;
   }
-  mlxd_ring_format_addr((struct sockaddr*)&a.sa, j->coord, sizeof j->coord);
+  mlxd_net_format_addr((struct sockaddr*)&a.sa, j->coord, sizeof j->coord);
   j->hold_fd = fd;
   return 0;
 }

@@ -90,13 +90,13 @@ typedef struct launch_hostfile {
   int n_fds;
 } launch_hostfile;
 
-struct mlxd_ring_hosts;
+struct mlxd_net_hosts;
 /* hostfile_check.c (pure, fuzzed): parse a user's hostfile of len bytes (name
  * for messages) with the ranks' parser and check it against -n and
  * --connections (0: not given) and LAUNCH_MAX_RANKS. Returns 0 with out filled
  * (host names not yet resolved), or -1 with why. */
 int launch_hostfile_check(const char* text, size_t len, const char* name, int n, int connections,
-                          struct mlxd_ring_hosts* out, char* why, size_t why_len);
+                          struct mlxd_net_hosts* out, char* why, size_t why_len);
 
 /* The given hostfile (checked; exits 2 when it is bad or disagrees with -n or
  * --connections) or a new one on free ports of 127.0.0.1 in a private temporary
@@ -398,7 +398,7 @@ int launch_ranks(const launch_spawn* sp, int n, int sfd, double timeout);
 /* Run one child (mpirun) under the same supervision, its output as is. */
 int launch_one(const launch_spawn* sp, int sfd, double timeout);
 
-/* ---- rendezvous.c (contract C1; protocol: src/backends/ring/rendezvous_wire.h) ---- */
+/* ---- rendezvous.c (contract C1; protocol: src/net/rendezvous_wire.h) ---- */
 
 typedef struct launch_rdv launch_rdv;
 /* Listen on bind_ip ("10.0.0.1", "127.0.0.1", "::1"; never 0.0.0.0), on port 0 or the first free

@@ -31,8 +31,8 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "backends/ring/ring_internal.h"
 #include "launch.h"
+#include "net/net.h"
 #include "security/secret.h"
 #include "util/env_names.h"
 #include "util/text.h"
@@ -252,17 +252,17 @@ static bool read_hosts(const launch_opts* o, launch_hosts* hs) {
   mlxd_status st = {0};
   char* text = NULL;
   size_t len = 0;
-  if (mlxd_ring_hostfile_read(o->hostfile, &text, &len, &st) != 0) {
+  if (mlxd_net_hostfile_read(o->hostfile, &text, &len, &st) != 0) {
     mlxd_status_render(&st, NULL);
     launch_bad_usage("%s.", st.msg);
   }
   int rc = launch_hosts_from_file(text, len, o->hostfile, o->n, hs, why, sizeof why);
   if (rc == 1 && o->mpi) { /* a bad file's own problem first */
-    mlxd_ring_hosts h;
+    mlxd_net_hosts h;
     if (launch_hostfile_check(text, len, o->hostfile, o->n, o->connections, &h, why, sizeof why))
       rc = -1;
     else
-      mlxd_ring_hosts_free(&h);
+      mlxd_net_hosts_free(&h);
   }
   free(text);
   if (rc < 0) launch_bad_usage("%s.", why);

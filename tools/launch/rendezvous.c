@@ -2,7 +2,7 @@
  * connects once, proves it holds the job token and posts its address
  * records; once all n ranks did, each gets every rank's records, and the
  * launcher proves it holds the token too. The protocol is in
- * src/backends/ring/rendezvous_wire.h.
+ * src/net/rendezvous_wire.h.
  *
  * One thread, one epoll loop over the listening socket and every connection:
  * ranks arrive in any order, a slow or hostile connection holds only its own
@@ -37,10 +37,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/ring/handshake.h"
-#include "backends/ring/rendezvous_wire.h"
-#include "backends/ring/ring_internal.h"
 #include "launch.h"
+#include "net/net.h"
 #include "security/secret.h"
 #include "util/env.h"
 
@@ -359,7 +357,7 @@ static void on_accept(launch_rdv* r) {
     int fd = accept4(r->lfd, (struct sockaddr*)&sa, &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     char peer[80];
-    mlxd_ring_format_addr((struct sockaddr*)&sa, peer, sizeof peer);
+    mlxd_net_format_addr((struct sockaddr*)&sa, peer, sizeof peer);
     conn* c = r->n_free > 0 ? &r->slots[r->free_slots[--r->n_free]] : NULL;
     if (!c) {
       double t = now_s();
@@ -547,8 +545,8 @@ static int open_listener(const char* bind_ip, const char* port_range, char* addr
   char spec[128], why[256];
   snprintf(spec, sizeof spec, strchr(bind_ip, ':') && bind_ip[0] != '[' ? "[%s]:0" : "%s:0",
            bind_ip);
-  mlxd_ring_addr a;
-  if (mlxd_ring_parse_addr(spec, true, &a, why, sizeof why) != 0 || a.sa.ss_family == AF_UNSPEC) {
+  mlxd_net_addr a;
+  if (mlxd_net_parse_addr(spec, true, &a, why, sizeof why) != 0 || a.sa.ss_family == AF_UNSPEC) {
     rdv_msg("rendezvous: '%s' is not an IP address to listen on (%s)", bind_ip,
             a.sa.ss_family == AF_UNSPEC ? "expected an IPv4 or IPv6 literal" : why);
     return -1;
@@ -596,7 +594,7 @@ static int open_listener(const char* bind_ip, const char* port_range, char* addr
   }
   socklen_t len = sizeof a.sa;
   getsockname(fd, (struct sockaddr*)&a.sa, &len);
-  mlxd_ring_format_addr((struct sockaddr*)&a.sa, addr_out, addr_len);
+  mlxd_net_format_addr((struct sockaddr*)&a.sa, addr_out, addr_len);
   return fd;
 }
 

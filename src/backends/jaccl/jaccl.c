@@ -19,7 +19,7 @@
  * only neighbours have devices, yet every op works between any two ranks
  * (send/recv to any peer, the small-message algorithms that talk to every
  * rank): a group in which some pair has no link also gets a TCP mesh,
- * built through the same all-gather (address records, the ring's
+ * built through the same all-gather (address records, the networking layer's
  * handshake), and the router's composite routes the linked
  * peers over verbs and the others over TCP. The TCP mesh joins every pair
  * (the TCP transport wants every peer connected; the linked pairs' sockets
@@ -27,7 +27,7 @@
  * pair. Rings of 2 and 3 ranks link every pair, so they need no TCP.
  *
  * The ops are the shared ones over one transport (backends/common/xgroup.h);
- * split all-gathers (color, key) over the parent and builds the child's own
+ * split all-gathers (color, key) over the parent (net/split.c) and builds the child's own
  * transport (its own queue pairs) with an all-gather over the PARENT's
  * transport restricted to the child's ranks (a view, transport/view.h).
  * See docs/jaccl.md. */
@@ -44,9 +44,8 @@
 #include "backends/common/xgroup.h"
 #include "backends/jaccl/jaccl_config.h"
 #include "backends/jaccl/jaccl_side.h"
-#include "backends/ring/handshake.h"
-#include "backends/ring/ring_internal.h"
 #include "distributed/group_impl.h"
+#include "net/net.h"
 #include "rdma/probe.h"
 #include "security/secret.h"
 #include "transport/router.h"
@@ -155,11 +154,11 @@ static int check_row(const mlxd_jaccl_config* c, const mlxd_verbs_probe* p, mlxd
 typedef char jaccl_dev[MLXD_JACCL_DEV_MAX + 1];
 
 typedef struct jaccl {
-  mlxd_xgroup g;       /* first: the ops over g.t, tag "jaccl" */
-  int* rails;          /* size * size: the rails of every pair (the matrix's cell counts) */
-  jaccl_dev* row;      /* size * MLXD_VERBS_MAX_RAILS: this rank's devices to each peer */
-  mlxd_ring_auth auth; /* the secret's key (and the token split derives its children's from) */
-  mlxd_ring_addr host; /* the address a TCP mesh listens on (port 0) */
+  mlxd_xgroup g;      /* first: the ops over g.t, tag "jaccl" */
+  int* rails;         /* size * size: the rails of every pair (the matrix's cell counts) */
+  jaccl_dev* row;     /* size * MLXD_VERBS_MAX_RAILS: this rank's devices to each peer */
+  mlxd_net_auth auth; /* the secret's key (and the token split derives its children's from) */
+  mlxd_net_addr host; /* the address a TCP mesh listens on (port 0) */
 } jaccl;
 
 static const mlxd_backend_ops jaccl_ops;
@@ -172,7 +171,7 @@ static void jaccl_destroy(mlxd_backend* b) {
   jaccl* j = (jaccl*)b;
   if (!j) return;
   if (j->g.t) j->g.t->ops->destroy(j->g.t);
-  mlxd_ring_auth_clear(&j->auth);
+  mlxd_net_auth_clear(&j->auth);
   free(j->rails);
   free(j->row);
   free(j);
@@ -209,39 +208,39 @@ static int bs_allgather(void* ctx, const void* src, void* dst, size_t n, mlxd_st
 }
 
 /* A TCP mesh of the group through ag: listen on host, all-gather the address
- * records (each with a fresh nonce), connect every pair with the ring's
- * handshake (the token derived from every record, the secret's key from
- * auth), hand the sockets to a TCP transport. */
-static int tcp_mesh(int rank, int size, const mlxd_ring_addr* host, const mlxd_ring_auth* auth,
+ * records (each with a fresh nonce), connect every pair with the networking
+ * layer's handshake (the token derived from every record, the secret's key
+ * from auth), hand the sockets to a TCP transport. */
+static int tcp_mesh(int rank, int size, const mlxd_net_addr* host, const mlxd_net_auth* auth,
                     mlxd_verbs_allgather_fn ag, void* ctx, mlxd_transport** out, mlxd_status* st) {
   *out = NULL;
-  mlxd_ring_auth a = *auth;
+  mlxd_net_auth a = *auth;
   int lfd = -1, rc = 0;
   int* fds = malloc(sizeof(int) * (size_t)size);
-  unsigned char* all = calloc((size_t)size, MLXD_RING_REC_BYTES);
-  mlxd_ring_hosts hosts = {size, 1, calloc((size_t)size, sizeof(mlxd_ring_addr))};
-  unsigned char rec[MLXD_RING_REC_BYTES], nonce[MLXD_RING_REC_NONCE_BYTES];
-  mlxd_ring_addr mine;
+  unsigned char* all = calloc((size_t)size, MLXD_NET_REC_BYTES);
+  mlxd_net_hosts hosts = {size, 1, calloc((size_t)size, sizeof(mlxd_net_addr))};
+  unsigned char rec[MLXD_NET_REC_BYTES], nonce[MLXD_NET_REC_NONCE_BYTES];
+  mlxd_net_addr mine;
   if (!fds || !all || !hosts.addrs) {
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory");
     goto done;
   }
-  if ((rc = mlxd_ring_listen_many(host, 1, &lfd, &mine, st))) goto done;
+  if ((rc = mlxd_net_listen_many(host, 1, &lfd, &mine, st))) goto done;
   if ((rc = mlxd_random_bytes(nonce, sizeof nonce, st))) goto done;
-  mlxd_ring_rec_encode(rec, rank, size, 0, 1, &mine, nonce);
+  mlxd_net_rec_encode(rec, rank, size, 0, 1, &mine, nonce);
   if ((rc = ag(ctx, rec, all, sizeof rec, st))) goto done;
   for (int r = 0; r < size; r++)
-    if ((rc = mlxd_ring_rec_decode(all + (size_t)r * MLXD_RING_REC_BYTES, r, size, 0, 1,
-                                   "the set-up's all-gather", &hosts.addrs[r], st)))
+    if ((rc = mlxd_net_rec_decode(all + (size_t)r * MLXD_NET_REC_BYTES, r, size, 0, 1,
+                                  "the set-up's all-gather", &hosts.addrs[r], st)))
       goto done;
   if ((rc = mlxd_crypto_init(st))) goto done; /* the token is a digest */
-  mlxd_hs_token_records(all, (size_t)size * MLXD_RING_REC_BYTES, a.token);
-  mlxd_ring_mesh_opts o = {.tag = TAG, .link = NULL, .what = "device matrix"};
-  if ((rc = mlxd_ring_mesh_with(rank, &hosts, &lfd, &a, &o, fds, st))) goto done;
+  mlxd_hs_token_records(all, (size_t)size * MLXD_NET_REC_BYTES, a.token);
+  mlxd_net_mesh_opts o = {.tag = TAG, .link = NULL, .what = "device matrix"};
+  if ((rc = mlxd_net_mesh_with(rank, &hosts, &lfd, &a, &o, fds, st))) goto done;
   *out = mlxd_tcp_transport_new(rank, size, fds, 1, st); /* owns the fds, also on failure */
   if (!*out) rc = st->code ? st->code : MLXD_ESYS;
 done:
-  mlxd_ring_auth_clear(&a);
+  mlxd_net_auth_clear(&a);
   if (lfd >= 0) close(lfd);
   free(fds);
   free(all);
@@ -313,7 +312,7 @@ static int build(jaccl* j, mlxd_verbs_allgather_fn ag, void* ctx, mlxd_status* s
     f.allow[MLXD_ROUTE_SHM] = false;
     if (parts[MLXD_ROUTE_SHM]) parts[MLXD_ROUTE_SHM]->ops->destroy(parts[MLXD_ROUTE_SHM]);
     parts[MLXD_ROUTE_SHM] = NULL;
-    if (mlxd_ring_verbose()) {
+    if (mlxd_net_verbose()) {
       if (bad == rank) mlxd_status_render(&sst, NULL);
       fprintf(stderr,
               "[jaccl] rank %d: shared memory could not start on rank %d%s%s; verbs or TCP "
@@ -339,13 +338,13 @@ static int build(jaccl* j, mlxd_verbs_allgather_fn ag, void* ctx, mlxd_status* s
   if ((group & (1u << MLXD_ROUTE_TCP)) &&
       (rc = tcp_mesh(rank, size, &j->host, &j->auth, ag, ctx, &parts[MLXD_ROUTE_TCP], st)))
     goto done;
-  if (mlxd_ring_verbose()) mlxd_route_log(TAG, rank, size, kind_of);
+  if (mlxd_net_verbose()) mlxd_route_log(TAG, rank, size, kind_of);
   /* a wait on several parts sleeps on shm or TCP (their wake-ups), never on verbs */
   mlxd_router_opts o = {.max_idle_s = MIXED_IDLE_MAX_S,
                         .pipeline_chunk =
                             parts[MLXD_ROUTE_VERBS] ? parts[MLXD_ROUTE_VERBS]->pipeline_chunk : 0,
                         .machine_ranks = machine,
-                        .stats_tag = mlxd_ring_verbose() ? TAG : NULL};
+                        .stats_tag = mlxd_net_verbose() ? TAG : NULL};
   j->g.t = mlxd_router_new(&f, parts, &o, st);
   if (!j->g.t) rc = st->code ? st->code : MLXD_ENOMEM;
 done:
@@ -381,18 +380,18 @@ static int check_pairs(const mlxd_jaccl_config* c, mlxd_status* st) {
  * when set; else, with a side channel, this rank's end of it (the interface
  * that reaches rank 0; rank 0: the coordinator's address); else the ring's
  * default (endpoint.c). */
-static int mesh_host(const mlxd_jaccl_config* c, const mlxd_jaccl_side* sc, mlxd_ring_addr* out,
+static int mesh_host(const mlxd_jaccl_config* c, const mlxd_jaccl_side* sc, mlxd_net_addr* out,
                      mlxd_status* st) {
   const char* a = mlxd_tunable_str(MLXD_T_RING_ADDR);
   const char* f = mlxd_tunable_str(MLXD_T_IFNAME);
-  if ((a && *a) || (f && *f) || !sc || !sc->fds) return mlxd_ring_default_addr(out, st);
+  if ((a && *a) || (f && *f) || !sc || !sc->fds) return mlxd_net_default_addr(out, st);
   memset(out, 0, sizeof *out);
   if (c->rank == 0) {
     *out = c->coord;
   } else {
     socklen_t len = sizeof out->sa;
     if (getsockname(sc->fds[0], (struct sockaddr*)&out->sa, &len) != 0)
-      return mlxd_ring_default_addr(out, st);
+      return mlxd_net_default_addr(out, st);
     out->len = len;
   }
   if (out->sa.ss_family == AF_INET)
@@ -400,8 +399,8 @@ static int mesh_host(const mlxd_jaccl_config* c, const mlxd_jaccl_side* sc, mlxd
   else if (out->sa.ss_family == AF_INET6)
     ((struct sockaddr_in6*)(void*)&out->sa)->sin6_port = 0;
   else
-    return mlxd_ring_default_addr(out, st);
-  mlxd_ring_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
+    return mlxd_net_default_addr(out, st);
+  mlxd_net_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
   return 0;
 }
 
@@ -424,7 +423,7 @@ static int start(mlxd_bootstrap* bs, const mlxd_jaccl_config* c, mlxd_backend** 
   if (bs) {
     bs->rank = c->rank;
     bs->size = c->size;
-    rc = mlxd_ring_auth_load(&j->auth, st); /* the secret, for a TCP mesh */
+    rc = mlxd_net_auth_load(&j->auth, st); /* the secret, for a TCP mesh */
   } else {
     rc = mlxd_jaccl_side_auth(c, &j->auth, st);
     if (rc == 0 && c->size > 1) {
@@ -448,17 +447,6 @@ static int start(mlxd_bootstrap* bs, const mlxd_jaccl_config* c, mlxd_backend** 
 
 /* ---- split: all-gather (color, key) over the parent, the child's transport
  * set up through the parent's transport ---- */
-
-typedef struct split_ent {
-  int key, prank;
-} split_ent;
-
-static int split_cmp(const void* a, const void* b) {
-  const split_ent* x = a;
-  const split_ent* y = b;
-  if (x->key != y->key) return x->key < y->key ? -1 : 1;
-  return (x->prank > y->prank) - (x->prank < y->prank);
-}
 
 /* The child's set-up all-gathers: over a view of the parent's transport on
  * the child's ranks, under the split's sequence number, phase 1, one
@@ -486,40 +474,19 @@ static int view_allgather(void* ctx, const void* src, void* dst, size_t n, mlxd_
 static int split_run(jaccl* j, uint64_t seq, int color, int key, mlxd_backend** out,
                      mlxd_status* st) {
   const int n = j->g.base.size, rank = j->g.base.rank;
-  unsigned char src[8];
-  unsigned char* all = calloc((size_t)n, sizeof src);
-  split_ent* ents = calloc((size_t)n, sizeof *ents);
   int* ranks = calloc((size_t)n, sizeof *ranks);
+  mlxd_net_split sp = {0, -1, NULL, NULL};
   jaccl* c = NULL;
   int rc = 0;
-  if (!all || !ents || !ranks) {
+  if (!ranks) {
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
     goto done;
   }
-  mlxd_put32(src, (uint32_t)color);
-  mlxd_put32(src + 4, (uint32_t)key);
-  mlxd_sig sig = mlxd_xg_sig(&j->g.base, MLXD_SIG_SPLIT, MLX_UINT8, sizeof src);
-  sig.dtype = MLXD_SIG_NO_DTYPE;
-  if ((rc = mlxd_algo_all_gather(j->g.t, seq, &sig, src, all, sizeof src, st))) goto done;
-  int m = 0;
-  for (int p = 0; p < n; p++) {
-    const unsigned char* e = all + (size_t)p * sizeof src;
-    if ((int)mlxd_get32(e) != color) continue;
-    ents[m].key = (int)mlxd_get32(e + 4);
-    ents[m].prank = p;
-    m++;
-  }
-  qsort(ents, (size_t)m, sizeof *ents, split_cmp);
-  int me = -1;
-  for (int i = 0; i < m; i++) {
-    ranks[i] = ents[i].prank;
-    if (ents[i].prank == rank) me = i;
-  }
-  if (me < 0) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
-                      "this rank is missing from its own group in the exchanged records");
+  if ((rc =
+           mlxd_net_split_exchange(j->g.t, seq, rank, n, color, key, NULL, 0, NULL, NULL, &sp, st)))
     goto done;
-  }
+  const int m = sp.m, me = sp.me;
+  for (int i = 0; i < m; i++) ranks[i] = sp.members[i].prank;
   if ((rc = mlxd_crypto_init(st))) goto done; /* the child's token is a digest */
   if (!(c = jaccl_alloc(me, m, st))) {
     rc = st->code;
@@ -546,8 +513,7 @@ done:
     c = NULL;
   }
   if (c) *out = &c->g.base;
-  free(all);
-  free(ents);
+  mlxd_net_split_free(&sp);
   free(ranks);
   return rc;
 }
@@ -601,7 +567,7 @@ static int jaccl_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st)
   free(p);
   if (rc == 0) { /* 4. the group */
     rc = jaccl_done(start(bs, &cfg, out, st), st, NULL, 0);
-    if (rc == 0 && mlxd_ring_verbose()) /* MLX_RING_VERBOSE, as the ring's set-up lines */
+    if (rc == 0 && mlxd_net_verbose()) /* MLX_RING_VERBOSE, as the ring's set-up lines */
       fprintf(stderr, "[jaccl] rank %d of %d ready (%s, %s transport)\n", cfg.rank, cfg.size,
               cfg.size > 1 ? mlxd_jaccl_topo_name(cfg.topo) : "alone",
               ((jaccl*)*out)->g.t ? ((jaccl*)*out)->g.t->ops->name : "no");

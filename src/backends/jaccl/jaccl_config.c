@@ -389,7 +389,7 @@ int mlxd_jaccl_config_load(bool with_bootstrap, mlxd_jaccl_config* cfg, mlxd_sta
   }
   if (coord_s) {
     char why[300];
-    if (mlxd_ring_parse_addr(coord_s, false, &cfg->coord, why, sizeof why) != 0) {
+    if (mlxd_net_parse_addr(coord_s, false, &cfg->coord, why, sizeof why) != 0) {
       rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "%s: bad coordinator address: %s (rank 0's side channel, e.g. "
                         "\"10.0.0.1:32323\")",

@@ -24,7 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "backends/ring/ring_internal.h" /* mlxd_ring_addr, mlxd_ring_parse_addr */
+#include "net/net.h" /* mlxd_net_addr, mlxd_net_parse_addr */
 #include "util/status.h"
 
 #define MLXD_JACCL_MATRIX_MAX_BYTES (16 << 20) /* the file */
@@ -85,7 +85,7 @@ typedef struct mlxd_jaccl_config {
   bool prefer_ring;
   int topo; /* mlxd_jaccl_topo, 0 for a group of one */
   bool have_coord;
-  mlxd_ring_addr coord; /* rank 0's side channel (when have_coord) */
+  mlxd_net_addr coord; /* rank 0's side channel (when have_coord) */
 } mlxd_jaccl_config;
 
 /* Whether the variables that a start needs are set (is_configured):

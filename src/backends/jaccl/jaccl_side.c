@@ -1,6 +1,6 @@
 /* The jaccl side channel: the coordinator's TCP star and its all-gather
  * (jaccl_side.h). The connections are made by the ring's mesh
- * (connect.c, mlxd_ring_mesh_with) restricted to the star's links, so they
+ * (net/mesh.c, mlxd_net_mesh_with) restricted to the star's links, so they
  * get its handshake, its trust rules and its bounds; this file only moves
  * the all-gather's frames, non-blocking, under one deadline per round. */
 #include "backends/jaccl/jaccl_side.h"
@@ -15,7 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "backends/ring/handshake.h"
+#include "net/net.h"
 #include "security/secret.h"
 #include "util/bytes.h"
 #include "util/clock.h"
@@ -25,16 +25,16 @@
 #define MAGIC_DOWN 0x4D584A44u /* "MXJD": rank 0 -> every rank */
 #define VERSION 1u
 
-int mlxd_jaccl_side_auth(const mlxd_jaccl_config* cfg, mlxd_ring_auth* a, mlxd_status* st) {
-  if (mlxd_ring_auth_load(a, st)) return st->code;
+int mlxd_jaccl_side_auth(const mlxd_jaccl_config* cfg, mlxd_net_auth* a, mlxd_status* st) {
+  if (mlxd_net_auth_load(a, st)) return st->code;
   bool have = false;
-  if (mlxd_ring_auth_env_token(a, &have, st)) {
-    mlxd_ring_auth_clear(a);
+  if (mlxd_net_auth_env_token(a, &have, st)) {
+    mlxd_net_auth_clear(a);
     return st->code;
   }
   if (have) return 0;
   if (mlxd_crypto_init(st)) { /* the token below is a digest */
-    mlxd_ring_auth_clear(a);
+    mlxd_net_auth_clear(a);
     return st->code;
   }
   /* Every rank of the job has the same matrix and coordinator: its token is their digest
@@ -43,7 +43,7 @@ int mlxd_jaccl_side_auth(const mlxd_jaccl_config* cfg, mlxd_ring_auth* a, mlxd_s
                ((size_t)cfg->size * (size_t)cfg->size + 1) * 4;
   unsigned char* buf = calloc(1, len);
   if (!buf) {
-    mlxd_ring_auth_clear(a);
+    mlxd_net_auth_clear(a);
     return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory");
   }
   size_t k = 0;
@@ -70,7 +70,7 @@ void mlxd_jaccl_side_close(mlxd_jaccl_side* sc) {
   sc->fds = NULL;
 }
 
-int mlxd_jaccl_side_open(const mlxd_jaccl_config* cfg, const mlxd_ring_auth* auth,
+int mlxd_jaccl_side_open(const mlxd_jaccl_config* cfg, const mlxd_net_auth* auth,
                          mlxd_jaccl_side* sc, mlxd_status* st) {
   memset(sc, 0, sizeof *sc);
   sc->rank = cfg->rank;
@@ -80,7 +80,7 @@ int mlxd_jaccl_side_open(const mlxd_jaccl_config* cfg, const mlxd_ring_auth* aut
   snprintf(sc->coord, sizeof sc->coord, "%s", cfg->coord.text);
   if (cfg->size == 1) return 0;
   const int n = cfg->size;
-  mlxd_ring_hosts hosts = {n, 1, calloc((size_t)n, sizeof(mlxd_ring_addr))};
+  mlxd_net_hosts hosts = {n, 1, calloc((size_t)n, sizeof(mlxd_net_addr))};
   bool* link = calloc((size_t)n, sizeof *link);
   int* fds = malloc(sizeof(int) * (size_t)n);
   int lfd = -1, rc = 0;
@@ -88,18 +88,18 @@ int mlxd_jaccl_side_open(const mlxd_jaccl_config* cfg, const mlxd_ring_auth* aut
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory");
     goto done;
   }
-  mlxd_ring_addr coord = cfg->coord;
+  mlxd_net_addr coord = cfg->coord;
   if (coord.sa.ss_family == AF_UNSPEC) { /* a host name: resolved as the hostfile's are */
-    mlxd_ring_hosts one = {1, 1, &coord};
-    if ((rc = mlxd_ring_hostfile_resolve(cfg->coord_var, &one, st))) goto done;
+    mlxd_net_hosts one = {1, 1, &coord};
+    if ((rc = mlxd_net_hostfile_resolve(cfg->coord_var, &one, st))) goto done;
   }
   for (int r = 0; r < n; r++) {
     hosts.addrs[r] = coord;
     link[r] = cfg->rank == 0 ? r != 0 : r == 0;
   }
   if (cfg->rank == 0) {
-    mlxd_ring_addr a = coord;
-    if ((rc = mlxd_ring_listen(&a, &lfd, st))) {
+    mlxd_net_addr a = coord;
+    if ((rc = mlxd_net_listen(&a, &lfd, st))) {
       char msg[MLXD_MSG_MAX];
       snprintf(msg, sizeof msg, "%s", st->msg);
       snprintf(st->msg, sizeof st->msg,
@@ -112,14 +112,14 @@ int mlxd_jaccl_side_open(const mlxd_jaccl_config* cfg, const mlxd_ring_auth* aut
   char what[160];
   snprintf(what, sizeof what, "device matrix and coordinator (%s=%s)", cfg->coord_var,
            cfg->coord.text);
-  mlxd_ring_mesh_opts o = {.tag = "jaccl", .link = link, .what = what};
-  if ((rc = mlxd_ring_mesh_with(cfg->rank, &hosts, &lfd, auth, &o, fds, st))) goto done;
+  mlxd_net_mesh_opts o = {.tag = "jaccl", .link = link, .what = what};
+  if ((rc = mlxd_net_mesh_with(cfg->rank, &hosts, &lfd, auth, &o, fds, st))) goto done;
   for (int r = 0; r < n; r++) {
     if (fds[r] < 0) continue;
     int fl = fcntl(fds[r], F_GETFL);
     if (fl < 0 || fcntl(fds[r], F_SETFL, fl | O_NONBLOCK) < 0) {
       int e = errno;
-      mlxd_ring_close_all(fds, n);
+      mlxd_net_close_all(fds, n);
       rc = mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
                         "cannot make the side channel's connection non-blocking");
       mlxd_status_set_sys(st, "fcntl", e);

@@ -6,7 +6,7 @@
  * Rank 0 listens on the coordinator's address (MLX_JACCL_COORDINATOR or
  * JACCL_COORDINATOR; under mlxdist-launch the port the launcher held until
  * this rank started); every other rank connects to it. Each connection
- * completes the ring's handshake (backends/ring/handshake.h) with the job
+ * completes the networking layer's handshake (net/handshake.h) with the job
  * token (MLXDIST_JOB_TOKEN, else one derived from the device matrix and the
  * coordinator's address, which every rank of the job shares) and, with
  * MLXDIST_SECRET_FILE, the proof of the secret: a stranger, another job or a
@@ -31,7 +31,7 @@
 #include <stdint.h>
 
 #include "backends/jaccl/jaccl_config.h"
-#include "backends/ring/ring_internal.h"
+#include "net/net.h"
 #include "util/status.h"
 
 #define MLXD_JACCL_SIDE_HDR 24
@@ -48,11 +48,11 @@ typedef struct mlxd_jaccl_side {
 /* The job's identity for the side channel: a's token from MLXDIST_JOB_TOKEN,
  * else derived from cfg's matrix and coordinator; its key from
  * MLXDIST_SECRET_FILE. An error names the bad variable or file. */
-int mlxd_jaccl_side_auth(const mlxd_jaccl_config* cfg, mlxd_ring_auth* a, mlxd_status* st);
+int mlxd_jaccl_side_auth(const mlxd_jaccl_config* cfg, mlxd_net_auth* a, mlxd_status* st);
 /* Open the star (collective; blocks at most MLXDIST_CONNECT_TIMEOUT). cfg
  * needs have_coord. A group of one opens nothing. On error nothing is left
  * open and st names the problem (MLXD_LAYER_BOOTSTRAP). */
-int mlxd_jaccl_side_open(const mlxd_jaccl_config* cfg, const mlxd_ring_auth* auth,
+int mlxd_jaccl_side_open(const mlxd_jaccl_config* cfg, const mlxd_net_auth* auth,
                          mlxd_jaccl_side* sc, mlxd_status* st);
 /* An all-gather through the star (transport/verbs.h's mlxd_verbs_allgather_fn;
  * ctx is the mlxd_jaccl_side): every rank passes n bytes (the same n) and

@@ -16,7 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "backends/ring/handshake.h"
+#include "net/net.h"
 #include "security/secret.h"
 #include "util/clock.h"
 #include "util/env.h"
@@ -95,9 +95,9 @@ int mlxd_nccl_xchg_init(mlxd_nccl_xchg* x, int rank, int size, const char* root,
   if (size < 1 || rank < 0 || rank >= size)
     return mlxd_fail(st, MLXD_EINVAL, "[nccl] rank %d is outside [0, %d)", rank, size);
   char why[160];
-  if (mlxd_ring_parse_addr(root, rank == 0, &x->root, why, sizeof why) != 0)
+  if (mlxd_net_parse_addr(root, rank == 0, &x->root, why, sizeof why) != 0)
     return mlxd_fail(st, MLXD_EINVAL, "[nccl] rank 0's address '%.80s': %s", root, why);
-  memcpy(x->auth.token, token, MLXD_RING_TOKEN_BYTES);
+  memcpy(x->auth.token, token, MLXD_NET_TOKEN_BYTES);
   if (key) {
     memcpy(x->auth.key, key, sizeof x->auth.key);
     x->auth.have_key = true;
@@ -137,17 +137,17 @@ int mlxd_nccl_xchg_from_env(mlxd_nccl_xchg* x, mlxd_status* st) {
   char root[300];
   bool v6 = strchr(host, ':') != NULL && host[0] != '[';
   snprintf(root, sizeof root, v6 ? "[%.250s]:%ld" : "%.250s:%ld", host, port);
-  mlxd_ring_auth auth;
-  if (mlxd_ring_auth_load(&auth, st)) {
+  mlxd_net_auth auth;
+  if (mlxd_net_auth_load(&auth, st)) {
     char msg[MLXD_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", st->msg);
     return mlxd_fail(st, st->code, "[nccl] %s", msg);
   }
   bool found = false;
-  if (mlxd_ring_auth_env_token(&auth, &found, st)) {
+  if (mlxd_net_auth_env_token(&auth, &found, st)) {
     char msg[MLXD_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", st->msg);
-    mlxd_ring_auth_clear(&auth);
+    mlxd_net_auth_clear(&auth);
     return mlxd_fail(st, st->code, "[nccl] %s", msg);
   }
   if (!found) {
@@ -157,21 +157,21 @@ int mlxd_nccl_xchg_from_env(mlxd_nccl_xchg* x, mlxd_status* st) {
     int w = snprintf(text, sizeof text, "mlxdist nccl token v1|%s|%ld", root, size);
     unsigned char h[32];
     if (mlxd_crypto_init(st)) {
-      mlxd_ring_auth_clear(&auth);
+      mlxd_net_auth_clear(&auth);
       return st->code;
     }
     mlxd_sha256(text, (size_t)w, h);
-    memcpy(auth.token, h, MLXD_RING_TOKEN_BYTES);
+    memcpy(auth.token, h, MLXD_NET_TOKEN_BYTES);
   }
   int rc = mlxd_nccl_xchg_init(x, (int)rank, (int)size, root, auth.token,
                                auth.have_key ? auth.key : NULL, timeout, st);
-  mlxd_ring_auth_clear(&auth);
+  mlxd_net_auth_clear(&auth);
   return rc;
 }
 
 int mlxd_nccl_xchg_listen(mlxd_nccl_xchg* x, mlxd_status* st) {
   if (x->listen_fd >= 0) return 0;
-  if (mlxd_ring_listen(&x->root, &x->listen_fd, st)) {
+  if (mlxd_net_listen(&x->root, &x->listen_fd, st)) {
     char msg[MLXD_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", st->msg);
     return mlxd_fail(st, st->code ? st->code : MLXD_ESYS,
@@ -186,7 +186,7 @@ void mlxd_nccl_xchg_close(mlxd_nccl_xchg* x) {
   if (x->own_listen && x->listen_fd >= 0) close(x->listen_fd);
   x->listen_fd = -1;
   x->own_listen = false;
-  mlxd_ring_auth_clear(&x->auth);
+  mlxd_net_auth_clear(&x->auth);
 }
 
 /* ---- blocking I/O, bounded by a deadline ---- */
@@ -407,7 +407,7 @@ static int root_gather(mlxd_nccl_xchg* x, unsigned char* dst, const void* src, s
         c->state = C_HELLO;
         c->rank = -1;
         c->since = mlxd_now();
-        mlxd_ring_format_addr((struct sockaddr*)&sa, c->peer, sizeof c->peer);
+        mlxd_net_format_addr((struct sockaddr*)&sa, c->peer, sizeof c->peer);
       }
     }
     double now = mlxd_now();

@@ -1,7 +1,7 @@
 /* Private: the nccl backend's side channel (docs/nccl.md). NCCL needs one
  * ncclUniqueId (128 bytes) made by rank 0 on every rank. MLX sends it raw
  * to whoever connects to rank 0's port; mlxdist sends it only to peers that
- * prove the job, with the ring's handshake (backends/ring/handshake.h): the
+ * prove the job, with the networking layer's handshake (net/handshake.h): the
  * job token always, and with MLXDIST_SECRET_FILE an HMAC proof both ways.
  *
  * The exchange is a star all-gather, usable as a backend's bootstrap
@@ -22,18 +22,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "backends/ring/ring_internal.h"
 #include "distributed/backend.h"
+#include "net/net.h"
 #include "util/status.h"
 
 typedef struct mlxd_nccl_xchg {
-  mlxd_bootstrap bs;   /* first: the all-gather (as a backend's bootstrap) */
-  int rank, size;      /* this rank, the group's size */
-  mlxd_ring_addr root; /* rank 0's address (NCCL_HOST_IP:NCCL_PORT) */
-  mlxd_ring_auth auth; /* the token (and key) every connection proves */
-  double timeout_s;    /* each all-gather's bound */
-  int listen_fd;       /* rank 0: listening socket (-1: listen on root at the first call) */
-  bool own_listen;     /* close listen_fd in mlxd_nccl_xchg_close */
+  mlxd_bootstrap bs;  /* first: the all-gather (as a backend's bootstrap) */
+  int rank, size;     /* this rank, the group's size */
+  mlxd_net_addr root; /* rank 0's address (NCCL_HOST_IP:NCCL_PORT) */
+  mlxd_net_auth auth; /* the token (and key) every connection proves */
+  double timeout_s;   /* each all-gather's bound */
+  int listen_fd;      /* rank 0: listening socket (-1: listen on root at the first call) */
+  bool own_listen;    /* close listen_fd in mlxd_nccl_xchg_close */
 } mlxd_nccl_xchg;
 
 /* From the environment: MLX_RANK, MLX_WORLD_SIZE, NCCL_HOST_IP, NCCL_PORT

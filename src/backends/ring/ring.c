@@ -1,15 +1,19 @@
 /* The ring backend: MLX's "ring" distributed backend.
  *
  * Configuration (as MLX's launcher writes it): MLX_RANK and MLX_HOSTFILE
- * (hostfile.c), or MLX_RANK and MLX_WORLD_SIZE with a caller's all-gather
- * (bootstrap.c). The TCP transport starts with the group's address book and
- * makes a connection the first time an op names a peer (MLXDIST_CONNECT=lazy,
- * connect.c's dialer), or gets the full mesh at init (eager); select.c (MLXDIST_TRANSPORT) then picks shared memory between
+ * (net/hostfile_boot.c), or MLX_RANK and MLX_WORLD_SIZE with a caller's all-gather
+ * (net/bootstrap.c), or mlxdist-launch's rendezvous, or PMIx: the networking
+ * layer (net/net.h) finds and connects the ranks and hands the group to
+ * mlxd_ring_backend_new_t (ring_maker). The TCP transport starts with the
+ * group's address book and makes a connection the first time an op names a
+ * peer (MLXDIST_CONNECT=lazy, net/dialer.c), or gets the full mesh at init
+ * (eager); select.c (MLXDIST_TRANSPORT) then picks shared memory between
  * ranks on one host and keeps TCP to the others (per peer). Every op maps to
  * the collective algorithms in src/algo.
  * split() makes no connection: the child is a view of its parent's
  * transport over the child's ranks with a tag space of its own
- * (transport/view.h), sharing the connections of the group made at init.
+ * (transport/view.h), sharing the connections of the group made at init;
+ * its exchange is the networking layer's (net/split.c).
  * See docs/ring.md. */
 #include <assert.h>
 #include <errno.h>
@@ -21,8 +25,8 @@
 #include "algo/algo.h"
 #include "algo/hier.h"
 #include "backends/common/xgroup.h"
-#include "backends/ring/handshake.h"
 #include "backends/ring/ring_internal.h"
+#include "net/net.h"
 #include "security/secret.h"
 #include "transport/shm.h"
 #include "transport/tcp.h"
@@ -44,7 +48,7 @@ static int ring_done(int rc, mlxd_status* st, const char* op, uint64_t seq) {
 static void ring_destroy(mlxd_backend* b) {
   mlxd_ring* r = (mlxd_ring*)b;
   if (!r) return;
-  if (r->g.t && mlxd_ring_verbose()) {
+  if (r->g.t && mlxd_net_verbose()) {
     /* "[ring] rank 3: 2 TCP connection(s) at close, to ranks 2,4" (tests count them) */
     unsigned char* on = calloc((size_t)b->size, 1);
     int n = on ? mlxd_tcp_connections(r->g.t, on) : -1;
@@ -57,8 +61,8 @@ static void ring_destroy(mlxd_backend* b) {
           len += (size_t)snprintf(list + len, sizeof list - len, "%s%d", shown ? "," : "", p);
           shown++;
         }
-      mlxd_ring_log("rank %d: %d TCP connection(s) at close, to ranks %s%s", b->rank, n,
-                    shown ? list : "(none)", len + 16 >= sizeof list ? ",..." : "");
+      mlxd_net_log("rank %d: %d TCP connection(s) at close, to ranks %s%s", b->rank, n,
+                   shown ? list : "(none)", len + 16 >= sizeof list ? ",..." : "");
     }
     free(on);
   }
@@ -68,25 +72,13 @@ static void ring_destroy(mlxd_backend* b) {
     mlxd_tshare_release(r->share);
   else if (r->g.t)
     r->g.t->ops->destroy(r->g.t);
-  mlxd_ring_auth_clear(&r->auth);
+  mlxd_net_auth_clear(&r->auth);
   mlxd_hier_free(r->g.hier);
   free(r->host_of);
   free(r);
 }
 
 /* ---- split: a view of the parent's connections ---- */
-
-typedef struct {
-  int key, prank;
-  unsigned id; /* the rank's proposed group id */
-} split_ent;
-
-static int split_cmp(const void* a, const void* b) {
-  const split_ent* x = a;
-  const split_ent* y = b;
-  if (x->key != y->key) return x->key < y->key ? -1 : 1;
-  return (x->prank > y->prank) - (x->prank < y->prank);
-}
 
 /* Serialises the first split of a group made at init, which shares its
  * transport from then on (mlxd_tshare). */
@@ -128,7 +120,7 @@ static int split_child(const mlxd_ring* r, mlxd_tshare* sh, const int* ranks, co
   c->g.base = (mlxd_backend){.ops = r->g.base.ops, .rank = me, .size = m, .comm_device = MLX_CPU};
   c->g.tag = "ring";
   c->g.t = v;
-  c->g.verbose = mlxd_ring_verbose();
+  c->g.verbose = mlxd_net_verbose();
   c->nconn = r->nconn;
   c->self = r->self;
   c->auth = r->auth;
@@ -145,7 +137,7 @@ static int split_child(const mlxd_ring* r, mlxd_tshare* sh, const int* ranks, co
       c->g.hier = NULL;
     }
   }
-  if (mlxd_ring_verbose()) {
+  if (mlxd_net_verbose()) {
     /* the parent's wire per peer: shm to this host's ranks unless the root is tcp */
     bool local_shm = strcmp(v->ops->name, "tcp") != 0;
     bool* on = calloc((size_t)m, sizeof *on);
@@ -156,12 +148,40 @@ static int split_child(const mlxd_ring* r, mlxd_tshare* sh, const int* ranks, co
     }
     char where[96] = "";
     if (c->g.hier) mlxd_hier_describe(c->g.hier, where, sizeof where);
-    mlxd_ring_log(
+    mlxd_net_log(
         "rank %d of %d ready (a view of the parent's %s transport, group %u: no TCP "
         "mesh, no new connection)%s%s",
         me, m, v->ops->name, id, c->g.hier ? "; two-level collectives: " : "", where);
   }
   *out = &c->g.base;
+  return 0;
+}
+
+/* The split exchange's check (mlxd_net_split_exchange): the ranks of the new
+ * group agree on the settings its two-level choice reads now. extra: the
+ * proposed group id, MLXDIST_ALGO, MLXDIST_HIER_SEGMENT (u32 each). */
+static int split_check(void* ctx, const unsigned char* mine, const unsigned char* theirs, int p,
+                       mlxd_status* st) {
+  const mlxd_backend* b = ctx;
+  static const char* const algos[] = {"auto", "flat", "hier"};
+  uint32_t pa = mlxd_get32(theirs + 4), ma = mlxd_get32(mine + 4);
+  if (pa != ma) {
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                 "ranks of the new group disagree on MLXDIST_ALGO: rank %d has %s, rank %d "
+                 "has %s (ranks of the parent); expected the same value on every rank",
+                 b->rank, algos[ma % 3], p, pa < 3 ? algos[pa] : "?");
+    mlxd_status_set_peer(st, p, NULL);
+    return st->code;
+  }
+  if (mlxd_get32(theirs + 8) != mlxd_get32(mine + 8)) {
+    mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
+                 "ranks of the new group disagree on MLXDIST_HIER_SEGMENT: rank %d has %u, "
+                 "rank %d has %u (ranks of the parent); expected the same value on every "
+                 "rank",
+                 b->rank, (unsigned)mlxd_get32(mine + 8), p, (unsigned)mlxd_get32(theirs + 8));
+    mlxd_status_set_peer(st, p, NULL);
+    return st->code;
+  }
   return 0;
 }
 
@@ -177,73 +197,33 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   mlxd_tshare* sh = ring_share(r, st);
   if (!sh) return st->code;
   const bool child = mlxd_view_is_child(r->g.t);
-  /* color, key, proposed id, MLXDIST_ALGO, MLXDIST_HIER_SEGMENT: the child's
-   * two-level choice is read now, so its members must agree on it now */
-  enum { PER = 20 };
-  unsigned char src[PER];
-  unsigned char* all = calloc((size_t)n, PER);
-  split_ent* ents = calloc((size_t)n, sizeof *ents);
   int* ranks = calloc((size_t)n, sizeof *ranks);
   int* prank = calloc((size_t)n, sizeof *prank);
   unsigned propose = mlxd_tshare_split_begin(sh), id = 0;
+  mlxd_net_split sp = {0, -1, NULL, NULL};
   int rc = 0;
-  if (!all || !ents || !ranks || !prank) {
+  if (!ranks || !prank) {
     rc = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BACKEND, "out of memory");
     goto done;
   }
-  mlxd_put32(src, (uint32_t)color);
-  mlxd_put32(src + 4, (uint32_t)key);
-  mlxd_put32(src + 8, propose);
-  mlxd_put32(src + 12, (uint32_t)mlxd_hier_mode());
-  mlxd_put32(src + 16, (uint32_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT));
-  mlxd_sig sig = mlxd_xg_sig(b, MLXD_SIG_SPLIT, MLX_UINT8, PER);
-  sig.dtype = MLXD_SIG_NO_DTYPE;
-  if ((rc = mlxd_algo_all_gather(r->g.t, seq, &sig, src, all, PER, st))) goto done;
-
-  int m = 0;
-  for (int p = 0; p < n; p++) {
-    const unsigned char* e = all + (size_t)p * PER;
-    if ((int)mlxd_get32(e) != color) continue;
-    static const char* const algos[] = {"auto", "flat", "hier"};
-    uint32_t pa = mlxd_get32(e + 12), ma = mlxd_get32(src + 12);
-    if (pa != ma) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
-                        "ranks of the new group disagree on MLXDIST_ALGO: rank %d has %s, rank %d "
-                        "has %s (ranks of the parent); expected the same value on every rank",
-                        b->rank, algos[ma % 3], p, pa < 3 ? algos[pa] : "?");
-      mlxd_status_set_peer(st, p, NULL);
-      goto done;
-    }
-    if (mlxd_get32(e + 16) != mlxd_get32(src + 16)) {
-      rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
-                        "ranks of the new group disagree on MLXDIST_HIER_SEGMENT: rank %d has %u, "
-                        "rank %d has %u (ranks of the parent); expected the same value on every "
-                        "rank",
-                        b->rank, (unsigned)mlxd_get32(src + 16), p, (unsigned)mlxd_get32(e + 16));
-      mlxd_status_set_peer(st, p, NULL);
-      goto done;
-    }
-    ents[m].key = (int)mlxd_get32(e + 4);
-    ents[m].id = mlxd_get32(e + 8);
-    ents[m].prank = p;
-    m++;
-  }
-  qsort(ents, (size_t)m, sizeof *ents, split_cmp);
-  int me = -1;
-  for (int i = 0; i < m; i++) {
-    if (ents[i].prank == b->rank) me = i;
-    if (ents[i].id > id) id = ents[i].id;
-    prank[i] = ents[i].prank;
-    ranks[i] = child ? mlxd_view_child_root_rank(r->g.t, ents[i].prank) : ents[i].prank;
-  }
-  if (me < 0) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BACKEND,
-                      "this rank is missing from its own group in the exchanged records");
-    id = 0;
+  /* The proposed id, MLXDIST_ALGO, MLXDIST_HIER_SEGMENT: the child's
+   * two-level choice is read now, so its members must agree on it now */
+  unsigned char extra[12];
+  mlxd_put32(extra, propose);
+  mlxd_put32(extra + 4, (uint32_t)mlxd_hier_mode());
+  mlxd_put32(extra + 8, (uint32_t)mlxd_tunable_long(MLXD_T_HIER_SEGMENT));
+  if ((rc = mlxd_net_split_exchange(r->g.t, seq, b->rank, n, color, key, extra, sizeof extra,
+                                    split_check, b, &sp, st)))
     goto done;
+  const int m = sp.m, me = sp.me;
+  for (int i = 0; i < m; i++) {
+    unsigned pid = mlxd_get32(sp.members[i].extra);
+    if (pid > id) id = pid;
+    prank[i] = sp.members[i].prank;
+    ranks[i] = child ? mlxd_view_child_root_rank(r->g.t, prank[i]) : prank[i];
   }
-  mlxd_ring_log("split: parent rank %d, color %d, key %d -> rank %d of %d", b->rank, color, key, me,
-                m);
+  mlxd_net_log("split: parent rank %d, color %d, key %d -> rank %d of %d", b->rank, color, key, me,
+               m);
   if (m == 1) {
     int none = -1;
     id = 0; /* no view, no tag: the id stays free */
@@ -260,8 +240,7 @@ static int split_run(mlxd_backend* b, uint64_t seq, int color, int key, mlxd_bac
   rc = split_child(r, sh, ranks, prank, m, me, id, out, st);
 done:
   mlxd_tshare_split_end(sh, id < MLXD_TAG_GROUPS ? id : 0);
-  free(all);
-  free(ents);
+  mlxd_net_split_free(&sp);
   free(ranks);
   free(prank);
   return rc;
@@ -287,33 +266,8 @@ static const mlxd_backend_ops ring_ops = {
     /* no *_ref ops: the ring's ops never use a buffer after they return */
 };
 
-int mlxd_ring_tcp_open(int rank, mlxd_ring_hosts* hosts, int* lfds, const mlxd_ring_auth* auth,
-                       mlxd_transport** out, mlxd_status* st) {
-  const int n = hosts->size, k = hosts->nconn;
-  *out = NULL;
-  bool lazy = mlxd_ring_connect_lazy();
-  if (mlxd_ring_nofile(n, k, lazy, st)) return st->code;
-  if (lazy) {
-    struct mlxd_tcp_dialer* d = mlxd_ring_dialer_take(rank, hosts, lfds, auth, st);
-    if (!d) return st->code;
-    *out = mlxd_tcp_transport_lazy(rank, n, k, d, st); /* owns d, also on failure */
-    return *out ? 0 : st->code;
-  }
-  int* fds = malloc(sizeof(int) * (size_t)n * (size_t)k);
-  if (!fds)
-    return mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory connecting %d ranks",
-                        n);
-  int rc = mlxd_ring_mesh(rank, hosts, lfds, auth, fds, st);
-  if (rc == 0) {
-    *out = mlxd_tcp_transport_new(rank, n, fds, k, st); /* owns the fds, also on failure */
-    if (!*out) rc = st->code ? st->code : MLXD_ESYS;
-  }
-  free(fds);
-  return rc;
-}
-
-int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
-                          const mlxd_ring_auth* auth, int* fds, mlxd_backend** out,
+int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_net_addr* self,
+                          const mlxd_net_auth* auth, int* fds, mlxd_backend** out,
                           mlxd_status* st) {
   *out = NULL;
   mlxd_transport* t = NULL;
@@ -329,25 +283,25 @@ int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* s
   return mlxd_ring_backend_new_t(rank, size, nconn, self, auth, t, out, st);
 }
 
-static int backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
-                       const mlxd_ring_auth* auth, mlxd_transport* t, const char* chosen,
+static int backend_new(int rank, int size, int nconn, const mlxd_net_addr* self,
+                       const mlxd_net_auth* auth, mlxd_transport* t, const char* chosen,
                        mlxd_backend** out, mlxd_status* st);
 
-int mlxd_ring_backend_new_t(int rank, int size, int nconn, const mlxd_ring_addr* self,
-                            const mlxd_ring_auth* auth, mlxd_transport* t, mlxd_backend** out,
+int mlxd_ring_backend_new_t(int rank, int size, int nconn, const mlxd_net_addr* self,
+                            const mlxd_net_auth* auth, mlxd_transport* t, mlxd_backend** out,
                             mlxd_status* st) {
   return backend_new(rank, size, nconn, self, auth, t, NULL, out, st);
 }
 
-int mlxd_ring_backend_new_local(int rank, int size, int nconn, const mlxd_ring_addr* self,
-                                const mlxd_ring_auth* auth, mlxd_transport* shm,
-                                const char* session, mlxd_backend** out, mlxd_status* st) {
+int mlxd_ring_backend_new_local(int rank, int size, int nconn, const mlxd_net_addr* self,
+                                const mlxd_net_auth* auth, mlxd_transport* shm, const char* session,
+                                mlxd_backend** out, mlxd_status* st) {
   return backend_new(rank, size, nconn, self, auth, shm, session, out, st);
 }
 
 /* chosen: t is final (mlxd_ring_select_local: one host, session chosen) */
-static int backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
-                       const mlxd_ring_auth* auth, mlxd_transport* t, const char* chosen,
+static int backend_new(int rank, int size, int nconn, const mlxd_net_addr* self,
+                       const mlxd_net_auth* auth, mlxd_transport* t, const char* chosen,
                        mlxd_backend** out, mlxd_status* st) {
   *out = NULL;
   mlxd_ring* r = calloc(1, sizeof *r);
@@ -373,14 +327,14 @@ static int backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self
     if (!r->host_of ||
         (!chosen && mlxd_ring_select_transport(&r->g.t, r->host_of, r->session, st) != 0)) {
       r->g.t->ops->destroy(r->g.t);
-      mlxd_ring_auth_clear(&r->auth);
+      mlxd_net_auth_clear(&r->auth);
       free(r->host_of);
       free(r);
       if (!st->code)
         mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot choose the transport");
       return st->code;
     }
-    r->g.verbose = mlxd_ring_verbose();
+    r->g.verbose = mlxd_net_verbose();
     if (mlxd_hier_mode() != MLXD_ALGO_FLAT) {
       r->g.hier = mlxd_hier_new(rank, size, r->host_of, st);
       if (!r->g.hier) {
@@ -395,12 +349,12 @@ static int backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self
     if (r->g.hier) {
       char where[96];
       mlxd_hier_describe(r->g.hier, where, sizeof where);
-      mlxd_ring_log("rank %d: two-level collectives (%s; MLXDIST_ALGO=%s)", rank, where,
-                    mlxd_tunable_str(MLXD_T_ALGO));
+      mlxd_net_log("rank %d: two-level collectives (%s; MLXDIST_ALGO=%s)", rank, where,
+                   mlxd_tunable_str(MLXD_T_ALGO));
     }
   }
-  mlxd_ring_log("rank %d of %d ready (%s transport, %d TCP connection(s) per peer at set-up)", rank,
-                size, r->g.t ? r->g.t->ops->name : "no", nconn);
+  mlxd_net_log("rank %d of %d ready (%s transport, %d TCP connection(s) per peer at set-up)", rank,
+               size, r->g.t ? r->g.t->ops->name : "no", nconn);
   *out = &r->g.base;
   return 0;
 }
@@ -421,110 +375,47 @@ static bool env_set(const char* name) {
 static bool ring_configured(bool with_bootstrap) {
   if (with_bootstrap) return env_set("MLX_RANK") && env_set("MLX_WORLD_SIZE");
   /* started by mlxdist-launch across hosts: the launcher is the all-gather (rendezvous.c) */
-  if (mlxd_ring_rendezvous_configured()) return env_set("MLX_RANK");
+  if (mlxd_net_rendezvous_configured()) return env_set("MLX_RANK");
   if (env_set("MLX_RANK") && env_set("MLX_HOSTFILE")) return true;
-  /* a PMIx server's job (ring_pmix.c): for init("any") only with MLXDIST_PMIX=on */
-  return mlxd_ring_pmix_for_any() && mlxd_ring_config_choice() == MLXD_RING_CFG_PMIX;
+  /* a PMIx server's job (net/pmix_boot.c): for init("any") only with MLXDIST_PMIX=on */
+  return mlxd_net_pmix_for_any() && mlxd_net_config_choice() == MLXD_NET_CFG_PMIX;
 }
 
-static int ring_create_hostfile(mlxd_backend** out, mlxd_status* st) {
-  const char* rs = mlxd_env_get("MLX_RANK");
-  const char* path = mlxd_env_get("MLX_HOSTFILE");
-  if (!rs || !*rs || !path || !*path)
-    return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
-                        "not configured: MLX_RANK and MLX_HOSTFILE must be set (MLX_RANK=%s, "
-                        "MLX_HOSTFILE=%s)",
-                        rs && *rs ? rs : "(unset)", path && *path ? path : "(unset)");
-  char* end = NULL;
-  errno = 0;
-  long rank = strtol(rs, &end, 10);
-  if (*end != '\0' || errno || rank < 0 || rank > (1 << 20))
-    return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "MLX_RANK='%s' is not a non-negative integer", rs);
+static int ring_check(mlxd_status* st) {
   int mode;
-  if (mlxd_ring_transport_mode(&mode, st)) return st->code; /* before anyone waits on us */
-  mlxd_ring_hosts hosts;
-  if (mlxd_ring_hostfile_load(path, &hosts, st)) return st->code;
-  const int n = hosts.size, k = hosts.nconn;
-  int rc = 0;
-  /* The job's identity: mlxdist-launch's random token, else one derived from the
-   * hostfile (every rank of the job has the same file); and the secret, if any. */
-  mlxd_ring_auth auth;
-  bool have_token = false;
-  if ((rc = mlxd_ring_auth_load(&auth, st)) ||
-      (rc = mlxd_ring_auth_env_token(&auth, &have_token, st))) {
-    mlxd_ring_hosts_free(&hosts);
-    mlxd_ring_auth_clear(&auth);
-    return rc;
-  }
-  if (!have_token) { /* a digest: OpenSSL must load (never a token of zeros) */
-    if ((rc = mlxd_crypto_init(st))) {
-      mlxd_ring_hosts_free(&hosts);
-      mlxd_ring_auth_clear(&auth);
-      return rc;
-    }
-    mlxd_hs_token_hosts(&hosts, auth.token);
-  }
-  int* lfds = NULL;
-  mlxd_transport* t = NULL;
-  if (rank >= n) {
-    rc = mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                      "MLX_RANK=%ld is outside the hostfile '%s', which lists %d rank(s) "
-                      "(expected a rank in [0, %d))",
-                      rank, path, n, n);
-    goto done;
-  }
-  mlxd_ring_log("rank %ld of %d from hostfile '%s', %d connection(s) per peer", rank, n, path, k);
-  mlxd_ring_addr self = hosts.addrs[rank * k];
-  if (n == 1) {
-    int none = -1;
-    rc = mlxd_ring_backend_new(0, 1, k, &self, &auth, &none, out, st);
-    goto done;
-  }
-  lfds = malloc(sizeof(int) * (size_t)k);
-  if (lfds)
-    for (int c = 0; c < k; c++) lfds[c] = -1;
-  if (!lfds) {
-    rc =
-        mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_BOOTSTRAP, "out of memory connecting %d ranks", n);
-    goto done;
-  }
-  for (int c = 0; c < k; c++) {
-    mlxd_ring_addr a = hosts.addrs[rank * k + c];
-    if ((rc = mlxd_ring_listen(&a, &lfds[c], st))) goto done;
-  }
-  { /* started by mlxdist-launch on this host: maybe no TCP at all */
-    char session[MLXD_RING_SESSION_MAX];
-    if ((rc = mlxd_ring_select_local((int)rank, n, &auth, &t, session, st))) goto done;
-    if (t) {
-      rc = mlxd_ring_backend_new_local((int)rank, n, k, &self, &auth, t, session, out, st);
-      goto done;
-    }
-  }
-  if ((rc = mlxd_ring_tcp_open((int)rank, &hosts, lfds, &auth, &t, st))) goto done;
-  rc = mlxd_ring_backend_new_t((int)rank, n, k, &self, &auth, t, out, st);
-done:
-  mlxd_ring_auth_clear(&auth);
-  if (lfds) mlxd_ring_close_all(lfds, k);
-  free(lfds);
-  mlxd_ring_hosts_free(&hosts);
-  return rc;
+  return mlxd_ring_transport_mode(&mode, st);
 }
+
+/* A hostfile job's ranks that mlxdist-launch started on this host may need no
+ * TCP at all: the group over the launcher's shared-memory session (select.c). */
+static int ring_local(int rank, int size, int nconn, const mlxd_net_addr* self,
+                      const mlxd_net_auth* auth, bool* made, mlxd_backend** out, mlxd_status* st) {
+  char session[MLXD_RING_SESSION_MAX];
+  mlxd_transport* t = NULL;
+  *made = false;
+  int rc = mlxd_ring_select_local(rank, size, auth, &t, session, st);
+  if (rc || !t) return rc;
+  *made = true;
+  return mlxd_ring_backend_new_local(rank, size, nconn, self, auth, t, session, out, st);
+}
+
+/* The ring's part in the networking layer's bootstraps (net/net.h). */
+static const mlxd_net_maker ring_maker = {ring_check, mlxd_ring_backend_new_t, ring_local};
 
 static int ring_create(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
   *out = NULL;
-  int cfg = bs ? -1 : mlxd_ring_config_choice();
-  bool pmix = cfg == MLXD_RING_CFG_PMIX && (!mlxd_init_for_any() || mlxd_ring_pmix_for_any());
-  int rc = bs                                ? mlxd_ring_create_bootstrap(bs, out, st)
-           : cfg == MLXD_RING_CFG_RENDEZVOUS ? mlxd_ring_create_rendezvous(out, st)
-           : pmix                            ? mlxd_ring_create_pmix(out, st)
-           : cfg == MLXD_RING_CFG_PMIX
+  int cfg = bs ? -1 : mlxd_net_config_choice();
+  bool pmix = cfg == MLXD_NET_CFG_PMIX && (!mlxd_init_for_any() || mlxd_net_pmix_for_any());
+  int rc = bs                               ? mlxd_net_bootstrap(bs, &ring_maker, out, st)
+           : cfg == MLXD_NET_CFG_RENDEZVOUS ? mlxd_net_bootstrap_rendezvous(&ring_maker, out, st)
+           : pmix                           ? mlxd_net_bootstrap_pmix(&ring_maker, out, st)
+           : cfg == MLXD_NET_CFG_PMIX
                ? mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
                               "not configured for init(\"any\"): a PMIx server started this "
                               "process, which the ring uses for init(\"ring\"), or for "
                               "init(\"any\") with MLXDIST_PMIX=on")
-           : mlxd_ring_slurm_without_pmix(st) ? st->code
-                                              : ring_create_hostfile(out, st);
+           : mlxd_net_slurm_without_pmix(st) ? st->code
+                                             : mlxd_net_bootstrap_hostfile(&ring_maker, out, st);
   return ring_done(rc, st, NULL, 0);
 }
 

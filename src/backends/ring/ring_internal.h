@@ -1,5 +1,7 @@
-/* Private to the ring backend: hostfile parsing, connection set-up and the
- * bootstrap address records. See docs/ring.md and docs/bootstrap.md.
+/* Private to the ring backend (ring.c, select.c): the group's record, its
+ * constructors and the transport choice. The networking it stands on
+ * (hostfiles, addresses, the handshake, the mesh, bootstrap) is the
+ * networking layer's: net/net.h. See docs/ring.md and docs/bootstrap.md.
  *
  * Errors below ring.c are structured (util/status.h): set-up failures use
  * MLXD_LAYER_BOOTSTRAP with the peer, its address and the failing system
@@ -8,158 +10,13 @@
 #ifndef MLXD_RING_INTERNAL_H
 #define MLXD_RING_INTERNAL_H
 
-#include <netinet/in.h>
 #include <stdbool.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <sys/socket.h>
 
-#include "backends/common/xgroup.h" /* g.t: tcp, shm or mixed (select.c), NULL when size == 1; g.hier; g.verbose: MLX_RING_VERBOSE */
+#include "backends/common/xgroup.h" /* g.t: tcp, shm or the router's composite (select.c), NULL when size == 1; g.hier; g.verbose: MLX_RING_VERBOSE */
 #include "distributed/backend.h"
+#include "net/net.h"
 #include "transport/transport.h"
 #include "util/status.h"
-
-/* One peer address: what a rank listens on for one of its connections. */
-typedef struct mlxd_ring_addr {
-  struct sockaddr_storage sa;
-  socklen_t len;
-  char text[80]; /* "ip:port" as written / as formatted, for messages */
-} mlxd_ring_addr;
-
-/* The whole group's addresses: addrs[r * nconn + c] is rank r's address for connection c. */
-typedef struct mlxd_ring_hosts {
-  int size;
-  int nconn;
-  mlxd_ring_addr* addrs;
-} mlxd_ring_hosts;
-
-void mlxd_ring_hosts_free(mlxd_ring_hosts* h);
-
-/* hostfile.c: MLX_HOSTFILE, MLX's JSON (a list with one list of "ip:port"
- * strings per rank). The rules (docs/ring.md): only the bytes JSON allows
- * (util/json_bytes.h); exactly one JSON document and
- * nothing but whitespace after it; limits checked before the work they bound;
- * only a regular file is read, and never more than its limit; every address
- * once. Every error names the file, what is wrong, where (rank, connection)
- * and what was expected. */
-#define MLXD_RING_HOSTFILE_MAX_BYTES (16 << 20)
-#define MLXD_RING_HOSTFILE_MAX_RANKS 65536
-#define MLXD_RING_HOSTFILE_MAX_CONNECTIONS 64
-#define MLXD_RING_HOSTFILE_MAX_ADDRS (1 << 18) /* ranks x connections */
-#define MLXD_RING_ADDR_MAX_CHARS 79            /* one "ip:port" string (mlxd_ring_addr.text) */
-/* Read, parse and resolve path. */
-int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status* st);
-/* Read path, a regular file of at most MLXD_RING_HOSTFILE_MAX_BYTES, without
- * blocking (a FIFO or device is refused by its kind, not opened for reading);
- * *text is NUL-terminated, free() it. */
-int mlxd_ring_hostfile_read(const char* path, char** text, size_t* len, mlxd_status* st);
-/* Parse len bytes of text (no NUL needed) named name in messages. Pure: no
- * files, no name lookups; an address with a host name (not an IP literal)
- * is left unresolved (sa.ss_family == AF_UNSPEC, text kept). */
-int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlxd_ring_hosts* out,
-                             mlxd_status* st);
-/* The same answer by the general path alone (cJSON, every fault named), which
- * mlxd_ring_hostfile_parse takes for any file that is not plain (strings
- * without escapes: what mlxdist-launch writes). For the differential check of
- * fuzz_hostfile: both must agree on every input. */
-int mlxd_ring_hostfile_parse_json(const char* text, size_t len, const char* name,
-                                  mlxd_ring_hosts* out, mlxd_status* st);
-/* Resolve the host names parse left, then check again that no two addresses are the same. */
-int mlxd_ring_hostfile_resolve(const char* name, mlxd_ring_hosts* h, mlxd_status* st);
-/* Parse "ip:port" (also "[v6]:port", "host:port"); port 0 allowed only if allow_port0. */
-int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, char* why,
-                         size_t why_len);
-void mlxd_ring_format_addr(const struct sockaddr* sa, char* buf, size_t n);
-
-/* What every connection of a group proves (handshake.h, docs/security.md):
- * the job token, and with MLXDIST_SECRET_FILE the key derived from the secret. */
-#define MLXD_RING_TOKEN_BYTES 16
-typedef struct mlxd_ring_auth {
-  unsigned char token[MLXD_RING_TOKEN_BYTES];
-  bool have_key;
-  unsigned char key[32]; /* mlxd_secret_derive(secret, "handshake") */
-} mlxd_ring_auth;
-
-/* connect.c */
-bool mlxd_ring_verbose(void);
-void mlxd_ring_log(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Load MLXDIST_SECRET_FILE (if set) into a's key; the token is zeroed. */
-int mlxd_ring_auth_load(mlxd_ring_auth* a, mlxd_status* st);
-/* MLXDIST_JOB_TOKEN into a->token: *found false when unset; an error naming the
- * variable when it is not 32 hex digits. */
-int mlxd_ring_auth_env_token(mlxd_ring_auth* a, bool* found, mlxd_status* st);
-/* Wipe the key. */
-void mlxd_ring_auth_clear(mlxd_ring_auth* a);
-/* Listen on addr (port 0: an ephemeral port; addr is updated with the port chosen). */
-int mlxd_ring_listen(mlxd_ring_addr* addr, int* fd_out, mlxd_status* st);
-/* Build the full mesh: rank connects to every lower rank (connection c goes to
- * peer's address c) and accepts every higher rank on listen_fds (nconn of them);
- * every connection completes the handshake of handshake.h with auth. Foreign,
- * silent or malformed connections are refused with one line on stderr and
- * never fill a slot. fds (size * nconn entries) receives the connected
- * sockets, -1 for self. Bounded by MLXDIST_CONNECT_TIMEOUT. Closes nothing of
- * listen_fds. */
-int mlxd_ring_mesh(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds,
-                   const mlxd_ring_auth* auth, int* fds, mlxd_status* st);
-/* The same with choices (NULL: the ring's defaults), for the other users of
- * the mesh (jaccl: its coordinator star, and a TCP mesh beside RDMA links). */
-typedef struct mlxd_ring_mesh_opts {
-  const char* tag;  /* the refused-connection lines' "[tag]" ("ring" when NULL) */
-  const bool* link; /* link[j]: this rank and rank j are connected (size entries; NULL: all).
-                     * Must agree on both ends (rank j's link[rank] == link[j]): a rank
-                     * that has no link to this one is refused like a stranger */
-  const char* what; /* what the ranks share, for the messages ("hostfile" when NULL) */
-} mlxd_ring_mesh_opts;
-int mlxd_ring_mesh_with(int rank, const mlxd_ring_hosts* hosts, const int* listen_fds,
-                        const mlxd_ring_auth* auth, const mlxd_ring_mesh_opts* opts, int* fds,
-                        mlxd_status* st);
-
-/* Lazy connections (MLXDIST_CONNECT=lazy, the default; not with MLXDIST_TLS=1):
- * whether this group connects on first use. */
-bool mlxd_ring_connect_lazy(void);
-/* RLIMIT_NOFILE for a group of size ranks x nconn connections: the soft limit
- * is raised (up to the hard one) to what a full mesh needs; when it cannot be,
- * an eager group fails naming the limit, a lazy one goes on (socket() and
- * accept() name the limit if it runs out). */
-int mlxd_ring_nofile(int size, int nconn, bool lazy, mlxd_status* st);
-/* The lazy TCP transport's dialer (transport/tcp.h) over the address book hosts
- * (copied) for rank, listening on lfds (nconn of them: taken over and set to -1
- * on success; closed by the dialer's free). Connections prove auth as the mesh's
- * do, any rank may connect to any other, and simultaneous connects keep the
- * higher rank's connection (connect.c). NULL with st set.
- * mlxd_ring_dialer_take: the same, but hosts is taken over, not copied (on
- * success it is left empty, as by mlxd_ring_hosts_free; on failure it stays
- * the caller's): a copy writes every rank's entry. */
-struct mlxd_tcp_dialer;
-struct mlxd_tcp_dialer* mlxd_ring_dialer_new(int rank, const mlxd_ring_hosts* hosts, int* lfds,
-                                             const mlxd_ring_auth* auth, mlxd_status* st);
-struct mlxd_tcp_dialer* mlxd_ring_dialer_take(int rank, mlxd_ring_hosts* hosts, int* lfds,
-                                              const mlxd_ring_auth* auth, mlxd_status* st);
-/* ring.c: the group's TCP transport over hosts: lazy (a dialer) or eager (the
- * mesh), as MLXDIST_CONNECT says; hosts and lfds as for the dialer (left to the
- * caller when eager; hosts may be emptied even when this fails). */
-int mlxd_ring_tcp_open(int rank, mlxd_ring_hosts* hosts, int* lfds, const mlxd_ring_auth* auth,
-                       mlxd_transport** out, mlxd_status* st);
-
-/* bootstrap.c: the 64-byte address record exchanged through an all-gather. */
-#define MLXD_RING_REC_BYTES 64
-#define MLXD_RING_REC_NONCE_BYTES 16
-/* nonce: MLXD_RING_REC_NONCE_BYTES random bytes of this rank (NULL: zeros). */
-void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int nconn,
-                          const mlxd_ring_addr* a, const unsigned char* nonce);
-/* Validate rank r's record c and decode it into out; on error st names rank r. */
-int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, int nconn,
-                         const char* via, mlxd_ring_addr* out, mlxd_status* st);
-/* The address to listen on when bootstrapped (MLXDIST_RING_ADDR or a default). */
-int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st);
-/* Create with a caller's all-gather (rank and size from MLX_RANK, MLX_WORLD_SIZE). */
-int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st);
-/* The same with bs->rank and bs->size already set (0 <= rank < size <= 2^20) by
- * whoever provides the all-gather; via names it in MLX_RING_VERBOSE's lines;
- * listen_on: the address to listen on (port ignored), NULL: mlxd_ring_default_addr. */
-int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
-                                      const mlxd_ring_addr* listen_on, mlxd_backend** out,
-                                      mlxd_status* st);
 
 /* select.c: MLXDIST_TRANSPORT and the transport a group uses (docs/ring.md). */
 enum { MLXD_RING_T_AUTO = 0, MLXD_RING_T_TCP = 1, MLXD_RING_T_SHM = 2 };
@@ -168,7 +25,7 @@ int mlxd_ring_transport_mode(int* mode, mlxd_status* st);
 const char* mlxd_ring_mode_name(int mode);
 /* Collective over the fresh TCP transport *t (size >= 2): exchange host records and, as the
  * setting allows, replace *t by a shared-memory transport (every rank on one host; the TCP
- * one is destroyed) or by the mixed one (shm to this host's ranks, TCP to the others).
+ * one is destroyed) or by the router's composite (shm to this host's ranks, TCP to the others).
  * host_of (size entries) receives each rank's host as the lowest rank on it; session
  * (MLXD_RING_SESSION_MAX bytes) the group's shared-memory session name (rank 0's), from
  * which split derives its children's. On error *t is left as it was. */
@@ -185,7 +42,7 @@ int mlxd_ring_select_transport(mlxd_transport** t, int* host_of, char* session, 
  * there, and so does a rank whose job token or secret (auth) differs; a rank
  * that cannot join fails (the others cannot go on without it: the launcher
  * stops them). */
-int mlxd_ring_select_local(int rank, int size, const mlxd_ring_auth* auth, mlxd_transport** shm,
+int mlxd_ring_select_local(int rank, int size, const mlxd_net_auth* auth, mlxd_transport** shm,
                            char* session, mlxd_status* st);
 /* Print the line of docs/ring.md that says what rank chose (MLX_RING_VERBOSE=1):
  * "[ring] rank 0: transports: shm with ranks 1; tcp with ranks 2,3"; on_shm[p]: peer p is
@@ -196,9 +53,9 @@ void mlxd_ring_log_transports(int rank, int size, const bool* on_shm);
 typedef struct mlxd_ring {
   mlxd_xgroup g; /* first: the ops over g.t (backends/common/xgroup.h), tag "ring" */
   int nconn;
-  mlxd_ring_addr self; /* the address this rank listens on (port 0 form is reused by split) */
-  mlxd_ring_auth auth; /* the group's token and key; split derives its child's from them */
-  int* host_of;        /* host_of[p]: the lowest rank on rank p's host (NULL when size == 1) */
+  mlxd_net_addr self; /* the address this rank listens on (port 0 form is reused by split) */
+  mlxd_net_auth auth; /* the group's token and key; split derives its child's from them */
+  int* host_of;       /* host_of[p]: the lowest rank on rank p's host (NULL when size == 1) */
   char session[MLXD_RING_SESSION_MAX]; /* the group's shm session name */
   /* A group made at init, once split: its transport shared with its split
    * children's views (transport/view.h), released rather than destroyed;
@@ -207,59 +64,16 @@ typedef struct mlxd_ring {
 } mlxd_ring;
 
 /* Finish a group from connected fds (takes ownership of fds; closes them on failure). */
-int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_ring_addr* self,
-                          const mlxd_ring_auth* auth, int* fds, mlxd_backend** out,
-                          mlxd_status* st);
+int mlxd_ring_backend_new(int rank, int size, int nconn, const mlxd_net_addr* self,
+                          const mlxd_net_auth* auth, int* fds, mlxd_backend** out, mlxd_status* st);
 /* The same over a transport made already (taken over, destroyed on failure;
  * NULL when size == 1). */
-int mlxd_ring_backend_new_t(int rank, int size, int nconn, const mlxd_ring_addr* self,
-                            const mlxd_ring_auth* auth, mlxd_transport* t, mlxd_backend** out,
+int mlxd_ring_backend_new_t(int rank, int size, int nconn, const mlxd_net_addr* self,
+                            const mlxd_net_auth* auth, mlxd_transport* t, mlxd_backend** out,
                             mlxd_status* st);
 /* The same over the transport mlxd_ring_select_local chose (every rank on
  * this host, shared-memory session `session`): no exchange. */
-int mlxd_ring_backend_new_local(int rank, int size, int nconn, const mlxd_ring_addr* self,
-                                const mlxd_ring_auth* auth, mlxd_transport* shm,
-                                const char* session, mlxd_backend** out, mlxd_status* st);
-/* Listen on nconn ephemeral ports on host (port ignored); fills recs' addresses. */
-int mlxd_ring_listen_many(const mlxd_ring_addr* host, int nconn, int* lfds, mlxd_ring_addr* addrs,
-                          mlxd_status* st);
-void mlxd_ring_close_all(int* fds, int n);
-
-/* endpoint.c: where a bootstrapped rank listens. */
-/* 0.0.0.0 or :: (never listened on by a bootstrapped rank). */
-bool mlxd_ring_addr_is_wildcard(const mlxd_ring_addr* a);
-/* MLXDIST_IFNAME: name's first IPv4 address, else its IPv6 one (port 0); an
- * unknown interface or one without an address is an error naming it (and the
- * interfaces that exist). */
-int mlxd_ring_ifname_addr(const char* name, mlxd_ring_addr* out, mlxd_status* st);
-/* MLXDIST_PORT_RANGE: *lo = *hi = 0 when unset; bad syntax is an error. */
-int mlxd_ring_port_range(unsigned* lo, unsigned* hi, mlxd_status* st);
-/* Listen on addr's IP at the first free port of lo..hi (addr gets the port);
- * none free: an error naming the range. */
-int mlxd_ring_listen_in_range(mlxd_ring_addr* addr, unsigned lo, unsigned hi, int* fd_out,
-                              mlxd_status* st);
-
-/* ring_pmix.c: started by a PMIx server (srun --mpi=pmix, mpirun) with no other
- * configuration (docs/pmix.md). */
-/* Which configuration a ring started without a caller's all-gather uses. */
-enum { MLXD_RING_CFG_HOSTFILE = 0, MLXD_RING_CFG_RENDEZVOUS, MLXD_RING_CFG_PMIX };
-/* The precedence: MLXDIST_RENDEZVOUS (without MLX_HOSTFILE), then MLX_RANK or
- * MLX_HOSTFILE (MLX's launcher), then PMIx (unless MLXDIST_PMIX=off), else the
- * hostfile path, whose error names what is missing. Environment only. */
-int mlxd_ring_config_choice(void);
-/* Whether init("any") may take PMIx as the ring's configuration
- * (MLXDIST_PMIX=on; with auto only init("ring") does). */
-bool mlxd_ring_pmix_for_any(void);
-/* Create from PMIx (mlxd_ring_config_choice() == MLXD_RING_CFG_PMIX). */
-int mlxd_ring_create_pmix(mlxd_backend** out, mlxd_status* st);
-/* Without PMIx: Slurm's variables (SLURM_JOB_ID, SLURM_PROCID) alone give an
- * error saying what to add (srun --mpi=pmix); 0 when they are absent. */
-int mlxd_ring_slurm_without_pmix(mlxd_status* st);
-
-/* rendezvous.c: started by mlxdist-launch across hosts (MLXDIST_RENDEZVOUS). */
-/* MLXDIST_RENDEZVOUS is set and MLX_HOSTFILE is not. */
-bool mlxd_ring_rendezvous_configured(void);
-/* Bootstrap as mlxd_ring_create_bootstrap, the all-gather done by the launcher. */
-int mlxd_ring_create_rendezvous(mlxd_backend** out, mlxd_status* st);
-
+int mlxd_ring_backend_new_local(int rank, int size, int nconn, const mlxd_net_addr* self,
+                                const mlxd_net_auth* auth, mlxd_transport* shm, const char* session,
+                                mlxd_backend** out, mlxd_status* st);
 #endif

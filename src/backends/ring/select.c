@@ -5,7 +5,7 @@
  * session instead, and keeps it without ever making a TCP transport when
  * every rank is on one host and the setting is not tcp
  * (mlxd_ring_select_local, at the end). Every other group of two or more
- * ranks first gets a TCP transport (connect.c).
+ * ranks first gets a TCP transport (net/mesh.c).
  * Over it, the algorithm layer's all_gather (a fixed threshold, so every
  * rank takes the same algorithm; sequence numbers the group's operations do
  * not reach) gathers a 64-byte record per rank: this rank's
@@ -249,7 +249,7 @@ static void rank_list(const int* ranks, int m, char* out, size_t n) {
  * "rank R: transports: shm with ranks 1,3; tcp with ranks 2,4,5" (the
  * router's, mlxd_route_log). on[p] is true for the peers reached over shm. */
 void mlxd_ring_log_transports(int rank, int size, const bool* on) {
-  if (!mlxd_ring_verbose()) return;
+  if (!mlxd_net_verbose()) return;
   mlxd_route_kind* kind_of = malloc((size_t)size * sizeof *kind_of);
   if (!kind_of) return;
   for (int p = 0; p < size; p++) kind_of[p] = on[p] ? MLXD_ROUTE_SHM : MLXD_ROUTE_TCP;
@@ -378,12 +378,12 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
      * several namespaces or MLXDIST_HOST_ID ids on one machine (6 ranks as 3 hosts of 2 on 2
      * CPUs spun as if each had the CPUs to itself: a 6-rank all_sum took 4 ms, not 0.2). */
     mlxd_spin_rule rule = mlxd_tcp_set_local_ranks(tcp, machine);
-    mlxd_ring_log("rank %d: %d rank%s on this machine, %d CPU%s: TCP waits %s", rank, machine,
-                  machine == 1 ? "" : "s", rule.cpus, rule.cpus == 1 ? "" : "s",
-                  rule.yield ? "yield between polls (crowded)" : "poll without yielding");
+    mlxd_net_log("rank %d: %d rank%s on this machine, %d CPU%s: TCP waits %s", rank, machine,
+                 machine == 1 ? "" : "s", rule.cpus, rule.cpus == 1 ? "" : "s",
+                 rule.yield ? "yield between polls (crowded)" : "poll without yielding");
   }
   if (mode == MLXD_RING_T_TCP) {
-    mlxd_ring_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=tcp)", rank, size);
+    mlxd_net_log("rank %d of %d: transport tcp (MLXDIST_TRANSPORT=tcp)", rank, size);
     mlxd_ring_log_transports(rank, size, on_shm);
     goto done;
   }
@@ -458,18 +458,18 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     shm = NULL;
     *tp = t;
     if (m == 0)
-      mlxd_ring_log(
+      mlxd_net_log(
           "rank %d of %d: transport shm (all %d ranks on host '%s', session %s, "
           "MLXDIST_TRANSPORT=%s)",
           rank, size, size, (const char*)mine + 80, session, mlxd_ring_mode_name(mode));
     else if (nloc >= 2)
-      mlxd_ring_log(
+      mlxd_net_log(
           "rank %d of %d: transport mixed (%d ranks on host '%s', session %s; tcp to the "
           "other %d)",
           rank, size, nloc, (const char*)mine + 80, session, size - nloc);
     else
-      mlxd_ring_log("rank %d of %d: transport tcp (no other rank on host '%s')", rank, size,
-                    (const char*)mine + 80);
+      mlxd_net_log("rank %d of %d: transport tcp (no other rank on host '%s')", rank, size,
+                   (const char*)mine + 80);
     mlxd_ring_log_transports(rank, size, on_shm);
     goto done;
   }
@@ -492,7 +492,7 @@ int mlxd_ring_select_transport(mlxd_transport** tp, int* host_of, char* session_
     if (bad != rank) mlxd_status_set_peer(st, bad, NULL);
     goto done;
   }
-  mlxd_ring_log(
+  mlxd_net_log(
       "rank %d of %d: shared memory could not start on rank %d (%s); falling back "
       "to transport tcp (MLXDIST_TRANSPORT=auto)",
       rank, size, bad, reason);
@@ -521,13 +521,13 @@ static atomic_bool g_session_used;
 
 /* Which job a rank is of, as far as its token and secret say (not a proof:
  * the session is this user's 0600 memory; a mismatch is a mistake to name). */
-static uint64_t job_hash(const mlxd_ring_auth* auth) {
+static uint64_t job_hash(const mlxd_net_auth* auth) {
   const unsigned char keyed = auth->have_key ? 1 : 0;
   uint64_t h = fnv1a(fnv1a(FNV_OFFSET, auth->token, sizeof auth->token), &keyed, 1);
   return auth->have_key ? fnv1a(h, auth->key, sizeof auth->key) : h;
 }
 
-int mlxd_ring_select_local(int rank, int size, const mlxd_ring_auth* auth, mlxd_transport** out,
+int mlxd_ring_select_local(int rank, int size, const mlxd_net_auth* auth, mlxd_transport** out,
                            char* session_out, mlxd_status* st) {
   *out = NULL;
   const char* session = mlxd_tunable_str(MLXD_T_SHM_SESSION);
@@ -573,11 +573,11 @@ int mlxd_ring_select_local(int rank, int size, const mlxd_ring_auth* auth, mlxd_
   /* Every rank saw the same records, so every rank decides the same. */
   if (rc == 0 && one_host && mode != MLXD_RING_T_TCP) {
     snprintf(session_out, MLXD_RING_SESSION_MAX, "%s", session);
-    mlxd_ring_log(
+    mlxd_net_log(
         "rank %d of %d: transport shm (all %d ranks on host '%s', session %s from "
         "mlxdist-launch, MLXDIST_TRANSPORT=%s)",
         rank, size, size, (const char*)mine + 80, session, mlxd_ring_mode_name(mode));
-    if (mlxd_ring_verbose()) {
+    if (mlxd_net_verbose()) {
       bool* on = calloc((size_t)size, sizeof *on);
       for (int p = 0; on && p < size; p++) on[p] = p != rank;
       if (on) mlxd_ring_log_transports(rank, size, on);
@@ -586,8 +586,8 @@ int mlxd_ring_select_local(int rank, int size, const mlxd_ring_auth* auth, mlxd_
     *out = shm;
     shm = NULL;
   } else if (rc == 0) {
-    mlxd_ring_log("rank %d of %d: %s: the TCP exchange decides", rank, size,
-                  mode == MLXD_RING_T_TCP ? "MLXDIST_TRANSPORT=tcp" : "hosts differ");
+    mlxd_net_log("rank %d of %d: %s: the TCP exchange decides", rank, size,
+                 mode == MLXD_RING_T_TCP ? "MLXDIST_TRANSPORT=tcp" : "hosts differ");
   }
   if (shm) shm->ops->destroy(shm);
   free(ids);

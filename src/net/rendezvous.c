@@ -24,16 +24,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backends/ring/handshake.h"
-#include "backends/ring/rendezvous_wire.h"
-#include "backends/ring/ring_internal.h"
+#include "net/handshake.h"
+#include "net/net.h"
+#include "net/rendezvous_wire.h"
 #include "security/secret.h"
 #include "util/env.h"
 #include "util/tunables.h"
 
 typedef struct rdv_boot {
   mlxd_bootstrap bs; /* first: the bootstrap sees only this */
-  mlxd_ring_addr where;
+  mlxd_net_addr where;
   unsigned char key[MLXD_RDV_KEY_BYTES];
   double timeout_s;
   double deadline;
@@ -198,8 +198,8 @@ static int rdv_all_gather(mlxd_bootstrap* bs, void* dst, const void* src, size_t
                   w == -1 ? errno : 0);
     goto out;
   }
-  mlxd_ring_log("rank %d of %d: posted %zu bytes of records to the rendezvous at %s", bs->rank,
-                bs->size, n, b->where.text);
+  mlxd_net_log("rank %d of %d: posted %zu bytes of records to the rendezvous at %s", bs->rank,
+               bs->size, n, b->where.text);
   rc = read_full(fd, rep, sizeof rep, b->deadline, &got);
   if (rc != 0) {
     if (rc == -2)
@@ -256,18 +256,19 @@ out:
   return rc;
 }
 
-bool mlxd_ring_rendezvous_configured(void) {
+bool mlxd_net_rendezvous_configured(void) {
   const char* h = mlxd_env_get("MLX_HOSTFILE");
   const char* v = mlxd_env_get("MLXDIST_RENDEZVOUS");
   return (!h || !*h) && v && *v;
 }
 
-int mlxd_ring_create_rendezvous(mlxd_backend** out, mlxd_status* st) {
+int mlxd_net_bootstrap_rendezvous(const mlxd_net_maker* maker, mlxd_backend** out,
+                                  mlxd_status* st) {
   rdv_boot b;
   memset(&b, 0, sizeof b);
   const char* v = mlxd_tunable_str(MLXD_T_RENDEZVOUS);
   char why[300];
-  if (!v || !*v || mlxd_ring_parse_addr(v, false, &b.where, why, sizeof why) != 0 ||
+  if (!v || !*v || mlxd_net_parse_addr(v, false, &b.where, why, sizeof why) != 0 ||
       b.where.sa.ss_family == AF_UNSPEC)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "MLXDIST_RENDEZVOUS='%.100s' is not the launcher's address (%s); "
@@ -291,8 +292,8 @@ int mlxd_ring_create_rendezvous(mlxd_backend** out, mlxd_status* st) {
   double lt = mlxd_tunable_double(MLXD_T_LAUNCH_TIMEOUT);
   b.timeout_s = lt > 0 ? lt : mlxd_tunable_double(MLXD_T_TIMEOUT);
   b.bs.all_gather = rdv_all_gather;
-  mlxd_ring_log("rendezvous with the launcher at %s (bound %g s)", b.where.text, b.timeout_s);
-  int rc = mlxd_ring_create_bootstrap(&b.bs, out, st);
+  mlxd_net_log("rendezvous with the launcher at %s (bound %g s)", b.where.text, b.timeout_s);
+  int rc = mlxd_net_bootstrap(&b.bs, maker, out, st);
   mlxd_wipe(b.key, sizeof b.key);
   return rc;
 }

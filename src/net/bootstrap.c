@@ -1,4 +1,4 @@
-/* Bootstrapping the ring through a caller's all-gather (init_with_all_gather)
+/* Bootstrapping a group through a caller's all-gather (init_with_all_gather)
  * and the address records it exchanges.
  *
  * Every rank listens on MLXDIST_RING_CONNECTIONS ephemeral ports (or ports
@@ -29,8 +29,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backends/ring/handshake.h"
-#include "backends/ring/ring_internal.h"
+#include "net/handshake.h"
+#include "net/net.h"
 #include "security/secret.h"
 #include "util/bytes.h"
 #include "util/env.h"
@@ -51,9 +51,9 @@ static bool zeros(const unsigned char* p, size_t n) {
   return true;
 }
 
-void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int nconn,
-                          const mlxd_ring_addr* a, const unsigned char* nonce) {
-  memset(rec, 0, MLXD_RING_REC_BYTES);
+void mlxd_net_rec_encode(unsigned char* rec, int rank, int size, int conn, int nconn,
+                         const mlxd_net_addr* a, const unsigned char* nonce) {
+  memset(rec, 0, MLXD_NET_REC_BYTES);
   mlxd_put32(rec, REC_MAGIC);
   mlxd_put16(rec + 4, REC_VERSION);
   mlxd_put16(rec + 6, (unsigned)conn);
@@ -71,12 +71,12 @@ void mlxd_ring_rec_encode(unsigned char* rec, int rank, int size, int conn, int 
     mlxd_put16(rec + 20, ntohs(in6->sin6_port));
     memcpy(rec + 24, &in6->sin6_addr, 16);
   }
-  if (nonce) memcpy(rec + 40, nonce, MLXD_RING_REC_NONCE_BYTES);
+  if (nonce) memcpy(rec + 40, nonce, MLXD_NET_REC_NONCE_BYTES);
   mlxd_put32(rec + 60, fnv1a(rec, 60));
 }
 
-int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, int nconn,
-                         const char* via, mlxd_ring_addr* out, mlxd_status* st) {
+int mlxd_net_rec_decode(const unsigned char* rec, int r, int size, int conn, int nconn,
+                        const char* via, mlxd_net_addr* out, mlxd_status* st) {
   const char* what = NULL;
   char detail[96] = "";
   unsigned fam = mlxd_get16(rec + 10);
@@ -108,7 +108,7 @@ int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, in
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "%s returned a malformed address record for rank %d (connection "
                         "%d: %s); it must place rank r's %d bytes at offset r * n_bytes of dst",
-                        via, r, conn, what ? what : detail, MLXD_RING_REC_BYTES * nconn);
+                        via, r, conn, what ? what : detail, MLXD_NET_REC_BYTES * nconn);
   memset(out, 0, sizeof *out);
   if (fam == 4) {
     struct sockaddr_in* in = (void*)&out->sa;
@@ -123,22 +123,22 @@ int mlxd_ring_rec_decode(const unsigned char* rec, int r, int size, int conn, in
     memcpy(&in6->sin6_addr, rec + 24, 16);
     out->len = sizeof *in6;
   }
-  mlxd_ring_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
+  mlxd_net_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
   return 0;
 }
 
-int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
+int mlxd_net_default_addr(mlxd_net_addr* out, mlxd_status* st) {
   const char* env = mlxd_tunable_str(MLXD_T_RING_ADDR);
   char why[300];
   if (env && *env) {
     char tmp[300];
     snprintf(tmp, sizeof tmp, strchr(env, ':') && env[0] != '[' ? "[%s]:0" : "%s:0", env);
-    if (mlxd_ring_parse_addr(tmp, true, out, why, sizeof why) != 0)
+    if (mlxd_net_parse_addr(tmp, true, out, why, sizeof why) != 0)
       return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                           "MLXDIST_RING_ADDR='%s' is not a usable address (%s); expected "
                           "this host's IP address",
                           env, why);
-    if (mlxd_ring_addr_is_wildcard(out))
+    if (mlxd_net_addr_is_wildcard(out))
       return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                           "MLXDIST_RING_ADDR='%s' is the wildcard address: a rank listens on, "
                           "and tells its peers, one address of this host; name it",
@@ -146,7 +146,7 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
     return 0;
   }
   const char* ifname = mlxd_tunable_str(MLXD_T_IFNAME); /* endpoint.c */
-  if (ifname && *ifname) return mlxd_ring_ifname_addr(ifname, out, st);
+  if (ifname && *ifname) return mlxd_net_ifname_addr(ifname, out, st);
   char host[256];
   if (gethostname(host, sizeof host) == 0) {
     host[sizeof host - 1] = '\0';
@@ -162,14 +162,14 @@ int mlxd_ring_default_addr(mlxd_ring_addr* out, mlxd_status* st) {
         memcpy(&out->sa, ai->ai_addr, ai->ai_addrlen);
         out->len = ai->ai_addrlen;
         ((struct sockaddr_in*)(void*)&out->sa)->sin_port = 0;
-        mlxd_ring_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
+        mlxd_net_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
         freeaddrinfo(res);
         return 0;
       }
       freeaddrinfo(res);
     }
   }
-  if (mlxd_ring_parse_addr("127.0.0.1:0", true, out, why, sizeof why) != 0)
+  if (mlxd_net_parse_addr("127.0.0.1:0", true, out, why, sizeof why) != 0)
     return mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP, "cannot form the loopback address: %s",
                         why);
   return 0;
@@ -192,7 +192,8 @@ static int env_int(const char* name, long lo, long hi, long* v, mlxd_status* st)
   return 0;
 }
 
-int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_status* st) {
+int mlxd_net_bootstrap(mlxd_bootstrap* bs, const mlxd_net_maker* maker, mlxd_backend** out,
+                       mlxd_status* st) {
   long size = 0, rank = 0;
   if (env_int("MLX_WORLD_SIZE", 1, 1 << 20, &size, st)) return st->code;
   if (env_int("MLX_RANK", 0, 1 << 20, &rank, st)) return st->code;
@@ -201,41 +202,39 @@ int mlxd_ring_create_bootstrap(mlxd_bootstrap* bs, mlxd_backend** out, mlxd_stat
                         "MLX_RANK=%ld is outside [0, MLX_WORLD_SIZE=%ld)", rank, size);
   bs->rank = (int)rank;
   bs->size = (int)size;
-  return mlxd_ring_create_bootstrap_ranked(bs, "the caller's all-gather", NULL, out, st);
+  return mlxd_net_bootstrap_ranked(bs, "the caller's all-gather", NULL, maker, out, st);
 }
 
-int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
-                                      const mlxd_ring_addr* listen_on, mlxd_backend** out,
-                                      mlxd_status* st) {
+int mlxd_net_bootstrap_ranked(mlxd_bootstrap* bs, const char* via, const mlxd_net_addr* listen_on,
+                              const mlxd_net_maker* maker, mlxd_backend** out, mlxd_status* st) {
   const long size = bs->size, rank = bs->rank;
   long K = mlxd_tunable_long(MLXD_T_RING_CONNECTIONS);
   if (K < 1 || K > 64)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "MLXDIST_RING_CONNECTIONS=%ld is outside [1, 64]", K);
-  int mode;
-  if (mlxd_ring_transport_mode(&mode, st)) return st->code;
-  mlxd_ring_addr host;
+  if (maker->check && maker->check(st)) return st->code;
+  mlxd_net_addr host;
   if (listen_on)
     host = *listen_on;
-  else if (mlxd_ring_default_addr(&host, st))
+  else if (mlxd_net_default_addr(&host, st))
     return st->code;
-  mlxd_ring_auth auth;
-  if (mlxd_ring_auth_load(&auth, st)) return st->code; /* a bad secret file: before anyone waits */
-  unsigned char nonce[MLXD_RING_REC_NONCE_BYTES];
+  mlxd_net_auth auth;
+  if (mlxd_net_auth_load(&auth, st)) return st->code; /* a bad secret file: before anyone waits */
+  unsigned char nonce[MLXD_NET_REC_NONCE_BYTES];
   if (mlxd_random_bytes(nonce, sizeof nonce, st)) {
-    mlxd_ring_auth_clear(&auth);
+    mlxd_net_auth_clear(&auth);
     return st->code;
   }
-  mlxd_ring_log("rank %ld of %ld: bootstrapping through %s, %ld connection(s) per peer, address %s",
-                rank, size, via, K, host.text);
+  mlxd_net_log("rank %ld of %ld: bootstrapping through %s, %ld connection(s) per peer, address %s",
+               rank, size, via, K, host.text);
 
   int n = (int)size, k = (int)K;
   int* lfds = malloc(sizeof(int) * (size_t)k);
   mlxd_transport* t = NULL;
-  mlxd_ring_addr* mine = calloc((size_t)k, sizeof *mine);
-  unsigned char* src = calloc((size_t)k, MLXD_RING_REC_BYTES);
-  unsigned char* dst = calloc((size_t)n * (size_t)k, MLXD_RING_REC_BYTES);
-  mlxd_ring_hosts hosts = {n, k, calloc((size_t)n * (size_t)k, sizeof(mlxd_ring_addr))};
+  mlxd_net_addr* mine = calloc((size_t)k, sizeof *mine);
+  unsigned char* src = calloc((size_t)k, MLXD_NET_REC_BYTES);
+  unsigned char* dst = calloc((size_t)n * (size_t)k, MLXD_NET_REC_BYTES);
+  mlxd_net_hosts hosts = {n, k, calloc((size_t)n * (size_t)k, sizeof(mlxd_net_addr))};
   int rc = 0;
   if (lfds)
     for (int c = 0; c < k; c++) lfds[c] = -1;
@@ -245,15 +244,14 @@ int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
     goto done;
   }
   if (n > 1) {
-    if ((rc = mlxd_ring_listen_many(&host, k, lfds, mine, st))) goto done;
+    if ((rc = mlxd_net_listen_many(&host, k, lfds, mine, st))) goto done;
   } else {
     for (int c = 0; c < k; c++) mine[c] = host;
   }
   for (int c = 0; c < k; c++)
-    mlxd_ring_rec_encode(src + (size_t)c * MLXD_RING_REC_BYTES, (int)rank, n, c, k, &mine[c],
-                         nonce);
+    mlxd_net_rec_encode(src + (size_t)c * MLXD_NET_REC_BYTES, (int)rank, n, c, k, &mine[c], nonce);
   /* Called for size one too, so the callback sees the same sequence on every path. */
-  if ((rc = bs->all_gather(bs, dst, src, (size_t)k * MLXD_RING_REC_BYTES, st))) {
+  if ((rc = bs->all_gather(bs, dst, src, (size_t)k * MLXD_NET_REC_BYTES, st))) {
     if (!st->code)
       rc = mlxd_fail_at(st, MLXD_ECALLBACK, MLXD_LAYER_BOOTSTRAP, "the all-gather callback failed");
     goto done;
@@ -261,22 +259,22 @@ int mlxd_ring_create_bootstrap_ranked(mlxd_bootstrap* bs, const char* via,
   if (n > 1) {
     for (int r = 0; r < n; r++)
       for (int c = 0; c < k; c++)
-        if ((rc = mlxd_ring_rec_decode(dst + ((size_t)r * k + c) * MLXD_RING_REC_BYTES, r, n, c, k,
-                                       "the all-gather callback", &hosts.addrs[r * k + c], st)))
+        if ((rc = mlxd_net_rec_decode(dst + ((size_t)r * k + c) * MLXD_NET_REC_BYTES, r, n, c, k,
+                                      "the all-gather callback", &hosts.addrs[r * k + c], st)))
           goto done;
     /* every rank holds the same records now, with every rank's fresh nonce */
     if ((rc = mlxd_crypto_init(st))) goto done;
-    mlxd_hs_token_records(dst, (size_t)n * (size_t)k * MLXD_RING_REC_BYTES, auth.token);
-    if ((rc = mlxd_ring_tcp_open((int)rank, &hosts, lfds, &auth, &t, st))) goto done;
+    mlxd_hs_token_records(dst, (size_t)n * (size_t)k * MLXD_NET_REC_BYTES, auth.token);
+    if ((rc = mlxd_net_tcp_open((int)rank, &hosts, lfds, &auth, &t, st))) goto done;
   }
-  rc = mlxd_ring_backend_new_t((int)rank, n, k, &host, &auth, t, out, st);
+  rc = maker->make((int)rank, n, k, &host, &auth, t, out, st);
 done:
-  mlxd_ring_auth_clear(&auth);
-  if (lfds) mlxd_ring_close_all(lfds, k);
+  mlxd_net_auth_clear(&auth);
+  if (lfds) mlxd_net_close_all(lfds, k);
   free(lfds);
   free(mine);
   free(src);
   free(dst);
-  mlxd_ring_hosts_free(&hosts);
+  mlxd_net_hosts_free(&hosts);
   return rc;
 }

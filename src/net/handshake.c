@@ -1,9 +1,10 @@
-/* The ring handshake's wire format and the job token (handshake.h): pure
+/* The connection handshake's wire format and the job token (handshake.h): pure
  * functions over byte buffers; the crypto is libcrypto's (security/secret.h). */
-#include "backends/ring/handshake.h"
+#include "net/handshake.h"
 
 #include <string.h>
 
+#include "net/net.h"
 #include "security/secret.h"
 #include "util/bytes.h"
 
@@ -254,7 +255,9 @@ static void token_of(const char* label, const unsigned char* body, size_t len,
   memcpy(out, full, MLXD_HS_TOKEN_BYTES);
 }
 
-void mlxd_hs_token_hosts(const mlxd_ring_hosts* h, unsigned char out[MLXD_HS_TOKEN_BYTES]) {
+_Static_assert(MLXD_HS_TOKEN_BYTES == MLXD_NET_TOKEN_BYTES, "the token has one size");
+
+void mlxd_hs_token_hosts(const mlxd_net_hosts* h, unsigned char out[MLXD_HS_TOKEN_BYTES]) {
   /* Each address as family (1), port (2) and the address bytes (16, IPv4 in the
    * first 4): the resolved form, so spelling ("localhost" or "127.0.0.1") does
    * not matter, only where the ranks listen. */

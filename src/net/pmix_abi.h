@@ -1,6 +1,6 @@
 /* Private: the part of the PMIx client ABI that mlxdist uses, declared by
  * hand so that the library builds without PMIx's headers (libpmix is opened
- * at run time, backends/common/pmix.c). Every struct, constant and key here
+ * at run time, net/pmix.c). Every struct, constant and key here
  * is checked against the real <pmix.h> where it is installed (Debian's
  * libpmix-dev) by the test config_pmix_abi (tests/config/test_pmix_abi.c).
  *

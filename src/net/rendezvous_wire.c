@@ -1,5 +1,5 @@
 /* The rendezvous protocol's messages (rendezvous_wire.h): pure functions. */
-#include "backends/ring/rendezvous_wire.h"
+#include "net/rendezvous_wire.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -10,7 +10,7 @@
  * runs. Everything PMIx returns is checked before use: the namespace's
  * length, the job size and ranks against their ranges, each value's type
  * and byte count against what this round expects. */
-#include "backends/common/pmix.h"
+#include "net/pmix.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -21,8 +21,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "backends/common/pmix_abi.h"
 #include "core/fork.h"
+#include "net/pmix_abi.h"
 #include "util/dl.h"
 #include "util/env.h"
 #include "util/tunables.h"

@@ -1,6 +1,7 @@
-/* Private to the ring backend: the connection handshake's wire format and the
+/* The networking layer's connection handshake's wire format and the
  * job token, as PURE functions (no I/O, no globals; fuzzed by fuzz_handshake).
- * connect.c drives them over the sockets. docs/ring.md and docs/security.md.
+ * The mesh (mesh_connect.c, mesh_accept.c) drives them over the sockets.
+ * docs/ring.md and docs/security.md.
  *
  * Three messages per connection (integers big-endian):
  *
@@ -37,17 +38,17 @@
  * the key for this very connection: it cannot be replayed (the other side's
  * nonce is fresh), moved to another rank, connection or job, or reflected (the
  * two directions use different labels). */
-#ifndef MLXD_RING_HANDSHAKE_H
-#define MLXD_RING_HANDSHAKE_H
+#ifndef MLXD_NET_HANDSHAKE_H
+#define MLXD_NET_HANDSHAKE_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/ring/ring_internal.h"
+#include "net/net.h"
 
 #define MLXD_HS_VERSION 2u
-#define MLXD_HS_TOKEN_BYTES MLXD_RING_TOKEN_BYTES
+#define MLXD_HS_TOKEN_BYTES 16 /* MLXD_NET_TOKEN_BYTES (net.h) */
 #define MLXD_HS_NONCE_BYTES 32
 #define MLXD_HS_MAC_BYTES 32
 #define MLXD_HS_HELLO_BYTES 72
@@ -158,7 +159,7 @@ int mlxd_hs_token_parse(const char* hex, unsigned char out[MLXD_HS_TOKEN_BYTES])
 void mlxd_hs_token_hex(const unsigned char token[MLXD_HS_TOKEN_BYTES], char* buf);
 /* A hostfile job's token: SHA-256 of the group's resolved address list (every
  * rank with the same hostfile gets the same one). Cross-job protection only. */
-void mlxd_hs_token_hosts(const mlxd_ring_hosts* h, unsigned char out[MLXD_HS_TOKEN_BYTES]);
+void mlxd_hs_token_hosts(const struct mlxd_net_hosts* h, unsigned char out[MLXD_HS_TOKEN_BYTES]);
 /* A caller-bootstrap job's token: SHA-256 of every rank's address records
  * (each carries a fresh random nonce), identical after the all-gather. */
 void mlxd_hs_token_records(const unsigned char* recs, size_t len,

@@ -1,7 +1,7 @@
 /* Where a bootstrapped rank listens: MLXDIST_IFNAME (an interface's address,
  * like NCCL_SOCKET_IFNAME) and MLXDIST_PORT_RANGE (ports from A..B instead of
  * ephemeral ones, for firewalled sites). Used by bootstrap.c's default address
- * and by every listen of a bootstrapped group (connect.c's listen_many). A
+ * and by every listen of a bootstrapped group (listen.c's mlxd_net_listen_many). A
  * rank never listens on the wildcard address. */
 #include <errno.h>
 #include <ifaddrs.h>
@@ -10,11 +10,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "backends/ring/rendezvous_wire.h"
-#include "backends/ring/ring_internal.h"
+#include "net/net.h"
+#include "net/rendezvous_wire.h"
 #include "util/tunables.h"
 
-bool mlxd_ring_addr_is_wildcard(const mlxd_ring_addr* a) {
+bool mlxd_net_addr_is_wildcard(const mlxd_net_addr* a) {
   if (a->sa.ss_family == AF_INET)
     return ((const struct sockaddr_in*)(const void*)&a->sa)->sin_addr.s_addr == htonl(INADDR_ANY);
   if (a->sa.ss_family == AF_INET6)
@@ -36,7 +36,7 @@ static void list_interfaces(const struct ifaddrs* all, char* buf, size_t n) {
   if (!buf[0]) snprintf(buf, n, "none");
 }
 
-int mlxd_ring_ifname_addr(const char* name, mlxd_ring_addr* out, mlxd_status* st) {
+int mlxd_net_ifname_addr(const char* name, mlxd_net_addr* out, mlxd_status* st) {
   struct ifaddrs* all = NULL;
   if (getifaddrs(&all) != 0) {
     mlxd_fail_at(st, MLXD_ESYS, MLXD_LAYER_BOOTSTRAP,
@@ -83,12 +83,12 @@ int mlxd_ring_ifname_addr(const char* name, mlxd_ring_addr* out, mlxd_status* st
     out->len = sizeof *in6;
   }
   freeifaddrs(all);
-  mlxd_ring_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
-  mlxd_ring_log("MLXDIST_IFNAME=%s: listening on %s", name, out->text);
+  mlxd_net_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
+  mlxd_net_log("MLXDIST_IFNAME=%s: listening on %s", name, out->text);
   return 0;
 }
 
-int mlxd_ring_port_range(unsigned* lo, unsigned* hi, mlxd_status* st) {
+int mlxd_net_port_range(unsigned* lo, unsigned* hi, mlxd_status* st) {
   const char* v = mlxd_tunable_str(MLXD_T_PORT_RANGE);
   *lo = *hi = 0;
   if (!v || !*v) return 0;
@@ -98,23 +98,23 @@ int mlxd_ring_port_range(unsigned* lo, unsigned* hi, mlxd_status* st) {
   return 0;
 }
 
-static void set_port(mlxd_ring_addr* a, unsigned port) {
+static void set_port(mlxd_net_addr* a, unsigned port) {
   if (a->sa.ss_family == AF_INET)
     ((struct sockaddr_in*)(void*)&a->sa)->sin_port = htons((uint16_t)port);
   else
     ((struct sockaddr_in6*)(void*)&a->sa)->sin6_port = htons((uint16_t)port);
 }
 
-int mlxd_ring_listen_in_range(mlxd_ring_addr* addr, unsigned lo, unsigned hi, int* fd_out,
-                              mlxd_status* st) {
-  mlxd_ring_addr base = *addr;
+int mlxd_net_listen_in_range(mlxd_net_addr* addr, unsigned lo, unsigned hi, int* fd_out,
+                             mlxd_status* st) {
+  mlxd_net_addr base = *addr;
   for (unsigned p = lo; p <= hi; p++) {
-    mlxd_ring_addr a = base;
+    mlxd_net_addr a = base;
     set_port(&a, p);
-    mlxd_ring_format_addr((struct sockaddr*)&a.sa, a.text, sizeof a.text);
+    mlxd_net_format_addr((struct sockaddr*)&a.sa, a.text, sizeof a.text);
     mlxd_status tmp;
     memset(&tmp, 0, sizeof tmp);
-    if (mlxd_ring_listen(&a, fd_out, &tmp) == 0) {
+    if (mlxd_net_listen(&a, fd_out, &tmp) == 0) {
       *addr = a;
       return 0;
     }

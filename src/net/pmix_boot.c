@@ -1,6 +1,6 @@
-/* The ring started by a PMIx server (srun --mpi=pmix, mpirun, PRRTE) with
+/* A group started by a PMIx server (srun --mpi=pmix, mpirun, PRRTE) with
  * no other configuration: the bootstrap of bootstrap.c with rank, size and
- * the all-gather from PMIx (backends/common/pmix.h). Also which
+ * the all-gather from PMIx (net/pmix.h). Also which
  * configuration the ring uses when several are present, and the error for
  * a Slurm job step without PMIx. See docs/pmix.md. */
 #include <arpa/inet.h>
@@ -11,8 +11,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "backends/common/pmix.h"
-#include "backends/ring/ring_internal.h"
+#include "net/net.h"
+#include "net/pmix.h"
 #include "util/env.h"
 #include "util/tunables.h"
 
@@ -26,20 +26,20 @@ static bool pmix_off(void) {
   return v && strcasecmp(v, "off") == 0;
 }
 
-bool mlxd_ring_pmix_for_any(void) {
+bool mlxd_net_pmix_for_any(void) {
   const char* v = mlxd_tunable_str(MLXD_T_PMIX);
   return v && strcasecmp(v, "on") == 0;
 }
 
-int mlxd_ring_config_choice(void) {
-  if (mlxd_ring_rendezvous_configured()) return MLXD_RING_CFG_RENDEZVOUS;
+int mlxd_net_config_choice(void) {
+  if (mlxd_net_rendezvous_configured()) return MLXD_NET_CFG_RENDEZVOUS;
   /* MLX's launcher (and mlxdist-launch) set these: they win, whatever else is there */
-  if (env_set("MLX_RANK") || env_set("MLX_HOSTFILE")) return MLXD_RING_CFG_HOSTFILE;
-  if (!pmix_off() && mlxd_pmix_present()) return MLXD_RING_CFG_PMIX;
-  return MLXD_RING_CFG_HOSTFILE;
+  if (env_set("MLX_RANK") || env_set("MLX_HOSTFILE")) return MLXD_NET_CFG_HOSTFILE;
+  if (!pmix_off() && mlxd_pmix_present()) return MLXD_NET_CFG_PMIX;
+  return MLXD_NET_CFG_HOSTFILE;
 }
 
-int mlxd_ring_slurm_without_pmix(mlxd_status* st) {
+int mlxd_net_slurm_without_pmix(mlxd_status* st) {
   const char* job = mlxd_env_get("SLURM_JOB_ID");
   const char* proc = mlxd_env_get("SLURM_PROCID");
   if (!(job && *job) && !(proc && *proc)) return 0;
@@ -57,7 +57,7 @@ int mlxd_ring_slurm_without_pmix(mlxd_status* st) {
       job && *job ? job : "(unset)", proc && *proc ? proc : "(unset)");
 }
 
-static bool is_loopback(const mlxd_ring_addr* a) {
+static bool is_loopback(const mlxd_net_addr* a) {
   if (a->sa.ss_family == AF_INET)
     return (ntohl(((const struct sockaddr_in*)(const void*)&a->sa)->sin_addr.s_addr) >> 24) == 127;
   if (a->sa.ss_family == AF_INET6)
@@ -69,14 +69,14 @@ static bool is_loopback(const mlxd_ring_addr* a) {
  * lands when the host name does not resolve to another address (a node whose
  * name is not in its own /etc/hosts or DNS): then the first IPv4 address of an
  * interface that is up and not loopback. 0 with *use = false: keep the default. */
-static int across_nodes_addr(const mlxd_pmix_job* job, mlxd_ring_addr* out, bool* use,
+static int across_nodes_addr(const mlxd_pmix_job* job, mlxd_net_addr* out, bool* use,
                              mlxd_status* st) {
   *use = false;
   if (job->local_size <= 0 || job->local_size >= job->bs.size) return 0; /* one node (or unknown) */
   const char* a = mlxd_tunable_str(MLXD_T_RING_ADDR);
   const char* i = mlxd_tunable_str(MLXD_T_IFNAME);
   if ((a && *a) || (i && *i)) return 0; /* the user's choice */
-  if (mlxd_ring_default_addr(out, st)) return st->code;
+  if (mlxd_net_default_addr(out, st)) return st->code;
   if (!is_loopback(out)) return 0;
   struct ifaddrs* ifs = NULL;
   if (getifaddrs(&ifs) != 0) return 0;
@@ -87,8 +87,8 @@ static int across_nodes_addr(const mlxd_pmix_job* job, mlxd_ring_addr* out, bool
     memcpy(&out->sa, f->ifa_addr, sizeof(struct sockaddr_in));
     out->len = sizeof(struct sockaddr_in);
     ((struct sockaddr_in*)(void*)&out->sa)->sin_port = 0;
-    mlxd_ring_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
-    mlxd_ring_log(
+    mlxd_net_format_addr((struct sockaddr*)&out->sa, out->text, sizeof out->text);
+    mlxd_net_log(
         "the job spans nodes and this host's name resolves to loopback only: "
         "listening on %s (interface %s; MLXDIST_IFNAME or MLXDIST_RING_ADDR choose)",
         out->text, f->ifa_name);
@@ -105,15 +105,15 @@ static int across_nodes_addr(const mlxd_pmix_job* job, mlxd_ring_addr* out, bool
   return 0;
 }
 
-int mlxd_ring_create_pmix(mlxd_backend** out, mlxd_status* st) {
+int mlxd_net_bootstrap_pmix(const mlxd_net_maker* maker, mlxd_backend** out, mlxd_status* st) {
   double lt = mlxd_tunable_double(MLXD_T_LAUNCH_TIMEOUT);
   double timeout = lt > 0 ? lt : mlxd_tunable_double(MLXD_T_TIMEOUT);
   mlxd_pmix_job job;
   if (mlxd_pmix_open(&job, timeout, st)) return st->code;
-  mlxd_ring_log("PMIx: namespace %s, rank %d of %d, local rank %d of %d on this node (bound %g s)",
-                job.nspace, job.bs.rank, job.bs.size, job.local_rank, job.local_size, timeout);
-  mlxd_ring_addr host;
+  mlxd_net_log("PMIx: namespace %s, rank %d of %d, local rank %d of %d on this node (bound %g s)",
+               job.nspace, job.bs.rank, job.bs.size, job.local_rank, job.local_size, timeout);
+  mlxd_net_addr host;
   bool use = false;
   if (across_nodes_addr(&job, &host, &use, st)) return st->code;
-  return mlxd_ring_create_bootstrap_ranked(&job.bs, "PMIx", use ? &host : NULL, out, st);
+  return mlxd_net_bootstrap_ranked(&job.bs, "PMIx", use ? &host : NULL, maker, out, st);
 }

@@ -24,20 +24,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "backends/ring/ring_internal.h"
+#include "net/net.h"
 #include "util/cjson_rt.h"
 #include "util/json_doc.h"
 #include "util/user_file.h"
 
 #define EXPECTED_FORMAT "a JSON list with one list of \"ip:port\" strings per rank"
 
-void mlxd_ring_hosts_free(mlxd_ring_hosts* h) {
+void mlxd_net_hosts_free(mlxd_net_hosts* h) {
   free(h->addrs);
   h->addrs = NULL;
   h->size = h->nconn = 0;
 }
 
-void mlxd_ring_format_addr(const struct sockaddr* sa, char* buf, size_t n) {
+void mlxd_net_format_addr(const struct sockaddr* sa, char* buf, size_t n) {
   char ip[INET6_ADDRSTRLEN] = "?";
   if (sa->sa_family == AF_INET) {
     const struct sockaddr_in* in = (const struct sockaddr_in*)(const void*)sa;
@@ -98,7 +98,7 @@ static void set_port(struct sockaddr_storage* sa, long port) {
 }
 
 /* An IP literal without any lookup; false if host is not one. */
-static bool numeric_host(const char* host, mlxd_ring_addr* out) {
+static bool numeric_host(const char* host, mlxd_net_addr* out) {
   struct sockaddr_in* in = (struct sockaddr_in*)(void*)&out->sa;
   struct sockaddr_in6* in6 = (struct sockaddr_in6*)(void*)&out->sa;
   if (inet_pton(AF_INET, host, &in->sin_addr) == 1) {
@@ -114,7 +114,7 @@ static bool numeric_host(const char* host, mlxd_ring_addr* out) {
   return false;
 }
 
-static int resolve_host(const char* s, const char* host, mlxd_ring_addr* out, char* why,
+static int resolve_host(const char* s, const char* host, mlxd_net_addr* out, char* why,
                         size_t why_len) {
   struct addrinfo hints, *res = NULL;
   memset(&hints, 0, sizeof hints);
@@ -139,8 +139,8 @@ static int resolve_host(const char* s, const char* host, mlxd_ring_addr* out, ch
   return 0;
 }
 
-int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, char* why,
-                         size_t why_len) {
+int mlxd_net_parse_addr(const char* s, bool allow_port0, mlxd_net_addr* out, char* why,
+                        size_t why_len) {
   memset(out, 0, sizeof *out);
   snprintf(out->text, sizeof out->text, "%s", s);
   char host[256];
@@ -152,17 +152,17 @@ int mlxd_ring_parse_addr(const char* s, bool allow_port0, mlxd_ring_addr* out, c
 }
 
 /* Pure: an IP literal is converted, a host name is only checked for its
- * characters and left for mlxd_ring_hostfile_resolve (AF_UNSPEC). */
-static int addr_from_text(const char* s, mlxd_ring_addr* out, char* why, size_t why_len) {
+ * characters and left for mlxd_net_hostfile_resolve (AF_UNSPEC). */
+static int addr_from_text(const char* s, mlxd_net_addr* out, char* why, size_t why_len) {
   memset(out, 0, sizeof *out);
   size_t n = strlen(s);
-  if (n > MLXD_RING_ADDR_MAX_CHARS) {
+  if (n > MLXD_NET_ADDR_MAX_CHARS) {
     snprintf(why, why_len, "'%.24s...' is %zu characters long (expected \"ip:port\" of at most %d)",
-             s, n, MLXD_RING_ADDR_MAX_CHARS);
+             s, n, MLXD_NET_ADDR_MAX_CHARS);
     return -1;
   }
   memcpy(out->text, s, n + 1);
-  char host[MLXD_RING_ADDR_MAX_CHARS + 1];
+  char host[MLXD_NET_ADDR_MAX_CHARS + 1];
   long port = 0;
   if (split_addr(s, false, host, sizeof host, &port, why, why_len) != 0) return -1;
   if (numeric_host(host, out)) {
@@ -187,7 +187,7 @@ static int addr_from_text(const char* s, mlxd_ring_addr* out, char* why, size_t 
 
 /* ---- duplicates: a hash table in one pass (a sort if it degrades) ---- */
 
-static int addr_cmp(const mlxd_ring_addr* a, const mlxd_ring_addr* b) {
+static int addr_cmp(const mlxd_net_addr* a, const mlxd_net_addr* b) {
   int fa = a->sa.ss_family, fb = b->sa.ss_family;
   if (fa != fb) return fa < fb ? -1 : 1;
   if (fa == AF_INET) {
@@ -209,8 +209,8 @@ static int addr_cmp(const mlxd_ring_addr* a, const mlxd_ring_addr* b) {
 }
 
 static int ptr_cmp(const void* pa, const void* pb) {
-  const mlxd_ring_addr* a = *(const mlxd_ring_addr* const*)pa;
-  const mlxd_ring_addr* b = *(const mlxd_ring_addr* const*)pb;
+  const mlxd_net_addr* a = *(const mlxd_net_addr* const*)pa;
+  const mlxd_net_addr* b = *(const mlxd_net_addr* const*)pb;
   int c = addr_cmp(a, b);
   if (c) return c;
   return a < b ? -1 : a > b; /* equal keys in file order */
@@ -219,7 +219,7 @@ static int ptr_cmp(const void* pa, const void* pb) {
 /* The same key as addr_cmp: equal addresses hash alike. FNV-1a over the
  * family, the address, the port (and the scope of an IPv6 address), or over
  * the text without case for a host name not yet resolved; then mixed. */
-static uint32_t addr_hash(const mlxd_ring_addr* a) {
+static uint32_t addr_hash(const mlxd_net_addr* a) {
   uint32_t h = 2166136261u;
   const unsigned char* p = NULL;
   size_t n = 0;
@@ -255,8 +255,7 @@ static uint32_t addr_hash(const mlxd_ring_addr* a) {
  * indices filled in one pass. Sets *first and *second, or *second = m if all
  * differ. 1 if the table could not be had (memory) or its probes pass a
  * bound (a file built to collide): the caller sorts instead. */
-static int find_duplicate_hashed(const mlxd_ring_hosts* h, size_t m, size_t* first,
-                                 size_t* second) {
+static int find_duplicate_hashed(const mlxd_net_hosts* h, size_t m, size_t* first, size_t* second) {
   size_t cap = 16;
   while (cap < 2 * m) cap *= 2;
   uint32_t* slot = calloc(cap, sizeof *slot); /* index + 1; 0: empty */
@@ -285,9 +284,8 @@ static int find_duplicate_hashed(const mlxd_ring_hosts* h, size_t m, size_t* fir
 }
 
 /* The same answer by sorting: O(m log m) whatever the input. */
-static int find_duplicate_sorted(const mlxd_ring_hosts* h, size_t m, size_t* first,
-                                 size_t* second) {
-  const mlxd_ring_addr** p = malloc(m * sizeof *p);
+static int find_duplicate_sorted(const mlxd_net_hosts* h, size_t m, size_t* first, size_t* second) {
+  const mlxd_net_addr** p = malloc(m * sizeof *p);
   if (!p) return -1;
   for (size_t i = 0; i < m; i++) p[i] = &h->addrs[i];
   qsort(p, m, sizeof *p, ptr_cmp);
@@ -306,7 +304,7 @@ static int find_duplicate_sorted(const mlxd_ring_hosts* h, size_t m, size_t* fir
 
 /* The duplicate whose second occurrence comes first in the file is named,
  * with the occurrence before it (the only one: it is the first repeat). */
-static int check_duplicates(const char* name, const mlxd_ring_hosts* h, mlxd_status* st) {
+static int check_duplicates(const char* name, const mlxd_net_hosts* h, mlxd_status* st) {
   size_t m = (size_t)h->size * (size_t)h->nconn;
   if (m < 2) return 0;
   size_t first = 0, second = m;
@@ -316,11 +314,11 @@ static int check_duplicates(const char* name, const mlxd_ring_hosts* h, mlxd_sta
                         "out of memory checking hostfile '%s'", name);
   if (second == m) return 0;
   int k = h->nconn;
-  const mlxd_ring_addr *a = &h->addrs[first], *b = &h->addrs[second];
+  const mlxd_net_addr *a = &h->addrs[first], *b = &h->addrs[second];
   char same[120] = "name the same host and port"; /* host names not yet resolved */
   if (a->sa.ss_family != AF_UNSPEC) {
     char sa_text[80];
-    mlxd_ring_format_addr((const struct sockaddr*)&a->sa, sa_text, sizeof sa_text);
+    mlxd_net_format_addr((const struct sockaddr*)&a->sa, sa_text, sizeof sa_text);
     snprintf(same, sizeof same, "are the same address %s", sa_text);
   }
   if (strcmp(a->text, b->text) == 0)
@@ -352,10 +350,10 @@ static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_o
   long n = 0;
   const cJSON* e;
   cJSON_ArrayForEach(e, root) n++;
-  if (n > MLXD_RING_HOSTFILE_MAX_RANKS)
+  if (n > MLXD_NET_HOSTFILE_MAX_RANKS)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' lists %ld ranks (expected at most %d)", name, n,
-                        MLXD_RING_HOSTFILE_MAX_RANKS);
+                        MLXD_NET_HOSTFILE_MAX_RANKS);
   int r = 0, k = -1;
   cJSON_ArrayForEach(e, root) {
     if (!cJSON_IsArray(e) || !e->child)
@@ -371,12 +369,12 @@ static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_o
                             "hostfile '%s': the entry of rank %d is not a list of strings: item "
                             "%d is %s (expected \"ip:port\")",
                             name, r, c, mlxd_json_kind(s));
-      if (++c > MLXD_RING_HOSTFILE_MAX_CONNECTIONS)
+      if (++c > MLXD_NET_HOSTFILE_MAX_CONNECTIONS)
         return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                             "hostfile '%s': rank %d lists more than %d addresses (expected one "
                             "per connection, at most %d connections)",
-                            name, r, MLXD_RING_HOSTFILE_MAX_CONNECTIONS,
-                            MLXD_RING_HOSTFILE_MAX_CONNECTIONS);
+                            name, r, MLXD_NET_HOSTFILE_MAX_CONNECTIONS,
+                            MLXD_NET_HOSTFILE_MAX_CONNECTIONS);
     }
     if (k < 0) k = c;
     if (c != k)
@@ -386,17 +384,17 @@ static int check_shape(const cJSON* root, const char* name, int* n_out, int* k_o
                           name, r, c, k);
     r++;
   }
-  if (n * k > MLXD_RING_HOSTFILE_MAX_ADDRS)
+  if (n * k > MLXD_NET_HOSTFILE_MAX_ADDRS)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' lists %ld ranks with %d addresses each, %ld in all "
                         "(expected at most %d addresses)",
-                        name, n, k, n * k, MLXD_RING_HOSTFILE_MAX_ADDRS);
+                        name, n, k, n * k, MLXD_NET_HOSTFILE_MAX_ADDRS);
   *n_out = (int)n;
   *k_out = k;
   return 0;
 }
 
-#define MAX_VALUES (1 + MLXD_RING_HOSTFILE_MAX_RANKS + MLXD_RING_HOSTFILE_MAX_ADDRS)
+#define MAX_VALUES (1 + MLXD_NET_HOSTFILE_MAX_RANKS + MLXD_NET_HOSTFILE_MAX_ADDRS)
 
 /* ---- the plain form, without cJSON ---- */
 
@@ -438,24 +436,24 @@ static const char* plain_string(const char* p, const char* end, const char** s, 
 /* One pass over a plain file. out == NULL: checks it and sets *n_out, *k_out;
  * otherwise converts its addresses into out->addrs (out->size, out->nconn set
  * by the first pass). 0, or 1: not a plain file within the limits. */
-static int plain_pass(const char* text, size_t len, mlxd_ring_hosts* out, int* n_out, int* k_out) {
+static int plain_pass(const char* text, size_t len, mlxd_net_hosts* out, int* n_out, int* k_out) {
   const char *p = skip_space(text, text + len), *end = text + len;
   if (p == end || *p != '[') return 1;
   int r = 0, k = -1;
   for (;;) {
     p = skip_space(p + 1, end);
-    if (p == end || *p != '[' || r >= MLXD_RING_HOSTFILE_MAX_RANKS) return 1;
+    if (p == end || *p != '[' || r >= MLXD_NET_HOSTFILE_MAX_RANKS) return 1;
     int c = 0;
     for (;;) {
       p = skip_space(p + 1, end);
       const char* s = NULL;
       size_t sl = 0;
-      if (p == end || *p != '"' || c >= MLXD_RING_HOSTFILE_MAX_CONNECTIONS ||
+      if (p == end || *p != '"' || c >= MLXD_NET_HOSTFILE_MAX_CONNECTIONS ||
           !(p = plain_string(p, end, &s, &sl)))
         return 1;
       if (out) {
-        char addr[MLXD_RING_ADDR_MAX_CHARS + 1], why[300];
-        if (c >= out->nconn || sl > MLXD_RING_ADDR_MAX_CHARS) return 1;
+        char addr[MLXD_NET_ADDR_MAX_CHARS + 1], why[300];
+        if (c >= out->nconn || sl > MLXD_NET_ADDR_MAX_CHARS) return 1;
         memcpy(addr, s, sl);
         addr[sl] = '\0';
         if (addr_from_text(addr, &out->addrs[(size_t)r * (size_t)out->nconn + (size_t)c], why,
@@ -474,7 +472,7 @@ static int plain_pass(const char* text, size_t len, mlxd_ring_hosts* out, int* n
     if (p == end || (*p != ',' && *p != ']')) return 1;
     if (*p == ']') break;
   }
-  if (skip_space(p + 1, end) != end || (long)r * k > MLXD_RING_HOSTFILE_MAX_ADDRS) return 1;
+  if (skip_space(p + 1, end) != end || (long)r * k > MLXD_NET_HOSTFILE_MAX_ADDRS) return 1;
   if (out && (r != out->size || k != out->nconn)) return 1;
   *n_out = r;
   *k_out = k;
@@ -482,7 +480,7 @@ static int plain_pass(const char* text, size_t len, mlxd_ring_hosts* out, int* n
 }
 
 /* A plain file into out (0), or 1 with out empty: the general path reads it. */
-static int parse_plain(const char* text, size_t len, mlxd_ring_hosts* out) {
+static int parse_plain(const char* text, size_t len, mlxd_net_hosts* out) {
   int n = 0, k = 0;
   if (plain_pass(text, len, NULL, &n, &k) != 0) return 1;
   out->addrs = calloc((size_t)n * (size_t)k, sizeof *out->addrs);
@@ -490,33 +488,33 @@ static int parse_plain(const char* text, size_t len, mlxd_ring_hosts* out) {
   out->size = n;
   out->nconn = k;
   if (plain_pass(text, len, out, &n, &k) == 0) return 0;
-  mlxd_ring_hosts_free(out);
+  mlxd_net_hosts_free(out);
   return 1;
 }
 
-int mlxd_ring_hostfile_parse(const char* text, size_t len, const char* name, mlxd_ring_hosts* out,
-                             mlxd_status* st) {
+int mlxd_net_hostfile_parse(const char* text, size_t len, const char* name, mlxd_net_hosts* out,
+                            mlxd_status* st) {
   memset(out, 0, sizeof *out);
-  if (len > MLXD_RING_HOSTFILE_MAX_BYTES || parse_plain(text, len, out) != 0)
-    return mlxd_ring_hostfile_parse_json(text, len, name, out, st);
+  if (len > MLXD_NET_HOSTFILE_MAX_BYTES || parse_plain(text, len, out) != 0)
+    return mlxd_net_hostfile_parse_json(text, len, name, out, st);
   int rc = check_duplicates(name, out, st);
-  if (rc) mlxd_ring_hosts_free(out);
+  if (rc) mlxd_net_hosts_free(out);
   return rc;
 }
 
-int mlxd_ring_hostfile_parse_json(const char* text, size_t len, const char* name,
-                                  mlxd_ring_hosts* out, mlxd_status* st) {
+int mlxd_net_hostfile_parse_json(const char* text, size_t len, const char* name,
+                                 mlxd_net_hosts* out, mlxd_status* st) {
   memset(out, 0, sizeof *out);
-  if (len > MLXD_RING_HOSTFILE_MAX_BYTES)
+  if (len > MLXD_NET_HOSTFILE_MAX_BYTES)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' is %zu bytes (expected at most %d)", name, len,
-                        MLXD_RING_HOSTFILE_MAX_BYTES);
+                        MLXD_NET_HOSTFILE_MAX_BYTES);
   size_t values = mlxd_json_value_bound(text, len);
   if (values > MAX_VALUES)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                         "hostfile '%s' holds up to %zu JSON values (expected at most %d ranks and "
                         "%d addresses in all)",
-                        name, values, MLXD_RING_HOSTFILE_MAX_RANKS, MLXD_RING_HOSTFILE_MAX_ADDRS);
+                        name, values, MLXD_NET_HOSTFILE_MAX_RANKS, MLXD_NET_HOSTFILE_MAX_ADDRS);
   cJSON* root = mlxd_json_parse_doc(text, len, "hostfile", name, EXPECTED_FORMAT, st);
   if (!root) return st->code;
   int n = 0, k = 0;
@@ -549,18 +547,18 @@ int mlxd_ring_hostfile_parse_json(const char* text, size_t len, const char* name
   rc = check_duplicates(name, out, st);
 done:
   cJSON_Delete(root);
-  if (rc) mlxd_ring_hosts_free(out);
+  if (rc) mlxd_net_hosts_free(out);
   return rc;
 }
 
-int mlxd_ring_hostfile_resolve(const char* name, mlxd_ring_hosts* h, mlxd_status* st) {
+int mlxd_net_hostfile_resolve(const char* name, mlxd_net_hosts* h, mlxd_status* st) {
   int m = h->size * h->nconn, resolved = 0;
-  char last_host[MLXD_RING_ADDR_MAX_CHARS + 1] = "";
-  mlxd_ring_addr last = {0};
+  char last_host[MLXD_NET_ADDR_MAX_CHARS + 1] = "";
+  mlxd_net_addr last = {0};
   for (int i = 0; i < m; i++) {
-    mlxd_ring_addr* a = &h->addrs[i];
+    mlxd_net_addr* a = &h->addrs[i];
     if (a->sa.ss_family != AF_UNSPEC) continue;
-    char host[MLXD_RING_ADDR_MAX_CHARS + 1], why[300];
+    char host[MLXD_NET_ADDR_MAX_CHARS + 1], why[300];
     long port = 0;
     int rc = split_addr(a->text, false, host, sizeof host, &port, why, sizeof why);
     if (rc == 0 && strcmp(host, last_host) != 0) { /* ranks often share a host: one lookup */
@@ -581,19 +579,19 @@ int mlxd_ring_hostfile_resolve(const char* name, mlxd_ring_hosts* h, mlxd_status
 
 /* ---- the file ---- */
 
-int mlxd_ring_hostfile_read(const char* path, char** text, size_t* len, mlxd_status* st) {
+int mlxd_net_hostfile_read(const char* path, char** text, size_t* len, mlxd_status* st) {
   char subject[PATH_MAX + 16];
   snprintf(subject, sizeof subject, "hostfile '%s'", path);
-  return mlxd_user_file_read(path, subject, MLXD_RING_HOSTFILE_MAX_BYTES, text, len, st);
+  return mlxd_user_file_read(path, subject, MLXD_NET_HOSTFILE_MAX_BYTES, text, len, st);
 }
 
-int mlxd_ring_hostfile_load(const char* path, mlxd_ring_hosts* out, mlxd_status* st) {
+int mlxd_net_hostfile_load(const char* path, mlxd_net_hosts* out, mlxd_status* st) {
   memset(out, 0, sizeof *out);
   char* text = NULL;
   size_t len = 0;
-  if (mlxd_ring_hostfile_read(path, &text, &len, st)) return st->code;
-  int rc = mlxd_ring_hostfile_parse(text, len, path, out, st);
+  if (mlxd_net_hostfile_read(path, &text, &len, st)) return st->code;
+  int rc = mlxd_net_hostfile_parse(text, len, path, out, st);
   free(text);
-  if (rc == 0 && (rc = mlxd_ring_hostfile_resolve(path, out, st)) != 0) mlxd_ring_hosts_free(out);
+  if (rc == 0 && (rc = mlxd_net_hostfile_resolve(path, out, st)) != 0) mlxd_net_hosts_free(out);
   return rc;
 }

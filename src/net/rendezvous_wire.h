@@ -1,7 +1,7 @@
 /* Private: the rendezvous protocol between a rank and mlxdist-launch (the
  * launcher acting as the job's all-gather), as PURE functions: encoding,
  * decoding and checking every message, no I/O (fuzzed by fuzz_rendezvous).
- * Used by both ends: src/backends/ring/rendezvous.c (the rank) and
+ * Used by both ends: src/net/rendezvous.c (the rank) and
  * tools/launch/rendezvous.c (the launcher). docs/ring.md describes it.
  *
  * Version 1, one TCP connection per rank, integers big-endian:
@@ -41,7 +41,7 @@
 #define MLXD_RDV_CHALLENGE_BYTES 24
 #define MLXD_RDV_HELLO_BYTES 68
 #define MLXD_RDV_REPLY_BYTES 44
-#define MLXD_RDV_REC_UNIT 64                            /* MLXD_RING_REC_BYTES */
+#define MLXD_RDV_REC_UNIT 64                            /* MLXD_NET_REC_BYTES */
 #define MLXD_RDV_MAX_REC_BYTES (64 * MLXD_RDV_REC_UNIT) /* one rank: 64 connections */
 #define MLXD_RDV_MAX_RANKS 65536
 #define MLXD_RDV_MAX_TOTAL (64u << 20) /* size * rec_bytes */
