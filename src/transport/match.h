@@ -196,6 +196,14 @@ typedef struct mlxd_match_req {
   mlxd_sig sig;     /* what the caller said it is doing (all zero: unchecked) */
 } mlxd_match_req;
 
+/* A receive matched a message of `sent` bytes, not its n: it fails alone. */
+static inline void mlxd_match_req_mismatch(mlxd_match_req* m, size_t sent) {
+  m->complete = true;
+  m->code = MLXD_EINVAL;
+  m->mismatch = true;
+  m->sent = sent;
+}
+
 /* The outcome of waiting for reqs[0..n) (NULL entries skipped; each starts
  * with an mlxd_match_req): the first completed request's error (a size
  * mismatch, or the transport's failure `first`), else `first` if a request

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "core/buffer.h"
+#include "transport/engine.h"
 #include "transport/liveness.h"
 #include "transport/match.h"
 #include "util/clock.h"
@@ -98,17 +99,6 @@ enum { SLOT_EAGER = 1, SLOT_RTS = 2 };
 
 /* ---- shared layout ---- */
 
-/* A failed rank's status as published in the segment (mlxd_status without
- * its pointers). Peers may be hostile or of another build: every field is
- * validated when read (fail_read). */
-typedef struct shm_fail_rec {
-  int32_t code, layer, peer, reporter, sys_errno;
-  uint8_t has_peer, has_reporter, pad_[2];
-  char syscall[24];
-  char peer_addr[MLXD_ADDR_MAX];
-  char detail[MLXD_MSG_MAX];
-} shm_fail_rec;
-
 typedef struct shm_rank_rec {
   alignas(SHM_CL) _Atomic int32_t state;
   _Atomic int32_t pid;
@@ -116,7 +106,7 @@ typedef struct shm_rank_rec {
   uint64_t probe_val;
   uint64_t
       pidns; /* the inode of the rank's pid namespace (0: unknown); published by the state store */
-  shm_fail_rec fail; /* published by state = RANK_FAILED */
+  mlxd_fail_rec fail; /* published by state = RANK_FAILED (engine.h) */
   alignas(SHM_CL) _Atomic uint32_t doorbell;
   alignas(SHM_CL) _Atomic uint32_t sleepers;
   /* Liveness (liveness.h): bumped by the rank's watchdog every beat_s, with
@@ -189,15 +179,6 @@ typedef struct shm_slot_hdr {
 
 _Static_assert(sizeof(shm_slot_hdr) == SHM_CL, "slot header is one cache line");
 
-/* A pause in a spin loop. */
-static inline void shm_cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
-
 /* ---- local state ---- */
 
 /* The transport's lock (shm_transport.mu): a futex mutex, 0 free, 1 held,
@@ -222,28 +203,17 @@ static inline void shm_lock_release(shm_lock* l) {
   if (atomic_exchange_explicit(&l->v, 0, memory_order_release) == 2) mlxd_shm_lock_wake(l);
 }
 
-enum { REQ_SEND = 1, REQ_RECV = 2 };
-enum { W_NONE = 0, W_SENDQ, W_ACKQ, W_POSTED, W_CUR };
+enum { REQ_SEND = MLXD_ENG_SEND, REQ_RECV = MLXD_ENG_RECV };
+/* Where a request is besides the engine's places (engine.h). */
+enum { W_SENDQ = MLXD_ENG_OWN, W_ACKQ };
 
 typedef struct shm_req {
-  mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
-  int kind;
-  char* buf;
+  mlxd_eng_req q; /* first: the engine's part (engine.h) */
   size_t off;
   bool rndv;
-  int where;
   uint64_t ticket;
-  struct shm_req* next; /* send / ack queue, free list */
-  mlxd_match_link link; /* recv: in the posted queue */
+  struct shm_req* next; /* send / ack queue */
 } shm_req;
-
-typedef struct shm_unexp {
-  size_t len, got;
-  mlxd_sig sig; /* the sender's call */
-  char* buf;
-  bool complete;
-  mlxd_match_link link; /* in the unexpected queue */
-} shm_unexp;
 
 typedef struct shm_peer {
   /* outgoing ring (this rank -> peer) */
@@ -260,11 +230,7 @@ typedef struct shm_peer {
   shm_slot_hdr* in_hdrs;
   char* in_slots;
   uint64_t in_tail;
-  mlxd_match_peer mq; /* posted receives, unexpected messages */
-  bool cur_active;
-  shm_req* cur_req;
-  shm_unexp* cur_ux; /* cur_req == cur_ux == NULL while active: discard */
-  size_t cur_len, cur_off;
+  mlxd_eng_peer ep; /* posted receives, unexpected messages, the message coming in */
   /* Who the peer is, read from its record on first need (mlxd_shm_peer_ident:
    * a rank that never talks to pi never touches pi's record, which at 1,024
    * ranks is 256 pages of the host segment, each a page fault). */
@@ -297,17 +263,12 @@ typedef struct shm_transport {
   int name_limit;        /* published ranks must be below this (the group size) */
   mlxd_live_cfg live;    /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
   int watch;             /* the heartbeat's watchdog registration (0: none) */
-  double spin_s;
-  double check_s; /* liveness checks / longest sleep of a wait: SHM_CHECK_S or _CROWDED_S */
-  size_t cma_min; /* single copy from this size (spin.h mlxd_shm_cma_bytes_for); 0: never */
+  mlxd_engine eng;       /* requests, matching, the first failure, the wait (engine.h); its check_s:
+                    * liveness checks / longest sleep of a wait, SHM_CHECK_S or _CROWDED_S */
+  size_t cma_min;        /* single copy from this size (spin.h mlxd_shm_cma_bytes_for); 0: never */
   bool oversubscribed;
-  bool deferred;           /* the last progress pass left a message without a receive in its ring */
-  int waiting;             /* threads inside wait_run (under mu; mu is dropped while they sleep) */
-  mlxd_status err;         /* the first failure; err.code == 0 while none */
   volatile uint64_t probe; /* read by peers through CMA at set-up */
   uint64_t pidns;          /* this process's pid namespace inode (0: unknown), as in its record */
-  shm_req* free_reqs;
-  int nfree;
 } shm_transport;
 
 /* ---- geometry ---- */
@@ -376,10 +337,11 @@ static inline void mlxd_shm_peer_ident(shm_transport* t, int pi) {
   if (!t->peers[pi].known) mlxd_shm_peer_ident_slow(t, pi);
 }
 
+/* Set the engine's part of a new transport (its ops, this rank's name as
+ * its own rank; shm.c). */
+void mlxd_shm_engine_init(shm_transport* t);
 /* Whether process pid is gone (no such process, or a zombie). */
 bool mlxd_shm_pid_dead(pid_t pid);
-/* Publish st as this rank's failure record (before state = RANK_FAILED). */
-void mlxd_shm_fail_publish(shm_fail_rec* rec, const mlxd_status* st);
 /* Rank r's published failure into st (validated); returns its code. */
 int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st);
 /* Register / remove this rank's heartbeat (end of create / start of
