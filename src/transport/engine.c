@@ -14,21 +14,6 @@
 
 /* ---- requests ---- */
 
-mlxd_eng_req* mlxd_eng_req_alloc(mlxd_engine* e) {
-  mlxd_match_link* l = e->free_reqs;
-  mlxd_eng_req* r;
-  if (l) {
-    e->free_reqs = l->next;
-    e->nfree--;
-    r = MLXD_MATCH_ENTRY(l, mlxd_eng_req, link);
-  } else {
-    r = malloc(e->req_size);
-    if (!r) return NULL;
-  }
-  memset(r, 0, e->req_size);
-  return r;
-}
-
 void mlxd_eng_req_release(mlxd_engine* e, mlxd_eng_req* r) {
   if (e->ops->release) e->ops->release(e, r);
   if (e->nfree < 64) {
@@ -47,17 +32,6 @@ void mlxd_eng_req_drain(mlxd_engine* e) {
     e->free_reqs = nx;
   }
   e->nfree = 0;
-}
-
-void mlxd_eng_req_init(mlxd_eng_req* r, int kind, int peer, const char* addr, uint64_t tag,
-                       const mlxd_sig* sig, const void* buf, size_t n) {
-  r->kind = kind;
-  r->m.peer = peer;
-  r->m.addr = addr;
-  r->m.tag = tag;
-  r->m.sig = mlxd_sig_or_none(sig);
-  r->buf = (char*)(uintptr_t)buf; /* a send's buffer is only read */
-  r->m.n = n;
 }
 
 int mlxd_eng_req_refused(mlxd_engine* e, int kind, int peer, mlxd_status* st) {
@@ -166,18 +140,22 @@ int mlxd_fail_rec_read(const volatile mlxd_fail_rec* rec, mlxd_layer layer, int 
 
 /* ---- matching ---- */
 
+/* Whether a message of (tag, sent) from pi clashes with r, the posted
+ * receive it matches, or without one any posted receive of the same
+ * operation (the transport failed). */
+static bool posted_clash(mlxd_engine* e, int pi, mlxd_match_peer* mq, mlxd_eng_req* r, uint64_t tag,
+                         const mlxd_sig* sent) {
+  if (sent->op == MLXD_SIG_NONE) return false;
+  mlxd_eng_req* same = r;
+  if (!same) same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&mq->posted, tag), mlxd_eng_req, link);
+  return same && clash(e, pi, &same->m.sig, sent);
+}
+
 mlxd_eng_req* mlxd_eng_match_posted(mlxd_engine* e, int pi, mlxd_match_peer* mq, uint64_t tag,
                                     const mlxd_sig* sent, bool* clashed) {
   mlxd_eng_req* r = MLXD_MATCH_ENTRY(mlxd_match_find(&mq->posted, tag), mlxd_eng_req, link);
-  *clashed = false;
-  if (sent->op != MLXD_SIG_NONE) {
-    mlxd_eng_req* same = r;
-    if (!same) same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&mq->posted, tag), mlxd_eng_req, link);
-    if (same && clash(e, pi, &same->m.sig, sent)) {
-      *clashed = true;
-      return NULL;
-    }
-  }
+  *clashed = posted_clash(e, pi, mq, r, tag, sent);
+  if (*clashed) return NULL;
   if (r) {
     mlxd_match_remove(&mq->posted, &r->link);
     r->where = MLXD_ENG_NONE;
@@ -218,13 +196,12 @@ int mlxd_eng_arrive(mlxd_engine* e, int pi, mlxd_eng_peer* p, uint64_t tag, size
                     const mlxd_sig* sent, bool buffer) {
   mlxd_match_peer* mq = &p->mq;
   mlxd_eng_cur* cur = &p->cur;
-  if (!buffer && !mlxd_match_find(&mq->posted, tag)) {
+  mlxd_eng_req* r = MLXD_MATCH_ENTRY(mlxd_match_find(&mq->posted, tag), mlxd_eng_req, link);
+  if (!r && !buffer) {
     e->deferred = true;
     return 1;
   }
-  bool clashed;
-  mlxd_eng_req* r = mlxd_eng_match_posted(e, pi, mq, tag, sent, &clashed);
-  if (clashed) return -1;
+  if (posted_clash(e, pi, mq, r, tag, sent)) return -1;
   cur->active = true;
   cur->tag = tag;
   cur->len = len;
@@ -232,7 +209,9 @@ int mlxd_eng_arrive(mlxd_engine* e, int pi, mlxd_eng_peer* p, uint64_t tag, size
   cur->req = NULL;
   cur->ux = NULL;
   if (r) {
+    mlxd_match_remove(&mq->posted, &r->link);
     if (r->m.n != len) {
+      r->where = MLXD_ENG_NONE;
       mlxd_match_req_mismatch(&r->m, len);
     } else {
       r->where = MLXD_ENG_CUR;
@@ -244,7 +223,7 @@ int mlxd_eng_arrive(mlxd_engine* e, int pi, mlxd_eng_peer* p, uint64_t tag, size
   return cur->ux ? 0 : -1;
 }
 
-int mlxd_eng_recv(mlxd_engine* e, mlxd_eng_peer* p, mlxd_eng_req* r, mlxd_eng_unexp** taken) {
+int mlxd_eng_recv_match(mlxd_engine* e, mlxd_eng_peer* p, mlxd_eng_req* r, mlxd_eng_unexp** taken) {
   mlxd_match_peer* mq = &p->mq;
   mlxd_eng_cur* cur = &p->cur;
   uint64_t tag = r->m.tag;

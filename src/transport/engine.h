@@ -30,6 +30,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "transport/match.h"
 #include "transport/transport.h"
@@ -79,8 +81,10 @@ typedef struct mlxd_eng_peer {
 
 typedef struct mlxd_engine mlxd_engine;
 
-/* What a transport supplies. Every member is called with the transport's
- * lock held, from the engine only, and names every transport it has. */
+/* What a transport supplies. Every member is called by the engine only,
+ * with the transport's lock held (but lock), and says what shm and verbs
+ * do. tcp supplies none: it shares mlxd_eng_sig_clash and match.h and keeps
+ * its own wait (its epoll progress, tcp.c); mixed drives its two parts. */
 typedef struct mlxd_eng_ops {
   /* One progress pass over every channel: move what can move, complete
    * requests. `idle`: a wait found nothing for a while (shm: a message
@@ -104,8 +108,9 @@ typedef struct mlxd_eng_ops {
    * sleeping there: a 1 ms nap; a send waiting for credit: at most
    * VB_CREDIT_NAP_S). Errors are ignored (the next pass sees them). */
   void (*sleep)(mlxd_engine* e, double max_s);
-  /* Take / drop the transport's lock around a spin step (shm: its futex
-   * lock; verbs: its pthread mutex). Never fail. */
+  /* Take (called without it) / drop (with it) the transport's lock around a
+   * spin step (shm: its futex lock; verbs: its pthread mutex). lock blocks
+   * only for the lock's holder; neither fails. */
   void (*lock)(mlxd_engine* e);
   void (*unlock)(mlxd_engine* e);
   /* Fail the transport with st (the first failure wins, mlxd_eng_fail_first)
@@ -152,14 +157,37 @@ struct mlxd_engine {
 
 /* ---- requests ---- */
 
-/* A zeroed request of e->req_size, or NULL (out of memory). */
-mlxd_eng_req* mlxd_eng_req_alloc(mlxd_engine* e);
+/* A zeroed request of `size` bytes (the transport's request struct, always
+ * the same: e->req_size; a constant here, so the clearing is inlined), or
+ * NULL (out of memory). */
+static inline mlxd_eng_req* mlxd_eng_req_alloc(mlxd_engine* e, size_t size) {
+  mlxd_match_link* l = e->free_reqs;
+  void* r;
+  if (l) {
+    e->free_reqs = l->next;
+    e->nfree--;
+    r = MLXD_MATCH_ENTRY(l, mlxd_eng_req, link);
+  } else {
+    r = malloc(size);
+    if (!r) return NULL;
+  }
+  memset(r, 0, size);
+  return (mlxd_eng_req*)r;
+}
 void mlxd_eng_req_release(mlxd_engine* e, mlxd_eng_req* r);
 /* Free the free list (destroy). */
 void mlxd_eng_req_drain(mlxd_engine* e);
 /* r's outcome fields and place for (peer, addr, tag, sig, buf, n). */
-void mlxd_eng_req_init(mlxd_eng_req* r, int kind, int peer, const char* addr, uint64_t tag,
-                       const mlxd_sig* sig, const void* buf, size_t n);
+static inline void mlxd_eng_req_init(mlxd_eng_req* r, int kind, int peer, const char* addr,
+                                     uint64_t tag, const mlxd_sig* sig, const void* buf, size_t n) {
+  r->kind = kind;
+  r->m.peer = peer;
+  r->m.addr = addr;
+  r->m.tag = tag;
+  r->m.sig = mlxd_sig_or_none(sig);
+  r->buf = (char*)(uintptr_t)buf; /* a send's buffer is only read */
+  r->m.n = n;
+}
 /* The status of a request that could not be made into *st: the transport's
  * failure, or out of memory. Returns its code. */
 int mlxd_eng_req_refused(mlxd_engine* e, int kind, int peer, mlxd_status* st);
@@ -249,7 +277,15 @@ static inline char* mlxd_eng_dest(const mlxd_eng_cur* cur) {
  * for the caller to free); 2: r matched one that a pull read still fills
  * (*taken: it, out of the queue; a size mismatch has failed r already): the
  * transport binds them. */
-int mlxd_eng_recv(mlxd_engine* e, mlxd_eng_peer* p, mlxd_eng_req* r, mlxd_eng_unexp** taken);
+int mlxd_eng_recv_match(mlxd_engine* e, mlxd_eng_peer* p, mlxd_eng_req* r, mlxd_eng_unexp** taken);
+static inline int mlxd_eng_recv(mlxd_engine* e, mlxd_eng_peer* p, mlxd_eng_req* r,
+                                mlxd_eng_unexp** taken) {
+  if (p->mq.unexpected.head) return mlxd_eng_recv_match(e, p, r, taken);
+  /* Nothing came first (the common case): nothing to compare or take. */
+  r->where = MLXD_ENG_POSTED;
+  mlxd_match_push(&p->mq.posted, &r->link, r->m.tag);
+  return 0;
+}
 /* Free the posted receives and unexpected messages of mq (destroy). */
 void mlxd_eng_drain_queues(mlxd_engine* e, mlxd_match_peer* mq);
 

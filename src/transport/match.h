@@ -1,5 +1,6 @@
 /* Private: the plumbing every point-to-point transport needs around its
- * wire (tcp.c, shm.c, and the per-peer transports to come):
+ * wire (tcp.c directly; shm.c and verbs.c through the message engine,
+ * engine.h, which owns their queues; mixed.c through its parts):
  *
  *  - tag matching: per peer, a queue of posted receives and a queue of
  *    messages that arrived before their receive, both in arrival/posting

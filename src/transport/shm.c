@@ -9,18 +9,18 @@
  * rank (pid, state, failure message, a futex "doorbell", heartbeat, a hello
  * counter) and one hello bitmap per rank. Each rank counts itself in with an
  * atomic increment; the rank that completes the count unlinks the name.
- * The rings of a pair live in a segment of their own, <name>~<lo>-<hi>~<pids>~<pid ns> (pair_name),
+ * The lanes of a pair live in a segment of their own, <name>~<lo>-<hi>~<pids>~<pid ns> (pair_name),
  * made on the pair's first isend/irecv (shm_setup.c mlxd_shm_pair_attach):
  * O_EXCL picks the one creator, the other checks owner, mode and size and
  * waits for its magic (t->mu dropped around each sleep); the creator sets
  * its bit in the peer's hello bitmap and rings it, so the peer maps the pair
  * at its next progress pass; the second to map it unlinks the name. Pairs that never talk map nothing.
  *
- * Rings. A ring is a single-producer single-consumer queue of SHM_NSLOTS
+ * Lanes. A lane is a single-producer single-consumer queue of SHM_NSLOTS
  * fixed slots of SHM_SLOT_BYTES, each with a 64-byte header (kind, tag,
  * message length, chunk length, address; in a message's first chunk the
  * sender's call signature). The pair's first page holds its header, both
- * rings' control words and both rings' slot headers; the data slots follow.
+ * lanes' control words and both lanes' slot headers; the data slots follow.
  * A chunk of at most SHM_INLINE_BYTES travels in its header, so a pair that
  * only exchanges small messages touches that one page (each page a rank
  * touches first costs a page fault: ~20-40 us on a VM with shadow page
@@ -29,8 +29,8 @@
  * consumer owns `tail` and `acked`, each on its own cache line; they are
  * C11 atomics published with release and read with acquire, and the slot
  * contents are plain memory ordered by them. A message is a sequence of
- * chunks in consecutive slots of its ring (so chunks of different messages
- * never interleave on one ring; a zero-byte message is one empty chunk).
+ * chunks in consecutive slots of its lane (so chunks of different messages
+ * never interleave on one lane; a zero-byte message is one empty chunk).
  *
  * Large messages (>= cma_min) use a single copy when cross-memory attach
  * works (probed when a pair is first mapped, by a rank with a threshold: it
@@ -39,28 +39,28 @@
  * buffer's address, the receiver reads the bytes straight from the sender's
  * memory into the receive buffer and bumps `acked`; the send completes when
  * its ticket is acked. Where CMA is refused (ptrace policy, seccomp) every
- * message takes the two-copy ring path, which pipelines because producer
+ * message takes the two-copy lane path, which pipelines because producer
  * and consumer work on different slots at the same time. A send that makes
- * the pair finds no probe yet and takes the rings. The threshold (spin.h
+ * the pair finds no probe yet and takes the lanes. The threshold (spin.h
  * mlxd_shm_cma_bytes_for): MLXDIST_SHM_CMA_BYTES when set (0: off); unset,
  * 32 MiB on a crowded host (more of the group's ranks on it than CPUs this
- * process may run on), where a ring step waits for the sender and the
+ * process may run on), where a lane step waits for the sender and the
  * receiver to be on a CPU at once and a single copy needs only the
  * receiver, and off otherwise: on VMs with paravirtualised page tables
- * process_vm_readv is slower than memcpy and the rings win at every size
+ * process_vm_readv is slower than memcpy and the lanes win at every size
  * measured (docs/ring.md). The ring algorithms' 256 KiB chunks stay below
  * 32 MiB: the rule reaches whole-buffer messages (send/recv, the direct
  * all_gather of 2 ranks, and of more where every rank is crowded:
  * mlxd_transport.whole_min); docs/performance.md, "Single copy by default
  * on a crowded host", has the measurements.
  *
- * Matching. The receiver drains every mapped incoming ring whenever it makes
+ * Matching. The receiver drains every mapped incoming lane whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against
  * the posted receives of that peer, in posting order; a match gets its
  * bytes written straight into its buffer. A message (up to SHM_DEFER_MAX)
- * without a posted receive stays in its ring (its receive, posted a moment later, takes it
+ * without a posted receive stays in its lane (its receive, posted a moment later, takes it
  * with one copy) until the waiter is idle for SHM_DEFER_S, would sleep, or
- * the ring is full; then it is buffered (mlxd_buffer_alloc, or read at once
+ * the lane is full; then it is buffered (mlxd_buffer_alloc, or read at once
  * through CMA and acked), so two ranks that both send before receiving never
  * deadlock; a later receive takes it over (a partly arrived one continues).
  * Signatures must agree (sig_clash: the message's with its receive's, or
@@ -70,12 +70,12 @@
  * bytes are drained and dropped.
  *
  * Progress and waiting. There is no background thread: isend/irecv try to
- * move data at once and waitall drives every ring. All local state is under
+ * move data at once and waitall drives every lane. All local state is under
  * one mutex. A waiting thread polls for MLXDIST_SPIN_US after the last
  * event (with sched_yield when there are more ranks than CPUs, so spinning
  * ranks do not starve the rank they wait for), then sleeps on its rank's
  * doorbell (a futex in the segment, at most t->check_s at a time). Whoever
- * publishes something a rank waits for (a chunk; slots freed in a ring it
+ * publishes something a rank waits for (a chunk; slots freed in a lane it
  * found full; an ack) bumps that rank's doorbell and wakes it if it sleeps
  * (a seq_cst fence on both sides closes the lost-wake-up window); a rank's
  * own doorbell is rung for its other waiting threads only when there are
@@ -301,7 +301,7 @@ static int lane_out(shm_transport* t, int pi) {
     h->msg_len = r->q.m.n;
     if (r->off == 0) mlxd_sig_encode(h->sig, &r->q.m.sig); /* the message's first chunk */
     bool finished;
-    if (r->rndv) {
+    if (r->cma) {
       h->kind = SLOT_RTS;
       h->u.addr = (uint64_t)(uintptr_t)r->q.buf;
       h->chunk_len = 0;
@@ -321,7 +321,7 @@ static int lane_out(shm_transport* t, int pi) {
       p->sq_head = r->next;
       if (!p->sq_head) p->sq_tail = NULL;
       r->next = NULL;
-      if (r->rndv) {
+      if (r->cma) {
         r->ticket = ++p->rts_sent;
         r->q.where = W_ACKQ;
         list_push(&p->ack_head, &p->ack_tail, r);
@@ -335,7 +335,12 @@ static int lane_out(shm_transport* t, int pi) {
   return ev + pushed;
 }
 
-static int progress_all(shm_transport* t, bool buffer) {
+#define SHM_OF(e) ((shm_transport*)((char*)(e)-offsetof(shm_transport, eng)))
+
+/* One pass over every mapped pair (the engine's progress op, engine.h:
+ * `buffer` is its idle). */
+static int progress_all(mlxd_engine* e, bool buffer) {
+  shm_transport* t = SHM_OF(e);
   int ev = 0;
   t->eng.deferred = false;
   if (mlxd_shm_pair_hellos(t) < 0) return 0;
@@ -386,7 +391,7 @@ static bool check_peers(shm_transport* t, shm_req** reqs, int n) {
     /* A peer that closed or exited may have written (or acked) what r waits
      * for after this rank's last progress pass: drain once more before
      * calling it lost, so only a request it really left unfinished fails. */
-    progress_all(t, true);
+    progress_all(&t->eng, true);
     if (r->q.m.complete || t->eng.err.code) continue;
     if (dead) {
       mlxd_eng_fail_lost(&t->eng, pi, ": its process exited");
@@ -412,7 +417,7 @@ static shm_req* shm_req_start(shm_transport* t, int kind, int peer, uint64_t tag
   *req = NULL;
   shm_lock_acquire(&t->mu);
   mlxd_shm_peer_ident(t, peer);
-  shm_req* r = t->eng.err.code ? NULL : (shm_req*)mlxd_eng_req_alloc(&t->eng);
+  shm_req* r = t->eng.err.code ? NULL : (shm_req*)mlxd_eng_req_alloc(&t->eng, sizeof(shm_req));
   if (!r) {
     *rc = mlxd_eng_req_refused(&t->eng, kind, peer, st);
     shm_lock_release(&t->mu);
@@ -441,8 +446,8 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   shm_req* r = shm_req_start(t, REQ_SEND, peer, tag, sig, buf, n, req, st, &rc);
   if (!r) return rc;
   shm_peer* p = &t->peers[peer];
-  r->rndv = t->cma_min && n >= t->cma_min &&
-            atomic_load_explicit(p->peer_reads, memory_order_relaxed) == CMA_OK;
+  r->cma = t->cma_min && n >= t->cma_min &&
+           atomic_load_explicit(p->peer_reads, memory_order_relaxed) == CMA_OK;
   r->q.where = W_SENDQ;
   list_push(&p->sq_head, &p->sq_tail, r);
   lane_out(t, peer);
@@ -509,10 +514,6 @@ static void check_failed(shm_transport* t) {
 
 /* ---- the engine's ops (engine.h) ---- */
 
-#define SHM_OF(e) ((shm_transport*)((char*)(e)-offsetof(shm_transport, eng)))
-
-static int eng_progress(mlxd_engine* e, bool idle) { return progress_all(SHM_OF(e), idle); }
-
 static bool eng_check(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_wait_state* ws, double now) {
   shm_transport* t = SHM_OF(e);
   if (check_peers(t, (shm_req**)reqs, n)) return true;
@@ -543,7 +544,7 @@ static void eng_unlink(mlxd_engine* e, mlxd_eng_req* q) {
 }
 
 static const mlxd_eng_ops shm_eng_ops = {
-    .progress = eng_progress,
+    .progress = progress_all,
     .check = eng_check,
     .sleep = eng_sleep,
     .lock = eng_lock,

@@ -1,4 +1,4 @@
-/* Private: what shm.c (rings, matching, progress) and shm_setup.c (the
+/* Private: what shm.c (lanes, matching, progress) and shm_setup.c (the
  * segment: set-up, liveness, published failures) share. Design notes at
  * the top of shm.c. */
 #ifndef MLXD_SHM_IMPL_H
@@ -49,7 +49,7 @@
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
 #define SHM_VERSION \
   9u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
-      * 4: rings in per-pair segments made on first contact; 5: CMA probed per
+      * 4: lanes in per-pair segments made on first contact; 5: CMA probed per
       * pair, a failure counter, the ranks' pids in pair names; 6: the ranks' pid
       * namespace in their records and in pair names; 7: a pair's control words
       * and slot headers in its first page, chunks of <= SHM_INLINE_BYTES in
@@ -84,7 +84,7 @@
  * cores: 10,000 wake-ups a second, each a context switch of ~20 us here). */
 #define SHM_CHECK_CROWDED_S 0.5
 #define SHM_CROWDED_FACTOR 8
-#define SHM_DEFER_S 20e-6 /* a message without a receive waits in its ring this long (shm.c) */
+#define SHM_DEFER_S 20e-6 /* a message without a receive waits in its lane this long (shm.c) */
 #define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 /* The ring algorithms' chunk over shared memory (mlxd_transport.ring_chunk):
  * a reduction's window of received chunks (8 of them) then stays in the
@@ -135,7 +135,7 @@ typedef struct shm_hdr {
   alignas(SHM_CL) _Atomic uint32_t nfailed;
 } shm_hdr;
 
-/* The head of a pair's segment (rings lo -> hi, then hi -> lo; lo < hi are
+/* The head of a pair's segment (lanes lo -> hi, then hi -> lo; lo < hi are
  * session ranks). Written by its creator before magic (release); checked by
  * the other rank after it sees magic (acquire). */
 typedef struct shm_pair_hdr {
@@ -149,13 +149,13 @@ typedef struct shm_pair_hdr {
   _Atomic uint32_t reads[2];
 } shm_pair_hdr;
 
-typedef struct shm_ring_ctl {
+typedef struct shm_lane_ctl {
   alignas(SHM_CL) _Atomic uint64_t head; /* producer */
   alignas(SHM_CL) _Atomic uint64_t tail; /* consumer */
-  _Atomic uint64_t acked;                /* consumer: rendezvous reads done */
-} shm_ring_ctl;
+  _Atomic uint64_t acked;                /* consumer: single-copy reads done */
+} shm_lane_ctl;
 
-_Static_assert(sizeof(shm_pair_hdr) <= 128 && 128 + 2 * sizeof(shm_ring_ctl) <= 512 &&
+_Static_assert(sizeof(shm_pair_hdr) <= 128 && 128 + 2 * sizeof(shm_lane_ctl) <= 512 &&
                    512 + 2 * SHM_NSLOTS * SHM_CL <= 4096,
                "a pair's header, control words and slot headers fit its first page");
 
@@ -210,23 +210,23 @@ enum { W_SENDQ = MLXD_ENG_OWN, W_ACKQ };
 typedef struct shm_req {
   mlxd_eng_req q; /* first: the engine's part (engine.h) */
   size_t off;
-  bool rndv;
+  bool cma; /* by the single copy (CMA): one RTS slot, done on its ack */
   uint64_t ticket;
   struct shm_req* next; /* send / ack queue */
 } shm_req;
 
 typedef struct shm_peer {
-  /* outgoing ring (this rank -> peer) */
-  shm_ring_ctl* out;
+  /* outgoing lane (this rank -> peer) */
+  shm_lane_ctl* out;
   shm_slot_hdr* out_hdrs; /* SHM_NSLOTS headers (the pair's first page) */
   char* out_slots;        /* SHM_NSLOTS data slots of SHM_SLOT_BYTES */
   uint64_t out_head, out_tail_seen;
-  shm_req *sq_head, *sq_tail;   /* sends not yet fully in the ring */
-  shm_req *ack_head, *ack_tail; /* rendezvous sends waiting for their ack */
+  shm_req *sq_head, *sq_tail;   /* sends not yet fully in the lane */
+  shm_req *ack_head, *ack_tail; /* single-copy sends waiting for their ack */
   uint64_t rts_sent;
   _Atomic uint32_t* peer_reads; /* the pair header's word: CMA_OK if the peer can read our memory */
-  /* incoming ring (peer -> this rank) */
-  shm_ring_ctl* in;
+  /* incoming lane (peer -> this rank) */
+  shm_lane_ctl* in;
   shm_slot_hdr* in_hdrs;
   char* in_slots;
   uint64_t in_tail;
@@ -277,7 +277,7 @@ static inline size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; 
 
 static inline size_t ranks_off(void) { return round_up(sizeof(shm_hdr), 4096); }
 /* The host segment: header, one record per rank, one hello bitmap per rank
- * (bit p of rank r's: p made the pair (p, r)). Rings live in pair segments. */
+ * (bit p of rank r's: p made the pair (p, r)). Lanes live in pair segments. */
 static inline size_t hello_words(int size) { return ((size_t)size + 63) / 64; }
 static inline size_t hello_off(int size) {
   return round_up(ranks_off() + (size_t)size * sizeof(shm_rank_rec), SHM_CL);
@@ -291,23 +291,23 @@ static inline size_t boot_off(int size) {
 static inline size_t total_bytes(int size) {
   return round_up(boot_off(size) + (size_t)size * MLXD_SHM_BOOT_BYTES, 4096);
 }
-/* A pair's segment: page 0 holds its header, the two rings' control words
- * (ring 0: lo -> hi, ring 1: hi -> lo) and their slot headers; then ring
- * 0's data slots, then ring 1's. */
+/* A pair's segment: page 0 holds its header, the two lanes' control words
+ * (lane 0: lo -> hi, lane 1: hi -> lo) and their slot headers; then lane
+ * 0's data slots, then lane 1's. */
 #define SHM_PAIR_CTL_OFF 128
 #define SHM_PAIR_HDRS_OFF 512
-static inline shm_ring_ctl* pair_ctl(void* m, int ring) {
-  return (shm_ring_ctl*)((char*)m + SHM_PAIR_CTL_OFF + (size_t)ring * sizeof(shm_ring_ctl));
+static inline shm_lane_ctl* pair_ctl(void* m, int lane) {
+  return (shm_lane_ctl*)((char*)m + SHM_PAIR_CTL_OFF + (size_t)lane * sizeof(shm_lane_ctl));
 }
-static inline shm_slot_hdr* pair_hdrs(void* m, int ring) {
+static inline shm_slot_hdr* pair_hdrs(void* m, int lane) {
   return (shm_slot_hdr*)((char*)m + SHM_PAIR_HDRS_OFF +
-                         (size_t)ring * SHM_NSLOTS * sizeof(shm_slot_hdr));
+                         (size_t)lane * SHM_NSLOTS * sizeof(shm_slot_hdr));
 }
 /* Data slots are SHM_SLOT_STRIDE apart (one line more than a slot), so
  * that the slots' first lines do not all fall in the same cache sets. */
 #define SHM_SLOT_STRIDE (SHM_SLOT_BYTES + SHM_CL)
-static inline char* pair_data(void* m, int ring) {
-  return (char*)m + 4096 + (size_t)ring * SHM_NSLOTS * SHM_SLOT_STRIDE;
+static inline char* pair_data(void* m, int lane) {
+  return (char*)m + 4096 + (size_t)lane * SHM_NSLOTS * SHM_SLOT_STRIDE;
 }
 static inline size_t pair_bytes(void) {
   return round_up(4096 + 2 * (size_t)SHM_NSLOTS * SHM_SLOT_STRIDE, 4096);

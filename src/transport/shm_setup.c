@@ -545,7 +545,7 @@ fail:
   return NULL;
 }
 
-/* ---- pairs: rings made on first contact ---- */
+/* ---- pairs: lanes made on first contact ---- */
 
 void mlxd_shm_peer_ident_slow(shm_transport* t, int pi) {
   shm_peer* p = &t->peers[pi];
@@ -748,7 +748,7 @@ int mlxd_shm_pair_attach(shm_transport* t, int pi, bool drop, mlxd_status* st) {
     }
   }
   bool low = (uint32_t)t->base.rank == lo;
-  int out = low ? 0 : 1, in = low ? 1 : 0; /* ring 0: lo -> hi, ring 1: hi -> lo */
+  int out = low ? 0 : 1, in = low ? 1 : 0; /* lane 0: lo -> hi, lane 1: hi -> lo */
   p->pair_map = m;
   p->out = pair_ctl(m, out);
   p->in = pair_ctl(m, in);

@@ -390,7 +390,7 @@ static vb_req* vb_req_start(vb_transport* t, int kind, int peer, uint64_t tag, c
       mlxd_eng_fail_lost(&t->eng, peer, why);
     }
   }
-  vb_req* r = t->eng.err.code ? NULL : (vb_req*)mlxd_eng_req_alloc(&t->eng);
+  vb_req* r = t->eng.err.code ? NULL : (vb_req*)mlxd_eng_req_alloc(&t->eng, sizeof(vb_req));
   if (!r) {
     *rc = mlxd_eng_req_refused(&t->eng, kind, peer, st);
     pthread_mutex_unlock(&t->mu);

@@ -38,7 +38,7 @@ int mlxd_vb_dev_of_mr(vb_peer* p, int m) {
 
 static vb_req* fin_queue(vb_transport* t, int pi, uint64_t cookie) {
   vb_peer* p = &t->peers[pi];
-  vb_req* f = (vb_req*)mlxd_eng_req_alloc(&t->eng);
+  vb_req* f = (vb_req*)mlxd_eng_req_alloc(&t->eng, sizeof(vb_req));
   if (!f) {
     mlxd_eng_fail_nomem(&t->eng, pi, "for the end of a pull", sizeof *f);
     return NULL;
@@ -120,7 +120,7 @@ int mlxd_vb_pull_reads(vb_transport* t, int pi) {
   return ev;
 }
 
-/* An RTS or FIN chunk from pi (header h, payload pl). 1: consumed, 0: not
+/* An offer (RTS) or FIN chunk from pi (header h, payload pl). 1: consumed, 0: not
  * now (every read slot busy), -1: the transport failed. */
 int mlxd_vb_pull_chunk(vb_transport* t, int pi, const vb_chunk_hdr* h, const char* pl) {
   vb_peer* p = &t->peers[pi];

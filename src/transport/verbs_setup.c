@@ -415,6 +415,6 @@ mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_pe
   for (int pi = 0; pi < size; pi++) t->peers[pi].heard = now;
   mlxd_vb_live_start(t);
   t->buf_watch = mlxd_buffer_watch(mlxd_vb_mr_release, t);
-  if (!t->buf_watch) t->zcopy_min = 0; /* no invalidation: no rendezvous */
+  if (!t->buf_watch) t->zcopy_min = 0; /* no invalidation: no pull path */
   return &t->base;
 }

@@ -2,7 +2,7 @@
  * any order, unexpected messages, both ranks sending 64 MiB first, zero-byte
  * messages, size mismatches, argument errors, concurrent threads, a peer
  * that dies, timeouts and failure propagation, CPU use while waiting, and
- * set-up errors; pairs' rings made on first contact only (lazy), and a
+ * set-up errors; pairs' lanes made on first contact only (lazy), and a
  * first contact whose peer died, stalled or was impersonated, or that an
  * abort ends at once; which path a message of the single-copy threshold
  * takes by default on a crowded host and on one that is not (cma_*).
@@ -169,11 +169,11 @@ static void big_both_send_first(mlxd_transport* t, size_t n) {
   free(r);
 }
 
-/* A message whose receive is not posted stays in its ring while the
+/* A message whose receive is not posted stays in its lane while the
  * receiver has other work; a message behind it that has its receive must
  * still arrive (the waiting rank buffers the first once it is idle), and
  * the first is then taken by its late receive. Ranks 0 -> 1, in both
- * sizes (one slot, and several slots so the second starts mid-ring). */
+ * sizes (one slot, and several slots so the second starts mid-lane). */
 static void behind_unmatched(mlxd_transport* t, size_t n, uint64_t tag) {
   int rank = t->rank;
   if (rank > 1) return;

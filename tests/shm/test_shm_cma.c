@@ -32,17 +32,17 @@
 /* ---- cma_crowded, cma_quiet, cma_off: the single copy by default ----
  * Two ranks; after a word from rank 1 to rank 0, rank 0 sends rank 1 a
  * message of MLXD_SHM_CMA_CROWDED_BYTES, then one of a byte less. Which
- * path each took shows in the pair's segment: the ring path writes and
- * reads its data slots (every slot of the ring, the message being 32 times
- * a ring), the single copy touches only the pair's first page (its slot
+ * path each took shows in the pair's segment: the lane path writes and
+ * reads its data slots (every slot of the lane, the message being 32 times
+ * a lane), the single copy touches only the pair's first page (its slot
  * headers), so the pages of the pair mapped into a rank (Rss in
  * /proc/self/smaps) tell them apart.
  * cma_crowded: both ranks pinned to one CPU, MLXDIST_SHM_CMA_BYTES unset:
- * the first message in one copy, the second on the rings. cma_off: the
- * same with MLXDIST_SHM_CMA_BYTES=0: both on the rings. cma_quiet: two
- * CPUs, unset: both on the rings. Each rank also tries process_vm_readv
+ * the first message in one copy, the second on the lanes. cma_off: the
+ * same with MLXDIST_SHM_CMA_BYTES=0: both on the lanes. cma_quiet: two
+ * CPUs, unset: both on the lanes. Each rank also tries process_vm_readv
  * on its peer itself: where the kernel refuses it the transport takes the
- * rings whatever its rule, and the test says so and skips (77). */
+ * lanes whatever its rule, and the test says so and skips (77). */
 
 typedef struct cma_seen {
   int read_err;  /* its own process_vm_readv of its peer: 0 ok, an errno, -1 a wrong value */
@@ -111,7 +111,7 @@ static int rank_cma(int rank, int size, const char* name, void* arg) {
   /* First a word from rank 1: the pair is then mapped on both sides, and
    * rank 1's probe of rank 0 (made when it maps the pair) is in the pair's
    * header before rank 0 sends (a send that makes the pair finds no probe
-   * yet and takes the rings). A word travels in its slot's header. */
+   * yet and takes the lanes). A word travels in its slot's header. */
   mlxd_status st0;
   mlxd_status_clear(&st0);
   mlxd_req* q0 = NULL;
@@ -173,7 +173,7 @@ static int usable_cpus(void) {
 }
 
 /* The path a message took, from the pair's pages a rank had mapped after
- * it: 1 single copy (no data slot touched), 0 rings (a ring's worth of
+ * it: 1 single copy (no data slot touched), 0 lanes (a lane's worth of
  * slots), -1 neither. */
 static int cma_path(size_t rss) {
   if (rss < SHM_SLOT_BYTES) return 1;
@@ -184,7 +184,7 @@ static int cma_path(size_t rss) {
 /* Whether shared memory may be mapped in pages larger than 4 KiB here
  * (shmem transparent huge pages, their multi-size forms, or a huge= mount
  * of /dev/shm): then one first touch maps a whole large page and the
- * mapped bytes cannot tell the single copy from the rings. why: the
+ * mapped bytes cannot tell the single copy from the lanes. why: the
  * setting that says so. */
 static bool shmem_large_pages(char* why, size_t n) {
   char path[512], line[512];
@@ -272,11 +272,11 @@ int run_cma(const char* what, int n) {
         "after %zu bytes; process_vm_readv of its peer: %s\n",
         what, r, usable_cpus(), g_cma[r].rss[0], n1, g_cma[r].rss[1], n1 - 1,
         cma_read_text(g_cma[r].read_err));
-  /* the second message always takes the rings: the measure sees them */
+  /* the second message always takes the lanes: the measure sees them */
   for (int r = 0; r < 2; r++)
     T_REQUIREF(cma_path(g_cma[r].rss[1]) == 0,
                "%s: rank %d has only %zu bytes of the pair mapped after a %zu-byte message on the "
-               "rings (expected at least a ring's %zu)",
+               "lanes (expected at least a lane's %zu)",
                what, r, g_cma[r].rss[1], n1 - 1, (size_t)SHM_NSLOTS * SHM_SLOT_BYTES);
   /* rank 1 receives: its own read of rank 0 is the one the single copy needs */
   if (g_cma[1].read_err != 0) {
@@ -285,7 +285,7 @@ int run_cma(const char* what, int n) {
                  r, g_cma[r].rss[0]);
     printf(
         "%s: cross-memory attach is refused here (rank 1's process_vm_readv of rank 0: %s): "
-        "every message takes the rings, so which path the rule picks cannot be seen; "
+        "every message takes the lanes, so which path the rule picks cannot be seen; "
         "skipped\n",
         what, cma_read_text(g_cma[1].read_err));
     return 77;
@@ -297,11 +297,11 @@ int run_cma(const char* what, int n) {
                "the %s (expected the %s)",
                what, r, g_cma[r].rss[0], n1,
                cma_path(g_cma[r].rss[0]) == 1   ? "single copy"
-               : cma_path(g_cma[r].rss[0]) == 0 ? "rings"
-                                                : "part of a ring",
-               want ? "single copy" : "rings");
+               : cma_path(g_cma[r].rss[0]) == 0 ? "lanes"
+                                                : "part of a lane",
+               want ? "single copy" : "lanes");
   printf("%s with 2 ranks: ok (the %zu-byte message took the %s)\n", what, n1,
-         want ? "single copy" : "rings");
+         want ? "single copy" : "lanes");
   return 0;
 }
 
@@ -313,7 +313,7 @@ int run_cma(const char* what, int n) {
  * CPU): both read the threshold; an all_gather of blocks of that size gives
  * the right result and moves every block in one copy (no pair's data slot
  * touched: the cma_* sections' measure), one of a byte less per block takes
- * the ring (a pair with a ring's worth of slots mapped). 77: cross-memory
+ * the lanes (a pair with a lane's worth of slots mapped). 77: cross-memory
  * attach refused, shared memory mapped in large pages, or (whole_split)
  * fewer than 2 CPUs. */
 
@@ -344,7 +344,7 @@ static int rank_whole(int rank, int size, const char* name, void* arg) {
     return 0;
   }
   /* Every pair made (and probed) with a word each way before the blocks:
-   * a send that makes its pair finds no probe yet and takes the rings. */
+   * a send that makes its pair finds no probe yet and takes the lanes. */
   for (int p = 0; p < size; p++) {
     if (p == rank) continue;
     int err = cma_read_peer(p);
@@ -447,10 +447,10 @@ int run_whole(const char* what, int n) {
     ring_seen |= cma_path(g_whole[r].rss_max[1]) == 0;
   }
   T_REQUIREF(ring_seen,
-             "%s: no pair has a ring's worth mapped after blocks of %zu bytes "
+             "%s: no pair has a lane's worth mapped after blocks of %zu bytes "
              "(expected the ring algorithm's chunks)",
              what, expect - 1);
-  printf("%s with %d ranks: ok (blocks of %zu bytes whole in one copy, %zu on the ring)\n", what, n,
-         expect, expect - 1);
+  printf("%s with %d ranks: ok (blocks of %zu bytes whole in one copy, %zu on the lanes)\n", what,
+         n, expect, expect - 1);
   return 0;
 }

@@ -29,7 +29,7 @@
 #include "transport/shm_impl.h"
 #include "transport/spin.h"
 
-/* ---- lazy: a pair's rings exist only once the pair talked ---- */
+/* ---- lazy: a pair's lanes exist only once the pair talked ---- */
 
 /* This process's mappings of /dev/shm/<prefix>*: how many, and their bytes. */
 static int shm_maps(const char* prefix, size_t* bytes) {
