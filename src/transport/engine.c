@@ -14,17 +14,6 @@
 
 /* ---- requests ---- */
 
-void mlxd_eng_req_release(mlxd_engine* e, mlxd_eng_req* r) {
-  if (e->ops->release) e->ops->release(e, r);
-  if (e->nfree < 64) {
-    r->link.next = e->free_reqs;
-    e->free_reqs = &r->link;
-    e->nfree++;
-  } else {
-    free(r);
-  }
-}
-
 void mlxd_eng_req_drain(mlxd_engine* e) {
   while (e->free_reqs) {
     mlxd_match_link* nx = e->free_reqs->next;
@@ -348,7 +337,28 @@ void mlxd_eng_unlink(mlxd_engine* e, mlxd_eng_req* r) {
   r->where = MLXD_ENG_NONE;
 }
 
-int mlxd_eng_waitall_end(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st) {
+static int waitall_end(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st);
+
+int mlxd_eng_waitall(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st) {
+  assert(n >= 0 && (n == 0 || reqs));
+  mlxd_wait_state ws = {0};
+  mlxd_eng_wait(e, reqs, n, INFINITY, &ws);
+  if (!e->err.code) e->ops->settle(e);
+  return waitall_end(e, reqs, n, st);
+}
+
+int mlxd_eng_wait_slice(mlxd_engine* e, mlxd_req** reqs, int n, double max_s, mlxd_wait_state* ws,
+                        mlxd_status* st) {
+  assert(n >= 0 && (n == 0 || reqs) && max_s >= 0);
+  ws->done = mlxd_eng_wait(e, reqs, n, mlxd_now() + max_s, ws);
+  if (!e->err.code) return 0;
+  ws->done = true;
+  return mlxd_eng_fail_status(e, st);
+}
+
+/* The end of waitall: the outcome (mlxd_match_result), then every request
+ * unlinked if unfinished and freed. */
+static int waitall_end(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st) {
   int rc = mlxd_match_result(st, &e->err, e->layer, reqs, n);
   if (rc == 0 && e->err.code) rc = mlxd_eng_fail_status(e, st); /* failed meanwhile */
   for (int i = 0; i < n; i++) {

@@ -134,6 +134,12 @@ typedef struct mlxd_eng_ops {
   /* Optional (NULL: none): release what a request holds of the transport's
    * before it is freed (verbs: the registrations of a pull send). */
   void (*release)(mlxd_engine* e, mlxd_eng_req* r);
+  /* The end of a waitall that found the transport not failed: look once
+   * for a failure a peer published (it gave up on an operation, maybe this
+   * one: transport.h). Never blocks. shm: the segment's failure counter,
+   * the ranks' states only when it moved; verbs: the peers' record cells
+   * (a failure relayed, a close noted). */
+  void (*settle)(mlxd_engine* e);
   /* Optional (NULL: none): the first pass of a wait found requests pending
    * at `now` (verbs: their peers are probed at the first check). */
   void (*begin)(mlxd_engine* e, mlxd_req** reqs, int n, double now);
@@ -174,7 +180,18 @@ static inline mlxd_eng_req* mlxd_eng_req_alloc(mlxd_engine* e, size_t size) {
   memset(r, 0, size);
   return (mlxd_eng_req*)r;
 }
-void mlxd_eng_req_release(mlxd_engine* e, mlxd_eng_req* r);
+/* Back to the free list (at most 64 kept), after the transport's release
+ * op if it has one. */
+static inline void mlxd_eng_req_release(mlxd_engine* e, mlxd_eng_req* r) {
+  if (e->ops->release) e->ops->release(e, r);
+  if (e->nfree < 64) {
+    r->link.next = e->free_reqs;
+    e->free_reqs = &r->link;
+    e->nfree++;
+  } else {
+    free(r);
+  }
+}
 /* Free the free list (destroy). */
 void mlxd_eng_req_drain(mlxd_engine* e);
 /* r's outcome fields and place for (peer, addr, tag, sig, buf, n). */
@@ -302,12 +319,15 @@ static inline bool mlxd_eng_any_pending(mlxd_req* const* reqs, int n) {
  * checks its peers every check_s and never sleeps longer than that. Lock
  * held (dropped while spinning or asleep). */
 bool mlxd_eng_wait(mlxd_engine* e, mlxd_req** reqs, int n, double until, mlxd_wait_state* ws);
+/* The body of a transport's waitall and wait_slice (transport.h), the
+ * transport's lock held: wait (mlxd_eng_wait), settle, then report and free
+ * every request (waitall), or report the transport's failure (a slice). */
+int mlxd_eng_waitall(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st);
+int mlxd_eng_wait_slice(mlxd_engine* e, mlxd_req** reqs, int n, double max_s, mlxd_wait_state* ws,
+                        mlxd_status* st);
 /* Take an unfinished request out of wherever it is (the rest of a current
  * message is dropped). Lock held. */
 void mlxd_eng_unlink(mlxd_engine* e, mlxd_eng_req* r);
-/* The end of waitall: the outcome (mlxd_match_result), then every request
- * unlinked if unfinished and freed. Lock held. */
-int mlxd_eng_waitall_end(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st);
 
 /* A pause in a spin loop. */
 static inline void mlxd_cpu_relax(void) {

@@ -531,6 +531,7 @@ static void eng_sleep(mlxd_engine* e, double max_s) {
 static void eng_lock(mlxd_engine* e) { shm_lock_acquire(&SHM_OF(e)->mu); }
 static void eng_unlock(mlxd_engine* e) { shm_lock_release(&SHM_OF(e)->mu); }
 static void eng_fail(mlxd_engine* e, const mlxd_status* st) { shm_fail(SHM_OF(e), st); }
+static void eng_settle(mlxd_engine* e) { check_failed(SHM_OF(e)); }
 static void eng_wake(mlxd_engine* e) { ring_bell(SHM_OF(e), SHM_OF(e)->base.rank); }
 static int eng_name(mlxd_engine* e, int pi) { return shm_name(SHM_OF(e), pi); }
 static const char* eng_addr(mlxd_engine* e, int pi) { return SHM_OF(e)->peers[pi].addr; }
@@ -555,6 +556,7 @@ static const mlxd_eng_ops shm_eng_ops = {
     .addr = eng_addr,
     .peer = eng_peer,
     .unlink = eng_unlink,
+    .settle = eng_settle,
 };
 
 void mlxd_shm_engine_init(shm_transport* t) {
@@ -569,12 +571,8 @@ void mlxd_shm_engine_init(shm_transport* t) {
 
 static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
-  assert(n >= 0 && (n == 0 || rr));
   shm_lock_acquire(&t->mu);
-  mlxd_wait_state ws = {0};
-  mlxd_eng_wait(&t->eng, rr, n, INFINITY, &ws);
-  if (!t->eng.err.code) check_failed(t);
-  int rc = mlxd_eng_waitall_end(&t->eng, rr, n, st);
+  int rc = mlxd_eng_waitall(&t->eng, rr, n, st);
   shm_lock_release(&t->mu);
   return rc;
 }
@@ -582,14 +580,8 @@ static int shm_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st
 static int shm_wait_slice(mlxd_transport* tt, mlxd_req** rr, int n, double max_s,
                           mlxd_wait_state* ws, mlxd_status* st) {
   shm_transport* t = (shm_transport*)tt;
-  assert(n >= 0 && (n == 0 || rr) && max_s >= 0);
   shm_lock_acquire(&t->mu);
-  ws->done = mlxd_eng_wait(&t->eng, rr, n, mlxd_now() + max_s, ws);
-  int rc = 0;
-  if (t->eng.err.code) {
-    ws->done = true;
-    rc = mlxd_eng_fail_status(&t->eng, st);
-  }
+  int rc = mlxd_eng_wait_slice(&t->eng, rr, n, max_s, ws, st);
   shm_lock_release(&t->mu);
   return rc;
 }

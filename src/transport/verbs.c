@@ -622,6 +622,7 @@ static void eng_begin(mlxd_engine* e, mlxd_req** reqs, int n, double now) {
 static void eng_lock(mlxd_engine* e) { pthread_mutex_lock(&VB_OF(e)->mu); }
 static void eng_unlock(mlxd_engine* e) { pthread_mutex_unlock(&VB_OF(e)->mu); }
 static void eng_fail(mlxd_engine* e, const mlxd_status* st) { mlxd_vb_fail(VB_OF(e), st); }
+static void eng_settle(mlxd_engine* e) { mlxd_vb_check_records(VB_OF(e)); }
 static void eng_wake(mlxd_engine* e) { kick(VB_OF(e)); }
 static int eng_name(mlxd_engine* e, int pi) {
   (void)e;
@@ -648,6 +649,7 @@ static const mlxd_eng_ops vb_eng_ops = {
     .peer = eng_peer,
     .unlink = eng_unlink,
     .release = eng_release,
+    .settle = eng_settle,
     .begin = eng_begin,
 };
 
@@ -663,12 +665,8 @@ void mlxd_vb_engine_init(vb_transport* t, double spin_s) {
 
 static int vb_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st) {
   vb_transport* t = (vb_transport*)tt;
-  assert(n >= 0 && (n == 0 || rr));
   pthread_mutex_lock(&t->mu);
-  mlxd_wait_state ws = {0};
-  mlxd_eng_wait(&t->eng, rr, n, INFINITY, &ws);
-  if (!t->eng.err.code) mlxd_vb_check_records(t);
-  int rc = mlxd_eng_waitall_end(&t->eng, rr, n, st);
+  int rc = mlxd_eng_waitall(&t->eng, rr, n, st);
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
@@ -676,14 +674,8 @@ static int vb_waitall(mlxd_transport* tt, mlxd_req** rr, int n, mlxd_status* st)
 static int vb_wait_slice(mlxd_transport* tt, mlxd_req** rr, int n, double max_s,
                          mlxd_wait_state* ws, mlxd_status* st) {
   vb_transport* t = (vb_transport*)tt;
-  assert(n >= 0 && (n == 0 || rr) && max_s >= 0);
   pthread_mutex_lock(&t->mu);
-  ws->done = mlxd_eng_wait(&t->eng, rr, n, mlxd_now() + max_s, ws);
-  int rc = 0;
-  if (t->eng.err.code) {
-    ws->done = true;
-    rc = mlxd_eng_fail_status(&t->eng, st);
-  }
+  int rc = mlxd_eng_wait_slice(&t->eng, rr, n, max_s, ws, st);
   pthread_mutex_unlock(&t->mu);
   return rc;
 }
