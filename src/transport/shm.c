@@ -144,7 +144,7 @@ static void ring_paired(shm_transport* t) {
   }
 }
 
-static void fail_posted(void* ctx, mlxd_match_link* l) {
+static void shm_fail_posted(void* ctx, mlxd_match_link* l) {
   shm_transport* t = ctx;
   mlxd_eng_req* r = MLXD_MATCH_ENTRY(l, mlxd_eng_req, link);
   r->where = MLXD_ENG_NONE;
@@ -158,7 +158,7 @@ static void shm_fail(shm_transport* t, const mlxd_status* st) {
   if (!mlxd_match_fail_first(&t->eng.err, st)) return;
   /* receives are posted only to peers whose pair is mapped (req_start) */
   for (int k = 0; k < t->nactive; k++)
-    mlxd_match_fail_posted(&t->peers[t->active[k]].ep.mq, fail_posted, t);
+    mlxd_match_fail_posted(&t->peers[t->active[k]].ep.mq, shm_fail_posted, t);
   shm_rank_rec* me = rank_rec(t, t->base.rank);
   mlxd_fail_rec_fill(&me->fail, &t->eng.err);
   atomic_store_explicit(&me->state, RANK_FAILED, memory_order_release);
@@ -514,13 +514,13 @@ static void check_failed(shm_transport* t) {
 
 /* ---- the engine's ops (engine.h) ---- */
 
-static bool eng_check(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_wait_state* ws, double now) {
+static bool shm_op_check(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_wait_state* ws, double now) {
   shm_transport* t = SHM_OF(e);
   if (check_peers(t, (shm_req**)reqs, n)) return true;
   return mlxd_shm_live_check(t, (shm_req**)reqs, n, ws->start, ws->last_change, now, &ws->warned);
 }
 
-static void eng_sleep(mlxd_engine* e, double max_s) {
+static void shm_op_sleep(mlxd_engine* e, double max_s) {
   shm_transport* t = SHM_OF(e);
   uint64_t snap = activity(t);
   shm_lock_release(&t->mu);
@@ -528,16 +528,16 @@ static void eng_sleep(mlxd_engine* e, double max_s) {
   shm_lock_acquire(&t->mu);
 }
 
-static void eng_lock(mlxd_engine* e) { shm_lock_acquire(&SHM_OF(e)->mu); }
-static void eng_unlock(mlxd_engine* e) { shm_lock_release(&SHM_OF(e)->mu); }
-static void eng_fail(mlxd_engine* e, const mlxd_status* st) { shm_fail(SHM_OF(e), st); }
-static void eng_settle(mlxd_engine* e) { check_failed(SHM_OF(e)); }
-static void eng_wake(mlxd_engine* e) { ring_bell(SHM_OF(e), SHM_OF(e)->base.rank); }
-static int eng_name(mlxd_engine* e, int pi) { return shm_name(SHM_OF(e), pi); }
-static const char* eng_addr(mlxd_engine* e, int pi) { return SHM_OF(e)->peers[pi].addr; }
-static mlxd_eng_peer* eng_peer(mlxd_engine* e, int pi) { return &SHM_OF(e)->peers[pi].ep; }
+static void shm_op_lock(mlxd_engine* e) { shm_lock_acquire(&SHM_OF(e)->mu); }
+static void shm_op_unlock(mlxd_engine* e) { shm_lock_release(&SHM_OF(e)->mu); }
+static void shm_op_fail(mlxd_engine* e, const mlxd_status* st) { shm_fail(SHM_OF(e), st); }
+static void shm_op_settle(mlxd_engine* e) { check_failed(SHM_OF(e)); }
+static void shm_op_wake(mlxd_engine* e) { ring_bell(SHM_OF(e), SHM_OF(e)->base.rank); }
+static int shm_op_name(mlxd_engine* e, int pi) { return shm_name(SHM_OF(e), pi); }
+static const char* shm_op_addr(mlxd_engine* e, int pi) { return SHM_OF(e)->peers[pi].addr; }
+static mlxd_eng_peer* shm_op_peer(mlxd_engine* e, int pi) { return &SHM_OF(e)->peers[pi].ep; }
 
-static void eng_unlink(mlxd_engine* e, mlxd_eng_req* q) {
+static void shm_op_unlink(mlxd_engine* e, mlxd_eng_req* q) {
   shm_req* r = (shm_req*)q;
   shm_peer* p = &SHM_OF(e)->peers[q->m.peer];
   if (q->where == W_SENDQ) list_remove(&p->sq_head, &p->sq_tail, r);
@@ -546,17 +546,17 @@ static void eng_unlink(mlxd_engine* e, mlxd_eng_req* q) {
 
 static const mlxd_eng_ops shm_eng_ops = {
     .progress = progress_all,
-    .check = eng_check,
-    .sleep = eng_sleep,
-    .lock = eng_lock,
-    .unlock = eng_unlock,
-    .fail = eng_fail,
-    .wake = eng_wake,
-    .name = eng_name,
-    .addr = eng_addr,
-    .peer = eng_peer,
-    .unlink = eng_unlink,
-    .settle = eng_settle,
+    .check = shm_op_check,
+    .sleep = shm_op_sleep,
+    .lock = shm_op_lock,
+    .unlock = shm_op_unlock,
+    .fail = shm_op_fail,
+    .wake = shm_op_wake,
+    .name = shm_op_name,
+    .addr = shm_op_addr,
+    .peer = shm_op_peer,
+    .unlink = shm_op_unlink,
+    .settle = shm_op_settle,
 };
 
 void mlxd_shm_engine_init(shm_transport* t) {

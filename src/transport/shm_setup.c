@@ -49,7 +49,7 @@ int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st) {
 
 /* ---- heartbeats (liveness.h) ---- */
 
-static void beat(void* ctx, double now) {
+static void shm_beat_tick(void* ctx, double now) {
   (void)now;
   shm_transport* t = ctx;
   char note[MLXD_NOTE_MAX] = {0};
@@ -65,7 +65,7 @@ static void beat(void* ctx, double now) {
 }
 
 void mlxd_shm_live_start(shm_transport* t) {
-  if (t->base.size > 1) t->watch = mlxd_watchdog_add(beat, t, t->live.beat_s);
+  if (t->base.size > 1) t->watch = mlxd_watchdog_add(shm_beat_tick, t, t->live.beat_s);
 }
 
 void mlxd_shm_live_stop(shm_transport* t) {

@@ -593,7 +593,7 @@ static bool credit_blocked(vb_transport* t) {
 
 #define VB_OF(e) ((vb_transport*)((char*)(e)-offsetof(vb_transport, eng)))
 
-static int eng_progress(mlxd_engine* e, bool idle) {
+static int vb_op_progress(mlxd_engine* e, bool idle) {
   (void)idle; /* verbs buffers at once: nothing is left for idle time */
   vb_transport* t = VB_OF(e);
   int ev = mlxd_vb_progress(t, true);
@@ -602,59 +602,59 @@ static int eng_progress(mlxd_engine* e, bool idle) {
   return ev;
 }
 
-static bool eng_check(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_wait_state* ws, double now) {
+static bool vb_op_check(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_wait_state* ws, double now) {
   return live_check(VB_OF(e), (vb_req**)reqs, n, ws, now);
 }
 
-static void eng_sleep(mlxd_engine* e, double max_s) {
+static void vb_op_sleep(mlxd_engine* e, double max_s) {
   vb_transport* t = VB_OF(e);
   if (max_s > VB_CREDIT_NAP_S && credit_blocked(t)) max_s = VB_CREDIT_NAP_S;
   channel_sleep(t, max_s);
 }
 
-static void eng_begin(mlxd_engine* e, mlxd_req** reqs, int n, double now) {
+static void vb_op_begin(mlxd_engine* e, mlxd_req** reqs, int n, double now) {
   vb_transport* t = VB_OF(e);
   for (int i = 0; i < n; i++) /* silence before the wait does not count */
     if (reqs[i] && !((vb_req*)reqs[i])->q.m.complete)
       t->peers[((vb_req*)reqs[i])->q.m.peer].last_probe = now - VB_PROBE_S; /* probe at once */
 }
 
-static void eng_lock(mlxd_engine* e) { pthread_mutex_lock(&VB_OF(e)->mu); }
-static void eng_unlock(mlxd_engine* e) { pthread_mutex_unlock(&VB_OF(e)->mu); }
-static void eng_fail(mlxd_engine* e, const mlxd_status* st) { mlxd_vb_fail(VB_OF(e), st); }
-static void eng_settle(mlxd_engine* e) { mlxd_vb_check_records(VB_OF(e)); }
-static void eng_wake(mlxd_engine* e) { kick(VB_OF(e)); }
-static int eng_name(mlxd_engine* e, int pi) {
+static void vb_op_lock(mlxd_engine* e) { pthread_mutex_lock(&VB_OF(e)->mu); }
+static void vb_op_unlock(mlxd_engine* e) { pthread_mutex_unlock(&VB_OF(e)->mu); }
+static void vb_op_fail(mlxd_engine* e, const mlxd_status* st) { mlxd_vb_fail(VB_OF(e), st); }
+static void vb_op_settle(mlxd_engine* e) { mlxd_vb_check_records(VB_OF(e)); }
+static void vb_op_wake(mlxd_engine* e) { kick(VB_OF(e)); }
+static int vb_op_name(mlxd_engine* e, int pi) {
   (void)e;
   return pi;
 }
-static const char* eng_addr(mlxd_engine* e, int pi) { return VB_OF(e)->peers[pi].addr; }
-static mlxd_eng_peer* eng_peer(mlxd_engine* e, int pi) { return &VB_OF(e)->peers[pi].ep; }
-static void eng_unlink(mlxd_engine* e, mlxd_eng_req* r) { own_unlink(VB_OF(e), (vb_req*)r); }
-static void eng_release(mlxd_engine* e, mlxd_eng_req* q) {
+static const char* vb_op_addr(mlxd_engine* e, int pi) { return VB_OF(e)->peers[pi].addr; }
+static mlxd_eng_peer* vb_op_peer(mlxd_engine* e, int pi) { return &VB_OF(e)->peers[pi].ep; }
+static void vb_op_unlink(mlxd_engine* e, mlxd_eng_req* r) { own_unlink(VB_OF(e), (vb_req*)r); }
+static void vb_op_release(mlxd_engine* e, mlxd_eng_req* q) {
   vb_req* r = (vb_req*)q;
   if (r->pull) mlxd_vb_mre_put_all(VB_OF(e), r->mre);
 }
 
-static const mlxd_eng_ops vb_eng_ops = {
-    .progress = eng_progress,
-    .check = eng_check,
-    .sleep = eng_sleep,
-    .lock = eng_lock,
-    .unlock = eng_unlock,
-    .fail = eng_fail,
-    .wake = eng_wake,
-    .name = eng_name,
-    .addr = eng_addr,
-    .peer = eng_peer,
-    .unlink = eng_unlink,
-    .release = eng_release,
-    .settle = eng_settle,
-    .begin = eng_begin,
+static const mlxd_eng_ops vb_ops_table = {
+    .progress = vb_op_progress,
+    .check = vb_op_check,
+    .sleep = vb_op_sleep,
+    .lock = vb_op_lock,
+    .unlock = vb_op_unlock,
+    .fail = vb_op_fail,
+    .wake = vb_op_wake,
+    .name = vb_op_name,
+    .addr = vb_op_addr,
+    .peer = vb_op_peer,
+    .unlink = vb_op_unlink,
+    .release = vb_op_release,
+    .settle = vb_op_settle,
+    .begin = vb_op_begin,
 };
 
 void mlxd_vb_engine_init(vb_transport* t, double spin_s) {
-  t->eng.ops = &vb_eng_ops;
+  t->eng.ops = &vb_ops_table;
   t->eng.layer = MLXD_LAYER_VERBS;
   t->eng.me = t->base.rank;
   t->eng.req_size = sizeof(vb_req);

@@ -94,7 +94,7 @@ static void beat_locked(vb_transport* t, double now) {
  * under emulation), and held back every other registration's tick. When
  * mu is taken the beat is left to the waiter (mlxd_vb_beat_if_due); when
  * the holder is not a waiter, the next tick sends it. */
-static void beat(void* ctx, double now) {
+static void vb_beat_tick(void* ctx, double now) {
   vb_transport* t = ctx;
   if (pthread_mutex_trylock(&t->mu) != 0) {
     atomic_store_explicit(&t->beat_due, true, memory_order_relaxed);
@@ -113,7 +113,7 @@ void mlxd_vb_beat_if_due(vb_transport* t, double now) {
 
 void mlxd_vb_live_start(vb_transport* t) {
   t->last_beat = mlxd_now();
-  if (t->base.size > 1) t->watch = mlxd_watchdog_add(beat, t, t->live.beat_s);
+  if (t->base.size > 1) t->watch = mlxd_watchdog_add(vb_beat_tick, t, t->live.beat_s);
 }
 
 void mlxd_vb_live_stop(vb_transport* t) {
