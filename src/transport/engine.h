@@ -19,7 +19,8 @@
  * request only it knows (its send lists; its single-copy and zero-copy
  * paths: shm's CMA sends, verbs' pull path). Its isend and irecv stay its
  * own and call the engine directly: the small-message post calls no op of
- * the table; a wait calls progress once per pass.
+ * the table (releasing a request tests for the optional release op); a wait
+ * calls progress once per pass and settle once at its end.
  *
  * Everything here runs with the transport's lock held (it is dropped only
  * inside mlxd_eng_wait, around a spin step or a sleep); nothing here is
