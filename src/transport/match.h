@@ -1,5 +1,6 @@
 /* Private: the plumbing every point-to-point transport needs around its
- * wire (tcp.c, shm.c, and the per-peer transports to come):
+ * wire (tcp.c directly; shm.c and verbs.c through the message engine,
+ * engine.h, which owns their queues; router.c through its parts):
  *
  *  - tag matching: per peer, a queue of posted receives and a queue of
  *    messages that arrived before their receive, both in arrival/posting
@@ -195,6 +196,14 @@ typedef struct mlxd_match_req {
   const char* addr; /* the peer's address (owned by the transport) */
   mlxd_sig sig;     /* what the caller said it is doing (all zero: unchecked) */
 } mlxd_match_req;
+
+/* A receive matched a message of `sent` bytes, not its n: it fails alone. */
+static inline void mlxd_match_req_mismatch(mlxd_match_req* m, size_t sent) {
+  m->complete = true;
+  m->code = MLXD_EINVAL;
+  m->mismatch = true;
+  m->sent = sent;
+}
 
 /* The outcome of waiting for reqs[0..n) (NULL entries skipped; each starts
  * with an mlxd_match_req): the first completed request's error (a size

@@ -12,7 +12,7 @@
  * unlinked as soon as every rank has mapped it. Returns when all ranks have
  * joined, or NULL with st set (the name is unlinked on failure too). */
 mlxd_transport* mlxd_shm_transport_new(int rank, int size, const char* name, mlxd_status* st);
-/* The same for a session that is part of a larger group (mixed.c): local
+/* The same for a session that is part of a larger group (router.c): local
  * rank i is called rank names[i] in every message and status (copied;
  * names[i] < name_limit, the group's size). machine_ranks: how many ranks
  * of the group run on this machine (more than the session's when hosts

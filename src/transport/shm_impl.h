@@ -1,4 +1,4 @@
-/* Private: what shm.c (rings, matching, progress) and shm_setup.c (the
+/* Private: what shm.c (lanes, matching, progress) and shm_setup.c (the
  * segment: set-up, liveness, published failures) share. Design notes at
  * the top of shm.c. */
 #ifndef MLXD_SHM_IMPL_H
@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "core/buffer.h"
+#include "transport/engine.h"
 #include "transport/liveness.h"
 #include "transport/match.h"
 #include "util/clock.h"
@@ -48,7 +49,7 @@
 #define SHM_MAGIC 0x6d6c786473686d31ull /* "mlxdshm1" */
 #define SHM_VERSION \
   9u /* 2: structured failure records; 3: call signatures in slots, heartbeats;
-      * 4: rings in per-pair segments made on first contact; 5: CMA probed per
+      * 4: lanes in per-pair segments made on first contact; 5: CMA probed per
       * pair, a failure counter, the ranks' pids in pair names; 6: the ranks' pid
       * namespace in their records and in pair names; 7: a pair's control words
       * and slot headers in its first page, chunks of <= SHM_INLINE_BYTES in
@@ -83,7 +84,7 @@
  * cores: 10,000 wake-ups a second, each a context switch of ~20 us here). */
 #define SHM_CHECK_CROWDED_S 0.5
 #define SHM_CROWDED_FACTOR 8
-#define SHM_DEFER_S 20e-6 /* a message without a receive waits in its ring this long (shm.c) */
+#define SHM_DEFER_S 20e-6 /* a message without a receive waits in its lane this long (shm.c) */
 #define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 /* The ring algorithms' chunk over shared memory (mlxd_transport.ring_chunk):
  * a reduction's window of received chunks (8 of them) then stays in the
@@ -98,17 +99,6 @@ enum { SLOT_EAGER = 1, SLOT_RTS = 2 };
 
 /* ---- shared layout ---- */
 
-/* A failed rank's status as published in the segment (mlxd_status without
- * its pointers). Peers may be hostile or of another build: every field is
- * validated when read (fail_read). */
-typedef struct shm_fail_rec {
-  int32_t code, layer, peer, reporter, sys_errno;
-  uint8_t has_peer, has_reporter, pad_[2];
-  char syscall[24];
-  char peer_addr[MLXD_ADDR_MAX];
-  char detail[MLXD_MSG_MAX];
-} shm_fail_rec;
-
 typedef struct shm_rank_rec {
   alignas(SHM_CL) _Atomic int32_t state;
   _Atomic int32_t pid;
@@ -116,7 +106,7 @@ typedef struct shm_rank_rec {
   uint64_t probe_val;
   uint64_t
       pidns; /* the inode of the rank's pid namespace (0: unknown); published by the state store */
-  shm_fail_rec fail; /* published by state = RANK_FAILED */
+  mlxd_fail_rec fail; /* published by state = RANK_FAILED (engine.h) */
   alignas(SHM_CL) _Atomic uint32_t doorbell;
   alignas(SHM_CL) _Atomic uint32_t sleepers;
   /* Liveness (liveness.h): bumped by the rank's watchdog every beat_s, with
@@ -145,7 +135,7 @@ typedef struct shm_hdr {
   alignas(SHM_CL) _Atomic uint32_t nfailed;
 } shm_hdr;
 
-/* The head of a pair's segment (rings lo -> hi, then hi -> lo; lo < hi are
+/* The head of a pair's segment (lanes lo -> hi, then hi -> lo; lo < hi are
  * session ranks). Written by its creator before magic (release); checked by
  * the other rank after it sees magic (acquire). */
 typedef struct shm_pair_hdr {
@@ -159,13 +149,13 @@ typedef struct shm_pair_hdr {
   _Atomic uint32_t reads[2];
 } shm_pair_hdr;
 
-typedef struct shm_ring_ctl {
+typedef struct shm_lane_ctl {
   alignas(SHM_CL) _Atomic uint64_t head; /* producer */
   alignas(SHM_CL) _Atomic uint64_t tail; /* consumer */
-  _Atomic uint64_t acked;                /* consumer: rendezvous reads done */
-} shm_ring_ctl;
+  _Atomic uint64_t acked;                /* consumer: single-copy reads done */
+} shm_lane_ctl;
 
-_Static_assert(sizeof(shm_pair_hdr) <= 128 && 128 + 2 * sizeof(shm_ring_ctl) <= 512 &&
+_Static_assert(sizeof(shm_pair_hdr) <= 128 && 128 + 2 * sizeof(shm_lane_ctl) <= 512 &&
                    512 + 2 * SHM_NSLOTS * SHM_CL <= 4096,
                "a pair's header, control words and slot headers fit its first page");
 
@@ -188,15 +178,6 @@ typedef struct shm_slot_hdr {
 } shm_slot_hdr;
 
 _Static_assert(sizeof(shm_slot_hdr) == SHM_CL, "slot header is one cache line");
-
-/* A pause in a spin loop. */
-static inline void shm_cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  __asm__ __volatile__("yield");
-#endif
-}
 
 /* ---- local state ---- */
 
@@ -222,49 +203,34 @@ static inline void shm_lock_release(shm_lock* l) {
   if (atomic_exchange_explicit(&l->v, 0, memory_order_release) == 2) mlxd_shm_lock_wake(l);
 }
 
-enum { REQ_SEND = 1, REQ_RECV = 2 };
-enum { W_NONE = 0, W_SENDQ, W_ACKQ, W_POSTED, W_CUR };
+enum { REQ_SEND = MLXD_ENG_SEND, REQ_RECV = MLXD_ENG_RECV };
+/* Where a request is besides the engine's places (engine.h). */
+enum { W_SENDQ = MLXD_ENG_OWN, W_ACKQ };
 
 typedef struct shm_req {
-  mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
-  int kind;
-  char* buf;
+  mlxd_eng_req q; /* first: the engine's part (engine.h) */
   size_t off;
-  bool rndv;
-  int where;
+  bool cma; /* by the single copy (CMA): one RTS slot, done on its ack */
   uint64_t ticket;
-  struct shm_req* next; /* send / ack queue, free list */
-  mlxd_match_link link; /* recv: in the posted queue */
+  struct shm_req* next; /* send / ack queue */
 } shm_req;
 
-typedef struct shm_unexp {
-  size_t len, got;
-  mlxd_sig sig; /* the sender's call */
-  char* buf;
-  bool complete;
-  mlxd_match_link link; /* in the unexpected queue */
-} shm_unexp;
-
 typedef struct shm_peer {
-  /* outgoing ring (this rank -> peer) */
-  shm_ring_ctl* out;
+  /* outgoing lane (this rank -> peer) */
+  shm_lane_ctl* out;
   shm_slot_hdr* out_hdrs; /* SHM_NSLOTS headers (the pair's first page) */
   char* out_slots;        /* SHM_NSLOTS data slots of SHM_SLOT_BYTES */
   uint64_t out_head, out_tail_seen;
-  shm_req *sq_head, *sq_tail;   /* sends not yet fully in the ring */
-  shm_req *ack_head, *ack_tail; /* rendezvous sends waiting for their ack */
+  shm_req *sq_head, *sq_tail;   /* sends not yet fully in the lane */
+  shm_req *ack_head, *ack_tail; /* single-copy sends waiting for their ack */
   uint64_t rts_sent;
   _Atomic uint32_t* peer_reads; /* the pair header's word: CMA_OK if the peer can read our memory */
-  /* incoming ring (peer -> this rank) */
-  shm_ring_ctl* in;
+  /* incoming lane (peer -> this rank) */
+  shm_lane_ctl* in;
   shm_slot_hdr* in_hdrs;
   char* in_slots;
   uint64_t in_tail;
-  mlxd_match_peer mq; /* posted receives, unexpected messages */
-  bool cur_active;
-  shm_req* cur_req;
-  shm_unexp* cur_ux; /* cur_req == cur_ux == NULL while active: discard */
-  size_t cur_len, cur_off;
+  mlxd_eng_peer ep; /* posted receives, unexpected messages, the message coming in */
   /* Who the peer is, read from its record on first need (mlxd_shm_peer_ident:
    * a rank that never talks to pi never touches pi's record, which at 1,024
    * ranks is 256 pages of the host segment, each a page fault). */
@@ -293,21 +259,16 @@ typedef struct shm_transport {
   int nactive;           /* ... how many */
   uint32_t hello_seen;   /* this rank's hello counter when its bitmap was last read */
   int* names;            /* names[i]: the number messages give local rank i (a group rank when
-                   * the session is part of a larger group: mixed.c); NULL: i itself */
+                   * the session is part of a larger group: router.c); NULL: i itself */
   int name_limit;        /* published ranks must be below this (the group size) */
   mlxd_live_cfg live;    /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
   int watch;             /* the heartbeat's watchdog registration (0: none) */
-  double spin_s;
-  double check_s; /* liveness checks / longest sleep of a wait: SHM_CHECK_S or _CROWDED_S */
-  size_t cma_min; /* single copy from this size (spin.h mlxd_shm_cma_bytes_for); 0: never */
+  mlxd_engine eng;       /* requests, matching, the first failure, the wait (engine.h); its check_s:
+                    * liveness checks / longest sleep of a wait, SHM_CHECK_S or _CROWDED_S */
+  size_t cma_min;        /* single copy from this size (spin.h mlxd_shm_cma_bytes_for); 0: never */
   bool oversubscribed;
-  bool deferred;           /* the last progress pass left a message without a receive in its ring */
-  int waiting;             /* threads inside wait_run (under mu; mu is dropped while they sleep) */
-  mlxd_status err;         /* the first failure; err.code == 0 while none */
   volatile uint64_t probe; /* read by peers through CMA at set-up */
   uint64_t pidns;          /* this process's pid namespace inode (0: unknown), as in its record */
-  shm_req* free_reqs;
-  int nfree;
 } shm_transport;
 
 /* ---- geometry ---- */
@@ -316,7 +277,7 @@ static inline size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; 
 
 static inline size_t ranks_off(void) { return round_up(sizeof(shm_hdr), 4096); }
 /* The host segment: header, one record per rank, one hello bitmap per rank
- * (bit p of rank r's: p made the pair (p, r)). Rings live in pair segments. */
+ * (bit p of rank r's: p made the pair (p, r)). Lanes live in pair segments. */
 static inline size_t hello_words(int size) { return ((size_t)size + 63) / 64; }
 static inline size_t hello_off(int size) {
   return round_up(ranks_off() + (size_t)size * sizeof(shm_rank_rec), SHM_CL);
@@ -330,23 +291,23 @@ static inline size_t boot_off(int size) {
 static inline size_t total_bytes(int size) {
   return round_up(boot_off(size) + (size_t)size * MLXD_SHM_BOOT_BYTES, 4096);
 }
-/* A pair's segment: page 0 holds its header, the two rings' control words
- * (ring 0: lo -> hi, ring 1: hi -> lo) and their slot headers; then ring
- * 0's data slots, then ring 1's. */
+/* A pair's segment: page 0 holds its header, the two lanes' control words
+ * (lane 0: lo -> hi, lane 1: hi -> lo) and their slot headers; then lane
+ * 0's data slots, then lane 1's. */
 #define SHM_PAIR_CTL_OFF 128
 #define SHM_PAIR_HDRS_OFF 512
-static inline shm_ring_ctl* pair_ctl(void* m, int ring) {
-  return (shm_ring_ctl*)((char*)m + SHM_PAIR_CTL_OFF + (size_t)ring * sizeof(shm_ring_ctl));
+static inline shm_lane_ctl* pair_ctl(void* m, int lane) {
+  return (shm_lane_ctl*)((char*)m + SHM_PAIR_CTL_OFF + (size_t)lane * sizeof(shm_lane_ctl));
 }
-static inline shm_slot_hdr* pair_hdrs(void* m, int ring) {
+static inline shm_slot_hdr* pair_hdrs(void* m, int lane) {
   return (shm_slot_hdr*)((char*)m + SHM_PAIR_HDRS_OFF +
-                         (size_t)ring * SHM_NSLOTS * sizeof(shm_slot_hdr));
+                         (size_t)lane * SHM_NSLOTS * sizeof(shm_slot_hdr));
 }
 /* Data slots are SHM_SLOT_STRIDE apart (one line more than a slot), so
  * that the slots' first lines do not all fall in the same cache sets. */
 #define SHM_SLOT_STRIDE (SHM_SLOT_BYTES + SHM_CL)
-static inline char* pair_data(void* m, int ring) {
-  return (char*)m + 4096 + (size_t)ring * SHM_NSLOTS * SHM_SLOT_STRIDE;
+static inline char* pair_data(void* m, int lane) {
+  return (char*)m + 4096 + (size_t)lane * SHM_NSLOTS * SHM_SLOT_STRIDE;
 }
 static inline size_t pair_bytes(void) {
   return round_up(4096 + 2 * (size_t)SHM_NSLOTS * SHM_SLOT_STRIDE, 4096);
@@ -376,10 +337,11 @@ static inline void mlxd_shm_peer_ident(shm_transport* t, int pi) {
   if (!t->peers[pi].known) mlxd_shm_peer_ident_slow(t, pi);
 }
 
+/* Set the engine's part of a new transport (its ops, this rank's name as
+ * its own rank; shm.c). */
+void mlxd_shm_engine_init(shm_transport* t);
 /* Whether process pid is gone (no such process, or a zombie). */
 bool mlxd_shm_pid_dead(pid_t pid);
-/* Publish st as this rank's failure record (before state = RANK_FAILED). */
-void mlxd_shm_fail_publish(shm_fail_rec* rec, const mlxd_status* st);
 /* Rank r's published failure into st (validated); returns its code. */
 int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st);
 /* Register / remove this rank's heartbeat (end of create / start of

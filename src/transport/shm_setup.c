@@ -40,68 +40,16 @@ bool mlxd_shm_pid_dead(pid_t pid) {
   return p[2] == 'Z' || p[2] == 'X';
 }
 
-/* System calls a published failure may name (the name is copied back to
- * one of these static strings; anything else is dropped). */
-static const char* const k_syscalls[] = {
-    "recv",      "sendmsg", "poll",  "fcntl", "eventfd", "process_vm_readv", "shm_open",
-    "ftruncate", "mmap",    "fstat", "futex", "connect", "accept",           "getsockopt",
-};
-
-void mlxd_shm_fail_publish(shm_fail_rec* rec, const mlxd_status* st) {
-  memset(rec, 0, sizeof *rec);
-  rec->code = st->code;
-  rec->layer = st->layer;
-  rec->peer = st->peer;
-  rec->reporter = st->reporter;
-  rec->sys_errno = st->sys_errno;
-  rec->has_peer = st->has_peer;
-  rec->has_reporter = st->has_reporter;
-  snprintf(rec->syscall, sizeof rec->syscall, "%s", st->syscall ? st->syscall : "");
-  snprintf(rec->peer_addr, sizeof rec->peer_addr, "%s", st->peer_addr);
-  snprintf(rec->detail, sizeof rec->detail, "%s", st->msg);
-}
-
-/* Copy a NUL-terminated string of at most cap - 1 bytes from shared memory
- * (where it may be unterminated) and keep only printable ASCII. */
-static void copy_text(char* dst, const char* src, size_t cap) {
-  size_t i = 0;
-  for (; i + 1 < cap && src[i]; i++) dst[i] = (src[i] >= 0x20 && src[i] < 0x7f) ? src[i] : '?';
-  dst[i] = '\0';
-}
-
 /* Rank r's published failure into st, reported by r unless r relays one
- * itself. Its code is kept (a timeout stays a timeout; MLXD_EREMOTE when
- * out of range); other fields out of range are dropped. Returns the code. */
+ * itself (mlxd_fail_rec_read validates it). Returns the code. */
 int mlxd_shm_fail_read(shm_transport* t, int r, mlxd_status* st) {
-  const shm_fail_rec* rec = &rank_rec(t, r)->fail;
-  shm_fail_rec v;
-  memcpy(&v, rec, sizeof v);
-  int size = t->name_limit;
-  char detail[MLXD_MSG_MAX];
-  copy_text(detail, v.detail, sizeof detail);
-  int layer = v.layer > MLXD_LAYER_NONE && v.layer <= MLXD_LAYER_LAST ? v.layer : MLXD_LAYER_SHM;
-  int code = v.code > MLXD_OK && v.code <= MLXD_ECALLBACK ? v.code : MLXD_EREMOTE;
-  mlxd_fail_at(st, code, (mlxd_layer)layer, "%s", detail[0] ? detail : "failed");
-  if (v.has_peer && v.peer >= 0 && v.peer < size) {
-    char addr[MLXD_ADDR_MAX];
-    copy_text(addr, v.peer_addr, sizeof addr);
-    mlxd_status_set_peer(st, v.peer, addr);
-  }
-  v.syscall[sizeof v.syscall - 1] = '\0';
-  const char* sc = NULL;
-  for (size_t i = 0; i < sizeof k_syscalls / sizeof k_syscalls[0]; i++)
-    if (strcmp(v.syscall, k_syscalls[i]) == 0) sc = k_syscalls[i];
-  int err = v.sys_errno > 0 && v.sys_errno < 4096 ? v.sys_errno : 0;
-  if (sc || err) mlxd_status_set_sys(st, sc, err);
-  mlxd_status_set_reporter(st, v.has_reporter && v.reporter >= 0 && v.reporter < size
-                                   ? v.reporter
-                                   : shm_name(t, r));
-  return code;
+  return mlxd_fail_rec_read(&rank_rec(t, r)->fail, MLXD_LAYER_SHM, t->name_limit, shm_name(t, r),
+                            st);
 }
 
 /* ---- heartbeats (liveness.h) ---- */
 
-static void beat(void* ctx, double now) {
+static void shm_beat_tick(void* ctx, double now) {
   (void)now;
   shm_transport* t = ctx;
   char note[MLXD_NOTE_MAX] = {0};
@@ -117,7 +65,7 @@ static void beat(void* ctx, double now) {
 }
 
 void mlxd_shm_live_start(shm_transport* t) {
-  if (t->base.size > 1) t->watch = mlxd_watchdog_add(beat, t, t->live.beat_s);
+  if (t->base.size > 1) t->watch = mlxd_watchdog_add(shm_beat_tick, t, t->live.beat_s);
 }
 
 void mlxd_shm_live_stop(shm_transport* t) {
@@ -210,7 +158,7 @@ static bool join_watch_dead(shm_transport* t, mlxd_status* st) {
  * rank that completes the count wakes the others, and so does a rank that
  * fails (it publishes its failure first). Every wake-up looks at the
  * failure counter (one load; the ranks' states only when it moved); every
- * t->check_s this rank also watches the few ranks after it
+ * t->eng.check_s this rank also watches the few ranks after it
  * (join_watch_dead): a wait of N ranks costs O(1) per check, and the job's
  * waiters together look at each rank about SHM_JOIN_WATCH times. */
 static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want, double deadline,
@@ -234,11 +182,11 @@ static int wait_count(shm_transport* t, _Atomic uint32_t* counter, uint32_t want
                           shm_name(t, t->base.rank), mlxd_tunable_double(MLXD_T_CONNECT_TIMEOUT),
                           what, t->path, len ? "; missing ranks: " : "", missing);
     }
-    if (now - last_check >= t->check_s) {
+    if (now - last_check >= t->eng.check_s) {
       last_check = now;
       if (join_watch_dead(t, st)) return st->code;
     }
-    double left = deadline - now, nap = t->check_s - (now - last_check);
+    double left = deadline - now, nap = t->eng.check_s - (now - last_check);
     if (nap > left) nap = left;
     if (nap < 1e-4) nap = 1e-4;
     struct timespec ts = {(time_t)nap, (long)((nap - (double)(time_t)nap) * 1e9)};
@@ -508,6 +456,7 @@ static mlxd_transport* join(int rank, int size, const char* name, const int* nam
   t->base.size = size;
   t->name_limit = size;
   atomic_init(&t->mu.v, 0);
+  mlxd_shm_engine_init(t);
   if (names) {
     t->names = malloc((size_t)size * sizeof *t->names);
     if (!t->names) {
@@ -517,14 +466,16 @@ static mlxd_transport* join(int rank, int size, const char* name, const int* nam
     }
     memcpy(t->names, names, (size_t)size * sizeof *t->names);
     t->name_limit = name_limit;
+    t->eng.me = shm_name(t, rank);
   }
   snprintf(t->path, sizeof t->path, "/%s", name);
   mlxd_live_cfg_load(&t->live);
   const int here = machine_ranks > size ? machine_ranks : size; /* ranks on this host */
   mlxd_spin_rule spin = mlxd_spin_rule_for(here);
-  t->spin_s = spin.spin_s;
+  t->eng.spin_s = spin.spin_s;
   t->oversubscribed = spin.yield;
-  t->check_s = here > SHM_CROWDED_FACTOR * spin.cpus ? SHM_CHECK_CROWDED_S : SHM_CHECK_S;
+  t->eng.yield = spin.yield;
+  t->eng.check_s = here > SHM_CROWDED_FACTOR * spin.cpus ? SHM_CHECK_CROWDED_S : SHM_CHECK_S;
   t->cma_min = mlxd_shm_cma_bytes_for(spin.crowded);
   /* a page of entries is touched only when a peer on it is first used */
   t->peers = mlxd_ztable_new((size_t)size, sizeof *t->peers);
@@ -581,7 +532,7 @@ fail:
   if (t->map) {
     shm_rank_rec* mine = rank_rec(t, rank);
     if (atomic_load(&mine->pid) == (int32_t)getpid()) {
-      mlxd_shm_fail_publish(&mine->fail, st);
+      mlxd_fail_rec_fill(&mine->fail, st);
       atomic_store_explicit(&mine->state, RANK_FAILED, memory_order_release);
       atomic_fetch_add(&t->hdr->nfailed, 1);
       /* ranks still joining sleep on the count: they relay this at once */
@@ -594,7 +545,7 @@ fail:
   return NULL;
 }
 
-/* ---- pairs: rings made on first contact ---- */
+/* ---- pairs: lanes made on first contact ---- */
 
 void mlxd_shm_peer_ident_slow(shm_transport* t, int pi) {
   shm_peer* p = &t->peers[pi];
@@ -679,8 +630,8 @@ static bool pair_wait_step(shm_transport* t, int pi, const char* name, double de
  * mapped the pair meanwhile (another op to pi, or progress reading pi's
  * hello), 0 if this thread goes on. */
 static int pair_recheck(shm_transport* t, int pi, mlxd_status* st) {
-  if (t->err.code) {
-    *st = t->err;
+  if (t->eng.err.code) {
+    *st = t->eng.err;
     return 1;
   }
   return t->peers[pi].mapped ? 2 : 0;
@@ -797,7 +748,7 @@ int mlxd_shm_pair_attach(shm_transport* t, int pi, bool drop, mlxd_status* st) {
     }
   }
   bool low = (uint32_t)t->base.rank == lo;
-  int out = low ? 0 : 1, in = low ? 1 : 0; /* ring 0: lo -> hi, ring 1: hi -> lo */
+  int out = low ? 0 : 1, in = low ? 1 : 0; /* lane 0: lo -> hi, lane 1: hi -> lo */
   p->pair_map = m;
   p->out = pair_ctl(m, out);
   p->in = pair_ctl(m, in);
@@ -909,7 +860,7 @@ void mlxd_shm_pair_release_all(shm_transport* t) {
  * contended and sleep until a release hands it over. */
 void mlxd_shm_lock_slow(shm_lock* l, uint32_t seen) {
   for (int i = 0; i < 100 && seen != 0; i++) { /* a holder leaves within a few steps */
-    shm_cpu_relax();
+    mlxd_cpu_relax();
     seen = 0;
     if (atomic_compare_exchange_weak_explicit(&l->v, &seen, 1, memory_order_acquire,
                                               memory_order_relaxed))
@@ -928,7 +879,7 @@ void mlxd_shm_lock_wake(shm_lock* l) {
 
 /* ---- liveness of a wait ---- */
 
-/* Liveness apart from progress (liveness.h), checked every t->check_s of
+/* Liveness apart from progress (liveness.h), checked every t->eng.check_s of
  * a wait without progress: a peer of a pending request whose heartbeat
  * counter did not move for MLXDIST_TIMEOUT (counted from the wait's start
  * at the earliest) is dead; no progress since `last` for
@@ -940,10 +891,10 @@ bool mlxd_shm_live_check(shm_transport* t, shm_req** reqs, int n, double start, 
   char note[MLXD_NOTE_MAX];
   for (int i = 0; i < n; i++) {
     shm_req* r = reqs[i];
-    if (!r || r->m.complete) continue;
+    if (!r || r->q.m.complete) continue;
     if (!w) w = r;
-    shm_peer* p = &t->peers[r->m.peer];
-    uint64_t b = atomic_load_explicit(&rank_rec(t, r->m.peer)->beat, memory_order_acquire);
+    shm_peer* p = &t->peers[r->q.m.peer];
+    uint64_t b = atomic_load_explicit(&rank_rec(t, r->q.m.peer)->beat, memory_order_acquire);
     if (b != p->beat_seen) {
       p->beat_seen = b;
       p->heard = now;
@@ -951,28 +902,28 @@ bool mlxd_shm_live_check(shm_transport* t, shm_req** reqs, int n, double start, 
     double heard = p->heard > start ? p->heard : start;
     if (now - heard >= t->live.dead_s) {
       mlxd_status s;
-      mlxd_shm_note_read(t, r->m.peer, note, sizeof note);
-      mlxd_live_dead(&s, MLXD_LAYER_SHM, shm_name(t, r->m.peer), p->addr, now - heard, note);
+      mlxd_shm_note_read(t, r->q.m.peer, note, sizeof note);
+      mlxd_live_dead(&s, MLXD_LAYER_SHM, shm_name(t, r->q.m.peer), p->addr, now - heard, note);
       mlxd_shm_fail(t, &s);
       return true;
     }
   }
   if (!w) return false;
-  shm_peer* p = &t->peers[w->m.peer];
+  shm_peer* p = &t->peers[w->q.m.peer];
   if (now - last >= t->live.op_s) {
     mlxd_status s;
-    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
-    mlxd_live_op_timeout(&s, MLXD_LAYER_SHM, shm_name(t, w->m.peer), p->addr, t->live.op_s,
-                         w->kind == REQ_SEND, w->m.n, w->m.tag, note);
+    mlxd_shm_note_read(t, w->q.m.peer, note, sizeof note);
+    mlxd_live_op_timeout(&s, MLXD_LAYER_SHM, shm_name(t, w->q.m.peer), p->addr, t->live.op_s,
+                         w->q.kind == REQ_SEND, w->q.m.n, w->q.m.tag, note);
     mlxd_shm_fail(t, &s);
     return true;
   }
   if (!*warned && t->live.warn_s > 0 && now - last >= t->live.warn_s) {
     *warned = true;
     double heard = p->heard > start ? p->heard : start;
-    mlxd_shm_note_read(t, w->m.peer, note, sizeof note);
-    mlxd_live_warn(MLXD_LAYER_SHM, shm_name(t, t->base.rank), shm_name(t, w->m.peer), p->addr,
-                   now - last, w->m.tag, now - heard, note);
+    mlxd_shm_note_read(t, w->q.m.peer, note, sizeof note);
+    mlxd_live_warn(MLXD_LAYER_SHM, shm_name(t, t->base.rank), shm_name(t, w->q.m.peer), p->addr,
+                   now - last, w->q.m.tag, now - heard, note);
   }
   return false;
 }

@@ -3,7 +3,7 @@
  * waits for sits descheduled behind it. docs/performance.md, "Spinning on
  * a crowded machine", has the measurements behind the numbers.
  *
- * The single-copy rule (spin.h) has the same cause: a ring copy needs the
+ * The single-copy rule (spin.h) has the same cause: a lane copy needs the
  * sender and the receiver on a CPU at the same time, a process_vm_readv only
  * the receiver. docs/performance.md, "Single copy by default on a crowded
  * host", has its measurements. */

@@ -599,7 +599,7 @@ static bool wait_run(tcp_transport* t, mlxd_req** reqs, int n, double until, tcp
       if (progress_round(t, ms, until == INFINITY ? TCP_SPIN_BATCH : 1))
         lw->last_event = mlxd_now();
       else if (ms == 0 && t->yield_spin && until == INFINITY)
-        sched_yield(); /* the rank we wait for may need this CPU (not in a slice: mixed.c) */
+        sched_yield(); /* the rank we wait for may need this CPU (not in a slice: router.c) */
       lw->polled = true;
       t->progressing = false;
       /* Let a sleeping waiter take over if we leave, and tell waiters

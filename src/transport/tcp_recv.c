@@ -13,16 +13,18 @@
 #include <unistd.h>
 
 #include "core/buffer.h"
+#include "transport/engine.h"
 #include "transport/tcp.h"
 #include "transport/tcp_impl.h"
 #include "util/clock.h"
 
 /* Whether this rank's call `mine` and a message of the same operation from
- * peer, signed `theirs`, disagree; if so the transport has failed with both
- * calls named (mu held). */
-static bool sig_clash(tcp_transport* t, int peer, const mlxd_sig* mine, const mlxd_sig* theirs) {
+ * peer, signed `theirs`, disagree (mlxd_eng_sig_clash); if so the transport
+ * has failed with both calls named (mu held). */
+static bool tcp_clash(tcp_transport* t, int peer, const mlxd_sig* mine, const mlxd_sig* theirs) {
   mlxd_status s;
-  if (!mlxd_sig_check(&s, MLXD_LAYER_TCP, t->base.rank, mine, peer, t->peers[peer].addr, theirs))
+  if (!mlxd_eng_sig_clash(&s, MLXD_LAYER_TCP, t->base.rank, mine, peer, t->peers[peer].addr,
+                          theirs))
     return false;
   mlxd_tcp_fail(t, &s);
   mlxd_tcp_wake(t); /* from irecv: a progressor may sit in poll, other waiters on cv */
@@ -57,7 +59,7 @@ int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* s
   tcp_imsg* same = m;
   if (!same && r->m.sig.op != MLXD_SIG_NONE)
     same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&pe->mq.unexpected, tag), tcp_imsg, ux);
-  if (same && sig_clash(t, peer, &r->m.sig, &same->sig)) {
+  if (same && tcp_clash(t, peer, &r->m.sig, &same->sig)) {
     int code = mlxd_tcp_fail_status(t, st);
     mlxd_tcp_req_free(t, r);
     pthread_mutex_unlock(&t->mu);
@@ -66,10 +68,7 @@ int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* s
   if (m) {
     mlxd_match_remove(&pe->mq.unexpected, &m->ux);
     if (m->total != n) {
-      r->m.code = MLXD_EINVAL;
-      r->m.mismatch = true;
-      r->m.sent = m->total;
-      r->m.complete = true;
+      mlxd_match_req_mismatch(&r->m, m->total);
       if (m->complete) {
         mlxd_tcp_imsg_free(t, m);
       } else { /* still arriving: drain and drop the rest */
@@ -155,7 +154,7 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
     struct mlxd_req* same = r;
     if (!same)
       same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&pe->mq.posted, h.tag), struct mlxd_req, link);
-    if (same && sig_clash(t, c->peer, &same->m.sig, &h.sig)) return -1;
+    if (same && tcp_clash(t, c->peer, &same->m.sig, &h.sig)) return -1;
   }
   if (!m) {
     m = mlxd_tcp_pool_get(&t->imsg_pool, sizeof *m);

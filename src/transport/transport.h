@@ -1,7 +1,11 @@
 /* Private: the point-to-point transport interface the collective algorithms
- * (src/algo) are written against. Implementations: tcp.c, shm.c, verbs.c, and
- * router.c (each peer over the first of them that can reach it); the tag
- * matching and failure plumbing they share is in match.h.
+ * (src/algo) are written against. Implementations: tcp.c (TCP and Unix
+ * sockets), shm.c (shared memory on one host), verbs.c (RDMA reliable
+ * connections: jaccl's transport), and router.c (each peer over the first
+ * of them that can reach it). shm and verbs run on one message engine
+ * (engine.h: requests, matching, failures, the wait loop; each supplies how
+ * its bytes move); the tag matching and failure plumbing every transport,
+ * tcp included, shares is in match.h (and the signature check in engine.h).
  *
  * Messages are matched by (peer, tag): a receive posted for (p, t) gets
  * the bytes of the send from p with tag t, whatever order they are posted
@@ -30,10 +34,11 @@
  * What arrives from the network or from another process (headers, sizes,
  * a peer's published failure) is hostile input and fails with a status.
  *
- * Failures are structured statuses (util/status.h): layer MLXD_LAYER_TCP or
- * MLXD_LAYER_SHM, a detail without any "[tag]" prefix ("lost connection to
- * rank 2: it closed the connection"), the peer and its address where known
- * ("10.0.0.2:41000" over TCP, "pid 1234" over shm), the system call and
+ * Failures are structured statuses (util/status.h): layer MLXD_LAYER_TCP,
+ * MLXD_LAYER_SHM or MLXD_LAYER_VERBS (mixed passes on its parts'), a detail
+ * without any "[tag]" prefix ("lost connection to rank 2: it closed the
+ * connection"), the peer and its address where known ("10.0.0.2:41000" over
+ * TCP, "pid 1234" over shm, "10.0.2.15 qp 17" over verbs), the system call and
  * errno where one failed, and the reporting rank where another rank's
  * failure is relayed. The backend renders them (mlxd_status_render).
  *
@@ -99,7 +104,7 @@ typedef struct mlxd_wait_state {
   double start;       /* when the wait began: silence before it does not count */
   double last_change; /* the last progress of its requests */
   double last_event;  /* the last event the transport saw (spinning window) */
-  double next_check;  /* tcp: the next liveness check; shm: the last one */
+  double next_check;  /* tcp: the next liveness check; shm, verbs: the last one */
   double deadline;    /* tcp: the earliest time a check may fail or warn */
   uint64_t mark;      /* tcp: the progress count seen last */
 } mlxd_wait_state;

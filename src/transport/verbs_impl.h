@@ -1,7 +1,7 @@
 /* Private: what verbs.c (matching, progress, waiting, liveness) and
  * verbs_setup.c (devices, registered memory, queue pairs, the address
- * exchange, heartbeats, failure records) share. Design notes at the top of
- * verbs.c. */
+ * exchange, heartbeats, failure records), verbs_pull.c (the pull path) and
+ * verbs_cq.c (completions) share. Design notes at the top of verbs.c. */
 #ifndef MLXD_VERBS_IMPL_H
 #define MLXD_VERBS_IMPL_H
 
@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "rdma/ibv.h"
+#include "transport/engine.h"
 #include "transport/liveness.h"
 #include "transport/match.h"
 #include "transport/verbs_mr.h"
@@ -33,8 +34,8 @@
 #define VB_PROBE_S 0.25                   /* probe writes to a peer a wait is blocked on */
 #define VB_RING_CHUNK ((size_t)256 << 10) /* mlxd_transport.ring_chunk: 4 slots */
 #define VB_MAX_DEVS 64                    /* distinct devices in one transport */
-#define VB_READ_MAX ((size_t)4 << 20)     /* bytes per RDMA read of a rendezvous */
-#define VB_RD_SLOTS 8                     /* rendezvous reads in progress per peer */
+#define VB_READ_MAX ((size_t)4 << 20)     /* bytes per RDMA read of the pull path */
+#define VB_RD_SLOTS 8                     /* pull reads in progress per peer */
 #define VB_RD_PER_RAIL 4                  /* RDMA reads outstanding per queue pair */
 #define VB_MR_ENTRIES 64                  /* registrations kept by the cache */
 /* A chunk's kind (vb_chunk_hdr.kind). */
@@ -48,7 +49,7 @@ typedef struct vb_chunk_hdr {
   uint64_t total;                    /* the message's size */
   uint64_t off;                      /* this chunk's offset in the message */
   uint32_t len;                      /* payload bytes in this slot (<= VB_PAYLOAD) */
-  uint32_t kind;                     /* VB_CK_*: data; a rendezvous offer (payload: address, cookie,
+  uint32_t kind;                     /* VB_CK_*: data; a pull offer (payload: address, cookie,
                      rkeys; total: the message's size); its end (tag: the cookie) */
   unsigned char sig[MLXD_SIG_BYTES]; /* the sender's call (mlxd_sig_encode) */
   uint64_t pad2_;
@@ -66,12 +67,8 @@ enum { VB_REC_NONE = 0, VB_REC_FAILED = 1, VB_REC_CLOSED = 2 };
  * memory (mlxd_status without its pointers). Hostile when read: every
  * field is validated (mlxd_vb_rec_read). */
 typedef struct vb_rec {
-  uint32_t state; /* VB_REC_* */
-  int32_t code, layer, peer, reporter, sys_errno;
-  uint8_t has_peer, has_reporter, pad_[2];
-  char syscall[24];
-  char peer_addr[MLXD_ADDR_MAX];
-  char detail[MLXD_MSG_MAX];
+  uint32_t state;  /* VB_REC_* */
+  mlxd_fail_rec f; /* VB_REC_FAILED: the failure (engine.h) */
 } vb_rec;
 
 /* The cells at VB_CELLS_OFF of each peer's block: the first half is written
@@ -94,38 +91,25 @@ typedef struct vb_cells {
 } vb_cells;
 _Static_assert(sizeof(vb_cells) <= 8192, "cells fit their pages");
 
-enum { VB_REQ_SEND = 1, VB_REQ_RECV = 2 };
-enum { VB_W_NONE = 0, VB_W_SENDQ, VB_W_POSTED, VB_W_CUR, VB_W_RDV, VB_W_RD };
+enum { VB_REQ_SEND = MLXD_ENG_SEND, VB_REQ_RECV = MLXD_ENG_RECV };
+/* Where a request is besides the engine's places (engine.h): the send
+ * queue, the pull sends waiting for their FIN, a pull read filling it. */
+enum { VB_W_SENDQ = MLXD_ENG_OWN, VB_W_PULLQ, VB_W_RD };
 /* What a work request is (its wr_id: peer << 32 | seq16 << 16 | rail << 8 | kind). */
 enum { VB_WR_DATA = 1, VB_WR_CREDIT, VB_WR_BEAT, VB_WR_PROBE, VB_WR_REC, VB_WR_RECV, VB_WR_READ };
 
 typedef struct vb_req {
-  mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
-  int kind;
-  int where;
-  char* buf;
+  mlxd_eng_req q; /* first: the engine's part (engine.h) */
   size_t off;
   bool started;    /* send: its first chunk is posted */
-  bool rdv;        /* send: by rendezvous (mre registered), completes on its FIN */
+  bool pull;       /* send: by the pull path (mre registered), completes on its FIN */
   bool fin;        /* internal: a FIN chunk for cookie (no caller owns it) */
-  uint64_t cookie; /* rdv: its id; fin: the sender's id */
-  mlxd_vbmr_ent* mre[MLXD_VERBS_MAX_RAILS]; /* rdv: per registration index of the peer */
-  struct vb_req* next;                      /* send queue, free list */
-  mlxd_match_link link;                     /* recv: in the posted queue */
+  uint64_t cookie; /* pull: its id; fin: the sender's id */
+  mlxd_vbmr_ent* mre[MLXD_VERBS_MAX_RAILS]; /* pull: per registration index of the peer */
+  struct vb_req* next;                      /* send queue, pull queue */
 } vb_req;
 
-struct vb_rd;
-typedef struct vb_unexp {
-  size_t len, got;
-  mlxd_sig sig;
-  char* buf;
-  bool complete;
-  struct vb_rd* rd; /* being read (rendezvous), not complete yet */
-  bool rdv;         /* it came by rendezvous (read into buf): copied once more when matched */
-  mlxd_match_link link;
-} vb_unexp;
-
-/* A rendezvous read in progress at the receiver: the sender's buffer
+/* A pull read in progress at the receiver: the sender's buffer
  * (raddr, rkey per rail) read into dst in reads of <= VB_READ_MAX. */
 typedef struct vb_rd {
   bool active, drop, orphan; /* drop: no read (size mismatch); orphan: ux unmatched, freed at end */
@@ -134,8 +118,8 @@ typedef struct vb_rd {
   uint32_t rkey[MLXD_VERBS_MAX_RAILS];
   int outstanding, next_rail;
   char* dst;
-  vb_req* req;  /* the posted receive it fills (or NULL) */
-  vb_unexp* ux; /* the bounce buffer (or NULL) */
+  mlxd_eng_req* req;  /* the posted receive it fills (or NULL) */
+  mlxd_eng_unexp* ux; /* the bounce buffer (or NULL) */
   mlxd_vbmr_ent* mre[MLXD_VERBS_MAX_RAILS];
 } vb_rd;
 
@@ -162,8 +146,8 @@ typedef struct vb_peer {
   uint64_t sent; /* chunks posted */
   vb_req *sq_head, *sq_tail;
   uint64_t slot_tag[VB_NSLOTS]; /* the tag of the chunk last posted in each slot */
-  vb_req* rdv_head;             /* rendezvous sends waiting for their FIN */
-  vb_rd rd[VB_RD_SLOTS];        /* rendezvous reads from this peer */
+  vb_req* pull_head;            /* pull sends waiting for their FIN */
+  vb_rd rd[VB_RD_SLOTS];        /* pull reads from this peer */
   bool beat_busy, probe_busy, rec_busy;
   double last_probe;
   /* receiving */
@@ -171,11 +155,7 @@ typedef struct vb_peer {
   uint64_t credit_sent; /* the count last written to the peer */
   bool credit_busy;     /* a credit write is in flight */
   bool arrived[VB_NSLOTS];
-  mlxd_match_peer mq;
-  bool cur_active;
-  uint64_t cur_tag, cur_total, cur_off;
-  vb_req* cur_req;
-  vb_unexp* cur_ux; /* both NULL while active: drop the rest */
+  mlxd_eng_peer ep; /* posted receives, unexpected messages, the message coming in */
   /* liveness */
   uint64_t beat_seen;
   double heard;
@@ -189,19 +169,15 @@ typedef struct vb_transport {
   int ndevs;
   vb_peer* peers;
   mlxd_live_cfg live;
-  double spin_s;
+  mlxd_engine eng; /* requests, matching, the first failure, the wait (engine.h) */
   int watch;
   double last_beat;     /* when this rank last sent its heartbeats (mu) */
   atomic_bool beat_due; /* the watchdog found mu taken: a waiter sends them (verbs_setup.c) */
   bool closing;         /* destroy runs: completions of dying work are not failures */
   bool forgotten;       /* a forked child's copy */
   bool chan_owner;      /* a waiter sleeps on the completion channels */
-  int waiting;          /* threads inside a wait */
   int wake_fd;          /* eventfd: wakes the channel sleeper (abort, another waiter's progress) */
-  mlxd_status err;      /* the first failure */
-  vb_req* free_reqs;
-  int nfree;
-  /* rendezvous (zero copy) */
+  /* the pull path (zero copy) */
   size_t zcopy_min;   /* MLXDIST_VERBS_ZCOPY_BYTES (0: off) */
   size_t block_bytes; /* registered by set-up (for the memlock check) */
   mlxd_vbmr mrc;      /* the registration cache (mu) */
@@ -212,12 +188,41 @@ typedef struct vb_transport {
 
 /* ---- verbs.c ---- */
 extern const mlxd_transport_ops mlxd_verbs_ops;
+/* Bytes moved by path: staged, pulled straight, pulled then copied
+ * (mlxd_verbs_copy_counts). */
+extern _Atomic uint64_t mlxd_vb_bytes[3];
 void mlxd_vb_fail(vb_transport* t, const mlxd_status* st); /* mu held */
+/* Fail the transport: peer pi wrote a chunk it should not have (what). */
+void mlxd_vb_fail_proto(vb_transport* t, int pi, const char* what);
+/* Set the engine's part of a new transport (its ops; spin_s). */
+void mlxd_vb_engine_init(vb_transport* t, double spin_s);
 /* One pass: every completion queue, every peer's arrivals, credits, sends
  * and (records) failure record; isend/irecv leave the records to the waits,
  * as the other transports do. Returns events (chunks in or out), mu held. */
 int mlxd_vb_progress(vb_transport* t, bool records);
 void mlxd_vb_destroy(mlxd_transport* tt);
+
+/* ---- verbs_pull.c: the pull path (zero copy) ---- */
+/* The device of peer p's registration index m. */
+int mlxd_vb_dev_of_mr(vb_peer* p, int m);
+/* Release a request's or a read's registrations. */
+void mlxd_vb_mre_put_all(vb_transport* t, mlxd_vbmr_ent** mre);
+/* Make send r (n bytes of buf; owned: from mlxd_buffer_alloc) a pull offer:
+ * its buffer registered on each device of the peer's rails. false: it did
+ * not register (warned once): r goes staged. mu held. */
+bool mlxd_vb_pull_offer(vb_transport* t, vb_req* r, const void* buf, size_t n, bool owned);
+/* An offer or FIN chunk from pi (header h, payload pl). 1: consumed, 0: not
+ * now (every read slot busy), -1: the transport failed. mu held. */
+int mlxd_vb_pull_chunk(vb_transport* t, int pi, const vb_chunk_hdr* h, const char* pl);
+/* Post pi's pull reads as far as the queue pairs allow; finish those whose
+ * reads all completed (a FIN queued). Returns reads posted. mu held. */
+int mlxd_vb_pull_reads(vb_transport* t, int pi);
+
+/* ---- verbs_cq.c: completions ---- */
+/* Poll every completion queue; returns events (chunks arrived, reads done). */
+int mlxd_vb_poll_cqs(vb_transport* t);
+/* The peers' records: relay a failure, note a close. mu held. */
+void mlxd_vb_check_records(vb_transport* t);
 
 /* ---- verbs_setup.c ---- */
 /* Post a small control write (credit, heartbeat, probe, record) of n bytes

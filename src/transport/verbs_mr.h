@@ -1,5 +1,5 @@
 /* Private: the verbs transport's cache of memory registrations for
- * zero-copy messages (transport/verbs.c, "Rendezvous"). Bookkeeping only:
+ * zero-copy messages (transport/verbs_pull.c, the pull path). Bookkeeping only:
  * the registering and deregistering are the caller's functions (the
  * device layer in the transport, fakes in the host unit test), so overlap,
  * invalidation and eviction are tested without RDMA.

@@ -48,57 +48,11 @@ _Static_assert(offsetof(vb_cells, probe_out) - offsetof(vb_cells, credit_out) ==
 void mlxd_vb_rec_fill(vb_rec* rec, uint32_t state, const mlxd_status* st) {
   memset(rec, 0, sizeof *rec);
   rec->state = state;
-  if (!st) return;
-  rec->code = st->code;
-  rec->layer = st->layer;
-  rec->peer = st->peer;
-  rec->reporter = st->reporter;
-  rec->sys_errno = st->sys_errno;
-  rec->has_peer = st->has_peer;
-  rec->has_reporter = st->has_reporter;
-  snprintf(rec->syscall, sizeof rec->syscall, "%s", st->syscall ? st->syscall : "");
-  snprintf(rec->peer_addr, sizeof rec->peer_addr, "%s", st->peer_addr);
-  snprintf(rec->detail, sizeof rec->detail, "%s", st->msg);
+  if (st) mlxd_fail_rec_fill(&rec->f, st);
 }
-
-static void copy_text(char* dst, const volatile char* src, size_t cap) {
-  size_t i = 0;
-  for (; i + 1 < cap; i++) {
-    char c = src[i];
-    if (!c) break;
-    dst[i] = (c >= 0x20 && c < 0x7f) ? c : '?';
-  }
-  dst[i] = '\0';
-}
-
-/* Calls a record may name (copied back to one of these static strings). */
-static const char* const k_syscalls[] = {"recv",   "sendmsg", "poll", "connect",
-                                         "accept", "mmap",    "futex"};
 
 int mlxd_vb_rec_read(vb_transport* t, int pi, mlxd_status* st) {
-  const volatile vb_rec* v = &t->peers[pi].cells->rec_in;
-  char detail[MLXD_MSG_MAX], sc_text[24];
-  copy_text(detail, v->detail, sizeof detail);
-  int32_t layer = v->layer, code = v->code, peer = v->peer, reporter = v->reporter;
-  int32_t err = v->sys_errno;
-  bool has_peer = v->has_peer == 1, has_reporter = v->has_reporter == 1;
-  copy_text(sc_text, v->syscall, sizeof sc_text);
-  int size = t->base.size;
-  if (!(layer > MLXD_LAYER_NONE && layer <= MLXD_LAYER_LAST)) layer = MLXD_LAYER_VERBS;
-  if (!(code > MLXD_OK && code <= MLXD_ECALLBACK)) code = MLXD_EREMOTE;
-  mlxd_fail_at(st, code, (mlxd_layer)layer, "%s", detail[0] ? detail : "failed");
-  if (has_peer && peer >= 0 && peer < size) {
-    char addr[MLXD_ADDR_MAX];
-    copy_text(addr, v->peer_addr, sizeof addr);
-    mlxd_status_set_peer(st, peer, addr);
-  }
-  const char* sc = NULL;
-  for (size_t i = 0; i < sizeof k_syscalls / sizeof k_syscalls[0]; i++)
-    if (strcmp(sc_text, k_syscalls[i]) == 0) sc = k_syscalls[i];
-  if (!(err > 0 && err < 4096)) err = 0;
-  if (sc || err) mlxd_status_set_sys(st, sc, err);
-  mlxd_status_set_reporter(st, has_reporter && reporter >= 0 && reporter < size ? reporter : pi);
-  return code;
+  return mlxd_fail_rec_read(&t->peers[pi].cells->rec_in.f, MLXD_LAYER_VERBS, t->base.size, pi, st);
 }
 
 void mlxd_vb_note_read(vb_transport* t, int pi, char* out, size_t n) {
@@ -118,12 +72,12 @@ void mlxd_vb_note_read(vb_transport* t, int pi, char* out, size_t n) {
 static void beat_locked(vb_transport* t, double now) {
   t->last_beat = now;
   atomic_store_explicit(&t->beat_due, false, memory_order_relaxed);
-  if (t->err.code || t->closing) return;
+  if (t->eng.err.code || t->closing) return;
   char note[MLXD_NOTE_MAX] = {0};
   mlxd_oprec_note(note, sizeof note);
   note[sizeof note - 1] = '\0';
   mlxd_vb_progress(t, true); /* completions of earlier beats, and whatever else came */
-  for (int pi = 0; pi < t->base.size && !t->err.code; pi++) {
+  for (int pi = 0; pi < t->base.size && !t->eng.err.code; pi++) {
     vb_peer* p = &t->peers[pi];
     if (pi == t->base.rank || !p->nrails || p->beat_busy || p->closed) continue;
     p->cells->beat_out.count++;
@@ -140,7 +94,7 @@ static void beat_locked(vb_transport* t, double now) {
  * under emulation), and held back every other registration's tick. When
  * mu is taken the beat is left to the waiter (mlxd_vb_beat_if_due); when
  * the holder is not a waiter, the next tick sends it. */
-static void beat(void* ctx, double now) {
+static void vb_beat_tick(void* ctx, double now) {
   vb_transport* t = ctx;
   if (pthread_mutex_trylock(&t->mu) != 0) {
     atomic_store_explicit(&t->beat_due, true, memory_order_relaxed);
@@ -159,7 +113,7 @@ void mlxd_vb_beat_if_due(vb_transport* t, double now) {
 
 void mlxd_vb_live_start(vb_transport* t) {
   t->last_beat = mlxd_now();
-  if (t->base.size > 1) t->watch = mlxd_watchdog_add(beat, t, t->live.beat_s);
+  if (t->base.size > 1) t->watch = mlxd_watchdog_add(vb_beat_tick, t, t->live.beat_s);
 }
 
 void mlxd_vb_live_stop(vb_transport* t) {
@@ -318,14 +272,14 @@ mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_pe
   t->base.size = size;
   t->base.pipeline_chunk = VB_RING_CHUNK;
   mlxd_live_cfg_load(&t->live);
-  t->spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
+  double spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
+  mlxd_vb_engine_init(t, spin_s >= 0 ? spin_s : 50e-6);
   long zc = mlxd_tunable_long(MLXD_T_VERBS_ZCOPY_BYTES);
   t->zcopy_min = zc > 0 ? (size_t)zc : 0;
   t->block_bytes = need;
   long mrmb = mlxd_tunable_long(MLXD_T_VERBS_MR_CACHE_MB);
   mlxd_vbmr_init(&t->mrc, VB_MR_ENTRIES, (size_t)(mrmb > 0 ? mrmb : 256) << 20, mlxd_vb_mr_reg,
                  mlxd_vb_mr_dereg, t);
-  if (!(t->spin_s >= 0)) t->spin_s = 50e-6;
   t->peers = calloc((size_t)size, sizeof *t->peers);
   if (!t->peers) {
     mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_VERBS, "out of memory for the transport");
@@ -461,6 +415,6 @@ mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_pe
   for (int pi = 0; pi < size; pi++) t->peers[pi].heard = now;
   mlxd_vb_live_start(t);
   t->buf_watch = mlxd_buffer_watch(mlxd_vb_mr_release, t);
-  if (!t->buf_watch) t->zcopy_min = 0; /* no invalidation: no rendezvous */
+  if (!t->buf_watch) t->zcopy_min = 0; /* no invalidation: no pull path */
   return &t->base;
 }

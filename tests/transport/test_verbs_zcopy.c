@@ -1,4 +1,4 @@
-/* Zero-copy (rendezvous) messages of the verbs transport on real RDMA
+/* Zero-copy (pull path) messages of the verbs transport on real RDMA
  * (soft-RoCE in the VM, tests/vm/vm_verbs.sh): two forked ranks over
  * "verbs[:K]" (tests/common/transports.h).
  *

@@ -7,10 +7,10 @@
 #   - liveness (test_verbs_live): a killed rank (3 ranks; 4 ranks with 2 rails: every
 #     survivor fails within 2 s naming it), a stopped rank (within MLXDIST_TIMEOUT=3 + 2 s), a busy rank waited for, a
 #     stalled op timing out (MLXDIST_OP_TIMEOUT). The measured times are printed.
-#   - zero copy (test_verbs_zcopy): p2p across the rendezvous threshold, an unexpected large
+#   - zero copy (test_verbs_zcopy): p2p across the pull threshold, an unexpected large
 #     message, a buffer freed and reallocated at the same address between two large sends
 #     (1 and 2 rails), bytes per path printed; the algorithm suite at 2 ranks, 2 rails, with the
-#     threshold lowered to 4 KiB (MLXDIST_VERBS_ZCOPY_BYTES), so most messages are rendezvous.
+#     threshold lowered to 4 KiB (MLXDIST_VERBS_ZCOPY_BYTES), so most messages take the pull path.
 #   - all_to_all's parts (test_vm_a2a_zcopy, 3 ranks, and 4 with 2 rails): parts from 1000 B
 #     to 5 MiB, each size twice; the bytes by path must be exactly the staged small parts and
 #     the RDMA-read (or bounced) large ones, with some zero copy.
