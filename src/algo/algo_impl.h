@@ -78,7 +78,7 @@ int mlxd_algo_all_gather_logn(mlxd_transport* t, uint64_t seq, const mlxd_sig* s
  * reduce_scatter from MLXD_LOGN_SHM_RS_RANKS ranks up to
  * MLXD_LOGN_SHM_RS_MAX_BYTES; and from MLXD_LOGN_SHM_WIDE_RANKS ranks every
  * small op of every size: a direct / one-shot form makes (and maps) a pair
- * of rings with every other rank of the host the first time it runs, N^2/2
+ * of lanes with every other rank of the host the first time it runs, N^2/2
  * pairs in the job, which costs more than any saving of its single step
  * (docs/performance.md, "Small collectives at 128 ranks and more"). */
 #define MLXD_LOGN_NET_AR_RANKS 8

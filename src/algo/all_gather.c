@@ -24,7 +24,7 @@ static void gather_prologue(mlxd_transport* t, const void* in, void* out, size_t
  * the peers get this rank's data one block copy sooner and the copy fills
  * this rank's wait for theirs (256 KiB over shm, 2 ranks: 13.5 -> 11.5 us).
  * Larger ones are copied first: the copy would hold up the transfer (the
- * shm ring fills while this rank copies instead of draining; 4 MiB, 2
+ * shm lane fills while this rank copies instead of draining; 4 MiB, 2
  * ranks: 207 -> 231 us; docs/performance.md). */
 #define OWN_LATE_MAX ((size_t)512 << 10)
 static void gather_own(mlxd_transport* t, const void* in, void* out, size_t nbytes) {

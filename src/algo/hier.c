@@ -83,7 +83,7 @@ static int gather_reduce(mlxd_transport* v, uint64_t seq, const mlxd_sig* sig, c
 /* Whether a host of nlocal ranks takes the log-depth forms inside the host
  * (recursive doubling, a binomial tree) instead of the leader's gather and
  * broadcast or the one-shot: from MLXD_LOGN_SHM_WIDE_RANKS, where making a
- * pair of rings with every rank of the host costs more than the steps. The
+ * pair of lanes with every rank of the host costs more than the steps. The
  * same on every rank of the group (h->nlocal is the same on a host; the
  * columns form needs every host alike). */
 static bool host_wide(const mlxd_hier* h) { return h->nlocal >= MLXD_LOGN_SHM_WIDE_RANKS; }

@@ -1,9 +1,9 @@
 /* Private: which process owns what, for fork() (docs/api.md, "Fork").
  *
  * A group, a stream and a pending array belong to the process that made
- * them: their threads, sockets and shared-memory rings are that process's.
+ * them: their threads, sockets and shared-memory lanes are that process's.
  * A child made by fork() has copies of them but none of the threads, and
- * the sockets and rings it shares with its parent must not carry a byte
+ * the sockets and lanes it shares with its parent must not carry a byte
  * from it. So each such object keeps the id of the process that made it
  * (mlxd_self_pid() then), and every entry point compares it with
  * mlxd_self_pid() now: a copy in another process fails at once with

@@ -48,7 +48,7 @@
  * receiver to be on a CPU at once and a single copy needs only the
  * receiver, and off otherwise: on VMs with paravirtualised page tables
  * process_vm_readv is slower than memcpy and the lanes win at every size
- * measured (docs/ring.md). The ring algorithms' 256 KiB chunks stay below
+ * measured (docs/ring.md). The pipeline's 256 KiB chunks stay below
  * 32 MiB: the rule reaches whole-buffer messages (send/recv, the direct
  * all_gather of 2 ranks, and of more where every rank is crowded:
  * mlxd_transport.whole_min); docs/performance.md, "Single copy by default

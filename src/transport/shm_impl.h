@@ -86,12 +86,12 @@
 #define SHM_CROWDED_FACTOR 8
 #define SHM_DEFER_S 20e-6 /* a message without a receive waits in its lane this long (shm.c) */
 #define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
-/* The ring algorithms' chunk over shared memory (mlxd_transport.ring_chunk):
+/* The pipeline's chunk over shared memory (mlxd_transport.pipeline_chunk):
  * a reduction's window of received chunks (8 of them) then stays in the
  * cache. Against 1 MiB, 2 ranks all_sum: 4 MiB 370-400 us vs 440-490, 16 MiB
  * 2.2-2.6 ms vs 3.2-3.6 (docs/performance.md, "Ring chunks"). TCP keeps
  * 1 MiB (256 KiB was 10-20 % slower there). */
-#define SHM_RING_CHUNK ((size_t)256 << 10)
+#define SHM_PIPELINE_CHUNK ((size_t)256 << 10)
 
 enum { RANK_NONE = 0, RANK_ATTACHED = 1, RANK_CLOSED = 2, RANK_FAILED = 3 };
 enum { CMA_UNKNOWN = 0, CMA_OK = 1, CMA_NO = 2 };

@@ -451,7 +451,7 @@ static mlxd_transport* join(int rank, int size, const char* name, const int* nam
     return NULL;
   }
   t->base.ops = &mlxd_shm_ops;
-  t->base.pipeline_chunk = SHM_RING_CHUNK;
+  t->base.pipeline_chunk = SHM_PIPELINE_CHUNK;
   t->base.rank = rank;
   t->base.size = size;
   t->name_limit = size;

@@ -47,7 +47,7 @@ size_t mlxd_shm_cma_bytes_for(bool crowded);
  * are the ones that go in one copy where MLXDIST_SHM_CMA_BYTES is unset.
  * Not moved by MLXDIST_SHM_CMA_BYTES (the ranks would have to agree on it);
  * where that turns the single copy off, whole blocks take the lanes, all
- * peers at once, which measured no slower than the ring algorithm on a
+ * peers at once, which measured no slower than the pipeline on a
  * crowded host (docs/performance.md). */
 #define MLXD_SHM_WHOLE_CROWDED_BYTES MLXD_SHM_CMA_CROWDED_BYTES
 

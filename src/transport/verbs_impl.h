@@ -26,18 +26,18 @@
 #define VB_SLOTS_BYTES ((size_t)VB_NSLOTS * VB_STRIDE)
 #define VB_CELLS_OFF (2 * VB_SLOTS_BYTES) /* after the receive slots and the send staging */
 #define VB_BLOCK_BYTES (VB_CELLS_OFF + (size_t)8192) /* one peer's registered block */
-#define VB_SQ_DEPTH ((int)VB_NSLOTS + 8)  /* data writes + credit, heartbeat, probe, record */
-#define VB_RQ_DEPTH ((int)VB_NSLOTS + 4)  /* zero-length receives per queue pair */
-#define VB_DATA_MAX ((int)VB_NSLOTS + 2)  /* data writes outstanding on one queue pair */
-#define VB_CHECK_S 0.1                    /* liveness checks / longest single sleep */
-#define VB_CREDIT_NAP_S 1e-3              /* longest sleep while a send waits for credit */
-#define VB_PROBE_S 0.25                   /* probe writes to a peer a wait is blocked on */
-#define VB_RING_CHUNK ((size_t)256 << 10) /* mlxd_transport.ring_chunk: 4 slots */
-#define VB_MAX_DEVS 64                    /* distinct devices in one transport */
-#define VB_READ_MAX ((size_t)4 << 20)     /* bytes per RDMA read of the pull path */
-#define VB_RD_SLOTS 8                     /* pull reads in progress per peer */
-#define VB_RD_PER_RAIL 4                  /* RDMA reads outstanding per queue pair */
-#define VB_MR_ENTRIES 64                  /* registrations kept by the cache */
+#define VB_SQ_DEPTH ((int)VB_NSLOTS + 8)      /* data writes + credit, heartbeat, probe, record */
+#define VB_RQ_DEPTH ((int)VB_NSLOTS + 4)      /* zero-length receives per queue pair */
+#define VB_DATA_MAX ((int)VB_NSLOTS + 2)      /* data writes outstanding on one queue pair */
+#define VB_CHECK_S 0.1                        /* liveness checks / longest single sleep */
+#define VB_CREDIT_NAP_S 1e-3                  /* longest sleep while a send waits for credit */
+#define VB_PROBE_S 0.25                       /* probe writes to a peer a wait is blocked on */
+#define VB_PIPELINE_CHUNK ((size_t)256 << 10) /* mlxd_transport.pipeline_chunk: 4 slots */
+#define VB_MAX_DEVS 64                        /* distinct devices in one transport */
+#define VB_READ_MAX ((size_t)4 << 20)         /* bytes per RDMA read of the pull path */
+#define VB_RD_SLOTS 8                         /* pull reads in progress per peer */
+#define VB_RD_PER_RAIL 4                      /* RDMA reads outstanding per queue pair */
+#define VB_MR_ENTRIES 64                      /* registrations kept by the cache */
 /* A chunk's kind (vb_chunk_hdr.kind). */
 enum { VB_CK_DATA = 0, VB_CK_RTS = 1, VB_CK_FIN = 2 };
 

@@ -270,7 +270,7 @@ mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_pe
   t->base.ops = &mlxd_verbs_ops;
   t->base.rank = rank;
   t->base.size = size;
-  t->base.pipeline_chunk = VB_RING_CHUNK;
+  t->base.pipeline_chunk = VB_PIPELINE_CHUNK;
   mlxd_live_cfg_load(&t->live);
   double spin_s = mlxd_tunable_double(MLXD_T_SPIN_US) * 1e-6;
   mlxd_vb_engine_init(t, spin_s >= 0 ? spin_s : 50e-6);
