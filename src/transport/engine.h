@@ -85,7 +85,8 @@ typedef struct mlxd_engine mlxd_engine;
 /* What a transport supplies. Every member is called by the engine only,
  * with the transport's lock held (but lock), and says what shm and verbs
  * do. tcp supplies none: it shares mlxd_eng_sig_clash and match.h and keeps
- * its own wait (its epoll progress, tcp.c); the router's composite (router.c, named "mixed") drives its parts. */
+ * its own wait (its epoll progress, tcp.c); the router's composite
+ * (router.c, named "mixed") drives its parts. */
 typedef struct mlxd_eng_ops {
   /* One progress pass over every channel: move what can move, complete
    * requests. `idle`: a wait found nothing for a while (shm: a message

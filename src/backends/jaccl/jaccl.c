@@ -15,7 +15,8 @@
  * Routes (build): the router (transport/router.h) gives the ranks of one host
  * shared memory, the pairs the matrix links verbs, the others TCP; every
  * rank on one host: shm alone, no queue pair. Topologies (across hosts).
- * Mesh: every pair has a link, the group is the verbs transport alone. Ring (MLX_JACCL_RING, or a matrix with only the neighbour cells):
+ * Mesh: every pair has a link, the group is the verbs transport alone.
+ * Ring (MLX_JACCL_RING, or a matrix with only the neighbour cells):
  * only neighbours have devices, yet every op works between any two ranks
  * (send/recv to any peer, the small-message algorithms that talk to every
  * rank): a group in which some pair has no link also gets a TCP mesh,
