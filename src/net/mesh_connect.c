@@ -313,16 +313,9 @@ static int out_refused(mesh* m, outgoing* o, mlxd_status* st) {
   }
   mlxd_tcp_abort_rec rec;
   char why[200] = "";
-  if (e == MLXD_HS_OK && kind == MLXD_HS_REFUSE_FAILED) {
-    /* the record names the rank that found the failure first: any rank of the group */
-    int32_t reporter = blen >= 8 ? (int32_t)((uint32_t)body[4] | (uint32_t)body[5] << 8 |
-                                             (uint32_t)body[6] << 16 | (uint32_t)body[7] << 24)
-                                 : -1;
-    if (reporter < 0 || reporter >= m->size)
-      snprintf(why, sizeof why, "a failure record naming rank %d as its reporter", (int)reporter);
-    else
-      (void)mlxd_tcp_abort_decode(body, blen, reporter, m->size, &rec, why, sizeof why);
-  }
+  /* the record names the rank that found the failure first: any rank of the group */
+  if (e == MLXD_HS_OK && kind == MLXD_HS_REFUSE_FAILED)
+    (void)mlxd_tcp_abort_decode(body, blen, m->size, &rec, why, sizeof why);
   if (e != MLXD_HS_OK || why[0]) {
     mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
                  "the process listening at rank %d's address is not rank %d of this job (a "

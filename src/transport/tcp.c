@@ -101,9 +101,12 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
   /* A peer's first contact from now on is answered with this failure
    * (net/mesh_connect.c: a refusal), not left to its MLXDIST_CONNECT_TIMEOUT. */
   if (t->dial) t->dial->ops->refuse(t->dial, &t->err);
-  /* A failure found here (not relayed to us) is told to every peer. */
-  bool relay = !t->err.has_reporter;
-  if (relay) mlxd_tcp_relay_prepare(t);
+  /* The first failure is told to every peer, a relayed one too (keeping
+   * its reporter, as shm's published record does): a rank that heard of a
+   * death from a shm neighbour and shuts its sockets must not leave its TCP
+   * peers with a bare "closed the connection" (the chaos soak's attribution
+   * check). One record per connection at most: only the first failure. */
+  mlxd_tcp_relay_prepare(t);
   int n = t->base.size;
   for (int p = 0; p < n; p++) {
     tcp_peer* pe = &t->peers[p];
@@ -127,7 +130,7 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
     if (!c) continue; /* never used: nothing queued, no socket */
     for (tcp_frag* f = c->qhead; f; f = f->next)
       if (f->req) mlxd_tcp_req_fail(t, f->req, code);
-    if (relay && i % t->nconn == 0) mlxd_tcp_relay_conn(t, c);
+    if (i % t->nconn == 0) mlxd_tcp_relay_conn(t, c);
     c->qhead = c->qtail = NULL;
     c->cur = NULL;
     c->in_payload = false;

@@ -29,12 +29,13 @@
  * MLXDIST_WARN_AFTER prints one warning (mlxd_live_warn); no progress for
  * MLXDIST_OP_TIMEOUT fails it (mlxd_live_op_timeout).
  *
- * Relay. A transport that fails for a reason found on this rank (not one
- * relayed to it) queues an abort frame holding its status on the first
- * connection to every peer, after a fragment that is partly written (the
- * rest is dropped), and writes what the socket takes before the sockets
- * are shut down. A peer that reads it fails with that status, its code
- * kept, "reported by" this rank. */
+ * Relay. A transport that fails (the first failure only, found on this
+ * rank or relayed to it) queues an abort frame holding its status on the
+ * first connection to every peer, after a fragment that is partly written
+ * (the rest is dropped), and writes what the socket takes before the
+ * sockets are shut down. A peer that reads it fails with that status, its
+ * code kept, "reported by" the rank that found it (this rank, or the
+ * reporter of the failure relayed to it). */
 #include <stdio.h>
 #include <string.h>
 
@@ -108,7 +109,7 @@ void mlxd_tcp_live_stop(tcp_transport* t) {
 void mlxd_tcp_abort(mlxd_transport* tt, const mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
   pthread_mutex_lock(&t->mu);
-  mlxd_tcp_fail(t, st); /* relayed to the peers unless st names a reporter */
+  mlxd_tcp_fail(t, st); /* relayed to the peers */
   mlxd_tcp_wake(t);
   pthread_cond_broadcast(&t->cv);
   pthread_mutex_unlock(&t->mu);
@@ -118,7 +119,7 @@ void mlxd_tcp_relay_prepare(tcp_transport* t) {
   mlxd_tcp_abort_rec r;
   memset(&r, 0, sizeof r);
   r.code = (uint32_t)t->err.code;
-  r.reporter = t->base.rank;
+  r.reporter = t->err.has_reporter ? t->err.reporter : t->base.rank;
   r.peer = t->err.has_peer ? t->err.peer : -1;
   r.sys_errno = t->err.sys_errno > 0 && t->err.sys_errno < 4096 ? t->err.sys_errno : 0;
   r.syscall = t->err.syscall;
@@ -152,7 +153,7 @@ void mlxd_tcp_ctrl_done(tcp_transport* t, tcp_conn* c) {
   mlxd_tcp_abort_rec r;
   char why[200];
   mlxd_status s;
-  if (mlxd_tcp_abort_decode(c->ctrl_buf, c->cur_len, c->peer, t->base.size, &r, why, sizeof why) !=
+  if (mlxd_tcp_abort_decode(c->ctrl_buf, c->cur_len, t->base.size, &r, why, sizeof why) !=
       0) {
     mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP,
                  "bad abort record from rank %d: %s; is the peer an mlxdist rank of the same "
@@ -163,7 +164,7 @@ void mlxd_tcp_ctrl_done(tcp_transport* t, tcp_conn* c) {
     mlxd_fail_at(&s, (int)r.code, MLXD_LAYER_TCP, "%s", r.detail[0] ? r.detail : "failed");
     if (r.peer >= 0) mlxd_status_set_peer(&s, r.peer, r.addr);
     if (r.syscall || r.sys_errno) mlxd_status_set_sys(&s, r.syscall, r.sys_errno);
-    mlxd_status_set_reporter(&s, c->peer);
+    mlxd_status_set_reporter(&s, r.reporter);
   }
   mlxd_tcp_fail(t, &s);
 }

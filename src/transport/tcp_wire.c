@@ -160,8 +160,8 @@ size_t mlxd_tcp_abort_encode(unsigned char* out, const mlxd_tcp_abort_rec* r) {
   return MLXD_TCP_ABORT_MIN + na + nd;
 }
 
-int mlxd_tcp_abort_decode(const unsigned char* in, size_t len, int from, int size,
-                          mlxd_tcp_abort_rec* r, char* why, size_t why_n) {
+int mlxd_tcp_abort_decode(const unsigned char* in, size_t len, int size, mlxd_tcp_abort_rec* r,
+                          char* why, size_t why_n) {
   memset(r, 0, sizeof *r);
   if (len < MLXD_TCP_ABORT_MIN || len > MLXD_TCP_ABORT_MAX) {
     snprintf(why, why_n, "abort record of %zu bytes (expected %u to %u)", len, MLXD_TCP_ABORT_MIN,
@@ -175,8 +175,9 @@ int mlxd_tcp_abort_decode(const unsigned char* in, size_t len, int from, int siz
   uint32_t sc = get_u32(in + 16), na = get_u32(in + 20), nd = get_u32(in + 24);
   if (r->code < MLXD_EINVAL || r->code > MLXD_ECALLBACK) {
     snprintf(why, why_n, "abort record with unknown failure code %" PRIu32, r->code);
-  } else if (r->reporter != from) {
-    snprintf(why, why_n, "abort record names rank %" PRId32 " as its sender", r->reporter);
+  } else if (r->reporter < 0 || r->reporter >= size) {
+    snprintf(why, why_n, "abort record names rank %" PRId32 " as its reporter in a group of %d",
+             r->reporter, size);
   } else if (r->peer < -1 || r->peer >= size) {
     snprintf(why, why_n, "abort record names rank %" PRId32 " in a group of %d", r->peer, size);
   } else if (r->sys_errno < 0 || r->sys_errno > 4095 || sc > N_SYSCALLS) {

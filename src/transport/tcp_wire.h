@@ -99,7 +99,7 @@ mlxd_tcp_admit mlxd_tcp_hdr_admit(const mlxd_tcp_hdr* h, const mlxd_tcp_rx_state
 /* An abort record: the sender's failure. */
 typedef struct mlxd_tcp_abort_rec {
   uint32_t code;                        /* an mlxd_code, MLXD_EINVAL..MLXD_ECALLBACK */
-  int32_t reporter;                     /* the sending rank */
+  int32_t reporter;                     /* the rank that found it (the sender, or one it relays) */
   int32_t peer;                         /* the rank the failure is about, or -1 */
   int32_t sys_errno;                    /* 0..4095 */
   const char* syscall;                  /* one of a fixed list of names (static), or NULL */
@@ -112,11 +112,11 @@ typedef struct mlxd_tcp_abort_rec {
  * length. */
 size_t mlxd_tcp_abort_encode(unsigned char* out, const mlxd_tcp_abort_rec* r);
 
-/* Decode and check an abort record of len bytes sent by rank `from` of a
- * group of `size`: a known code, reporter == from, peer -1 or a rank, errno
+/* Decode and check an abort record of len bytes from a rank of a group of
+ * `size`: a known code, the reporter a rank, peer -1 or a rank, errno
  * and syscall in range, the lengths within bounds and adding up to len.
  * Text bytes outside printable ASCII become '?'. 0, or -1 with why set. */
-int mlxd_tcp_abort_decode(const unsigned char* in, size_t len, int from, int size,
-                          mlxd_tcp_abort_rec* r, char* why, size_t why_n);
+int mlxd_tcp_abort_decode(const unsigned char* in, size_t len, int size, mlxd_tcp_abort_rec* r,
+                          char* why, size_t why_n);
 
 #endif

@@ -95,10 +95,10 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       mlxd_tcp_abort_rec r;
       why[0] = '\0';
       size_t rl = left < MLXD_TCP_ABORT_MAX + 8 ? left : MLXD_TCP_ABORT_MAX + 8;
-      if (mlxd_tcp_abort_decode(p, rl, 1, 4, &r, why, sizeof why) != 0) {
+      if (mlxd_tcp_abort_decode(p, rl, 4, &r, why, sizeof why) != 0) {
         if (!why[0]) abort();
       } else {
-        if (r.reporter != 1 || r.peer < -1 || r.peer >= 4 || r.code == 0) abort();
+        if (r.reporter < 0 || r.reporter >= 4 || r.peer < -1 || r.peer >= 4 || r.code == 0) abort();
         for (const char* c = r.detail; *c; c++)
           if (*c < 0x20 || *c > 0x7e) abort();
       }
