@@ -48,16 +48,6 @@ void mlxd_eng_fail_nomem(mlxd_engine* e, int pi, const char* what, size_t n) {
   e->ops->fail(e, &s);
 }
 
-bool mlxd_eng_sig_clash(mlxd_status* st, mlxd_layer layer, int me, const mlxd_sig* mine, int peer,
-                        const char* addr, const mlxd_sig* theirs) {
-  /* Equal calls always agree (mlxd_sig_agree): every message of a matching
-   * collective takes this test, not the call. */
-  if (mine->op == theirs->op && mine->dtype == theirs->dtype && mine->size == theirs->size &&
-      mine->count == theirs->count)
-    return false;
-  return mlxd_sig_check(st, layer, me, mine, peer, addr, theirs) != 0;
-}
-
 /* The clash of this rank's call with peer pi's message fails the transport;
  * other threads of this rank may sleep (from irecv). */
 static bool clash(mlxd_engine* e, int pi, const mlxd_sig* mine, const mlxd_sig* theirs) {

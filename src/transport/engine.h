@@ -225,9 +225,16 @@ void mlxd_eng_fail_nomem(mlxd_engine* e, int pi, const char* what, size_t n);
 /* Whether this rank's call `mine` and a message of the same operation from
  * peer (named `peer` in statuses, at addr) signed `theirs` disagree: if so
  * *st says how, naming both calls (mlxd_sig_check). Equal calls agree at
- * once. Used by every transport (tcp included). */
-bool mlxd_eng_sig_clash(mlxd_status* st, mlxd_layer layer, int me, const mlxd_sig* mine, int peer,
-                        const char* addr, const mlxd_sig* theirs);
+ * once, inline: every message of a matching collective takes this test, in
+ * every transport (tcp included), and makes no call for it. */
+static inline bool mlxd_eng_sig_clash(mlxd_status* st, mlxd_layer layer, int me,
+                                      const mlxd_sig* mine, int peer, const char* addr,
+                                      const mlxd_sig* theirs) {
+  if (mine->op == theirs->op && mine->dtype == theirs->dtype && mine->size == theirs->size &&
+      mine->count == theirs->count)
+    return false;
+  return mlxd_sig_check(st, layer, me, mine, peer, addr, theirs) != 0; /* its rule (match.h) */
+}
 
 /* A rank's failure as published for its peers (mlxd_status without its
  * pointers): shm's rank record in the host segment, verbs' record cell in
