@@ -176,19 +176,16 @@ int mlxd_net_default_addr(mlxd_net_addr* out, mlxd_status* st) {
 }
 
 static int env_int(const char* name, long lo, long hi, long* v, mlxd_status* st) {
-  const char* s = mlxd_env_get(name);
-  if (!s || !*s)
+  int rc = mlxd_env_long(name, lo, hi, v);
+  if (rc > 0)
     return mlxd_fail_at(st, MLXD_EUNAVAIL, MLXD_LAYER_BOOTSTRAP,
                         "%s is not set (needed with a caller's all-gather: MLX_RANK and "
                         "MLX_WORLD_SIZE)",
                         name);
-  char* end = NULL;
-  errno = 0;
-  long x = strtol(s, &end, 10);
-  if (*end != '\0' || errno || x < lo || x > hi)
+  if (rc < 0)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "%s='%s' is not an integer in [%ld, %ld]", name, s, lo, hi);
-  *v = x;
+                        "%s='%.40s' is not an integer in [%ld, %ld]", name, mlxd_env_get(name), lo,
+                        hi);
   return 0;
 }
 

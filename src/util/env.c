@@ -157,6 +157,17 @@ const char* mlxd_env_get(const char* name) {
   return get(find(name), name);
 }
 
+int mlxd_env_long(const char* name, long lo, long hi, long* out) {
+  const char* s = mlxd_env_get(name);
+  if (!s || !*s) return 1;
+  char* end = NULL;
+  errno = 0;
+  long x = strtol(s, &end, 10);
+  if (errno || end == s || *end || x < lo || x > hi) return -1;
+  *out = x;
+  return 0;
+}
+
 const char* mlxd_env_tunable(int t) {
   pthread_once(&g_once, seed);
   const char* name = mlxd_tunable_env_name((mlxd_tunable)t);

@@ -42,6 +42,12 @@
  * thread reads a value it has not seen before). */
 const char* mlxd_env_get(const char* name);
 
+/* The decimal integer in variable name, within [lo, hi], into *out: 0; 1
+ * when unset or empty; -1 when it is not a decimal integer in that range
+ * (*out untouched; the caller words both, naming what it needs it for).
+ * Any thread (mlxd_env_get). */
+int mlxd_env_long(const char* name, long lo, long hi, long* out);
+
 /* mlxd_env_get for tunable t (util/tunables.h's enum), found by its index. */
 const char* mlxd_env_tunable(int t);
 

@@ -53,21 +53,16 @@ static uint64_t get_u64(const unsigned char* p) {
 }
 
 static int env_long(const char* name, long lo, long hi, bool required, long* out, mlxd_status* st) {
-  const char* v = mlxd_env_get(name);
-  if (!v || !*v) {
-    if (!required) return 1;
+  int rc = mlxd_env_long(name, lo, hi, out);
+  if (rc > 0 && !required) return 1;
+  if (rc > 0)
     return mlxd_fail(st, MLXD_EUNAVAIL,
                      "[nccl] %s is not set (the nccl backend needs MLX_RANK, "
                      "MLX_WORLD_SIZE, NCCL_HOST_IP and NCCL_PORT)",
                      name);
-  }
-  char* end = NULL;
-  errno = 0;
-  long x = strtol(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi)
-    return mlxd_fail(st, MLXD_EINVAL, "[nccl] %s='%.40s' is not an integer in [%ld, %ld]", name, v,
-                     lo, hi);
-  *out = x;
+  if (rc < 0)
+    return mlxd_fail(st, MLXD_EINVAL, "[nccl] %s='%.40s' is not an integer in [%ld, %ld]", name,
+                     mlxd_env_get(name), lo, hi);
   return 0;
 }
 
