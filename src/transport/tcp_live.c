@@ -153,8 +153,7 @@ void mlxd_tcp_ctrl_done(tcp_transport* t, tcp_conn* c) {
   mlxd_tcp_abort_rec r;
   char why[200];
   mlxd_status s;
-  if (mlxd_tcp_abort_decode(c->ctrl_buf, c->cur_len, t->base.size, &r, why, sizeof why) !=
-      0) {
+  if (mlxd_tcp_abort_decode(c->ctrl_buf, c->cur_len, t->base.size, &r, why, sizeof why) != 0) {
     mlxd_fail_at(&s, MLXD_EREMOTE, MLXD_LAYER_TCP,
                  "bad abort record from rank %d: %s; is the peer an mlxdist rank of the same "
                  "version?",
