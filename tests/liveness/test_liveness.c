@@ -120,6 +120,11 @@ static void start(run* R, int n, rank_fn fn) {
       if (g_jaccl) {
         setenv("MLX_IBV_DEVICES", path, 1);
         setenv("MLX_JACCL_COORDINATOR", coord, 1);
+        /* each rank its own emulated host: every pair over verbs, whose liveness
+         * these cases test (on one host the router would pick shared memory) */
+        char host[32];
+        snprintf(host, sizeof host, "vmhost%d", r);
+        setenv("MLXDIST_HOST_ID", host, 1);
       } else {
         setenv("MLX_HOSTFILE", path, 1);
       }

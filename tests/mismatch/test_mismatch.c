@@ -79,6 +79,11 @@ static mlx_distributed_group join(int rank) {
   if (strcmp(g_backend, "jaccl") == 0) {
     setenv("MLX_IBV_DEVICES", g_hostfile, 1);
     setenv("MLX_JACCL_COORDINATOR", g_coord, 1);
+    /* each rank its own emulated host: the pair talks over verbs, the path these
+     * cases are for (on one host the router would pick shared memory) */
+    char host[32];
+    snprintf(host, sizeof host, "vmhost%d", rank);
+    setenv("MLXDIST_HOST_ID", host, 1);
   } else {
     setenv("MLX_HOSTFILE", g_hostfile, 1);
   }
