@@ -21,6 +21,11 @@
 # -t 100 --batches 5": 16 B, 256 B, 4 KiB, 64 KiB, 1 MiB, 16 MiB),
 # BENCH_OUT (a directory: the raw CSV and the table are copied there),
 # MLXDIST_VM_TIMEOUT (the VM's bound, default 600 s).
+# A/B of two builds' jaccl over verbs: BENCH_BUILD_B=DIR runs DIR's jaccl in
+# place of the ring over TCP, and both builds' ranks each get their own
+# MLXDIST_HOST_ID (vmhost0, vmhost1), so the pair talks over verbs (RC queue
+# pairs through rxe's loopback) as two hosts would, not over shared memory;
+# the table's columns are then A (BUILD_DIR) and B, and its ratio B/A.
 # Exit: 0, 1 when a bench run failed, 77 (skip) without root, qemu or the
 # kernel package (as the VM tests), 2 on bad usage.
 set -euo pipefail
@@ -37,6 +42,14 @@ case $rounds in '' | *[!0-9]* | 0) echo "bench-jaccl-vm: BENCH_ROUNDS must be a 
 share=$(mktemp -d /tmp/mlxdist-vmshare.XXXXXX)
 trap 'rm -rf "$share"' EXIT
 cp "$build/tools/mlxdist-bench" "$build/tools/mlxdist-launch" "$share/"
+build_b=${BENCH_BUILD_B:-}
+if [ -n "$build_b" ]; then
+  for p in mlxdist-bench mlxdist-launch; do
+    [ -x "$build_b/tools/$p" ] || { echo "bench-jaccl-vm: $build_b/tools/$p is missing" >&2; exit 2; }
+  done
+  mkdir "$share/b"
+  cp "$build_b/tools/mlxdist-bench" "$build_b/tools/mlxdist-launch" "$share/b/"
+fi
 printf '%s\n' "$rounds" >"$share/rounds"
 printf '%s\n' "$ops" >"$share/ops"
 printf '%s\n' "$args" >"$share/args"
@@ -54,7 +67,13 @@ fail=0
 one() {
   kind=$1 round=$2 op=$3
   t0=$(now)
-  if [ "$kind" = jaccl ]; then
+  if [ -d b ] && [ "$kind" != tcp ]; then # A/B: each rank its own emulated host (verbs)
+    dir=.
+    [ "$kind" = b ] && dir=./b
+    $dir/mlxdist-launch --backend jaccl --ibv-devices /tmp/m.json --timeout 300 -- \
+      sh -c 'MLXDIST_HOST_ID=vmhost$MLX_RANK exec "$@"' rank $dir/mlxdist-bench --backend jaccl \
+      --op "$op" $args --csv >/tmp/out 2>&1
+  elif [ "$kind" = jaccl ]; then
     ./mlxdist-launch --backend jaccl --ibv-devices /tmp/m.json --timeout 300 -- \
       ./mlxdist-bench --backend jaccl --op "$op" $args --csv >/tmp/out 2>&1
   else
@@ -75,7 +94,7 @@ r=1
 while [ $r -le $rounds ]; do
   for op in $ops; do
     one jaccl $r $op
-    one tcp $r $op
+    if [ -d b ]; then one b $r $op; else one tcp $r $op; fi
   done
   r=$((r + 1))
 done
@@ -113,23 +132,30 @@ table() {
       nr[k]++
     }
     END {
-      printf "| op | size | jaccl us/op (min-max) | tcp us/op (min-max) | jaccl/tcp |\n"
+      if (second == "b") printf "| op | size | A us/op (min-max) | B us/op (min-max) | B/A |\n"
+      else printf "| op | size | jaccl us/op (min-max) | tcp us/op (min-max) | jaccl/tcp |\n"
       printf "|---|---:|---:|---:|---:|\n"
       for (i = 1; i <= n; i++) {
         split(order[i], p, SUBSEP)
-        kj = order[i] SUBSEP "jaccl"; kt = order[i] SUBSEP "tcp"
+        kj = order[i] SUBSEP "jaccl"; kt = order[i] SUBSEP second
         mj = (kj in t) ? med(t[kj]) : -1; mt = (kt in t) ? med(t[kt]) : -1
         cj = mj < 0 ? "-" : sprintf("%.1f (%.1f-%.1f)", mj, lo[kj], hi[kj])
         ct = mt < 0 ? "-" : sprintf("%.1f (%.1f-%.1f)", mt, lo[kt], hi[kt])
-        ratio = (mj > 0 && mt > 0) ? sprintf("%.2f", mj / mt) : "-"
+        ratio = (mj > 0 && mt > 0) ? sprintf("%.2f", second == "b" ? mt / mj : mj / mt) : "-"
         printf "| %s | %s | %s | %s | %s |\n", p[1], human(p[2]), cj, ct, ratio
       }
-    }' "$1"
+    }' second="$2" "$1"
 }
 echo
-echo "jaccl (one host: shm through the router) vs ring over TCP (MLXDIST_TRANSPORT=tcp), 2 ranks, one VM (qemu TCG, soft-RoCE: emulation)"
-echo "bench: $args; $rounds round(s), interleaved; us/op = median of the rounds' medians, min-max = fastest and slowest batch"
-table "$share/bench.csv" | tee "$share/table.md"
+if [ -n "$build_b" ]; then
+  echo "jaccl over verbs (each rank its own MLXDIST_HOST_ID), A = $build vs B = $build_b, 2 ranks, one VM (qemu TCG, soft-RoCE: emulation)"
+  echo "bench: $args; $rounds round(s), interleaved; columns: A, B, and B/A (above 1: B is slower)"
+  table "$share/bench.csv" b | tee "$share/table.md"
+else
+  echo "jaccl (one host: shm through the router) vs ring over TCP (MLXDIST_TRANSPORT=tcp), 2 ranks, one VM (qemu TCG, soft-RoCE: emulation)"
+  echo "bench: $args; $rounds round(s), interleaved; us/op = median of the rounds' medians, min-max = fastest and slowest batch"
+  table "$share/bench.csv" tcp | tee "$share/table.md"
+fi
 if [ -n "${BENCH_OUT:-}" ]; then
   mkdir -p "$BENCH_OUT"
   cp "$share/bench.csv" "$share/table.md" "$share/vm.out" "$BENCH_OUT/"
