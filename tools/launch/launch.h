@@ -33,7 +33,11 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#define LAUNCH_MAX_RANKS 1024
+/* The most ranks of a job: what the hostfile and the rendezvous records can
+ * name (MLXD_NET_HOSTFILE_MAX_RANKS, MLXD_RDV_MAX_RANKS). What stops a job
+ * before that is the host's: launch_nofile and launch_procs check its limits
+ * before anything starts; memory is the job's own (docs/scale.md). */
+#define LAUNCH_MAX_RANKS 65536
 #define LAUNCH_MAX_CONNECTIONS 64
 #define LAUNCH_GRACE_S 3.0    /* SIGTERM to SIGKILL */
 #define LAUNCH_DRAIN_S 1.0    /* how long output of orphans is read after the ranks are gone */
@@ -331,6 +335,14 @@ void launch_jaccl_free(launch_jaccl* j);
  * itself needs (nothing started yet). Idempotent: called again with a larger
  * job, it raises again. */
 int launch_nofile(int ranks, int conns);
+
+/* Whether this host can run `ranks` ranks of mlxdist at once (each about 3
+ * tasks: its main thread, the stream's worker, the watchdog): the system's
+ * kernel.pid_max and kernel.threads-max less the tasks already running, the
+ * cgroup's pids.max less its pids.current, and (not as root) RLIMIT_NPROC.
+ * Returns 0, or -1 after a message naming the first limit too small and how
+ * to raise it (nothing started yet). A limit it cannot read is not checked. */
+int launch_procs(int ranks);
 
 /* Route SIGCHLD, SIGINT, SIGTERM and SIGHUP to a signalfd (returned, -1 on error). */
 int launch_block_signals(void);

@@ -1,5 +1,6 @@
 /* mlxdist-launch: making the children's processes. What each child of a job
  * is started with: the open-file limit it inherits (launch_nofile), the
+ * check that the host's process and thread limits hold the job (launch_procs), the
  * signals the launcher takes through a signalfd and gives back to the
  * children (launch_block_signals), the environment with MLX_RANK's slot and
  * the gate, the process attributes, and posix_spawn of the program or of its
@@ -7,12 +8,14 @@
 #include <errno.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "launch.h"
 
@@ -45,6 +48,95 @@ int launch_nofile(int ranks, int conns) {
     }
   }
   return 0;
+}
+
+/* ---- processes and threads ---- */
+
+#define LAUNCH_THREADS_PER_RANK 3L /* main, the stream's worker, the watchdog (docs/scale.md) */
+#define LAUNCH_TASK_SLACK 64L      /* the launcher's own, and a rank's short-lived helpers */
+
+/* The first decimal number in file path (-1: unreadable, none, or "max"). */
+static long file_long(const char* path) {
+  FILE* f = fopen(path, "re");
+  if (!f) return -1;
+  char buf[64] = "";
+  bool got = fgets(buf, sizeof buf, f) != NULL;
+  fclose(f);
+  char* end = NULL;
+  errno = 0;
+  long v = got ? strtol(buf, &end, 10) : -1;
+  return got && end != buf && !errno && v >= 0 ? v : -1;
+}
+
+/* Tasks (threads) on the system now: /proc/loadavg's "running/total". -1: unknown. */
+static long tasks_now(void) {
+  FILE* f = fopen("/proc/loadavg", "re");
+  if (!f) return -1;
+  long total = -1;
+  if (fscanf(f, "%*s %*s %*s %*d/%ld", &total) != 1) total = -1;
+  fclose(f);
+  return total;
+}
+
+/* This process's cgroup (v2) directory under /sys/fs/cgroup into dir; false if none. */
+static bool cgroup_dir(char* dir, size_t n) {
+  FILE* f = fopen("/proc/self/cgroup", "re");
+  if (!f) return false;
+  char line[512];
+  bool ok = false;
+  while (!ok && fgets(line, sizeof line, f)) {
+    if (strncmp(line, "0::", 3) != 0) continue;
+    line[strcspn(line, "\n")] = '\0';
+    int w = snprintf(dir, n, "/sys/fs/cgroup%s", line + 3);
+    ok = w > 0 && (size_t)w < n && !strstr(line, "..");
+  }
+  fclose(f);
+  return ok;
+}
+
+int launch_procs(int ranks) {
+  if (ranks <= 1) return 0;
+  long need = LAUNCH_THREADS_PER_RANK * ranks + LAUNCH_TASK_SLACK;
+  long now = tasks_now();
+  const char* what = NULL;
+  long left = 0;
+  char hint[480] = "";
+  long pid_max = file_long("/proc/sys/kernel/pid_max");
+  long threads_max = file_long("/proc/sys/kernel/threads-max");
+  if (now >= 0 && pid_max >= 0 && pid_max - now < need) {
+    what = "kernel.pid_max";
+    left = pid_max - now;
+    snprintf(hint, sizeof hint, "sysctl -w kernel.pid_max=%ld", now + need + 4096);
+  } else if (now >= 0 && threads_max >= 0 && threads_max - now < need) {
+    what = "kernel.threads-max";
+    left = threads_max - now;
+    snprintf(hint, sizeof hint, "sysctl -w kernel.threads-max=%ld", now + need + 4096);
+  }
+  char dir[400], path[440];
+  if (!what && cgroup_dir(dir, sizeof dir)) {
+    snprintf(path, sizeof path, "%s/pids.max", dir);
+    long max = file_long(path); /* -1: "max", no limit */
+    snprintf(path, sizeof path, "%s/pids.current", dir);
+    long cur = file_long(path);
+    if (max >= 0 && cur >= 0 && max - cur < need) {
+      what = "the cgroup's pids.max";
+      left = max - cur;
+      snprintf(hint, sizeof hint, "%.400s/pids.max, or systemd's TasksMax=", dir);
+    }
+  }
+  struct rlimit rl;
+  if (!what && geteuid() != 0 && getrlimit(RLIMIT_NPROC, &rl) == 0 &&
+      rl.rlim_cur != RLIM_INFINITY && (long)rl.rlim_cur < need) {
+    /* (the user's other processes count too: this is the most the job could have) */
+    what = "RLIMIT_NPROC";
+    left = (long)rl.rlim_cur;
+    snprintf(hint, sizeof hint, "ulimit -u, or limits.conf nproc");
+  }
+  if (!what) return 0;
+  launch_msg("%d ranks need about %ld processes and threads (%ld a rank), but %s leaves room "
+             "for %ld; raise it (%s) or start fewer ranks.",
+             ranks, need, LAUNCH_THREADS_PER_RANK, what, left > 0 ? left : 0, hint);
+  return -1;
 }
 
 /* ---- signals ---- */
