@@ -72,10 +72,12 @@ static void usage(FILE* f) {
       LAUNCH_GRACE_S);
 }
 
+/* One line "[launch] ...", formatted first and written with one call, so that a line of
+ * the rendezvous thread (rendezvous.c) and one of the main thread do not interleave. */
 static void vmsg(const char* fmt, va_list ap) {
-  fputs("[launch] ", stderr);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
+  char line[2048];
+  vsnprintf(line, sizeof line, fmt, ap);
+  fprintf(stderr, "[launch] %s\n", line);
 }
 
 void launch_bad_usage(const char* fmt, ...) {

@@ -107,16 +107,6 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void rdv_msg(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-static void rdv_msg(const char* fmt, ...) {
-  char line[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "[launch] %s\n", line);
-}
-
 /* c's events in the epoll set: what its state waits for. */
 static void conn_events(launch_rdv* r, conn* c) {
   if (c->fd < 0) return;
@@ -157,7 +147,7 @@ static bool counted(const launch_rdv* r, const conn* c) {
 }
 
 static void drop(launch_rdv* r, conn* c, const char* why) {
-  rdv_msg("rendezvous: dropped the connection from %s: %s", c->peer, why);
+  launch_msg("rendezvous: dropped the connection from %s: %s", c->peer, why);
   if (counted(r, c)) r->by_rank[c->h.rank] = -1;
   conn_close(r, c);
 }
@@ -218,7 +208,7 @@ static void all_arrived(launch_rdv* r) {
 /* A complete hello with its records on c: authenticate, then count it. */
 static void hello_complete(launch_rdv* r, conn* c) {
   if (!mlxd_rdv_hello_verify(c->hdr, &c->h, r->key, c->snonce, c->recs)) {
-    rdv_msg(
+    launch_msg(
         "rendezvous: refused the connection from %s (claiming rank %u): its hello does not "
         "authenticate with this job's token (another job's rank, or not a rank)",
         c->peer, (unsigned)c->h.rank);
@@ -228,14 +218,14 @@ static void hello_complete(launch_rdv* r, conn* c) {
   int rank = (int)c->h.rank;
   char why[MLXD_RDV_MAX_REASON];
   if (r->failed) { /* a rank late for a rendezvous that failed: tell it why */
-    rdv_msg("rendezvous: rank %d (from %s) arrived after the rendezvous failed", rank, c->peer);
+    launch_msg("rendezvous: rank %d (from %s) arrived after the rendezvous failed", rank, c->peer);
     refuse(r, c, MLXD_RDV_FAILED, r->fail_reason);
     return;
   }
   if (r->by_rank[rank] >= 0) {
     snprintf(why, sizeof why, "rank %d connected twice (from %s and %s)", rank,
              r->slots[r->by_rank[rank]].peer, c->peer);
-    rdv_msg("rendezvous: %s; refused the second", why);
+    launch_msg("rendezvous: %s; refused the second", why);
     refuse(r, c, MLXD_RDV_FAILED, why);
     return;
   }
@@ -252,7 +242,7 @@ static void hello_complete(launch_rdv* r, conn* c) {
              "rank %d posted %u bytes of address records, rank %d %u (is "
              "MLXDIST_RING_CONNECTIONS the same for every rank?)",
              rank, (unsigned)c->h.rec_bytes, first, (unsigned)r->rec_bytes);
-    rdv_msg("rendezvous failed: %s", why);
+    launch_msg("rendezvous failed: %s", why);
     fail_all(r, why);
     return;
   }
@@ -362,8 +352,8 @@ static void on_accept(launch_rdv* r) {
     if (!c) {
       double t = now_s();
       if (t - r->full_msg_at >= 1.0)
-        rdv_msg("rendezvous: refused a connection from %s: too many connections in their hello",
-                peer);
+        launch_msg("rendezvous: refused a connection from %s: too many connections in their hello",
+                   peer);
       r->full_msg_at = t;
       close(fd);
       continue;
@@ -408,12 +398,12 @@ static void give_up(launch_rdv* r) {
     else
       snprintf(one, sizeof one, "rank %d", i);
     if (r->round > 1)
-      rdv_msg(
+      launch_msg(
           "%s did not reach the rendezvous of its re-initialisation (round %d) within %g s "
           "of the first rank's",
           one, r->round, r->timeout_s);
     else
-      rdv_msg("%s did not reach the rendezvous within %g s", one, r->timeout_s);
+      launch_msg("%s did not reach the rendezvous within %g s", one, r->timeout_s);
     if (missing < 8 && o < sizeof reason - 1)
       o += (size_t)snprintf(reason + o, sizeof reason - o, "%s%s", missing ? ", " : "", one);
     missing++;
@@ -507,7 +497,7 @@ static void* serve(void* arg) {
     int ms = wait <= 0 ? 0 : wait > 1.0 ? 1000 : (int)(wait * 1000) + 1;
     int k = epoll_wait(r->epfd, ev, (int)(sizeof ev / sizeof ev[0]), ms);
     if (k < 0 && errno != EINTR) {
-      rdv_msg("rendezvous: epoll_wait failed: %s", strerror(errno));
+      launch_msg("rendezvous: epoll_wait failed: %s", strerror(errno));
       break;
     }
     bool stop = false;
@@ -547,15 +537,15 @@ static int open_listener(const char* bind_ip, const char* port_range, char* addr
            bind_ip);
   mlxd_net_addr a;
   if (mlxd_net_parse_addr(spec, true, &a, why, sizeof why) != 0 || a.sa.ss_family == AF_UNSPEC) {
-    rdv_msg("rendezvous: '%s' is not an IP address to listen on (%s)", bind_ip,
-            a.sa.ss_family == AF_UNSPEC ? "expected an IPv4 or IPv6 literal" : why);
+    launch_msg("rendezvous: '%s' is not an IP address to listen on (%s)", bind_ip,
+               a.sa.ss_family == AF_UNSPEC ? "expected an IPv4 or IPv6 literal" : why);
     return -1;
   }
   const struct sockaddr_in* in4 = (const void*)&a.sa;
   const struct sockaddr_in6* in6 = (const void*)&a.sa;
   if ((a.sa.ss_family == AF_INET && in4->sin_addr.s_addr == htonl(INADDR_ANY)) ||
       (a.sa.ss_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr))) {
-    rdv_msg(
+    launch_msg(
         "rendezvous: refusing to listen on the wildcard address %s (name the launcher's own "
         "IP address)",
         bind_ip);
@@ -564,12 +554,12 @@ static int open_listener(const char* bind_ip, const char* port_range, char* addr
   unsigned lo = 0, hi = 0;
   if (port_range && *port_range &&
       mlxd_rdv_parse_port_range(port_range, &lo, &hi, why, sizeof why) != 0) {
-    rdv_msg("rendezvous: --port-range %s", why);
+    launch_msg("rendezvous: --port-range %s", why);
     return -1;
   }
   int fd = socket(a.sa.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    rdv_msg("rendezvous: cannot create a socket: %s", strerror(errno));
+    launch_msg("rendezvous: cannot create a socket: %s", strerror(errno));
     return -1;
   }
   int ok = -1, err = 0;
@@ -585,10 +575,10 @@ static int open_listener(const char* bind_ip, const char* port_range, char* addr
   }
   if (ok != 0) {
     if (lo)
-      rdv_msg("rendezvous: no free port to listen on in --port-range %u-%u on %s (%s)", lo, hi,
-              bind_ip, strerror(err));
+      launch_msg("rendezvous: no free port to listen on in --port-range %u-%u on %s (%s)", lo, hi,
+                 bind_ip, strerror(err));
     else
-      rdv_msg("rendezvous: cannot listen on %s: %s", bind_ip, strerror(err));
+      launch_msg("rendezvous: cannot listen on %s: %s", bind_ip, strerror(err));
     close(fd);
     return -1;
   }
@@ -602,19 +592,19 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
                              const char* port_range, double timeout_s, const char* const* rank_host,
                              char* addr_out, size_t addr_len) {
   if (n < 1 || n > MLXD_RDV_MAX_RANKS || !(timeout_s > 0) || !bind_ip || !addr_out) {
-    rdv_msg("rendezvous: bad arguments (n=%d, timeout %g s)", n, timeout_s);
+    launch_msg("rendezvous: bad arguments (n=%d, timeout %g s)", n, timeout_s);
     return NULL;
   }
   launch_rdv* r = calloc(1, sizeof *r);
   if (!r) {
-    rdv_msg("rendezvous: out of memory");
+    launch_msg("rendezvous: out of memory");
     return NULL;
   }
   r->lfd = r->wake[0] = r->wake[1] = r->epfd = -1;
   r->n = n;
   r->timeout_s = timeout_s;
   if (!token_hex || mlxd_hs_token_parse(token_hex, r->key) != 0) {
-    rdv_msg("rendezvous: the job token is not %d hex digits", 2 * MLXD_RDV_KEY_BYTES);
+    launch_msg("rendezvous: the job token is not %d hex digits", 2 * MLXD_RDV_KEY_BYTES);
     goto fail;
   }
   r->nslots = n + SLOTS_SPARE;
@@ -623,7 +613,7 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
   r->by_rank = malloc(sizeof(int) * (size_t)n);
   r->host = calloc((size_t)n, sizeof *r->host);
   if (!r->slots || !r->free_slots || !r->by_rank || !r->host) {
-    rdv_msg("rendezvous: out of memory for %d ranks", n);
+    launch_msg("rendezvous: out of memory for %d ranks", n);
     goto fail;
   }
   for (int i = 0; i < r->nslots; i++) {
@@ -637,7 +627,7 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
   }
   if ((r->lfd = open_listener(bind_ip, port_range, addr_out, addr_len)) < 0) goto fail;
   if (pipe2(r->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
-    rdv_msg("rendezvous: pipe: %s", strerror(errno));
+    launch_msg("rendezvous: pipe: %s", strerror(errno));
     goto fail;
   }
   struct epoll_event we = {.events = EPOLLIN, .data.u32 = EV_WAKE};
@@ -645,7 +635,7 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
   if ((r->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
       epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->wake[0], &we) != 0 ||
       epoll_ctl(r->epfd, EPOLL_CTL_ADD, r->lfd, &le) != 0) {
-    rdv_msg("rendezvous: epoll: %s", strerror(errno));
+    launch_msg("rendezvous: epoll: %s", strerror(errno));
     goto fail;
   }
   r->listening = true;
@@ -654,7 +644,7 @@ launch_rdv* launch_rdv_start(int n, const char* token_hex, const char* bind_ip,
    * filled here, on the launcher's thread, which may unsetenv afterwards. */
   mlxd_env_refresh();
   if (mlxd_thread_start(&r->thread, "launch-rdv", serve, r) != 0) {
-    rdv_msg("rendezvous: cannot start its thread");
+    launch_msg("rendezvous: cannot start its thread");
     goto fail;
   }
   r->started = true;
@@ -680,7 +670,7 @@ void launch_rdv_stop(launch_rdv* r) {
     if (pthread_timedjoin_np(r->thread, NULL, &until) != 0) {
       /* never seen: the loop never blocks for more than a second; leak rather than race */
       pthread_detach(r->thread);
-      rdv_msg("rendezvous: its thread did not stop within 1 s");
+      launch_msg("rendezvous: its thread did not stop within 1 s");
       return;
     }
   }

@@ -133,9 +133,10 @@ int launch_procs(int ranks) {
     snprintf(hint, sizeof hint, "ulimit -u, or limits.conf nproc");
   }
   if (!what) return 0;
-  launch_msg("%d ranks need about %ld processes and threads (%ld a rank), but %s leaves room "
-             "for %ld; raise it (%s) or start fewer ranks.",
-             ranks, need, LAUNCH_THREADS_PER_RANK, what, left > 0 ? left : 0, hint);
+  launch_msg(
+      "%d ranks need about %ld processes and threads (%ld a rank), but %s leaves room "
+      "for %ld; raise it (%s) or start fewer ranks.",
+      ranks, need, LAUNCH_THREADS_PER_RANK, what, left > 0 ? left : 0, hint);
   return -1;
 }
 
