@@ -79,17 +79,16 @@ static void hostfile_tests(void) {
   expect_usage_error(ARGV("--hostfile", fifo, PROG), NULL, "is a FIFO (named pipe)", NULL);
   expect_usage_error(ARGV("--hostfile", g_dir, PROG), NULL, "is a directory", NULL);
   /* more ranks than the launcher starts */
-  size_t cap = 2000 * 24 + 16, o = 0;
+  size_t cap = 65537 * 24 + 16, o = 0;
   char* text = malloc(cap);
   T_ASSERT(text != NULL);
   text[o++] = '[';
-  for (int r = 0; r < 2000; r++)
-    o += (size_t)snprintf(text + o, cap - o, "%s[\"127.0.0.1:%d\"]", r ? "," : "", 20000 + r);
+  for (int r = 0; r < 65537; r++)
+    o += (size_t)snprintf(text + o, cap - o, "%s[\"127.0.0.1:%d\"]", r ? "," : "", 1 + r % 60000);
   snprintf(text + o, cap - o, "]");
   p = hostfile("many.json", text);
   free(text);
-  expect_usage_error(ARGV("--hostfile", p, PROG), NULL,
-                     "lists 2000 ranks; mlxdist-launch starts at most 1024", NULL);
+  expect_usage_error(ARGV("--hostfile", p, PROG), NULL, "lists 65537 ranks", "at most 65536", NULL);
   /* disagreements with the command line */
   p = hostfile("ok.json", "[[\"127.0.0.1:45001\"], [\"127.0.0.1:45002\"]]");
   expect_usage_error(ARGV("-n", "3", "--hostfile", p, PROG), NULL, "-n 3 does not match hostfile",
@@ -100,10 +99,10 @@ static void hostfile_tests(void) {
 }
 
 static void option_tests(void) {
-  const char* bad_n[] = {"0", "-1", "2x", " 2", "+2", "0x2", "1e3", "", "1025", "99999999999999"};
+  const char* bad_n[] = {"0", "-1", "2x", " 2", "+2", "0x2", "1e3", "", "65537", "99999999999999"};
   for (size_t i = 0; i < sizeof bad_n / sizeof bad_n[0]; i++) {
     char want[128];
-    snprintf(want, sizeof want, "must be an integer from 1 to 1024, got '%s'", bad_n[i]);
+    snprintf(want, sizeof want, "must be an integer from 1 to 65536, got '%s'", bad_n[i]);
     expect_usage_error(ARGV("-n", bad_n[i], PROG), NULL, "-n (the number of ranks)", want, NULL);
   }
   const char* bad_k[] = {"0", "65", "1.5", "two"};
@@ -142,8 +141,8 @@ static void hosts_tests(void) {
   expect_usage_error(ARGV("--hosts", "-oProxyCommand=sh", PROG), NULL,
                      "host '-oProxyCommand=sh' is not a host name or address", NULL);
   expect_usage_error(ARGV("--hosts", "h1", "-n", "0", PROG), NULL,
-                     "must be an integer from 1 to 1024, got '0'", NULL);
-  expect_usage_error(ARGV("--hosts", "h1,h2", "-n", "600", PROG), NULL, "more than 1024 ranks",
+                     "must be an integer from 1 to 65536, got '0'", NULL);
+  expect_usage_error(ARGV("--hosts", "h1,h2", "-n", "40000", PROG), NULL, "more than 65536 ranks",
                      NULL);
   const char* p = hostfile("hosts.json", "[{\"ssh\": \"h1\"}]");
   expect_usage_error(ARGV("--hosts", "h1", "--hostfile", p, PROG), NULL,
@@ -182,7 +181,7 @@ static void hosts_tests(void) {
                      "host 0 (h1) has no \"rdma\" list (jaccl needs one per host", NULL);
   p = hostfile("slots.txt", "h1:2\nh2:zero\n");
   expect_usage_error(ARGV("--hostfile", p, PROG), NULL,
-                     "line 2: the slots of host 'h2' must be an integer from 1 to 1024", NULL);
+                     "line 2: the slots of host 'h2' must be an integer from 1 to 65536", NULL);
   p = hostfile("ranks.json", "[[\"127.0.0.1:45001\"], [\"127.0.0.1:45002\"]]");
   expect_usage_error(ARGV("--backend", "mpi", "--hostfile", p, PROG), NULL,
                      "--hostfile of ranks (lists of \"ip:port\") applies to the ring backend only",

@@ -1,4 +1,4 @@
-/* mlxdist-launch: the command line, the help text and the "[launch]" messages. */
+/* mlxdist-launch: the command line, the help text and the refusal of bad usage. */
 #include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -72,29 +72,13 @@ static void usage(FILE* f) {
       LAUNCH_GRACE_S);
 }
 
-/* One line "[launch] ...", formatted first and written with one call, so that a line of
- * the rendezvous thread (rendezvous.c) and one of the main thread do not interleave. */
-static void vmsg(const char* fmt, va_list ap) {
-  char line[2048];
-  vsnprintf(line, sizeof line, fmt, ap);
-  fprintf(stderr, "[launch] %s\n", line);
-}
-
 void launch_bad_usage(const char* fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  vmsg(fmt, ap);
+  launch_vmsg(fmt, ap);
   va_end(ap);
   fputs("Run 'mlxdist-launch --help' for usage.\n", stderr);
   exit(2);
-}
-
-void launch_msg(const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vmsg(fmt, ap);
-  va_end(ap);
-  fflush(stderr);
 }
 
 /* An option's integer: decimal digits only (no sign, blanks, hex or suffix), in [lo, hi]. */

@@ -236,7 +236,7 @@ static int from_json(launch_hosts* hs, const char* text, size_t len, const char*
 
 /* Digits only, 1..LAUNCH_MAX_RANKS; -1 otherwise. */
 static int slots_of(const char* s, size_t n) {
-  if (n == 0 || n > 4) return -1;
+  if (n == 0 || n > 5) return -1; /* at most LAUNCH_MAX_RANKS: 5 digits */
   int v = 0;
   for (size_t i = 0; i < n; i++) {
     if (!isdigit((unsigned char)s[i])) return -1;

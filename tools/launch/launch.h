@@ -29,6 +29,7 @@
 
 #include <limits.h>
 #include <spawn.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
@@ -79,8 +80,9 @@ typedef struct launch_opts {
 void launch_parse_args(int argc, char** argv, launch_opts* o);
 void launch_free_args(launch_opts* o);
 
-/* "[launch] <message>" on stderr. */
+/* msg.c: "[launch] <message>" on stderr, one line written at once (any thread). */
 void launch_msg(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void launch_vmsg(const char* fmt, va_list ap) __attribute__((format(printf, 1, 0)));
 /* "[launch] <message>" and a pointer to --help, then exit 2. */
 _Noreturn void launch_bad_usage(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
