@@ -143,6 +143,14 @@ static inline size_t mlxd_algo_mul(size_t a, size_t b) {
 /* Wait for (and free) every non-NULL request in reqs; keeps the first error in st
  * unless st already holds one. Returns st's code. */
 int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);
+
+/* A collective that moves no bytes on this rank (every algorithm's count-0 case): every
+ * pair of ranks exchanges one empty message carrying the call's signature (tag seq, step
+ * 0). Ranks that passed nothing where a peer passed something so fail at once, both calls
+ * named (the peer's data meets this rank's empty receive, this rank's empty message the
+ * peer's receive), instead of the peer waiting for this rank until MLXDIST_OP_TIMEOUT;
+ * when every rank passed nothing, the op costs n - 1 empty messages each way. */
+int mlxd_algo_empty(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, mlxd_status* st);
 /* Whether to use both pipeline directions. */
 bool mlxd_algo_bidir(int size, size_t nbytes, int bidir);
 /* Split blocks (off, len; n of them) over ndir directions: direction 0

@@ -37,7 +37,7 @@ int mlxd_algo_all_gather_direct(mlxd_transport* t, uint64_t seq, const mlxd_sig*
                                 const void* in, void* out, size_t nbytes, mlxd_status* st) {
   gather_prologue(t, in, out, nbytes, st);
   int n = t->size, r = t->rank;
-  if (nbytes == 0) return 0;
+  if (nbytes == 0) return mlxd_algo_empty(t, seq, sig, st);
   mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
   if (!reqs) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %d requests", 2 * n);
   uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
@@ -85,7 +85,7 @@ int mlxd_algo_all_gather_pipeline(mlxd_transport* t, uint64_t seq, const mlxd_si
                                   mlxd_status* st) {
   gather_prologue(t, in, out, nbytes, st);
   int n = t->size;
-  if (nbytes == 0) return 0;
+  if (nbytes == 0) return mlxd_algo_empty(t, seq, sig, st);
   size_t* ol = mlxd_algo_equal_blocks(n, nbytes, st);
   if (!ol) return st->code;
   int ndir = mlxd_algo_bidir(n, nbytes * (size_t)n, bidir) && nbytes >= 2 ? 2 : 1;

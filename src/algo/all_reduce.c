@@ -25,7 +25,7 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig
   size_t esz = mlxd_algo_esize(dtype, op);
   size_t nbytes = mlxd_algo_mul(count, esz), all = mlxd_algo_mul(nbytes, (size_t)t->size);
   int n = t->size, r = t->rank;
-  if (count == 0) return 0;
+  if (count == 0) return mlxd_algo_empty(t, seq, sig, st);
   /* The request array: on the stack up to ONESHOT_STACK_RANKS ranks (no
    * calloc + free per small op), else from the heap. */
   mlxd_req* stack_reqs[2 * ONESHOT_STACK_RANKS];
@@ -78,7 +78,7 @@ int mlxd_algo_all_reduce_pipeline(mlxd_transport* t, uint64_t seq, const mlxd_si
   assert(t->size >= 2 && (count == 0 || (in && out)));
   size_t esz = mlxd_algo_esize(dtype, op), nbytes = mlxd_algo_mul(count, esz);
   int n = t->size;
-  if (count == 0) return 0;
+  if (count == 0) return mlxd_algo_empty(t, seq, sig, st);
   size_t* tab = malloc(4 * (size_t)n * sizeof *tab);
   if (!tab) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for a pipeline schedule");
   mlxd_pipeline_plan p;

@@ -24,7 +24,7 @@ int mlxd_algo_all_to_all(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, c
   assert(n >= 2);
   assert(part_bytes == 0 || (in && out && in != out));
   (void)mlxd_algo_mul(part_bytes, (size_t)n);
-  if (part_bytes == 0) return 0;
+  if (part_bytes == 0) return mlxd_algo_empty(t, seq, sig, st);
   const char* src = in;
   char* dst = out;
   bool late = part_bytes <= A2A_OWN_LATE_MAX;

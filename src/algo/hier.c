@@ -448,7 +448,7 @@ int mlxd_algo_hier_all_reduce(mlxd_transport* t, const mlxd_hier* h, uint64_t se
   assert(mlxd_hier_applies(h) && t->rank == h->rank && t->size == h->size);
   assert(count == 0 || (in && out));
   size_t nbytes = mlxd_algo_mul(count, mlxd_algo_esize(dtype, op));
-  if (count == 0) return 0;
+  if (count == 0) return mlxd_algo_empty(t, seq, sig, st);
   switch (mlxd_hier_pick(h, nbytes)) {
     case MLXD_HIER_COLUMNS:
       return all_reduce_columns(t, h, seq, sig, in, out, count, dtype, op, st);
@@ -483,7 +483,7 @@ int mlxd_algo_hier_all_gather(mlxd_transport* t, const mlxd_hier* h, uint64_t se
   assert(nbytes == 0 || (in && out));
   int n = h->size, H = h->nhosts, c = h->nlocal;
   size_t total = mlxd_algo_mul(nbytes, (size_t)n);
-  if (nbytes == 0) return 0;
+  if (nbytes == 0) return mlxd_algo_empty(t, seq, sig, st);
   char* own = (char*)out + (size_t)h->rank * nbytes;
   if (!regular(h)) {
     /* byte-wise max over zeros and each rank's block: exact for any bytes */
@@ -524,7 +524,7 @@ int mlxd_algo_hier_reduce_scatter(mlxd_transport* t, const mlxd_hier* h, uint64_
   int n = h->size, H = h->nhosts, c = h->nlocal;
   size_t esz = mlxd_algo_esize(dtype, op), blk = mlxd_algo_mul(count, esz);
   size_t total = mlxd_algo_mul(blk, (size_t)n);
-  if (count == 0) return 0;
+  if (count == 0) return mlxd_algo_empty(t, seq, sig, st);
   if (!regular(h)) {
     char* all = mlxd_buffer_alloc(total);
     if (!all) {

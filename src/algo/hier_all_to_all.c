@@ -168,7 +168,7 @@ int mlxd_algo_hier_all_to_all_gathered(mlxd_transport* t, const mlxd_hier* h, ui
   assert(mlxd_hier_applies(h) && t->rank == h->rank && t->size == h->size);
   assert(part_bytes == 0 || (in && out && in != out));
   size_t whole = mlxd_algo_mul(part_bytes, (size_t)h->size);
-  if (part_bytes == 0) return 0;
+  if (part_bytes == 0) return mlxd_algo_empty(t, seq, sig, st);
   return h->local_rank == 0 ? leader(t, h, seq, sig, in, out, part_bytes, st)
                             : member(t, h, seq, sig, in, out, whole, st);
 }

@@ -98,7 +98,7 @@ int mlxd_algo_all_reduce_rd(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig
   assert(t->size >= 2 && (count == 0 || (in && out)));
   size_t esz = mlxd_algo_esize(dtype, op), nbytes = mlxd_algo_mul(count, esz);
   int n = t->size, r = t->rank, p2 = pow2_floor(n), rem = n - p2, v = virt_of(r, rem);
-  if (count == 0) return 0;
+  if (count == 0) return mlxd_algo_empty(t, seq, sig, st);
   if (v < 0) return fold_even(t, seq, sig, in, nbytes, out, nbytes, st);
   _Alignas(64) char stack_tmp[LOGN_STACK_BYTES];
   char* tmp = nbytes <= sizeof stack_tmp ? stack_tmp : mlxd_buffer_alloc(nbytes);
@@ -135,7 +135,7 @@ int mlxd_algo_reduce_scatter_rh(mlxd_transport* t, uint64_t seq, const mlxd_sig*
   size_t esz = mlxd_algo_esize(dtype, op), blk = mlxd_algo_mul(count, esz);
   int n = t->size, r = t->rank, p2 = pow2_floor(n), rem = n - p2, v = virt_of(r, rem);
   size_t all = mlxd_algo_mul(blk, (size_t)n);
-  if (count == 0) return 0;
+  if (count == 0) return mlxd_algo_empty(t, seq, sig, st);
   if (v < 0) return fold_even(t, seq, sig, in, all, out, blk, st);
   /* work: this rank's partial sums (layout of in); recv: what the partner
    * sends for the half it keeps (the fold can make the halves uneven: at
@@ -188,7 +188,7 @@ int mlxd_algo_all_gather_rd(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig
   assert(t->size >= 2 && (nbytes == 0 || (in && out)));
   int n = t->size, r = t->rank, p2 = pow2_floor(n), rem = n - p2, v = virt_of(r, rem);
   size_t all = mlxd_algo_mul(nbytes, (size_t)n);
-  if (nbytes == 0) return 0;
+  if (nbytes == 0) return mlxd_algo_empty(t, seq, sig, st);
   if (v < 0) return fold_even(t, seq, sig, in, nbytes, out, all, st);
   /* out is the work area: virtual rank w's blocks are those of the real
    * ranks [first_real(w), first_real(w + 1)), at their place in out */
@@ -223,7 +223,7 @@ int mlxd_algo_all_gather_bruck(mlxd_transport* t, uint64_t seq, const mlxd_sig* 
   assert(t->size >= 2 && (nbytes == 0 || (in && out)));
   int n = t->size, r = t->rank;
   size_t all = mlxd_algo_mul(nbytes, (size_t)n);
-  if (nbytes == 0) return 0;
+  if (nbytes == 0) return mlxd_algo_empty(t, seq, sig, st);
   /* tmp holds blocks r, r + 1, ... (mod n) in that order */
   _Alignas(64) char stack_tmp[LOGN_STACK_BYTES];
   char* tmp = all <= sizeof stack_tmp ? stack_tmp : mlxd_buffer_alloc(all);

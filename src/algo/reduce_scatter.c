@@ -32,7 +32,7 @@ int mlxd_algo_reduce_scatter_direct(mlxd_transport* t, uint64_t seq, const mlxd_
   rs_prologue(t, in, out, count, dtype, op, &blk, st);
   int n = t->size, r = t->rank;
   const char* own = (const char*)in + (size_t)r * blk;
-  if (count == 0) return 0;
+  if (count == 0) return mlxd_algo_empty(t, seq, sig, st);
   char* tmp = mlxd_buffer_alloc(blk * (size_t)n);
   mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
   if (!tmp || !reqs) {
@@ -101,7 +101,7 @@ int mlxd_algo_reduce_scatter_pipeline(mlxd_transport* t, uint64_t seq, const mlx
   size_t blk;
   size_t esz = rs_prologue(t, in, out, count, dtype, op, &blk, st);
   int n = t->size;
-  if (count == 0) return 0;
+  if (count == 0) return mlxd_algo_empty(t, seq, sig, st);
   size_t* ol = mlxd_algo_equal_blocks(n, count, st);
   if (!ol) return st->code;
   int ndir = mlxd_algo_bidir(n, blk * (size_t)n, bidir) && count >= 2 ? 2 : 1;
