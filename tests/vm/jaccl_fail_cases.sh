@@ -13,7 +13,7 @@
 #                              warning naming rank 1
 #   jf_late TEST_LIVENESS      rank 1 reaches an all_sum rank 0 gave up on
 #                              (MLXDIST_OP_TIMEOUT=2): both fail with rank 0's reason
-#   jf_mismatch TEST_MISMATCH  2 ranks make different calls (count, count_large,
+#   jf_mismatch TEST_MISMATCH  2 ranks make different calls (count, count_large, count_zero, a2a_zero,
 #                              dtype, reduce_op, op_kind, sendrecv, a2a_gather,
 #                              a2a_parts): both fail fast naming both calls,
 #                              "[jaccl] op #seq: ..."
@@ -53,7 +53,7 @@ jf_busy() { jf_liveness slow "$1" busy; }
 jf_late() { jf_liveness late "$1"; }
 
 jf_mismatch() {
-  for c in count count_large dtype reduce_op op_kind sendrecv a2a_gather a2a_parts; do
+  for c in count count_large dtype reduce_op op_kind sendrecv a2a_gather a2a_parts count_zero a2a_zero; do
     t0=$(now_ms)
     MISMATCH_BACKEND=jaccl timeout 150 "$1" $c >/tmp/jf_mm_$c.out 2>&1
     rc=$?
