@@ -13,9 +13,10 @@
 #                              warning naming rank 1
 #   jf_late TEST_LIVENESS      rank 1 reaches an all_sum rank 0 gave up on
 #                              (MLXDIST_OP_TIMEOUT=2): both fail with rank 0's reason
-#   jf_mismatch TEST_MISMATCH  2 ranks make different calls (count, count_large, count_zero, a2a_zero,
+#   jf_mismatch TEST_MISMATCH  2 ranks make different calls (count, count_large,
 #                              dtype, reduce_op, op_kind, sendrecv, a2a_gather,
-#                              a2a_parts): both fail fast naming both calls,
+#                              a2a_parts, count_zero, a2a_zero): both fail fast
+#                              naming both calls,
 #                              "[jaccl] op #seq: ..."
 #   jf_matrix TEST_COLLECTIVES bad matrices at a strict init: not a list, a row of
 #                              the wrong length, an empty device name, a device
