@@ -407,10 +407,8 @@ int main(int argc, char** argv) {
   check_env_names(&o, &hs);
   /* before any port is reserved or pipe made; launch_ranks checks again with the job's size */
   int ranks = across ? hs.ranks : o.n;
-  if (launch_nofile(ranks, across          ? 0
-                           : o.connections ? o.connections
-                                           : 1) != 0 ||
-      (!across && !o.mpi && launch_procs(ranks) != 0)) {
+  int conns = across ? 0 : o.connections ? o.connections : 1;
+  if (launch_nofile(ranks, conns) != 0 || (!across && !o.mpi && launch_procs(ranks) != 0)) {
     launch_hosts_free(&hs);
     launch_free_args(&o);
     return 1;
