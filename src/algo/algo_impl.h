@@ -146,7 +146,7 @@ int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st);
 
 /* A collective that moves no bytes on this rank (every algorithm's count-0 case): every
  * pair of ranks exchanges one empty message carrying the call's signature (tag seq, step
- * 0). Ranks that passed nothing where a peer passed something so fail at once, both calls
+ * 0; all_to_all.c's exchange with empty parts). Ranks that passed nothing where a peer passed something so fail at once, both calls
  * named (the peer's data meets this rank's empty receive, this rank's empty message the
  * peer's receive), instead of the peer waiting for this rank until MLXDIST_OP_TIMEOUT;
  * when every rank passed nothing, the op costs n - 1 empty messages each way. */

@@ -70,25 +70,6 @@ int mlxd_algo_drain(mlxd_transport* t, mlxd_req** reqs, int n, mlxd_status* st) 
   return st->code;
 }
 
-int mlxd_algo_empty(mlxd_transport* t, uint64_t seq, const mlxd_sig* sig, mlxd_status* st) {
-  int n = t->size, r = t->rank;
-  mlxd_req** reqs = calloc(2 * (size_t)n, sizeof *reqs);
-  if (!reqs) return mlxd_algo_fail(st, MLXD_ENOMEM, "out of memory for %d requests", 2 * n);
-  uint64_t tag = mlxd_tag(MLXD_TAG_COLL, seq, 0);
-  int rc = 0;
-  for (int k = 1; k < n && !rc; k++) {
-    int p = (r - k + n) % n;
-    rc = t->ops->irecv(t, p, tag, sig, NULL, 0, &reqs[p], st);
-  }
-  for (int k = 1; k < n && !rc; k++) {
-    int p = (r + k) % n;
-    rc = t->ops->isend(t, p, tag, sig, NULL, 0, &reqs[n + p], st);
-  }
-  mlxd_algo_drain(t, reqs, 2 * n, st);
-  free(reqs);
-  return st->code;
-}
-
 bool mlxd_algo_bidir(int size, size_t nbytes, int bidir) {
   if (bidir >= 0) return bidir > 0 && size >= 2;
   return size >= MLXD_PIPELINE_BIDIR_MIN_RANKS && nbytes >= MLXD_PIPELINE_BIDIR_MIN_BYTES;

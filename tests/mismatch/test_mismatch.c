@@ -184,7 +184,7 @@ static const mm_case g_cases[] = {
      {{K_A2A, MLX_FLOAT32, 10, "all_to_all"}, {K_A2A, MLX_FLOAT32, 12, "all_to_all"}},
      "mismatched calls: rank 0 called all_to_all(float32 x 10), rank 1 called "
      "all_to_all(float32 x 12)"},
-    /* no bytes on one rank: its empty messages carry its call (algo/common.c
+    /* no bytes on one rank: its empty messages carry its call (algo/all_to_all.c
      * mlxd_algo_empty), so neither rank waits for the other until the op timeout */
     {"count_zero",
      {{K_SUM, MLX_FLOAT32, 0, "all_sum"}, {K_SUM, MLX_FLOAT32, 10, "all_sum"}},
