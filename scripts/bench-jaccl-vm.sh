@@ -101,7 +101,9 @@ done
 exit $fail
 RUN
 rc=0
-bash "$root/tests/vm/rxe_vm.sh" "$share" || rc=$?
+# (B's programs named: rxe_vm.sh copies the libraries of the ELFs directly in the share
+# and of those it is given)
+bash "$root/tests/vm/rxe_vm.sh" "$share" ${build_b:+"$share/b/mlxdist-bench" "$share/b/mlxdist-launch"} || rc=$?
 [ $rc = 77 ] && exit 77
 [ -f "$share/vm.out" ] && cat "$share/vm.out"
 if [ ! -s "$share/bench.csv" ]; then
