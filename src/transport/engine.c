@@ -1,5 +1,5 @@
 /* The message engine (engine.h): requests, matching, failures and the wait
- * loop, written once for the shm and verbs transports. */
+ * loop, written once for the shm, verbs and tcp transports. */
 #include "transport/engine.h"
 
 #include <assert.h>
@@ -222,7 +222,7 @@ int mlxd_eng_recv_match(mlxd_engine* e, mlxd_eng_peer* p, mlxd_eng_req* r, mlxd_
   }
   /* Take over a message that arrived first. */
   mlxd_match_remove(&mq->unexpected, &u->link);
-  if (u->pull) { /* being read: its end fills r */
+  if (u->fill) { /* still being filled (a pull read, fragments): the transport binds r */
     if (u->len != r->m.n) mlxd_match_req_mismatch(&r->m, u->len);
     *taken = u;
     return 2;
@@ -262,25 +262,32 @@ bool mlxd_eng_wait(mlxd_engine* e, mlxd_req** reqs, int n, double until, mlxd_wa
     /* The first pass reads no clock: a small message that is already there
      * (the common case of a small collective) costs one pass. */
     int ev = e->err.code ? 0 : ops->progress(e, false);
+    ws->polled = ev >= 0;
     if (!mlxd_eng_any_pending(reqs, n) || e->err.code) goto out;
     double now = mlxd_now();
-    *ws = (mlxd_wait_state){
-        .started = true, .start = now, .last_change = now, .next_check = now, .last_event = now};
+    *ws = (mlxd_wait_state){.started = true,
+                            .polled = ev >= 0,
+                            .start = now,
+                            .last_change = now,
+                            .next_check = now,
+                            .last_event = now};
     if (ops->begin) ops->begin(e, reqs, n, now);
-    if (ev && now >= until) {
+    if (ev > 0 && now >= until) {
       done = false;
       goto out;
     }
   }
   for (;;) {
     int ev = e->err.code ? 0 : ops->progress(e, false);
+    ws->polled = ev >= 0;
     /* idle for defer_s: buffer the messages left for their receives */
     if (!ev && e->deferred && !e->err.code && mlxd_now() - ws->last_event >= e->defer_s)
       ev = ops->progress(e, true);
     if (!mlxd_eng_any_pending(reqs, n) || e->err.code) break;
     double now = mlxd_now();
-    if (ev) {
-      ws->last_change = ws->last_event = now;
+    if (ev > 0) {
+      ws->last_event = now;
+      if (!e->op_clock_own) ws->last_change = now;
       if (e->check_from_event) ws->next_check = now;
       if (now >= until) {
         done = false;
@@ -296,7 +303,8 @@ bool mlxd_eng_wait(mlxd_engine* e, mlxd_req** reqs, int n, double until, mlxd_wa
       done = false;
       break;
     }
-    if (now - ws->last_event < e->spin_s) {
+    /* spin, unless another thread is progressing (ev < 0: sleep on it) */
+    if (ev == 0 && now - ws->last_event < e->spin_s) {
       ops->unlock(e);
       if (e->yield)
         sched_yield();
@@ -308,7 +316,10 @@ bool mlxd_eng_wait(mlxd_engine* e, mlxd_req** reqs, int n, double until, mlxd_wa
     if (e->deferred && ops->progress(e, true) > 0) continue;
     double left = e->check_s - (now - ws->next_check);
     if (until - now < left) left = until - now;
-    ops->sleep(e, left);
+    if (ops->sleep(e, left) > 0) { /* it handled events: spin again after them */
+      ws->last_event = mlxd_now();
+      if (!e->op_clock_own) ws->last_change = ws->last_event;
+    }
   }
 out:
   e->waiting--;
@@ -327,28 +338,27 @@ void mlxd_eng_unlink(mlxd_engine* e, mlxd_eng_req* r) {
   r->where = MLXD_ENG_NONE;
 }
 
-static int waitall_end(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st);
-
 int mlxd_eng_waitall(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st) {
   assert(n >= 0 && (n == 0 || reqs));
   mlxd_wait_state ws = {0};
   mlxd_eng_wait(e, reqs, n, INFINITY, &ws);
-  if (!e->err.code) e->ops->settle(e);
-  return waitall_end(e, reqs, n, st);
+  if (!e->err.code) e->ops->settle(e, &ws);
+  return mlxd_eng_wait_end(e, reqs, n, st);
 }
 
 int mlxd_eng_wait_slice(mlxd_engine* e, mlxd_req** reqs, int n, double max_s, mlxd_wait_state* ws,
                         mlxd_status* st) {
   assert(n >= 0 && (n == 0 || reqs) && max_s >= 0);
+  bool was = e->short_pass;
+  e->short_pass = max_s != INFINITY;
   ws->done = mlxd_eng_wait(e, reqs, n, mlxd_now() + max_s, ws);
+  e->short_pass = was;
   if (!e->err.code) return 0;
   ws->done = true;
   return mlxd_eng_fail_status(e, st);
 }
 
-/* The end of waitall: the outcome (mlxd_match_result), then every request
- * unlinked if unfinished and freed. */
-static int waitall_end(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st) {
+int mlxd_eng_wait_end(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st) {
   int rc = mlxd_match_result(st, &e->err, e->layer, reqs, n);
   if (rc == 0 && e->err.code) rc = mlxd_eng_fail_status(e, st); /* failed meanwhile */
   for (int i = 0; i < n; i++) {

@@ -1,5 +1,5 @@
-/* Private: the message engine under the shared-memory and verbs
- * transports (shm.c, verbs.c), and the pieces tcp shares with them.
+/* Private: the message engine under every transport (shm.c, verbs.c,
+ * tcp.c).
  *
  * The engine owns what a point-to-point transport does the same way
  * whatever moves its bytes: requests and their free list, tag matching of
@@ -14,7 +14,8 @@
  * A transport supplies how bytes move through an ops table (mlxd_eng_ops)
  * it sets once when it is made: a progress pass over its channels (shm:
  * the pairs' lanes; verbs: the completion queues, chunks, credits and pull
- * reads), the liveness check of a wait, a sleep until its channel moves,
+ * reads; tcp: its sockets through epoll), the liveness check of a wait, a
+ * sleep until its channel moves,
  * its lock, its failure (published its own way), and the parts of a
  * request only it knows (its send lists; its single-copy and zero-copy
  * paths: shm's CMA sends, verbs' pull path). Its isend and irecv stay its
@@ -43,13 +44,14 @@ enum { MLXD_ENG_SEND = 1, MLXD_ENG_RECV = 2 };
  * being received, or a list of its transport's (>= MLXD_ENG_OWN). */
 enum { MLXD_ENG_NONE = 0, MLXD_ENG_POSTED, MLXD_ENG_CUR, MLXD_ENG_OWN };
 
-/* The start of every shm and verbs request (a transport's request struct
- * starts with it, so an mlxd_req* and an mlxd_match_req* point to it). */
+/* The start of every request (a transport's request struct starts with it,
+ * so an mlxd_req* and an mlxd_match_req* point to it). */
 typedef struct mlxd_eng_req {
   mlxd_match_req m;     /* first: peer, tag, n, outcome (match.h) */
   int kind;             /* MLXD_ENG_SEND / _RECV */
   int where;            /* MLXD_ENG_* or the transport's own */
   char* buf;            /* the caller's (a send's is only read) */
+  bool heap;            /* not req_size bytes (tcp's multi-fragment sends): freed, never kept */
   mlxd_match_link link; /* recv: in the posted queue; free: the free list */
 } mlxd_eng_req;
 
@@ -59,8 +61,12 @@ typedef struct mlxd_eng_unexp {
   mlxd_sig sig; /* the sender's call */
   char* buf;
   bool complete;
-  bool pulled;          /* verbs: it came by the pull path (read into buf) */
-  void* pull;           /* verbs: the pull read filling it, until it completes */
+  bool pulled; /* verbs: it came by the pull path (read into buf) */
+  /* The transport's own filling of it, until it completes (NULL: none):
+   * verbs' pull read; tcp's message entry, whose fragments arrive at any
+   * offset over several connections. A receive that takes it over is
+   * bound by the transport (mlxd_eng_recv_match returns 2). */
+  void* fill;
   mlxd_match_link link; /* in the unexpected queue */
 } mlxd_eng_unexp;
 
@@ -83,65 +89,82 @@ typedef struct mlxd_eng_peer {
 typedef struct mlxd_engine mlxd_engine;
 
 /* What a transport supplies. Every member is called by the engine only,
- * with the transport's lock held (but lock), and says what shm and verbs
- * do. tcp supplies none: it shares mlxd_eng_sig_clash and match.h and keeps
- * its own wait (its epoll progress, tcp.c); the router's composite
- * (router.c, named "mixed") drives its parts. */
+ * with the transport's lock held (but lock), and says what shm, verbs and
+ * tcp do. The router's composite (router.c, named "mixed") has no engine:
+ * it drives its parts' waits in slices. */
 typedef struct mlxd_eng_ops {
   /* One progress pass over every channel: move what can move, complete
    * requests. `idle`: a wait found nothing for a while (shm: a message
    * left in its lane for its receive is buffered now; verbs: unused, it
-   * always buffers). Returns the events seen (0: nothing moved). Never
-   * blocks beyond its lock (shm: a first contact may wait for a peer's
-   * pair, bounded by MLXDIST_CONNECT_TIMEOUT; verbs: never); failures go
-   * to fail, not to the caller. shm: progress_all; verbs: mlxd_vb_progress
-   * (completion queues, chunks, credits, pull reads, failure records). */
+   * always buffers; tcp: unused, it always buffers). Returns the events
+   * seen (0: nothing moved), or -1: another thread of this rank is
+   * progressing the channel (tcp: its one poller), so this wait does not
+   * spin but sleeps (the sleep op waits for that thread). Never blocks
+   * beyond its lock (shm: a first contact may wait for a peer's pair,
+   * bounded by MLXDIST_CONNECT_TIMEOUT; verbs: never; tcp: the lock is
+   * dropped around a zero-timeout epoll_wait, repeated up to 16 times while
+   * nothing comes unless short_pass); failures go to fail, not to the
+   * caller. shm: progress_all; verbs: mlxd_vb_progress (completion queues,
+   * chunks, credits, pull reads, failure records); tcp: a round over the
+   * ready sockets (reads, writes, the dialer, lazy TLS handshakes). */
   int (*progress)(mlxd_engine* e, bool idle);
   /* A wait found no progress for check_s: check the peers reqs[0..n) wait
    * for (exited, closed, failed, heartbeats, the op clock; verbs also
    * probes them). true if the transport failed. Never blocks (shm may run
    * one more progress pass). shm: check_peers + mlxd_shm_live_check;
-   * verbs: live_check. */
+   * verbs: live_check; tcp: mlxd_tcp_live_check, after it moved the op
+   * clock (op_clock_own). */
   bool (*check)(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_wait_state* ws, double now);
   /* Sleep until the channel may have moved, at most max_s (> 0): the lock
    * is held on entry and exit and dropped while asleep. shm: its rank's
    * futex doorbell (unless a progress pass moves something first); verbs:
    * poll() on the completion channels and its eventfd (another thread
    * sleeping there: a 1 ms nap; a send waiting for credit: at most
-   * VB_CREDIT_NAP_S). Errors are ignored (the next pass sees them). */
-  void (*sleep)(mlxd_engine* e, double max_s);
+   * VB_CREDIT_NAP_S); tcp: a blocking round of progress as the poller
+   * (epoll_wait), or, with another thread polling, its condition variable
+   * (at most 20 ms). Returns the events it handled (shm, verbs: 0, they
+   * leave them to the next pass). Errors are ignored (the next pass sees
+   * them). */
+  int (*sleep)(mlxd_engine* e, double max_s);
   /* Take (called without it) / drop (with it) the transport's lock around a
-   * spin step (shm: its futex lock; verbs: its pthread mutex). lock blocks
-   * only for the lock's holder; neither fails. */
+   * spin step (shm: its futex lock; verbs, tcp: its pthread mutex). lock
+   * blocks only for the lock's holder; neither fails. */
   void (*lock)(mlxd_engine* e);
   void (*unlock)(mlxd_engine* e);
   /* Fail the transport with st (the first failure wins, mlxd_eng_fail_first)
    * and tell the peers (shm: its rank record and doorbells; verbs: record
-   * writes, best effort). Never blocks. */
+   * writes, best effort; tcp: an abort frame on each peer's first
+   * connection, what the socket takes, then FIN; the dialer refuses new
+   * peers with it). Completes every request it detaches. Never blocks. */
   void (*fail)(mlxd_engine* e, const mlxd_status* st);
   /* Wake the other threads of this rank waiting on this transport (shm: its
-   * own doorbell; verbs: the eventfd of the channel sleeper). Never blocks. */
+   * own doorbell; verbs: the eventfd of the channel sleeper; tcp: the
+   * poller's eventfd and the condition variable). Never blocks. */
   void (*wake)(mlxd_engine* e);
   /* How peer pi is named in statuses, and its address (shm: its group rank
-   * and "pid P"; verbs: pi and "<ip> qp <n>"). Never fail. */
+   * and "pid P"; verbs: pi and "<ip> qp <n>"; tcp: pi and "<ip>:<port>").
+   * Never fail. */
   int (*name)(mlxd_engine* e, int pi);
   const char* (*addr)(mlxd_engine* e, int pi);
-  /* Peer pi's queues and current message (shm and verbs keep them in their
-   * peer tables). Never fails. */
+  /* Peer pi's queues and current message (every transport keeps them in
+   * its peer table; tcp uses no current message). Never fails. */
   mlxd_eng_peer* (*peer)(mlxd_engine* e, int pi);
   /* Take an unfinished request out of the transport's own lists (where >=
    * MLXD_ENG_OWN: shm's send and ack queues; verbs' send queue, its pull
-   * sends and reads); the engine has done the rest. Never fails. */
+   * sends and reads; tcp: a receive's arriving message, dropped); the
+   * engine has done the rest. Never fails. */
   void (*unlink)(mlxd_engine* e, mlxd_eng_req* r);
   /* Optional (NULL: none): release what a request holds of the transport's
-   * before it is freed (verbs: the registrations of a pull send). */
+   * before it is freed (verbs: the registrations of a pull send; tcp: a
+   * failed transport's requests are freed, not kept, heap set). */
   void (*release)(mlxd_engine* e, mlxd_eng_req* r);
   /* The end of a waitall that found the transport not failed: look once
    * for a failure a peer published (it gave up on an operation, maybe this
    * one: transport.h). Never blocks. shm: the segment's failure counter,
    * the ranks' states only when it moved; verbs: the peers' record cells
-   * (a failure relayed, a close noted). */
-  void (*settle)(mlxd_engine* e);
+   * (a failure relayed, a close noted); tcp: unless the wait's last pass
+   * was its own (ws->polled), one zero-timeout round of progress. */
+  void (*settle)(mlxd_engine* e, const mlxd_wait_state* ws);
   /* Optional (NULL: none): the first pass of a wait found requests pending
    * at `now` (verbs: their peers are probed at the first check). */
   void (*begin)(mlxd_engine* e, mlxd_req** reqs, int n, double now);
@@ -149,15 +172,22 @@ typedef struct mlxd_eng_ops {
 
 struct mlxd_engine {
   const mlxd_eng_ops* ops; /* set once by the transport */
-  mlxd_layer layer;        /* MLXD_LAYER_SHM / _VERBS */
+  mlxd_layer layer;        /* MLXD_LAYER_SHM / _VERBS / _TCP */
   int me;                  /* this rank's name in statuses */
   mlxd_status err;         /* the first failure; err.code == 0 while none */
   size_t req_size;         /* the transport's request struct */
   bool ux_pooled;          /* buffer messages in mlxd_buffer_alloc (shm), else malloc (verbs) */
   bool yield;              /* spin with sched_yield (else a pause) */
   bool check_from_event;   /* liveness checks count check_s from the last event too */
-  bool deferred;           /* the last pass left a message for its receive (shm) */
-  int waiting;             /* threads inside mlxd_eng_wait */
+  /* The op clock (ws->last_change) is the check op's to move (tcp: when
+   * its requests' bytes move, a heartbeat being an event too), not every
+   * event's. */
+  bool op_clock_own;
+  /* A hint, set while a slice (wait_slice) waits: progress passes stay
+   * short (tcp: one epoll_wait), the router's other parts are waiting. */
+  bool short_pass;
+  bool deferred; /* the last pass left a message for its receive (shm) */
+  int waiting;   /* threads inside mlxd_eng_wait */
   double spin_s, check_s, defer_s;
   mlxd_match_link* free_reqs;
   int nfree;
@@ -186,7 +216,7 @@ static inline mlxd_eng_req* mlxd_eng_req_alloc(mlxd_engine* e, size_t size) {
  * op if it has one. */
 static inline void mlxd_eng_req_release(mlxd_engine* e, mlxd_eng_req* r) {
   if (e->ops->release) e->ops->release(e, r);
-  if (e->nfree < 64) {
+  if (e->nfree < 64 && !r->heap) {
     r->link.next = e->free_reqs;
     e->free_reqs = &r->link;
     e->nfree++;
@@ -300,9 +330,10 @@ static inline char* mlxd_eng_dest(const mlxd_eng_cur* cur) {
  * its peer (p) that came first. -1: the signatures clash (the transport
  * failed; r is released); 0: none came, r is posted; 1: r took one over
  * (complete, or the current message; *taken: the message, out of the queue,
- * for the caller to free); 2: r matched one that a pull read still fills
- * (*taken: it, out of the queue; a size mismatch has failed r already): the
- * transport binds them. */
+ * for the caller to free); 2: r matched one that the transport still fills
+ * (u->fill: verbs' pull read, tcp's arriving fragments; *taken: it, out of
+ * the queue; a size mismatch has failed r already): the transport binds
+ * them. */
 int mlxd_eng_recv_match(mlxd_engine* e, mlxd_eng_peer* p, mlxd_eng_req* r, mlxd_eng_unexp** taken);
 static inline int mlxd_eng_recv(mlxd_engine* e, mlxd_eng_peer* p, mlxd_eng_req* r,
                                 mlxd_eng_unexp** taken) {
@@ -324,9 +355,10 @@ static inline bool mlxd_eng_any_pending(mlxd_req* const* reqs, int n) {
 }
 /* Drive the transport (ops) until no request of reqs is pending (true; also
  * when the transport failed) or until `until` (false, after at least one
- * pass). ws keeps the wait's clocks across calls. A wait without progress
- * checks its peers every check_s and never sleeps longer than that. Lock
- * held (dropped while spinning or asleep). */
+ * pass). ws keeps the wait's clocks across calls (ws->polled: the last
+ * pass was this thread's own, not another's: progress did not return -1).
+ * A wait without progress checks its peers every check_s and never sleeps
+ * longer than that. Lock held (dropped while spinning or asleep). */
 bool mlxd_eng_wait(mlxd_engine* e, mlxd_req** reqs, int n, double until, mlxd_wait_state* ws);
 /* The body of a transport's waitall and wait_slice (transport.h), the
  * transport's lock held: wait (mlxd_eng_wait), settle, then report and free
@@ -334,6 +366,10 @@ bool mlxd_eng_wait(mlxd_engine* e, mlxd_req** reqs, int n, double until, mlxd_wa
 int mlxd_eng_waitall(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st);
 int mlxd_eng_wait_slice(mlxd_engine* e, mlxd_req** reqs, int n, double max_s, mlxd_wait_state* ws,
                         mlxd_status* st);
+/* The end of a waitall: the outcome (mlxd_match_result; a failure of the
+ * transport meanwhile is not a success), then every request unlinked if
+ * unfinished and released. Lock held. */
+int mlxd_eng_wait_end(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_status* st);
 /* Take an unfinished request out of wherever it is (the rest of a current
  * message is dropped). Lock held. */
 void mlxd_eng_unlink(mlxd_engine* e, mlxd_eng_req* r);

@@ -520,18 +520,22 @@ static bool shm_op_check(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_wait_state
   return mlxd_shm_live_check(t, (shm_req**)reqs, n, ws->start, ws->last_change, now, &ws->warned);
 }
 
-static void shm_op_sleep(mlxd_engine* e, double max_s) {
+static int shm_op_sleep(mlxd_engine* e, double max_s) {
   shm_transport* t = SHM_OF(e);
   uint64_t snap = activity(t);
   shm_lock_release(&t->mu);
   doorbell_sleep(t, snap, max_s);
   shm_lock_acquire(&t->mu);
+  return 0; /* the next pass moves what woke it */
 }
 
 static void shm_op_lock(mlxd_engine* e) { shm_lock_acquire(&SHM_OF(e)->mu); }
 static void shm_op_unlock(mlxd_engine* e) { shm_lock_release(&SHM_OF(e)->mu); }
 static void shm_op_fail(mlxd_engine* e, const mlxd_status* st) { shm_fail(SHM_OF(e), st); }
-static void shm_op_settle(mlxd_engine* e) { check_failed(SHM_OF(e)); }
+static void shm_op_settle(mlxd_engine* e, const mlxd_wait_state* ws) {
+  (void)ws;
+  check_failed(SHM_OF(e));
+}
 static void shm_op_wake(mlxd_engine* e) { ring_bell(SHM_OF(e), SHM_OF(e)->base.rank); }
 static int shm_op_name(mlxd_engine* e, int pi) { return shm_name(SHM_OF(e), pi); }
 static const char* shm_op_addr(mlxd_engine* e, int pi) { return SHM_OF(e)->peers[pi].addr; }

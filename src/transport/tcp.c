@@ -11,32 +11,39 @@
  * unique among the messages in flight from one peer to another (the
  * algorithms and the front-end guarantee this with sequence numbers).
  *
- * Matching. A receive that is posted before its message arrives gets the
- * payload written straight into its buffer. A message that arrives first
- * is buffered (mlxd_buffer_alloc) and copied when its receive is posted, so two ranks
- * that both send before receiving never deadlock. Signatures must agree
- * (sig_clash: the message's with its receive's, or with any receive or
- * message of the same operation when the tags differ); a disagreement fails
- * the transport. Sizes of unsigned messages must agree: a mismatch fails
- * that receive only (the bytes are drained and dropped).
+ * Matching (the engine's, engine.h; tcp_recv.c). A receive that is posted
+ * before its message arrives gets the payload written straight into its
+ * buffer. A message that arrives first is buffered (mlxd_buffer_alloc) and
+ * copied when its receive is posted, so two ranks that both send before
+ * receiving never deadlock; several messages from one peer may be arriving
+ * at once (one per connection), each bound to its receive in its own entry
+ * (tcp_imsg). Signatures must agree (the message's with its receive's, or
+ * with any receive or message of the same operation when the tags differ);
+ * a disagreement fails the transport. Sizes of unsigned messages must
+ * agree: a mismatch fails that receive only (the bytes are drained and
+ * dropped).
  *
  * Progress. There is no background thread; the threads inside waitall
- * drive the sockets. One of them at a time (the "progressor") polls every
- * socket, spinning with zero-timeout polls for MLXDIST_SPIN_US after the
- * last event and then blocking in poll with a bounded timeout; the others
- * sleep on a condition variable (with a timeout) and re-check their
- * requests whenever something completes. isend writes eagerly from the
- * caller's thread and wakes a blocked progressor through an eventfd when
- * it leaves data queued. All state is protected by one mutex, which the
- * progressor drops only while it sits in poll() (a spinning waitall polls
- * up to TCP_SPIN_BATCH times per lock round, until an event or another
- * thread's completion).
+ * drive the sockets through the message engine's wait (engine.h), which
+ * spins for MLXDIST_SPIN_US after the last event, checks liveness every
+ * MLXD_TCP_CHECK_S without one, and sleeps in between. One thread at a time
+ * (the "progressor", t->progressing) polls every socket: zero-timeout
+ * epoll_waits while spinning (up to TCP_SPIN_BATCH per lock round, until an
+ * event or another thread's completion), a blocking one as its sleep. The
+ * others' passes return at once and they sleep on a condition variable
+ * (with a timeout), re-checking their requests whenever something
+ * completes; the progressor that leaves wakes them, so one takes over.
+ * isend writes eagerly from the caller's thread and wakes a blocked
+ * progressor through an eventfd when it leaves data queued. All state is
+ * protected by one mutex, which the progressor drops only while it sits in
+ * epoll_wait. The op clock of a wait moves with its requests' bytes, not
+ * with every event (a heartbeat is one).
  *
  * Allocation. Requests of one fragment (every receive; a send of up to
- * TCP_SPLIT_MIN bytes, or TCP_FRAG_MAX over one connection per peer) and
- * the entries of incoming messages come from the transport's free lists
- * (tcp_impl.h, at most TCP_POOL_MAX each), so a small message allocates
- * nothing once the transport has warmed up.
+ * TCP_SPLIT_MIN bytes, or TCP_FRAG_MAX over one connection per peer) come
+ * from the engine's free list, the entries of incoming messages from the
+ * transport's (tcp_impl.h), so a small message allocates nothing once the
+ * transport has warmed up.
  *
  * Failure. A peer that closes or resets its connection, a corrupt header,
  * a peer silent for MLXDIST_TIMEOUT or a wait without progress for
@@ -90,17 +97,17 @@ static bool imsg_unexpected(const tcp_imsg* m) { return !m->req && !m->discard; 
 
 static void fail_posted(void* ctx, mlxd_match_link* l) {
   tcp_transport* t = ctx;
-  mlxd_tcp_req_fail(t, MLXD_MATCH_ENTRY(l, struct mlxd_req, link), t->err.code);
+  mlxd_tcp_req_fail(t, MLXD_MATCH_ENTRY(l, tcp_req, q.link), t->eng.err.code);
 }
 
-/* Fail the whole transport with *st (the first failure wins). Called with
- * mu held. */
+/* Fail the whole transport with *st (the first failure wins): the engine's
+ * fail op. Called with mu held. */
 static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
-  if (!mlxd_match_fail_first(&t->err, st)) return;
-  int code = t->err.code;
+  if (!mlxd_match_fail_first(&t->eng.err, st)) return;
+  int code = t->eng.err.code;
   /* A peer's first contact from now on is answered with this failure
    * (net/mesh_connect.c: a refusal), not left to its MLXDIST_CONNECT_TIMEOUT. */
-  if (t->dial) t->dial->ops->refuse(t->dial, &t->err);
+  if (t->dial) t->dial->ops->refuse(t->dial, &t->eng.err);
   /* The first failure is told to every peer, a relayed one too (keeping
    * its reporter, as shm's published record does): a rank that heard of a
    * death from a shm neighbour and shuts its sockets must not leave its TCP
@@ -110,7 +117,7 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
   int n = t->base.size;
   for (int p = 0; p < n; p++) {
     tcp_peer* pe = &t->peers[p];
-    mlxd_match_fail_posted(&pe->mq, fail_posted, t);
+    mlxd_match_fail_posted(&pe->ep.mq, fail_posted, t);
     /* Drop the messages still arriving; keep those that fully arrived and
      * wait for their receive. */
     mlxd_match_link* l;
@@ -120,7 +127,7 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
         m->req->im = NULL;
         mlxd_tcp_req_fail(t, m->req, code);
       } else if (imsg_unexpected(m)) {
-        mlxd_match_remove(&pe->mq.unexpected, &m->ux);
+        mlxd_match_remove(&pe->ep.mq.unexpected, &m->u.link);
       }
       mlxd_tcp_imsg_free(t, m);
     }
@@ -149,14 +156,17 @@ static void tcp_fail(tcp_transport* t, const mlxd_status* st) {
 static void fail_lost(tcp_transport* t, int peer, const char* syscall, int err) {
   /* The peer may have said why before it went (an abort frame, tcp_live.c;
    * sent before its sockets closed): read what it sent first. */
-  for (int i = 0; i < t->nconn && !t->err.code; i++) {
+  for (int i = 0; i < t->nconn && !t->eng.err.code; i++) {
     tcp_conn* c = mlxd_tcp_conn_at(t, peer * t->nconn + i);
     if (c && c->fd >= 0 && !c->eof) (void)mlxd_tcp_conn_read(t, c);
   }
-  if (t->err.code) return;
+  if (t->eng.err.code) return;
+  if (!syscall) {
+    mlxd_eng_fail_lost(&t->eng, peer, ": it closed the connection");
+    return;
+  }
   mlxd_status s;
-  mlxd_match_lost(&s, MLXD_LAYER_TCP, peer, t->peers[peer].addr,
-                  syscall ? "" : ": it closed the connection", syscall, err);
+  mlxd_match_lost(&s, MLXD_LAYER_TCP, peer, t->peers[peer].addr, "", syscall, err);
   tcp_fail(t, &s);
 }
 
@@ -165,7 +175,7 @@ static void conn_eof(tcp_transport* t, tcp_conn* c);
 /* Whether data (not a control frame) is in flight with peer p. */
 static bool peer_has_data(tcp_transport* t, int p) {
   tcp_peer* pe = &t->peers[p];
-  if (pe->mq.posted.head || pe->arriving.head) return true;
+  if (pe->ep.mq.posted.head || pe->arriving.head) return true;
   for (int c = 0; c < t->nconn && t->conns[p]; c++)
     for (tcp_frag* f = t->conns[p][c].qhead; f; f = f->next)
       if (f->req) return true;
@@ -193,12 +203,6 @@ static void fail_io(tcp_transport* t, tcp_conn* c, const char* syscall, int err)
                c->peer, c->tls_why);
   mlxd_status_set_peer(&s, c->peer, t->peers[c->peer].addr);
   tcp_fail(t, &s);
-}
-
-/* The transport's failure into st; returns its code. */
-static int fail_status(tcp_transport* t, mlxd_status* st) {
-  if (st) *st = t->err;
-  return t->err.code;
 }
 
 /* Connection c reached EOF. A peer that closes all its connections after
@@ -303,14 +307,6 @@ static int conn_write_now(tcp_transport* t, tcp_conn* c) {
   return 0;
 }
 
-/* isend out of memory for its request: st says so; returns its code. */
-static int send_oom(tcp_transport* t, int peer, mlxd_status* st) {
-  int code = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
-                          "out of memory posting a send to rank %d", peer);
-  mlxd_status_set_peer(st, peer, t->peers[peer].addr);
-  return code;
-}
-
 static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig,
                      const void* buf, size_t n, mlxd_req** out, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
@@ -321,25 +317,17 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   if (n > TCP_SPLIT_MIN && nfrag < (size_t)t->nconn) nfrag = (size_t)t->nconn;
   /* A message of one fragment takes its request from the free list (under
    * mu); a larger one allocates it here, outside the lock. */
-  struct mlxd_req* r = nfrag > 1 ? calloc(1, sizeof *r + nfrag * sizeof(tcp_frag)) : NULL;
-  if (nfrag > 1 && !r) return send_oom(t, peer, st);
+  tcp_req* r = nfrag > 1 ? calloc(1, sizeof *r + nfrag * sizeof(tcp_frag)) : NULL;
+  if (r) r->q.heap = true;
 
   pthread_mutex_lock(&t->mu);
+  if (!r && nfrag == 1) r = (tcp_req*)mlxd_eng_req_alloc(&t->eng, TCP_REQ_SMALL);
   if (!r) {
-    r = mlxd_tcp_pool_get(&t->req_pool, TCP_REQ_SMALL);
-    if (!r) {
-      pthread_mutex_unlock(&t->mu);
-      return send_oom(t, peer, st);
-    }
-    r->small = true;
+    int code = mlxd_eng_req_refused(&t->eng, MLXD_ENG_SEND, peer, st);
+    pthread_mutex_unlock(&t->mu);
+    return code;
   }
-  r->is_send = true;
-  r->m.sig = mlxd_sig_or_none(sig);
-  r->m.peer = peer;
-  r->m.addr = t->peers[peer].addr;
-  r->m.tag = tag;
-  r->buf = (char*)(uintptr_t)buf; /* only read */
-  r->m.n = n;
+  mlxd_eng_req_init(&r->q, MLXD_ENG_SEND, peer, t->peers[peer].addr, tag, sig, buf, n);
   r->frags = (tcp_frag*)(r + 1);
   r->frags_left = nfrag;
   size_t q = n / nfrag, rem = n % nfrag, off = 0;
@@ -349,14 +337,14 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     f->off = off;
     f->len = q + (i < rem);
     off += f->len;
-    mlxd_tcp_hdr h = {tag, f->off, f->len, n, r->m.sig};
+    mlxd_tcp_hdr h = {tag, f->off, f->len, n, r->q.m.sig};
     mlxd_tcp_hdr_encode(f->hdr, &h);
   }
 
   tcp_peer* pe = &t->peers[peer];
-  if (t->err.code || pe->closed) {
-    if (!t->err.code) fail_lost(t, peer, NULL, 0);
-    int code = fail_status(t, st);
+  if (t->eng.err.code || pe->closed) {
+    if (!t->eng.err.code) fail_lost(t, peer, NULL, 0);
+    int code = mlxd_eng_fail_status(&t->eng, st);
     mlxd_tcp_req_free(t, r);
     pthread_mutex_unlock(&t->mu);
     return code;
@@ -372,6 +360,7 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     return code;
   }
   mlxd_tcp_want(t, peer);
+  r->q.where = TCP_W_SENT;
   unsigned start = pe->rr++;
   bool touched[64] = {false};
   for (size_t i = 0; i < nfrag; i++) {
@@ -386,7 +375,7 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     if (ci < 64) touched[ci] = true;
   }
   bool queued = false;
-  for (int ci = 0; ci < t->nconn && !t->err.code; ci++) {
+  for (int ci = 0; ci < t->nconn && !t->eng.err.code; ci++) {
     tcp_conn* c = &pc[ci];
     if (ci < 64 && !touched[ci]) continue;
     int err = conn_write(t, c);
@@ -398,7 +387,7 @@ static int tcp_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   if (queued) tcp_wake(t);
   if (t->completed) pthread_cond_broadcast(&t->cv);
   pthread_mutex_unlock(&t->mu);
-  *out = r; /* if the transport failed meanwhile, r already holds the failure */
+  *out = (mlxd_req*)r; /* if the transport failed meanwhile, r already holds the failure */
   return 0;
 }
 
@@ -440,7 +429,7 @@ void mlxd_tcp_dial_step(tcp_transport* t) {
 
 void mlxd_tcp_want(tcp_transport* t, int peer) {
   tcp_peer* pe = &t->peers[peer];
-  if (!t->dial || pe->wanted || t->err.code) return;
+  if (!t->dial || pe->wanted || t->eng.err.code) return;
   pe->wanted = true;
   mlxd_status s;
   mlxd_status_clear(&s);
@@ -472,8 +461,9 @@ static bool progress_round(tcp_transport* t, int timeout_ms, int batch) {
    * eventfd kick when they queue data. */
   t->in_poll = timeout_ms > 0;
   /* One poll when blocking; over TLS (OpenSSL may hold bytes epoll cannot
-   * see); on a crowded host (wait_run yields the CPU between polls) */
-  if (timeout_ms > 0 || t->tls || t->yield_spin) batch = 1;
+   * see); on a crowded host (the engine's wait yields the CPU between
+   * passes) */
+  if (timeout_ms > 0 || t->tls || t->eng.yield) batch = 1;
   unsigned gen = atomic_load_explicit(&t->gen, memory_order_relaxed);
   pthread_mutex_unlock(&t->mu);
   /* Unlocked: only the progressor uses evs; gen is a hint (a completion
@@ -505,9 +495,9 @@ static bool progress_round(tcp_transport* t, int timeout_ms, int batch) {
       any = true;
       t->peers[c->peer].heard = mlxd_now();
       int err = mlxd_tcp_conn_read(t, c);
-      if (err < 0 && !t->err.code)
+      if (err < 0 && !t->eng.err.code)
         conn_eof(t, c);
-      else if (err && !t->err.code)
+      else if (err && !t->eng.err.code)
         fail_io(t, c, "recv", err);
       mlxd_tcp_conn_arm(t, c);
     }
@@ -517,7 +507,7 @@ static bool progress_round(tcp_transport* t, int timeout_ms, int batch) {
   }
   double now = mlxd_now(); /* peers heard from (liveness) */
   bool dial_due = false;
-  for (int i = 0; i < rc && !t->err.code; i++) {
+  for (int i = 0; i < rc && !t->eng.err.code; i++) {
     unsigned ev = t->evs[i].events;
     void* tag = t->evs[i].data.ptr;
     if (!tag) {
@@ -543,89 +533,19 @@ static bool progress_round(tcp_transport* t, int timeout_ms, int batch) {
     }
     if (ev & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
       int err = mlxd_tcp_conn_read(t, c);
-      if (err < 0 && !t->err.code)
+      if (err < 0 && !t->eng.err.code)
         conn_eof(t, c);
-      else if (err && !t->err.code)
+      else if (err && !t->eng.err.code)
         fail_io(t, c, "recv", err);
     }
-    if (!t->err.code && !c->eof && (c->qhead || c->wlen) && (ev & (EPOLLOUT | EPOLLERR))) {
+    if (!t->eng.err.code && !c->eof && (c->qhead || c->wlen) && (ev & (EPOLLOUT | EPOLLERR))) {
       int err = conn_write(t, c);
-      if (err && !t->err.code) fail_io(t, c, "sendmsg", err);
+      if (err && !t->eng.err.code) fail_io(t, c, "sendmsg", err);
     }
     mlxd_tcp_conn_arm(t, c);
   }
   if (t->dial && (dial_due || t->dial->ops->next(t->dial) <= mlxd_now())) mlxd_tcp_dial_step(t);
   return true;
-}
-
-/* Drive the sockets until no request of reqs is pending (returns true;
- * also when the transport failed) or until `until` (returns false, after
- * at least one pass). lw keeps the wait's clocks across calls. mu held. */
-static bool wait_run(tcp_transport* t, mlxd_req** reqs, int n, double until, tcp_live_wait* lw) {
-  double now = mlxd_now();
-  if (!lw->started) {
-    *lw = (tcp_live_wait){.started = true,
-                          .start = now,
-                          .last_change = now,
-                          .next_check = now,
-                          .deadline = now,
-                          .last_event = now, /* spin right away */
-                          .mark = UINT64_MAX};
-  }
-  for (;;) {
-    uint64_t sum = 0;
-    struct mlxd_req* waiting = NULL;
-    for (int i = 0; i < n; i++) {
-      struct mlxd_req* r = reqs[i];
-      if (!r) continue;
-      sum += r->done + (r->m.complete ? 1 : 0);
-      if (!r->m.complete && !waiting) waiting = r;
-    }
-    if (!waiting) return true;
-    now = mlxd_now();
-    if (sum != lw->mark) {
-      lw->mark = sum;
-      lw->last_change = now;
-    }
-    /* the checks run every LIVE_CHECK_S (tcp_live.c) or at the wait's deadline */
-    if ((now >= lw->next_check || now >= lw->deadline) && mlxd_tcp_live_check(t, reqs, n, lw, now))
-      return true;
-    if (!t->progressing) {
-      t->progressing = true;
-      int ms = 0;
-      if (now - lw->last_event >= t->spin_s) {
-        ms = mlxd_ms_left(lw->deadline);
-        if (ms > TCP_BLOCK_MS) ms = TCP_BLOCK_MS;
-        if (until - now < (double)ms / 1000.0) ms = (int)((until - now) * 1000.0);
-        if (ms < 0) ms = 0;
-      }
-      if (progress_round(t, ms, until == INFINITY ? TCP_SPIN_BATCH : 1))
-        lw->last_event = mlxd_now();
-      else if (ms == 0 && t->yield_spin && until == INFINITY)
-        sched_yield(); /* the rank we wait for may need this CPU (not in a slice: router.c) */
-      lw->polled = true;
-      t->progressing = false;
-      /* Let a sleeping waiter take over if we leave, and tell waiters
-       * whose requests completed. */
-      if (t->completed) {
-        t->completed = false;
-        pthread_cond_broadcast(&t->cv);
-      }
-    } else {
-      lw->polled = false;
-      double cv_s = TCP_CV_MS / 1000.0;
-      if (until - now < cv_s) cv_s = until - now > 0 ? until - now : 0;
-      struct timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      ts.tv_nsec += (long)(cv_s * 1e9);
-      if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-      }
-      pthread_cond_timedwait(&t->cv, &t->mu, &ts);
-    }
-    if (until < INFINITY && mlxd_now() >= until) return false;
-  }
 }
 
 /* Wake the waiters whose requests completed, and another waiter that may
@@ -638,36 +558,10 @@ static void wake_waiters(tcp_transport* t) {
 static int tcp_waitall(mlxd_transport* tt, mlxd_req** reqs, int n, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
   pthread_mutex_lock(&t->mu);
-  tcp_live_wait lw = {0};
-  wait_run(t, reqs, n, INFINITY, &lw);
-  /* Requests that completed without this thread reading the sockets (a
-   * message buffered earlier, another thread's progress): read once what
-   * has arrived, so that a peer's abort sent before this wait ended fails
-   * it (transport.h). */
-  if (!lw.polled && !t->err.code && !t->progressing && n > 0) {
-    t->progressing = true;
-    progress_round(t, 0, 1);
-    t->progressing = false;
-  }
-  wake_waiters(t);
-  int code = mlxd_match_result(st, &t->err, MLXD_LAYER_TCP, reqs, n);
-  if (code == 0 && t->err.code) code = fail_status(t, st); /* failed meanwhile: not a success */
-  /* Pending requests can only remain when the transport failed, and tcp_fail
-   * detached every request from its lists, so they can all be freed. */
-  for (int i = 0; i < n; i++) {
-    struct mlxd_req* r = reqs[i];
-    if (!r) continue;
-    /* Nothing refers to r any more: tcp_fail emptied every connection's
-     * queue after the relay's one write (a partly written fragment's rest
-     * and the abort record go only as far as the socket takes them then,
-     * tcp_live.c), and no queue is written once the transport failed. A
-     * failed transport's request goes back to the heap, not the free list. */
-    if (t->err.code)
-      free(r);
-    else
-      mlxd_tcp_req_free(t, r);
-    reqs[i] = NULL;
-  }
+  /* Pending requests can only remain when the transport failed: tcp_fail
+   * completed each and detached it from every list. */
+  int code = mlxd_eng_waitall(&t->eng, reqs, n, st);
+  wake_waiters(t); /* a sleeping waiter takes over the polling */
   pthread_mutex_unlock(&t->mu);
   return code;
 }
@@ -676,15 +570,139 @@ static int tcp_wait_slice(mlxd_transport* tt, mlxd_req** reqs, int n, double max
                           mlxd_wait_state* ws, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
   pthread_mutex_lock(&t->mu);
-  ws->done = wait_run(t, reqs, n, mlxd_now() + max_s, ws);
+  int code = mlxd_eng_wait_slice(&t->eng, reqs, n, max_s, ws, st);
   wake_waiters(t);
-  int code = 0;
-  if (t->err.code) {
-    ws->done = true;
-    code = fail_status(t, st);
-  }
   pthread_mutex_unlock(&t->mu);
   return code;
+}
+
+/* ---- the engine's ops (engine.h) ---- */
+
+/* One round as the poller (mu held; dropped in epoll_wait): waiters whose
+ * requests completed are told. Whether anything had an event. */
+static bool poll_round(tcp_transport* t, int timeout_ms, int batch) {
+  t->progressing = true;
+  bool any = progress_round(t, timeout_ms, batch);
+  t->progressing = false;
+  if (t->completed) wake_waiters(t);
+  return any;
+}
+
+/* One thread of a rank polls the sockets at a time (t->progressing); the
+ * others' passes return -1 and they sleep on the condition variable. */
+static int tcp_op_progress(mlxd_engine* e, bool idle) {
+  (void)idle; /* tcp always buffers a message that comes first */
+  tcp_transport* t = TCP_OF(e);
+  if (t->progressing) return -1;
+  return poll_round(t, 0, e->short_pass ? 1 : TCP_SPIN_BATCH) ? 1 : 0;
+}
+
+static int tcp_op_sleep(mlxd_engine* e, double max_s) {
+  tcp_transport* t = TCP_OF(e);
+  if (!t->progressing) { /* the poller: block in epoll_wait (floor: 0 is a plain pass) */
+    int ms = max_s * 1000.0 < TCP_BLOCK_MS ? (int)(max_s * 1000.0) : TCP_BLOCK_MS;
+    return poll_round(t, ms, 1) ? 1 : 0;
+  }
+  /* Another thread polls: wait for its news (a completion, or its leaving) */
+  double cv_s = TCP_CV_MS / 1000.0;
+  if (max_s < cv_s) cv_s = max_s > 0 ? max_s : 0;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_nsec += (long)(cv_s * 1e9);
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_cond_timedwait(&t->cv, &t->mu, &ts);
+  return 0;
+}
+
+/* The op clock moves when the requests' bytes do (e->op_clock_own): a
+ * heartbeat is an event, not progress (the liveness tests pin this). */
+static bool tcp_op_check(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_wait_state* ws, double now) {
+  uint64_t sum = 0;
+  for (int i = 0; i < n; i++) {
+    const tcp_req* r = (const tcp_req*)reqs[i];
+    if (r) sum += r->done + (r->q.m.complete ? 1 : 0);
+  }
+  if (sum != ws->mark) {
+    ws->mark = sum;
+    ws->last_change = now;
+  }
+  return mlxd_tcp_live_check(TCP_OF(e), (tcp_req* const*)reqs, n, ws, now);
+}
+
+/* Requests that completed without this thread reading the sockets (a
+ * message buffered earlier, another thread's progress): read once what has
+ * arrived, so that a peer's abort sent before this wait ended fails it
+ * (transport.h). */
+static void tcp_op_settle(mlxd_engine* e, const mlxd_wait_state* ws) {
+  tcp_transport* t = TCP_OF(e);
+  if (!ws->polled && !t->progressing) poll_round(t, 0, 1);
+}
+
+static void tcp_op_lock(mlxd_engine* e) { pthread_mutex_lock(&TCP_OF(e)->mu); }
+static void tcp_op_unlock(mlxd_engine* e) { pthread_mutex_unlock(&TCP_OF(e)->mu); }
+
+static void tcp_op_fail(mlxd_engine* e, const mlxd_status* st) { tcp_fail(TCP_OF(e), st); }
+static void tcp_op_wake(mlxd_engine* e) {
+  tcp_transport* t = TCP_OF(e);
+  tcp_wake(t); /* a progressor may sit in epoll_wait, other waiters on cv */
+  pthread_cond_broadcast(&t->cv);
+}
+static int tcp_op_name(mlxd_engine* e, int pi) {
+  (void)e;
+  return pi;
+}
+static const char* tcp_op_addr(mlxd_engine* e, int pi) { return TCP_OF(e)->peers[pi].addr; }
+static mlxd_eng_peer* tcp_op_peer(mlxd_engine* e, int pi) { return &TCP_OF(e)->peers[pi].ep; }
+
+/* A receive bound to a message still arriving lets go of it (its rest is
+ * drained and dropped). A send's fragments stay queued: tcp_fail empties
+ * the queues, and a waitall ends with a send unfinished only then. */
+static void tcp_op_unlink(mlxd_engine* e, mlxd_eng_req* q) {
+  tcp_req* r = (tcp_req*)q;
+  if (q->where == TCP_W_MSG && r->im) {
+    mlxd_tcp_imsg_release(TCP_OF(e), r->im);
+    r->im->req = NULL;
+    r->im->discard = true;
+    r->im = NULL;
+  }
+}
+
+/* A failed transport's requests go back to the heap, not the free list:
+ * the relay may have left a partly written fragment of one queued
+ * (tcp_live.c); no write follows, but were one to, a freed block is caught
+ * by the sanitizers where a reused one would be sent silently. */
+static void tcp_op_release(mlxd_engine* e, mlxd_eng_req* q) {
+  if (e->err.code) q->heap = true;
+}
+
+static const mlxd_eng_ops tcp_eng_ops = {
+    .progress = tcp_op_progress,
+    .check = tcp_op_check,
+    .sleep = tcp_op_sleep,
+    .lock = tcp_op_lock,
+    .unlock = tcp_op_unlock,
+    .settle = tcp_op_settle,
+    .fail = tcp_op_fail,
+    .wake = tcp_op_wake,
+    .name = tcp_op_name,
+    .addr = tcp_op_addr,
+    .peer = tcp_op_peer,
+    .unlink = tcp_op_unlink,
+    .release = tcp_op_release,
+};
+
+void mlxd_tcp_engine_init(tcp_transport* t) {
+  t->eng.ops = &tcp_eng_ops;
+  t->eng.layer = MLXD_LAYER_TCP;
+  t->eng.me = t->base.rank;
+  t->eng.req_size = TCP_REQ_SMALL;
+  t->eng.ux_pooled = true;
+  t->eng.op_clock_own = true;
+  t->eng.check_s = MLXD_TCP_CHECK_S;
+  t->eng.defer_s = INFINITY; /* nothing is deferred */
 }
 
 int mlxd_tcp_conn_write(tcp_transport* t, tcp_conn* c) { return conn_write(t, c); }
@@ -693,7 +711,6 @@ void mlxd_tcp_wake(tcp_transport* t) { tcp_wake(t); }
 void mlxd_tcp_fail_lost(tcp_transport* t, int peer, const char* syscall, int err) {
   fail_lost(t, peer, syscall, err);
 }
-int mlxd_tcp_fail_status(tcp_transport* t, mlxd_status* st) { return fail_status(t, st); }
 
 const mlxd_transport_ops mlxd_tcp_ops = {
     .name = "tcp",

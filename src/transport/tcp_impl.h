@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include "core/buffer.h"
+#include "transport/engine.h"
 #include "transport/liveness.h"
 #include "transport/match.h"
 #include "transport/tcp.h"
@@ -32,6 +33,7 @@
 #define TCP_SOCKBUF (4 << 20)                    /* SO_SNDBUF / SO_RCVBUF we ask for */
 #define TCP_BLOCK_MS 1000                        /* longest single blocking poll */
 #define TCP_CV_MS 20                             /* longest single condition-variable sleep */
+#define MLXD_TCP_CHECK_S 0.05                    /* liveness checks of a wait (engine check_s) */
 #define TCP_TLS_WBUF ((size_t)16 << 10)          /* TLS: headers and small payloads coalesced */
 #ifndef TCP_RTO_MAX_MS
 #define TCP_RTO_MAX_MS 44 /* Linux 6.15 <linux/tcp.h>; libc headers may not have it yet */
@@ -40,9 +42,9 @@
  * its last bytes to be acknowledged until none went out for MLXDIST_TIMEOUT (and
  * at least this long); neither waits for the peers' FINs (tcp_setup.c close_all) */
 #define TCP_CLOSE_MS 500
-/* Free lists: at most this many single-fragment request blocks and as many
- * message entries kept per transport for reuse (a window of sends, or of
- * messages arriving before their receives, fits) */
+/* Free list: at most this many message entries kept per transport for
+ * reuse (a window of messages arriving before their receives fits); the
+ * requests' is the engine's (engine.h) */
 #define TCP_POOL_MAX 128
 
 /* ASan: a block in a free list is poisoned but for its link (LeakSanitizer
@@ -77,44 +79,49 @@ typedef struct tcp_pool {
   int n; /* blocks in the list, at most TCP_POOL_MAX */
 } tcp_pool;
 
-struct mlxd_req {
-  mlxd_match_req m; /* first: peer, tag, n, outcome (match.h) */
-  bool is_send;
-  bool small; /* a TCP_REQ_SMALL block: back to the transport's free list when freed */
-  char* buf;
-  size_t done;          /* bytes moved so far (for progress detection) */
-  size_t frags_left;    /* send: fragments not yet fully written */
-  mlxd_match_link link; /* recv: in the peer's posted queue */
-  tcp_imsg* im;         /* recv: the incoming message it is attached to */
-  tcp_frag* frags;      /* send: fragment array (same allocation) */
-};
+/* Where an unfinished tcp request is, past the engine's places: a receive
+ * bound to a message whose fragments arrive (im), a send whose fragments
+ * are queued on the connections. */
+enum { TCP_W_MSG = MLXD_ENG_OWN, TCP_W_SENT };
+
+/* A request: the engine's part first (engine.h: peer, tag, n, outcome,
+ * kind, buffer, its place), so an mlxd_req* points to it. A request of one
+ * fragment (every receive) is a TCP_REQ_SMALL block from the engine's free
+ * list; a send of several is one heap block (q.heap) with its fragments. */
+typedef struct tcp_req {
+  mlxd_eng_req q;
+  size_t done;       /* bytes moved so far (the op clock: tcp.c wait) */
+  size_t frags_left; /* send: fragments not yet fully written */
+  tcp_imsg* im;      /* recv: the incoming message it is bound to */
+  tcp_frag* frags;   /* send: fragment array (same allocation) */
+} tcp_req;
 
 struct tcp_frag {
-  struct mlxd_req* req; /* NULL for a control frame (tcp_live.c) */
-  const char* data;     /* a control frame's payload */
+  tcp_req* req;     /* NULL for a control frame (tcp_live.c) */
+  const char* data; /* a control frame's payload */
   unsigned char hdr[TCP_HDR];
   size_t off, len;
   size_t sent; /* bytes of header + payload written */
   tcp_frag* next;
 };
 
-/* A message being received (or buffered because no receive was posted).
- * It is in its peer's `arriving` queue until its last fragment is in, and
- * in the peer's unexpected queue while it has no receive (req == NULL and
- * not discarded). */
+/* A message being received (or buffered because no receive was posted):
+ * the engine's unexpected-message part first (u: len, got = payload bytes
+ * received, the sender's call, buf = the receive's buffer or an owned one,
+ * complete; u.fill = the message itself while it is unexpected and still
+ * arriving, so a receive that takes it over is bound here). It is in its
+ * peer's `arriving` queue until its last fragment is in, and in the peer's
+ * unexpected queue (u.link) while it has no receive (req == NULL and not
+ * discarded). */
 struct tcp_imsg {
-  size_t total, got; /* got: payload bytes received */
-  size_t announced;  /* payload bytes of the fragments whose header arrived */
-  char* buf;         /* the receive's buffer, or an owned one (unexpected) */
-  bool owned;        /* buf is ours (mlxd_buffer_alloc) */
-  bool discard;      /* size mismatch: drain and drop */
-  bool complete;
+  mlxd_eng_unexp u;
+  size_t announced; /* payload bytes of the fragments whose header arrived */
+  bool owned;       /* u.buf is ours (mlxd_buffer_alloc) */
+  bool discard;     /* size mismatch: drain and drop */
   int peer;
   uint64_t charged; /* bytes charged to the peer's unexpected budget */
-  mlxd_sig sig;     /* the sender's call (its first fragment's header) */
-  struct mlxd_req* req;
+  tcp_req* req;
   mlxd_match_link arr; /* in arriving (tag = the message's tag) */
-  mlxd_match_link ux;  /* in the unexpected queue */
 };
 
 typedef struct tcp_conn {
@@ -148,7 +155,9 @@ typedef struct tcp_conn {
 } tcp_conn;
 
 typedef struct tcp_peer {
-  mlxd_match_peer mq;        /* posted receives, unexpected messages */
+  /* The engine's queues: posted receives, unexpected messages (ep.cur is
+   * unused: several messages arrive at once, each bound in its tcp_imsg) */
+  mlxd_eng_peer ep;
   mlxd_match_queue arriving; /* messages with fragments still to come */
   unsigned rr;
   bool closed;              /* every connection reached EOF with nothing pending */
@@ -162,6 +171,9 @@ typedef struct tcp_peer {
 
 typedef struct tcp_transport {
   mlxd_transport base;
+  /* The message engine (engine.h): requests and their free list, matching,
+   * the first failure (eng.err; err.code == 0 while none), the wait. */
+  mlxd_engine eng;
   int nconn;
   /* size entries; conns[p]: the nconn connections to p, allocated when p
    * is first used (mlxd_tcp_peer_conns; all at creation when eager), NULL
@@ -183,13 +195,10 @@ typedef struct tcp_transport {
    * early; a hint only, it acts on nothing it has not read under mu. */
   _Atomic unsigned gen;
   int wake_fd;
-  mlxd_status err;                    /* the first failure; err.code == 0 while none */
   mlxd_live_cfg live;                 /* MLXDIST_TIMEOUT, _WARN_AFTER, _OP_TIMEOUT (liveness.h) */
   int watch;                          /* the heartbeat's watchdog registration (0: none) */
   char abort_pay[MLXD_TCP_ABORT_MAX]; /* this rank's failure record, once failed */
   size_t abort_len;
-  double spin_s;
-  bool yield_spin;    /* more ranks than CPUs: give the CPU away between spin polls */
   uint64_t ux_budget; /* per peer (MLXDIST_TCP_UNEXPECTED_MB) */
   mlxd_tls* tls;      /* MLXDIST_TLS=1; NULL: plain sockets */
   int tls_hs_n;       /* lazy: connections whose TLS handshake runs (tls_hs) */
@@ -198,16 +207,15 @@ typedef struct tcp_transport {
   int nevs;
   mlxd_tcp_dialer* dial; /* lazy: makes connections on first use (NULL: all made at creation) */
   int nconnected;        /* connections made */
-  /* Free lists (mu held; mlxd_tcp_pool_get/put): request blocks of
-   * TCP_REQ_SMALL bytes (every receive, and a send of one fragment) and
-   * message entries, so that a small message allocates nothing; at most
-   * TCP_POOL_MAX blocks each, freed by destroy. */
-  tcp_pool req_pool;
+  /* The message entries' free list (mu held; mlxd_tcp_pool_get/put), so
+   * that with the engine's free list of requests a small message allocates
+   * nothing; at most TCP_POOL_MAX blocks, freed by destroy. */
   tcp_pool imsg_pool;
 } tcp_transport;
 
 /* A request of at most one fragment (every receive uses one too). */
-#define TCP_REQ_SMALL (sizeof(struct mlxd_req) + sizeof(tcp_frag))
+#define TCP_REQ_SMALL (sizeof(tcp_req) + sizeof(tcp_frag))
+#define TCP_OF(e) ((tcp_transport*)((char*)(e)-offsetof(tcp_transport, eng)))
 
 /* A zeroed block of size bytes from pool (every block of a pool has the
  * same size), or a new one; NULL when out of memory. mu held. */
@@ -246,12 +254,10 @@ static inline void mlxd_tcp_pool_drain(tcp_pool* pool, size_t size) {
   pool->n = 0;
 }
 
-/* Free request r (mu held): a small one goes back to the free list. */
-static inline void mlxd_tcp_req_free(tcp_transport* t, struct mlxd_req* r) {
-  if (r->small)
-    mlxd_tcp_pool_put(&t->req_pool, r, TCP_REQ_SMALL);
-  else
-    free(r);
+/* Free request r (mu held; engine.h: a small one goes back to the free
+ * list, unless the transport failed: tcp.c's release op). */
+static inline void mlxd_tcp_req_free(tcp_transport* t, tcp_req* r) {
+  mlxd_eng_req_release(&t->eng, &r->q);
 }
 
 extern const mlxd_transport_ops mlxd_tcp_ops;
@@ -269,9 +275,11 @@ tcp_conn* mlxd_tcp_peer_conns(tcp_transport* t, int peer, mlxd_status* st);
 
 /* Where a fragment's payload comes from. */
 static inline const char* mlxd_tcp_frag_data(const tcp_frag* f) {
-  return f->req ? f->req->buf + f->off : f->data;
+  return f->req ? f->req->q.buf + f->off : f->data;
 }
 
+/* tcp.c: the engine's ops and settings (creation). */
+void mlxd_tcp_engine_init(tcp_transport* t);
 /* tcp.c (mu held): account w bytes written from the head of c's queue;
  * write what the socket takes of c's queue (0 or an errno, -2: TLS error);
  * fail the transport for good (the first failure wins); wake a progressor
@@ -295,8 +303,6 @@ int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* s
                    size_t n, mlxd_req** out, mlxd_status* st);
 /* tcp.c: the connection to peer is gone (syscall/err: how we found out). */
 void mlxd_tcp_fail_lost(tcp_transport* t, int peer, const char* syscall, int err);
-/* tcp.c: the transport's failure into st; returns its code. */
-int mlxd_tcp_fail_status(tcp_transport* t, mlxd_status* st);
 void mlxd_tcp_fail(tcp_transport* t, const mlxd_status* st);
 void mlxd_tcp_wake(tcp_transport* t);
 
@@ -316,13 +322,13 @@ void mlxd_tcp_abort(mlxd_transport* t, const mlxd_status* st);
 /* The control frame whose payload c->ctrl_buf holds is in (mu held). */
 void mlxd_tcp_ctrl_done(tcp_transport* t, tcp_conn* c);
 
-/* One wait's liveness clocks. */
-/* A wait's liveness clocks (transport.h: start, last_change, next_check,
- * deadline, warned are the ones the checks use). */
+/* A wait's liveness clocks (transport.h: start, last_change, warned are
+ * the ones the checks use). */
 typedef mlxd_wait_state tcp_live_wait;
-/* Check the peers of the pending reqs (mu held): fails the transport for a
+/* Check the peers of the pending reqs (mu held; the engine's check op, every
+ * MLXD_TCP_CHECK_S of a wait without events): fails the transport for a
  * silent peer or the op timeout (returns true), prints the one warning. */
-bool mlxd_tcp_live_check(tcp_transport* t, struct mlxd_req* const* reqs, int n, tcp_live_wait* w,
+bool mlxd_tcp_live_check(tcp_transport* t, tcp_req* const* reqs, int n, tcp_live_wait* w,
                          double now);
 
 /* tcp_setup.c */
@@ -365,23 +371,24 @@ static inline void mlxd_tcp_completed(tcp_transport* t) {
                         memory_order_relaxed);
 }
 
-static inline void mlxd_tcp_req_complete(tcp_transport* t, struct mlxd_req* r) {
-  if (!r->m.complete) {
-    r->m.complete = true;
+static inline void mlxd_tcp_req_complete(tcp_transport* t, tcp_req* r) {
+  if (!r->q.m.complete) {
+    r->q.m.complete = true;
+    r->q.where = MLXD_ENG_NONE;
     mlxd_tcp_completed(t);
   }
 }
 
-static inline void mlxd_tcp_req_fail(tcp_transport* t, struct mlxd_req* r, int code) {
-  if (r->m.complete) return;
-  r->m.code = code;
+static inline void mlxd_tcp_req_fail(tcp_transport* t, tcp_req* r, int code) {
+  if (r->q.m.complete) return;
+  r->q.m.code = code;
   mlxd_tcp_req_complete(t, r);
 }
 
 /* Free m's buffer (if owned) and give its charge back to the peer's budget. */
 static inline void mlxd_tcp_imsg_release(tcp_transport* t, tcp_imsg* m) {
-  if (m->owned) mlxd_buffer_free(m->buf, m->total);
-  m->buf = NULL;
+  if (m->owned) mlxd_buffer_free(m->u.buf, m->u.len);
+  m->u.buf = NULL;
   m->owned = false;
   t->peers[m->peer].ux_charged -= m->charged;
   m->charged = 0;

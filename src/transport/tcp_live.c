@@ -23,7 +23,8 @@
  * max(heard, the wait's start): a rank that computed for an hour without
  * reading does not take its peers for dead when it gets back.
  *
- * The checks of a wait (mlxd_tcp_live_check, every 50 ms at most): a peer
+ * The checks of a wait (mlxd_tcp_live_check, every MLXD_TCP_CHECK_S of a
+ * wait without events: the engine's wait calls them, engine.h): a peer
  * of a pending request silent for MLXDIST_TIMEOUT fails the transport
  * (mlxd_live_dead, naming it and its last note); no progress for
  * MLXDIST_WARN_AFTER prints one warning (mlxd_live_warn); no progress for
@@ -43,8 +44,6 @@
 #include "core/watchdog.h"
 #include "transport/tcp_impl.h"
 #include "util/clock.h"
-
-#define LIVE_CHECK_S 0.05
 
 static void frag_ctrl(tcp_frag* f, unsigned step, const char* data, size_t len) {
   mlxd_tcp_hdr h = {mlxd_tag(MLXD_TAG_CTRL, 0, step), 0, len, len, {0}};
@@ -75,7 +74,7 @@ static void beat(void* ctx, double now) {
    * so that an honest peer connecting now is not kept waiting. */
   if (!t->progressing) mlxd_tcp_dial_step(t);
   bool queued = false;
-  for (int p = 0; p < t->base.size && !t->err.code; p++) {
+  for (int p = 0; p < t->base.size && !t->eng.err.code; p++) {
     tcp_conn* c = t->conns[p]; /* its first connection; NULL: never used */
     if (p == t->base.rank || !c || c->fd < 0 || c->eof) continue;
     if (!c->qhead) {
@@ -118,13 +117,13 @@ void mlxd_tcp_abort(mlxd_transport* tt, const mlxd_status* st) {
 void mlxd_tcp_relay_prepare(tcp_transport* t) {
   mlxd_tcp_abort_rec r;
   memset(&r, 0, sizeof r);
-  r.code = (uint32_t)t->err.code;
-  r.reporter = t->err.has_reporter ? t->err.reporter : t->base.rank;
-  r.peer = t->err.has_peer ? t->err.peer : -1;
-  r.sys_errno = t->err.sys_errno > 0 && t->err.sys_errno < 4096 ? t->err.sys_errno : 0;
-  r.syscall = t->err.syscall;
-  snprintf(r.addr, sizeof r.addr, "%s", t->err.has_peer ? t->err.peer_addr : "");
-  snprintf(r.detail, sizeof r.detail, "%s", t->err.msg);
+  r.code = (uint32_t)t->eng.err.code;
+  r.reporter = t->eng.err.has_reporter ? t->eng.err.reporter : t->base.rank;
+  r.peer = t->eng.err.has_peer ? t->eng.err.peer : -1;
+  r.sys_errno = t->eng.err.sys_errno > 0 && t->eng.err.sys_errno < 4096 ? t->eng.err.sys_errno : 0;
+  r.syscall = t->eng.err.syscall;
+  snprintf(r.addr, sizeof r.addr, "%s", t->eng.err.has_peer ? t->eng.err.peer_addr : "");
+  snprintf(r.detail, sizeof r.detail, "%s", t->eng.err.msg);
   t->abort_len = mlxd_tcp_abort_encode((unsigned char*)t->abort_pay, &r);
 }
 
@@ -168,48 +167,39 @@ void mlxd_tcp_ctrl_done(tcp_transport* t, tcp_conn* c) {
   mlxd_tcp_fail(t, &s);
 }
 
-bool mlxd_tcp_live_check(tcp_transport* t, struct mlxd_req* const* reqs, int n, tcp_live_wait* w,
+bool mlxd_tcp_live_check(tcp_transport* t, tcp_req* const* reqs, int n, tcp_live_wait* w,
                          double now) {
-  if (now < w->next_check && now < w->deadline) return false;
   const mlxd_live_cfg* cfg = &t->live;
-  w->next_check = now + LIVE_CHECK_S;
-  double deadline = w->last_change + cfg->op_s;
-  struct mlxd_req* first = NULL;
+  tcp_req* first = NULL;
   for (int i = 0; i < n; i++) {
-    struct mlxd_req* r = reqs[i];
-    if (!r || r->m.complete) continue;
+    tcp_req* r = reqs[i];
+    if (!r || r->q.m.complete) continue;
     if (!first) first = r;
-    tcp_peer* pe = &t->peers[r->m.peer];
+    tcp_peer* pe = &t->peers[r->q.m.peer];
     if (pe->nup == 0)
       continue; /* lazy: connecting, within MLXDIST_CONNECT_TIMEOUT (net/dialer.c) */
     double heard = pe->heard > w->start ? pe->heard : w->start;
     if (now - heard >= cfg->dead_s) {
       mlxd_status s;
-      mlxd_live_dead(&s, MLXD_LAYER_TCP, r->m.peer, pe->addr, now - heard, pe->note);
+      mlxd_live_dead(&s, MLXD_LAYER_TCP, r->q.m.peer, pe->addr, now - heard, pe->note);
       mlxd_tcp_fail(t, &s);
       return true;
     }
-    if (heard + cfg->dead_s < deadline) deadline = heard + cfg->dead_s;
   }
   if (!first) return false;
-  tcp_peer* pe = &t->peers[first->m.peer];
+  tcp_peer* pe = &t->peers[first->q.m.peer];
   if (now - w->last_change >= cfg->op_s) {
     mlxd_status s;
-    mlxd_live_op_timeout(&s, MLXD_LAYER_TCP, first->m.peer, pe->addr, cfg->op_s, first->is_send,
-                         first->m.n, first->m.tag, pe->note);
+    mlxd_live_op_timeout(&s, MLXD_LAYER_TCP, first->q.m.peer, pe->addr, cfg->op_s,
+                         first->q.kind == MLXD_ENG_SEND, first->q.m.n, first->q.m.tag, pe->note);
     mlxd_tcp_fail(t, &s);
     return true;
   }
-  if (!w->warned && cfg->warn_s > 0) {
-    if (now - w->last_change >= cfg->warn_s) {
-      w->warned = true;
-      double heard = pe->heard > w->start ? pe->heard : w->start;
-      mlxd_live_warn(MLXD_LAYER_TCP, t->base.rank, first->m.peer, pe->addr, now - w->last_change,
-                     first->m.tag, now - heard, pe->note);
-    } else if (w->last_change + cfg->warn_s < deadline) {
-      deadline = w->last_change + cfg->warn_s;
-    }
+  if (!w->warned && cfg->warn_s > 0 && now - w->last_change >= cfg->warn_s) {
+    w->warned = true;
+    double heard = pe->heard > w->start ? pe->heard : w->start;
+    mlxd_live_warn(MLXD_LAYER_TCP, t->base.rank, first->q.m.peer, pe->addr, now - w->last_change,
+                   first->q.m.tag, now - heard, pe->note);
   }
-  w->deadline = deadline;
   return false;
 }

@@ -18,85 +18,55 @@
 #include "transport/tcp_impl.h"
 #include "util/clock.h"
 
-/* Whether this rank's call `mine` and a message of the same operation from
- * peer, signed `theirs`, disagree (mlxd_eng_sig_clash); if so the transport
- * has failed with both calls named (mu held). */
-static bool tcp_clash(tcp_transport* t, int peer, const mlxd_sig* mine, const mlxd_sig* theirs) {
-  mlxd_status s;
-  if (!mlxd_eng_sig_clash(&s, MLXD_LAYER_TCP, t->base.rank, mine, peer, t->peers[peer].addr,
-                          theirs))
-    return false;
-  mlxd_tcp_fail(t, &s);
-  mlxd_tcp_wake(t); /* from irecv: a progressor may sit in poll, other waiters on cv */
-  pthread_cond_broadcast(&t->cv);
-  return true;
-}
-
 int mlxd_tcp_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* sig, void* buf,
                    size_t n, mlxd_req** out, mlxd_status* st) {
   tcp_transport* t = (tcp_transport*)tt;
   assert(peer >= 0 && peer < t->base.size && peer != t->base.rank && (buf || n == 0) && out);
   *out = NULL;
   pthread_mutex_lock(&t->mu);
-  struct mlxd_req* r = mlxd_tcp_pool_get(&t->req_pool, TCP_REQ_SMALL);
+  tcp_req* r = (tcp_req*)mlxd_eng_req_alloc(&t->eng, TCP_REQ_SMALL);
   if (!r) {
+    int code = mlxd_eng_req_refused(&t->eng, MLXD_ENG_RECV, peer, st);
     pthread_mutex_unlock(&t->mu);
-    int code = mlxd_fail_at(st, MLXD_ENOMEM, MLXD_LAYER_TCP,
-                            "out of memory posting a receive from rank %d", peer);
-    mlxd_status_set_peer(st, peer, t->peers[peer].addr);
     return code;
   }
-  r->small = true;
-  r->m.sig = mlxd_sig_or_none(sig);
-  r->m.peer = peer;
-  r->m.addr = t->peers[peer].addr;
-  r->m.tag = tag;
-  r->buf = buf;
-  r->m.n = n;
-
   tcp_peer* pe = &t->peers[peer];
-  tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->mq.unexpected, tag), tcp_imsg, ux);
-  tcp_imsg* same = m;
-  if (!same && r->m.sig.op != MLXD_SIG_NONE)
-    same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&pe->mq.unexpected, tag), tcp_imsg, ux);
-  if (same && tcp_clash(t, peer, &r->m.sig, &same->sig)) {
-    int code = mlxd_tcp_fail_status(t, st);
-    mlxd_tcp_req_free(t, r);
+  mlxd_eng_req_init(&r->q, MLXD_ENG_RECV, peer, pe->addr, tag, sig, buf, n);
+  /* The engine matches it against the messages that came first (their
+   * calls compared), or posts it. */
+  mlxd_eng_unexp* u = NULL;
+  int k = mlxd_eng_recv(&t->eng, &pe->ep, &r->q, &u);
+  if (k < 0) { /* the calls clash: the transport failed, r is released */
+    int code = mlxd_eng_fail_status(&t->eng, st);
     pthread_mutex_unlock(&t->mu);
     return code;
   }
-  if (m) {
-    mlxd_match_remove(&pe->mq.unexpected, &m->ux);
-    if (m->total != n) {
-      mlxd_match_req_mismatch(&r->m, m->total);
-      if (m->complete) {
-        mlxd_tcp_imsg_free(t, m);
-      } else { /* still arriving: drain and drop the rest */
-        mlxd_tcp_imsg_release(t, m);
-        m->discard = true;
-      }
-    } else if (m->complete) {
-      if (n) memcpy(buf, m->buf, n);
-      r->done = n;
-      r->m.complete = true;
-      mlxd_tcp_imsg_free(t, m);
-    } else {
+  tcp_imsg* m = (tcp_imsg*)u; /* the message taken over (k > 0) */
+  if (k == 1) {               /* complete (copied into buf), or a size mismatch */
+    if (!r->q.m.mismatch) r->done = n;
+    mlxd_tcp_imsg_free(t, m);
+  } else if (k == 2) {     /* still arriving (m->u.fill) */
+    if (r->q.m.mismatch) { /* drain and drop the rest */
+      mlxd_tcp_imsg_release(t, m);
+      m->discard = true;
+    } else { /* its rest lands in its buffer, copied to buf at its end */
       m->req = r;
       r->im = m;
-      r->done = m->got;
+      r->done = m->u.got;
+      r->q.where = TCP_W_MSG;
     }
-  } else if (t->err.code || pe->closed) {
-    if (!t->err.code) mlxd_tcp_fail_lost(t, peer, NULL, 0);
-    int code = mlxd_tcp_fail_status(t, st);
+  } else if (t->eng.err.code || pe->closed) { /* posted, but nothing more will come */
+    mlxd_eng_unlink(&t->eng, &r->q);
+    if (!t->eng.err.code) mlxd_tcp_fail_lost(t, peer, NULL, 0);
+    int code = mlxd_eng_fail_status(&t->eng, st);
     mlxd_tcp_req_free(t, r);
     pthread_mutex_unlock(&t->mu);
     return code;
   } else {
-    mlxd_match_push(&pe->mq.posted, &r->link, tag);
     mlxd_tcp_want(t, peer); /* lazy: connect now, so the wait watches the peer's liveness */
   }
   pthread_mutex_unlock(&t->mu);
-  *out = r;
+  *out = (mlxd_req*)r;
   return 0;
 }
 
@@ -125,15 +95,15 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
   }
   tcp_imsg* m = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->arriving, h.tag), tcp_imsg, arr);
   mlxd_tcp_rx_state rs = {.ux_charged = pe->ux_charged, .ux_budget = t->ux_budget};
-  struct mlxd_req* r = NULL;
+  tcp_req* r = NULL;
   if (m) {
     rs.arriving = true;
-    rs.arr_total = m->total;
+    rs.arr_total = m->u.len;
     rs.arr_got = m->announced;
   } else {
-    r = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->mq.posted, h.tag), struct mlxd_req, link);
+    r = MLXD_MATCH_ENTRY(mlxd_match_find(&pe->ep.mq.posted, h.tag), tcp_req, q.link);
     rs.posted = r != NULL;
-    rs.posted_n = r ? r->m.n : 0;
+    rs.posted_n = r ? r->q.m.n : 0;
   }
   mlxd_tcp_admit what = mlxd_tcp_hdr_admit(&h, &rs, why, sizeof why);
   if (what == MLXD_TCP_REJECT) {
@@ -150,13 +120,15 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
     c->in_payload = true;
     return 0;
   }
-  if (!m && h.sig.op != MLXD_SIG_NONE) { /* a new message: compare the calls */
-    struct mlxd_req* same = r;
-    if (!same)
-      same = MLXD_MATCH_ENTRY(mlxd_match_find_op(&pe->mq.posted, h.tag), struct mlxd_req, link);
-    if (same && tcp_clash(t, c->peer, &same->m.sig, &h.sig)) return -1;
-  }
   if (!m) {
+    /* A new message: the engine compares the calls (its receive's, or any
+     * posted receive's of the same operation) and takes the receive the
+     * admit check saw out of the posted queue. */
+    bool clashed = false;
+    if ((tcp_req*)mlxd_eng_match_posted(&t->eng, c->peer, &pe->ep.mq, h.tag, &h.sig, &clashed) !=
+            r ||
+        clashed)
+      return -1; /* (a different receive cannot be: the same queue, the same tag) */
     m = mlxd_tcp_pool_get(&t->imsg_pool, sizeof *m);
     if (!m) {
       mlxd_status s;
@@ -166,24 +138,22 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
       mlxd_tcp_fail(t, &s);
       return -1;
     }
-    m->total = (size_t)h.total;
+    m->u.len = (size_t)h.total;
     m->peer = c->peer;
-    m->sig = h.sig;
+    m->u.sig = h.sig;
     if (what == MLXD_TCP_DIRECT) {
-      mlxd_match_remove(&pe->mq.posted, &r->link);
-      m->buf = r->buf;
+      m->u.buf = r->q.buf;
       m->req = r;
       r->im = m;
+      r->q.where = TCP_W_MSG;
     } else if (what == MLXD_TCP_MISMATCH) {
-      mlxd_match_remove(&pe->mq.posted, &r->link);
-      r->m.mismatch = true;
-      r->m.sent = m->total;
-      mlxd_tcp_req_fail(t, r, MLXD_EINVAL);
+      mlxd_match_req_mismatch(&r->q.m, m->u.len);
+      mlxd_tcp_completed(t);
       m->discard = true; /* drained into nothing: no allocation */
     } else {
       m->owned = true;
-      m->buf = mlxd_buffer_alloc(m->total);
-      if (!m->buf) {
+      m->u.buf = mlxd_buffer_alloc(m->u.len);
+      if (!m->u.buf) {
         mlxd_tcp_pool_put(&t->imsg_pool, m, sizeof *m);
         mlxd_status s;
         mlxd_fail_at(&s, MLXD_ENOMEM, MLXD_LAYER_TCP,
@@ -195,7 +165,8 @@ static int on_header(tcp_transport* t, tcp_conn* c, const unsigned char* raw) {
       }
       m->charged = h.total + MLXD_TCP_UX_OVERHEAD;
       pe->ux_charged += m->charged;
-      mlxd_match_push(&pe->mq.unexpected, &m->ux, h.tag);
+      m->u.fill = m; /* a receive that takes it over is bound here (mlxd_tcp_irecv) */
+      mlxd_match_push(&pe->ep.mq.unexpected, &m->u.link, h.tag);
     }
     mlxd_match_push(&pe->arriving, &m->arr, h.tag);
   }
@@ -220,15 +191,16 @@ static void frag_done(tcp_transport* t, tcp_conn* c) {
   tcp_peer* pe = &t->peers[c->peer];
   c->cur = NULL;
   c->in_payload = false;
-  m->got += c->cur_len;
-  if (m->got < m->total) return;
-  m->complete = true;
+  m->u.got += c->cur_len;
+  if (m->u.got < m->u.len) return;
+  m->u.complete = true;
+  m->u.fill = NULL;
   mlxd_match_remove(&pe->arriving, &m->arr);
   if (m->req) {
-    struct mlxd_req* r = m->req;
-    if (m->owned && r->m.n) memcpy(r->buf, m->buf, r->m.n);
+    tcp_req* r = m->req;
+    if (m->owned && r->q.m.n) memcpy(r->q.buf, m->u.buf, r->q.m.n);
     r->im = NULL;
-    r->done = r->m.n;
+    r->done = r->q.m.n;
     mlxd_tcp_req_complete(t, r);
     mlxd_tcp_imsg_free(t, m);
   } else if (m->discard) {
@@ -252,7 +224,7 @@ static ssize_t conn_recv(tcp_conn* c, void* buf, size_t n) {
  * c->ssl: a TLS error, c->tls_why says why). */
 int mlxd_tcp_conn_read(tcp_transport* t, tcp_conn* c) {
   for (;;) {
-    if (t->err.code) return 0;
+    if (t->eng.err.code) return 0;
     if (!c->in_payload) {
       size_t avail = c->rlen - c->rpos;
       if (avail >= TCP_HDR) {
@@ -282,9 +254,9 @@ int mlxd_tcp_conn_read(tcp_transport* t, tcp_conn* c) {
       continue;
     }
     tcp_imsg* m = c->cur;
-    char* dst = c->ctrl  ? (char*)c->ctrl_buf + c->cur_got
-                : m->buf ? m->buf + c->cur_off + c->cur_got
-                         : NULL; /* NULL: discard */
+    char* dst = c->ctrl    ? (char*)c->ctrl_buf + c->cur_got
+                : m->u.buf ? m->u.buf + c->cur_off + c->cur_got
+                           : NULL; /* NULL: discard */
     size_t avail = c->rlen - c->rpos;
     if (avail > 0) {
       size_t k = avail < need ? avail : need;

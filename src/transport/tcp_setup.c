@@ -29,7 +29,7 @@
 
 /* Free a message at destruction (its charge goes with the transport). */
 static void imsg_drop(tcp_imsg* m) {
-  if (m->owned) mlxd_buffer_free(m->buf, m->total);
+  if (m->owned) mlxd_buffer_free(m->u.buf, m->u.len);
   free(m);
 }
 
@@ -108,7 +108,7 @@ static void close_all(tcp_transport* t, int nc) {
     }
     double now = mlxd_now(), waited = now - start;
     if (queued == 0) break; /* every peer's kernel holds what was sent to it */
-    if (t->err.code) {
+    if (t->eng.err.code) {
       if (waited >= TCP_CLOSE_MS * 1e-3) break;
     } else {
       if (queued_before >= 0 && queued < queued_before) last_progress = now;
@@ -144,7 +144,7 @@ static void close_all(tcp_transport* t, int nc) {
  * the orderly wait for acknowledgements, which a silent peer would stretch
  * to MLXDIST_TIMEOUT past the create's own bound. */
 static void destroy_unborn(tcp_transport* t, const mlxd_status* st) {
-  t->err.code = st->code ? st->code : MLXD_ESYS;
+  t->eng.err.code = st->code ? st->code : MLXD_ESYS;
   mlxd_tcp_destroy(&t->base);
 }
 
@@ -171,7 +171,7 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
   /* No new connection from here on: every op that could need one is over.
    * A hello that comes while the connections close is told so (a failed
    * transport's dialer keeps saying it failed). */
-  if (t->dial) t->dial->ops->refuse(t->dial, t->err.code ? &t->err : NULL);
+  if (t->dial) t->dial->ops->refuse(t->dial, t->eng.err.code ? &t->eng.err : NULL);
   int nc = t->base.size * t->nconn;
   for (int i = 0; i < nc && t->conns; i++) {
     tcp_conn* c = mlxd_tcp_conn_at(t, i);
@@ -195,12 +195,13 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
     mlxd_match_link* l;
     while ((l = mlxd_match_pop(&pe->arriving))) {
       tcp_imsg* m = MLXD_MATCH_ENTRY(l, tcp_imsg, arr);
-      if (!m->req && !m->discard) mlxd_match_remove(&pe->mq.unexpected, &m->ux);
+      if (!m->req && !m->discard) mlxd_match_remove(&pe->ep.mq.unexpected, &m->u.link);
       imsg_drop(m);
     }
-    while ((l = mlxd_match_pop(&pe->mq.unexpected))) imsg_drop(MLXD_MATCH_ENTRY(l, tcp_imsg, ux));
+    while ((l = mlxd_match_pop(&pe->ep.mq.unexpected)))
+      imsg_drop(MLXD_MATCH_ENTRY(l, tcp_imsg, u.link));
   }
-  mlxd_tcp_pool_drain(&t->req_pool, TCP_REQ_SMALL);
+  mlxd_eng_req_drain(&t->eng);
   mlxd_tcp_pool_drain(&t->imsg_pool, sizeof(tcp_imsg));
   if (t->wake_fd >= 0) close(t->wake_fd);
   if (t->epfd >= 0) close(t->epfd);
@@ -326,9 +327,9 @@ static void conn_ready(void* ctx, int peer, int conn, int fd) {
   tcp_transport* t = ctx;
   mlxd_status s;
   mlxd_status_clear(&s);
-  tcp_conn* a = t->err.code ? NULL : mlxd_tcp_peer_conns(t, peer, &s);
+  tcp_conn* a = t->eng.err.code ? NULL : mlxd_tcp_peer_conns(t, peer, &s);
   tcp_conn* c = a ? &a[conn] : NULL;
-  if (!c || c->fd >= 0 || t->err.code) { /* cannot happen (one per slot), or too late */
+  if (!c || c->fd >= 0 || t->eng.err.code) { /* cannot happen (one per slot), or too late */
     close(fd);
     if (s.code) mlxd_tcp_fail(t, &s);
     return;
@@ -349,8 +350,8 @@ mlxd_spin_rule mlxd_tcp_set_local_ranks(mlxd_transport* tt, int local_ranks) {
   tcp_transport* t = (tcp_transport*)tt;
   mlxd_spin_rule spin = mlxd_spin_rule_for(local_ranks);
   pthread_mutex_lock(&t->mu);
-  t->spin_s = spin.spin_s;
-  t->yield_spin = spin.yield;
+  t->eng.spin_s = spin.spin_s;
+  t->eng.yield = spin.yield;
   pthread_mutex_unlock(&t->mu);
   return spin;
 }
@@ -366,6 +367,7 @@ static tcp_transport* tcp_alloc(int rank, int size, int nconn, mlxd_status* st) 
   t->base.rank = rank;
   t->base.size = size;
   t->nconn = nconn;
+  mlxd_tcp_engine_init(t);
   t->wake_fd = -1;
   t->epfd = -1;
   pthread_mutex_init(&t->mu, NULL);

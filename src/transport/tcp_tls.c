@@ -108,7 +108,7 @@ int mlxd_tcp_tls_begin(tcp_transport* t, tcp_conn* c, mlxd_status* st) {
 
 int mlxd_tcp_tls_step(tcp_transport* t, tcp_conn* c) {
   if (!c->tls_hs) return 0;
-  if (t->err.code || c->fd < 0) return -1;
+  if (t->eng.err.code || c->fd < 0) return -1;
   int err = 0;
   mlxd_tls_io io = mlxd_tls_handshake(c->ssl, &err, c->tls_why, sizeof c->tls_why);
   if (io == MLXD_TLS_WANT_READ || io == MLXD_TLS_WANT_WRITE) {
@@ -133,7 +133,7 @@ int mlxd_tcp_tls_step(tcp_transport* t, tcp_conn* c) {
 }
 
 void mlxd_tcp_tls_step_all(tcp_transport* t) {
-  for (int i = 0; t->tls_hs_n > 0 && !t->err.code && i < t->base.size * t->nconn; i++) {
+  for (int i = 0; t->tls_hs_n > 0 && !t->eng.err.code && i < t->base.size * t->nconn; i++) {
     tcp_conn* c = mlxd_tcp_conn_at(t, i);
     if (!c || !c->tls_hs || c->fd < 0) continue;
     (void)mlxd_tcp_tls_step(t, c);
@@ -147,7 +147,7 @@ int mlxd_tcp_tls_before_wait(tcp_transport* t, int timeout_ms) {
     tcp_conn* c = mlxd_tcp_conn_at(t, i);
     if (!c || !c->ssl || c->fd < 0 || c->eof) continue;
     if (c->tls_hs) {
-      if (t->err.code) continue;
+      if (t->eng.err.code) continue;
       if (now >= c->tls_by) {
         mlxd_status s;
         mlxd_status_clear(&s);
@@ -203,7 +203,7 @@ static void stage(tcp_conn* c) {
 int mlxd_tcp_tls_write(tcp_transport* t, tcp_conn* c) {
   /* Lazy: nothing goes out before the handshake is complete (a failed
    * transport does not step it: its abort record is not sent here). */
-  if (c->tls_hs && (t->err.code || mlxd_tcp_tls_step(t, c) != 0)) return 0;
+  if (c->tls_hs && (t->eng.err.code || mlxd_tcp_tls_step(t, c) != 0)) return 0;
   for (;;) {
     size_t k = 0;
     int err = 0;

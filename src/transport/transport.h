@@ -100,13 +100,12 @@ typedef struct mlxd_wait_state {
   bool started;       /* the first slice ran */
   bool done;          /* out: no request is pending any more (or the transport failed) */
   bool warned;        /* the one MLXDIST_WARN_AFTER warning of this wait was printed */
-  bool polled;        /* tcp: the last pass read every socket */
+  bool polled;        /* the last pass was this thread's own (tcp: it read the sockets) */
   double start;       /* when the wait began: silence before it does not count */
-  double last_change; /* the last progress of its requests */
+  double last_change; /* the last progress of its requests (the op clock) */
   double last_event;  /* the last event the transport saw (spinning window) */
-  double next_check;  /* tcp: the next liveness check; shm, verbs: the last one */
-  double deadline;    /* tcp: the earliest time a check may fail or warn */
-  uint64_t mark;      /* tcp: the progress count seen last */
+  double next_check;  /* the last liveness check */
+  uint64_t mark;      /* tcp: its requests' bytes moved, at the last check */
 } mlxd_wait_state;
 
 typedef struct mlxd_transport_ops {

@@ -437,7 +437,7 @@ static int vb_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig* 
     return rc;
   }
   if (k == 2) { /* being pulled: its read's end fills r */
-    vb_rd* rd = u->pull;
+    vb_rd* rd = u->fill;
     if (r->q.m.mismatch) {
       rd->orphan = true;
     } else {
@@ -606,10 +606,11 @@ static bool vb_op_check(mlxd_engine* e, mlxd_req** reqs, int n, mlxd_wait_state*
   return live_check(VB_OF(e), (vb_req**)reqs, n, ws, now);
 }
 
-static void vb_op_sleep(mlxd_engine* e, double max_s) {
+static int vb_op_sleep(mlxd_engine* e, double max_s) {
   vb_transport* t = VB_OF(e);
   if (max_s > VB_CREDIT_NAP_S && credit_blocked(t)) max_s = VB_CREDIT_NAP_S;
   channel_sleep(t, max_s);
+  return 0; /* the next pass moves what woke it */
 }
 
 static void vb_op_begin(mlxd_engine* e, mlxd_req** reqs, int n, double now) {
@@ -622,7 +623,10 @@ static void vb_op_begin(mlxd_engine* e, mlxd_req** reqs, int n, double now) {
 static void vb_op_lock(mlxd_engine* e) { pthread_mutex_lock(&VB_OF(e)->mu); }
 static void vb_op_unlock(mlxd_engine* e) { pthread_mutex_unlock(&VB_OF(e)->mu); }
 static void vb_op_fail(mlxd_engine* e, const mlxd_status* st) { mlxd_vb_fail(VB_OF(e), st); }
-static void vb_op_settle(mlxd_engine* e) { mlxd_vb_check_records(VB_OF(e)); }
+static void vb_op_settle(mlxd_engine* e, const mlxd_wait_state* ws) {
+  (void)ws;
+  mlxd_vb_check_records(VB_OF(e));
+}
 static void vb_op_wake(mlxd_engine* e) { kick(VB_OF(e)); }
 static int vb_op_name(mlxd_engine* e, int pi) {
   (void)e;

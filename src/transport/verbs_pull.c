@@ -76,7 +76,7 @@ static void rd_finish(vb_transport* t, int pi, vb_rd* rd) {
     } else {
       rd->ux->complete = true;
       rd->ux->got = (size_t)rd->total;
-      rd->ux->pull = NULL;
+      rd->ux->fill = NULL;
     }
   }
   rd->active = false;
@@ -197,7 +197,7 @@ int mlxd_vb_pull_chunk(vb_transport* t, int pi, const vb_chunk_hdr* h, const cha
   } else {
     mlxd_eng_unexp* u = mlxd_eng_unexp_new(&t->eng, pi, &p->ep.mq, h->tag, len, &sent);
     if (!u) return -1;
-    u->pull = rd;
+    u->fill = rd;
     u->pulled = true;
     rd->ux = u;
     rd->dst = u->buf;
