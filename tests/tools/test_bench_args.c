@@ -317,13 +317,15 @@ static void test_account(void) {
   printf(
       "test_bench_args: --account per op: minflt %.3f majflt %.3f csw %.3f instr %.0f sysc %.3f\n",
       flt, r.acct[MLXD_ACCT_MAJFLT], csw, ins, sys);
-  T_ASSERT(flt >= 0.9 && flt <= 2.0);
+  /* one fault per page (TSan's shadow: 3 in all) */
+  T_ASSERT(flt >= 0.9 && flt <= (T_SANITIZED ? 6.0 : 1.5));
   T_ASSERT(r.acct[MLXD_ACCT_MAJFLT] >= 0 && r.acct[MLXD_ACCT_MAJFLT] < 0.5);
   T_ASSERT(csw >= 0.9);
   /* n/a where not available; else more than nothing, and exactly the op's
    * two system calls (the counter's own ioctl taken off) */
   T_ASSERT(ins == -1 || ins > 100);
-  T_ASSERT(sys == -1 || fabs(sys - 2.0) < 0.005);
+  /* (a TSan build makes one system call of its own per batch, 3 in 150 ops) */
+  T_ASSERT(sys == -1 || fabs(sys - 2.0) < (T_SANITIZED ? 0.05 : 0.005));
   for (int k = 0; k < MLXD_ACCT_N; k++) T_ASSERT(r.acct_max[k] == r.acct[k]); /* one rank */
   /* sendrecv_bw's counts are per message: scaled, n/a kept */
   mlxd_bench_acct_scale(&r, 0.5);
