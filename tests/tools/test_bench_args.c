@@ -8,7 +8,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench_common.h"
 #include "testutil.h"
@@ -254,8 +257,91 @@ static void test_measure(void) {
   T_EQ_INT(mlxd_bench_measure(&o, &h, &r), -1);
 }
 
+/* --account: an op that touches one fresh page (a minor fault), asks for
+ * its parent's pid and sleeps 200 us (two system calls, a voluntary context
+ * switch). */
+typedef struct acct_op {
+  char* pages;
+  size_t page, next, npages;
+} acct_op;
+
+static int acct_fake_op(void* p) {
+  acct_op* a = p;
+  if (a->next >= a->npages) return -1;
+  a->pages[a->next++ * a->page] = 1;
+  (void)syscall(SYS_getppid);
+  usleep(200);
+  return 0;
+}
+
+static void test_account(void) {
+  mlxd_bench_opts o;
+  char prog[] = "bench", acc[] = "--account", t0[] = "--min-time=0", n[] = "-n", n50[] = "50",
+       b[] = "--batches=3", w[] = "-w", w0[] = "0";
+  char* argv[] = {prog, acc, t0, n, n50, b, w, w0, NULL};
+  T_EQ_INT(mlxd_bench_parse(8, argv, &o, "bench"), 0);
+  T_ASSERT(o.account);
+  char* argv1[] = {prog, NULL};
+  T_EQ_INT(mlxd_bench_parse(1, argv1, &o, "bench"), 0);
+  T_ASSERT(!o.account);
+  T_EQ_INT(mlxd_bench_parse(8, argv, &o, "bench"), 0);
+
+  /* the tracepoint id as tracefs writes it, and nothing else */
+  unsigned long long id = 0;
+  T_ASSERT(mlxd_bench_parse_tp_id("443\n", &id) && id == 443);
+  T_ASSERT(mlxd_bench_parse_tp_id("7", &id) && id == 7);
+  T_ASSERT(!mlxd_bench_parse_tp_id("0\n", &id));
+  T_ASSERT(!mlxd_bench_parse_tp_id("-1", &id));
+  T_ASSERT(!mlxd_bench_parse_tp_id(" 5", &id));
+  T_ASSERT(!mlxd_bench_parse_tp_id("12x", &id));
+  T_ASSERT(!mlxd_bench_parse_tp_id("5\n\n", &id));
+  T_ASSERT(!mlxd_bench_parse_tp_id("", &id));
+  T_ASSERT(!mlxd_bench_parse_tp_id("99999999999999999999999", &id));
+  T_ASSERT(id == 7);
+
+  mlxd_bench_acct_open();
+  acct_op a = {NULL, (size_t)sysconf(_SC_PAGESIZE), 0, 400};
+  a.pages =
+      mmap(NULL, a.page * a.npages, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  T_ASSERT(a.pages != MAP_FAILED);
+#ifdef MADV_NOHUGEPAGE
+  (void)madvise(a.pages, a.page * a.npages, MADV_NOHUGEPAGE); /* one fault per page */
+#endif
+  mlxd_bench_hooks h = {&a, acct_fake_op, one_rank_max};
+  mlxd_bench_result r;
+  T_EQ_INT(mlxd_bench_measure(&o, &h, &r), 0);
+  T_EQ_INT(r.iters * r.batches, 150);
+  T_EQ_INT(a.next, 150);
+  double flt = r.acct[MLXD_ACCT_MINFLT], csw = r.acct[MLXD_ACCT_CSW];
+  double ins = r.acct[MLXD_ACCT_INSTR], sys = r.acct[MLXD_ACCT_SYSCALL];
+  printf(
+      "test_bench_args: --account per op: minflt %.3f majflt %.3f csw %.3f instr %.0f sysc %.3f\n",
+      flt, r.acct[MLXD_ACCT_MAJFLT], csw, ins, sys);
+  /* one fault per page (TSan's shadow: 3 in all) */
+  T_ASSERT(flt >= 0.9 && flt <= (T_SANITIZED ? 6.0 : 1.5));
+  T_ASSERT(r.acct[MLXD_ACCT_MAJFLT] >= 0 && r.acct[MLXD_ACCT_MAJFLT] < 0.5);
+  T_ASSERT(csw >= 0.9);
+  /* n/a where not available; else more than nothing, and exactly the op's
+   * two system calls (the counter's own ioctl taken off) */
+  T_ASSERT(ins == -1 || ins > 100);
+  /* (a TSan build makes one system call of its own per batch, 3 in 150 ops) */
+  T_ASSERT(sys == -1 || fabs(sys - 2.0) < (T_SANITIZED ? 0.05 : 0.005));
+  for (int k = 0; k < MLXD_ACCT_N; k++) T_ASSERT(r.acct_max[k] == r.acct[k]); /* one rank */
+  /* sendrecv_bw's counts are per message: scaled, n/a kept */
+  mlxd_bench_acct_scale(&r, 0.5);
+  T_ASSERT(r.acct[MLXD_ACCT_MINFLT] == 0.5 * flt && r.acct_max[MLXD_ACCT_CSW] == 0.5 * csw);
+  T_ASSERT(ins == -1 ? r.acct[MLXD_ACCT_INSTR] == -1 : r.acct[MLXD_ACCT_INSTR] == 0.5 * ins);
+  /* without --account nothing is counted */
+  o.account = false;
+  a.next = 0;
+  T_EQ_INT(mlxd_bench_measure(&o, &h, &r), 0);
+  for (int k = 0; k < MLXD_ACCT_N; k++) T_ASSERT(r.acct[k] == 0 && r.acct_max[k] == 0);
+  munmap(a.pages, a.page * a.npages);
+}
+
 int main(int argc, char** argv) {
   T_ASSERT(argc == 2);
+  test_account();
   test_rule();
   test_measure();
   const char* tool = argv[1];
@@ -285,6 +371,7 @@ int main(int argc, char** argv) {
   T_ASSERT(strstr(out, "--min-bytes") && strstr(out, "busbw"));
   T_ASSERT(strstr(out, "untimed pass over every op and size"));
   T_ASSERT(strstr(out, "--min-time") && strstr(out, "--batches") && strstr(out, "--bind"));
+  T_ASSERT(strstr(out, "--account") && strstr(out, "sysc (system calls)"));
   printf("test_bench_args: all passed\n");
   return 0;
 }

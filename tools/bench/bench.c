@@ -216,6 +216,8 @@ int main(int argc, char** argv) {
   if (prc == 1) return 0;
   if (prc == 2) return 2;
 
+  /* before the library starts its threads, so that theirs count too */
+  if (o.account) mlxd_bench_acct_open();
   mlx_set_error_handler(mlxd_bench_on_error, NULL, NULL);
   mlxd_bench_ctx c;
   c.g = mlx_distributed_group_new();
@@ -234,6 +236,7 @@ int main(int argc, char** argv) {
   char impl[96];
   snprintf(impl, sizeof impl, "mlxdist-%s", o.backend);
   if (c.rank == 0) mlxd_bench_print_title(&o, impl, c.n);
+  if (c.rank == 0 && o.account) mlxd_bench_acct_report();
 
   void* host = NULL;
   size_t host_bytes = (o.max_bytes / elt + 1) * elt;
@@ -277,7 +280,10 @@ int main(int argc, char** argv) {
       r.time_s *= per;
       r.min_s *= per;
       r.max_s *= per;
-      if (op == MLXD_OP_SENDRECV_BW) r.cpu_s *= per; /* sendrecv: per round trip, as before */
+      if (op == MLXD_OP_SENDRECV_BW) { /* sendrecv: per round trip, as before */
+        r.cpu_s *= per;
+        mlxd_bench_acct_scale(&r, per);
+      }
       double fail = 0.0;
       /* sendrecv: ranks 0 and 1 hold the message; sendrecv_bw: rank 1 (rank 0 the ack) */
       if (o.check && (!p2p || c.rank == 1 || (op == MLXD_OP_SENDRECV && c.rank == 0))) {

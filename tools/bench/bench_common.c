@@ -84,6 +84,11 @@ static void mlxd_bench_usage(FILE* f, const char* prog) {
           "  --backend B        backend (default any)\n"
           "  --csv              comma-separated output\n"
           "  --check            fill inputs with rank-dependent values and verify the results\n"
+          "  --account          add counts per op over the timed batches, rank 0's and the\n"
+          "                     maximum over the ranks: minor and major page faults, context\n"
+          "                     switches (getrusage), user-space instructions and system calls\n"
+          "                     (perf_event_open; n/a where a counter is not available, the\n"
+          "                     reason said once on stderr)\n"
           "  -h, --help         print this help\n"
           "\n"
           "Columns: size in bytes (all_gather: the gathered output; sum_scatter: the input;\n"
@@ -96,7 +101,10 @@ static void mlxd_bench_usage(FILE* f, const char* prog) {
           "algbw = size/time, busbw = algbw times 2(n-1)/n (all_sum, all_max),\n"
           "(n-1)/n (all_gather, sum_scatter, all_to_all) or 1 (sendrecv, sendrecv_bw),\n"
           "cpu = process CPU microseconds per op on rank 0, check (ok, FAIL, or - without\n"
-          "--check), iters per batch, batches, and the fastest and slowest batch (us per op).\n"
+          "--check), iters per batch, batches, and the fastest and slowest batch (us per op);\n"
+          "with --account, per op (sendrecv: per round trip; sendrecv_bw: per message), each\n"
+          "as r0 (rank 0) and mx (the maximum over the ranks): minflt, majflt (page faults),\n"
+          "csw (context switches), instr (user-space instructions), sysc (system calls).\n"
           "Only rank 0 prints.\n"
           "Exits 1 when a check fails.\n",
           prog);
@@ -160,6 +168,8 @@ int mlxd_bench_parse(int argc, char** argv, mlxd_bench_opts* o, const char* prog
       o->check = true;
     } else if (strcmp(name, "--bind") == 0) {
       o->bind = true;
+    } else if (strcmp(name, "--account") == 0) {
+      o->account = true;
     } else if (strcmp(name, "-t") == 0 || strcmp(name, "--min-time") == 0) {
       char* end = NULL;
       double ms = strtod(v, &end);
@@ -559,9 +569,12 @@ static const char* mlxd_bench_impl_name = "";
 void mlxd_bench_print_title(const mlxd_bench_opts* o, const char* impl, int n) {
   mlxd_bench_impl_name = impl;
   if (o->csv) {
-    puts(
+    printf(
         "impl,op,ranks,size,count,dtype,time_us,algbw_gbps,busbw_gbps,cpu_us,check,iters,"
-        "batches,batch_min_us,batch_max_us");
+        "batches,batch_min_us,batch_max_us%s\n",
+        o->account ? ",minflt_r0,minflt_max,majflt_r0,majflt_max,csw_r0,csw_max,instr_r0,"
+                     "instr_max,syscalls_r0,syscalls_max"
+                   : "");
     return;
   }
   printf("# %s: %d ranks, dtype %s, sizes %zu..%zu bytes x%g, check %s\n", impl, n, o->dtype->name,
@@ -576,14 +589,41 @@ void mlxd_bench_print_title(const mlxd_bench_opts* o, const char* impl, int n) {
            o->iters);
   printf("# time = median over the batches of the slowest rank's time per op%s\n",
          o->bind ? "; ranks pinned to CPU rank mod CPUs" : "");
+  if (o->account)
+    printf(
+        "# account: per op over the timed batches, r0 rank 0, mx the max over ranks: page "
+        "faults minor/major, context switches, user-space instructions, system calls\n");
+}
+
+/* The --account columns: a count per op, or n/a. */
+static const int mlxd_acct_width[MLXD_ACCT_N] = {10, 10, 9, 12, 9};
+static const char* const mlxd_acct_head[MLXD_ACCT_N][2] = {{"minflt(r0)", "minflt(mx)"},
+                                                           {"majflt(r0)", "majflt(mx)"},
+                                                           {"csw(r0)", "csw(mx)"},
+                                                           {"instr(r0)", "instr(mx)"},
+                                                           {"sysc(r0)", "sysc(mx)"}};
+
+static void mlxd_acct_value(const mlxd_bench_opts* o, int k, double v) {
+  int prec = k == MLXD_ACCT_INSTR ? 0 : 3;
+  int w = o->csv ? 0 : mlxd_acct_width[k];
+  fputs(o->csv ? "," : " ", stdout);
+  if (v < 0)
+    printf("%*s", w, "n/a");
+  else
+    printf("%*.*f", w, prec, v);
 }
 
 void mlxd_bench_print_header(const mlxd_bench_opts* o, mlxd_bench_op op) {
   if (o->csv) return;
   printf("#\n# op: %s\n", mlxd_bench_op_name(op));
-  printf("# %10s %12s %9s %11s %11s %11s %10s %6s %7s %4s %s\n", "size(B)", "count", "dtype",
+  printf("# %10s %12s %9s %11s %11s %11s %10s %6s %7s %4s %s", "size(B)", "count", "dtype",
          "time(us)", "algbw(GB/s)", "busbw(GB/s)", "cpu(us)", "check", "iters", "bat",
-         "batches min-max(us)");
+         o->account ? "batches min-max(us)" : "batches min-max(us)\n");
+  if (!o->account) return;
+  for (int k = 0; k < MLXD_ACCT_N; k++)
+    printf(" %*s %*s", mlxd_acct_width[k], mlxd_acct_head[k][0], mlxd_acct_width[k],
+           mlxd_acct_head[k][1]);
+  printf("\n");
 }
 
 void mlxd_bench_print_row(const mlxd_bench_opts* o, mlxd_bench_op op, int n,
@@ -593,13 +633,22 @@ void mlxd_bench_print_row(const mlxd_bench_opts* o, mlxd_bench_op op, int n,
   double algbw = time_us > 0 ? (double)s->row_bytes / time_us / 1e3 : 0.0;
   double busbw = algbw * mlxd_bench_busbw_factor(op, n);
   if (o->csv) {
-    printf("%s,%s,%d,%zu,%zu,%s,%.3f,%.4f,%.4f,%.3f,%s,%ld,%d,%.3f,%.3f\n", mlxd_bench_impl_name,
+    printf("%s,%s,%d,%zu,%zu,%s,%.3f,%.4f,%.4f,%.3f,%s,%ld,%d,%.3f,%.3f", mlxd_bench_impl_name,
            mlxd_bench_op_name(op), n, s->row_bytes, s->row_count, o->dtype->name, time_us, algbw,
            busbw, cpu_us, check, r->iters, r->batches, r->min_s * 1e6, r->max_s * 1e6);
   } else {
-    printf("  %10zu %12zu %9s %11.2f %11.3f %11.3f %10.2f %6s %7ld %4d %.2f-%.2f\n", s->row_bytes,
+    char span[64];
+    snprintf(span, sizeof span, "%.2f-%.2f", r->min_s * 1e6, r->max_s * 1e6);
+    /* the last column; padded to its header's width when columns follow */
+    printf("  %10zu %12zu %9s %11.2f %11.3f %11.3f %10.2f %6s %7ld %4d %-*s", s->row_bytes,
            s->row_count, o->dtype->name, time_us, algbw, busbw, cpu_us, check, r->iters, r->batches,
-           r->min_s * 1e6, r->max_s * 1e6);
+           o->account ? 19 : 0, span);
   }
+  if (o->account)
+    for (int k = 0; k < MLXD_ACCT_N; k++) {
+      mlxd_acct_value(o, k, r->acct[k]);
+      mlxd_acct_value(o, k, r->acct_max[k]);
+    }
+  printf("\n");
   fflush(stdout);
 }

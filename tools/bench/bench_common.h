@@ -47,6 +47,7 @@ typedef struct mlxd_bench_opts {
   const mlxd_bench_dtype* dtype;
   const char* backend;
   bool csv, check, bind;
+  bool account; /* --account: per-op counts of the timed batches (mlxd_bench_acct_*) */
 } mlxd_bench_opts;
 
 /* Parse argv. Returns 0 to run, 1 when --help was printed (exit 0), 2 on a
@@ -112,6 +113,17 @@ typedef struct mlxd_bench_hooks {
   int (*all_max)(void* ctx, double* v, int n);
 } mlxd_bench_hooks;
 
+/* --account: what is counted per op over a row's timed batches (the ops
+ * themselves: not the all_max after each batch), in this order. */
+typedef enum mlxd_bench_acct_kind {
+  MLXD_ACCT_MINFLT,  /* minor page faults (getrusage RUSAGE_SELF) */
+  MLXD_ACCT_MAJFLT,  /* major page faults (getrusage) */
+  MLXD_ACCT_CSW,     /* voluntary + involuntary context switches (getrusage) */
+  MLXD_ACCT_INSTR,   /* user-space instructions (perf_event_open, every thread) */
+  MLXD_ACCT_SYSCALL, /* system calls (the tracepoint raw_syscalls:sys_enter, every thread) */
+  MLXD_ACCT_N
+} mlxd_bench_acct_kind;
+
 /* One row's figures. Times are seconds per op; a batch's time is its wall
  * time divided by its iterations, the slowest rank's. */
 typedef struct mlxd_bench_result {
@@ -120,6 +132,9 @@ typedef struct mlxd_bench_result {
   double cpu_s;        /* this process's CPU seconds per op in the timed batches */
   long iters;          /* iterations per batch (their mean) */
   int batches;         /* batches run */
+  /* --account (else 0): counts per op in the timed batches, this rank's and
+   * the maximum over the ranks; < 0: n/a (not counted here, or on some rank) */
+  double acct[MLXD_ACCT_N], acct_max[MLXD_ACCT_N];
 } mlxd_bench_result;
 
 /* Measure one row: warm-up (o->warmup ops; beyond the first only as many as
@@ -129,6 +144,20 @@ typedef struct mlxd_bench_result {
  * as long as mlxd_bench_unsettled says the median is not pinned down.
  * Returns 0, or -1 when an op or an all_max failed (nothing printed). */
 int mlxd_bench_measure(const mlxd_bench_opts* o, const mlxd_bench_hooks* h, mlxd_bench_result* r);
+
+/* --account. Open the counters of this process, disabled (every counter
+ * that cannot be opened is n/a, with its reason kept; nothing fails). The
+ * perf counters count the threads made after this call (inherit), so call it
+ * before the library under test starts its threads; mlxd_bench_measure calls
+ * it itself when it was not. Enabled only around the ops of a timed batch. */
+void mlxd_bench_acct_open(void);
+/* Print on stderr, once, each counter that is n/a and why (call on rank 0). */
+void mlxd_bench_acct_report(void);
+/* Scale a row's counts per op by f (sendrecv_bw: per message). */
+void mlxd_bench_acct_scale(mlxd_bench_result* r, double f);
+/* A tracepoint id as tracefs writes it: a positive decimal integer, one
+ * trailing newline allowed. false otherwise. */
+bool mlxd_bench_parse_tp_id(const char* s, unsigned long long* id);
 
 /* Pure parts of the rule (tested on their own). */
 /* Warm-up ops after the first one, which took first_s (max over ranks). */

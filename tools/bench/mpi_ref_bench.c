@@ -116,12 +116,16 @@ static void mlxd_ref_warm_all(const mlxd_bench_opts* o, const void* in, void* ou
 }
 
 int main(int argc, char** argv) {
+  /* parsed before MPI_Init (which leaves argv as it is in Open MPI and
+   * MPICH) so that --account's counters are open before MPI starts its
+   * threads and count them too */
+  mlxd_bench_opts o;
+  int prc = mlxd_bench_parse(argc, argv, &o, "mpi_ref_bench");
+  if (prc == 0 && o.account) mlxd_bench_acct_open();
   MPI_Init(&argc, &argv);
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  mlxd_bench_opts o;
-  int prc = mlxd_bench_parse(argc, argv, &o, "mpi_ref_bench");
   if (prc != 0) {
     MPI_Finalize();
     return prc == 1 ? 0 : 2;
@@ -138,6 +142,7 @@ int main(int argc, char** argv) {
   }
   size_t elt = o.dtype->size;
   if (rank == 0) mlxd_bench_print_title(&o, "MPI", n);
+  if (rank == 0 && o.account) mlxd_bench_acct_report();
 
   size_t buf_bytes = (o.max_bytes / elt + 1) * elt;
   void *in = NULL, *out = NULL;
@@ -183,7 +188,10 @@ int main(int argc, char** argv) {
       r.time_s *= per;
       r.min_s *= per;
       r.max_s *= per;
-      if (op == MLXD_OP_SENDRECV_BW) r.cpu_s *= per;
+      if (op == MLXD_OP_SENDRECV_BW) {
+        r.cpu_s *= per;
+        mlxd_bench_acct_scale(&r, per);
+      }
       double fail = 0.0;
       if (o.check && (!p2p || rank == 1 || (op == MLXD_OP_SENDRECV && rank == 0)) &&
           mlxd_bench_verify(o.dtype, op, out, sh.out_count, rank, n, 0) != 0)
