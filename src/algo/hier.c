@@ -2,7 +2,7 @@
  * views of the group's transport. Phases (tag phases, view.h):
  *   all_reduce small   1 gather to the leader, 2 leaders, 3 leader to its host
  *   all_reduce large   1 reduce-scatter in the host, 2 column, 3 all-gather in the host,
- *                      each segment of the buffer with its own tag segment (pipelined)
+ *                      each segment of the buffer with its own tag segment (segmented)
  *   all_gather         4 column, 5 in the host
  *   sum_scatter        4 in the host, 5 column
  * (all_gather / sum_scatter through the all_reduce use 1-3.) Phases that

@@ -6,7 +6,6 @@
  * where it can (maker->local: the ring's shared-memory session of
  * mlxdist-launch), else connects (mlxd_net_tcp_open: lazy or the full mesh)
  * and hands the group to maker->make. */
-#include <errno.h>
 #include <stdlib.h>
 
 #include "net/net.h"
@@ -21,12 +20,10 @@ int mlxd_net_bootstrap_hostfile(const mlxd_net_maker* maker, mlxd_backend** out,
                         "not configured: MLX_RANK and MLX_HOSTFILE must be set (MLX_RANK=%s, "
                         "MLX_HOSTFILE=%s)",
                         rs && *rs ? rs : "(unset)", path && *path ? path : "(unset)");
-  char* end = NULL;
-  errno = 0;
-  long rank = strtol(rs, &end, 10);
-  if (*end != '\0' || errno || rank < 0 || rank > (1 << 20))
+  long rank = 0;
+  if (mlxd_env_long("MLX_RANK", 0, 1L << 20, &rank) != 0)
     return mlxd_fail_at(st, MLXD_EINVAL, MLXD_LAYER_BOOTSTRAP,
-                        "MLX_RANK='%s' is not a non-negative integer", rs);
+                        "MLX_RANK='%s' is not a non-negative integer (at most %ld)", rs, 1L << 20);
   if (maker->check && maker->check(st)) return st->code; /* before anyone waits on us */
   mlxd_net_hosts hosts;
   if (mlxd_net_hostfile_load(path, &hosts, st)) return st->code;

@@ -1,6 +1,6 @@
 /* Private: liveness apart from progress, the policy every transport's wait
- * follows (tcp.c and tcp_live.c; shm.c and verbs.c through the engine's
- * check op, engine.h; router.c through its parts), and the words it uses.
+ * follows (tcp_live.c, shm.c and verbs.c through the engine's check op,
+ * engine.h; router.c through its parts), and the words it uses.
  *
  * Three clocks, each from the environment (util/tunables.h):
  *  - MLXDIST_TIMEOUT (default 60 s): a peer that shows no sign of life

@@ -1,6 +1,7 @@
 /* Private: the plumbing every point-to-point transport needs around its
- * wire (tcp.c directly; shm.c and verbs.c through the message engine,
- * engine.h, which owns their queues; router.c through its parts):
+ * wire (tcp.c, shm.c and verbs.c through the message engine, engine.h,
+ * which owns their queues; tcp.c also keeps its arriving messages in a
+ * queue of its own; router.c through its parts):
  *
  *  - tag matching: per peer, a queue of posted receives and a queue of
  *    messages that arrived before their receive, both in arrival/posting

@@ -599,8 +599,12 @@ static int tcp_op_progress(mlxd_engine* e, bool idle) {
 
 static int tcp_op_sleep(mlxd_engine* e, double max_s) {
   tcp_transport* t = TCP_OF(e);
-  if (!t->progressing) { /* the poller: block in epoll_wait (floor: 0 is a plain pass) */
-    int ms = max_s * 1000.0 < TCP_BLOCK_MS ? (int)(max_s * 1000.0) : TCP_BLOCK_MS;
+  if (!t->progressing) {
+    /* The poller: block in epoll_wait, to the next whole ms (a fraction
+     * left before a liveness check is not spun away); a slice's part of a
+     * ms is a plain pass (the router's other parts wait). */
+    double ms_f = max_s * 1000.0;
+    int ms = ms_f >= TCP_BLOCK_MS ? TCP_BLOCK_MS : e->short_pass ? (int)ms_f : (int)ceil(ms_f);
     return poll_round(t, ms, 1) ? 1 : 0;
   }
   /* Another thread polls: wait for its news (a completion, or its leaving) */

@@ -217,7 +217,7 @@ void mlxd_tcp_destroy(mlxd_transport* tt) {
 
 /* "10.0.0.2:41000" / "[fe80::1]:41000" for a connected inet socket; ""
  * otherwise (a socketpair, or getpeername failing). */
-static void peer_addr(int fd, char* out, size_t n) {
+static void sock_peer_addr(int fd, char* out, size_t n) {
   struct sockaddr_storage ss;
   socklen_t len = sizeof ss;
   char ip[INET6_ADDRSTRLEN];
@@ -298,7 +298,7 @@ static int conn_attach(tcp_transport* t, tcp_conn* c, int fd, mlxd_status* st) {
     return st->code;
   }
   tcp_peer* pe = &t->peers[c->peer];
-  if (!pe->addr[0]) peer_addr(fd, pe->addr, sizeof pe->addr);
+  if (!pe->addr[0]) sock_peer_addr(fd, pe->addr, sizeof pe->addr);
   pe->nup++;
   pe->heard = mlxd_now();
   t->nconnected++;

@@ -2,10 +2,10 @@
  * (src/algo) are written against. Implementations: tcp.c (TCP and Unix
  * sockets), shm.c (shared memory on one host), verbs.c (RDMA reliable
  * connections: jaccl's transport), and router.c (each peer over the first
- * of them that can reach it). shm and verbs run on one message engine
+ * of them that can reach it). tcp, shm and verbs run on one message engine
  * (engine.h: requests, matching, failures, the wait loop; each supplies how
- * its bytes move); the tag matching and failure plumbing every transport,
- * tcp included, shares is in match.h (and the signature check in engine.h).
+ * its bytes move); the tag matching and failure plumbing under it is in
+ * match.h.
  *
  * Messages are matched by (peer, tag): a receive posted for (p, t) gets
  * the bytes of the send from p with tag t, whatever order they are posted
@@ -233,7 +233,7 @@ struct mlxd_transport {
  * The phase and the segment are 0 for every message an algorithm posts on
  * a group's own transport; a view (view.h) sets them, so that the phases of
  * a two-level collective (src/algo/hier.c), which reuse one sequence number
- * on subsets of the ranks, and the segments of a pipelined one, which run
+ * on subsets of the ranks, and the segments of a segmented one, which run
  * the same phase on several parts of the buffer at once, never match each
  * other's messages: two messages of one call differ in phase, segment or
  * step. The group is 0 on a group's own transport; a split child's view

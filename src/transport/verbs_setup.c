@@ -202,7 +202,7 @@ static int dev_index(vb_transport* t, const char* name) {
 }
 
 /* "10.0.2.15 qp 17", "gid fe80::1 qp 17", "lid 3 qp 17": the peer. */
-static void peer_addr(char* out, size_t n, const mlxd_ibv_qp_info* q) {
+static void qp_addr(char* out, size_t n, const mlxd_ibv_qp_info* q) {
   static const unsigned char v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   char a[INET6_ADDRSTRLEN] = "";
   if (q->global && memcmp(q->gid, v4, 12) == 0) {
@@ -388,7 +388,7 @@ mlxd_transport* mlxd_verbs_transport_new(int rank, int size, const mlxd_verbs_pe
       snprintf(what, sizeof what, "rank %d's queue pair for rank %d, rail %d", pi, rank, r);
       mlxd_ibv_qp_info q;
       if ((rc = mlxd_ibv_qp_info_decode(rr, what, &q, st))) break;
-      if (r == 0) peer_addr(p->addr, sizeof p->addr, &q);
+      if (r == 0) qp_addr(p->addr, sizeof p->addr, &q);
       p->rail[r].raddr = get64(rr + MLXD_IBV_QP_INFO_BYTES);
       p->rail[r].rkey = get32(rr + MLXD_IBV_QP_INFO_BYTES + 8);
       if ((rc = mlxd_ibv_qp_connect(p->rail[r].qp, &q, st))) {

@@ -4,7 +4,7 @@
  * mlxd_tag_with_segment). The flat algorithms of src/algo run unchanged on
  * a view; the two-level collectives (src/algo/hier.c) run them on "the
  * ranks of my host" and on "the ranks with my local index on every host",
- * one phase (and, pipelined, one segment of the buffer) each, under the one
+ * one phase (and, segmented, one segment of the buffer) each, under the one
  * sequence number of the user's call, without any phase or segment
  * matching another one's messages.
  *

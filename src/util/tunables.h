@@ -208,7 +208,7 @@ typedef struct mlxd_tunable_spec {
     "created; must be the same on every rank. See docs/ring.md.")                                 \
   X(HIER_SEGMENT, "MLXDIST_HIER_SEGMENT", "4194304", MLXD_TK_INTEGER(0, 1073741824, "bytes"),     \
     "Two-level all_sum/max/min above this many bytes: the buffer goes through the phases in "     \
-    "segments of about this size, pipelined (one crosses the hosts while the next is reduced "    \
+    "segments of about this size, overlapped (one crosses the hosts while the next is reduced "   \
     "inside the host and the last one spread there; at most 256 segments); 0: in one piece. "     \
     "Read when a group is created; must be the same on every rank.")                              \
   X(STRICT_ENV, "MLXDIST_STRICT_ENV", "0", MLXD_TK_FLAG(),                                        \
