@@ -259,6 +259,13 @@ bool mlxd_eng_wait(mlxd_engine* e, mlxd_req** reqs, int n, double until, mlxd_wa
   bool done = true;
   e->waiting++;
   if (!ws->started) {
+    /* Nothing to wait for (sends written eagerly, messages that came
+     * first): no pass at all; settle looks once (tcp: one epoll_wait, not
+     * a spinning batch). */
+    if (!mlxd_eng_any_pending(reqs, n)) {
+      ws->polled = false;
+      goto out;
+    }
     /* The first pass reads no clock: a small message that is already there
      * (the common case of a small collective) costs one pass. */
     int ev = e->err.code ? 0 : ops->progress(e, false);
