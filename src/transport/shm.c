@@ -446,6 +446,9 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   shm_req* r = shm_req_start(t, REQ_SEND, peer, tag, sig, buf, n, req, st, &rc);
   if (!r) return rc;
   shm_peer* p = &t->peers[peer];
+  /* By this rank's threshold and the peer's probe: the peer probes only if
+   * it has a threshold itself, and reads an RTS slot whatever its own, so
+   * ranks with different thresholds stay correct (shm_setup.c, cma_min). */
   r->cma = t->cma_min && n >= t->cma_min &&
            atomic_load_explicit(p->peer_reads, memory_order_relaxed) == CMA_OK;
   r->q.where = W_SENDQ;

@@ -1,6 +1,7 @@
 /* The shared-memory transport's segment: creating / joining it, checking
  * the peers' processes, the failure records ranks publish in it, and
  * cross-memory reads (design notes at the top of shm.c). */
+#include "transport/cma_calib.h"
 #include "transport/shm.h"
 #include "transport/shm_impl.h"
 #include "transport/spin.h"
@@ -84,6 +85,10 @@ void mlxd_shm_note_read(shm_transport* t, int r, char* out, size_t n) {
 }
 
 /* ---- CMA ---- */
+
+/* The calibration times the lane path this transport has (cma_calib.h). */
+_Static_assert(MLXD_CMA_SLOT_BYTES == SHM_SLOT_BYTES && MLXD_CMA_NSLOTS == SHM_NSLOTS,
+               "cma_calib.h's lane is not the shared-memory transport's");
 
 int mlxd_shm_cma_read(pid_t pid, void* dst, uint64_t src, size_t n, int* err) {
   size_t done = 0;
@@ -476,7 +481,17 @@ static mlxd_transport* join(int rank, int size, const char* name, const int* nam
   t->oversubscribed = spin.yield;
   t->eng.yield = spin.yield;
   t->eng.check_s = here > SHM_CROWDED_FACTOR * spin.cpus ? SHM_CHECK_CROWDED_S : SHM_CHECK_S;
-  t->cma_min = mlxd_shm_cma_bytes_for(spin.crowded);
+  /* The ranks of a host need not agree on cma_min (two that calibrated at
+   * once may not; MLXDIST_SHM_CMA_BYTES may differ between them): each
+   * message's path is its sender's choice, said in its slot (SLOT_RTS or
+   * data), and a receiver takes either whatever its own threshold. A sender
+   * picks the single copy only where its peer probed it (pair_probe, made
+   * only by a rank with a threshold) and found it allowed, so a receiver
+   * without one is never asked to read. A difference costs speed in one
+   * direction, never correctness; whole_min (the one rule the ranks must
+   * share) does not depend on it. A group of one never sends: no
+   * calibration. */
+  t->cma_min = size > 1 ? mlxd_shm_cma_bytes_for(spin.crowded) : 0;
   /* a page of entries is touched only when a peer on it is first used */
   t->peers = mlxd_ztable_new((size_t)size, sizeof *t->peers);
   t->active = calloc((size_t)size, sizeof *t->active);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "transport/cma_calib.h"
 #include "util/env.h"
 #include "util/tunables.h"
 
@@ -42,11 +43,22 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks) {
   return r;
 }
 
-size_t mlxd_shm_cma_bytes_for(bool crowded) {
+size_t mlxd_shm_cma_bytes_from(bool crowded, mlxd_shm_cma_from* from) {
+  mlxd_shm_cma_from f = MLXD_SHM_CMA_FROM_CALIBRATION;
+  size_t n = 0;
   const char* set = mlxd_env_tunable(MLXD_T_SHM_CMA_BYTES);
   if (set && *set) {
-    long n = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
-    return n > 0 ? (size_t)n : 0;
+    long v = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
+    n = v > 0 ? (size_t)v : 0;
+    f = MLXD_SHM_CMA_FROM_ENV;
+  } else if (crowded) {
+    n = MLXD_SHM_CMA_CROWDED_BYTES;
+    f = MLXD_SHM_CMA_FROM_CROWDED;
+  } else {
+    n = mlxd_cma_calibrated()->bytes;
   }
-  return crowded ? MLXD_SHM_CMA_CROWDED_BYTES : 0;
+  if (from) *from = f;
+  return n;
 }
+
+size_t mlxd_shm_cma_bytes_for(bool crowded) { return mlxd_shm_cma_bytes_from(crowded, NULL); }

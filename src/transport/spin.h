@@ -1,6 +1,7 @@
 /* Private: what a transport does differently on a crowded host, decided
  * once per transport: how a waiting thread spends the time before it blocks,
- * and from what size shared memory moves a message in one copy. */
+ * and from what size shared memory moves a message in one copy (on a host
+ * that is not crowded, as the machine's calibration decided: cma_calib.h). */
 #ifndef MLXD_SPIN_H
 #define MLXD_SPIN_H
 
@@ -36,10 +37,24 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks);
  * allowed; 0: never) for a host that is crowded or not (mlxd_spin_rule's
  * `crowded`). MLXDIST_SHM_CMA_BYTES set in the environment (to anything
  * non-empty, 0 included: off) is the answer on every host; unset, it is
- * MLXD_SHM_CMA_CROWDED_BYTES when crowded and 0 otherwise. Reads the
- * environment only (values were validated at init); takes no lock, cannot
- * fail. */
+ * MLXD_SHM_CMA_CROWDED_BYTES when crowded, and otherwise what this
+ * machine's calibration chose (cma_calib.h mlxd_cma_calibrated: 0 or one
+ * of the sizes it measured). Neither the variable nor a crowded host runs
+ * or reads the calibration. Reads the environment (values were validated
+ * at init); cannot fail. The first call that needs the calibration in a
+ * process blocks for it (this boot's cache file, or a measurement bounded
+ * by MLXD_CMA_BUDGET_S); every other call returns at once. */
 size_t mlxd_shm_cma_bytes_for(bool crowded);
+
+/* What decided mlxd_shm_cma_bytes_for's answer. */
+typedef enum mlxd_shm_cma_from {
+  MLXD_SHM_CMA_FROM_ENV = 1,        /* MLXDIST_SHM_CMA_BYTES */
+  MLXD_SHM_CMA_FROM_CROWDED = 2,    /* the crowded host's MLXD_SHM_CMA_CROWDED_BYTES */
+  MLXD_SHM_CMA_FROM_CALIBRATION = 3 /* mlxd_cma_calibrated (its source: cache or measured) */
+} mlxd_shm_cma_from;
+
+/* mlxd_shm_cma_bytes_for, and in *from (if not NULL) what decided it. */
+size_t mlxd_shm_cma_bytes_from(bool crowded, mlxd_shm_cma_from* from);
 
 /* The shared-memory transport's whole-block threshold
  * (mlxd_transport.whole_min) when every rank of the group is on a crowded
