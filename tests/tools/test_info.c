@@ -1,6 +1,7 @@
 /* mlxdist-info: --env lists every tunable with its default, --markdown is a
- * table with one row per tunable, the summary names the backends and the RDMA
- * devices (or why there are none), and bad
+ * table with one row per tunable, the summary names the backends, the RDMA
+ * devices (or why there are none) and the shm single-copy threshold with what
+ * chose it, and bad
  * arguments exit 2. Expected names/defaults come from the tunable getters of
  * the library (not from the tool's own copy of the list). */
 #include <stdio.h>
@@ -99,6 +100,35 @@ int main(int argc, char** argv) {
               "rdma devices (jaccl): none: libm.so.6 is not a usable libibverbs: it has no "
               "ibv_get_device_list"))
     T_FAIL("not libibverbs: %s", out);
+
+  /* the shm single-copy threshold and what chose it: the variable (skips the calibration), or
+   * unset, this boot's calibration (fresh, or its cache); the crowded host's constant */
+  snprintf(cmd, sizeof cmd, "MLXDIST_SHM_CMA_BYTES=0 '%s'", tool);
+  T_EQ_INT(capture(cmd), 0);
+  if (!strstr(out, "\nshm single copy: off on every host (environment: MLXDIST_SHM_CMA_BYTES=0)\n"))
+    T_FAIL("MLXDIST_SHM_CMA_BYTES=0: %s", out);
+  snprintf(cmd, sizeof cmd, "MLXDIST_SHM_CMA_BYTES=65536 '%s'", tool);
+  T_EQ_INT(capture(cmd), 0);
+  if (!strstr(out,
+              "\nshm single copy: from 65536 bytes on every host (environment: "
+              "MLXDIST_SHM_CMA_BYTES=65536)\n"))
+    T_FAIL("MLXDIST_SHM_CMA_BYTES=65536: %s", out);
+  for (int run = 0; run < 2; run++) {
+    snprintf(cmd, sizeof cmd, "env -u MLXDIST_SHM_CMA_BYTES '%s'", tool);
+    T_EQ_INT(capture(cmd), 0);
+    const char* l = strstr(out, "\nshm single copy: ");
+    if (!l || !(strstr(l, " where the host is not crowded (calibration cached for this boot in ") ||
+                strstr(l, " where the host is not crowded (fresh calibration in ") ||
+                strstr(l, " where the host is not crowded (calibration: ")))
+      T_FAIL("MLXDIST_SHM_CMA_BYTES unset: %s", out);
+    if (!strstr(l, "); 33554432 bytes on a crowded host (crowded rule)\n"))
+      T_FAIL("the crowded rule: %s", out);
+    /* a fresh calibration that was kept is what the next process reads */
+    if (run == 0 && !strstr(l, "(fresh calibration in ")) break;
+    if (run == 0 && !strstr(l, ", cached in /dev/shm/")) break;
+    if (run == 1 && !strstr(l, "(calibration cached for this boot in /dev/shm/.mlxdist-cma-"))
+      T_FAIL("the second run did not read the first one's cache: %s", out);
+  }
 
   snprintf(cmd, sizeof cmd, "'%s' --bogus 2>&1", tool);
   T_EQ_INT(capture(cmd), 2);

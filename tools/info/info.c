@@ -1,7 +1,8 @@
 /* mlxdist-info: the library version, the backends of the registry (whether
  * each is available and configured here), one started group described by
  * its backend (--group), the GPUs (the core's GPU provider, and NCCL's version when
- * libnccl.so.2 loads), the RDMA devices jaccl would use, and every MLXDIST_* tunable (name, default,
+ * libnccl.so.2 loads), the RDMA devices jaccl would use, the shared-memory transport's
+ * single-copy threshold and what chose it, and every MLXDIST_* tunable (name, default,
  * expected values, description) from src/util/tunables.h. */
 #include <dlfcn.h>
 #include <stdbool.h>
@@ -17,6 +18,8 @@
 #include "mlx/c/string.h"
 #include "mlx/c/version.h"
 #include "rdma/probe.h"
+#include "transport/cma_calib.h"
+#include "transport/spin.h"
 #include "util/env_names.h"
 #include "util/text.h"
 #include "util/tunables.h"
@@ -31,7 +34,10 @@ static void mlxd_info_usage(FILE* f) {
       "                     is available and configured in this process; the GPUs (CUDA\n"
       "                     runtime version and device count, or why none; NCCL's\n"
       "                     version); and the RDMA devices (jaccl): ports, state, MTU,\n"
-      "                     link layer, GID\n"
+      "                     link layer, GID; the shared-memory transport's single-copy\n"
+      "                     threshold and what chose it (MLXDIST_SHM_CMA_BYTES, the\n"
+      "                     crowded rule, this boot's calibration cache, or a fresh\n"
+      "                     calibration)\n"
       "  --group [BACKEND]  start BACKEND (default: any; strict) and print one line about\n"
       "                     the group: rank, size and the backend's own description\n"
       "                     (e.g. the MPI library and thread level); run it under the\n"
@@ -127,6 +133,47 @@ static void mlxd_print_rdma(void) {
   free(p);
 }
 
+/* The shared-memory transport's single-copy threshold here (spin.h
+ * mlxd_shm_cma_bytes_from) and what chose it: MLXDIST_SHM_CMA_BYTES, or,
+ * unset, the calibration (cma_calib.h: this boot's cache file, or measured
+ * now, with its table) for a host that is not crowded, and the crowded
+ * host's constant. One line, "shm single copy: ..." (scripts/bench-vs-
+ * openmpi.sh copies it into conditions.txt). */
+static void mlxd_print_shm_cma(void) {
+  mlxd_shm_cma_from from;
+  size_t n = mlxd_shm_cma_bytes_from(false, &from);
+  char v[64];
+  if (n)
+    snprintf(v, sizeof v, "from %zu bytes", n);
+  else
+    snprintf(v, sizeof v, "off");
+  if (from == MLXD_SHM_CMA_FROM_ENV) {
+    printf("shm single copy: %s on every host (environment: MLXDIST_SHM_CMA_BYTES=%s)\n", v,
+           getenv("MLXDIST_SHM_CMA_BYTES"));
+    return;
+  }
+  const mlxd_cma_choice* c = mlxd_cma_calibrated();
+  const mlxd_cma_table* t = &c->table;
+  printf("shm single copy: %s where the host is not crowded (", v);
+  if (c->source == MLXD_CMA_FROM_CACHE && t->reps == 0) {
+    printf("calibration cached for this boot in %s", c->path);
+  } else if (c->source == MLXD_CMA_FROM_CACHE) {
+    printf("calibration cached for this boot in %s by another process while this one measured",
+           c->path);
+  } else if (t->err) {
+    printf("calibration: process_vm_readv refused here: %s", strerror(t->err));
+  } else if (t->over) {
+    printf("calibration: stopped by its %.0f ms bound after %.1f ms, not cached",
+           MLXD_CMA_BUDGET_S * 1e3, t->took_s * 1e3);
+  } else {
+    printf("fresh calibration in %.1f ms, %s %s; us two memcpys/process_vm_readv:", t->took_s * 1e3,
+           c->cached ? "cached in" : "not cached in", c->path);
+    for (int i = 0; i < t->n; i++)
+      printf(" %zu KiB %.1f/%.1f", mlxd_cma_sizes[i] >> 10, t->two_s[i] * 1e6, t->one_s[i] * 1e6);
+  }
+  printf("); %zu bytes on a crowded host (crowded rule)\n", (size_t)MLXD_SHM_CMA_CROWDED_BYTES);
+}
+
 /* The GPU provider's answer (core/gpu.h) and NCCL's version, for nccl. */
 static void mlxd_print_gpu(void) {
   const mlxd_gpu_info* g = mlxd_gpu_probe();
@@ -182,6 +229,7 @@ static int mlxd_print_summary(void) {
   printf("  %-6s %s\n", "any", mlx_distributed_is_available("any") ? "available" : "not available");
   mlxd_print_gpu();
   mlxd_print_rdma();
+  mlxd_print_shm_cma();
   printf("environment: %zu MLXDIST_* variables (mlxdist-info --env)\n", MLXD_INFO_N);
   return 0;
 }
