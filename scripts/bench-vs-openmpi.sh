@@ -28,8 +28,9 @@
 # machine hits both. RESULTS_DIR (default BUILD_DIR/bench-results; its runs/ is
 # emptied first) receives:
 #   conditions.txt   date, commit, CPU, memory, THP, glibc, the time to fault in a
-#                    fresh 64 MiB buffer, Open MPI version, MCA options, load average
-#                    before and after, the exact command
+#                    fresh 64 MiB buffer, Open MPI version, MCA options, the shm
+#                    single-copy threshold and what chose it (mlxdist-info), load
+#                    average before and after, the exact command
 #   runs/<variant>-n<N>-r<K>.csv (+ .log)   one run's rows (--csv); variants:
 #                    mlxdist-<transport> for every transport in BENCH_TRANSPORTS
 #                    ("default": MLXDIST_TRANSPORT unset, i.e. shared memory on one
@@ -204,6 +205,12 @@ cond=$results/conditions.txt
     echo "mlxdist n=$n:  $launch -n $n --timeout $timeout_s$mlx_envopts" \
       "[--env MLXDIST_TRANSPORT=shm|tcp] -- $bench --backend ring $* $(bind_opt "$n")"
   done
+  # what the shared-memory transport's single-copy threshold is here and what chose it
+  # (MLXDIST_SHM_CMA_BYTES, with BENCH_MLX_ENV's settings as the ranks get them; else this
+  # boot's calibration, which this run of mlxdist-info makes or reads: the ranks read the same)
+  # shellcheck disable=SC2086
+  echo "shm single copy: $(env $mlx_env "$build/tools/mlxdist-info" 2> /dev/null |
+    sed -n 's/^shm single copy: //p' | grep . || echo "unknown (mlxdist-info failed)")"
   echo "environment:  $(env | grep -E '^(OMPI_|MLXDIST_|MLX_|GLIBC_TUNABLES|MALLOC_)' | sort |
     tr '\n' ' ')"
   echo "repeats:      $repeats, order per repeat:$order (every other repeat reversed)"
