@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "util/clock.h"
@@ -289,6 +291,8 @@ int mlxd_cma_cache_write(const char* path, const char* boot_id, size_t* bytes) {
       } else if (rename(tmp, path) == 0) { /* a stale or broken one: replace it */
         rc = 0;
       }
+    } else if (rename(tmp, path) == 0) { /* a file system without hard links */
+      rc = 0;
     }
   }
   unlink(tmp); /* after link (or a failed rename) it is a second name; after rename, gone */
@@ -301,6 +305,38 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static mlxd_cma_choice g_choice;
 static atomic_bool g_ran;
 
+/* The lock that lets one process of the user measure at a time
+ * (path.lock, flock): its descriptor, or -1 where it cannot be had (then
+ * this process measures without it). */
+static int lock_open(const char* path) {
+  char lp[160];
+  int k = snprintf(lp, sizeof lp, "%s.lock", path);
+  if (k < 0 || (size_t)k >= sizeof lp) return -1;
+  int fd = open(lp, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0600);
+  if (fd < 0) return -1;
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != getuid()) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Measures, and keeps the answer when the measurement was whole. */
+static void measure_and_keep(mlxd_cma_choice* c, bool have_boot, const char* boot) {
+  c->bytes = mlxd_cma_measure(&c->table, MLXD_CMA_BUDGET_S);
+  c->source = MLXD_CMA_FROM_MEASURED;
+  /* a refusal or a cut measurement says something of this process or this moment only */
+  if (!have_boot || c->table.err || c->table.reps == 0) return;
+  size_t v = c->bytes;
+  int w = mlxd_cma_cache_write(c->path, boot, &v);
+  if (w == 1) {
+    c->bytes = v;
+    c->source = MLXD_CMA_FROM_CACHE;
+  }
+  c->cached = w == 0;
+}
+
 static void calibrate_once(void) {
   mlxd_cma_choice* c = &g_choice;
   char boot[MLXD_CMA_BOOT_ID_LEN + 1];
@@ -310,20 +346,29 @@ static void calibrate_once(void) {
   if (have_boot && mlxd_cma_cache_read(c->path, boot, &v, NULL, 0) == 0) {
     c->bytes = v;
     c->source = MLXD_CMA_FROM_CACHE;
-  } else {
-    c->bytes = mlxd_cma_measure(&c->table, MLXD_CMA_BUDGET_S);
-    c->source = MLXD_CMA_FROM_MEASURED;
-    /* a refusal or a cut measurement says something of this process or this moment only */
-    if (have_boot && !c->table.err && c->table.reps > 0) {
-      v = c->bytes;
-      int w = mlxd_cma_cache_write(c->path, boot, &v);
-      if (w == 1) {
-        c->bytes = v;
-        c->source = MLXD_CMA_FROM_CACHE;
-      }
-      c->cached = w == 0;
-    }
+    atomic_store(&g_ran, true);
+    return;
   }
+  /* One measures at a time: the ranks of a job that start together would
+   * otherwise all measure at once (each mapping 9 MiB, all timing a
+   * machine the others keep busy). The others wait for its answer, at most
+   * MLXD_CMA_WAIT_S, then measure themselves. */
+  int lk = have_boot ? lock_open(c->path) : -1;
+  bool locked = lk >= 0 && flock(lk, LOCK_EX | LOCK_NB) == 0;
+  const double until = mlxd_now() + MLXD_CMA_WAIT_S;
+  while (lk >= 0 && !locked && mlxd_now() < until) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+    if (mlxd_cma_cache_read(c->path, boot, &v, NULL, 0) == 0) break;
+    locked = flock(lk, LOCK_EX | LOCK_NB) == 0;
+  }
+  if (have_boot && mlxd_cma_cache_read(c->path, boot, &v, NULL, 0) == 0) {
+    c->bytes = v; /* written while this process waited */
+    c->source = MLXD_CMA_FROM_CACHE;
+  } else {
+    measure_and_keep(c, have_boot, boot);
+  }
+  if (lk >= 0) close(lk); /* and with it the lock */
   atomic_store(&g_ran, true);
 }
 

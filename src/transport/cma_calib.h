@@ -31,8 +31,13 @@ extern const size_t mlxd_cma_sizes[MLXD_CMA_NSIZES];
  * 4 MiB three times; the buffers are unmapped after). */
 #define MLXD_CMA_BUDGET_S 0.010
 
+/* How long a process waits for another of the user's that is measuring
+ * (holds the cache's lock, path.lock) to leave its answer, before it
+ * measures itself. */
+#define MLXD_CMA_WAIT_S 0.1
+
 /* Passes over the sizes; each size's time is the best of the passes made. */
-#define MLXD_CMA_REPS 5
+#define MLXD_CMA_REPS 3
 
 /* The lane path the two copies stand for: chunks of a lane's slot size
  * through a lane's worth of shared memory (shm_impl.h SHM_SLOT_BYTES,
@@ -131,8 +136,11 @@ typedef struct mlxd_cma_choice {
  * same afterwards (and in children forked after it): this boot's cache
  * file when it holds a valid value, else a measurement (mlxd_cma_measure,
  * MLXD_CMA_BUDGET_S), kept in the cache file when it finished and was not
- * refused. Thread-safe; the first call blocks for the measurement (a few
- * ms at most), later ones return at once. Cannot fail (an unusable cache
+ * refused. One process of the user measures at a time (an flock on the
+ * cache's path + ".lock"); another waits for its answer, at most
+ * MLXD_CMA_WAIT_S, then measures itself. Thread-safe; the first call
+ * blocks for the measurement (about MLXD_CMA_BUDGET_S, plus the wait),
+ * later ones return at once. Cannot fail (an unusable cache
  * costs a measurement; a refusal or an unfinished one answers 0). */
 const mlxd_cma_choice* mlxd_cma_calibrated(void);
 
