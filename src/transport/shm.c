@@ -46,13 +46,19 @@
  * 32 MiB on a crowded host (more of the group's ranks on it than CPUs this
  * process may run on), where a lane step waits for the sender and the
  * receiver to be on a CPU at once and a single copy needs only the
- * receiver, and off otherwise: on VMs with paravirtualised page tables
+ * receiver; otherwise what this machine's calibration chose (cma_calib.h:
+ * once a boot, two memcpys against one process_vm_readv of 64 KiB-4 MiB
+ * in at most ~10 ms, kept in /dev/shm/.mlxdist-cma-<uid> for the boot's
+ * other processes): off on VMs with paravirtualised page tables, where
  * process_vm_readv is slower than memcpy and the lanes win at every size
- * measured (docs/ring.md). The pipeline's 256 KiB chunks stay below
- * 32 MiB: the rule reaches whole-buffer messages (send/recv, the direct
- * all_gather of 2 ranks, and of more where every rank is crowded:
- * mlxd_transport.whole_min); docs/performance.md, "Single copy by default
- * on a crowded host", has the measurements.
+ * measured (docs/ring.md), 64 KiB where page faults are cheap. The
+ * ranks need not agree on it: the sender picks the path, the receiver
+ * takes either (shm_setup.c, cma_min). The crowded rule's 32 MiB stays
+ * above the pipeline's 256 KiB chunks: it reaches whole-buffer messages
+ * (send/recv, the direct all_gather of 2 ranks, and of more where every
+ * rank is crowded: mlxd_transport.whole_min); docs/performance.md,
+ * "Single copy by default on a crowded host" and "Single copy: calibrated
+ * where the host is not crowded", has the measurements.
  *
  * Matching. The receiver drains every mapped incoming lane whenever it makes
  * progress. The first chunk of a message is matched by (peer, tag) against

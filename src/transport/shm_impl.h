@@ -144,8 +144,8 @@ typedef struct shm_pair_hdr {
   uint64_t slot_bytes, nslots, total;
   alignas(SHM_CL) _Atomic uint32_t attached; /* the second to count in unlinks the name */
   /* reads[0]: whether lo can read hi's memory through CMA, reads[1]: hi lo's
-   * (CMA_*; probed by the reader when it maps the pair, only if it has
-   * MLXDIST_SHM_CMA_BYTES set): a sender uses CMA once its peer said so. */
+   * (CMA_*; probed by the reader when it maps the pair, only if it has a
+   * single-copy threshold, cma_min): a sender uses CMA once its peer said so. */
   _Atomic uint32_t reads[2];
 } shm_pair_hdr;
 

@@ -130,10 +130,13 @@ typedef struct mlxd_tunable_spec {
     "kernel allows it; 0 disables that (every message goes through the "                          \
     "shared rings). Unset, a host with more of the group's ranks than CPUs "                      \
     "the process may run on (sched_getaffinity) uses 33554432 (32 MiB) and "                      \
-    "any other host 0; set, to any value, 0 included, it applies to every "                       \
-    "host. Where every rank of a group is crowded, all_gather sends blocks "                      \
-    "of 32 MiB and more whole to each peer, so that this copy reads them, "                       \
-    "whatever the value (see docs/ring.md).")                                                     \
+    "any other host what the machine's calibration chose (0 or 65536 to "                         \
+    "4194304, measured once a boot; mlxdist-info shows it); set, to any "                         \
+    "value, 0 included, it applies to every host and nothing is calibrated "                      \
+    "(the way to turn the calibration off). Where every rank of a group is "                      \
+    "crowded, all_gather sends blocks of 32 MiB and more whole to each "                          \
+    "peer, so that this copy reads them, whatever the value (see "                                \
+    "docs/ring.md).")                                                                             \
   X(VERBS_ZCOPY_BYTES, "MLXDIST_VERBS_ZCOPY_BYTES", "262144",                                     \
     MLXD_TK_INTEGER(0, 1099511627776.0, "bytes"),                                                 \
     "verbs transport (jaccl): messages of at least this many bytes skip the "                     \
