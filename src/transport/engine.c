@@ -259,16 +259,17 @@ bool mlxd_eng_wait(mlxd_engine* e, mlxd_req** reqs, int n, double until, mlxd_wa
   bool done = true;
   e->waiting++;
   if (!ws->started) {
-    /* Nothing to wait for (sends written eagerly, messages that came
-     * first): no pass at all; settle looks once (tcp: one epoll_wait, not
-     * a spinning batch). */
-    if (!mlxd_eng_any_pending(reqs, n)) {
-      ws->polled = false;
-      goto out;
-    }
     /* The first pass reads no clock: a small message that is already there
-     * (the common case of a small collective) costs one pass. */
+     * (the common case of a small collective) costs one pass. It runs even
+     * with nothing pending (sends written eagerly, messages that came
+     * first): every wait moves its transport once, which is what drives a
+     * send left queued by an earlier post while this rank's later waits
+     * are on another transport (the router); but then a short one (tcp:
+     * one epoll_wait, not a spinning batch). */
+    bool was = e->short_pass;
+    if (!mlxd_eng_any_pending(reqs, n)) e->short_pass = true;
     int ev = e->err.code ? 0 : ops->progress(e, false);
+    e->short_pass = was;
     ws->polled = ev >= 0;
     if (!mlxd_eng_any_pending(reqs, n) || e->err.code) goto out;
     double now = mlxd_now();

@@ -183,8 +183,9 @@ struct mlxd_engine {
    * its requests' bytes move, a heartbeat being an event too), not every
    * event's. */
   bool op_clock_own;
-  /* A hint, set while a slice (wait_slice) waits: progress passes stay
-   * short (tcp: one epoll_wait), the router's other parts are waiting. */
+  /* A hint, set while a slice (wait_slice) waits, and for the first pass
+   * of a wait with nothing pending: progress passes stay short (tcp: one
+   * epoll_wait), the router's other parts are waiting, or nobody is. */
   bool short_pass;
   bool deferred; /* the last pass left a message for its receive (shm) */
   int waiting;   /* threads inside mlxd_eng_wait */
