@@ -47,10 +47,10 @@
  * requests' is the engine's (engine.h) */
 #define TCP_POOL_MAX 128
 
-/* ASan: a block in a free list is poisoned but for its link (LeakSanitizer
- * follows no pointer in poisoned memory: a transport never destroyed before
- * exit would show its free list as leaked), so a use after its request was
- * freed (waitall) is still reported as one. */
+/* ASan: a block in the message entries' free list is poisoned but for its
+ * link (LeakSanitizer follows no pointer in poisoned memory: a transport
+ * never destroyed before exit would show its free list as leaked), so a use
+ * after its entry was freed is still reported as one. */
 #if defined(__SANITIZE_ADDRESS__)
 #define TCP_ASAN 1
 #elif defined(__has_feature)

@@ -183,8 +183,9 @@ static int p2p_rank(mlxd_transport* t, void* arg) {
 
 /* ------------------------------------------------ windows of messages */
 
-/* Windows of more messages than the TCP transport keeps request blocks and
- * message entries for (TCP_POOL_MAX, 128), of mixed sizes (0 B to two
+/* Windows of more messages than the TCP transport keeps request blocks (the
+ * engine's free list, 64) and message entries for (TCP_POOL_MAX, 128), of
+ * mixed sizes (0 B to two
  * fragments over both connections), both directions at once, some arriving
  * before their receives, received in a scrambled order, every byte checked:
  * the free lists' reuse. Then rank 1 sends some messages rank 0 never
