@@ -161,12 +161,9 @@ static void fail_lost(tcp_transport* t, int peer, const char* syscall, int err) 
     if (c && c->fd >= 0 && !c->eof) (void)mlxd_tcp_conn_read(t, c);
   }
   if (t->eng.err.code) return;
-  if (!syscall) {
-    mlxd_eng_fail_lost(&t->eng, peer, ": it closed the connection");
-    return;
-  }
   mlxd_status s;
-  mlxd_match_lost(&s, MLXD_LAYER_TCP, peer, t->peers[peer].addr, "", syscall, err);
+  mlxd_match_lost(&s, MLXD_LAYER_TCP, peer, t->peers[peer].addr,
+                  syscall ? "" : ": it closed the connection", syscall, err);
   tcp_fail(t, &s);
 }
 
