@@ -208,11 +208,22 @@ static char* slot_data(shm_slot_hdr* hdrs, char* slots, uint64_t idx, size_t chu
   return slots + (size_t)(idx % SHM_NSLOTS) * SHM_SLOT_STRIDE;
 }
 
+/* How far lane_in goes: a wait's pass; the pass of an idle wait (it
+ * buffers what has no receive yet); the pass of a receive being posted. */
+typedef enum { IN_PASS, IN_IDLE, IN_POST } shm_in_mode;
+
 /* Drain the lane from peer pi; a message without a receive stays unless
- * `buffer`, the lane is full, or it is larger than SHM_DEFER_MAX (its
+ * IN_IDLE, the lane is full, or it is larger than SHM_DEFER_MAX (its
  * sender streams it: draining it as it comes keeps both ranks copying).
+ * IN_POST stops at a message of more than one slot or a single-copy read:
+ * posting a receive takes a small message at once (post and first poll in
+ * one), but copying a large one there would hold back this rank's own
+ * sends, which the caller posts next, until the copy is done, and two
+ * ranks that exchange (all_gather, all_to_all, sendrecv) would copy in
+ * turn, not at the same time; the wait takes it.
  * Returns events (slots consumed) or -1. */
-static int lane_in(shm_transport* t, int pi, bool buffer) {
+static int lane_in(shm_transport* t, int pi, shm_in_mode mode) {
+  bool buffer = mode == IN_IDLE;
   shm_peer* p = &t->peers[pi];
   mlxd_eng_cur* cur = &p->ep.cur;
   uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
@@ -224,6 +235,7 @@ static int lane_in(shm_transport* t, int pi, bool buffer) {
   bool wake = head - p->in_tail >= SHM_NSLOTS;
   while (p->in_tail != head) {
     shm_slot_hdr* h = &p->in_hdrs[p->in_tail % SHM_NSLOTS];
+    if (mode == IN_POST && (h->kind == SLOT_RTS || h->msg_len > SHM_SLOT_BYTES)) break;
     if (!cur->active) {
       bool now = buffer || head - p->in_tail >= SHM_NSLOTS || h->msg_len > SHM_DEFER_MAX;
       mlxd_sig sent;
@@ -352,7 +364,7 @@ static int progress_all(mlxd_engine* e, bool buffer) {
   if (mlxd_shm_pair_hellos(t) < 0) return 0;
   for (int k = 0; k < t->nactive && !t->eng.err.code; k++) {
     int i = t->active[k];
-    int a = lane_in(t, i, buffer);
+    int a = lane_in(t, i, buffer ? IN_IDLE : IN_PASS);
     if (a < 0) break;
     int b = lane_out(t, i);
     ev += a + b;
@@ -479,7 +491,7 @@ static int shm_irecv(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
     return rc;
   }
   if (k == 0)
-    lane_in(t, peer, false);
+    lane_in(t, peer, IN_POST);
   else
     mlxd_eng_unexp_free(&t->eng, u); /* shm pulls nothing: k == 1 */
   shm_lock_release(&t->mu);
