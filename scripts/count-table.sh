@@ -19,8 +19,8 @@
 # loop, so a rank that waits longer counts more). One dump per row (--dump-after).
 #
 # Writes OUTDIR/account.csv, OUTDIR/callgrind.csv, OUTDIR/table.md, OUTDIR/conditions.txt
-# and OUTDIR/runs/ (each run's output and log). About 5 minutes on the project's
-# 2-vCPU VM (part 1 ~4 min, part 2 ~1 min).
+# and OUTDIR/runs/ (each run's output and log). About 4 minutes on the project's
+# 2-vCPU VM (part 1 ~1 min, part 2 ~3 min: 24 callgrind runs).
 #
 # Environment: COUNT_PARTS (default "account callgrind"), COUNT_RANKS4 (1: also the
 # 4-rank rows, default 1), COUNT_MIN_TIME_MS (timed work per row, default 100),
