@@ -267,7 +267,13 @@ bool mlxd_eng_wait(mlxd_engine* e, mlxd_req** reqs, int n, double until, mlxd_wa
      * are on another transport (the router); but then a short one (tcp:
      * one epoll_wait, not a spinning batch). */
     bool was = e->short_pass;
-    if (!mlxd_eng_any_pending(reqs, n)) e->short_pass = true;
+    if (!mlxd_eng_any_pending(reqs, n)) {
+      if (ops->quiet && !e->err.code && ops->quiet(e)) {
+        ws->polled = true;
+        goto out;
+      }
+      e->short_pass = true;
+    }
     int ev = e->err.code ? 0 : ops->progress(e, false);
     e->short_pass = was;
     ws->polled = ev >= 0;

@@ -168,6 +168,14 @@ typedef struct mlxd_eng_ops {
   /* Optional (NULL: none): the first pass of a wait found requests pending
    * at `now` (verbs: their peers are probed at the first check). */
   void (*begin)(mlxd_engine* e, mlxd_req** reqs, int n, double now);
+  /* Optional (NULL: every wait makes its first pass): true when a pass
+   * would move nothing that anyone waits for but the wait's own requests:
+   * no send queued for room, no peer asking for first contact. A wait whose
+   * requests are all complete then makes no pass at all: posting already
+   * polled (shm's irecv takes a small message that is there, its isend
+   * writes it), so a small op polls once, not twice. Never blocks, lock
+   * held. shm: shm_op_quiet. */
+  bool (*quiet)(mlxd_engine* e);
 } mlxd_eng_ops;
 
 struct mlxd_engine {

@@ -569,6 +569,19 @@ static void shm_op_unlink(mlxd_engine* e, mlxd_eng_req* q) {
   if (q->where == W_ACKQ) list_remove(&p->ack_head, &p->ack_tail, r);
 }
 
+/* Nothing a pass must move for others (engine.h, quiet): no send queued
+ * in a lane that had no room, no peer waiting for this rank to answer its
+ * first contact. */
+static bool shm_op_quiet(mlxd_engine* e) {
+  shm_transport* t = SHM_OF(e);
+  if (atomic_load_explicit(&rank_rec(t, t->base.rank)->hello, memory_order_relaxed) !=
+      t->hello_seen)
+    return false;
+  for (int k = 0; k < t->nactive; k++)
+    if (t->peers[t->active[k]].sq_head) return false;
+  return true;
+}
+
 static const mlxd_eng_ops shm_eng_ops = {
     .progress = progress_all,
     .check = shm_op_check,
@@ -582,6 +595,7 @@ static const mlxd_eng_ops shm_eng_ops = {
     .peer = shm_op_peer,
     .unlink = shm_op_unlink,
     .settle = shm_op_settle,
+    .quiet = shm_op_quiet,
 };
 
 void mlxd_shm_engine_init(shm_transport* t) {
