@@ -51,9 +51,21 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig
   }
   mlxd_algo_drain(t, reqs, 2 * n, st);
   if (!st->code) {
-    memcpy(tmp + (size_t)r * nbytes, in, nbytes); /* in is no longer being sent */
-    memcpy(out, tmp, nbytes);
-    for (int p = 1; p < n; p++) mlxd_reduce(op, dtype, out, tmp + (size_t)p * nbytes, count);
+    /* In rank order on every rank (the same bits everywhere), straight into
+     * out: rank r's block is read from in, not copied first (two copies per
+     * byte fewer), unless out overlaps in (in place: in is overwritten by
+     * the first step, so a rank past 1 keeps a copy of it). */
+    const char* own = in;
+    const char* ib = in;
+    if ((const char*)out < ib + nbytes && ib < (const char*)out + nbytes) {
+      own = tmp + (size_t)r * nbytes;
+      memcpy(tmp + (size_t)r * nbytes, in, nbytes); /* in is no longer being sent */
+    }
+    const char* blk[2];
+    for (int p = 0; p < 2; p++) blk[p] = p == r ? own : tmp + (size_t)p * nbytes;
+    mlxd_reduce3(op, dtype, out, blk[0], blk[1], count);
+    for (int p = 2; p < n; p++)
+      mlxd_reduce(op, dtype, out, p == r ? own : tmp + (size_t)p * nbytes, count);
   }
   if (reqs != stack_reqs) free(reqs);
   if (tmp != stack_tmp) mlxd_buffer_free(tmp, all);
