@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -17,10 +18,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/engine.h" /* mlxd_cpu_relax */
 #include "util/clock.h"
 
-const size_t mlxd_cma_sizes[MLXD_CMA_NSIZES] = {(size_t)64 << 10, (size_t)256 << 10,
-                                                (size_t)1 << 20, (size_t)4 << 20};
+const size_t mlxd_cma_sizes[MLXD_CMA_NSIZES] = {(size_t)16 << 10, (size_t)64 << 10,
+                                                (size_t)256 << 10, (size_t)1 << 20};
 
 static void say(char* why, size_t n, const char* s) {
   if (why && n) snprintf(why, n, "%s", s);
@@ -62,17 +64,113 @@ static int self_read(pid_t me, void* dst, const void* src, size_t n) {
   return 0;
 }
 
-/* The lane path's copies of n bytes: slot by slot into lane (cycling
- * through its slots) and out into dst. */
-static void two_copies(char* dst, const char* src, char* lane, size_t n) {
-  for (size_t off = 0, s = 0; off < n; off += MLXD_CMA_SLOT_BYTES, s = (s + 1) % MLXD_CMA_NSLOTS) {
-    size_t c = n - off < MLXD_CMA_SLOT_BYTES ? n - off : MLXD_CMA_SLOT_BYTES;
-    char* slot = lane + s * MLXD_CMA_SLOT_BYTES;
-    memcpy(slot, src + off, c);
-    atomic_signal_fence(memory_order_seq_cst); /* two copies, not one folded away */
-    memcpy(dst + off, slot, c);
+/* ---- the measurement: two threads exchange messages ---- */
+
+/* The exchange a collective makes (each rank sends to a peer while it
+ * receives from one), between this thread (side 0) and a helper (side 1)
+ * on another CPU: both ways of moving the bytes, as the ranks would, so
+ * that the lanes pay what they pay between two processes, a slot's lines
+ * moving between the cores and a handshake per slot, besides their two
+ * copies. Lane k is written by side k and read by side 1 - k. */
+typedef struct x_lane {
+  char* slots;
+  _Alignas(64) _Atomic uint64_t head; /* slots side k published */
+  _Alignas(64) _Atomic uint64_t tail; /* slots side 1 - k copied out */
+} x_lane;
+
+typedef struct xchg {
+  x_lane lane[2];
+  char* src[2];                      /* side k's message */
+  char* dst[2];                      /* where side k puts the other's */
+  pid_t me;                          /* both sides read through process_vm_readv of this pid */
+  size_t n;                          /* this round's size (set before go moves) */
+  bool cma;                          /* this round: process_vm_readv, else the lanes */
+  double deadline;                   /* every spin gives up past it */
+  _Alignas(64) _Atomic uint32_t go;  /* the round number: the helper starts a new one */
+  _Alignas(64) _Atomic uint32_t fin; /* the last round the helper finished */
+  _Atomic bool stop;                 /* the helper returns */
+  _Atomic int err;                   /* a process_vm_readv errno, either side */
+} xchg;
+
+/* True every 256th call while nothing moves once stop is set or the
+ * deadline passed; a pause otherwise. */
+static bool x_give_up(const xchg* x, unsigned* idle) {
+  if ((++*idle & 255) == 0 &&
+      (atomic_load_explicit(&x->stop, memory_order_acquire) || mlxd_now() > x->deadline ||
+       atomic_load_explicit(&x->err, memory_order_relaxed)))
+    return true;
+  mlxd_cpu_relax();
+  return false;
+}
+
+/* Side k's part of a round: read the other side's message in one copy, or
+ * stream its own through its lane while it drains the other's, chunk by
+ * chunk. false: given up or refused. */
+static bool x_side(xchg* x, int k) {
+  const size_t n = x->n;
+  if (x->cma) {
+    int e = self_read(x->me, x->dst[k], x->src[1 - k], n);
+    if (e) atomic_store_explicit(&x->err, e, memory_order_relaxed);
+    return e == 0;
   }
-  atomic_signal_fence(memory_order_seq_cst);
+  x_lane* out = &x->lane[k];
+  x_lane* in = &x->lane[1 - k];
+  uint64_t h = atomic_load_explicit(&out->head, memory_order_relaxed);
+  uint64_t t = atomic_load_explicit(&in->tail, memory_order_relaxed);
+  size_t sent = 0, got = 0;
+  unsigned idle = 0;
+  while (sent < n || got < n) {
+    bool moved = false;
+    if (got < n && atomic_load_explicit(&in->head, memory_order_acquire) != t) {
+      size_t c = n - got < MLXD_CMA_SLOT_BYTES ? n - got : MLXD_CMA_SLOT_BYTES;
+      memcpy(x->dst[k] + got, in->slots + (t % MLXD_CMA_NSLOTS) * MLXD_CMA_SLOT_BYTES, c);
+      got += c;
+      atomic_store_explicit(&in->tail, ++t, memory_order_release);
+      moved = true;
+    }
+    if (sent < n && h - atomic_load_explicit(&out->tail, memory_order_acquire) < MLXD_CMA_NSLOTS) {
+      size_t c = n - sent < MLXD_CMA_SLOT_BYTES ? n - sent : MLXD_CMA_SLOT_BYTES;
+      memcpy(out->slots + (h % MLXD_CMA_NSLOTS) * MLXD_CMA_SLOT_BYTES, x->src[k] + sent, c);
+      sent += c;
+      atomic_store_explicit(&out->head, ++h, memory_order_release);
+      moved = true;
+    }
+    if (!moved && x_give_up(x, &idle)) return false;
+  }
+  return true;
+}
+
+static void* x_helper(void* arg) {
+  xchg* x = arg;
+  uint32_t seen = 0;
+  for (;;) {
+    uint32_t g;
+    unsigned idle = 0;
+    while ((g = atomic_load_explicit(&x->go, memory_order_acquire)) == seen)
+      if (x_give_up(x, &idle)) return NULL;
+    seen = g;
+    if (!x_side(x, 1)) return NULL;
+    atomic_store_explicit(&x->fin, g, memory_order_release);
+  }
+}
+
+/* One round: n bytes each way; its seconds, or -1 (given up, refused).
+ * The single copy is timed on this side alone: two ranks' reads run side
+ * by side, each pinning the other's pages under the other's locks, which
+ * two threads of one process, sharing one address space and its page
+ * tables' locks, would not show. */
+static double x_round(xchg* x, size_t n, bool cma) {
+  x->n = n;
+  x->cma = cma;
+  const double t0 = mlxd_now();
+  if (cma) return x_side(x, 0) ? mlxd_now() - t0 : -1;
+  uint32_t g = atomic_load_explicit(&x->go, memory_order_relaxed) + 1;
+  atomic_store_explicit(&x->go, g, memory_order_release);
+  if (!x_side(x, 0)) return -1;
+  unsigned idle = 0;
+  while (atomic_load_explicit(&x->fin, memory_order_acquire) != g)
+    if (x_give_up(x, &idle)) return -1;
+  return mlxd_now() - t0;
 }
 
 /* Writes n bytes of buf in steps of 1 MiB (the first touch of each page),
@@ -86,59 +184,83 @@ static bool warm(char* buf, size_t n, int byte, double deadline) {
   return true;
 }
 
+/* CPUs this thread may run on. */
+static int cpus_here(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
 size_t mlxd_cma_measure(mlxd_cma_table* t, double budget_s) {
   memset(t, 0, sizeof *t);
   const double start = mlxd_now(), deadline = start + budget_s;
   const size_t big = mlxd_cma_sizes[MLXD_CMA_NSIZES - 1];
   const size_t lane_n = MLXD_CMA_NSLOTS * MLXD_CMA_SLOT_BYTES;
-  const pid_t me = getpid();
-  char *src = MAP_FAILED, *dst = MAP_FAILED, *lane = MAP_FAILED;
+  const size_t all = 4 * big + 2 * lane_n; /* src and dst of each side, a lane each */
+  xchg x;
+  memset(&x, 0, sizeof x);
+  x.me = getpid();
+  x.deadline = deadline;
+  char* mem = MAP_FAILED;
+  bool helper = false;
+  pthread_t th;
   /* refused outright (seccomp, a kernel without it): nothing to time */
   uint64_t a = 0x6d6c7864636d6131ull, b = 0;
-  int e = self_read(me, &b, &a, sizeof a);
+  int e = self_read(x.me, &b, &a, sizeof a);
   if (e == 0 && b != a) e = EFAULT;
   if (e != 0) {
     t->err = e;
     goto out;
   }
+  /* one CPU: the two sides would take turns, which no pair of ranks on
+   * their own CPUs does; no answer (not cached either) */
+  if (cpus_here() < 2) {
+    t->one_cpu = true;
+    goto out;
+  }
   /* populated by the kernel at once: half the cost of faulting each page in here (2-vCPU VM) */
-  src = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  dst = mmap(NULL, big, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  lane =
-      mmap(NULL, lane_n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (src == MAP_FAILED || dst == MAP_FAILED || lane == MAP_FAILED) {
+  mem = mmap(NULL, all, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (mem == MAP_FAILED) {
     t->err = ENOMEM;
     goto out;
   }
-  if (!warm(src, big, 0x5a, deadline) || !warm(dst, big, 0, deadline) ||
-      !warm(lane, lane_n, 0, deadline)) {
+  for (int k = 0; k < 2; k++) {
+    x.src[k] = mem + (size_t)k * big;
+    x.dst[k] = mem + (size_t)(2 + k) * big;
+    x.lane[k].slots = mem + 4 * big + (size_t)k * lane_n;
+  }
+  if (!warm(mem, all, 0x5a, deadline)) {
     t->over = true;
     goto out;
   }
+  if (pthread_create(&th, NULL, x_helper, &x) != 0) {
+    t->err = EAGAIN;
+    goto out;
+  }
+  helper = true;
   for (int rep = 0; rep < MLXD_CMA_REPS; rep++) {
     for (int i = 0; i < MLXD_CMA_NSIZES; i++) {
-      if (mlxd_now() > deadline) {
-        t->over = t->reps == 0;
-        goto out;
-      }
       const size_t n = mlxd_cma_sizes[i];
       double two = 0, one = 0;
-      /* alternate which way goes first, so neither always finds the caches the other left */
+      /* alternate which way goes first, so neither always finds the caches
+       * the other left; the first pass starts each way with an untimed
+       * round (the pages' first pinning, the helper's first wake) */
       for (int k = 0; k < 2; k++) {
-        double t0 = mlxd_now();
-        if ((k + rep) % 2 == 0) {
-          two_copies(dst, src, lane, n);
-          two = mlxd_now() - t0;
-        } else {
-          e = self_read(me, dst, src, n);
-          one = mlxd_now() - t0;
-          if (e != 0) {
+        bool cma = (k + rep) % 2 != 0;
+        double s = rep == 0 ? x_round(&x, n, cma) : 0;
+        if (s >= 0) s = x_round(&x, n, cma);
+        if (s < 0) {
+          e = atomic_load(&x.err);
+          if (e) {
             t->err = e;
             t->n = 0;
             t->reps = 0;
-            goto out;
+          } else {
+            t->over = t->reps == 0;
           }
+          goto out;
         }
+        *(cma ? &one : &two) = s;
       }
       if (rep == 0 || two < t->two_s[i]) t->two_s[i] = two;
       if (rep == 0 || one < t->one_s[i]) t->one_s[i] = one;
@@ -147,9 +269,11 @@ size_t mlxd_cma_measure(mlxd_cma_table* t, double budget_s) {
     t->reps = rep + 1;
   }
 out:
-  if (src != MAP_FAILED) munmap(src, big);
-  if (dst != MAP_FAILED) munmap(dst, big);
-  if (lane != MAP_FAILED) munmap(lane, lane_n);
+  if (helper) {
+    atomic_store_explicit(&x.stop, true, memory_order_release);
+    pthread_join(th, NULL);
+  }
+  if (mem != MAP_FAILED) munmap(mem, all);
   t->took_s = mlxd_now() - start;
   if (t->err || t->reps == 0) return 0;
   return mlxd_cma_decide(mlxd_cma_sizes, t->two_s, t->one_s, MLXD_CMA_NSIZES);

@@ -1,23 +1,29 @@
 /* Private: the calibration of the shared-memory transport's single-copy
- * threshold on a host that is not crowded (spin.h mlxd_shm_cma_bytes_for).
+ * threshold for collectives on a host that is not crowded (spin.h
+ * mlxd_shm_cma_bytes_for).
  *
- * Whether one process_vm_readv beats the lane path's two memcpys depends on
- * the machine (its page-table costs above all): on the AMD EPYC VM the rule
- * was first tuned on it never did, on an Intel Xeon it did from 64 KiB. So
- * the machine decides: once per boot, the first process that needs the
- * answer times both ways of moving a few sizes of bytes
- * (mlxd_cma_measure), picks the threshold (mlxd_cma_decide) and leaves it
- * in a small file keyed by the boot id (mlxd_cma_cache_*), which the other
- * ranks of the host read instead of measuring again. docs/performance.md,
- * "Single copy: calibrated where the host is not crowded", says why and
- * what it measured. */
+ * In a collective each rank sends while it receives: over the lanes every
+ * rank copies each byte twice (its message in, its peer's out) and a
+ * slot's lines move between the cores; one process_vm_readv copies once,
+ * but pins pages, which costs more or less by machine (its page tables
+ * above all): on the AMD EPYC VM the rule was first tuned on the single
+ * copy never won, on an Intel Xeon it wins from 16 KiB. So the machine
+ * decides: once per boot, the first process that needs the answer times
+ * the exchange both ways between two of its threads on two CPUs, as two
+ * ranks make it (mlxd_cma_measure), picks the threshold (mlxd_cma_decide)
+ * and leaves it in a small file keyed by the boot id (mlxd_cma_cache_*),
+ * which the other ranks of the host read instead of measuring again.
+ * (Point-to-point messages go one way: there the lanes' two copies run on
+ * two cores at once, one each, and they keep the lanes: spin.h.)
+ * docs/performance.md, "Single copy: calibrated where the host is not
+ * crowded", says why and what it measured. */
 #ifndef MLXD_CMA_CALIB_H
 #define MLXD_CMA_CALIB_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
-/* The sizes measured, ascending: 64 KiB, 256 KiB, 1 MiB, 4 MiB. A threshold
+/* The sizes measured, ascending: 16 KiB, 64 KiB, 256 KiB, 1 MiB. A threshold
  * the calibration picks (or a cache file may hold) is 0 or one of them. */
 #define MLXD_CMA_NSIZES 4
 extern const size_t mlxd_cma_sizes[MLXD_CMA_NSIZES];
@@ -26,9 +32,9 @@ extern const size_t mlxd_cma_sizes[MLXD_CMA_NSIZES];
  * two copies' time: 10 % faster, more than the spread of a best-of run. */
 #define MLXD_CMA_MARGIN 0.10
 
-/* The whole measurement's bound, buffers and warm-up included: it stops
- * before a step once this much time has passed (a step moves at most
- * 4 MiB three times; the buffers are unmapped after). */
+/* The whole measurement's bound, buffers, warm-up and the helper thread
+ * included: every spin gives up once this much time has passed (a round
+ * moves at most 1 MiB each way; the buffers are unmapped after). */
 #define MLXD_CMA_BUDGET_S 0.010
 
 /* How long a process waits for another of the user's that is measuring
@@ -39,14 +45,14 @@ extern const size_t mlxd_cma_sizes[MLXD_CMA_NSIZES];
 /* Passes over the sizes; each size's time is the best of the passes made. */
 #define MLXD_CMA_REPS 3
 
-/* The lane path the two copies stand for: chunks of a lane's slot size
- * through a lane's worth of shared memory (shm_impl.h SHM_SLOT_BYTES,
+/* The lanes measured: chunks of a lane's slot size through a lane's worth
+ * of shared memory, one lane each way (shm_impl.h SHM_SLOT_BYTES,
  * SHM_NSLOTS; shm_setup.c checks they agree). */
 #define MLXD_CMA_SLOT_BYTES ((size_t)64 * 1024)
 #define MLXD_CMA_NSLOTS 16u
 
 /* The cache file's format version (the file's first line names it). */
-#define MLXD_CMA_CACHE_VERSION 1
+#define MLXD_CMA_CACHE_VERSION 2 /* 2: the exchange, 16 KiB-1 MiB */
 /* A cache file is at most this many bytes (a longer one is not valid). */
 #define MLXD_CMA_CACHE_MAX 256
 /* A boot id: /proc/sys/kernel/random/boot_id, 36 characters. */
@@ -56,10 +62,11 @@ extern const size_t mlxd_cma_sizes[MLXD_CMA_NSIZES];
 typedef struct mlxd_cma_table {
   int n;                         /* sizes measured both ways (a prefix of mlxd_cma_sizes) */
   int reps;                      /* complete passes over the sizes */
-  double two_s[MLXD_CMA_NSIZES]; /* best seconds for two memcpys of the size (the lanes) */
-  double one_s[MLXD_CMA_NSIZES]; /* best seconds for one process_vm_readv of it */
+  double two_s[MLXD_CMA_NSIZES]; /* best seconds for the exchange of the size over lanes */
+  double one_s[MLXD_CMA_NSIZES]; /* best seconds for it by process_vm_readv, each side one */
   int err;                       /* process_vm_readv's errno when refused (then n is 0), else 0 */
   bool over;                     /* the budget ran out before the first pass finished */
+  bool one_cpu;                  /* this thread may run on one CPU only: not measured */
   double took_s;                 /* the whole measurement, buffers and warm-up included */
 } mlxd_cma_table;
 
@@ -70,15 +77,18 @@ typedef struct mlxd_cma_table {
  * n <= 0 gives 0. */
 size_t mlxd_cma_decide(const size_t* sizes, const double* two_s, const double* one_s, int n);
 
-/* Times, in this process, two memcpys of each size (into a lane's worth of
- * shared anonymous memory, slot by slot, and out) against one
- * process_vm_readv of it from this process's own pid (the same page
- * pinning as a read of a peer), on warm buffers, best of MLXD_CMA_REPS
- * passes, stopping before a step once budget_s has passed. Returns the
+/* Times, in this process, an exchange of each size between this thread
+ * and a helper thread (made here, joined before it returns) over two
+ * lanes' worth of shared anonymous memory, slot by slot both ways at once,
+ * against each side's one process_vm_readv of the other's message from
+ * this process's own pid (the same page pinning as a read of a peer); on
+ * warm buffers, best of MLXD_CMA_REPS passes after an untimed round of
+ * each, every spin giving up once budget_s has passed. Returns the
  * threshold (mlxd_cma_decide) when at least one pass over every size
  * finished, else 0: refused (t->err: EPERM, ENOSYS under a seccomp
- * filter...), over budget (t->over), or buffers not mapped (t->err
- * ENOMEM). Blocks for about budget_s at most (plus one step). */
+ * filter...; EAGAIN: no thread), over budget (t->over), this thread held
+ * to one CPU (t->one_cpu), or buffers not mapped (t->err ENOMEM). Blocks
+ * for about budget_s at most (plus one step). */
 size_t mlxd_cma_measure(mlxd_cma_table* t, double budget_s);
 
 /* The cache file's text for boot_id and threshold bytes (one line:

@@ -42,16 +42,18 @@
  * message takes the two-copy lane path, which pipelines because producer
  * and consumer work on different slots at the same time. A send that makes
  * the pair finds no probe yet and takes the lanes. The threshold (spin.h
- * mlxd_shm_cma_bytes_for): MLXDIST_SHM_CMA_BYTES when set (0: off); unset,
- * 32 MiB on a crowded host (more of the group's ranks on it than CPUs this
- * process may run on), where a lane step waits for the sender and the
- * receiver to be on a CPU at once and a single copy needs only the
- * receiver; otherwise what this machine's calibration chose (cma_calib.h:
- * once a boot, two memcpys against one process_vm_readv of 64 KiB-4 MiB
- * in at most ~10 ms, kept in /dev/shm/.mlxdist-cma-<uid> for the boot's
- * other processes): off on VMs with paravirtualised page tables, where
- * process_vm_readv is slower than memcpy and the lanes win at every size
- * measured (docs/ring.md), 64 KiB where page faults are cheap. The
+ * mlxd_shm_cma_bytes_for, by the tag's kind): MLXDIST_SHM_CMA_BYTES when
+ * set (0: off); unset, 32 MiB on a crowded host (more of the group's ranks
+ * on it than CPUs this process may run on), where a lane step waits for
+ * the sender and the receiver to be on a CPU at once and a single copy
+ * needs only the receiver; otherwise, for point to point, off (one way,
+ * the lanes' two copies run on two cores at once), and for collectives,
+ * where every rank sends while it receives, what this machine's
+ * calibration chose (cma_calib.h: once a boot, an exchange of 16 KiB-1 MiB
+ * between two threads over lanes against process_vm_readv, in at most
+ * ~10 ms, kept in /dev/shm/.mlxdist-cma-<uid> for the boot's other
+ * processes): off where process_vm_readv is slow (VMs with paravirtualised
+ * page tables, docs/ring.md), 16 KiB on the Intel Xeon VM. The
  * ranks need not agree on it: the sender picks the path, the receiver
  * takes either (shm_setup.c, cma_min). The crowded rule's 32 MiB stays
  * above the pipeline's 256 KiB chunks: it reaches whole-buffer messages
@@ -474,8 +476,8 @@ static int shm_isend(mlxd_transport* tt, int peer, uint64_t tag, const mlxd_sig*
   /* By this rank's threshold and the peer's probe: the peer probes only if
    * it has a threshold itself, and reads an RTS slot whatever its own, so
    * ranks with different thresholds stay correct (shm_setup.c, cma_min). */
-  r->cma = t->cma_min && n >= t->cma_min &&
-           atomic_load_explicit(p->peer_reads, memory_order_relaxed) == CMA_OK;
+  size_t min = mlxd_tag_kind(tag) == MLXD_TAG_P2P ? t->cma_p2p_min : t->cma_min;
+  r->cma = min && n >= min && atomic_load_explicit(p->peer_reads, memory_order_relaxed) == CMA_OK;
   r->q.where = W_SENDQ;
   list_push(&p->sq_head, &p->sq_tail, r);
   lane_out(t, peer);

@@ -266,6 +266,7 @@ typedef struct shm_transport {
   mlxd_engine eng;       /* requests, matching, the first failure, the wait (engine.h); its check_s:
                     * liveness checks / longest sleep of a wait, SHM_CHECK_S or _CROWDED_S */
   size_t cma_min;        /* single copy from this size (spin.h mlxd_shm_cma_bytes_for); 0: never */
+  size_t cma_p2p_min;    /* the same for point to point (mlxd_shm_cma_p2p_bytes_for) */
   bool oversubscribed;
   volatile uint64_t probe; /* read by peers through CMA at set-up */
   uint64_t pidns;          /* this process's pid namespace inode (0: unknown), as in its record */

@@ -492,6 +492,7 @@ static mlxd_transport* join(int rank, int size, const char* name, const int* nam
    * share) does not depend on it. A group of one never sends: no
    * calibration. */
   t->cma_min = size > 1 ? mlxd_shm_cma_bytes_for(spin.crowded) : 0;
+  t->cma_p2p_min = size > 1 ? mlxd_shm_cma_p2p_bytes_for(spin.crowded) : 0;
   /* a page of entries is touched only when a peer on it is first used */
   t->peers = mlxd_ztable_new((size_t)size, sizeof *t->peers);
   t->active = calloc((size_t)size, sizeof *t->active);
@@ -589,7 +590,8 @@ static void pair_name(const shm_transport* t, int pi, char* out, size_t n) {
 /* This rank's view of whether it can read pi's memory through CMA (its
  * probe value), said in the pair's header for pi's sends. */
 static void pair_probe(shm_transport* t, int pi, shm_pair_hdr* h, bool low) {
-  if (!t->cma_min) return; /* this rank never reads through CMA: its peer need not know */
+  if (!t->cma_min && !t->cma_p2p_min)
+    return; /* this rank never reads through CMA: its peer need not know */
   shm_rank_rec* rec = rank_rec(t, pi);
   uint64_t v = 0;
   int err = 0;

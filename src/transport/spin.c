@@ -62,3 +62,12 @@ size_t mlxd_shm_cma_bytes_from(bool crowded, mlxd_shm_cma_from* from) {
 }
 
 size_t mlxd_shm_cma_bytes_for(bool crowded) { return mlxd_shm_cma_bytes_from(crowded, NULL); }
+
+size_t mlxd_shm_cma_p2p_bytes_for(bool crowded) {
+  const char* set = mlxd_env_tunable(MLXD_T_SHM_CMA_BYTES);
+  if (set && *set) {
+    long v = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
+    return v > 0 ? (size_t)v : 0;
+  }
+  return crowded ? MLXD_SHM_CMA_CROWDED_BYTES : 0;
+}

@@ -31,7 +31,7 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks);
  * host, unless MLXDIST_SHM_CMA_BYTES is set: 32 MiB. */
 #define MLXD_SHM_CMA_CROWDED_BYTES ((size_t)32 << 20)
 
-/* The shared-memory transport's single-copy threshold (shm.c: a message of
+/* The shared-memory transport's single-copy threshold for collectives (shm.c: a message of
  * at least this many bytes is read by its receiver straight from the
  * sender's memory with process_vm_readv, where the pair's probe found that
  * allowed; 0: never) for a host that is crowded or not (mlxd_spin_rule's
@@ -45,6 +45,17 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks);
  * process blocks for it (this boot's cache file, or a measurement bounded
  * by MLXD_CMA_BUDGET_S); every other call returns at once. */
 size_t mlxd_shm_cma_bytes_for(bool crowded);
+
+/* The same threshold for point-to-point messages (tag kind MLXD_TAG_P2P),
+ * which go one way: over the lanes the sender's copy and the receiver's
+ * run on two cores at once, slot by slot, one copy per core, so a single
+ * copy on the receiver's core alone saves no copy per core, and its page
+ * pinning is extra (a 16 MiB ping-pong on the Intel Xeon VM: 1.4-1.6 ms
+ * over the lanes, 1.6-1.9 ms read in one copy). MLXDIST_SHM_CMA_BYTES set:
+ * its value; crowded: MLXD_SHM_CMA_CROWDED_BYTES (the receiver alone runs);
+ * otherwise 0, the lanes. Collectives, where each rank sends while it
+ * receives, use mlxd_shm_cma_bytes_for. Cannot fail, never blocks. */
+size_t mlxd_shm_cma_p2p_bytes_for(bool crowded);
 
 /* What decided mlxd_shm_cma_bytes_for's answer. */
 typedef enum mlxd_shm_cma_from {

@@ -265,6 +265,8 @@ static inline uint64_t mlxd_tag(unsigned kind, uint64_t seq, unsigned step) {
   return ((uint64_t)(kind & 0xF) << 60) | ((seq & ((1ull << MLXD_TAG_SEQ_BITS) - 1)) << 16) |
          (step & 0xFFFF);
 }
+/* tag's kind (MLXD_TAG_P2P, MLXD_TAG_COLL...). */
+static inline unsigned mlxd_tag_kind(uint64_t tag) { return (unsigned)(tag >> 60) & 0xF; }
 /* tag with its phase set to phase (0..7). */
 static inline uint64_t mlxd_tag_with_phase(uint64_t tag, unsigned phase) {
   return (tag & ~((uint64_t)7 << MLXD_TAG_PHASE_SHIFT)) |

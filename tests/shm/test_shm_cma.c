@@ -41,13 +41,17 @@
  * the first message in one copy, the second on the lanes. cma_off: the
  * same with MLXDIST_SHM_CMA_BYTES=0: both on the lanes. cma_quiet: two
  * CPUs, unset: the machine's calibration decides (cma_calib.h): both on the
- * lanes where it chose 0, both in one copy where it chose a size. Each rank also tries process_vm_readv
- * on its peer itself: where the kernel refuses it the transport takes the
- * lanes whatever its rule, and the test says so and skips (77). */
+ * lanes where it chose 0, both in one copy where it chose a size. Those two
+ * are a collective's (tag kind MLXD_TAG_COLL); a third, point to point
+ * (MLXD_TAG_P2P) and a byte less than the threshold, takes the lanes in
+ * every mode (cma_quiet: whatever the calibration chose). Each rank also
+ * tries process_vm_readv on its peer itself: where the kernel refuses it
+ * the transport takes the lanes whatever its rule, and the test says so
+ * and skips (77). */
 
 typedef struct cma_seen {
   int read_err;  /* its own process_vm_readv of its peer: 0 ok, an errno, -1 a wrong value */
-  size_t rss[2]; /* bytes of the pair's segment mapped after the first / second message */
+  size_t rss[3]; /* bytes of the pair's segment mapped after the first / second / third message */
   int done;      /* the rank got that far */
 } cma_seen;
 
@@ -125,9 +129,12 @@ static int rank_cma(int rank, int size, const char* name, void* arg) {
   const size_t n = MLXD_SHM_CMA_CROWDED_BYTES;
   unsigned char* buf = malloc(n);
   T_REQUIREF(buf != NULL, "malloc %zu", n);
-  for (int k = 0; k < 2; k++) {
-    size_t len = n - (size_t)k; /* the threshold, then a byte less */
-    uint64_t tag = 70 + (uint64_t)k;
+  for (int k = 0; k < 3; k++) {
+    /* the threshold, then a byte less; then a byte less again, point to
+     * point (one way: the lanes wherever the host is not crowded) */
+    size_t len = n - (size_t)(k ? 1 : 0);
+    uint64_t tag =
+        k < 2 ? mlxd_tag(MLXD_TAG_COLL, 70 + (uint64_t)k, 0) : mlxd_tag(MLXD_TAG_P2P, 72, 0);
     mlxd_status st;
     mlxd_status_clear(&st);
     mlxd_req* q = NULL;
@@ -299,6 +306,13 @@ int run_cma(const char* what, int n) {
         what, cma_read_text(g_cma[1].read_err));
     return 77;
   }
+  /* point to point takes the lanes below the crowded rule's size and
+   * wherever the host is not crowded, whatever the calibration chose */
+  for (int r = 0; r < 2; r++)
+    T_REQUIREF(cma_path(g_cma[r].rss[2]) == 0,
+               "%s: rank %d has only %zu bytes of the pair mapped after a %zu-byte point-to-point "
+               "message (expected the lanes: at least a lane's %zu)",
+               what, r, g_cma[r].rss[2], n1 - 1, (size_t)SHM_NSLOTS * SHM_SLOT_BYTES);
   int want = strcmp(what, "cma_crowded") == 0 || quiet_min ? 1 : 0;
   for (int r = 0; r < 2; r++)
     for (int k = 0; k < (quiet_min ? 2 : 1); k++) /* the calibrated threshold: both messages */

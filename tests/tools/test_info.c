@@ -117,11 +117,14 @@ int main(int argc, char** argv) {
     snprintf(cmd, sizeof cmd, "env -u MLXDIST_SHM_CMA_BYTES '%s'", tool);
     T_EQ_INT(capture(cmd), 0);
     const char* l = strstr(out, "\nshm single copy: ");
-    if (!l || !(strstr(l, " where the host is not crowded (calibration cached for this boot in ") ||
-                strstr(l, " where the host is not crowded (fresh calibration in ") ||
-                strstr(l, " where the host is not crowded (calibration: ")))
+    if (!l || !strstr(l, "shm single copy: collectives ") ||
+        !(strstr(l, " where the host is not crowded (calibration cached for this boot in ") ||
+          strstr(l, " where the host is not crowded (fresh calibration in ") ||
+          strstr(l, " where the host is not crowded (calibration: ")))
       T_FAIL("MLXDIST_SHM_CMA_BYTES unset: %s", out);
-    if (!strstr(l, "); 33554432 bytes on a crowded host (crowded rule)\n"))
+    if (!strstr(l,
+                "; point to point off (the lanes) where not crowded; 33554432 bytes on a crowded "
+                "host (crowded rule)\n"))
       T_FAIL("the crowded rule: %s", out);
     /* a fresh calibration that was kept is what the next process reads */
     if (run == 0 && !strstr(l, "(fresh calibration in ")) break;

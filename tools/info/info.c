@@ -154,7 +154,7 @@ static void mlxd_print_shm_cma(void) {
   }
   const mlxd_cma_choice* c = mlxd_cma_calibrated();
   const mlxd_cma_table* t = &c->table;
-  printf("shm single copy: %s where the host is not crowded (", v);
+  printf("shm single copy: collectives %s where the host is not crowded (", v);
   if (c->source == MLXD_CMA_FROM_CACHE && t->reps == 0) {
     printf("calibration cached for this boot in %s", c->path);
   } else if (c->source == MLXD_CMA_FROM_CACHE) {
@@ -162,16 +162,21 @@ static void mlxd_print_shm_cma(void) {
            c->path);
   } else if (t->err) {
     printf("calibration: process_vm_readv refused here: %s", strerror(t->err));
+  } else if (t->one_cpu) {
+    printf("calibration: this process may run on one CPU only, not measured, not cached");
   } else if (t->over) {
     printf("calibration: stopped by its %.0f ms bound after %.1f ms, not cached",
            MLXD_CMA_BUDGET_S * 1e3, t->took_s * 1e3);
   } else {
-    printf("fresh calibration in %.1f ms, %s %s; us two memcpys/process_vm_readv:", t->took_s * 1e3,
-           c->cached ? "cached in" : "not cached in", c->path);
+    printf("fresh calibration in %.1f ms, %s %s; us exchange over lanes/process_vm_readv:",
+           t->took_s * 1e3, c->cached ? "cached in" : "not cached in", c->path);
     for (int i = 0; i < t->n; i++)
       printf(" %zu KiB %.1f/%.1f", mlxd_cma_sizes[i] >> 10, t->two_s[i] * 1e6, t->one_s[i] * 1e6);
   }
-  printf("); %zu bytes on a crowded host (crowded rule)\n", (size_t)MLXD_SHM_CMA_CROWDED_BYTES);
+  printf(
+      "); point to point off (the lanes) where not crowded; %zu bytes on a crowded host "
+      "(crowded rule)\n",
+      (size_t)MLXD_SHM_CMA_CROWDED_BYTES);
 }
 
 /* The GPU provider's answer (core/gpu.h) and NCCL's version, for nccl. */
