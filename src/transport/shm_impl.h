@@ -85,7 +85,6 @@
 #define SHM_CHECK_CROWDED_S 0.5
 #define SHM_CROWDED_FACTOR 8
 #define SHM_DEFER_S 20e-6 /* a message without a receive waits in its lane this long (shm.c) */
-#define SHM_DEFER_MAX (SHM_NSLOTS / 2 * SHM_SLOT_BYTES) /* ... if it is at most this large */
 /* The pipeline's chunk over shared memory (mlxd_transport.pipeline_chunk):
  * a reduction's window of received chunks (8 of them) then stays in the
  * cache. Against 1 MiB, 2 ranks all_sum: 4 MiB 370-400 us vs 440-490, 16 MiB

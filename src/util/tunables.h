@@ -129,9 +129,10 @@ typedef struct mlxd_tunable_spec {
     "in one copy from the sender's memory (process_vm_readv) where the "                          \
     "kernel allows it; 0 disables that (every message goes through the "                          \
     "shared rings). Unset, a host with more of the group's ranks than CPUs "                      \
-    "the process may run on (sched_getaffinity) uses 33554432 (32 MiB) and "                      \
-    "any other host what the machine's calibration chose (0 or 65536 to "                         \
-    "4194304, measured once a boot; mlxdist-info shows it); set, to any "                         \
+    "the process may run on (sched_getaffinity) uses 33554432 (32 MiB); on "                      \
+    "any other host point-to-point messages take the rings and "                                  \
+    "collectives' messages what the machine's calibration chose (0 or "                           \
+    "16384 to 1048576, measured once a boot; mlxdist-info shows it); set, to any "                \
     "value, 0 included, it applies to every host and nothing is calibrated "                      \
     "(the way to turn the calibration off). Where every rank of a group is "                      \
     "crowded, all_gather sends blocks of 32 MiB and more whole to each "                          \
