@@ -56,14 +56,9 @@ int mlxd_algo_all_reduce_oneshot(mlxd_transport* t, uint64_t seq, const mlxd_sig
      * byte fewer), unless out overlaps in (in place: in is overwritten by
      * the first step, so a rank past 1 keeps a copy of it). */
     const char* own = in;
-    const char* ib = in;
-    if ((const char*)out < ib + nbytes && ib < (const char*)out + nbytes) {
-      own = tmp + (size_t)r * nbytes;
-      memcpy(tmp + (size_t)r * nbytes, in, nbytes); /* in is no longer being sent */
-    }
-    const char* blk[2];
-    for (int p = 0; p < 2; p++) blk[p] = p == r ? own : tmp + (size_t)p * nbytes;
-    mlxd_reduce3(op, dtype, out, blk[0], blk[1], count);
+    if ((const char*)out < own + nbytes && own < (const char*)out + nbytes)
+      own = memcpy(tmp + (size_t)r * nbytes, in, nbytes); /* in is no longer being sent */
+    mlxd_reduce3(op, dtype, out, r == 0 ? own : tmp, r == 1 ? own : tmp + nbytes, count);
     for (int p = 2; p < n; p++)
       mlxd_reduce(op, dtype, out, p == r ? own : tmp + (size_t)p * nbytes, count);
   }

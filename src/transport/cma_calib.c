@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -19,6 +18,7 @@
 #include <unistd.h>
 
 #include "transport/engine.h" /* mlxd_cpu_relax */
+#include "transport/spin.h"   /* mlxd_usable_cpus */
 #include "util/clock.h"
 
 const size_t mlxd_cma_sizes[MLXD_CMA_NSIZES] = {(size_t)16 << 10, (size_t)64 << 10,
@@ -82,37 +82,29 @@ typedef struct xchg {
   x_lane lane[2];
   char* src[2];                      /* side k's message */
   char* dst[2];                      /* where side k puts the other's */
-  pid_t me;                          /* both sides read through process_vm_readv of this pid */
+  pid_t me;                          /* side 0 reads through process_vm_readv of this pid */
   size_t n;                          /* this round's size (set before go moves) */
-  bool cma;                          /* this round: process_vm_readv, else the lanes */
   double deadline;                   /* every spin gives up past it */
   _Alignas(64) _Atomic uint32_t go;  /* the round number: the helper starts a new one */
   _Alignas(64) _Atomic uint32_t fin; /* the last round the helper finished */
   _Atomic bool stop;                 /* the helper returns */
-  _Atomic int err;                   /* a process_vm_readv errno, either side */
+  int err;                           /* side 0's process_vm_readv errno */
 } xchg;
 
 /* True every 256th call while nothing moves once stop is set or the
  * deadline passed; a pause otherwise. */
 static bool x_give_up(const xchg* x, unsigned* idle) {
   if ((++*idle & 255) == 0 &&
-      (atomic_load_explicit(&x->stop, memory_order_acquire) || mlxd_now() > x->deadline ||
-       atomic_load_explicit(&x->err, memory_order_relaxed)))
+      (atomic_load_explicit(&x->stop, memory_order_acquire) || mlxd_now() > x->deadline))
     return true;
   mlxd_cpu_relax();
   return false;
 }
 
-/* Side k's part of a round: read the other side's message in one copy, or
- * stream its own through its lane while it drains the other's, chunk by
- * chunk. false: given up or refused. */
+/* Side k's part of a lane round: stream its own message through its lane
+ * while it drains the other's, chunk by chunk. false: given up. */
 static bool x_side(xchg* x, int k) {
   const size_t n = x->n;
-  if (x->cma) {
-    int e = self_read(x->me, x->dst[k], x->src[1 - k], n);
-    if (e) atomic_store_explicit(&x->err, e, memory_order_relaxed);
-    return e == 0;
-  }
   x_lane* out = &x->lane[k];
   x_lane* in = &x->lane[1 - k];
   uint64_t h = atomic_load_explicit(&out->head, memory_order_relaxed);
@@ -161,9 +153,11 @@ static void* x_helper(void* arg) {
  * tables' locks, would not show. */
 static double x_round(xchg* x, size_t n, bool cma) {
   x->n = n;
-  x->cma = cma;
   const double t0 = mlxd_now();
-  if (cma) return x_side(x, 0) ? mlxd_now() - t0 : -1;
+  if (cma) {
+    x->err = self_read(x->me, x->dst[0], x->src[1], n);
+    return x->err ? -1 : mlxd_now() - t0;
+  }
   uint32_t g = atomic_load_explicit(&x->go, memory_order_relaxed) + 1;
   atomic_store_explicit(&x->go, g, memory_order_release);
   if (!x_side(x, 0)) return -1;
@@ -182,13 +176,6 @@ static bool warm(char* buf, size_t n, int byte, double deadline) {
     memset(buf + off, byte, c);
   }
   return true;
-}
-
-/* CPUs this thread may run on. */
-static int cpus_here(void) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
 size_t mlxd_cma_measure(mlxd_cma_table* t, double budget_s) {
@@ -214,7 +201,7 @@ size_t mlxd_cma_measure(mlxd_cma_table* t, double budget_s) {
   }
   /* one CPU: the two sides would take turns, which no pair of ranks on
    * their own CPUs does; no answer (not cached either) */
-  if (cpus_here() < 2) {
+  if (mlxd_usable_cpus() < 2) {
     t->one_cpu = true;
     goto out;
   }
@@ -250,7 +237,7 @@ size_t mlxd_cma_measure(mlxd_cma_table* t, double budget_s) {
         double s = rep == 0 ? x_round(&x, n, cma) : 0;
         if (s >= 0) s = x_round(&x, n, cma);
         if (s < 0) {
-          e = atomic_load(&x.err);
+          e = x.err;
           if (e) {
             t->err = e;
             t->n = 0;

@@ -9,7 +9,7 @@
 
 void mlxd_match_tag_str(uint64_t tag, char* out, size_t n) {
   static const char* kinds[] = {"?", "p2p", "collective", "split", "bootstrap"};
-  unsigned kind = (unsigned)(tag >> 60), phase = mlxd_tag_phase(tag);
+  unsigned kind = mlxd_tag_kind(tag), phase = mlxd_tag_phase(tag);
   unsigned segment = mlxd_tag_segment(tag), group = mlxd_tag_group(tag);
   char ph[64] = "";
   int k = group ? snprintf(ph, sizeof ph, " group %u", group) : 0;

@@ -17,7 +17,7 @@
 #include "util/env.h"
 #include "util/tunables.h"
 
-static int usable_cpus(void) {
+int mlxd_usable_cpus(void) {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof set, &set) == 0) {
@@ -30,7 +30,7 @@ static int usable_cpus(void) {
 
 mlxd_spin_rule mlxd_spin_rule_for(int local_ranks) {
   mlxd_spin_rule r = {0};
-  r.cpus = usable_cpus();
+  r.cpus = mlxd_usable_cpus();
   r.crowded = local_ranks > r.cpus;
   r.yield = r.crowded;
   const char* set = mlxd_env_tunable(MLXD_T_SPIN_US);
@@ -43,20 +43,27 @@ mlxd_spin_rule mlxd_spin_rule_for(int local_ranks) {
   return r;
 }
 
-size_t mlxd_shm_cma_bytes_from(bool crowded, mlxd_shm_cma_from* from) {
-  mlxd_shm_cma_from f = MLXD_SHM_CMA_FROM_CALIBRATION;
-  size_t n = 0;
+/* The threshold where MLXDIST_SHM_CMA_BYTES or the crowded rule decides it
+ * (the same for both kinds of message): *n and what decided; else
+ * MLXD_SHM_CMA_FROM_CALIBRATION, *n untouched. */
+static mlxd_shm_cma_from cma_set_or_crowded(bool crowded, size_t* n) {
   const char* set = mlxd_env_tunable(MLXD_T_SHM_CMA_BYTES);
   if (set && *set) {
     long v = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
-    n = v > 0 ? (size_t)v : 0;
-    f = MLXD_SHM_CMA_FROM_ENV;
-  } else if (crowded) {
-    n = MLXD_SHM_CMA_CROWDED_BYTES;
-    f = MLXD_SHM_CMA_FROM_CROWDED;
-  } else {
-    n = mlxd_cma_calibrated()->bytes;
+    *n = v > 0 ? (size_t)v : 0;
+    return MLXD_SHM_CMA_FROM_ENV;
   }
+  if (crowded) {
+    *n = MLXD_SHM_CMA_CROWDED_BYTES;
+    return MLXD_SHM_CMA_FROM_CROWDED;
+  }
+  return MLXD_SHM_CMA_FROM_CALIBRATION;
+}
+
+size_t mlxd_shm_cma_bytes_from(bool crowded, mlxd_shm_cma_from* from) {
+  size_t n = 0;
+  mlxd_shm_cma_from f = cma_set_or_crowded(crowded, &n);
+  if (f == MLXD_SHM_CMA_FROM_CALIBRATION) n = mlxd_cma_calibrated()->bytes;
   if (from) *from = f;
   return n;
 }
@@ -64,10 +71,7 @@ size_t mlxd_shm_cma_bytes_from(bool crowded, mlxd_shm_cma_from* from) {
 size_t mlxd_shm_cma_bytes_for(bool crowded) { return mlxd_shm_cma_bytes_from(crowded, NULL); }
 
 size_t mlxd_shm_cma_p2p_bytes_for(bool crowded) {
-  const char* set = mlxd_env_tunable(MLXD_T_SHM_CMA_BYTES);
-  if (set && *set) {
-    long v = mlxd_tunable_long(MLXD_T_SHM_CMA_BYTES);
-    return v > 0 ? (size_t)v : 0;
-  }
-  return crowded ? MLXD_SHM_CMA_CROWDED_BYTES : 0;
+  size_t n = 0; /* not set, not crowded: the lanes */
+  cma_set_or_crowded(crowded, &n);
+  return n;
 }

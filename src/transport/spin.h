@@ -19,6 +19,10 @@ typedef struct mlxd_spin_rule {
   int cpus;      /* CPUs this process may run on (sched_getaffinity), >= 1 */
 } mlxd_spin_rule;
 
+/* CPUs this process may run on (sched_getaffinity; where that fails, the
+ * online CPUs), >= 1. One system call; cannot fail. */
+int mlxd_usable_cpus(void);
+
 /* The rule for a rank whose host runs local_ranks of the group's ranks
  * (the transport's best knowledge; <= 0 counts as 1). Crowded: yield, and
  * spin MLXD_SPIN_CROWDED_US; otherwise poll without yielding for the

@@ -96,7 +96,7 @@ static mlxd_tcp_admit ctrl_admit(const mlxd_tcp_hdr* h, char* why, size_t why_n)
 
 mlxd_tcp_admit mlxd_tcp_hdr_admit(const mlxd_tcp_hdr* h, const mlxd_tcp_rx_state* s, char* why,
                                   size_t why_n) {
-  if ((h->tag >> 60) == MLXD_TAG_CTRL) return ctrl_admit(h, why, why_n);
+  if (mlxd_tag_kind(h->tag) == MLXD_TAG_CTRL) return ctrl_admit(h, why, why_n);
   if (s->arriving) {
     if (h->total != s->arr_total) {
       snprintf(why, why_n,
